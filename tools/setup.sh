@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of recfleet, pinned, from Debian's
+# packages. Safe to run any number of times: packages already present at the
+# pinned version are left alone and nothing is downloaded then.
+#
+# The CUDA toolkit (nvcc, cuBLASLt, NCCL headers) is expected on the machine;
+# set CUDA_PATH if nvcc is not on PATH.
+set -euo pipefail
+
+PINNED=(
+  bazel-bootstrap=4.2.3+ds-9
+  protobuf-compiler=3.21.12-3+deb12u1
+  libprotobuf-dev=3.21.12-3+deb12u1
+  protobuf-compiler-grpc=1.51.1-3+b1
+  libgrpc++-dev=1.51.1-3+b1
+  libabsl-dev=20220623.1-1+deb12u2
+  libgtest-dev=1.12.1-0.2
+  libgmock-dev=1.12.1-0.2
+  libbenchmark-dev=1.7.1-1
+  libsqlite3-dev=3.40.1-2+deb12u2
+  libgloo-dev=0.0~git20220518.5b14351-3
+  libyaml-cpp-dev=0.7.0+dfsg-8+b1
+)
+
+missing=()
+for spec in "${PINNED[@]}"; do
+  pkg=${spec%%=*}
+  want=${spec#*=}
+  have=$(dpkg-query -W -f='${Version}' "$pkg" 2>/dev/null || true)
+  [[ "$have" == "$want" ]] || missing+=("$spec")
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  if ! $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+    # A Debian point release may have replaced a pinned revision; take the
+    # archive's current one rather than leaving the machine unusable.
+    echo "setup: WARNING: pinned versions unavailable, installing the archive's current ones" >&2
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]%%=*}"
+  fi
+fi
+
+command -v nvcc >/dev/null || [[ -x "${CUDA_PATH:-/usr/local/cuda}/bin/nvcc" ]] || {
+  echo "setup: ERROR: the CUDA toolkit (nvcc) is required to build kernels/; install CUDA 13 or set CUDA_PATH" >&2
+  exit 1
+}
+echo "setup: all dependencies present"
