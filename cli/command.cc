@@ -1,0 +1,29 @@
+#include "cli/command.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+
+namespace recfleet::cli {
+namespace {
+
+std::map<std::string, std::unique_ptr<Command>>& Table() {
+  static auto* table = new std::map<std::string, std::unique_ptr<Command>>();
+  return *table;
+}
+
+}  // namespace
+
+bool RegisterCommand(Command command) {
+  std::string name = command.name;
+  Table()[name] = std::make_unique<Command>(std::move(command));
+  return true;
+}
+
+std::vector<const Command*> AllCommands() {
+  std::vector<const Command*> out;
+  for (const auto& [name, cmd] : Table()) out.push_back(cmd.get());
+  return out;
+}
+
+}  // namespace recfleet::cli
