@@ -10,10 +10,9 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "kernels/embedding/embedding.h"
 
 namespace recfleet::engine {
-
-enum class Pooling { kSum, kMean };
 
 struct FeatureSchema {
   struct Table {
