@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/batch.h"
+#include "engine/dataset.h"
 
 namespace recfleet::engine {
 
@@ -66,19 +67,18 @@ struct BaselineAucs {
   double user_item_rate = 0;
 };
 
-class MovieLensCtr {
+class MovieLensCtr final : public Dataset {
  public:
   static absl::StatusOr<MovieLensCtr> Create(MovieLensData data, const CtrOptions& options);
 
-  const FeatureSchema& schema() const { return schema_; }
-  int64_t num_train() const { return static_cast<int64_t>(train_.size()); }
-  int64_t num_eval() const { return static_cast<int64_t>(eval_.size()); }
+  const FeatureSchema& schema() const override { return schema_; }
+  int64_t num_train() const override { return static_cast<int64_t>(train_.size()); }
+  int64_t num_eval() const override { return static_cast<int64_t>(eval_.size()); }
   // Positive rate of the training labels.
   double train_positive_rate() const;
   absl::StatusOr<BaselineAucs> Baselines() const;
 
-  // The samples `indices` (into the train or eval set) as one batch.
-  Batch MakeBatch(bool eval, absl::Span<const int64_t> indices) const;
+  Batch MakeBatch(bool eval, absl::Span<const int64_t> indices) const override;
 
  private:
   struct Sample {
