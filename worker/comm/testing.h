@@ -1,0 +1,30 @@
+#ifndef RECFLEET_WORKER_COMM_TESTING_H_
+#define RECFLEET_WORKER_COMM_TESTING_H_
+
+// Test helpers: several ranks as threads of one process, connected over
+// Gloo on 127.0.0.1 through an in-process store.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/kv_store.h"
+
+namespace recfleet {
+namespace comm {
+
+// Runs fn(rank) for rank in [0, size) on `size` threads and joins them.
+void RunOnThreads(int size, const std::function<void(int rank)>& fn);
+
+// Connects `size` Gloo ranks (one thread each, each with its own transport)
+// through `store` and returns their communicators, indexed by rank.
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ConnectGlooGroup(KvStore& store, int size,
+                                                                            const CommOptions& options);
+
+}  // namespace comm
+}  // namespace recfleet
+
+#endif  // RECFLEET_WORKER_COMM_TESTING_H_
