@@ -79,9 +79,12 @@ absl::StatusOr<LengthDistribution> LengthDistribution::Parse(absl::string_view s
           absl::StrCat("length spec '", spec, "': unknown key '", k, "'; ", expected));
     }
   }
-  if (d.min < 1 || d.max < d.min || d.mean <= 0 || d.sigma < 0 || d.alpha <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "length spec '", spec, "': need 1 <= min <= max, mean > 0, sigma >= 0, alpha > 0"));
+  if (d.min < (d.kind == Kind::kPowerLaw ? 1 : 0) || d.max < d.min || d.mean <= 0 ||
+      d.sigma < 0 || d.alpha <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length spec '", spec,
+                     "': need 0 <= min <= max (min >= 1 for powerlaw), mean > 0, sigma >= 0, "
+                     "alpha > 0"));
   }
   return d;
 }
