@@ -29,15 +29,16 @@ GapStats Summarize(std::vector<double> gaps) {
 
 std::vector<BalanceRow> ComputeBalance(const std::vector<int64_t>& lengths,
                                        const CostModel& cost, const DealOptions& options,
-                                       uint64_t seed) {
-  std::vector<int64_t> order = lengths;
-  std::mt19937_64 rng(seed);
-  std::shuffle(order.begin(), order.end(), rng);
+                                       uint64_t seed, int epochs) {
   const size_t window = options.WindowSize();
   DealOptions consecutive = options;
   consecutive.length_aware_base_batches = false;
   std::vector<std::vector<double>> gaps(5);
   std::vector<double> costs(window);
+  std::vector<int64_t> order = lengths;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+  std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * epoch);
+  std::shuffle(order.begin(), order.end(), rng);
   for (size_t start = 0; start + window <= order.size(); start += window) {
     for (size_t i = 0; i < window; ++i) costs[i] = cost.SampleCost(order[start + i]);
     gaps[0].push_back(DealWindow(Policy::kNaive, costs, options).Gap());
@@ -45,6 +46,7 @@ std::vector<BalanceRow> ComputeBalance(const std::vector<int64_t>& lengths,
     gaps[2].push_back(DealWindow(Policy::kRecfleet, costs, options).Gap());
     gaps[3].push_back(DealWindow(Policy::kRecfleet, costs, consecutive).Gap());
     gaps[4].push_back(GapLowerBound(costs, options.ranks));
+  }
   }
   const char* names[] = {"naive", "sort-interleave", "recfleet",
                          "recfleet-consecutive-base-batches", "lower-bound"};

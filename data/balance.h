@@ -29,14 +29,15 @@ struct BalanceRow {
   GapStats gap;
 };
 
-// Shuffles `lengths` with `seed` (the epoch order), cuts it into full
-// windows of options.WindowSize() samples (the short last window is left
-// out: its ranks differ in size) and deals each window with every policy.
+// For each of `epochs` epochs: shuffles `lengths` (seeded by seed and the
+// epoch), cuts it into full windows of options.WindowSize() samples (the
+// short last window is left out: its ranks differ in size) and deals each
+// window with every policy. Steps of all epochs are pooled.
 // Rows: naive, sort-interleave, recfleet, recfleet with consecutive base
 // batches, and the lower bound.
 std::vector<BalanceRow> ComputeBalance(const std::vector<int64_t>& lengths,
                                        const CostModel& cost, const DealOptions& options,
-                                       uint64_t seed);
+                                       uint64_t seed, int epochs = 1);
 
 // A fixed-width table of the rows (gaps in percent).
 std::string FormatBalance(const std::vector<BalanceRow>& rows);
