@@ -1,0 +1,27 @@
+#include "kernels/ops/check.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace recfleet::kernels {
+
+absl::Status CheckFloatCpu(const TensorView& t, absl::string_view what) {
+  RECFLEET_OPS_RETURN_IF_ERROR(CheckDType(t, what, {DType::kFloat32, DType::kFloat64}));
+  RECFLEET_OPS_RETURN_IF_ERROR(CheckDevice(t, what, Device::kCpu));
+  if (t.data == nullptr && t.numel() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has no storage: ", t.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameLayout(const TensorView& t, absl::string_view what, const TensorView& like) {
+  if (t.dtype != like.dtype || t.device != like.device || t.shape != like.shape) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be ", like.DebugString(), ", got ",
+                                                   t.DebugString()));
+  }
+  if (t.data == nullptr && t.numel() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has no storage: ", t.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace recfleet::kernels
