@@ -33,5 +33,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ConnectGlooGroup(KvSt
   return comms;
 }
 
+std::vector<Communicator*> Raw(const std::vector<std::unique_ptr<Communicator>>& comms) {
+  std::vector<Communicator*> out;
+  for (const auto& c : comms) out.push_back(c.get());
+  return out;
+}
+
 }  // namespace comm
 }  // namespace recfleet

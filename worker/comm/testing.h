@@ -24,6 +24,9 @@ void RunOnThreads(int size, const std::function<void(int rank)>& fn);
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ConnectGlooGroup(KvStore& store, int size,
                                                                             const CommOptions& options);
 
+// Borrowed pointers to `comms`, in order.
+std::vector<Communicator*> Raw(const std::vector<std::unique_ptr<Communicator>>& comms);
+
 }  // namespace comm
 }  // namespace recfleet
 
