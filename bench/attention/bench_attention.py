@@ -400,6 +400,8 @@ def main():
                     help="skip the remaining timings after this many seconds")
     ap.add_argument("--no_flex", action="store_true")
     ap.add_argument("--no_compile", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="only run the kernels a few times (for ncu), no timing")
     args = ap.parse_args()
     DEADLINE[0] = time.time() + args.budget_s
     lib = ctypes.CDLL(args.lib)
@@ -411,6 +413,19 @@ def main():
     torch.manual_seed(0)
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     lens = heavy_tailed(64, 4096, 0.5, seed=1)
+    if args.profile:
+        q, k, v = (packed(lens, 8, 128, dev) for _ in range(3))
+        for act, mask in (("softmax", "none"), ("silu", "causal")):
+            ours = Ours(lib, q, k, v, lens, lens, act, mask)
+            for _ in range(2):
+                ours.fwd_bwd()
+        blens = heavy_tailed(32, 16384, 0.5, seed=5)
+        q, k, v = (packed(blens, 8, 128, dev) for _ in range(3))
+        ours = Ours(lib, q, k, v, blens, blens, "softmax", "block", rope=True)
+        for _ in range(2):
+            ours.fwd_bwd()
+        torch.cuda.synchronize()
+        return 0
     print(f"# jagged batch: 64 seqs, max {max(lens)}, mean {sum(lens) / 64:.0f}", flush=True)
     sections = [
         lambda: jagged_self(lib, 128, dev, lens, not args.no_flex),

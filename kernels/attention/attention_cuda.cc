@@ -34,7 +34,7 @@ using cuda_impl::KernelParams;
 using cuda_impl::TransformParams;
 using cuda_impl::WorkItem;
 
-constexpr int kTile = 64;
+constexpr int kTile = cuda_impl::kTileRows;
 
 absl::Status CudaCheck(int err, absl::string_view what) {
   if (err == 0) return absl::OkStatus();
@@ -52,11 +52,29 @@ void SortLongestFirst(std::vector<WorkItem>& items) {
 }
 
 struct HostPlan {
-  std::vector<WorkItem> query_tiles;  // forward and dQ
+  std::vector<WorkItem> forward_tiles;  // forward (kForwardTileRows queries each)
+  std::vector<WorkItem> query_tiles;    // dQ
   std::vector<WorkItem> key_tiles;    // dK/dV
   std::vector<WorkItem> blocks;       // BlockAttention (empty if not applicable)
   bool block_kernel = false;
 };
+
+// Appends the query tiles of `rows` rows of one sequence (described by
+// `base`) with the keys they see. Key ranges are monotone in the query, so a
+// tile's first and last rows bound the keys of the whole tile.
+void AddQueryTiles(const WorkItem& base, const AttentionOptions& o, int64_t rows,
+                   std::vector<WorkItem>& out) {
+  const int64_t lq = base.q_len, lk = base.k_len;
+  for (int64_t m0 = 0; m0 < lq; m0 += rows) {
+    WorkItem it = base;
+    it.tile_row = static_cast<int>(m0);
+    const KeyRange first = VisibleKeys(o, lq, lk, m0);
+    const KeyRange last = VisibleKeys(o, lq, lk, std::min(lq, m0 + rows) - 1);
+    it.inner_begin = static_cast<int>(first.begin);
+    it.inner_end = static_cast<int>(std::max(first.begin, last.end));
+    out.push_back(it);
+  }
+}
 
 HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
   HostPlan plan;
@@ -73,23 +91,14 @@ HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
     base.q_len = static_cast<int>(lq);
     base.k_len = static_cast<int>(lk);
     bias_base += lq * lk * heads;
-    for (int64_t m0 = 0; m0 < lq; m0 += kTile) {
-      WorkItem it = base;
-      it.tile_row = static_cast<int>(m0);
-      // Key ranges are monotone in the query, so the tile's first and last
-      // rows bound the keys of the whole tile.
-      const KeyRange first = VisibleKeys(o, lq, lk, m0);
-      const KeyRange last = VisibleKeys(o, lq, lk, std::min(lq, m0 + kTile) - 1);
-      it.inner_begin = static_cast<int>(first.begin);
-      it.inner_end = static_cast<int>(std::max(first.begin, last.end));
-      plan.query_tiles.push_back(it);
-      if (lq == lk) {
-        WorkItem blk = base;
-        blk.tile_row = static_cast<int>(m0);
-        blk.inner_begin = blk.tile_row;
-        blk.inner_end = static_cast<int>(std::min(lk, m0 + kTile));
-        plan.blocks.push_back(blk);
-      }
+    AddQueryTiles(base, o, kTile, plan.query_tiles);
+    AddQueryTiles(base, o, cuda_impl::kForwardTileRows, plan.forward_tiles);
+    for (int64_t m0 = 0; m0 < lq && lq == lk; m0 += kTile) {
+      WorkItem blk = base;
+      blk.tile_row = static_cast<int>(m0);
+      blk.inner_begin = blk.tile_row;
+      blk.inner_end = static_cast<int>(std::min(lk, m0 + kTile));
+      plan.blocks.push_back(blk);
     }
     for (int64_t n0 = 0; n0 < lk; n0 += kTile) {
       WorkItem it = base;
@@ -123,6 +132,7 @@ HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
       plan.key_tiles.push_back(it);
     }
   }
+  SortLongestFirst(plan.forward_tiles);
   SortLongestFirst(plan.query_tiles);
   SortLongestFirst(plan.key_tiles);
   if (!plan.block_kernel) plan.blocks.clear();
@@ -131,18 +141,19 @@ HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
 
 // A plan in device memory. Lives in the cache until evicted.
 struct DevicePlan {
+  WorkItem* forward_tiles = nullptr;
   WorkItem* query_tiles = nullptr;
   WorkItem* key_tiles = nullptr;
   WorkItem* blocks = nullptr;
   int64_t* q_offsets = nullptr;
   int64_t* k_offsets = nullptr;
-  int num_query_tiles = 0, num_key_tiles = 0, num_blocks = 0;
+  int num_forward_tiles = 0, num_query_tiles = 0, num_key_tiles = 0, num_blocks = 0;
   bool block_kernel = false;
 
   ~DevicePlan() {
-    for (void* p : {static_cast<void*>(query_tiles), static_cast<void*>(key_tiles),
-                    static_cast<void*>(blocks), static_cast<void*>(q_offsets),
-                    static_cast<void*>(k_offsets)}) {
+    for (void* p : {static_cast<void*>(forward_tiles), static_cast<void*>(query_tiles),
+                    static_cast<void*>(key_tiles), static_cast<void*>(blocks),
+                    static_cast<void*>(q_offsets), static_cast<void*>(k_offsets)}) {
       if (p != nullptr) cudaFree(p);
     }
   }
@@ -188,11 +199,13 @@ class PlanCache {
     }
     const HostPlan host = MakePlan(in, o);
     auto plan = std::make_shared<DevicePlan>();
+    plan->num_forward_tiles = static_cast<int>(host.forward_tiles.size());
     plan->num_query_tiles = static_cast<int>(host.query_tiles.size());
     plan->num_key_tiles = static_cast<int>(host.key_tiles.size());
     plan->num_blocks = static_cast<int>(host.blocks.size());
     plan->block_kernel = host.block_kernel;
-    for (auto s : {Upload(host.query_tiles, &plan->query_tiles),
+    for (auto s : {Upload(host.forward_tiles, &plan->forward_tiles),
+                   Upload(host.query_tiles, &plan->query_tiles),
                    Upload(host.key_tiles, &plan->key_tiles), Upload(host.blocks, &plan->blocks),
                    Upload(q_off, &plan->q_offsets), Upload(k_off, &plan->k_offsets)}) {
       if (!s.ok()) return s;
@@ -351,8 +364,8 @@ absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& o, T
     p.num_items = (*plan)->num_blocks;
     return CudaCheck(cuda_impl::LaunchBlockForward(p, stream), "block attention forward");
   }
-  p.items = (*plan)->query_tiles;
-  p.num_items = (*plan)->num_query_tiles;
+  p.items = (*plan)->forward_tiles;
+  p.num_items = (*plan)->num_forward_tiles;
   return CudaCheck(cuda_impl::LaunchJaggedForward(p, stream), "jagged attention forward");
 }
 

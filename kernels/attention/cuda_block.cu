@@ -13,36 +13,65 @@
 namespace recfleet::attention::cuda_impl {
 namespace {
 
-constexpr int kTile = 64;
+constexpr int kTile = kTileRows;
 
-// Loads rows [row0, row0 + 64) of one head into a swizzled tile, rotating
-// each (c, c + D/2) pair by RoPE at position = row when p.rope.
+// Loads rows [tile_row, tile_row + 64) of one head of q and of k into
+// swizzled tiles, rotating each (c, c + D/2) pair by RoPE at position = row
+// when p.rope. Every global load is issued before any arithmetic (the loads'
+// latency overlaps), a thread keeps the same columns in every row it loads
+// (one inverse frequency each), and each angle serves both q and k.
 template <int D>
-__device__ __forceinline__ void LoadTileRope(bf16* s, const bf16* g, int64_t start, int row0,
-                                             int len, int head, int heads, const KernelParams& p) {
-  constexpr int kHalfChunks = D / 16;
-  for (int idx = threadIdx.x; idx < kTile * kHalfChunks; idx += kThreads) {
-    const int r = idx / kHalfChunks, c = (idx % kHalfChunks) * 8, row = row0 + r;
-    uint4 a = make_uint4(0, 0, 0, 0), b = a;
-    if (row < len) {
-      const bf16* src = g + ((start + row) * heads + head) * D;
-      a = *reinterpret_cast<const uint4*>(src + c);
-      b = *reinterpret_cast<const uint4*>(src + c + D / 2);
-      if (p.rope) {
-        bf16* ae = reinterpret_cast<bf16*>(&a);
-        bf16* be = reinterpret_cast<bf16*>(&b);
+__device__ __forceinline__ void LoadQkRope(bf16* qs, bf16* ks, const WorkItem& it,
+                                           const KernelParams& p) {
+  constexpr int kHalfChunks = D / 16;  // 8-column chunk pairs per row
+  constexpr int kIters = kTile * kHalfChunks / kThreads;
+  const int c = (threadIdx.x % kHalfChunks) * 8;
+  uint4 qa[kIters], qb[kIters], ka[kIters], kb[kIters];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          float cs, sn;
-          RopeCosSin(row, c + e, D, p.log2_theta, cs, sn);
-          const float x = __bfloat162float(ae[e]), y = __bfloat162float(be[e]);
-          ae[e] = __float2bfloat16(x * cs - y * sn);
-          be[e] = __float2bfloat16(y * cs + x * sn);
-        }
+  for (int n = 0; n < kIters; ++n) {
+    const int row = it.tile_row + (threadIdx.x + n * kThreads) / kHalfChunks;
+    qa[n] = qb[n] = ka[n] = kb[n] = make_uint4(0, 0, 0, 0);
+    if (row < it.q_len) {
+      const bf16* q = static_cast<const bf16*>(p.q) + ((it.q_start + row) * p.heads + it.head) * D;
+      const bf16* k = static_cast<const bf16*>(p.k) + ((it.k_start + row) * p.heads + it.head) * D;
+      qa[n] = *reinterpret_cast<const uint4*>(q + c);
+      qb[n] = *reinterpret_cast<const uint4*>(q + c + D / 2);
+      ka[n] = *reinterpret_cast<const uint4*>(k + c);
+      kb[n] = *reinterpret_cast<const uint4*>(k + c + D / 2);
+    }
+  }
+  if (p.rope) {
+    float inv_freq[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) inv_freq[e] = RopeInvFreq(c + e, D, p.log2_theta);
+#pragma unroll
+    for (int n = 0; n < kIters; ++n) {
+      const float pos = static_cast<float>(it.tile_row + (threadIdx.x + n * kThreads) / kHalfChunks);
+      bf16* qae = reinterpret_cast<bf16*>(&qa[n]);
+      bf16* qbe = reinterpret_cast<bf16*>(&qb[n]);
+      bf16* kae = reinterpret_cast<bf16*>(&ka[n]);
+      bf16* kbe = reinterpret_cast<bf16*>(&kb[n]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        float cs, sn;
+        RopeCosSinOf(pos * inv_freq[e], cs, sn);
+        float x = __bfloat162float(qae[e]), y = __bfloat162float(qbe[e]);
+        qae[e] = __float2bfloat16(x * cs - y * sn);
+        qbe[e] = __float2bfloat16(y * cs + x * sn);
+        x = __bfloat162float(kae[e]);
+        y = __bfloat162float(kbe[e]);
+        kae[e] = __float2bfloat16(x * cs - y * sn);
+        kbe[e] = __float2bfloat16(y * cs + x * sn);
       }
     }
-    *reinterpret_cast<uint4*>(s + Swz<D>(r, c)) = a;
-    *reinterpret_cast<uint4*>(s + Swz<D>(r, c + D / 2)) = b;
+  }
+#pragma unroll
+  for (int n = 0; n < kIters; ++n) {
+    const int r = (threadIdx.x + n * kThreads) / kHalfChunks;
+    *reinterpret_cast<uint4*>(qs + Swz<D>(r, c)) = qa[n];
+    *reinterpret_cast<uint4*>(qs + Swz<D>(r, c + D / 2)) = qb[n];
+    *reinterpret_cast<uint4*>(ks + Swz<D>(r, c)) = ka[n];
+    *reinterpret_cast<uint4*>(ks + Swz<D>(r, c + D / 2)) = kb[n];
   }
 }
 
@@ -66,8 +95,10 @@ __device__ __forceinline__ void RopeInverse(float (&acc)[D / 8][4], int row_base
   }
 }
 
+// Memory-bound (each block's bytes are used for one 64 x 64 problem): capped
+// at 128 registers so that four CTAs per SM keep enough loads in flight.
 template <int D, int A>
-__global__ void __launch_bounds__(kThreads) BlockForwardKernel(const KernelParams p) {
+__global__ void __launch_bounds__(kThreads, 4) BlockForwardKernel(const KernelParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* ks = qs + kTile * D;
@@ -78,10 +109,7 @@ __global__ void __launch_bounds__(kThreads) BlockForwardKernel(const KernelParam
   LoadTileAsync<D, kTile>(vs, static_cast<const bf16*>(p.v), it.k_start, it.tile_row, len,
                           it.head, p.heads);
   CpAsyncCommit();
-  LoadTileRope<D>(qs, static_cast<const bf16*>(p.q), it.q_start, it.tile_row, len, it.head,
-                  p.heads, p);
-  LoadTileRope<D>(ks, static_cast<const bf16*>(p.k), it.k_start, it.tile_row, len, it.head,
-                  p.heads, p);
+  LoadQkRope<D>(qs, ks, it, p);
   CpAsyncWait<0>();
   __syncthreads();
 
@@ -153,10 +181,7 @@ __global__ void __launch_bounds__(kThreads) BlockBackwardKernel(const KernelPara
   LoadTileAsync<D, kTile>(dos, static_cast<const bf16*>(p.dout), it.q_start, it.tile_row, len,
                           it.head, p.heads);
   CpAsyncCommit();
-  LoadTileRope<D>(qs, static_cast<const bf16*>(p.q), it.q_start, it.tile_row, len, it.head,
-                  p.heads, p);
-  LoadTileRope<D>(ks, static_cast<const bf16*>(p.k), it.k_start, it.tile_row, len, it.head,
-                  p.heads, p);
+  LoadQkRope<D>(qs, ks, it, p);
   CpAsyncWait<0>();
   __syncthreads();
   const bool full = it.tile_row + kTile <= len;

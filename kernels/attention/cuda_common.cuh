@@ -88,77 +88,78 @@ __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// The A fragments of rows [row0, row0 + 16) of a [*, D] tile, for all D / 16
-// k-steps.
-template <int D>
-__device__ __forceinline__ void LoadA(uint32_t (&a)[D / 16][4], const bf16* As, int row0) {
+// acc[m][16 x 8N] += A[a_row0 + 16m .. + 16, D] * B[b_row0 .. b_row0 + 8N, D]^T
+// for M row blocks, A and B swizzled row-major tiles. Each B fragment loaded
+// from shared memory feeds 2M MMAs, so M = 2 halves the shared-memory
+// traffic per MMA.
+template <int D, int N, int M>
+__device__ __forceinline__ void GemmABtM(float (&acc)[M][N][4], const bf16* As, int a_row0,
+                                         const bf16* Bs, int b_row0) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    Ldsm4(a[kk], As + Swz<D>(row0 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-  }
-}
-
-// acc[16 x 8N] += A[16 x D] * B[b_row0 .. b_row0 + 8N, D]^T, A given as
-// fragments (LoadA), B a swizzled row-major tile.
-template <int D, int N>
-__device__ __forceinline__ void GemmABt(float (&acc)[N][4], const uint32_t (&a)[D / 16][4],
-                                        const bf16* Bs, int b_row0) {
-  const int lane = threadIdx.x & 31;
+    uint32_t a[M][4];
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
+    for (int mm = 0; mm < M; ++mm) {
+      Ldsm4(a[mm], As + Swz<D>(a_row0 + mm * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+    }
 #pragma unroll
     for (int np = 0; np < N / 2; ++np) {
       uint32_t b[4];
       Ldsm4(b, Bs + Swz<D>(b_row0 + np * 16 + (lane & 7) + (lane >> 4) * 8,
                            kk * 16 + ((lane >> 3) & 1) * 8));
-      Mma(acc[2 * np], a[kk], b[0], b[1]);
-      Mma(acc[2 * np + 1], a[kk], b[2], b[3]);
+#pragma unroll
+      for (int mm = 0; mm < M; ++mm) {
+        Mma(acc[mm][2 * np], a[mm], b[0], b[1]);
+        Mma(acc[mm][2 * np + 1], a[mm], b[2], b[3]);
+      }
     }
   }
 }
 
-// Same, with A read from a swizzled tile one k-step at a time (fewer live
-// registers than holding all of A).
+// One row block of GemmABtM.
 template <int D, int N>
 __device__ __forceinline__ void GemmABtSmem(float (&acc)[N][4], const bf16* As, int a_row0,
                                             const bf16* Bs, int b_row0) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t a[4];
-    Ldsm4(a, As + Swz<D>(a_row0 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-    for (int np = 0; np < N / 2; ++np) {
-      uint32_t b[4];
-      Ldsm4(b, Bs + Swz<D>(b_row0 + np * 16 + (lane & 7) + (lane >> 4) * 8,
-                           kk * 16 + ((lane >> 3) & 1) * 8));
-      Mma(acc[2 * np], a, b[0], b[1]);
-      Mma(acc[2 * np + 1], a, b[2], b[3]);
-    }
-  }
+  GemmABtM<D, N, 1>(reinterpret_cast<float(&)[1][N][4]>(acc), As, a_row0, Bs, b_row0);
 }
 
-// acc[16 x D] += P[16 x 8K] * B[b_row0 .. b_row0 + 8K, D], P given as fp32
-// accumulators (rounded to bf16 here), B a swizzled row-major tile.
-template <int D, int K>
-__device__ __forceinline__ void GemmPB(float (&acc)[D / 8][4], const float (&p)[K][4],
-                                       const bf16* Bs, int b_row0) {
+// acc[m][16 x D] += P[m][16 x 8K] * B[b_row0 .. b_row0 + 8K, D], P given as
+// fp32 accumulators (rounded to bf16 here), B a swizzled row-major tile.
+template <int D, int K, int M>
+__device__ __forceinline__ void GemmPBM(float (&acc)[M][D / 8][4], const float (&p)[M][K][4],
+                                        const bf16* Bs, int b_row0) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int kk = 0; kk < K / 2; ++kk) {
-    const uint32_t a[4] = {Pack(p[2 * kk][0], p[2 * kk][1]), Pack(p[2 * kk][2], p[2 * kk][3]),
-                           Pack(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                           Pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    uint32_t a[M][4];
+#pragma unroll
+    for (int mm = 0; mm < M; ++mm) {
+      a[mm][0] = Pack(p[mm][2 * kk][0], p[mm][2 * kk][1]);
+      a[mm][1] = Pack(p[mm][2 * kk][2], p[mm][2 * kk][3]);
+      a[mm][2] = Pack(p[mm][2 * kk + 1][0], p[mm][2 * kk + 1][1]);
+      a[mm][3] = Pack(p[mm][2 * kk + 1][2], p[mm][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int dn = 0; dn < D / 16; ++dn) {
       uint32_t b[4];
       Ldsm4T(b, Bs + Swz<D>(b_row0 + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                             dn * 16 + (lane >> 4) * 8));
-      Mma(acc[2 * dn], a, b[0], b[1]);
-      Mma(acc[2 * dn + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mm = 0; mm < M; ++mm) {
+        Mma(acc[mm][2 * dn], a[mm], b[0], b[1]);
+        Mma(acc[mm][2 * dn + 1], a[mm], b[2], b[3]);
+      }
     }
   }
+}
+
+// One row block of GemmPBM.
+template <int D, int K>
+__device__ __forceinline__ void GemmPB(float (&acc)[D / 8][4], const float (&p)[K][4],
+                                       const bf16* Bs, int b_row0) {
+  GemmPBM<D, K, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
+                   reinterpret_cast<const float(&)[1][K][4]>(p), Bs, b_row0);
 }
 
 template <int N>
@@ -195,11 +196,36 @@ __device__ __forceinline__ void KeyRangeOf(const KernelParams& p, int lq, int lk
     hi = min(lk, blk * 64 + 64);
   }
 }
-__device__ __forceinline__ bool Visible(const KernelParams& p, int lq, int lk, int i, int j) {
-  if (i < 0 || i >= lq || j < 0 || j >= lk) return false;
-  int lo, hi;
-  KeyRangeOf(p, lq, lk, i, lo, hi);
-  return j >= lo && j < hi;
+// The keys visible to the two accumulator rows a thread owns (rows past the
+// sequence end see none). Ranges depend on the row only, so a kernel computes
+// them once and masks each element with two compares.
+__device__ __forceinline__ void RowKeyRanges(const KernelParams& p, int lq, int lk, int row_base,
+                                             int (&lo)[2], int (&hi)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = row_base + 8 * r;
+    lo[r] = hi[r] = 0;
+    if (i < lq) KeyRangeOf(p, lq, lk, i, lo[r], hi[r]);
+  }
+}
+// The queries that see key j: contiguous as well (the inverse of KeyRangeOf).
+__device__ __forceinline__ void QueryRangeOf(const KernelParams& p, int lq, int lk, int j, int& lo,
+                                             int& hi) {
+  const int off = lk - lq;  // pq_i = i + off
+  lo = 0;
+  hi = lq;
+  if (j >= lk) {
+    hi = 0;
+    return;
+  }
+  if (p.mask == kMaskCausal || p.mask == kMaskWindow) lo = max(0, j - off);
+  if (p.mask == kMaskWindow) hi = min(lq, j - off + p.window);
+  if (p.mask == kMaskBlock) {
+    const int b0 = (j / 64) * 64;
+    lo = max(0, b0 - off);
+    hi = min(lq, b0 + 64 - off);
+  }
+  if (hi < lo) hi = lo;
 }
 // Whether every (query, key) of rows [i0, i0 + rows) x cols [j0, j0 + cols)
 // is visible (ranges are monotone in i, so the corners decide).
@@ -259,17 +285,20 @@ __device__ __forceinline__ float ActGrad(float x) {
 }
 
 // ---- RoPE: angle = pos * theta^(-2c/d) for pair (c, c + d/2). ----
-__device__ __forceinline__ void RopeCosSin(int pos, int c, int d, float log2_theta, float& cs,
-                                           float& sn) {
-  const float inv_freq = exp2f(-(2.f * c / d) * log2_theta);
-  const float ang = static_cast<float>(pos) * inv_freq;
+__device__ __forceinline__ float RopeInvFreq(int c, int d, float log2_theta) {
+  return exp2f(-(2.f * c / d) * log2_theta);
+}
+__device__ __forceinline__ void RopeCosSinOf(float ang, float& cs, float& sn) {
   // Exact-enough range reduction, then the fast sincos on [-pi, pi].
   const float k = rintf(ang * 0.15915494309189535f);
   float r = fmaf(-k, 6.28318548202514648f, ang);
   r = fmaf(-k, -1.7484555e-7f, r);
   __sincosf(r, &sn, &cs);
 }
-
+__device__ __forceinline__ void RopeCosSin(int pos, int c, int d, float log2_theta, float& cs,
+                                           float& sn) {
+  RopeCosSinOf(static_cast<float>(pos) * RopeInvFreq(c, d, log2_theta), cs, sn);
+}
 
 // This CTA's work item: items are planned per (sequence, tile) and shared by
 // all heads; consecutive CTAs take the heads of one item, so the longest-first

@@ -12,33 +12,44 @@
 namespace recfleet::attention::cuda_impl {
 namespace {
 
-constexpr int kTile = 64;
+constexpr int kTile = kTileRows;
 
+// Forward: each warp owns 16 * kForwardRowBlocks query rows of the CTA's
+// 64 * kForwardRowBlocks, so every K/V fragment read from shared memory feeds
+// kForwardRowBlocks row blocks.
 template <int D, int A>
 __global__ void __launch_bounds__(kThreads) JaggedForwardKernel(const KernelParams p) {
+  constexpr int M = kForwardRowBlocks;
+  constexpr int kRows = kForwardTileRows;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* ks = qs + kTile * D;      // two stages
+  bf16* ks = qs + kRows * D;      // two stages
   bf16* vs = ks + 2 * kTile * D;  // two stages
   const WorkItem it = LoadItem(p);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const bf16* q = static_cast<const bf16*>(p.q);
   const bf16* k = static_cast<const bf16*>(p.k);
   const bf16* v = static_cast<const bf16*>(p.v);
   const int n_tiles = (it.inner_end - it.inner_begin + kTile - 1) / kTile;
 
-  LoadTileAsync<D, kTile>(qs, q, it.q_start, it.tile_row, it.q_len, it.head, p.heads);
+  LoadTileAsync<D, kRows>(qs, static_cast<const bf16*>(p.q), it.q_start, it.tile_row, it.q_len,
+                          it.head, p.heads);
   if (n_tiles > 0) {
     LoadTileAsync<D, kTile>(ks, k, it.k_start, it.inner_begin, it.k_len, it.head, p.heads);
     LoadTileAsync<D, kTile>(vs, v, it.k_start, it.inner_begin, it.k_len, it.head, p.heads);
   }
   CpAsyncCommit();
 
-  float o[D / 8][4];
-  Zero(o);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  uint32_t qf[D / 16][4];
-  const int row_base = it.tile_row + warp * 16 + g;
+  const int warp_row0 = warp * 16 * M;  // within the tile
+  const float scale_log2 = p.scale * kLog2e;
+  float o[M][D / 8][4], m[M][2], l[M][2];
+  int lo[M][2], hi[M][2];
+#pragma unroll
+  for (int mm = 0; mm < M; ++mm) {
+    Zero(o[mm]);
+    m[mm][0] = m[mm][1] = -INFINITY;
+    l[mm][0] = l[mm][1] = 0.f;
+    RowKeyRanges(p, it.q_len, it.k_len, it.tile_row + warp_row0 + mm * 16 + g, lo[mm], hi[mm]);
+  }
 
   for (int n = 0; n < n_tiles; ++n) {
     const int buf = n & 1;
@@ -52,70 +63,100 @@ __global__ void __launch_bounds__(kThreads) JaggedForwardKernel(const KernelPara
     CpAsyncCommit();
     CpAsyncWait<1>();
     __syncthreads();
-    if (n == 0) LoadA<D>(qf, qs, warp * 16);
 
-    float s[8][4];
-    Zero(s);
-    GemmABt<D, 8>(s, qf, ks + buf * kTile * D, 0);
+    float s[M][8][4];
+#pragma unroll
+    for (int mm = 0; mm < M; ++mm) Zero(s[mm]);
+    GemmABtM<D, 8, M>(s, qs, warp_row0, ks + buf * kTile * D, 0);
     const int col0 = it.inner_begin + n * kTile;
-    const bool full = TileFull(p, it.q_len, it.k_len, it.tile_row, kTile, col0, kTile);
+    if (p.bias == nullptr && TileFull(p, it.q_len, it.k_len, it.tile_row, kRows, col0, kTile)) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+      for (int mm = 0; mm < M; ++mm) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = row_base + (e >> 1) * 8, j = col0 + nt * 8 + 2 * t + (e & 1);
-        const bool vis = full || Visible(p, it.q_len, it.k_len, i, j);
-        float x = s[nt][e] * p.scale;
-        if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
-        if constexpr (A == kActSoftmax) {
-          s[nt][e] = vis ? x * kLog2e : -INFINITY;
-        } else {
-          s[nt][e] = vis ? Act<A>(x) : 0.f;
+        for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if constexpr (A == kActSoftmax) {
+              s[mm][nt][e] *= scale_log2;
+            } else {
+              s[mm][nt][e] = Act<A>(s[mm][nt][e] * p.scale);
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int mm = 0; mm < M; ++mm) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1, j = col0 + nt * 8 + 2 * t + (e & 1);
+            const bool vis = j >= lo[mm][r] && j < hi[mm][r];
+            float x = s[mm][nt][e] * p.scale;
+            if (p.bias != nullptr && vis) {
+              x += BiasAt(p, it, it.tile_row + warp_row0 + mm * 16 + g + 8 * r, j);
+            }
+            if constexpr (A == kActSoftmax) {
+              s[mm][nt][e] = vis ? x * kLog2e : -INFINITY;
+            } else {
+              s[mm][nt][e] = vis ? Act<A>(x) : 0.f;
+            }
+          }
         }
       }
     }
     if constexpr (A == kActSoftmax) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
+      for (int mm = 0; mm < M; ++mm) {
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-        const float m_new = fmaxf(m[r], QuadMax(mx));
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        const float corr = Exp2(m[r] - m_use);
-        m[r] = m_new;
-        l[r] *= corr;
+        for (int r = 0; r < 2; ++r) {
+          float mx = -INFINITY;
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          o[dt][2 * r] *= corr;
-          o[dt][2 * r + 1] *= corr;
-        }
+          for (int nt = 0; nt < 8; ++nt) {
+            mx = fmaxf(mx, fmaxf(s[mm][nt][2 * r], s[mm][nt][2 * r + 1]));
+          }
+          const float m_new = fmaxf(m[mm][r], QuadMax(mx));
+          const float m_use = m_new == -INFINITY ? 0.f : m_new;
+          const float corr = Exp2(m[mm][r] - m_use);
+          m[mm][r] = m_new;
+          l[mm][r] *= corr;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          s[nt][2 * r] = Exp2(s[nt][2 * r] - m_use);
-          s[nt][2 * r + 1] = Exp2(s[nt][2 * r + 1] - m_use);
-          l[r] += s[nt][2 * r] + s[nt][2 * r + 1];
+          for (int dt = 0; dt < D / 8; ++dt) {
+            o[mm][dt][2 * r] *= corr;
+            o[mm][dt][2 * r + 1] *= corr;
+          }
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            s[mm][nt][2 * r] = Exp2(s[mm][nt][2 * r] - m_use);
+            s[mm][nt][2 * r + 1] = Exp2(s[mm][nt][2 * r + 1] - m_use);
+            l[mm][r] += s[mm][nt][2 * r] + s[mm][nt][2 * r + 1];
+          }
         }
       }
     }
-    GemmPB<D, 8>(o, s, vs + buf * kTile * D, 0);
+    GemmPBM<D, 8, M>(o, s, vs + buf * kTile * D, 0);
     __syncthreads();
   }
 
-  float mul[2] = {1.f, 1.f};
-  if constexpr (A == kActSoftmax) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float sum = QuadSum(l[r]);
-      mul[r] = sum > 0.f ? 1.f / sum : 0.f;
-      const int i = row_base + 8 * r;
-      if (t == 0 && i < it.q_len) {
-        p.lse[(it.q_start + i) * p.heads + it.head] =
-            sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
+  for (int mm = 0; mm < M; ++mm) {
+    const int row_base = it.tile_row + warp_row0 + mm * 16 + g;
+    float mul[2] = {1.f, 1.f};
+    if constexpr (A == kActSoftmax) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float sum = QuadSum(l[mm][r]);
+        mul[r] = sum > 0.f ? 1.f / sum : 0.f;
+        const int i = row_base + 8 * r;
+        if (t == 0 && i < it.q_len) {
+          p.lse[(it.q_start + i) * p.heads + it.head] =
+              sum > 0.f ? (m[mm][r] + log2f(sum)) * kLn2 : -INFINITY;
+        }
       }
     }
+    StoreRows<D>(p.o, o[mm], it.q_start, row_base, it.q_len, it.head, p.heads, mul);
   }
-  StoreRows<D>(p.o, o, it.q_start, row_base, it.q_len, it.head, p.heads, mul);
 }
 
 // log2-domain lse of a row (0 where the row sees no key: its scores are all
@@ -161,6 +202,9 @@ __global__ void __launch_bounds__(kThreads) JaggedDqKernel(const KernelParams p)
       }
     }
   }
+  const float scale_log2 = p.scale * kLog2e;
+  int lo[2], hi[2];
+  RowKeyRanges(p, it.q_len, it.k_len, row_base, lo, hi);
   float dq[D / 8][4];
   Zero(dq);
 
@@ -184,24 +228,39 @@ __global__ void __launch_bounds__(kThreads) JaggedDqKernel(const KernelParams p)
     GemmABtSmem<D, 8>(s, qs, warp * 16, kb, 0);
     GemmABtSmem<D, 8>(dp, dos, warp * 16, vs + buf * kTile * D, 0);
     const int col0 = it.inner_begin + n * kTile;
-    const bool full = TileFull(p, it.q_len, it.k_len, it.tile_row, kTile, col0, kTile);
+    if (p.bias == nullptr && TileFull(p, it.q_len, it.k_len, it.tile_row, kTile, col0, kTile)) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = row_base + (e >> 1) * 8, j = col0 + nt * 8 + 2 * t + (e & 1);
-        const bool vis = full || Visible(p, it.q_len, it.k_len, i, j);
-        float x = s[nt][e] * p.scale;
-        if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
-        float ds;
-        if constexpr (A == kActSoftmax) {
-          const float pr = vis ? Exp2(x * kLog2e - lse2[e >> 1]) : 0.f;
-          ds = pr * (dp[nt][e] - dsum[e >> 1]);
-        } else {
-          ds = vis ? dp[nt][e] * ActGrad<A>(x) : 0.f;
+        for (int e = 0; e < 4; ++e) {
+          float ds;
+          if constexpr (A == kActSoftmax) {
+            ds = Exp2(fmaf(s[nt][e], scale_log2, -lse2[e >> 1])) * (dp[nt][e] - dsum[e >> 1]);
+          } else {
+            ds = dp[nt][e] * ActGrad<A>(s[nt][e] * p.scale);
+          }
+          s[nt][e] = ds * p.scale;
         }
-        if (p.dbias != nullptr && vis) StoreBias(p, it, i, j, ds);
-        s[nt][e] = ds * p.scale;
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, i = row_base + 8 * r, j = col0 + nt * 8 + 2 * t + (e & 1);
+          const bool vis = j >= lo[r] && j < hi[r];
+          float x = s[nt][e] * p.scale;
+          if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
+          float ds;
+          if constexpr (A == kActSoftmax) {
+            const float pr = vis ? Exp2(x * kLog2e - lse2[r]) : 0.f;
+            ds = pr * (dp[nt][e] - dsum[r]);
+          } else {
+            ds = vis ? dp[nt][e] * ActGrad<A>(x) : 0.f;
+          }
+          if (p.dbias != nullptr && vis) StoreBias(p, it, i, j, ds);
+          s[nt][e] = ds * p.scale;
+        }
       }
     }
     GemmPB<D, 8>(dq, s, kb, 0);
@@ -262,6 +321,10 @@ __global__ void __launch_bounds__(kThreads) JaggedDkDvKernel(const KernelParams 
   Zero(dk);
   Zero(dv);
   const int kv_base = it.tile_row + warp * 16 + g;
+  const float scale_log2 = p.scale * kLog2e;
+  int qlo[2], qhi[2];  // queries seeing this thread's two key rows
+#pragma unroll
+  for (int r = 0; r < 2; ++r) QueryRangeOf(p, it.q_len, it.k_len, kv_base + 8 * r, qlo[r], qhi[r]);
 
   for (int n = 0; n < n_tiles; ++n) {
     const int buf = n & 1;
@@ -278,25 +341,47 @@ __global__ void __launch_bounds__(kThreads) JaggedDkDvKernel(const KernelParams 
     GemmABtSmem<D, QT>(st, ks, warp * 16, qb, 0);
     GemmABtSmem<D, QT>(dpt, vs, warp * 16, dob, 0);
     const int q0 = it.inner_begin + n * KQ;
-    const bool full = TileFull(p, it.q_len, it.k_len, q0, KQ, it.tile_row, kTile);
+    const float* lse_b = lse_s + buf * KQ;
+    const float* dsum_b = dsum_s + buf * KQ;
+    if (p.bias == nullptr && TileFull(p, it.q_len, it.k_len, q0, KQ, it.tile_row, kTile)) {
 #pragma unroll
-    for (int nt = 0; nt < QT; ++nt) {
+      for (int nt = 0; nt < QT; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = kv_base + (e >> 1) * 8, il = nt * 8 + 2 * t + (e & 1), i = q0 + il;
-        const bool vis = full || Visible(p, it.q_len, it.k_len, i, j);
-        float x = st[nt][e] * p.scale;
-        if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
-        float pr, ds;
-        if constexpr (A == kActSoftmax) {
-          pr = vis ? Exp2(x * kLog2e - lse_s[buf * KQ + il]) : 0.f;
-          ds = pr * (dpt[nt][e] - dsum_s[buf * KQ + il]);
-        } else {
-          pr = vis ? Act<A>(x) : 0.f;
-          ds = vis ? dpt[nt][e] * ActGrad<A>(x) : 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const int il = nt * 8 + 2 * t + (e & 1);
+          float pr, ds;
+          if constexpr (A == kActSoftmax) {
+            pr = Exp2(fmaf(st[nt][e], scale_log2, -lse_b[il]));
+            ds = pr * (dpt[nt][e] - dsum_b[il]);
+          } else {
+            const float x = st[nt][e] * p.scale;
+            pr = Act<A>(x);
+            ds = dpt[nt][e] * ActGrad<A>(x);
+          }
+          st[nt][e] = pr;
+          dpt[nt][e] = ds * p.scale;
         }
-        st[nt][e] = pr;
-        dpt[nt][e] = ds * p.scale;
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < QT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, j = kv_base + 8 * r, il = nt * 8 + 2 * t + (e & 1), i = q0 + il;
+          const bool vis = i >= qlo[r] && i < qhi[r];
+          float x = st[nt][e] * p.scale;
+          if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
+          float pr, ds;
+          if constexpr (A == kActSoftmax) {
+            pr = vis ? Exp2(x * kLog2e - lse_b[il]) : 0.f;
+            ds = pr * (dpt[nt][e] - dsum_b[il]);
+          } else {
+            pr = vis ? Act<A>(x) : 0.f;
+            ds = vis ? dpt[nt][e] * ActGrad<A>(x) : 0.f;
+          }
+          st[nt][e] = pr;
+          dpt[nt][e] = ds * p.scale;
+        }
       }
     }
     GemmPB<D, QT>(dv, st, dob, 0);
@@ -313,7 +398,8 @@ __global__ void __launch_bounds__(kThreads) JaggedDkDvKernel(const KernelParams 
 int LaunchJaggedForward(const KernelParams& p, void* stream) {
   return DispatchKernel(p, [&](auto d, auto a) {
     constexpr int D = decltype(d)::value, A = decltype(a)::value;
-    return Launch(JaggedForwardKernel<D, A>, p.num_items, 5 * kTile * D * 2, p, stream);
+    return Launch(JaggedForwardKernel<D, A>, p.num_items, (kForwardTileRows + 4 * kTile) * D * 2,
+                  p, stream);
   });
 }
 

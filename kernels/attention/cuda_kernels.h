@@ -12,7 +12,15 @@ namespace recfleet::attention::cuda_impl {
 enum : int { kMaskNone = 0, kMaskCausal = 1, kMaskWindow = 2, kMaskBlock = 3 };
 enum : int { kActSoftmax = 0, kActGelu = 1, kActSilu = 2 };
 
-// One CTA's work: a 64-row tile of one (sequence, head) and the range of rows
+// Tile rows. Every kernel streams 64-row tiles of the other side; the
+// forward's query tiles have 64 * kForwardRowBlocks rows (each warp owns
+// kForwardRowBlocks blocks of 16), the dQ pass's 64, the dK/dV pass's key
+// tiles 64, BlockAttention's tiles are its 64-token blocks.
+inline constexpr int kForwardRowBlocks = 2;
+inline constexpr int kForwardTileRows = 64 * kForwardRowBlocks;
+inline constexpr int kTileRows = 64;
+
+// One CTA's work: a tile of one (sequence, head) and the range of rows
 // of the other side its inner loop visits. For the forward and the dQ pass
 // the tile is of queries and the inner range of keys; for the dK/dV pass the
 // reverse. Planned on the host from the offsets and the mask, non-empty
