@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -334,6 +335,15 @@ KernelParams BaseParams(const AttentionInputs& in, const AttentionOptions& o,
   return p;
 }
 
+// The backward's dQ: a separate query-stationary pass (no atomics,
+// deterministic; the default) or fp32 atomics from the dK/dV pass
+// (RECFLEET_ATTENTION_DQ=atomic), kept selectable so the choice can be
+// re-measured on new shapes and GPUs (bench/attention).
+bool AtomicDq() {
+  const char* mode = std::getenv("RECFLEET_ATTENTION_DQ");
+  return mode != nullptr && std::string(mode) == "atomic";
+}
+
 absl::Status CheckSizes(const AttentionInputs& in) {
   // Kernels index rows within a sequence with int32.
   for (int64_t b = 0; b < in.q.batch_size(); ++b) {
@@ -423,17 +433,37 @@ absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& o,
         return s;
       }
     }
-    p.items = plan.query_tiles;
-    p.num_items = plan.num_query_tiles;
-    if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDq(p, stream), "attention dQ");
-        !s.ok()) {
-      return s;
+    const bool atomic_dq = AtomicDq();
+    if (atomic_dq) {
+      auto acc = ws.Alloc(grads.dq.numel() * sizeof(float));
+      if (!acc.ok()) return acc.status();
+      p.dq_accum = static_cast<float*>(*acc);
+      if (auto s = CudaCheck(cudaMemsetAsync(*acc, 0, grads.dq.numel() * sizeof(float), stream),
+                             "cudaMemsetAsync(dq)");
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      p.items = plan.query_tiles;
+      p.num_items = plan.num_query_tiles;
+      if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDq(p, stream), "attention dQ");
+          !s.ok()) {
+        return s;
+      }
     }
     p.items = plan.key_tiles;
     p.num_items = plan.num_key_tiles;
     if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDkDv(p, stream), "attention dK/dV");
         !s.ok()) {
       return s;
+    }
+    if (atomic_dq) {
+      if (auto s = CudaCheck(cuda_impl::LaunchFloatToBf16(p.dq_accum, p.dq, grads.dq.numel(),
+                                                          stream),
+                             "dQ to bf16");
+          !s.ok()) {
+        return s;
+      }
     }
   }
   if (prep->transformed) {

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -264,6 +265,31 @@ TEST(AttentionCudaTest, BiasQkNormAndRope) {
       }
     }
   }
+}
+
+// The backward's dQ through fp32 atomics in the dK/dV pass instead of the
+// separate pass.
+TEST(AttentionCudaTest, AtomicDqMatchesReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  setenv("RECFLEET_ATTENTION_DQ", "atomic", 1);
+  uint64_t seed = 300;
+  for (int64_t d : {64, 128}) {
+    for (Activation a : {Activation::kSoftmax, Activation::kSilu}) {
+      for (Mask m : {Mask::kNone, Mask::kSlidingWindow}) {
+        Case c{absl::StrCat("atomic dq d", d, " ", ActName(a), " ", MaskName(m)),
+               {0, 1, 63, 200, 65, 4},
+               {3, 1, 63, 200, 130, 70},
+               2,
+               d};
+        c.opts.activation = a;
+        c.opts.mask = m;
+        c.opts.window = 70;
+        c.bias = m == Mask::kNone;
+        RunCase(c, seed++);
+      }
+    }
+  }
+  unsetenv("RECFLEET_ATTENTION_DQ");
 }
 
 TEST(AttentionCudaTest, RejectsUnsupportedHeadDim) {

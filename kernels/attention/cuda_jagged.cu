@@ -42,13 +42,11 @@ __global__ void __launch_bounds__(kThreads) JaggedForwardKernel(const KernelPara
   const int warp_row0 = warp * 16 * M;  // within the tile
   const float scale_log2 = p.scale * kLog2e;
   float o[M][D / 8][4], m[M][2], l[M][2];
-  int lo[M][2], hi[M][2];
 #pragma unroll
   for (int mm = 0; mm < M; ++mm) {
     Zero(o[mm]);
     m[mm][0] = m[mm][1] = -INFINITY;
     l[mm][0] = l[mm][1] = 0.f;
-    RowKeyRanges(p, it.q_len, it.k_len, it.tile_row + warp_row0 + mm * 16 + g, lo[mm], hi[mm]);
   }
 
   for (int n = 0; n < n_tiles; ++n) {
@@ -87,12 +85,14 @@ __global__ void __launch_bounds__(kThreads) JaggedForwardKernel(const KernelPara
     } else {
 #pragma unroll
       for (int mm = 0; mm < M; ++mm) {
+        int lo[2], hi[2];  // recomputed here: masked tiles are the minority
+        RowKeyRanges(p, it.q_len, it.k_len, it.tile_row + warp_row0 + mm * 16 + g, lo, hi);
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int r = e >> 1, j = col0 + nt * 8 + 2 * t + (e & 1);
-            const bool vis = j >= lo[mm][r] && j < hi[mm][r];
+            const bool vis = j >= lo[r] && j < hi[r];
             float x = s[mm][nt][e] * p.scale;
             if (p.bias != nullptr && vis) {
               x += BiasAt(p, it, it.tile_row + warp_row0 + mm * 16 + g + 8 * r, j);
@@ -258,7 +258,6 @@ __global__ void __launch_bounds__(kThreads) JaggedDqKernel(const KernelParams p)
           } else {
             ds = vis ? dp[nt][e] * ActGrad<A>(x) : 0.f;
           }
-          if (p.dbias != nullptr && vis) StoreBias(p, it, i, j, ds);
           s[nt][e] = ds * p.scale;
         }
       }
@@ -268,6 +267,47 @@ __global__ void __launch_bounds__(kThreads) JaggedDqKernel(const KernelParams p)
   }
   const float one[2] = {1.f, 1.f};
   StoreRows<D>(p.dq, dq, it.q_start, row_base, it.q_len, it.head, p.heads, one);
+}
+
+// dq_accum[q0 + 16 w .. + 16, :] += dS[16 w .., kTile] * K[kTile, D] for
+// warp w, with dS read transposed from dst_s ([kTile keys][KQ queries]) and
+// the product formed 32 columns at a time to bound the live registers.
+template <int D, int KQ>
+__device__ __forceinline__ void AtomicDq(const KernelParams& p, const WorkItem& it,
+                                         const bf16* dst_s, const bf16* ks, int q0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  for (int qb = warp * 16; qb < KQ; qb += 16 * (kThreads / 32)) {
+#pragma unroll
+    for (int dc = 0; dc < D / 32; ++dc) {
+      float acc[4][4];
+      Zero(acc);
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        uint32_t a[4];
+        Ldsm4T(a, dst_s + Swz<KQ>(kk * 16 + (lane & 7) + (lane >> 4) * 8,
+                                  qb + ((lane >> 3) & 1) * 8));
+#pragma unroll
+        for (int dn = 0; dn < 2; ++dn) {
+          uint32_t b[4];
+          Ldsm4T(b, ks + Swz<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                dc * 32 + dn * 16 + (lane >> 4) * 8));
+          Mma(acc[2 * dn], a, b[0], b[1]);
+          Mma(acc[2 * dn + 1], a, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = q0 + qb + g + 8 * r;
+        if (i >= it.q_len) continue;
+        float* row = p.dq_accum + ((it.q_start + i) * p.heads + it.head) * D + dc * 32 + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          atomicAdd(row + nt * 8, acc[nt][2 * r]);
+          atomicAdd(row + nt * 8 + 1, acc[nt][2 * r + 1]);
+        }
+      }
+    }
+  }
 }
 
 template <int D>
@@ -286,6 +326,7 @@ __global__ void __launch_bounds__(kThreads) JaggedDkDvKernel(const KernelParams 
   bf16* dos = qs + 2 * KQ * D;  // two stages
   float* lse_s = reinterpret_cast<float*>(dos + 2 * KQ * D);  // [2][KQ]
   float* dsum_s = lse_s + 2 * KQ;                               // [2][KQ]
+  bf16* dst_s = reinterpret_cast<bf16*>(dsum_s + 2 * KQ);      // [kTile][KQ]: dS^T * scale
   const WorkItem it = LoadItem(p);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const bf16* q = static_cast<const bf16*>(p.q);
@@ -379,6 +420,7 @@ __global__ void __launch_bounds__(kThreads) JaggedDkDvKernel(const KernelParams 
             pr = vis ? Act<A>(x) : 0.f;
             ds = vis ? dpt[nt][e] * ActGrad<A>(x) : 0.f;
           }
+          if (p.dbias != nullptr && vis) StoreBias(p, it, i, j, ds);
           st[nt][e] = pr;
           dpt[nt][e] = ds * p.scale;
         }
@@ -386,6 +428,22 @@ __global__ void __launch_bounds__(kThreads) JaggedDkDvKernel(const KernelParams 
     }
     GemmPB<D, QT>(dv, st, dob, 0);
     GemmPB<D, QT>(dk, dpt, qb, 0);
+    if (p.dq_accum != nullptr) {
+      // Fused dQ: dS^T goes through shared memory so that each warp can
+      // multiply 16 query rows of dS by the whole key tile, and the partial
+      // dQ is added to an fp32 accumulator with atomics.
+#pragma unroll
+      for (int nt = 0; nt < QT; ++nt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          *reinterpret_cast<__nv_bfloat162*>(
+              dst_s + Swz<KQ>(warp * 16 + g + 8 * r, nt * 8 + 2 * t)) =
+              __floats2bfloat162_rn(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
+        }
+      }
+      __syncthreads();
+      AtomicDq<D, KQ>(p, it, dst_s, ks, q0);
+    }
     __syncthreads();
   }
   const float one[2] = {1.f, 1.f};
@@ -415,7 +473,7 @@ int LaunchJaggedBackwardDkDv(const KernelParams& p, void* stream) {
     constexpr int D = decltype(d)::value, A = decltype(a)::value;
     constexpr int KQ = DkDvQueryTile<D>();
     return Launch(JaggedDkDvKernel<D, A>, p.num_items,
-                  (2 * kTile + 4 * KQ) * D * 2 + 4 * KQ * 4, p, stream);
+                  (2 * kTile + 4 * KQ) * D * 2 + 4 * KQ * 4 + kTile * KQ * 2, p, stream);
   });
 }
 

@@ -51,6 +51,9 @@ struct KernelParams {
   void* dk = nullptr;
   void* dv = nullptr;
   void* dbias = nullptr;
+  // When set, the dK/dV pass also accumulates dQ here ([rows, heads, d],
+  // zeroed by the caller) with atomics, and no dQ pass is needed.
+  float* dq_accum = nullptr;
   const WorkItem* items = nullptr;
   int num_items = 0;  // the grid is num_items * heads CTAs
   int heads = 0;
@@ -88,6 +91,8 @@ struct TransformParams {
 };
 int LaunchQkTransform(const TransformParams& p, void* stream);
 int LaunchQkTransformBackward(const TransformParams& p, void* stream);
+// y[i] = bf16(x[i]) for n elements.
+int LaunchFloatToBf16(const float* x, void* y, int64_t n, void* stream);
 // dsum[r, h] = sum_c dout[r, h, c] * out[r, h, c].
 int LaunchRowDot(const void* dout, const void* out, float* dsum, int64_t rows, int heads,
                  int head_dim, void* stream);

@@ -3,6 +3,8 @@
 // backward. One warp per (row, head); lane l holds columns l + 32 e, so both
 // halves of every RoPE pair (c, c + d/2) sit in the same lane.
 
+#include <algorithm>
+
 #include "kernels/attention/cuda_common.cuh"
 
 namespace recfleet::attention::cuda_impl {
@@ -132,6 +134,13 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) dsum[rh] = acc;
 }
 
+__global__ void FloatToBf16Kernel(const float* x, bf16* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = __float2bfloat16(x[i]);
+  }
+}
+
 int Blocks(int64_t rows_heads) {
   return static_cast<int>((rows_heads + kRowsPerBlock - 1) / kRowsPerBlock);
 }
@@ -159,6 +168,14 @@ int LaunchQkTransformBackward(const TransformParams& p, void* stream) {
   } else {
     QkTransformBackwardKernel<128><<<blocks, kThreads, 0, s>>>(p);
   }
+  return cudaGetLastError();
+}
+
+int LaunchFloatToBf16(const float* x, void* y, int64_t n, void* stream) {
+  if (n == 0) return 0;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 132 * 16));
+  FloatToBf16Kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(x, static_cast<bf16*>(y),
+                                                                            n);
   return cudaGetLastError();
 }
 
