@@ -15,6 +15,12 @@
 
 namespace recfleet {
 namespace comm {
+absl::Status RendezvousTimeoutError(absl::Span<const std::string> missing, absl::Duration timeout) {
+  return absl::DeadlineExceededError(absl::StrCat("rendezvous: keys [", absl::StrJoin(missing, ", "),
+                                                  "] not set within ", absl::FormatDuration(timeout),
+                                                  " (a peer never arrived or died)"));
+}
+
 namespace {
 
 absl::Status MissingKeys(absl::Span<const std::string> keys, const std::vector<bool>& present,
@@ -23,9 +29,7 @@ absl::Status MissingKeys(absl::Span<const std::string> keys, const std::vector<b
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!present[i]) missing.push_back(keys[i]);
   }
-  return absl::DeadlineExceededError(absl::StrCat("rendezvous: keys [", absl::StrJoin(missing, ", "),
-                                                  "] not set within ", absl::FormatDuration(timeout),
-                                                  " (a peer never arrived or died)"));
+  return RendezvousTimeoutError(missing, timeout);
 }
 
 }  // namespace

@@ -45,6 +45,10 @@ class KvStore {
 // "job/<job_id>/epoch/<epoch>/": the namespace of one rendezvous.
 std::string RendezvousNamespace(absl::string_view job_id, int64_t epoch);
 
+// The DeadlineExceeded every implementation's Wait returns, naming the keys
+// still missing (they tell which peer never arrived).
+absl::Status RendezvousTimeoutError(absl::Span<const std::string> missing, absl::Duration timeout);
+
 // Waits for `key` and returns its value.
 absl::StatusOr<std::string> WaitAndGet(KvStore& store, absl::string_view key, absl::Duration timeout);
 

@@ -24,6 +24,16 @@ void RunOnThreads(int size, const std::function<void(int rank)>& fn);
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ConnectGlooGroup(KvStore& store, int size,
                                                                             const CommOptions& options);
 
+// Checks, with gtest expectations, the contract every KvStore keeps: Get of
+// a missing key is NotFound, values are binary-safe and overwritable, Wait
+// returns once late keys are set and fails with DeadlineExceeded naming the
+// missing keys after about its timeout. Leaves keys "a/b", "late1" and
+// "late2" set.
+void CheckKvStoreContract(KvStore& store);
+
+// Borrowed pointers to `comms`, in order.
+std::vector<Communicator*> Raw(const std::vector<std::unique_ptr<Communicator>>& comms);
+
 }  // namespace comm
 }  // namespace recfleet
 
