@@ -50,11 +50,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   return c;
 }
 
-Coordinator::~Coordinator() {
-  stop_.Notify();
+Coordinator::~Coordinator() { Shutdown(); }
+
+void Coordinator::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_.HasBeenNotified()) stop_.Notify();
+    events_cv_.SignalAll();
+  }
   if (loop_.joinable()) loop_.join();
-  absl::MutexLock lock(&mu_);
-  events_cv_.SignalAll();
+  rendezvous_.Shutdown();
 }
 
 void Coordinator::RegisterMetrics(metrics::MetricRegistry* registry) {

@@ -70,7 +70,11 @@ class Coordinator {
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(std::unique_ptr<JobStore> store,
                                                              CoordinatorOptions options,
                                                              metrics::MetricRegistry* registry);
-  ~Coordinator();  // Stops the background loop.
+  ~Coordinator();  // Calls Shutdown().
+
+  // Stops the control loop, ends pending rendezvous waits (UNAVAILABLE) and
+  // wakes watchers, so a server can drain its calls. Idempotent.
+  void Shutdown();
 
   // ---- JobService (see job_service.proto for contracts and errors) ----
   absl::StatusOr<::recfleet::v1::Job> CreateJob(const ::recfleet::v1::CreateJobRequest& request);
