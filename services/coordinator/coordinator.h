@@ -185,6 +185,8 @@ class Coordinator {
   absl::CondVar events_cv_;
   WorkerRegistry registry_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);
+  // QUEUED and RESTARTING jobs as (order, id): the scheduler's queue.
+  std::set<std::pair<uint64_t, std::string>> waiting_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, EventLog> events_ ABSL_GUARDED_BY(mu_);
   // Worker id -> job id, for RUNNING jobs recovered after a restart whose
   // workers have not re-registered yet.

@@ -6,10 +6,12 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "services/common/address.h"
+#include "services/common/process_metrics.h"
 
 namespace recfleet::coordinator {
 
 CoordinatorServer::CoordinatorServer(const ServerOptions& options) : auth_(options.auth_token) {
+  AddProcessMetrics(&registry_);
   auto& rpc_family = AddRpcDurationHistogram(&registry_);
   job_rpc_metrics_ = std::make_unique<RpcMetrics>(&rpc_family, "recfleet.v1.JobService");
   worker_rpc_metrics_ = std::make_unique<RpcMetrics>(&rpc_family, "recfleet.v1.WorkerService");
