@@ -14,6 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -35,6 +37,7 @@
 #include "recfleet/v1/worker_service.grpc.pb.h"
 #include "services/common/exposition.h"
 #include "services/common/http_get.h"
+#include "services/coordinator/coordinator.h"
 #include "services/coordinator/test_specs.h"
 
 ABSL_FLAG(std::string, coordinator_binary, "services/coordinator/recfleet-coordinator",
@@ -66,6 +69,7 @@ struct Coordinator {
 
 Coordinator StartCoordinator(const std::string& dir) {
   Coordinator c;
+  std::fflush(stdout);  // The child must not inherit (and re-print) buffered output.
   std::string db = absl::GetFlag(FLAGS_db).empty() ? dir + "/bench.db" : absl::GetFlag(FLAGS_db);
   std::string log = dir + "/coordinator.log";
   c.pid = fork();
@@ -359,6 +363,64 @@ void HeartbeatPhase(const Coordinator& c) {
               (hb.cpu / hb.wall) / (base.cpu / base.wall));
 }
 
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// The coordinator's own heartbeat logic without gRPC: what a heartbeat costs
+// on top of the transport (compare with the health-check baseline above).
+void InProcessHeartbeats() {
+  const int workers = absl::GetFlag(FLAGS_workers);
+  metrics::MetricRegistry registry;
+  auto store = coordinator::JobStore::Open(":memory:");
+  coordinator::CoordinatorOptions options;
+  options.lease = absl::Seconds(600);
+  auto c = coordinator::Coordinator::Create(*std::move(store), options, &registry);
+  std::vector<std::string> ids;
+  for (int i = 0; i < workers; ++i) {
+    v1::RegisterWorkerRequest req;
+    req.set_host(absl::StrCat("sim-", i));
+    req.mutable_topology()->set_node(absl::StrCat("node-", i / 8));
+    ids.push_back((*c)->RegisterWorker(req)->worker_id());
+  }
+  // One running job on 64 of the workers, so some heartbeats carry a task.
+  v1::CreateJobRequest create;
+  *create.mutable_spec() = coordinator::ValidSpec(64);
+  const std::string job = (*c)->CreateJob(create)->name();
+  std::vector<v1::HeartbeatRequest> requests(workers);
+  for (int i = 0; i < workers; ++i) {
+    requests[i].set_worker_id(ids[i]);
+    v1::HeartbeatResponse r = *(*c)->Heartbeat(requests[i]);
+    for (const auto& cmd : r.commands()) {
+      if (!cmd.has_assignment()) continue;
+      requests[i].mutable_task()->set_job(job);
+      requests[i].mutable_task()->set_restart_epoch(cmd.assignment().restart_epoch());
+      requests[i].mutable_task()->set_phase(v1::TaskStatus::RUNNING);
+    }
+  }
+  const int64_t calls = std::max<int64_t>(workers, 1) * 50;
+  std::vector<double> lat;
+  lat.reserve(calls);
+  const double cpu0 = ThreadCpuSeconds();
+  const absl::Time t0 = absl::Now();
+  for (int64_t i = 0; i < calls; ++i) {
+    const absl::Time s = absl::Now();
+    absl::StatusOr<v1::HeartbeatResponse> r = (*c)->Heartbeat(requests[i % workers]);
+    lat.push_back(absl::ToDoubleSeconds(absl::Now() - s));
+    if (!r.ok()) std::exit(1);
+  }
+  const double cpu = ThreadCpuSeconds() - cpu0;
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  std::printf("== Coordinator::Heartbeat in process (no gRPC), %d workers, %lld calls\n", workers,
+              static_cast<long long>(calls));
+  std::printf("%.2f us CPU per heartbeat (%.0f calls/s on one thread, wall %.2f s); at %d/s: %.4f "
+              "cores\n",
+              1e6 * cpu / calls, calls / wall, wall, workers, cpu / calls * workers);
+  std::printf("latency: %s\n\n", Latency(lat).c_str());
+}
+
 }  // namespace
 }  // namespace recfleet
 
@@ -373,6 +435,7 @@ int main(int argc, char** argv) {
   }
   std::printf("coordinator %s (metrics %s), db in %s, %u hardware threads\n\n", c.address.c_str(),
               c.metrics.c_str(), dir.c_str(), std::thread::hardware_concurrency());
+  if (absl::GetFlag(FLAGS_workers) > 0) recfleet::InProcessHeartbeats();
   if (absl::GetFlag(FLAGS_create_seconds) > 0) recfleet::CreateGetPhase(c);
   kill(c.pid, SIGTERM);
   waitpid(c.pid, nullptr, 0);
