@@ -130,7 +130,7 @@ void ModelGradients(const float* params, const std::vector<Sample>& batch, int b
 }
 
 constexpr float kSgdLr = 0.5f;
-const kernels::AdamConfig kAdam = {/*lr=*/0.02, 0.9, 0.999, 1e-8, 0.0, true};
+const AdamConfig kAdam = {/*lr=*/0.02, 0.9, 0.999, 1e-8, 0.0, true};
 const RowwiseAdagradConfig kAdagrad = {/*learning_rate=*/0.1f, 1e-8f};
 
 void DenseStep(DenseOptimizer opt, int step, TensorView param, const TensorView& grad, TensorView m, TensorView v) {
@@ -138,7 +138,7 @@ void DenseStep(DenseOptimizer opt, int step, TensorView param, const TensorView&
     for (int64_t i = 0; i < param.numel(); ++i) param.as<float>()[i] -= kSgdLr * grad.as<const float>()[i];
     return;
   }
-  ASSERT_TRUE(kernels::AdamStep(kAdam, step + 1, param, grad, m, v).ok());
+  ASSERT_TRUE(AdamStep(kAdam, step + 1, param, grad, m, v).ok());
 }
 
 TensorView View1(std::vector<float>& v) { return MakeView(v.data(), DType::kFloat32, {static_cast<int64_t>(v.size())}); }
