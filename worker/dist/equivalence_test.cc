@@ -104,6 +104,41 @@ void MakeJagged(const std::vector<Sample>& batch, int begin, int end, JaggedIds&
   }
 }
 
+// The model reads the tables' outputs side by side: [n, PooledDim], table
+// t in its own column block.
+std::vector<float> Concat(int n, const std::vector<std::vector<float>>& per_table) {
+  const std::vector<EmbeddingTableConfig> tables = Tables();
+  std::vector<float> pooled(n * PooledDim());
+  for (int t = 0, col = 0; t < 3; col += tables[t].dim, ++t) {
+    for (int i = 0; i < n; ++i) {
+      for (int64_t c = 0; c < tables[t].dim; ++c) pooled[i * PooledDim() + col + c] = per_table[t][i * tables[t].dim + c];
+    }
+  }
+  return pooled;
+}
+
+void Split(int n, const std::vector<float>& pooled, std::vector<std::vector<float>>& per_table) {
+  const std::vector<EmbeddingTableConfig> tables = Tables();
+  per_table.assign(3, {});
+  for (int t = 0, col = 0; t < 3; col += tables[t].dim, ++t) {
+    for (int i = 0; i < n; ++i) {
+      for (int64_t c = 0; c < tables[t].dim; ++c) per_table[t].push_back(pooled[i * PooledDim() + col + c]);
+    }
+  }
+}
+
+// [n, dim] views of per-table buffers (sized here when `allocate`).
+std::vector<TensorView> PerTableViews(int n, std::vector<std::vector<float>>& per_table, bool allocate = true) {
+  const std::vector<EmbeddingTableConfig> tables = Tables();
+  if (allocate) per_table.assign(3, {});
+  std::vector<TensorView> views;
+  for (int t = 0; t < 3; ++t) {
+    if (allocate) per_table[t].resize(n * tables[t].dim);
+    views.push_back(MakeView(per_table[t].data(), DType::kFloat32, {n, tables[t].dim}));
+  }
+  return views;
+}
+
 // The model: logit = w_dense . x + w_emb . pooled + bias; loss = mean BCE
 // over the GLOBAL batch of `global_n` samples, so each rank's gradient is
 // its share of the global one. Fills grad_params (NumParams, overwritten)
@@ -169,29 +204,24 @@ Result TrainSingleRank(DenseOptimizer opt) {
     const int n = static_cast<int>(batch.size());
     JaggedIds ids;
     MakeJagged(batch, 0, n, ids);
-    std::vector<float> pooled(n * pd);
-    for (int t = 0, col = 0; t < 3; col += tables[t].dim, ++t) {
-      std::vector<float> out(n * tables[t].dim);
+    std::vector<std::vector<float>> out;
+    const std::vector<TensorView> out_views = PerTableViews(n, out);
+    for (int t = 0; t < 3; ++t) {
       TensorView table = MakeView(r.tables[t].data(), DType::kFloat32, {tables[t].rows, tables[t].dim});
-      EXPECT_TRUE(EmbeddingBagForward(table, ids.views[t], tables[t].pooling,
-                                      MakeView(out.data(), DType::kFloat32, {n, tables[t].dim}))
-                      .ok());
-      for (int i = 0; i < n; ++i) {
-        for (int64_t c = 0; c < tables[t].dim; ++c) pooled[i * pd + col + c] = out[i * tables[t].dim + c];
-      }
+      EXPECT_TRUE(EmbeddingBagForward(table, ids.views[t], tables[t].pooling, out_views[t]).ok());
     }
+    const std::vector<float> pooled = Concat(n, out);
     r.pooled_per_step.push_back(pooled);
     std::vector<float> grad_pooled;
     ModelGradients(r.params.data(), batch, 0, n, pooled, n, grad.data(), grad_pooled);
-    for (int t = 0, col = 0; t < 3; col += tables[t].dim, ++t) {
-      std::vector<float> g(n * tables[t].dim);
-      for (int i = 0; i < n; ++i) {
-        for (int64_t c = 0; c < tables[t].dim; ++c) g[i * tables[t].dim + c] = grad_pooled[i * pd + col + c];
-      }
+    std::vector<std::vector<float>> g;
+    Split(n, grad_pooled, g);
+    const std::vector<TensorView> g_views = PerTableViews(n, g, /*allocate=*/false);
+    for (int t = 0; t < 3; ++t) {
       TensorView table = MakeView(r.tables[t].data(), DType::kFloat32, {tables[t].rows, tables[t].dim});
-      EXPECT_TRUE(EmbeddingBagBackwardAdagrad(MakeView(g.data(), DType::kFloat32, {n, tables[t].dim}), ids.views[t],
-                                              tables[t].pooling, kAdagrad, table, View1(momentum[t]))
-                      .ok());
+      EXPECT_TRUE(
+          EmbeddingBagBackwardAdagrad(g_views[t], ids.views[t], tables[t].pooling, kAdagrad, table, View1(momentum[t]))
+              .ok());
     }
     DenseStep(opt, step, View1(r.params), View1(grad), View1(m), View1(v));
   }
@@ -259,9 +289,10 @@ TEST_P(EquivalenceTest, FourRanksMatchOneRankAfterTwentySteps) {
       MakeJagged(batch, begin, begin + n, ids);
 
       ASSERT_TRUE(fsdp->AllGather(View1(shard), View1(full)).ok());
-      std::vector<float> pooled(n * pd);
-      absl::Status s = (*embeddings)->Forward(ids.views, MakeView(pooled.data(), DType::kFloat32, {n, pd}));
+      std::vector<std::vector<float>> per_table;
+      absl::Status s = (*embeddings)->Forward(ids.views, PerTableViews(n, per_table));
       ASSERT_TRUE(s.ok()) << s;
+      const std::vector<float> pooled = Concat(n, per_table);
       for (int64_t i = 0; i < n * pd; ++i) {
         ASSERT_NEAR(pooled[i], want.pooled_per_step[step][begin * pd + i], 1e-5)
             << "pooled differs: rank " << rank << " step " << step << " element " << i;
@@ -269,7 +300,9 @@ TEST_P(EquivalenceTest, FourRanksMatchOneRankAfterTwentySteps) {
       std::vector<float> grad_pooled;
       ModelGradients(full.data(), batch, begin, begin + n, pooled, static_cast<int>(batch.size()), full_grad.data(),
                      grad_pooled);
-      s = (*embeddings)->BackwardAndUpdate(MakeView(grad_pooled.data(), DType::kFloat32, {n, pd}));
+      std::vector<std::vector<float>> grad_per_table;
+      Split(n, grad_pooled, grad_per_table);
+      s = (*embeddings)->BackwardAndUpdate(PerTableViews(n, grad_per_table, /*allocate=*/false));
       ASSERT_TRUE(s.ok()) << s;
       s = fsdp->ReduceGradients(View1(full_grad), View1(shard_grad), GradReduction::kSum);
       ASSERT_TRUE(s.ok()) << s;

@@ -45,8 +45,6 @@ absl::StatusOr<EmbeddingShardingPlan> EmbeddingShardingPlan::Create(std::vector<
   plan.tables_ = std::move(tables);
   plan.placements_ = std::move(placements);
   plan.group_size_ = group_size;
-  plan.pooled_offsets_.push_back(0);
-  for (const EmbeddingTableConfig& c : plan.tables_) plan.pooled_offsets_.push_back(plan.pooled_offsets_.back() + c.dim);
   plan.tables_on_.resize(group_size);
   for (int r = 0; r < group_size; ++r) {
     for (int t = 0; t < plan.num_tables(); ++t) {
@@ -128,10 +126,6 @@ absl::Status ShardedEmbeddingCollection::CheckIds(absl::Span<const JaggedView> i
     if (absl::Status s = CheckJagged(ids[t], what); !s.ok()) return s;
     if (absl::Status s = CheckDType(ids[t].values, what, {DType::kInt64}); !s.ok()) return s;
     if (absl::Status s = CheckDevice(ids[t].values, what, Device::kCpu); !s.ok()) return s;
-    if (ids[t].batch_size() != ids[0].batch_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " has batch size ", ids[t].batch_size(),
-                                                     " but ids[0] has ", ids[0].batch_size()));
-    }
     const int64_t* v = ids[t].values.as<int64_t>();
     for (int64_t i = 0; i < ids[t].total_length(); ++i) {
       if (v[i] < 0 || v[i] >= plan_.table(t).rows) {
@@ -143,27 +137,41 @@ absl::Status ShardedEmbeddingCollection::CheckIds(absl::Span<const JaggedView> i
   return absl::OkStatus();
 }
 
-absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> ids, const TensorView& pooled) {
+absl::Status ShardedEmbeddingCollection::CheckPerTable(absl::Span<const TensorView> views,
+                                                       absl::string_view what) const {
+  if (static_cast<int>(views.size()) != plan_.num_tables()) {
+    return absl::InvalidArgumentError(absl::StrCat("sharded embeddings: ", views.size(), " ", what,
+                                                   " buffers, expected one per table (", plan_.num_tables(), ")"));
+  }
+  for (int t = 0; t < plan_.num_tables(); ++t) {
+    const std::string name = absl::StrCat(what, "[", t, "] ('", plan_.table(t).name, "')");
+    if (absl::Status s = CheckDType(views[t], name, {DType::kFloat32}); !s.ok()) return s;
+    if (absl::Status s = CheckDevice(views[t], name, Device::kCpu); !s.ok()) return s;
+    if (absl::Status s = CheckRank(views[t], name, 2); !s.ok()) return s;
+    if (absl::Status s = CheckDim(views[t], name, 1, plan_.table(t).dim); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> ids, absl::Span<const TensorView> out) {
   pending_.valid = false;
   if (absl::Status s = CheckIds(ids); !s.ok()) return s;
-  const int64_t batch = ids.empty() ? 0 : ids[0].batch_size();
-  const int64_t width = plan_.pooled_dim();
-  if (absl::Status s = CheckDType(pooled, "pooled", {DType::kFloat32}); !s.ok()) return s;
-  if (absl::Status s = CheckRank(pooled, "pooled", 2); !s.ok()) return s;
-  if (absl::Status s = CheckDim(pooled, "pooled", 0, batch); !s.ok()) return s;
-  if (absl::Status s = CheckDim(pooled, "pooled", 1, width); !s.ok()) return s;
+  if (absl::Status s = CheckPerTable(out, "out"); !s.ok()) return s;
+  const int num_tables = plan_.num_tables();
+  std::vector<int64_t> my_bags(num_tables);
+  for (int t = 0; t < num_tables; ++t) {
+    my_bags[t] = ids[t].batch_size();
+    if (absl::Status s = CheckDim(out[t], absl::StrCat("out[", t, "]"), 0, my_bags[t]); !s.ok()) return s;
+  }
 
   const int group = table_group_->size();
   const int me = table_group_->rank();
   const std::vector<int>& mine = plan_.TablesOn(me);
   const int num_mine = static_cast<int>(mine.size());
 
-  // Every rank's batch size fixes how many bags it sends each owner.
-  std::vector<int64_t> batch_sizes(group);
-  int64_t my_batch = batch;
-  if (absl::Status s = table_group_->AllGather(MakeView(&my_batch, DType::kInt64, {1}), Vec(batch_sizes)); !s.ok()) {
-    return s;
-  }
+  // Every rank's bag counts fix how many bags it sends each owner.
+  pending_.bags.assign(group * num_tables, 0);
+  if (absl::Status s = table_group_->AllGather(Vec(my_bags), Vec(pending_.bags)); !s.ok()) return s;
 
   // Per owner, per table it holds, per bag: how many ids of the bag it owns,
   // and those ids as local rows.
@@ -172,7 +180,7 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
     for (int t : plan_.TablesOn(d)) {
       const auto [first, end] = plan_.RowRange(t, d);
       const int64_t* v = ids[t].values.as<int64_t>();
-      for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t b = 0; b < my_bags[t]; ++b) {
         int64_t count = 0;
         for (int64_t i = ids[t].offset(b); i < ids[t].offset(b + 1); ++i) {
           if (v[i] >= first && v[i] < end) {
@@ -183,11 +191,13 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
         len_send.push_back(count);
         id_counts[d] += count;
       }
-      len_counts[d] += batch;
+      len_counts[d] += my_bags[t];
     }
   }
-  std::vector<int64_t> len_recv_counts(group);
-  for (int p = 0; p < group; ++p) len_recv_counts[p] = num_mine * batch_sizes[p];
+  std::vector<int64_t> len_recv_counts(group, 0);
+  for (int p = 0; p < group; ++p) {
+    for (int t : mine) len_recv_counts[p] += Bags(p, t);
+  }
   std::vector<int64_t> len_recv(Sum(len_recv_counts));
   if (absl::Status s = table_group_->AllToAll(Vec(len_send), len_counts, Vec(len_recv), len_recv_counts); !s.ok()) {
     return s;
@@ -207,7 +217,7 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
   pending_.ids.assign(num_mine, {});
   for (int p = 0, len_pos = 0, id_pos = 0; p < group; ++p) {
     for (int k = 0; k < num_mine; ++k) {
-      for (int64_t b = 0; b < batch_sizes[p]; ++b) {
+      for (int64_t b = 0; b < Bags(p, mine[k]); ++b) {
         const int64_t n = len_recv[len_pos++];
         pending_.ids[k].insert(pending_.ids[k].end(), id_recv.begin() + id_pos, id_recv.begin() + id_pos + n);
         id_pos += n;
@@ -217,127 +227,119 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
   }
 
   // Pool the local rows of every served bag (partial sums for row-wise).
-  const int64_t total_bags = Sum(batch_sizes);
   std::vector<std::vector<float>> partial(num_mine);
   for (int k = 0; k < num_mine; ++k) {
     const int t = mine[k];
-    partial[k].resize(total_bags * plan_.table(t).dim);
+    const int64_t served = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
+    partial[k].resize(served * plan_.table(t).dim);
     JaggedView bags{Vec(pending_.ids[k]), Vec(pending_.offsets[k])};
     absl::Status s = EmbeddingBagForward(shard(t), bags, Pooling::kSum,
-                                         MakeView(partial[k].data(), DType::kFloat32, {total_bags, plan_.table(t).dim}));
+                                         MakeView(partial[k].data(), DType::kFloat32, {served, plan_.table(t).dim}));
     if (!s.ok()) return s;
   }
 
   // Send each source its bags' vectors; receive ours from every owner.
-  int64_t mine_width = 0;
-  for (int t : mine) mine_width += plan_.table(t).dim;
   std::vector<float> emb_send;
-  std::vector<int64_t> emb_counts(group), emb_recv_counts(group);
-  for (int p = 0, bag_base = 0; p < group; ++p) {
+  std::vector<int64_t> emb_counts(group, 0), emb_recv_counts(group, 0), next_bag(num_mine, 0);
+  for (int p = 0; p < group; ++p) {
     for (int k = 0; k < num_mine; ++k) {
       const int64_t dim = plan_.table(mine[k]).dim;
-      emb_send.insert(emb_send.end(), partial[k].begin() + bag_base * dim,
-                      partial[k].begin() + (bag_base + batch_sizes[p]) * dim);
+      const int64_t n = Bags(p, mine[k]);
+      emb_send.insert(emb_send.end(), partial[k].begin() + next_bag[k] * dim,
+                      partial[k].begin() + (next_bag[k] + n) * dim);
+      next_bag[k] += n;
+      emb_counts[p] += n * dim;
     }
-    emb_counts[p] = batch_sizes[p] * mine_width;
-    bag_base += batch_sizes[p];
   }
   for (int d = 0; d < group; ++d) {
-    emb_recv_counts[d] = 0;
-    for (int t : plan_.TablesOn(d)) emb_recv_counts[d] += batch * plan_.table(t).dim;
+    for (int t : plan_.TablesOn(d)) emb_recv_counts[d] += my_bags[t] * plan_.table(t).dim;
   }
   std::vector<float> emb_recv(Sum(emb_recv_counts));
   if (absl::Status s = table_group_->AllToAll(Vec(emb_send), emb_counts, Vec(emb_recv), emb_recv_counts); !s.ok()) {
     return s;
   }
 
-  float* out = pooled.as<float>();
-  std::fill(out, out + batch * width, 0.0f);
+  for (int t = 0; t < num_tables; ++t) std::fill(out[t].as<float>(), out[t].as<float>() + out[t].numel(), 0.0f);
   for (int d = 0, pos = 0; d < group; ++d) {
     for (int t : plan_.TablesOn(d)) {
-      const int64_t dim = plan_.table(t).dim;
-      const int64_t col = plan_.pooled_offset(t);
-      for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t c = 0; c < dim; ++c) out[b * width + col + c] += emb_recv[pos++];
-      }
+      float* o = out[t].as<float>();
+      for (int64_t i = 0; i < my_bags[t] * plan_.table(t).dim; ++i) o[i] += emb_recv[pos++];
     }
   }
-  pending_.own_lengths.assign(plan_.num_tables(), {});
-  for (int t = 0; t < plan_.num_tables(); ++t) {
-    for (int64_t b = 0; b < batch; ++b) pending_.own_lengths[t].push_back(ids[t].length(b));
+  pending_.own_lengths.assign(num_tables, {});
+  for (int t = 0; t < num_tables; ++t) {
+    for (int64_t b = 0; b < my_bags[t]; ++b) pending_.own_lengths[t].push_back(ids[t].length(b));
     if (plan_.table(t).pooling != Pooling::kMean) continue;
-    for (int64_t b = 0; b < batch; ++b) {
+    const int64_t dim = plan_.table(t).dim;
+    for (int64_t b = 0; b < my_bags[t]; ++b) {
       const int64_t n = pending_.own_lengths[t][b];
       if (n == 0) continue;
-      for (int64_t c = 0; c < plan_.table(t).dim; ++c) out[b * width + plan_.pooled_offset(t) + c] /= n;
+      for (int64_t c = 0; c < dim; ++c) out[t].as<float>()[b * dim + c] /= n;
     }
   }
-  pending_.batch = batch;
-  pending_.batch_sizes = std::move(batch_sizes);
   pending_.valid = true;
   return absl::OkStatus();
 }
 
-absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(const TensorView& grad_pooled) {
+absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const TensorView> grads) {
   if (!pending_.valid) {
     return absl::FailedPreconditionError("sharded embeddings: BackwardAndUpdate needs a successful Forward first");
   }
   pending_.valid = false;
-  const int64_t batch = pending_.batch;
-  const int64_t width = plan_.pooled_dim();
-  if (absl::Status s = CheckDType(grad_pooled, "grad_pooled", {DType::kFloat32}); !s.ok()) return s;
-  if (absl::Status s = CheckRank(grad_pooled, "grad_pooled", 2); !s.ok()) return s;
-  if (absl::Status s = CheckDim(grad_pooled, "grad_pooled", 0, batch); !s.ok()) return s;
-  if (absl::Status s = CheckDim(grad_pooled, "grad_pooled", 1, width); !s.ok()) return s;
+  if (absl::Status s = CheckPerTable(grads, "grads"); !s.ok()) return s;
+  const int num_tables = plan_.num_tables();
+  for (int t = 0; t < num_tables; ++t) {
+    const int64_t bags = static_cast<int64_t>(pending_.own_lengths[t].size());
+    if (absl::Status s = CheckDim(grads[t], absl::StrCat("grads[", t, "]"), 0, bags); !s.ok()) return s;
+  }
 
   const int group = table_group_->size();
   const std::vector<int>& mine = plan_.TablesOn(table_group_->rank());
   const int num_mine = static_cast<int>(mine.size());
-  const std::vector<int64_t>& batch_sizes = pending_.batch_sizes;
 
   // Each owner gets the gradient of every bag it served, per table; mean
   // pooling divides by the full bag length, which only this rank knows.
-  const float* g = grad_pooled.as<const float>();
   std::vector<float> send;
   std::vector<int64_t> send_counts(group, 0), recv_counts(group, 0);
   for (int d = 0; d < group; ++d) {
     for (int t : plan_.TablesOn(d)) {
       const int64_t dim = plan_.table(t).dim;
       const bool mean = plan_.table(t).pooling == Pooling::kMean;
-      for (int64_t b = 0; b < batch; ++b) {
-        const int64_t n = pending_.own_lengths[t][b];
-        const float scale = mean && n > 0 ? 1.0f / static_cast<float>(n) : 1.0f;
-        for (int64_t c = 0; c < dim; ++c) send.push_back(g[b * width + plan_.pooled_offset(t) + c] * scale);
+      const float* g = grads[t].as<const float>();
+      const std::vector<int64_t>& lengths = pending_.own_lengths[t];
+      for (size_t b = 0; b < lengths.size(); ++b) {
+        const float scale = mean && lengths[b] > 0 ? 1.0f / static_cast<float>(lengths[b]) : 1.0f;
+        for (int64_t c = 0; c < dim; ++c) send.push_back(g[b * dim + c] * scale);
       }
-      send_counts[d] += batch * dim;
+      send_counts[d] += static_cast<int64_t>(lengths.size()) * dim;
     }
   }
-  int64_t mine_width = 0;
-  for (int t : mine) mine_width += plan_.table(t).dim;
-  for (int p = 0; p < group; ++p) recv_counts[p] = batch_sizes[p] * mine_width;
+  for (int p = 0; p < group; ++p) {
+    for (int t : mine) recv_counts[p] += Bags(p, t) * plan_.table(t).dim;
+  }
   std::vector<float> recv(Sum(recv_counts));
   if (absl::Status s = table_group_->AllToAll(Vec(send), send_counts, Vec(recv), recv_counts); !s.ok()) return s;
 
   // Per local table, gradients of the served bags in (source, bag) order:
   // the order of pending_.offsets.
-  std::vector<std::vector<float>> grads(num_mine);
+  std::vector<std::vector<float>> served_grads(num_mine);
   for (int p = 0, pos = 0; p < group; ++p) {
     for (int k = 0; k < num_mine; ++k) {
-      const int64_t n = batch_sizes[p] * plan_.table(mine[k]).dim;
-      grads[k].insert(grads[k].end(), recv.begin() + pos, recv.begin() + pos + n);
+      const int64_t n = Bags(p, mine[k]) * plan_.table(mine[k]).dim;
+      served_grads[k].insert(served_grads[k].end(), recv.begin() + pos, recv.begin() + pos + n);
       pos += n;
     }
   }
   if (replica_group_ != nullptr && replica_group_->size() > 1) {
-    if (absl::Status s = GatherReplicas(grads); !s.ok()) return s;
+    if (absl::Status s = GatherReplicas(served_grads); !s.ok()) return s;
   }
   for (int k = 0; k < num_mine; ++k) {
     const int t = mine[k];
     const int64_t bags = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
     JaggedView jagged{Vec(pending_.ids[k]), Vec(pending_.offsets[k])};
     absl::Status s = EmbeddingBagBackwardAdagrad(
-        MakeView(grads[k].data(), DType::kFloat32, {bags, plan_.table(t).dim}), jagged, Pooling::kSum, optimizer_,
-        shard(t), momentum(t));
+        MakeView(served_grads[k].data(), DType::kFloat32, {bags, plan_.table(t).dim}), jagged, Pooling::kSum,
+        optimizer_, shard(t), momentum(t));
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

@@ -23,9 +23,11 @@
 // Replicas apply identical updates in identical order, so their shards stay
 // bit-identical.
 //
-// Host (Device::kCpu) tables and Gloo communicators; model-independent: ids
-// are jagged id lists, outputs and gradients are [batch, pooled_dim] fp32
-// buffers whose column block t belongs to table t. Not thread-safe.
+// Model-independent: each table gets one jagged list of bags per step, with
+// its own number of bags (pooled features: one bag per sample; per-token
+// sequence lookups: one id per bag; a table serving several features: their
+// bags concatenated), and returns one [bags, dim] fp32 output per table.
+// Host (Device::kCpu) tables and CPU communicators. Not thread-safe.
 
 #include <functional>
 #include <memory>
@@ -75,9 +77,6 @@ class EmbeddingShardingPlan {
   std::pair<int64_t, int64_t> RowRange(int t, int r) const;
   // Tables with at least one row on group rank r, ascending.
   const std::vector<int>& TablesOn(int r) const { return tables_on_[r]; }
-  // Width of the pooled output (sum of the dims) and table t's first column.
-  int64_t pooled_dim() const { return pooled_offsets_.back(); }
-  int64_t pooled_offset(int t) const { return pooled_offsets_[t]; }
 
  private:
   EmbeddingShardingPlan() = default;
@@ -86,7 +85,6 @@ class EmbeddingShardingPlan {
   std::vector<TablePlacement> placements_;
   int group_size_ = 1;
   std::vector<std::vector<int>> tables_on_;
-  std::vector<int64_t> pooled_offsets_;
 };
 
 class ShardedEmbeddingCollection {
@@ -111,28 +109,29 @@ class ShardedEmbeddingCollection {
   // (and a single-rank reference) can reproduce.
   void Initialize(const std::function<float(int table, int64_t row, int64_t col)>& value);
 
-  // ids[t]: table t's id lists for this rank's batch (the same batch size B
-  // for every table; values int64 in [0, rows); offsets int32/int64).
-  // pooled: [B, pooled_dim] fp32, overwritten. Every rank of the table group
-  // calls Forward together (batch sizes may differ per rank).
-  absl::Status Forward(absl::Span<const JaggedView> ids, const TensorView& pooled);
+  // ids[t]: table t's bags on this rank (values int64 in [0, rows), offsets
+  // int32/int64; any number of bags, including none). out[t]: [bags of
+  // ids[t], dim] fp32, overwritten with each bag's sum (or mean) of rows; an
+  // empty bag gives zeros. Every rank of the table group calls Forward
+  // together.
+  absl::Status Forward(absl::Span<const JaggedView> ids, absl::Span<const TensorView> out);
 
-  // grad_pooled: [B, pooled_dim] fp32, the gradient of the loss w.r.t. the
-  // `pooled` of the last Forward. Applies one optimizer step to every row
-  // that any rank of the table and replica groups looked up.
-  absl::Status BackwardAndUpdate(const TensorView& grad_pooled);
+  // grads[t]: [bags, dim] fp32, the gradient of the loss w.r.t. out[t] of the
+  // last Forward. Applies one optimizer step to every row that any rank of
+  // the table and replica groups looked up.
+  absl::Status BackwardAndUpdate(absl::Span<const TensorView> grads);
 
  private:
   // What Forward leaves for BackwardAndUpdate.
   struct Pending {
     bool valid = false;
-    int64_t batch = 0;
-    std::vector<int64_t> batch_sizes;  // Per table-group rank.
+    // bags[p * num_tables + t]: bags table-group rank p looked up in table t.
+    std::vector<int64_t> bags;
     // Per table this rank holds (index into TablesOn(rank)): the bags it
     // served, ordered by (source rank, bag), as local row ids.
     std::vector<std::vector<int64_t>> offsets;
     std::vector<std::vector<int64_t>> ids;
-    // Per table: this rank's own bag lengths (for mean pooling).
+    // Per table: the lengths of this rank's own bags (for mean pooling).
     std::vector<std::vector<int64_t>> own_lengths;
   };
 
@@ -140,6 +139,9 @@ class ShardedEmbeddingCollection {
                              comm::Communicator* replica_group, RowwiseAdagradConfig optimizer);
 
   absl::Status CheckIds(absl::Span<const JaggedView> ids) const;
+  // Checks one [bags, dim] fp32 host buffer per table.
+  absl::Status CheckPerTable(absl::Span<const TensorView> views, absl::string_view what) const;
+  int64_t Bags(int rank, int t) const { return pending_.bags[rank * plan_.num_tables() + t]; }
   // Replaces the pending bags and `grads` of every local table by their
   // union over the replica group, in replica-rank order.
   absl::Status GatherReplicas(std::vector<std::vector<float>>& grads);

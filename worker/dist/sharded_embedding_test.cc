@@ -15,8 +15,6 @@ TEST(EmbeddingShardingPlanTest, RowRangesCoverEveryRowOnce) {
       {{"a", 10, 2}, {"b", 2, 3}, {"c", 7, 1}},
       {{TableSharding::kRowWise}, {TableSharding::kRowWise}, {TableSharding::kTableWise, 2}}, 3);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->pooled_dim(), 6);
-  EXPECT_EQ(plan->pooled_offset(2), 5);
   EXPECT_EQ(plan->RowRange(0, 0), std::make_pair(int64_t{0}, int64_t{4}));
   EXPECT_EQ(plan->RowRange(0, 2), std::make_pair(int64_t{8}, int64_t{10}));
   // 2 rows over 3 ranks: rank 2 holds none and is not listed as holding b.
@@ -44,35 +42,44 @@ TEST(EmbeddingShardingPlanTest, RejectsBadPlans) {
 float Init(int t, int64_t row, int64_t col) { return 0.01f * static_cast<float>((t * 31 + row * 7 + col * 3) % 23); }
 
 // One Forward + BackwardAndUpdate over G ranks (no replicas) against the
-// embedding kernels on whole tables and the concatenated batch.
+// embedding kernels on whole tables and every rank's bags concatenated.
+// Tables get different bag counts per rank; table 2 is a per-token lookup
+// (every bag holds one id), as a sequence feature uses it.
 void CheckAgainstWholeTables(int group) {
   const std::vector<EmbeddingTableConfig> tables = {{"sum_rows", 11, 3, Pooling::kSum},
                                                     {"mean_rows", 5, 2, Pooling::kMean},
-                                                    {"whole", 9, 4, Pooling::kMean}};
+                                                    {"tokens", 9, 4, Pooling::kSum}};
   const std::vector<TablePlacement> placements = {
       {TableSharding::kRowWise}, {TableSharding::kRowWise}, {TableSharding::kTableWise, group - 1}};
   const RowwiseAdagradConfig adagrad = {0.1f, 1e-8f};
-  const int64_t pd = 9;
-  // Rank r has r + 2 samples; bag lengths 0..3 with repeats.
-  std::vector<int> batch(group);
-  int total = 0;
-  for (int r = 0; r < group; ++r) total += (batch[r] = r + 2);
+  constexpr int kTables = 3;
+  // bags[t][r]: rank r's bags of table t; begin[t][r]: its first global bag.
+  std::vector<std::vector<int64_t>> bags(kTables, std::vector<int64_t>(group)), begin = bags;
+  std::vector<int64_t> total(kTables, 0);
+  for (int t = 0; t < kTables; ++t) {
+    for (int r = 0; r < group; ++r) {
+      bags[t][r] = t == 2 ? 3 * r + 1 : r + 2 - t;
+      begin[t][r] = total[t];
+      total[t] += bags[t][r];
+    }
+  }
   std::mt19937 rng(group);
-  std::vector<std::vector<int64_t>> values(3), offsets(3, std::vector<int64_t>{0});
-  for (int t = 0; t < 3; ++t) {
-    for (int i = 0; i < total; ++i) {
-      const int len = static_cast<int>(rng() % 4);
+  std::vector<std::vector<int64_t>> values(kTables), offsets(kTables, std::vector<int64_t>{0});
+  std::vector<std::vector<float>> grad_out(kTables);
+  for (int t = 0; t < kTables; ++t) {
+    for (int64_t i = 0; i < total[t]; ++i) {
+      const int len = t == 2 ? 1 : static_cast<int>(rng() % 4);  // 0..3 with repeats.
       for (int k = 0; k < len; ++k) values[t].push_back(static_cast<int64_t>(rng() % tables[t].rows));
       offsets[t].push_back(static_cast<int64_t>(values[t].size()));
     }
+    for (int64_t i = 0; i < total[t] * tables[t].dim; ++i) {
+      grad_out[t].push_back(0.1f * static_cast<float>(static_cast<int>(rng() % 7) - 3));
+    }
   }
-  std::vector<float> grad_out(total * pd);
-  for (size_t i = 0; i < grad_out.size(); ++i) grad_out[i] = 0.1f * static_cast<float>(static_cast<int>(i % 7) - 3);
 
   // Reference on whole tables.
-  std::vector<std::vector<float>> ref(3), ref_mom(3);
-  std::vector<float> ref_pooled(total * pd);
-  for (int t = 0, col = 0; t < 3; col += tables[t].dim, ++t) {
+  std::vector<std::vector<float>> ref(kTables), ref_mom(kTables), ref_out(kTables);
+  for (int t = 0; t < kTables; ++t) {
     const int64_t dim = tables[t].dim;
     ref[t].resize(tables[t].rows * dim);
     ref_mom[t].assign(tables[t].rows, 0.0f);
@@ -80,17 +87,13 @@ void CheckAgainstWholeTables(int group) {
       for (int64_t c = 0; c < dim; ++c) ref[t][row * dim + c] = Init(t, row, c);
     }
     JaggedView ids{MakeView(values[t].data(), DType::kInt64, {static_cast<int64_t>(values[t].size())}),
-                   MakeView(offsets[t].data(), DType::kInt64, {total + 1})};
+                   MakeView(offsets[t].data(), DType::kInt64, {total[t] + 1})};
     TensorView table = MakeView(ref[t].data(), DType::kFloat32, {tables[t].rows, dim});
-    std::vector<float> out(total * dim), g(total * dim);
-    ASSERT_TRUE(EmbeddingBagForward(table, ids, tables[t].pooling, MakeView(out.data(), DType::kFloat32, {total, dim})).ok());
-    for (int i = 0; i < total; ++i) {
-      for (int64_t c = 0; c < dim; ++c) {
-        ref_pooled[i * pd + col + c] = out[i * dim + c];
-        g[i * dim + c] = grad_out[i * pd + col + c];
-      }
-    }
-    ASSERT_TRUE(EmbeddingBagBackwardAdagrad(MakeView(g.data(), DType::kFloat32, {total, dim}), ids,
+    ref_out[t].resize(total[t] * dim);
+    ASSERT_TRUE(EmbeddingBagForward(table, ids, tables[t].pooling,
+                                    MakeView(ref_out[t].data(), DType::kFloat32, {total[t], dim}))
+                    .ok());
+    ASSERT_TRUE(EmbeddingBagBackwardAdagrad(MakeView(grad_out[t].data(), DType::kFloat32, {total[t], dim}), ids,
                                             tables[t].pooling, adagrad, table,
                                             MakeView(ref_mom[t].data(), DType::kFloat32, {tables[t].rows}))
                     .ok());
@@ -107,27 +110,32 @@ void CheckAgainstWholeTables(int group) {
     auto coll = ShardedEmbeddingCollection::Create(*plan, (*comms)[rank].get(), nullptr, adagrad);
     ASSERT_TRUE(coll.ok()) << coll.status();
     (*coll)->Initialize(Init);
-    int begin = 0;
-    for (int r = 0; r < rank; ++r) begin += batch[r];
-    const int n = batch[rank];
-    std::vector<std::vector<int64_t>> lv(3), lo(3, std::vector<int64_t>{0});
+    std::vector<std::vector<int64_t>> lv(kTables), lo(kTables, std::vector<int64_t>{0});
+    std::vector<std::vector<float>> out(kTables);
     std::vector<JaggedView> ids;
-    for (int t = 0; t < 3; ++t) {
-      lv[t].assign(values[t].begin() + offsets[t][begin], values[t].begin() + offsets[t][begin + n]);
-      for (int i = begin; i < begin + n; ++i) lo[t].push_back(offsets[t][i + 1] - offsets[t][begin]);
-    }
-    for (int t = 0; t < 3; ++t) {
+    std::vector<TensorView> outs, grads;
+    for (int t = 0; t < kTables; ++t) {
+      const int64_t b0 = begin[t][rank], n = bags[t][rank], dim = tables[t].dim;
+      lv[t].assign(values[t].begin() + offsets[t][b0], values[t].begin() + offsets[t][b0 + n]);
+      for (int64_t i = b0; i < b0 + n; ++i) lo[t].push_back(offsets[t][i + 1] - offsets[t][b0]);
+      out[t].resize(n * dim);
       ids.push_back({MakeView(lv[t].data(), DType::kInt64, {static_cast<int64_t>(lv[t].size())}),
                      MakeView(lo[t].data(), DType::kInt64, {n + 1})});
+      outs.push_back(MakeView(out[t].data(), DType::kFloat32, {n, dim}));
+      grads.push_back(MakeView(grad_out[t].data() + b0 * dim, DType::kFloat32, {n, dim}));
     }
-    std::vector<float> pooled(n * pd);
-    ASSERT_TRUE((*coll)->Forward(ids, MakeView(pooled.data(), DType::kFloat32, {n, pd})).ok());
-    for (int64_t i = 0; i < n * pd; ++i) ASSERT_NEAR(pooled[i], ref_pooled[begin * pd + i], 1e-6) << "rank " << rank;
-    ASSERT_TRUE((*coll)->BackwardAndUpdate(MakeView(grad_out.data() + begin * pd, DType::kFloat32, {n, pd})).ok());
+    absl::Status s = (*coll)->Forward(ids, outs);
+    ASSERT_TRUE(s.ok()) << s;
+    for (int t = 0; t < kTables; ++t) {
+      for (size_t i = 0; i < out[t].size(); ++i) {
+        ASSERT_NEAR(out[t][i], ref_out[t][begin[t][rank] * tables[t].dim + i], 1e-6) << "table " << t << " rank " << rank;
+      }
+    }
+    s = (*coll)->BackwardAndUpdate(grads);
+    ASSERT_TRUE(s.ok()) << s;
     // A second backward without a forward is a caller error.
-    EXPECT_EQ((*coll)->BackwardAndUpdate(MakeView(grad_out.data() + begin * pd, DType::kFloat32, {n, pd})).code(),
-              absl::StatusCode::kFailedPrecondition);
-    for (int t = 0; t < 3; ++t) {
+    EXPECT_EQ((*coll)->BackwardAndUpdate(grads).code(), absl::StatusCode::kFailedPrecondition);
+    for (int t = 0; t < kTables; ++t) {
       const auto range = plan->RowRange(t, rank);
       const TensorView sh = (*coll)->shard(t);
       const TensorView mom = (*coll)->momentum(t);
@@ -139,13 +147,15 @@ void CheckAgainstWholeTables(int group) {
         }
       }
     }
-    // Out-of-range ids are rejected with the table and position.
+    // Bad inputs are rejected before any communication, naming the table.
     if (!lv[0].empty()) {
       lv[0][0] = tables[0].rows;
-      absl::Status s = (*coll)->Forward(ids, MakeView(pooled.data(), DType::kFloat32, {n, pd}));
+      s = (*coll)->Forward(ids, outs);
       EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
       EXPECT_NE(s.message().find("sum_rows"), absl::string_view::npos) << s;
     }
+    std::vector<TensorView> short_outs(outs.begin(), outs.end() - 1);
+    EXPECT_EQ((*coll)->Forward(ids, short_outs).code(), absl::StatusCode::kInvalidArgument);
   });
 }
 
