@@ -122,30 +122,35 @@ absl::StatusOr<JobModel> JobModelFromSpec(const v1::JobSpec& spec) {
   }
   c.cross_attention = m.has_cross() && m.cross().num_cross_layers() > 0;
   c.pma_queries = m.has_cross() ? m.cross().pma_queries() : 0;
+  // GEM-lite's dense part is DCN layers, then a gated mixture of expert
+  // MLPs: a MoE module sizes the experts; without one, the first MLP module
+  // becomes a single expert.
   c.dcn_layers = 0;
+  bool have_moe = false, have_mlp = false;
   for (int i = 0; i < m.dense_size(); ++i) {
     const v1::DenseModule& d = m.dense(i);
     const std::string field = absl::StrCat("model.dense[", i, "]");
     if (d.has_dcn()) {
       c.dcn_layers += d.dcn().num_layers();
-    } else if (d.has_moe()) {
+    } else if (d.has_moe() && !have_moe) {
+      const auto& dims = d.moe().expert_hidden_dims();
+      if (dims.empty()) return Bad(field + ".moe.expert_hidden_dims", "must list at least one width");
+      have_moe = true;
       c.num_experts = d.moe().num_experts();
-      if (d.moe().expert_hidden_dims_size() < 2) {
-        return Bad(field + ".moe.expert_hidden_dims", "must list a hidden and an output width for GEM-lite's experts");
-      }
-      c.expert_hidden = d.moe().expert_hidden_dims(0);
-      c.expert_out = d.moe().expert_hidden_dims(d.moe().expert_hidden_dims_size() - 1);
-    } else if (d.has_mlp()) {
-      // A plain MLP is a one-expert mixture.
-      if (d.mlp().hidden_dims_size() < 2) {
-        return Bad(field + ".mlp.hidden_dims", "must list a hidden and an output width");
-      }
-      c.num_experts = 1;
-      c.expert_hidden = d.mlp().hidden_dims(0);
-      c.expert_out = d.mlp().hidden_dims(d.mlp().hidden_dims_size() - 1);
+      c.expert_hidden = dims[0];
+      c.expert_out = dims[dims.size() - 1];
+    } else if (d.has_mlp() && !have_mlp) {
+      const auto& dims = d.mlp().hidden_dims();
+      if (dims.empty()) return Bad(field + ".mlp.hidden_dims", "must list at least one width");
+      have_mlp = true;
       absl::StatusOr<Activation> act = MlpActivationOf(d.mlp().activation(), field + ".mlp.activation");
       if (!act.ok()) return act.status();
       c.mlp_activation = *act;
+      if (!have_moe) {
+        c.num_experts = 1;
+        c.expert_hidden = dims[0];
+        c.expert_out = dims[dims.size() - 1];
+      }
     }
   }
   for (int i = 0; i < m.heads_size(); ++i) {
