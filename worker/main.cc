@@ -6,9 +6,7 @@
 
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -16,10 +14,10 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "services/common/flags.h"
 #include "services/common/http_server.h"
 #include "worker/agent.h"
 #include "worker/training_task.h"
@@ -32,13 +30,9 @@ ABSL_FLAG(std::string, node, "", "Topology: node (host) id; default = --host.");
 ABSL_FLAG(std::string, nvlink_domain, "", "Topology: NVLink domain id.");
 ABSL_FLAG(std::string, zone, "", "Topology: failure / network zone.");
 ABSL_FLAG(std::string, device, "cpu", "Device the ranks train on: cpu (the CPU reference engine) or cuda.");
-ABSL_FLAG(std::string, worker_metrics_address, "127.0.0.1:0",
-          "host:port for /metrics and /healthz (port 0 = the OS picks; the bound address is printed).");
 ABSL_FLAG(std::string, work_dir, "", "Directory for checkpoints when the job names none (required).");
 ABSL_FLAG(std::string, sample_log_dir, "",
           "If set, append every trained step's sample ids to per-rank logs here (audit of exactly-once training).");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding the coordinator's bearer token; $RECFLEET_AUTH_TOKEN when empty. No token = no auth.");
 ABSL_FLAG(double, comm_timeout, 60, "Seconds any collective (and the rendezvous) may take before failing.");
 
 namespace {
@@ -49,25 +43,13 @@ volatile std::sig_atomic_t g_signalled = 0;
 
 void OnSignal(int) { g_signalled = 1; }
 
-std::string LoadToken(const std::string& file) {
-  if (file.empty()) {
-    const char* env = std::getenv("RECFLEET_AUTH_TOKEN");
-    return env == nullptr ? "" : env;
-  }
-  std::ifstream in(file);
-  if (!in) {
-    std::fprintf(stderr, "recfleet-worker: cannot read --auth_token_file %s\n", file.c_str());
-    std::exit(2);
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return std::string(absl::StripTrailingAsciiWhitespace(ss.str()));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("recfleet-worker --coordinator HOST:PORT --work_dir DIR [--node N ...]");
+  // Shared server flags (services/common/flags.h); a worker serves /metrics
+  // unless told otherwise, on a port the OS picks.
+  absl::SetFlag(&FLAGS_metrics_address, "127.0.0.1:0");
   absl::ParseCommandLine(argc, argv);
   const std::string work_dir = absl::GetFlag(FLAGS_work_dir);
   if (work_dir.empty()) {
@@ -85,17 +67,26 @@ int main(int argc, char** argv) {
                  "this build; start CPU workers (--device=cpu)\n");
     return 2;
   }
-  const std::string token = LoadToken(absl::GetFlag(FLAGS_auth_token_file));
-
-  recfleet::worker::WorkerMetrics metrics;
-  absl::StatusOr<std::unique_ptr<recfleet::HttpServer>> http =
-      recfleet::StartMetricsServer(absl::GetFlag(FLAGS_worker_metrics_address), &metrics.registry());
-  if (!http.ok()) {
-    std::fprintf(stderr, "recfleet-worker: --worker_metrics_address: %s\n", http.status().ToString().c_str());
+  absl::StatusOr<std::string> token_or = recfleet::LoadAuthToken();
+  if (!token_or.ok()) {
+    std::fprintf(stderr, "recfleet-worker: %s\n", std::string(token_or.status().message()).c_str());
     return 2;
   }
-  std::printf("worker metrics: http://%s/metrics\n", (*http)->address().c_str());
-  std::fflush(stdout);
+  const std::string token = *token_or;
+
+  recfleet::worker::WorkerMetrics metrics;
+  std::unique_ptr<recfleet::HttpServer> http;
+  if (!absl::GetFlag(FLAGS_metrics_address).empty()) {
+    absl::StatusOr<std::unique_ptr<recfleet::HttpServer>> started =
+        recfleet::StartMetricsServer(absl::GetFlag(FLAGS_metrics_address), &metrics.registry());
+    if (!started.ok()) {
+      std::fprintf(stderr, "recfleet-worker: --metrics_address: %s\n", started.status().ToString().c_str());
+      return 2;
+    }
+    http = std::move(*started);
+    std::printf("worker metrics: http://%s/metrics\n", http->address().c_str());
+    std::fflush(stdout);
+  }
 
   // Plaintext channel: the bearer token (if any) goes into each call's
   // metadata, since gRPC attaches call credentials to secure channels only.
@@ -113,7 +104,7 @@ int main(int argc, char** argv) {
   recfleet::worker::AgentOptions options;
   options.auth_token = token;
   options.registration.set_host(absl::GetFlag(FLAGS_host));
-  options.registration.set_metrics_address((*http)->address());
+  if (http != nullptr) options.registration.set_metrics_address(http->address());
   recfleet::v1::Topology* topology = options.registration.mutable_topology();
   topology->set_node(absl::GetFlag(FLAGS_node).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_node));
   topology->set_nvlink_domain(absl::GetFlag(FLAGS_nvlink_domain));
@@ -135,7 +126,7 @@ int main(int argc, char** argv) {
   absl::Status s = agent.Run();
   done.Notify();
   stopper.join();
-  (*http)->Stop();
+  if (http != nullptr) http->Stop();
   if (!s.ok()) {
     std::fprintf(stderr, "recfleet-worker: %s\n", s.ToString().c_str());
     return 1;
