@@ -245,8 +245,8 @@ v1::JobSpec SmallJobSpec(const std::string& dataset_dir, const std::string& chec
   t->set_steps(steps);
   t->set_checkpoint_every(checkpoint_every);
   t->set_checkpoint_dir(checkpoint_dir);
-  t->set_dense_learning_rate(0.005);
-  t->set_sparse_learning_rate(0.05);
+  t->set_dense_learning_rate(0.01);
+  t->set_sparse_learning_rate(0.1);
   t->set_seed(7);
   t->set_max_restarts(5);
   return spec;

@@ -20,7 +20,7 @@
 namespace recfleet::e2e {
 namespace {
 
-constexpr int kSteps = 40;
+constexpr int kSteps = 140;
 constexpr int kBatch = 32;
 
 // The value of an unlabelled series in Prometheus text, or -1.
@@ -36,7 +36,7 @@ double MetricValue(const std::string& text, const std::string& name) {
 
 TEST(EndToEndTest, TwoWorkersTrainASmallJob) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/train";
-  ASSERT_TRUE(MakeSyntheticDataset(dir + "/data", 4000).ok());
+  ASSERT_TRUE(MakeSyntheticDataset(dir + "/data", 12000).ok());
   ClusterOptions options;
   options.dir = dir + "/cluster";
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
@@ -45,7 +45,7 @@ TEST(EndToEndTest, TwoWorkersTrainASmallJob) {
 
   v1::CreateJobRequest create;
   *create.mutable_spec() = SmallJobSpec(dir + "/data", dir + "/ckpt", kSteps, 10, 2, kBatch);
-  create.mutable_spec()->mutable_training()->set_eval_every(20);
+  create.mutable_spec()->mutable_training()->set_eval_every(70);
   v1::Job job;
   {
     grpc::ClientContext ctx;
