@@ -551,7 +551,32 @@ absl::Status NothingFits(const Context& c, const std::vector<SparseOption>& spar
       GiB(c.usable), GiB(c.topo.hbm_bytes_per_gpu), c.req.options.hbm_reserve_fraction * 100,
       c.world);
   if (closest == nullptr) {
-    // No layout could even place the tables: report the finest one's error.
+    // No layout could even place the tables. First the aggregate: can the
+    // fleet hold one copy at all?
+    const PrecisionRecipe& p = c.req.precision;
+    double total = 0, biggest = 0;
+    std::string biggest_name;
+    for (const Table& t : model.tables) {
+      const double bytes = static_cast<double>(t.rows) *
+                           (t.dim * p.embedding_bytes + p.embedding_optimizer_bytes_per_row);
+      total += bytes;
+      if (bytes > biggest) {
+        biggest = bytes;
+        biggest_name = t.name;
+      }
+    }
+    const double fleet = c.usable * c.world;
+    if (total > fleet) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          head, ". One copy of the ", model.tables.size(), " tables needs ", GiB(total),
+          " (largest: table '", biggest_name, "' ", GiB(biggest), ") but all ", c.world,
+          " GPUs together hold ", GiB(fleet), ": over by ", GiB(total - fleet),
+          ". Fix: at least ", static_cast<int64_t>(std::ceil(total / c.usable)),
+          " GPUs of this kind (more with dense state and activations)",
+          p.embedding_bytes > 2 ? ", or fp16 tables (precision.embedding: fp16) to halve it" : "",
+          ", or fewer rows"));
+    }
+    // Otherwise report the finest layout's error, which names the table.
     const SparseOption* finest = nullptr;
     for (const SparseOption& s : sparse) {
       if (finest == nullptr || s.m * s.s > finest->m * finest->s ||
