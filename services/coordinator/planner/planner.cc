@@ -869,6 +869,14 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
                                     GiB(full), GiB(ctx.usable - other), GiB(other),
                                     Ms(ev.step.recompute_s))});
   }
+  // Closest contenders first: feasible by step time, then the infeasible.
+  for (Decision& d : plan.decisions) {
+    std::stable_sort(d.alternatives.begin(), d.alternatives.end(),
+                     [](const Alternative& a, const Alternative& b) {
+                       if (a.feasible != b.feasible) return a.feasible;
+                       return a.feasible && a.step_s < b.step_s;
+                     });
+  }
   plan.placement = Placement(topology, plan, request.options.embedding_sync_interval);
   return plan;
 }
