@@ -8,11 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "services/coordinator/planner/units.h"
 
 namespace recfleet::planner {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::string G(double bytes) { return absl::StrFormat("%.2f", bytes / kGiB); }
 std::string Ms(double s) { return absl::StrFormat("%.3f", s * 1e3); }
@@ -24,12 +23,7 @@ std::string Bytes(double b) {
 }
 
 std::string GroupLevels(const Topology& t, int size, int stride) {
-  GroupShape g = MakeGroup(t, size, stride);
-  std::vector<std::string> parts;
-  for (int l = 0; l < kNumLevels; ++l) {
-    if (g.factors[l] > 1) parts.push_back(absl::StrCat(LinkLevelName(l), "x", g.factors[l]));
-  }
-  return parts.empty() ? "-" : absl::StrJoin(parts, " ");
+  return DescribeGroup(MakeGroup(t, size, stride));
 }
 
 // A fixed-width text table: columns sized to their widest cell.
