@@ -290,6 +290,7 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
   std::optional<Candidate> best, closest;
   DimensionTable by_group, by_layout;
   int evaluated = 0;
+  bool fits_if_crossing_zones = false;
   for (const SparseOption& s : sparse) {
     if (!s.sharding.ok()) continue;
     for (const DenseOption& d : dense) {
@@ -299,21 +300,26 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
       by_layout.Offer(s.Label(), ev);
       if (ev.feasible) {
         if (!best || Better(ev, best->eval)) best = Candidate{&d, &s, std::move(ev)};
-      } else if (!ev.memory_ok && (!closest || ev.over_bytes < closest->eval.over_bytes)) {
+      } else if (ev.memory_ok) {
+        fits_if_crossing_zones = true;
+      } else if (!closest || ev.over_bytes < closest->eval.over_bytes) {
         closest = Candidate{&d, &s, std::move(ev)};
       }
     }
   }
   if (!best) {
-    if (closest) return NothingFits(ctx, sparse, &*closest);
-    for (const SparseOption& s : sparse) {
-      if (s.sharding.ok()) {
-        return absl::FailedPreconditionError(
-            "every layout puts an all-gather or all-to-all on cross-zone links; set "
-            "planner.allow_cross_zone_non_gradient: true or use fewer zones");
-      }
+    if (!closest && fits_if_crossing_zones) {
+      return absl::FailedPreconditionError(
+          "every layout that fits puts an all-gather or all-to-all on cross-zone links; set "
+          "planner.allow_cross_zone_non_gradient: true or use fewer zones");
     }
-    return NothingFits(ctx, sparse, nullptr);
+    absl::Status error = NothingFits(ctx, sparse, closest ? &*closest : nullptr);
+    if (fits_if_crossing_zones) {
+      error = absl::ResourceExhaustedError(absl::StrCat(
+          error.message(), "; or allow all-to-alls and all-gathers across zones "
+                           "(planner.allow_cross_zone_non_gradient: true), which some layouts fit"));
+    }
+    return error;
   }
 
   // Stage 4: the plan and its explanations.
