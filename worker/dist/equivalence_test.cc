@@ -198,7 +198,6 @@ Result TrainSingleRank(DenseOptimizer opt) {
       for (int64_t c = 0; c < tables[t].dim; ++c) r.tables[t][row * tables[t].dim + c] = InitTable(t, row, c);
     }
   }
-  const int64_t pd = PooledDim();
   for (int step = 0; step < kSteps; ++step) {
     const std::vector<Sample> batch = GlobalBatch(step);
     const int n = static_cast<int>(batch.size());
@@ -278,7 +277,7 @@ TEST_P(EquivalenceTest, FourRanksMatchOneRankAfterTwentySteps) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     auto embeddings = ShardedEmbeddingCollection::Create(*plan, fsdp_group, replica_group, kAdagrad);
     ASSERT_TRUE(embeddings.ok()) << embeddings.status();
-    (*embeddings)->Initialize(InitTable);
+    ASSERT_TRUE((*embeddings)->Initialize(InitTable).ok());
 
     for (int step = 0; step < kSteps; ++step) {
       const std::vector<Sample> batch = GlobalBatch(step);
