@@ -32,7 +32,9 @@
 // (host with Gloo, the current CUDA device with NCCL); id lists are host
 // memory, as they come from the data loader. Routing ids and packing
 // messages happen on the host and are staged through device buffers, the
-// same code path on both devices. Not thread-safe.
+// same code path on both devices. The staging allocates and copies on every
+// call: it is built to be right on any device, not fast on a GPU (a
+// device-side bucketing of ids would remove it). Not thread-safe.
 
 #include <functional>
 #include <memory>
