@@ -154,8 +154,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(QuantizeArgs a, bool 
     const int64_t r = r0 + warp + kWarps * i;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float s = scale[XR == 1 ? i : 0][XC == 1 ? j : 0];
-      const float x = v[i][j] / s;
+      const float x = v[i][j] * minifloat::Reciprocal(scale[XR == 1 ? i : 0][XC == 1 ? j : 0]);
       if (a.stochastic) {
         const int64_t c = cl + j;
         const uint64_t k = kT ? static_cast<uint64_t>(c * a.rows + r)
@@ -185,8 +184,9 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(QuantizeArgs a, bool 
     }
   } else {
     // Transpose through shared memory: q row = x column, TR bytes each.
-    constexpr int kPitch = TR + 4;
-    __shared__ __align__(16) uint8_t tile[kTileCols * kPitch];
+    // Odd pitch: the 32 lanes' byte writes land in 32 different banks.
+    constexpr int kPitch = TR + 1;
+    __shared__ uint8_t tile[kTileCols * kPitch];
 #pragma unroll
     for (int i = 0; i < RPT; ++i) {
 #pragma unroll
@@ -201,7 +201,8 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(QuantizeArgs a, bool 
       uint8_t* out = a.q + qr * a.rows + qc;
       const uint8_t* src = tile + cc * kPitch + rr;
       if (a.rows % 4 == 0) {
-        *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(src);
+        *reinterpret_cast<uint32_t*>(out) = src[0] | (src[1] << 8) | (src[2] << 16) |
+                                            (static_cast<uint32_t>(src[3]) << 24);
       } else {
         for (int j = 0; j < 4 && qc + j < a.rows; ++j) out[j] = src[j];
       }
