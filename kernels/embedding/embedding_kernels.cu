@@ -87,14 +87,19 @@ __global__ void PrepareKernel(Lookup l, long long* __restrict__ keys, int* __res
   }
 }
 
-// Adds this lane's V columns (at d0) of the gradient of one distinct id:
-// the sum over its occurrences of the (mean-scaled) output-gradient rows.
-template <typename GT, int V>
+// Adds this lane's C chunks of V columns (chunk c at column d0 + c*stride)
+// of the gradient of one distinct id: the sum over its occurrences of the
+// (mean-scaled) output-gradient rows.
+template <typename GT, int V, int C>
 __device__ __forceinline__ void GatherGrad(const GT* __restrict__ grad, int64_t dim, int64_t d0,
-                                           const Lookup& l, const int* __restrict__ bag_of,
-                                           int64_t start, int64_t count, float (&g)[V]) {
+                                           int64_t stride, const Lookup& l,
+                                           const int* __restrict__ bag_of, int64_t start,
+                                           int64_t count, float (&g)[C][V]) {
 #pragma unroll
-  for (int j = 0; j < V; ++j) g[j] = 0.0f;
+  for (int c = 0; c < C; ++c) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) g[c][j] = 0.0f;
+  }
   for (int64_t p = start; p < start + count; ++p) {
     const int64_t bag = __ldg(bag_of + p);
     float scale = 1.0f;
@@ -103,10 +108,18 @@ __device__ __forceinline__ void GatherGrad(const GT* __restrict__ grad, int64_t 
       BagBounds(l, bag, &b0, &b1);
       scale = 1.0f / static_cast<float>(b1 - b0);
     }
-    float v[V];
-    LoadVec<GT, V>(grad + bag * dim + d0, v);
+    float v[C][V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) g[j] += scale * v[j];
+    for (int c = 0; c < C; ++c) {
+      if (d0 + c * stride < dim) LoadVec<GT, V>(grad + bag * dim + d0 + c * stride, v[c]);
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (d0 + c * stride < dim) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) g[c][j] += scale * v[c][j];
+      }
+    }
   }
 }
 
@@ -117,11 +130,13 @@ __device__ __forceinline__ float GroupSum(float v, int group) {
 }
 
 // A group of lanes per distinct id: gather its gradient, then one rowwise
-// Adagrad step on its table row and momentum. The table row and momentum
-// are loaded before the gradient gather so the two memory chains overlap.
-// kSingle: the row fits one group*V chunk and stays in registers; otherwise
-// the gradient is gathered twice (squared norm, then update).
-template <typename TT, typename GT, int V, bool kSingle>
+// Adagrad step on its table row and momentum. Each lane holds C chunks of V
+// columns, so a warp serves several ids with several independent loads per
+// lane in flight; the table row and momentum are loaded before the gradient
+// gather so the two memory chains overlap. C == 0: rows longer than a
+// group's registers; the gradient is gathered twice (squared norm, then
+// update), one chunk at a time.
+template <typename TT, typename GT, int V, int C>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     AdagradKernel(TT* __restrict__ table, int64_t dim, const GT* __restrict__ grad, Lookup l,
                   const long long* __restrict__ unique_ids, const int* __restrict__ run_counts,
@@ -140,43 +155,55 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int64_t start = active ? run_starts[run] : 0, count = active ? run_counts[run] : 0;
   TT* row = table + id * dim;
   const float m0 = active ? momentum[id] : 0.0f;
-  if constexpr (kSingle) {
-    const int64_t d0 = static_cast<int64_t>(sub) * V;
-    const bool mine = active && d0 < dim;
-    float w[V], g[V];
+  const int64_t d0 = static_cast<int64_t>(sub) * V, stride = static_cast<int64_t>(group) * V;
+  if constexpr (C > 0) {
+    float w[C][V], g[C][V];
     float sq = 0.0f;
-    if (mine) {
-      LoadVec<TT, V>(row + d0, w);
-      GatherGrad<GT, V>(grad, dim, d0, l, bag_of, start, count, g);
+    if (active) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) sq += g[j] * g[j];
+      for (int c = 0; c < C; ++c) {
+        if (d0 + c * stride < dim) LoadVec<TT, V>(row + d0 + c * stride, w[c]);
+      }
+      GatherGrad<GT, V, C>(grad, dim, d0, stride, l, bag_of, start, count, g);
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        if (d0 + c * stride < dim) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) sq += g[c][j] * g[c][j];
+        }
+      }
     }
     const float m = m0 + GroupSum(sq, group) / static_cast<float>(dim);
     const float step = lr / (sqrtf(m) + eps);
     if (active && sub == 0) momentum[id] = m;
-    if (mine) {
+    if (active) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) w[j] -= step * g[j];
-      StoreVec<TT, V>(row + d0, w);
+      for (int c = 0; c < C; ++c) {
+        if (d0 + c * stride < dim) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) w[c][j] -= step * g[c][j];
+          StoreVec<TT, V>(row + d0 + c * stride, w[c]);
+        }
+      }
     }
   } else {
     float sq = 0.0f;
-    for (int64_t d0 = static_cast<int64_t>(sub) * V; active && d0 < dim; d0 += group * V) {
-      float g[V];
-      GatherGrad<GT, V>(grad, dim, d0, l, bag_of, start, count, g);
+    for (int64_t d = d0; active && d < dim; d += stride) {
+      float g[1][V];
+      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, bag_of, start, count, g);
 #pragma unroll
-      for (int j = 0; j < V; ++j) sq += g[j] * g[j];
+      for (int j = 0; j < V; ++j) sq += g[0][j] * g[0][j];
     }
     const float m = m0 + GroupSum(sq, group) / static_cast<float>(dim);
     const float step = lr / (sqrtf(m) + eps);
     if (active && sub == 0) momentum[id] = m;
-    for (int64_t d0 = static_cast<int64_t>(sub) * V; active && d0 < dim; d0 += group * V) {
-      float g[V], w[V];
-      LoadVec<TT, V>(row + d0, w);
-      GatherGrad<GT, V>(grad, dim, d0, l, bag_of, start, count, g);
+    for (int64_t d = d0; active && d < dim; d += stride) {
+      float g[1][V], w[V];
+      LoadVec<TT, V>(row + d, w);
+      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, bag_of, start, count, g);
 #pragma unroll
-      for (int j = 0; j < V; ++j) w[j] -= step * g[j];
-      StoreVec<TT, V>(row + d0, w);
+      for (int j = 0; j < V; ++j) w[j] -= step * g[0][j];
+      StoreVec<TT, V>(row + d, w);
     }
   }
 }
@@ -207,6 +234,9 @@ cudaError_t LaunchForward(const Table& t, const Lookup& l, void* out, cudaStream
   return cudaGetLastError();
 }
 
+// Chunks per lane C and lanes per id: up to 4 chunks of V columns per lane
+// (more loads in flight, more ids per warp) but at least 8 lanes per id;
+// rows beyond 32 lanes x 4 chunks take the two-pass kernel (C = 0).
 template <typename TT, typename GT>
 void LaunchAdagrad(const Table& t, const Lookup& l, const void* grad, const long long* unique_ids,
                    const int* counts, const int* starts, const int* num_runs, const int* bag_of,
@@ -215,22 +245,25 @@ void LaunchAdagrad(const Table& t, const Lookup& l, const void* grad, const long
   TT* table = static_cast<TT*>(t.data);
   const GT* g = static_cast<const GT*>(grad);
   const bool vec = t.dim % kVec == 0 && Aligned16(t.data) && Aligned16(grad);
-  const int group = GroupFor(t.dim, vec ? kVec : 1);
-  const int64_t chunk = group * (vec ? kVec : 1);
+  const int v = vec ? kVec : 1;
+  const int64_t vectors = (t.dim + v - 1) / v;
+  const int chunks = vectors > 128 ? 0 : (vectors >= 32 ? 4 : (vectors >= 16 ? 2 : 1));
+  const int group = chunks == 0 ? 32 : GroupFor((vectors + chunks - 1) / chunks, 1);
   const unsigned grid = cuda_util::GridFor(l.num_ids, kWarpsPerBlock * (32 / group));
-#define RECFLEET_ADAGRAD(V, SINGLE)                                                            \
-  AdagradKernel<TT, GT, V, SINGLE><<<grid, kWarpsPerBlock * 32, 0, s>>>(                       \
+#define RECFLEET_ADAGRAD(V, C)                                                                \
+  AdagradKernel<TT, GT, V, C><<<grid, kWarpsPerBlock * 32, 0, s>>>(                           \
       table, t.dim, g, l, unique_ids, counts, starts, num_runs, bag_of, lr, eps, momentum, group)
   if (vec) {
-    if (t.dim <= chunk) {
-      RECFLEET_ADAGRAD(kVec, true);
-    } else {
-      RECFLEET_ADAGRAD(kVec, false);
+    switch (chunks) {
+      case 1: RECFLEET_ADAGRAD(kVec, 1); break;
+      case 2: RECFLEET_ADAGRAD(kVec, 2); break;
+      case 4: RECFLEET_ADAGRAD(kVec, 4); break;
+      default: RECFLEET_ADAGRAD(kVec, 0); break;
     }
-  } else if (t.dim <= chunk) {
-    RECFLEET_ADAGRAD(1, true);
+  } else if (chunks != 0) {
+    RECFLEET_ADAGRAD(1, 4);
   } else {
-    RECFLEET_ADAGRAD(1, false);
+    RECFLEET_ADAGRAD(1, 0);
   }
 #undef RECFLEET_ADAGRAD
 }
