@@ -6,14 +6,11 @@ that declares the rule is the proto root: `import "recfleet/v1/x.proto"` in a
 file under proto/recfleet/v1/ resolves when the rule lives in proto/BUILD.
 """
 
+_EXTS = [".pb.h", ".pb.cc", ".grpc.pb.h", ".grpc.pb.cc"]
+
 def _gen_impl(ctx):
     root = ctx.label.package
-    outs = []
-    for src in ctx.files.srcs:
-        rel = src.short_path[len(root) + 1:] if root else src.short_path
-        base = rel[:-len(".proto")]
-        for ext in [".pb.h", ".pb.cc", ".grpc.pb.h", ".grpc.pb.cc"]:
-            outs.append(ctx.actions.declare_file(base + ext))
+    outs = ctx.outputs.outs
     out_root = ctx.bin_dir.path + ("/" + root if root else "")
     cmd = " ".join([
         "protoc",
@@ -24,7 +21,8 @@ def _gen_impl(ctx):
     ] + [s.path for s in ctx.files.srcs])
     ctx.actions.run_shell(
         command = cmd,
-        inputs = ctx.files.srcs,
+        # Imported .proto files of `deps` are read by protoc too.
+        inputs = ctx.files.srcs + ctx.files.deps,
         outputs = outs,
         mnemonic = "Protoc",
         progress_message = "protoc %s" % ctx.label,
@@ -34,18 +32,31 @@ def _gen_impl(ctx):
 
 _grpc_proto_gen = rule(
     implementation = _gen_impl,
-    attrs = {"srcs": attr.label_list(allow_files = [".proto"])},
+    attrs = {
+        "srcs": attr.label_list(allow_files = [".proto"]),
+        "deps": attr.label_list(allow_files = [".proto"]),
+        # Predeclared so that the cc_library below can name the files.
+        "outs": attr.output_list(),
+    },
 )
 
 def grpc_cc_proto_library(name, srcs, deps = [], visibility = None):
-    """One cc_library with the messages and services of `srcs`."""
-    _grpc_proto_gen(name = name + "_gen", srcs = srcs)
+    """One cc_library with the messages and services of `srcs`.
+
+    `deps` are other grpc_cc_proto_library targets whose files `srcs` import.
+    """
     hdrs = []
     cc_srcs = []
     for s in srcs:
         base = s[:-len(".proto")]
         hdrs += [base + ".pb.h", base + ".grpc.pb.h"]
         cc_srcs += [base + ".pb.cc", base + ".grpc.pb.cc"]
+    _grpc_proto_gen(
+        name = name + "_gen",
+        srcs = srcs,
+        deps = [d + "_files" for d in deps],
+        outs = [s[:-len(".proto")] + e for s in srcs for e in _EXTS],
+    )
     native.filegroup(name = name + "_files", srcs = srcs, visibility = visibility)
     native.cc_library(
         name = name,

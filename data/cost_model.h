@@ -1,0 +1,50 @@
+#ifndef RECFLEET_DATA_COST_MODEL_H_
+#define RECFLEET_DATA_COST_MODEL_H_
+
+// The price of a sample of sequence length L, as a weighted sum of the
+// terms that dominate a GEM-style step: linear layers and embeddings (L),
+// full self-attention (L^2), sliding-window attention (L * min(L, W)),
+// block attention with blocks of S tokens (L * min(L, S), i.e. L*64 for
+// long sequences with S = 64), and a fixed per-sample part (heads, the
+// candidate, id-list features). A base batch's cost is the sum over its
+// samples. Weights come from a spec string and can be calibrated from
+// measured step times. Plain value type.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace recfleet::data {
+
+struct CostModel {
+  double linear = 1.0;
+  double quadratic = 0.0;
+  double windowed = 0.0;
+  int64_t window = 1024;
+  double block = 0.0;
+  int64_t block_size = 64;
+  double per_sample = 0.0;
+
+  double SampleCost(int64_t length) const {
+    double l = static_cast<double>(length);
+    double c = per_sample + linear * l + quadratic * l * l;
+    if (windowed != 0) c += windowed * l * static_cast<double>(length < window ? length : window);
+    if (block != 0) {
+      c += block * l * static_cast<double>(length < block_size ? length : block_size);
+    }
+    return c;
+  }
+
+  // Parses "linear", "quadratic", "windowed", "block" (that term alone with
+  // weight 1), or a comma list "linear=1,quadratic=0.002,windowed=0.5,
+  // window=512,block=1,block_size=64,per_sample=300" (unset weights 0).
+  static absl::StatusOr<CostModel> Parse(absl::string_view spec);
+  // The comma-list form, which Parse accepts back.
+  std::string ToString() const;
+};
+
+}  // namespace recfleet::data
+
+#endif  // RECFLEET_DATA_COST_MODEL_H_

@@ -1,0 +1,308 @@
+// `recfleet data ...`: ingest, synth, balance-report, info, planted-auc.
+// Registered into the recfleet command table (cli/command.h).
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cli/command.h"
+#include "data/balance.h"
+#include "data/dataset_file.h"
+#include "data/ingest.h"
+#include "data/loader.h"
+#include "data/synth.h"
+
+namespace recfleet::data {
+namespace {
+
+// "--name value" / "--name=value" pairs, checked against the known names.
+class Flags {
+ public:
+  static absl::StatusOr<Flags> Parse(const std::vector<std::string>& args,
+                                     const std::set<std::string>& known) {
+    Flags f;
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a.rfind("--", 0) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
+      }
+      std::string name = a.substr(2), value;
+      size_t eq = name.find('=');
+      if (eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+      if (!known.count(name)) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+      f.values_[name] = value;
+    }
+    return f;
+  }
+  bool Has(const std::string& n) const { return values_.count(n) > 0; }
+  std::string Str(const std::string& n, const std::string& def = "") const {
+    auto it = values_.find(n);
+    return it == values_.end() ? def : it->second;
+  }
+  template <typename T>
+  absl::Status Get(const std::string& n, T* out) const {
+    auto it = values_.find(n);
+    if (it == values_.end()) return absl::OkStatus();
+    bool ok;
+    if constexpr (std::is_floating_point_v<T>) {
+      double v;
+      ok = absl::SimpleAtod(it->second, &v);
+      *out = static_cast<T>(v);
+    } else {
+      ok = absl::SimpleAtoi(it->second, out);
+    }
+    return ok ? absl::OkStatus()
+              : absl::InvalidArgumentError(absl::StrCat("--", n, ": '", it->second,
+                                                        "' is not a number"));
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+int Fail(const absl::Status& s, const char* command) {
+  std::fprintf(stderr, "recfleet data %s: %s\n", command, std::string(s.message()).c_str());
+  bool usage = s.code() == absl::StatusCode::kInvalidArgument;
+  if (usage) std::fprintf(stderr, "run `recfleet help data %s` for the flags\n", command);
+  return usage                                         ? cli::kExitUsage
+         : s.code() == absl::StatusCode::kNotFound     ? cli::kExitNotFound
+                                                       : cli::kExitFailure;
+}
+
+#define RETURN_USAGE_IF_ERROR(expr, cmd)  \
+  do {                                    \
+    absl::Status _st = (expr);            \
+    if (!_st.ok()) return Fail(_st, cmd); \
+  } while (0)
+
+std::vector<std::string> List(const std::string& s) {
+  return absl::StrSplit(s, ',', absl::SkipEmpty());
+}
+
+int RunIngest(const std::vector<std::string>& args) {
+  auto flags = Flags::Parse(args, {"input", "format", "out", "delimiter", "header", "user-column",
+                                   "item-column", "time-column", "rating-column",
+                                   "label-threshold", "max-history", "negatives", "split",
+                                   "eval-fraction", "user-features", "item-features",
+                                   "user-feature-columns", "item-feature-columns", "seed",
+                                   "rows-per-block"});
+  if (!flags.ok()) return Fail(flags.status(), "ingest");
+  IngestOptions o;
+  o.path = flags->Str("input");
+  std::string out = flags->Str("out");
+  if (o.path.empty() || out.empty()) {
+    return Fail(absl::InvalidArgumentError("--input and --out are required"), "ingest");
+  }
+  std::string format = flags->Str("format", "events");
+  if (format == "sequences") {
+    o.input = IngestOptions::Input::kSequences;
+  } else if (format != "events") {
+    return Fail(absl::InvalidArgumentError("--format must be events or sequences"), "ingest");
+  }
+  std::string delim = flags->Str("delimiter", "auto");
+  o.delimiter = delim == "tab" ? "\t" : delim == "comma" ? "," : delim == "space" ? " " : delim;
+  std::string header = flags->Str("header", "auto");
+  o.header = header == "yes"  ? IngestOptions::Header::kYes
+             : header == "no" ? IngestOptions::Header::kNo
+                              : IngestOptions::Header::kAuto;
+  o.user_column = flags->Str("user-column", o.user_column);
+  o.item_column = flags->Str("item-column", o.item_column);
+  o.time_column = flags->Str("time-column", o.time_column);
+  o.rating_column = flags->Str("rating-column", o.rating_column);
+  o.user_features = flags->Str("user-features");
+  o.item_features = flags->Str("item-features");
+  o.user_feature_columns = List(flags->Str("user-feature-columns"));
+  o.item_feature_columns = List(flags->Str("item-feature-columns"));
+  std::string split = flags->Str("split", "time");
+  if (split == "user") {
+    o.split = IngestOptions::Split::kUser;
+  } else if (split != "time") {
+    return Fail(absl::InvalidArgumentError("--split must be time or user"), "ingest");
+  }
+  RETURN_USAGE_IF_ERROR(flags->Get("label-threshold", &o.label_threshold), "ingest");
+  RETURN_USAGE_IF_ERROR(flags->Get("max-history", &o.max_history), "ingest");
+  RETURN_USAGE_IF_ERROR(flags->Get("negatives", &o.negatives_per_positive), "ingest");
+  RETURN_USAGE_IF_ERROR(flags->Get("eval-fraction", &o.eval_fraction), "ingest");
+  RETURN_USAGE_IF_ERROR(flags->Get("seed", &o.seed), "ingest");
+  RETURN_USAGE_IF_ERROR(flags->Get("rows-per-block", &o.rows_per_block), "ingest");
+  auto stats = Ingest(o, out);
+  if (!stats.ok()) return Fail(stats.status(), "ingest");
+  std::printf("ingested %s -> %s/{train,eval}.rfd: %s\n", o.path.c_str(), out.c_str(),
+              stats->ToString().c_str());
+  return cli::kExitOk;
+}
+
+int RunSynth(const std::vector<std::string>& args) {
+  auto flags = Flags::Parse(args, {"out", "samples", "lengths", "items", "users", "zipf", "dense",
+                                   "clusters", "eval-fraction", "seed", "rows-per-block"});
+  if (!flags.ok()) return Fail(flags.status(), "synth");
+  SynthOptions o;
+  std::string out = flags->Str("out");
+  if (out.empty()) return Fail(absl::InvalidArgumentError("--out is required"), "synth");
+  if (flags->Has("lengths")) {
+    auto d = LengthDistribution::Parse(flags->Str("lengths"));
+    if (!d.ok()) return Fail(d.status(), "synth");
+    o.lengths = *d;
+  }
+  RETURN_USAGE_IF_ERROR(flags->Get("samples", &o.samples), "synth");
+  RETURN_USAGE_IF_ERROR(flags->Get("items", &o.num_items), "synth");
+  RETURN_USAGE_IF_ERROR(flags->Get("users", &o.num_users), "synth");
+  RETURN_USAGE_IF_ERROR(flags->Get("zipf", &o.zipf), "synth");
+  RETURN_USAGE_IF_ERROR(flags->Get("dense", &o.dense_features), "synth");
+  RETURN_USAGE_IF_ERROR(flags->Get("clusters", &o.clusters), "synth");
+  RETURN_USAGE_IF_ERROR(flags->Get("eval-fraction", &o.eval_fraction), "synth");
+  RETURN_USAGE_IF_ERROR(flags->Get("seed", &o.seed), "synth");
+  RETURN_USAGE_IF_ERROR(flags->Get("rows-per-block", &o.rows_per_block), "synth");
+  if (auto st = GenerateSynthetic(o, out); !st.ok()) return Fail(st, "synth");
+  auto auc = PlantedAuc(out + "/eval.rfd");
+  if (!auc.ok()) return Fail(auc.status(), "synth");
+  std::printf("wrote %s/{train,eval}.rfd: %lld samples; planted-model (Bayes) AUC on eval: %.4f\n",
+              out.c_str(), static_cast<long long>(o.samples), *auc);
+  return cli::kExitOk;
+}
+
+int RunBalanceReport(const std::vector<std::string>& args) {
+  auto flags = Flags::Parse(args, {"dataset", "ranks", "batch-size", "base-batch", "cost", "seed",
+                                   "length-feature", "epochs"});
+  if (!flags.ok()) return Fail(flags.status(), "balance-report");
+  int ranks = 8, batch = 1024, base = 128, epochs = 1;
+  uint64_t seed = 1;
+  RETURN_USAGE_IF_ERROR(flags->Get("ranks", &ranks), "balance-report");
+  RETURN_USAGE_IF_ERROR(flags->Get("batch-size", &batch), "balance-report");
+  RETURN_USAGE_IF_ERROR(flags->Get("base-batch", &base), "balance-report");
+  RETURN_USAGE_IF_ERROR(flags->Get("seed", &seed), "balance-report");
+  RETURN_USAGE_IF_ERROR(flags->Get("epochs", &epochs), "balance-report");
+  if (ranks < 1 || epochs < 1 || base < 1 || batch < base || batch % base != 0) {
+    return Fail(absl::InvalidArgumentError(
+                    "need --ranks, --epochs >= 1 and --batch-size a positive multiple of --base-batch"),
+                "balance-report");
+  }
+  auto cost = CostModel::Parse(flags->Str("cost", "linear"));
+  if (!cost.ok()) return Fail(cost.status(), "balance-report");
+  if (!flags->Has("dataset")) {
+    return Fail(absl::InvalidArgumentError("--dataset is required"), "balance-report");
+  }
+  auto files = ExpandDatasetPaths(flags->Str("dataset"));
+  if (!files.ok()) return Fail(files.status(), "balance-report");
+  std::string feature = flags->Str("length-feature", "history_items");
+  auto lengths = ReadLengths(*files, feature);
+  if (!lengths.ok()) return Fail(lengths.status(), "balance-report");
+  DealOptions o;
+  o.ranks = ranks;
+  o.base_batch = base;
+  o.base_batches_per_rank = batch / base;
+  auto rows = ComputeBalance(*lengths, *cost, o, seed, epochs);
+  double sum = 0;
+  int64_t mx = 0;
+  for (int64_t l : *lengths) {
+    sum += l;
+    mx = std::max(mx, l);
+  }
+  std::printf("dataset %s: %zu samples, %s length mean %.1f max %lld\n", flags->Str("dataset").c_str(),
+              lengths->size(), feature.c_str(), lengths->empty() ? 0.0 : sum / lengths->size(),
+              static_cast<long long>(mx));
+  std::printf("%d ranks x batch %d (%d base batches of %d), cost %s, seed %llu\n", ranks, batch,
+              batch / base, base, cost->ToString().c_str(), static_cast<unsigned long long>(seed));
+  std::printf("straggler gap = max rank cost / mean - 1, per step, over %d epoch(s):\n%s", epochs,
+              FormatBalance(rows).c_str());
+  return cli::kExitOk;
+}
+
+int RunInfo(const std::vector<std::string>& args) {
+  auto flags = Flags::Parse(args, {"dataset", "verify"});
+  if (!flags.ok()) return Fail(flags.status(), "info");
+  auto files = ExpandDatasetPaths(flags->Str("dataset"));
+  if (!files.ok()) return Fail(files.status(), "info");
+  for (const std::string& path : *files) {
+    auto f = DatasetFile::Open(path);
+    if (!f.ok()) return Fail(f.status(), "info");
+    std::printf("%s: %llu rows in %zu blocks\n%s", path.c_str(),
+                static_cast<unsigned long long>((*f)->num_rows()), (*f)->num_blocks(),
+                (*f)->schema()->DebugString().c_str());
+    if (flags->Str("verify", "no") == "yes") {
+      Batch block;
+      for (size_t b = 0; b < (*f)->num_blocks(); ++b) {
+        if (auto st = (*f)->ReadBlock(b, &block); !st.ok()) return Fail(st, "info");
+      }
+      std::printf("verified: every block checksum and structure is intact\n");
+    }
+  }
+  return cli::kExitOk;
+}
+
+int RunPlantedAuc(const std::vector<std::string>& args) {
+  auto flags = Flags::Parse(args, {"dataset"});
+  if (!flags.ok()) return Fail(flags.status(), "planted-auc");
+  auto auc = PlantedAuc(flags->Str("dataset"));
+  if (!auc.ok()) return Fail(auc.status(), "planted-auc");
+  std::printf("%.6f\n", *auc);
+  return cli::kExitOk;
+}
+
+}  // namespace
+
+RECFLEET_REGISTER_COMMAND({
+    "data ingest",
+    "Turn an event log or per-user sequence file into train/eval datasets",
+    "recfleet data ingest --input FILE --out DIR [--format events|sequences]\n"
+    "  [--delimiter auto|tab|comma|space|::] [--header auto|yes|no]\n"
+    "  [--user-column user_id] [--item-column item_id] [--time-column timestamp]\n"
+    "  [--rating-column rating]   (names from the header, or 0-based indices; '' = absent)\n"
+    "  [--label-threshold 4] [--max-history 1024] [--negatives -1 (auto)]\n"
+    "  [--split time|user] [--eval-fraction 0.2] [--seed 1] [--rows-per-block 1024]\n"
+    "  [--user-features FILE] [--item-features FILE]\n"
+    "  [--user-feature-columns a,b] [--item-feature-columns a,b]\n"
+    "Writes DIR/train.rfd, DIR/eval.rfd, DIR/vocab_user.tsv, DIR/vocab_item.tsv.",
+    RunIngest,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "data synth",
+    "Generate heavy-tailed synthetic data with a planted, learnable label model",
+    "recfleet data synth --out DIR [--samples 10000]\n"
+    "  [--lengths lognormal:mean=1000,sigma=1.2,min=10,max=50000 | powerlaw:alpha=1.5,min=10,"
+    "max=50000 | fixed:N]\n"
+    "  [--items 100000] [--users 10000] [--zipf 1.1] [--dense 4] [--clusters 32]\n"
+    "  [--eval-fraction 0.1] [--seed 1] [--rows-per-block 256]\n"
+    "Prints the planted model's (best achievable) AUC on the eval split.",
+    RunSynth,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "data balance-report",
+    "Per-step straggler gap of naive, sort-interleave BBS and recfleet dealing",
+    "recfleet data balance-report --dataset FILES|DIR --ranks R --batch-size B\n"
+    "  [--base-batch 128] [--cost linear|quadratic|windowed|block|linear=1,quadratic=0.001,...]\n"
+    "  [--seed 1] [--epochs 1] [--length-feature history_items]\n"
+    "Steps of all epochs are pooled; each epoch is a fresh shuffle.",
+    RunBalanceReport,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "data info",
+    "Show a dataset's schema and blocks; --verify yes checks every block",
+    "recfleet data info --dataset FILES|DIR [--verify yes]",
+    RunInfo,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "data planted-auc",
+    "The planted model's (Bayes) AUC on a synthetic dataset file",
+    "recfleet data planted-auc --dataset DIR/eval.rfd",
+    RunPlantedAuc,
+});
+
+}  // namespace recfleet::data

@@ -1,0 +1,52 @@
+// Drives the registered `recfleet data ...` commands end to end.
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "data/dataset_file.h"
+#include "gtest/gtest.h"
+
+namespace recfleet::data {
+namespace {
+
+int RunCommand(const std::string& name, const std::vector<std::string>& args) {
+  for (const cli::Command* c : cli::AllCommands()) {
+    if (c->name == name) return c->run(args);
+  }
+  ADD_FAILURE() << "no command " << name;
+  return -1;
+}
+
+TEST(DataCommandsTest, SynthInfoBalanceAndPlantedAuc) {
+  std::string dir = std::string(testing::TempDir()) + "/cmd_synth";
+  ASSERT_EQ(RunCommand("data synth", {"--out", dir, "--samples", "3000", "--lengths",
+                               "lognormal:mean=60,sigma=1.2,min=1,max=2000", "--items", "2000"}),
+            cli::kExitOk);
+  EXPECT_EQ(RunCommand("data info", {"--dataset", dir, "--verify", "yes"}), cli::kExitOk);
+  EXPECT_EQ(RunCommand("data balance-report", {"--dataset", dir, "--ranks", "4", "--batch-size", "256",
+                                        "--cost", "quadratic"}),
+            cli::kExitOk);
+  EXPECT_EQ(RunCommand("data planted-auc", {"--dataset", dir + "/eval.rfd"}), cli::kExitOk);
+}
+
+TEST(DataCommandsTest, IngestSequencesAndUsageErrors) {
+  std::string in = std::string(testing::TempDir()) + "/cmd_seq.txt";
+  FILE* f = std::fopen(in.c_str(), "w");
+  std::fputs("a x y z\nb y z w v\n", f);
+  std::fclose(f);
+  std::string out = std::string(testing::TempDir()) + "/cmd_seq";
+  ASSERT_EQ(RunCommand("data ingest", {"--input", in, "--format", "sequences", "--out", out}),
+            cli::kExitOk);
+  auto train = ReadAll(out + "/train.rfd");
+  ASSERT_TRUE(train.ok());
+  EXPECT_GT(train->num_rows(), 0u);
+  EXPECT_EQ(RunCommand("data ingest", {"--input", in}), cli::kExitUsage);
+  EXPECT_EQ(RunCommand("data ingest", {"--bogus", "1"}), cli::kExitUsage);
+  EXPECT_EQ(RunCommand("data balance-report", {"--dataset", out, "--batch-size", "100"}), cli::kExitUsage);
+  EXPECT_EQ(RunCommand("data info", {"--dataset", out + "/missing.rfd"}), cli::kExitNotFound);
+}
+
+}  // namespace
+}  // namespace recfleet::data

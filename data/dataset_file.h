@@ -1,0 +1,161 @@
+#ifndef RECFLEET_DATA_DATASET_FILE_H_
+#define RECFLEET_DATA_DATASET_FILE_H_
+
+// Reading and writing recfleet dataset files (".rfd"): a checksummed schema
+// header, blocks of rows stored column by column with a CRC-32C per block,
+// and a footer indexing the blocks. The byte layout is in data/FORMAT.md.
+//
+// Every read verifies checksums and structure before returning data, so a
+// truncated or corrupted file yields absl::DataLossError naming the file,
+// the block and the byte offset, never a crash and never wrong rows.
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "data/batch.h"
+#include "data/schema.h"
+
+namespace recfleet::data {
+
+struct WriterOptions {
+  // A block is cut when it reaches either bound (whichever comes first).
+  size_t max_rows_per_block = 1024;
+  size_t max_block_bytes = 4 << 20;
+};
+
+// Appends rows to a new file; the file is complete only after Close().
+// Not thread-safe.
+class DatasetWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<DatasetWriter>> Create(const std::string& path,
+                                                               const Schema& schema,
+                                                               WriterOptions options = {});
+  ~DatasetWriter();
+
+  // Appends every row of `rows` (same schema as the file).
+  absl::Status Write(const Batch& rows);
+  // Flushes the last block, writes the footer and closes the file.
+  absl::Status Close();
+
+  const std::shared_ptr<const Schema>& schema() const { return schema_; }
+  uint64_t rows_written() const { return rows_written_; }
+
+ private:
+  DatasetWriter(std::string path, std::FILE* f, std::shared_ptr<const Schema> schema,
+                WriterOptions options);
+  absl::Status FlushBlock();
+  absl::Status WriteBytes(const void* p, size_t n);
+
+  std::string path_;
+  std::FILE* file_;
+  std::shared_ptr<const Schema> schema_;
+  WriterOptions options_;
+  Batch pending_;
+  uint64_t offset_ = 0;
+  uint64_t rows_written_ = 0;
+  std::vector<std::pair<uint64_t, uint32_t>> index_;  // (offset, rows) per block.
+  std::string scratch_;
+};
+
+// Reads a file front to back, one block at a time: memory is bounded by the
+// largest block. The footer is checked after the last block, so a reader
+// that has seen Next() return false has read the whole, intact file.
+// Not thread-safe.
+class DatasetReader {
+ public:
+  static absl::StatusOr<std::unique_ptr<DatasetReader>> Open(const std::string& path);
+  ~DatasetReader();
+
+  const std::shared_ptr<const Schema>& schema() const { return schema_; }
+  // Fills `block` with the next block: true, or false at a verified end.
+  absl::StatusOr<bool> Next(Batch* block);
+
+ private:
+  DatasetReader(std::string path, std::FILE* f, uint64_t size);
+  // Reads exactly n bytes at the cursor; `block` (-1: none) names the error.
+  absl::Status ReadAt(uint64_t n, void* out, int64_t block, const char* what);
+
+  std::string path_;
+  std::FILE* file_;
+  uint64_t size_;
+  uint64_t pos_ = 0;
+  std::shared_ptr<const Schema> schema_;
+  std::vector<std::pair<uint64_t, uint32_t>> seen_;  // (offset, rows) per block.
+  std::vector<uint8_t> buffer_;
+  bool done_ = false;
+};
+
+// A verified block read into its own buffer, its columns read in place
+// (no decode copy): the loader's hot path. Values are little-endian and
+// may be unaligned; Batch::AppendRow(view, row) copies a row out.
+class BlockView {
+ public:
+  size_t num_rows() const { return rows_; }
+  const Schema& schema() const { return *schema_; }
+  // Jagged column c: row r's elements are [Begin(c, r), End(c, r)).
+  uint64_t Begin(int c, size_t r) const { return Offset(c, r); }
+  uint64_t End(int c, size_t r) const { return Offset(c, r + 1); }
+  size_t RowLength(int c, size_t r) const { return End(c, r) - Begin(c, r); }
+  // Column c's values (int64 or float32 by the feature's dtype).
+  const uint8_t* values(int c) const { return values_[c]; }
+
+ private:
+  friend class DatasetFile;
+  uint64_t Offset(int c, size_t r) const {
+    uint64_t v;
+    std::memcpy(&v, offsets_[c] + 8 * r, 8);
+    return v;
+  }
+  std::shared_ptr<const Schema> schema_;
+  PodVector<uint8_t> buffer_;
+  size_t rows_ = 0;
+  std::vector<const uint8_t*> offsets_;  // Jagged columns only; else null.
+  std::vector<const uint8_t*> values_;
+};
+
+// Random access by block, through the footer's index. ReadBlock is const
+// and thread-safe (positioned reads); the object holds only the index.
+class DatasetFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<DatasetFile>> Open(const std::string& path);
+  ~DatasetFile();
+
+  const std::string& path() const { return path_; }
+  const std::shared_ptr<const Schema>& schema() const { return schema_; }
+  size_t num_blocks() const { return blocks_.size(); }
+  uint64_t num_rows() const { return num_rows_; }
+  uint32_t block_rows(size_t b) const { return blocks_[b].rows; }
+
+  // Reads, verifies and decodes block `b` into `out` (reusing its storage).
+  absl::Status ReadBlock(size_t b, Batch* out) const;
+  // Reads and verifies block `b`, leaving its columns in place.
+  absl::Status ReadBlockView(size_t b, BlockView* out) const;
+
+ private:
+  struct BlockRef {
+    uint64_t offset;
+    uint64_t size;  // Header and payload.
+    uint32_t rows;
+  };
+  DatasetFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+
+  std::string path_;
+  int fd_;
+  std::shared_ptr<const Schema> schema_;
+  std::vector<BlockRef> blocks_;
+  uint64_t num_rows_ = 0;
+};
+
+// Every row of every block of `path`, read with DatasetReader (for tests and
+// small files).
+absl::StatusOr<Batch> ReadAll(const std::string& path);
+
+}  // namespace recfleet::data
+
+#endif  // RECFLEET_DATA_DATASET_FILE_H_

@@ -1,0 +1,230 @@
+#include "data/dataset_file.h"
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace recfleet::data {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return std::string(testing::TempDir()) + "/" + name;
+}
+
+Schema TestSchema() {
+  Schema s;
+  s.features = {{"sample_id", DType::kInt64, Layout::kScalar, ""},
+                {"item_id", DType::kInt64, Layout::kScalar, "item"},
+                {"label", DType::kFloat32, Layout::kScalar, ""},
+                {"history", DType::kInt64, Layout::kJagged, "item"},
+                {"weights", DType::kFloat32, Layout::kJagged, ""}};
+  s.metadata["source"] = "test";
+  return s;
+}
+
+// `rows` rows with history lengths 0..max_len (0 and 1 included).
+Batch MakeRows(const Schema& s, int rows, int max_len, uint32_t seed) {
+  Batch b(std::make_shared<const Schema>(s));
+  std::mt19937 rng(seed);
+  for (int r = 0; r < rows; ++r) {
+    b.AddInt64(0, r);
+    b.AddInt64(1, rng() % 1000);
+    b.AddFloat(2, static_cast<float>(rng() % 2));
+    int len = r < 2 ? r : static_cast<int>(rng() % (max_len + 1));
+    std::vector<int64_t> h(len);
+    std::vector<float> w(len / 2);
+    for (auto& x : h) x = rng() % 100000;
+    for (auto& x : w) x = static_cast<float>(rng() % 100) / 7.0f;
+    b.AddJaggedInt64(3, h.data(), h.size());
+    b.AddJaggedFloat(4, w.data(), w.size());
+    EXPECT_TRUE(b.CommitRow().ok());
+  }
+  return b;
+}
+
+std::string WriteFile(const std::string& path, const Batch& rows, size_t rows_per_block) {
+  WriterOptions o;
+  o.max_rows_per_block = rows_per_block;
+  auto w = DatasetWriter::Create(path, rows.schema(), o);
+  EXPECT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE((*w)->Write(rows).ok());
+  EXPECT_TRUE((*w)->Close().ok());
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void Overwrite(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), bytes.size());
+}
+
+// Reads `path` both ways; returns the first error, or OK if both read
+// everything and got exactly `want`.
+absl::Status ReadBothWays(const std::string& path, const Batch& want) {
+  auto all = ReadAll(path);
+  if (!all.ok()) return all.status();
+  if (!(*all == want)) return absl::InternalError("streaming reader returned different rows");
+  auto f = DatasetFile::Open(path);
+  if (!f.ok()) return f.status();
+  Batch got(want.schema_ptr()), block;
+  for (size_t b = 0; b < (*f)->num_blocks(); ++b) {
+    if (auto s = (*f)->ReadBlock(b, &block); !s.ok()) return s;
+    for (size_t r = 0; r < block.num_rows(); ++r) got.AppendRow(block, r);
+  }
+  if (!(got == want)) return absl::InternalError("random-access reader returned different rows");
+  Batch viewed(want.schema_ptr());
+  BlockView view;
+  for (size_t b = 0; b < (*f)->num_blocks(); ++b) {
+    if (auto s = (*f)->ReadBlockView(b, &view); !s.ok()) return s;
+    for (size_t r = 0; r < view.num_rows(); ++r) viewed.AppendRow(view, r);
+  }
+  if (!(viewed == want)) return absl::InternalError("block views returned different rows");
+  return absl::OkStatus();
+}
+
+TEST(DatasetFileTest, RoundTripBothReaders) {
+  Schema s = TestSchema();
+  Batch rows = MakeRows(s, 300, 40, 1);
+  std::string path = TempPath("roundtrip.rfd");
+  WriteFile(path, rows, 64);
+  EXPECT_TRUE(ReadBothWays(path, rows).ok());
+  auto f = DatasetFile::Open(path);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ((*f)->num_blocks(), 5u);  // 64 * 4 + 44.
+  EXPECT_EQ((*f)->num_rows(), 300u);
+  EXPECT_EQ((*f)->block_rows(4), 44u);
+  EXPECT_TRUE(*(*f)->schema() == s);
+}
+
+TEST(DatasetFileTest, EmptyFileHasNoBlocks) {
+  Schema s = TestSchema();
+  Batch rows(std::make_shared<const Schema>(s));
+  std::string path = TempPath("empty.rfd");
+  WriteFile(path, rows, 8);
+  EXPECT_TRUE(ReadBothWays(path, rows).ok());
+}
+
+TEST(DatasetFileTest, BlockBytesBoundCutsBlocks) {
+  Schema s = TestSchema();
+  Batch rows = MakeRows(s, 200, 500, 2);
+  std::string path = TempPath("bytes.rfd");
+  WriterOptions o;
+  o.max_block_bytes = 16 << 10;
+  auto w = DatasetWriter::Create(path, s, o);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Write(rows).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  auto f = DatasetFile::Open(path);
+  ASSERT_TRUE(f.ok());
+  EXPECT_GT((*f)->num_blocks(), 5u);
+  EXPECT_TRUE(ReadBothWays(path, rows).ok());
+}
+
+// Flipping any single byte of a small file is always detected, by both
+// readers, with a message naming the file and a byte offset.
+TEST(DatasetFileTest, EveryCorruptedByteIsDetected) {
+  Schema s = TestSchema();
+  Batch rows = MakeRows(s, 40, 6, 3);
+  std::string path = TempPath("corrupt.rfd");
+  std::string good = WriteFile(path, rows, 8);
+  ASSERT_GT(good.size(), 1000u);
+  for (size_t i = 0; i < good.size(); ++i) {
+    // A single-bit and an all-bits change, on alternate bytes.
+    for (uint8_t flip : {i % 2 == 0 ? 0x01 : 0xFF}) {
+      std::string bad = good;
+      bad[i] = static_cast<char>(bad[i] ^ flip);
+      Overwrite(path, bad);
+      absl::Status st = ReadBothWays(path, rows);
+      ASSERT_FALSE(st.ok()) << "byte " << i << " flip " << int(flip) << " went unnoticed";
+      ASSERT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+      EXPECT_NE(st.message().find(path), std::string::npos) << st;
+      EXPECT_NE(st.message().find("byte offset"), std::string::npos) << st;
+    }
+  }
+}
+
+// A larger file: every block's header and payload, plus a sample of offsets.
+TEST(DatasetFileTest, CorruptionInEveryBlockOfALargerFile) {
+  Schema s = TestSchema();
+  Batch rows = MakeRows(s, 2000, 300, 4);
+  std::string path = TempPath("corrupt_large.rfd");
+  std::string good = WriteFile(path, rows, 100);
+  auto f = DatasetFile::Open(path);
+  ASSERT_TRUE(f.ok());
+  ASSERT_EQ((*f)->num_blocks(), 20u);
+  std::mt19937 rng(5);
+  std::vector<size_t> positions;
+  for (size_t k = 0; k < 200; ++k) positions.push_back(rng() % good.size());
+  // Walk the block index from the streaming reader's error offsets: one
+  // corruption at each block's header and one mid-payload.
+  auto index = DatasetFile::Open(path);
+  ASSERT_TRUE(index.ok());
+  size_t header_end = 12 + 4;
+  {
+    uint32_t schema_len;
+    std::memcpy(&schema_len, good.data() + 8, 4);
+    header_end += schema_len;
+  }
+  size_t off = header_end;
+  for (size_t b = 0; b < (*index)->num_blocks(); ++b) {
+    uint64_t payload;
+    std::memcpy(&payload, good.data() + off + 8, 8);
+    positions.push_back(off + 5);
+    positions.push_back(off + 24 + payload / 2);
+    off += 24 + payload;
+  }
+  for (size_t i : positions) {
+    std::string bad = good;
+    bad[i] = static_cast<char>(bad[i] ^ 0x5A);
+    Overwrite(path, bad);
+    absl::Status st = ReadBothWays(path, rows);
+    ASSERT_FALSE(st.ok()) << "byte " << i;
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+    EXPECT_NE(st.message().find("byte offset"), std::string::npos) << st;
+  }
+}
+
+TEST(DatasetFileTest, EveryTruncationIsDetected) {
+  Schema s = TestSchema();
+  Batch rows = MakeRows(s, 40, 6, 6);
+  std::string path = TempPath("truncate.rfd");
+  std::string good = WriteFile(path, rows, 8);
+  for (size_t n = 0; n < good.size(); ++n) {
+    Overwrite(path, good.substr(0, n));
+    absl::Status st = ReadBothWays(path, rows);
+    ASSERT_FALSE(st.ok()) << "truncated to " << n;
+    ASSERT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+    EXPECT_NE(st.message().find(path), std::string::npos) << st;
+  }
+  // Appended garbage is rejected as well.
+  Overwrite(path, good + "x");
+  EXPECT_FALSE(ReadBothWays(path, rows).ok());
+}
+
+TEST(DatasetFileTest, BlockErrorNamesTheBlock) {
+  Schema s = TestSchema();
+  Batch rows = MakeRows(s, 64, 6, 7);
+  std::string path = TempPath("named.rfd");
+  std::string good = WriteFile(path, rows, 8);
+  std::string bad = good;
+  bad[good.size() - 200] ^= 0x10;  // Inside the last blocks' payloads.
+  Overwrite(path, bad);
+  auto all = ReadAll(path);
+  ASSERT_FALSE(all.ok());
+  EXPECT_NE(all.status().message().find(": block "), std::string::npos) << all.status();
+}
+
+TEST(DatasetFileTest, MissingFileIsNotFound) {
+  EXPECT_EQ(DatasetReader::Open(TempPath("nope.rfd")).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(DatasetFile::Open(TempPath("nope.rfd")).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace recfleet::data

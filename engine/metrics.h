@@ -1,0 +1,36 @@
+#ifndef RECFLEET_ENGINE_METRICS_H_
+#define RECFLEET_ENGINE_METRICS_H_
+
+// Quality metrics of a binary head, computed exactly (no sampling, no
+// histogram buckets): mean log loss, normalized entropy and ROC AUC.
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace recfleet::engine {
+
+struct BinaryMetrics {
+  int64_t count = 0;
+  double positive_rate = 0;  // Mean label.
+  double log_loss = 0;       // Mean binary cross-entropy of sigmoid(logit).
+  // log_loss divided by the entropy of a constant predictor at the
+  // positive rate: < 1 means better than predicting the base rate.
+  double normalized_entropy = 0;
+  double auc = 0;
+};
+
+// ROC AUC: the probability that a random positive scores above a random
+// negative, ties counting one half (the midrank / Mann-Whitney form).
+// Labels are 0 or 1. InvalidArgument when sizes differ, a label is not 0/1,
+// or one class is absent.
+absl::StatusOr<double> Auc(absl::Span<const double> scores, absl::Span<const double> labels);
+
+// All of the above from logits and 0/1 labels. Same errors as Auc.
+absl::StatusOr<BinaryMetrics> ComputeBinaryMetrics(absl::Span<const double> logits,
+                                                   absl::Span<const double> labels);
+
+}  // namespace recfleet::engine
+
+#endif  // RECFLEET_ENGINE_METRICS_H_

@@ -1,0 +1,67 @@
+#ifndef RECFLEET_KERNELS_ATTENTION_ATTENTION_INTERNAL_H_
+#define RECFLEET_KERNELS_ATTENTION_ATTENTION_INTERNAL_H_
+
+// Pieces shared by the CPU reference and the CUDA launcher: the mask as key
+// ranges, the resolved scale, and the device-specific entry points.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/attention/attention.h"
+
+namespace recfleet::attention::internal {
+
+// Half-open range [begin, end) of key indices.
+struct KeyRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end > begin ? end - begin : 0; }
+};
+
+inline int64_t FloorDiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// The keys that query i of a sequence with lengths (lq, lk) sees: every mask
+// of the API selects one contiguous range.
+inline KeyRange VisibleKeys(const AttentionOptions& o, int64_t lq, int64_t lk, int64_t i) {
+  const int64_t pq = i + (lk - lq);
+  KeyRange r{0, lk};
+  switch (o.mask) {
+    case Mask::kNone:
+      break;
+    case Mask::kCausal:
+      r.end = std::min(lk, pq + 1);
+      break;
+    case Mask::kSlidingWindow:
+      r.begin = std::max<int64_t>(0, pq - o.window + 1);
+      r.end = std::min(lk, pq + 1);
+      break;
+    case Mask::kBlock: {
+      const int64_t blk = FloorDiv(pq, kAttentionBlockSize);
+      r.begin = std::max<int64_t>(0, blk * kAttentionBlockSize);
+      r.end = std::min(lk, (blk + 1) * kAttentionBlockSize);
+      break;
+    }
+  }
+  if (r.end < r.begin) r.end = r.begin;
+  return r;
+}
+
+inline double ResolvedScale(const AttentionOptions& o, int64_t head_dim) {
+  return o.scale != 0.0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+absl::Status ForwardCpu(const AttentionInputs& in, const AttentionOptions& opts, TensorView out,
+                        TensorView lse);
+absl::Status BackwardCpu(const AttentionInputs& in, const AttentionOptions& opts,
+                         const TensorView& d_out, const AttentionGrads& grads);
+absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& opts, TensorView out,
+                         TensorView lse);
+absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& opts,
+                          const TensorView& out, const TensorView& lse, const TensorView& d_out,
+                          const AttentionGrads& grads);
+
+}  // namespace recfleet::attention::internal
+
+#endif  // RECFLEET_KERNELS_ATTENTION_ATTENTION_INTERNAL_H_

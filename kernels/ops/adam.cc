@@ -1,0 +1,60 @@
+#include "kernels/ops/adam.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/ops/check.h"
+
+namespace recfleet {
+namespace {
+
+template <typename T>
+void Step(const AdamConfig& c, int64_t step, T* p, const T* g, T* m, T* v, int64_t n) {
+  const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(step));
+  const T b1 = T(c.beta1), b2 = T(c.beta2);
+  const T step_size = T(c.lr / bc1);
+  const T inv_sqrt_bc2 = T(1.0 / std::sqrt(bc2));
+  const T decay = T(1.0 - c.lr * c.weight_decay);
+  const T wd = T(c.weight_decay);
+  for (int64_t i = 0; i < n; ++i) {
+    T grad = g[i];
+    if (c.decoupled_weight_decay) {
+      p[i] *= decay;
+    } else {
+      grad += wd * p[i];
+    }
+    m[i] = b1 * m[i] + (T(1) - b1) * grad;
+    v[i] = b2 * v[i] + (T(1) - b2) * grad * grad;
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + T(c.eps));
+  }
+}
+
+}  // namespace
+
+absl::Status AdamStep(const AdamConfig& config, int64_t step, const TensorView& param,
+                      const TensorView& grad, const TensorView& m, const TensorView& v, void*) {
+  if (step < 1) return absl::InvalidArgumentError(absl::StrCat("adam step must be >= 1, got ", step));
+  if (!(config.lr >= 0) || !(config.beta1 >= 0 && config.beta1 < 1) ||
+      !(config.beta2 >= 0 && config.beta2 < 1) || !(config.eps > 0) ||
+      !(config.weight_decay >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adam config needs lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0; got lr=",
+        config.lr, " beta1=", config.beta1, " beta2=", config.beta2, " eps=", config.eps,
+        " weight_decay=", config.weight_decay));
+  }
+  RECFLEET_RETURN_IF_ERROR(CheckFloatCpu(param, "param"));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(grad, "grad", param));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(m, "m", param));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(v, "v", param));
+  if (param.dtype == DType::kFloat64) {
+    Step(config, step, param.as<double>(), grad.as<const double>(), m.as<double>(),
+         v.as<double>(), param.numel());
+  } else {
+    Step(config, step, param.as<float>(), grad.as<const float>(), m.as<float>(), v.as<float>(),
+         param.numel());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace recfleet
