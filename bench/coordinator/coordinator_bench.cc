@@ -319,39 +319,21 @@ void HeartbeatPhase(const Coordinator& c) {
   std::printf("registered %d workers in %.2f s\n", workers,
               absl::ToDoubleSeconds(absl::Now() - reg_start));
 
-  // Completions are drained by one thread per queue (the cheapest client
-  // pattern gRPC offers), so the load generator leaves the cores to the
-  // coordinator as far as it can.
-  struct Pending {
-    grpc::ClientContext ctx;
-    grpc::Status status;
-    std::function<void(bool)> done;
-    v1::HeartbeatRequest req;
-    v1::HeartbeatResponse resp;
-    grpc::ByteBuffer raw_req, raw_resp;
-    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatResponse>> hb;
-    std::unique_ptr<grpc::GenericClientAsyncResponseReader> raw;
-  };
-  grpc::CompletionQueue cq;
-  std::thread drain([&cq] {
-    void* tag;
-    bool ok;
-    while (cq.Next(&tag, &ok)) {
-      auto* p = static_cast<Pending*>(tag);
-      p->done(ok && p->status.ok());
-      delete p;
-    }
-  });
-  auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(5); };
-
   metrics::Exposition before = Scrape(c);
   RateResult hb = DriveRate(c, rate, [&](int64_t index, std::function<void(bool)> done) {
-    auto* p = new Pending;
-    p->done = std::move(done);
-    p->req.set_worker_id(ids[index % workers]);
-    p->ctx.set_deadline(deadline());
-    p->hb = stubs[index % stubs.size()]->AsyncHeartbeat(&p->ctx, p->req, &cq);
-    p->hb->Finish(&p->resp, &p->status, p);
+    struct Call {
+      grpc::ClientContext ctx;
+      v1::HeartbeatRequest req;
+      v1::HeartbeatResponse resp;
+    };
+    auto* call = new Call;
+    call->req.set_worker_id(ids[index % workers]);
+    call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    stubs[index % stubs.size()]->async()->Heartbeat(
+        &call->ctx, &call->req, &call->resp, [call, done](grpc::Status s) {
+          done(s.ok());
+          delete call;
+        });
   });
   metrics::Exposition after = Scrape(c);
   Report("Heartbeat", hb, ServerP99(before, after, "recfleet.v1.WorkerService", "Heartbeat"));
@@ -361,18 +343,21 @@ void HeartbeatPhase(const Coordinator& c) {
   for (auto& ch : channels) generic.push_back(std::make_unique<grpc::GenericStub>(ch));
   const std::string health_req("\x0a\x16recfleet.v1.JobService", 24);
   RateResult base = DriveRate(c, rate, [&](int64_t index, std::function<void(bool)> done) {
-    auto* p = new Pending;
-    p->done = std::move(done);
+    struct Call {
+      grpc::ClientContext ctx;
+      grpc::ByteBuffer req, resp;
+    };
+    auto* call = new Call;
     grpc::Slice slice(health_req);
-    p->raw_req = grpc::ByteBuffer(&slice, 1);
-    p->ctx.set_deadline(deadline());
-    p->raw = generic[index % generic.size()]->PrepareUnaryCall(
-        &p->ctx, "/grpc.health.v1.Health/Check", p->raw_req, &cq);
-    p->raw->StartCall();
-    p->raw->Finish(&p->raw_resp, &p->status, p);
+    call->req = grpc::ByteBuffer(&slice, 1);
+    call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    generic[index % generic.size()]->UnaryCall(&call->ctx, "/grpc.health.v1.Health/Check",
+                                               grpc::StubOptions(), &call->req, &call->resp,
+                                               [call, done](grpc::Status s) {
+                                                 done(s.ok());
+                                                 delete call;
+                                               });
   });
-  cq.Shutdown();
-  drain.join();
   Report("Baseline grpc.health.v1.Health/Check", base, "n/a (not instrumented)");
   std::printf("Heartbeat CPU / health-check CPU at the same rate: %.2fx\n\n",
               (hb.cpu / hb.wall) / (base.cpu / base.wall));
