@@ -7,12 +7,15 @@
 // through a two-stage ring guarded by mbarriers, and hands most of its
 // registers to the consumers (setmaxnreg; wgmma kernels are allocated
 // registers per warpgroup, so a lone producer warp would cost as much).
-// Warpgroups 0 and 1 each own 64 of the tile's query rows: S = Q K^T is one m64n128 wgmma chain with both
-// operands in shared memory, the activation (online softmax, or GELU/SiLU
-// without running max/sum) runs on the accumulator registers, and O += P V
-// takes P from registers and V from shared memory (transposed operand).
-// Items are the launcher's longest-first forward tiles; CTA c takes items c,
-// c + grid, c + 2 grid, ... so the longest start first on every SM.
+// Warpgroups 0 and 1 each own 64 of the tile's query rows: S = Q K^T is one
+// m64n128 wgmma chain with both operands in shared memory, the activation
+// (online softmax, or GELU/SiLU without running max/sum) runs on the
+// accumulator registers, and O += P V takes P from registers and V from
+// shared memory (transposed operand). Items are the launcher's longest-first
+// forward tiles; CTA c takes items c, c + grid, c + 2 grid, ... so the
+// longest start first on every SM. For GELU/SiLU ptxas serializes the wgmma
+// chain at this register budget, so the launcher prefers the mma.sync kernel
+// for those by default (attention_cuda.cc).
 //
 // Shared-memory tiles use the 128-byte swizzle of the wgmma descriptors: a
 // [rows][128] bf16 tile is stored as two [rows][64] halves (128 bytes a
