@@ -47,7 +47,12 @@
 // H200 than fp32 atomics from the dK/dV pass; RECFLEET_ATTENTION_DQ=atomic
 // selects the latter). BlockAttention with equal Q and K/V lengths runs a
 // dedicated kernel with RoPE fused; elsewhere QK-norm and RoPE are row-wise
-// pre/post passes.
+// pre/post passes. The softmax forward at head dim 128 without bias runs a
+// Hopper kernel (wgmma from shared memory, a cp.async producer warpgroup
+// feeding two consumer warpgroups, persistent over the longest-first tile
+// plan); every other forward runs the mma.sync kernel, which measured faster
+// for GELU/SiLU. RECFLEET_ATTENTION_FWD=wgmma (the Hopper kernel wherever it
+// supports the shapes, any activation) or =mma overrides the choice.
 
 #include <cstdint>
 
