@@ -549,12 +549,15 @@ absl::Status DatasetFile::ReadBlockView(size_t b, BlockView* out) const {
         absl::StrCat(path_, ": block ", b, " requested, file has ", blocks_.size()));
   }
   const BlockRef& ref = blocks_[b];
-  out->buffer_.resize(ref.size);
-  if (auto s = PreadFully(fd_, path_, ref.offset, ref.size, out->buffer_.data()); !s.ok()) {
+  if (out->capacity_ < ref.size) {
+    out->buffer_.reset(new uint8_t[ref.size]);
+    out->capacity_ = ref.size;
+  }
+  if (auto s = PreadFully(fd_, path_, ref.offset, ref.size, out->buffer_.get()); !s.ok()) {
     return s;
   }
   Located at;
-  if (auto s = LocateBlock(path_, b, ref.offset, out->buffer_.data(), ref.size, ref.rows,
+  if (auto s = LocateBlock(path_, b, ref.offset, out->buffer_.get(), ref.size, ref.rows,
                            *schema_, &at);
       !s.ok()) {
     return s;
