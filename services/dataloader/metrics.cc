@@ -36,9 +36,9 @@ LoaderMetrics::LoaderMetrics() : start_(std::chrono::steady_clock::now()) {}
 namespace {
 int64_t Seconds(std::chrono::steady_clock::time_point start) {
   // Offset by one so that no real second collides with the zero-initialized buckets.
-  return 1 + std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() -
-                                                               start)
-                 .count();
+  return 1 +
+         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)
+             .count();
 }
 }  // namespace
 
@@ -70,8 +70,8 @@ std::string LoaderMetrics::PrometheusText() const {
   absl::MutexLock l(&mu_);
   std::string out;
   auto header = [&](const char* name, const char* type, const char* help) {
-    absl::StrAppend(&out, "# HELP recfleet_dataloader_", name, " ", help, "\n# TYPE recfleet_dataloader_",
-                    name, " ", type, "\n");
+    absl::StrAppend(&out, "# HELP recfleet_dataloader_", name, " ", help,
+                    "\n# TYPE recfleet_dataloader_", name, " ", type, "\n");
   };
   header("samples_total", "counter", "Samples sent to workers.");
   for (const auto& [rank, n] : samples_) {
@@ -82,7 +82,8 @@ std::string LoaderMetrics::PrometheusText() const {
     absl::StrAppend(&out, "recfleet_dataloader_bytes_total{rank=\"", rank, "\"} ", n, "\n");
   }
   header("samples_per_second", "gauge", "Samples sent per second over the last 10 s.");
-  absl::StrAppend(&out, "recfleet_dataloader_samples_per_second ", sample_rate_.PerSecond(now), "\n");
+  absl::StrAppend(&out, "recfleet_dataloader_samples_per_second ", sample_rate_.PerSecond(now),
+                  "\n");
   header("bytes_per_second", "gauge", "Bytes sent per second over the last 10 s.");
   absl::StrAppend(&out, "recfleet_dataloader_bytes_per_second ", byte_rate_.PerSecond(now), "\n");
   header("steps_total", "counter", "Steps dealt.");
@@ -111,7 +112,8 @@ std::string LoaderMetrics::PrometheusText() const {
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& host, int port, std::function<std::string()> render) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("metrics: socket: ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("metrics: socket: ", std::strerror(errno)));
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in addr{};
@@ -119,12 +121,14 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   addr.sin_port = htons(static_cast<uint16_t>(port));
   if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("metrics: host '", host, "' is not an IPv4 address"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics: host '", host, "' is not an IPv4 address"));
   }
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0) {
     std::string err = std::strerror(errno);
     close(fd);
-    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", host, ":", port, ": ", err));
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot listen on ", host, ":", port, ": ", err));
   }
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
@@ -162,9 +166,10 @@ void MetricsHttpServer::Serve() {
       status = "404 Not Found";
       body = "only /metrics is served here\n";
     }
-    std::string resp = absl::StrCat("HTTP/1.0 ", status,
-                                    "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ",
-                                    body.size(), "\r\nConnection: close\r\n\r\n", body);
+    std::string resp =
+        absl::StrCat("HTTP/1.0 ", status,
+                     "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ", body.size(),
+                     "\r\nConnection: close\r\n\r\n", body);
     size_t off = 0;
     while (off < resp.size()) {
       ssize_t w = send(c, resp.data() + off, resp.size() - off, MSG_NOSIGNAL);

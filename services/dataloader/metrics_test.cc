@@ -15,9 +15,12 @@ TEST(LoaderMetricsTest, ExposesCountersGapsAndDepths) {
   std::string t = m.PrometheusText();
   EXPECT_NE(t.find("recfleet_dataloader_samples_total{rank=\"3\"} 128\n"), std::string::npos) << t;
   EXPECT_NE(t.find("recfleet_dataloader_bytes_total{rank=\"3\"} 5000\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("recfleet_dataloader_straggler_gap{dealing=\"naive\"} 0.07\n"), std::string::npos);
-  EXPECT_NE(t.find("recfleet_dataloader_straggler_gap{dealing=\"policy\"} 0.003\n"), std::string::npos);
-  EXPECT_NE(t.find("recfleet_dataloader_straggler_gap_sum{dealing=\"naive\"} 0.12\n"), std::string::npos);
+  EXPECT_NE(t.find("recfleet_dataloader_straggler_gap{dealing=\"naive\"} 0.07\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("recfleet_dataloader_straggler_gap{dealing=\"policy\"} 0.003\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("recfleet_dataloader_straggler_gap_sum{dealing=\"naive\"} 0.12\n"),
+            std::string::npos);
   EXPECT_NE(t.find("recfleet_dataloader_straggler_gap_count 2\n"), std::string::npos);
   EXPECT_NE(t.find("recfleet_dataloader_queue_depth{rank=\"3\"} 2\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE recfleet_dataloader_samples_total counter"), std::string::npos);
