@@ -8,7 +8,9 @@ namespace recfleet {
 namespace {
 
 using embedding_internal::BackwardAdagradCpu;
+using embedding_internal::BackwardAdagradCuda;
 using embedding_internal::ForwardCpu;
+using embedding_internal::ForwardCuda;
 
 // Validates the parts every call shares: the table, the ids and, for pooled
 // calls, the offsets. `rows_out` is the tensor whose first dimension is the
@@ -68,7 +70,7 @@ absl::Status Forward(const TensorView& table, const TensorView& ids, const Tenso
   const TensorView none;
   const TensorView& off = offsets ? *offsets : none;
   if (table.device == Device::kCpu) return ForwardCpu(table, ids, off, pooling, out);
-  return CheckDevice(table, "table", Device::kCpu);
+  return ForwardCuda(table, ids, off, pooling, out, stream);
 }
 
 absl::Status Backward(const TensorView& grad_out, const TensorView& ids, const TensorView* offsets,
@@ -82,7 +84,7 @@ absl::Status Backward(const TensorView& grad_out, const TensorView& ids, const T
   if (table.device == Device::kCpu) {
     return BackwardAdagradCpu(grad_out, ids, off, pooling, config, table, momentum);
   }
-  return CheckDevice(table, "table", Device::kCpu);
+  return BackwardAdagradCuda(grad_out, ids, off, pooling, config, table, momentum, stream);
 }
 
 }  // namespace

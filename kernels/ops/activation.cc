@@ -5,11 +5,11 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/ops/check.h"
 
-namespace recfleet::kernels {
+namespace recfleet {
 namespace {
 
-constexpr double kSqrt2OverPi = 0.7978845608028654;
-constexpr double kGeluCubic = 0.044715;
+constexpr double kInvSqrt2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
 template <typename T>
 T Sigmoid(T x) {
@@ -25,7 +25,7 @@ void Forward(Activation act, const T* x, T* y, int64_t n) {
         y[i] = v > 0 ? v : T(0);
         break;
       case Activation::kGelu:
-        y[i] = T(0.5) * v * (T(1) + std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCubic) * v * v * v)));
+        y[i] = T(0.5) * v * (T(1) + std::erf(v * T(kInvSqrt2)));
         break;
       case Activation::kSilu:
         y[i] = v * Sigmoid(v);
@@ -43,13 +43,9 @@ void Backward(Activation act, const T* x, const T* dy, T* dx, int64_t n) {
       case Activation::kRelu:
         d = v > 0 ? T(1) : T(0);
         break;
-      case Activation::kGelu: {
-        const T u = T(kSqrt2OverPi) * (v + T(kGeluCubic) * v * v * v);
-        const T t = std::tanh(u);
-        const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * v * v);
-        d = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du;
+      case Activation::kGelu:
+        d = T(0.5) * (T(1) + std::erf(v * T(kInvSqrt2))) + v * T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v);
         break;
-      }
       case Activation::kSilu: {
         const T s = Sigmoid(v);
         d = s * (T(1) + v * (T(1) - s));
@@ -79,9 +75,10 @@ absl::StatusOr<Activation> ParseActivation(absl::string_view name) {
       absl::StrCat("activation must be relu, gelu or silu, got '", name, "'"));
 }
 
-absl::Status ActivationForward(Activation act, const TensorView& x, TensorView y) {
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckFloatCpu(x, "x"));
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckSameLayout(y, "y", x));
+absl::Status ActivationForward(Activation act, const TensorView& x, const TensorView& y,
+                               void*) {
+  RECFLEET_RETURN_IF_ERROR(CheckFloatCpu(x, "x"));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(y, "y", x));
   if (x.dtype == DType::kFloat64) {
     Forward(act, x.as<const double>(), y.as<double>(), x.numel());
   } else {
@@ -91,10 +88,10 @@ absl::Status ActivationForward(Activation act, const TensorView& x, TensorView y
 }
 
 absl::Status ActivationBackward(Activation act, const TensorView& x, const TensorView& dy,
-                                TensorView dx) {
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckFloatCpu(x, "x"));
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckSameLayout(dy, "dy", x));
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckSameLayout(dx, "dx", x));
+                                const TensorView& dx, void*) {
+  RECFLEET_RETURN_IF_ERROR(CheckFloatCpu(x, "x"));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(dy, "dy", x));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(dx, "dx", x));
   if (x.dtype == DType::kFloat64) {
     Backward(act, x.as<const double>(), dy.as<const double>(), dx.as<double>(), x.numel());
   } else {
@@ -103,4 +100,4 @@ absl::Status ActivationBackward(Activation act, const TensorView& x, const Tenso
   return absl::OkStatus();
 }
 
-}  // namespace recfleet::kernels
+}  // namespace recfleet

@@ -5,15 +5,15 @@
 // shape. CPU reference in fp32 or fp64 (fp64 is for gradient checks);
 // the CUDA implementation takes the same calls.
 //
-// GELU is the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))),
-// the form production kernels approximate further; SiLU is x * sigmoid(x).
+// GELU is exact, x * Phi(x) (Phi the standard normal CDF), as in the
+// attention kernels' GDPA activation; SiLU is x * sigmoid(x).
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
 #include "kernels/tensor.h"
 
-namespace recfleet::kernels {
+namespace recfleet {
 
 enum class Activation { kRelu, kGelu, kSilu };
 
@@ -23,13 +23,14 @@ absl::string_view ActivationName(Activation act);
 absl::StatusOr<Activation> ParseActivation(absl::string_view name);
 
 // y = act(x). x and y have the same shape, dtype and device; y may alias x.
-absl::Status ActivationForward(Activation act, const TensorView& x, TensorView y);
+absl::Status ActivationForward(Activation act, const TensorView& x, const TensorView& y,
+                         void* stream = nullptr);
 
 // dx = dy * act'(x), where x is the forward input. All four tensors have
 // the same shape, dtype and device; dx may alias dy.
 absl::Status ActivationBackward(Activation act, const TensorView& x, const TensorView& dy,
-                                TensorView dx);
+                                const TensorView& dx, void* stream = nullptr);
 
-}  // namespace recfleet::kernels
+}  // namespace recfleet
 
 #endif  // RECFLEET_KERNELS_OPS_ACTIVATION_H_

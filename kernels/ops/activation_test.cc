@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace recfleet::kernels {
+namespace recfleet {
 namespace {
 
 std::vector<double> RandomInputs(int n, uint32_t seed) {
@@ -30,8 +30,8 @@ TEST(ActivationTest, KnownValues) {
   EXPECT_DOUBLE_EQ(Scalar(Activation::kRelu, 2.5), 2.5);
   EXPECT_NEAR(Scalar(Activation::kSilu, 1.0), 1.0 / (1.0 + std::exp(-1.0)), 1e-15);
   EXPECT_NEAR(Scalar(Activation::kSilu, -800.0), 0.0, 1e-300);
-  // GELU(1) with the tanh form (PyTorch approximate="tanh": 0.8411920).
-  EXPECT_NEAR(Scalar(Activation::kGelu, 1.0), 0.8411919906082768, 1e-12);
+  // GELU(1) = Phi(1) = 0.841344746...
+  EXPECT_NEAR(Scalar(Activation::kGelu, 1.0), 0.8413447460685429, 1e-12);
   EXPECT_NEAR(Scalar(Activation::kGelu, -10.0), 0.0, 1e-12);
 }
 
@@ -83,4 +83,4 @@ TEST(ActivationTest, RejectsMismatchedShapesAndNames) {
 }
 
 }  // namespace
-}  // namespace recfleet::kernels
+}  // namespace recfleet

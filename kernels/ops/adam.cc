@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/ops/check.h"
 
-namespace recfleet::kernels {
+namespace recfleet {
 namespace {
 
 template <typename T>
@@ -32,8 +32,8 @@ void Step(const AdamConfig& c, int64_t step, T* p, const T* g, T* m, T* v, int64
 
 }  // namespace
 
-absl::Status AdamStep(const AdamConfig& config, int64_t step, TensorView param,
-                      const TensorView& grad, TensorView m, TensorView v) {
+absl::Status AdamStep(const AdamConfig& config, int64_t step, const TensorView& param,
+                      const TensorView& grad, const TensorView& m, const TensorView& v, void*) {
   if (step < 1) return absl::InvalidArgumentError(absl::StrCat("adam step must be >= 1, got ", step));
   if (!(config.lr >= 0) || !(config.beta1 >= 0 && config.beta1 < 1) ||
       !(config.beta2 >= 0 && config.beta2 < 1) || !(config.eps > 0) ||
@@ -43,10 +43,10 @@ absl::Status AdamStep(const AdamConfig& config, int64_t step, TensorView param,
         config.lr, " beta1=", config.beta1, " beta2=", config.beta2, " eps=", config.eps,
         " weight_decay=", config.weight_decay));
   }
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckFloatCpu(param, "param"));
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckSameLayout(grad, "grad", param));
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckSameLayout(m, "m", param));
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckSameLayout(v, "v", param));
+  RECFLEET_RETURN_IF_ERROR(CheckFloatCpu(param, "param"));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(grad, "grad", param));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(m, "m", param));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(v, "v", param));
   if (param.dtype == DType::kFloat64) {
     Step(config, step, param.as<double>(), grad.as<const double>(), m.as<double>(),
          v.as<double>(), param.numel());
@@ -57,4 +57,4 @@ absl::Status AdamStep(const AdamConfig& config, int64_t step, TensorView param,
   return absl::OkStatus();
 }
 
-}  // namespace recfleet::kernels
+}  // namespace recfleet

@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "kernels/tensor.h"
 
-namespace recfleet::kernels {
+namespace recfleet {
 
 struct AdamConfig {
   double lr = 1e-3;
@@ -30,9 +30,10 @@ struct AdamConfig {
 // param, grad, m and v have the same shape, dtype and device; m and v start
 // at zero before step 1. InvalidArgument for step < 1 or lr/betas/eps out of
 // range (lr >= 0, 0 <= beta < 1, eps > 0).
-absl::Status AdamStep(const AdamConfig& config, int64_t step, TensorView param,
-                      const TensorView& grad, TensorView m, TensorView v);
+absl::Status AdamStep(const AdamConfig& config, int64_t step, const TensorView& param,
+                      const TensorView& grad, const TensorView& m, const TensorView& v,
+                      void* stream = nullptr);
 
-}  // namespace recfleet::kernels
+}  // namespace recfleet
 
 #endif  // RECFLEET_KERNELS_OPS_ADAM_H_

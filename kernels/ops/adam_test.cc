@@ -5,7 +5,7 @@
 
 #include "gtest/gtest.h"
 
-namespace recfleet::kernels {
+namespace recfleet {
 namespace {
 
 // An independent scalar transcription of the update (PyTorch's Adam/AdamW).
@@ -70,4 +70,4 @@ TEST(AdamTest, RejectsBadStepAndConfig) {
 }
 
 }  // namespace
-}  // namespace recfleet::kernels
+}  // namespace recfleet

@@ -6,12 +6,12 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/ops/check.h"
 
-namespace recfleet::kernels {
+namespace recfleet {
 namespace {
 
 absl::Status CheckInputs(const TensorView& logits, const TensorView& labels) {
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckFloatCpu(logits, "logits"));
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckRank(logits, "logits", 1));
+  RECFLEET_RETURN_IF_ERROR(CheckFloatCpu(logits, "logits"));
+  RECFLEET_RETURN_IF_ERROR(CheckRank(logits, "logits", 1));
   return CheckSameLayout(labels, "labels", logits);
 }
 
@@ -34,9 +34,9 @@ void Backward(const T* z, const T* y, const T* dloss, T* dz, int64_t n) {
 }  // namespace
 
 absl::Status BceWithLogitsForward(const TensorView& logits, const TensorView& labels,
-                                  TensorView loss) {
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckInputs(logits, labels));
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckSameLayout(loss, "loss", logits));
+                                  const TensorView& loss, void*) {
+  RECFLEET_RETURN_IF_ERROR(CheckInputs(logits, labels));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(loss, "loss", logits));
   if (logits.dtype == DType::kFloat64) {
     Forward(logits.as<const double>(), labels.as<const double>(), loss.as<double>(),
             logits.numel());
@@ -47,10 +47,10 @@ absl::Status BceWithLogitsForward(const TensorView& logits, const TensorView& la
 }
 
 absl::Status BceWithLogitsBackward(const TensorView& logits, const TensorView& labels,
-                                   const TensorView& dloss, TensorView dlogits) {
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckInputs(logits, labels));
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckSameLayout(dloss, "dloss", logits));
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckSameLayout(dlogits, "dlogits", logits));
+                                   const TensorView& dloss, const TensorView& dlogits, void*) {
+  RECFLEET_RETURN_IF_ERROR(CheckInputs(logits, labels));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(dloss, "dloss", logits));
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(dlogits, "dlogits", logits));
   if (logits.dtype == DType::kFloat64) {
     Backward(logits.as<const double>(), labels.as<const double>(), dloss.as<const double>(),
              dlogits.as<double>(), logits.numel());
@@ -61,4 +61,4 @@ absl::Status BceWithLogitsBackward(const TensorView& logits, const TensorView& l
   return absl::OkStatus();
 }
 
-}  // namespace recfleet::kernels
+}  // namespace recfleet

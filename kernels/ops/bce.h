@@ -10,18 +10,18 @@
 #include "absl/status/status.h"
 #include "kernels/tensor.h"
 
-namespace recfleet::kernels {
+namespace recfleet {
 
 // loss[i] = BCE(sigmoid(logits[i]), labels[i]). logits, labels and loss are
 // rank-1 [N] of the same dtype and device; labels lie in [0, 1].
 absl::Status BceWithLogitsForward(const TensorView& logits, const TensorView& labels,
-                                  TensorView loss);
+                                  const TensorView& loss, void* stream = nullptr);
 
 // dlogits[i] = dloss[i] * (sigmoid(logits[i]) - labels[i]). All [N], same
 // dtype; dlogits may alias dloss.
 absl::Status BceWithLogitsBackward(const TensorView& logits, const TensorView& labels,
-                                   const TensorView& dloss, TensorView dlogits);
+                                   const TensorView& dloss, const TensorView& dlogits, void* stream = nullptr);
 
-}  // namespace recfleet::kernels
+}  // namespace recfleet
 
 #endif  // RECFLEET_KERNELS_OPS_BCE_H_

@@ -5,7 +5,7 @@
 
 #include "gtest/gtest.h"
 
-namespace recfleet::kernels {
+namespace recfleet {
 namespace {
 
 double Loss(double z, double y) {
@@ -56,4 +56,4 @@ TEST(BceTest, RejectsLabelShapeMismatch) {
 }
 
 }  // namespace
-}  // namespace recfleet::kernels
+}  // namespace recfleet

@@ -2,15 +2,22 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace recfleet::kernels {
+namespace recfleet {
+namespace {
 
-absl::Status CheckFloatCpu(const TensorView& t, absl::string_view what) {
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckDType(t, what, {DType::kFloat32, DType::kFloat64}));
-  RECFLEET_OPS_RETURN_IF_ERROR(CheckDevice(t, what, Device::kCpu));
+absl::Status CheckStorage(const TensorView& t, absl::string_view what) {
   if (t.data == nullptr && t.numel() > 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, " has no storage: ", t.DebugString()));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckFloatCpu(const TensorView& t, absl::string_view what) {
+  RECFLEET_RETURN_IF_ERROR(CheckDType(t, what, {DType::kFloat32, DType::kFloat64}));
+  RECFLEET_RETURN_IF_ERROR(CheckDevice(t, what, Device::kCpu));
+  return CheckStorage(t, what);
 }
 
 absl::Status CheckSameLayout(const TensorView& t, absl::string_view what, const TensorView& like) {
@@ -18,10 +25,7 @@ absl::Status CheckSameLayout(const TensorView& t, absl::string_view what, const 
     return absl::InvalidArgumentError(absl::StrCat(what, " must be ", like.DebugString(), ", got ",
                                                    t.DebugString()));
   }
-  if (t.data == nullptr && t.numel() > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has no storage: ", t.DebugString()));
-  }
-  return absl::OkStatus();
+  return CheckStorage(t, what);
 }
 
-}  // namespace recfleet::kernels
+}  // namespace recfleet

@@ -2,75 +2,10 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
+
+#include "kernels/quant/minifloat.h"
 
 namespace recfleet {
-namespace {
-
-// A small IEEE-like format: `man_bits` stored mantissa bits, exponent bias
-// `bias`, largest finite code `max_code` (the FP8 formats differ only in
-// these). Encoding is monotonic in magnitude, so saturation is a clamp on
-// the code.
-struct MiniFloat {
-  int man_bits;
-  int bias;
-  uint8_t max_code;
-  uint8_t nan_code;
-};
-
-constexpr MiniFloat kE4M3{3, 7, 0x7E, 0x7F};
-constexpr MiniFloat kE5M2{2, 15, 0x7B, 0x7F};
-
-uint8_t Encode(const MiniFloat& f, float value) {
-  if (std::isnan(value)) return f.nan_code;
-  const uint8_t sign = std::signbit(value) ? 0x80 : 0;
-  const double a = std::fabs(static_cast<double>(value));
-  const int min_exp = 1 - f.bias;  // exponent of the smallest normal
-  uint32_t code;
-  if (a < std::ldexp(1.0, min_exp)) {
-    // Subnormal range: a multiple of 2^(min_exp - man_bits). A rounded
-    // value of 2^man_bits is exactly the smallest normal's code.
-    code = static_cast<uint32_t>(std::nearbyint(std::ldexp(a, f.man_bits - min_exp)));
-  } else if (std::isinf(a)) {
-    code = f.max_code;
-  } else {
-    int e;
-    const double m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-    const int exp = e - 1;               // a = (2m) * 2^exp, 2m in [1, 2)
-    if (exp + f.bias > 30) {
-      code = f.max_code;
-    } else {
-      uint32_t q = static_cast<uint32_t>(std::nearbyint((2 * m - 1) * (1 << f.man_bits)));
-      // q == 2^man_bits carries into the exponent, which the packed
-      // encoding does by itself.
-      code = (static_cast<uint32_t>(exp + f.bias) << f.man_bits) + q;
-    }
-  }
-  if (code > f.max_code) code = f.max_code;
-  return sign | static_cast<uint8_t>(code);
-}
-
-float Decode(const MiniFloat& f, uint8_t bits) {
-  const bool neg = bits & 0x80;
-  const uint8_t mag = bits & 0x7F;
-  if (mag == f.nan_code || (f.max_code == 0x7B && mag > 0x7B && mag != 0x7C)) {
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  if (f.max_code == 0x7B && mag == 0x7C) {
-    return neg ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
-  }
-  const int exp_field = mag >> f.man_bits;
-  const int man = mag & ((1 << f.man_bits) - 1);
-  double v;
-  if (exp_field == 0) {
-    v = std::ldexp(static_cast<double>(man), 1 - f.bias - f.man_bits);
-  } else {
-    v = std::ldexp(1.0 + static_cast<double>(man) / (1 << f.man_bits), exp_field - f.bias);
-  }
-  return static_cast<float>(neg ? -v : v);
-}
-
-}  // namespace
 
 float BFloat16ToFloat(uint16_t bits) {
   const uint32_t u = static_cast<uint32_t>(bits) << 16;
@@ -87,10 +22,10 @@ uint16_t FloatToBFloat16(float value) {
   return static_cast<uint16_t>((u + rounding_bias) >> 16);
 }
 
-float Fp8E4M3ToFloat(uint8_t bits) { return Decode(kE4M3, bits); }
-uint8_t FloatToFp8E4M3(float value) { return Encode(kE4M3, value); }
-float Fp8E5M2ToFloat(uint8_t bits) { return Decode(kE5M2, bits); }
-uint8_t FloatToFp8E5M2(float value) { return Encode(kE5M2, value); }
+float Fp8E4M3ToFloat(uint8_t bits) { return minifloat::Decode(minifloat::E4M3(), bits); }
+uint8_t FloatToFp8E4M3(float value) { return minifloat::Encode(minifloat::E4M3(), value); }
+float Fp8E5M2ToFloat(uint8_t bits) { return minifloat::Decode(minifloat::E5M2(), bits); }
+uint8_t FloatToFp8E5M2(float value) { return minifloat::Encode(minifloat::E5M2(), value); }
 
 float Fp8Max(DType dtype) {
   switch (dtype) {

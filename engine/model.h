@@ -1,0 +1,104 @@
+#ifndef RECFLEET_ENGINE_MODEL_H_
+#define RECFLEET_ENGINE_MODEL_H_
+
+// GEM-lite (DESIGN section 2) on the CPU reference kernels: sparse part,
+// sequence branch, cross branch, dense interaction with a mixture of expert
+// MLPs, CTR and CVR heads. Every layer is a call into the kernel API
+// (embedding, linear, norm, attention, ops); the glue between them
+// (residual adds, concatenation, DCN products, the expert gate) is plain
+// elementwise code here.
+//
+// T is float (training) or double (exact gradient checks). One step:
+// ForwardBackward (loss, dense gradients, gradients of every embedding
+// output), then ApplyUpdates (AdamW on dense parameters, rowwise Adagrad
+// on the touched table rows, one fused kernel call per table). A table
+// shared by several features (the item table serves the candidate and the
+// history) gets one Adagrad step on its summed gradient.
+//
+// Deterministic: the same config, schema and batches give bit-identical
+// parameters. Not thread-safe; one model per thread.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/batch.h"
+#include "engine/model_config.h"
+#include "engine/tensor.h"
+
+namespace recfleet::engine {
+
+enum class Head { kCtr = 0, kCvr = 1 };
+
+struct StepResult {
+  // Mean BCE of each head that had labels (0 for a head without labels).
+  double ctr_loss = 0;
+  double cvr_loss = 0;
+  // Model FLOPs of the step (forward + backward) from the batch's real
+  // jagged lengths: 2*M*N*K per linear, the attention kernels' own count of
+  // visible query/key pairs; backward counted as 2x (linear) and 2.5x
+  // (attention) the forward.
+  double flops = 0;
+};
+
+template <typename T>
+class GemLite {
+ public:
+  static absl::StatusOr<std::unique_ptr<GemLite>> Create(const GemLiteConfig& config,
+                                                         const FeatureSchema& schema);
+  ~GemLite();
+
+  // Forward and backward on `batch`; keeps the gradients for ApplyUpdates.
+  // InvalidArgument when the batch does not match the schema (feature count,
+  // offsets, id range) or has no labels.
+  absl::StatusOr<StepResult> ForwardBackward(const Batch& batch);
+  // One optimizer step with the gradients of the last ForwardBackward.
+  absl::Status ApplyUpdates();
+  // Logits of one head, [batch.size].
+  absl::StatusOr<std::vector<double>> Predict(const Batch& batch, Head head);
+
+  // The loss ForwardBackward would report (sum over labelled heads), without
+  // touching the stored gradients: the function a gradient check differences.
+  absl::StatusOr<double> Loss(const Batch& batch);
+
+  // Data parallelism inside one process: replicas with equal parameters run
+  // ForwardBackward on disjoint parts of one batch; the primary scales its
+  // gradients by its share of the samples, adds each replica's gradients
+  // times that replica's share, applies the updates, and the replicas copy
+  // the new parameters back. Exactly equivalent (up to float summation
+  // order) to one ForwardBackward on the whole batch.
+  absl::StatusOr<std::unique_ptr<GemLite>> Clone() const;
+  void ScaleGradients(double weight);
+  absl::Status AddGradients(const GemLite& replica, double weight);
+  absl::Status CopyParametersFrom(const GemLite& primary);
+
+  // Named views of parameters and of their gradients after ForwardBackward,
+  // for gradient checks and checkpoints. Dense gradients are exact; a
+  // table's gradient is assembled densely from the embedding-output
+  // gradients (through the fused Adagrad kernel, see the .cc), so it is slow
+  // and meant for small test tables.
+  std::vector<std::string> DenseParameterNames() const;
+  TensorView DenseParameter(const std::string& name);
+  TensorView DenseGradient(const std::string& name);
+  int num_tables() const;
+  TensorView Table(int table);
+  absl::StatusOr<Tensor> DenseTableGradient(int table);
+
+  int64_t num_dense_parameters() const;
+  int64_t num_table_parameters() const;
+
+ private:
+  struct Impl;
+  explicit GemLite(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+extern template class GemLite<float>;
+extern template class GemLite<double>;
+
+}  // namespace recfleet::engine
+
+#endif  // RECFLEET_ENGINE_MODEL_H_

@@ -1,0 +1,56 @@
+#include "engine/model_config.h"
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace recfleet::engine {
+namespace {
+
+absl::Status Bad(absl::string_view field, absl::string_view expected, double got) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.", field, " must be ", expected, ", got ", got));
+}
+
+}  // namespace
+
+absl::Status GemLiteConfig::Validate() const {
+  if (dim < 1) return Bad("dim", ">= 1", dim);
+  if (heads < 1 || dim % heads != 0) return Bad("heads", "a divisor of model.dim", heads);
+  if (seq_layers < 0) return Bad("seq_layers", ">= 0", seq_layers);
+  if (seq_mask == attention::Mask::kSlidingWindow && seq_window < 1) {
+    return Bad("seq_window", ">= 1 for the sliding-window mask", seq_window);
+  }
+  if (rope && (dim / heads) % 2 != 0) {
+    return Bad("heads", "such that dim / heads is even when rope is on", heads);
+  }
+  if (pma_queries < 0) return Bad("pma_queries", ">= 0", pma_queries);
+  if (dcn_layers < 0) return Bad("dcn_layers", ">= 0", dcn_layers);
+  if (num_experts < 1) return Bad("num_experts", ">= 1", num_experts);
+  if (expert_hidden < 1) return Bad("expert_hidden", ">= 1", expert_hidden);
+  if (expert_out < 1) return Bad("expert_out", ">= 1", expert_out);
+  if (tower_hidden < 1) return Bad("tower_hidden", ">= 1", tower_hidden);
+  if (!(learning_rate >= 0)) return Bad("learning_rate", ">= 0", learning_rate);
+  if (!(weight_decay >= 0)) return Bad("weight_decay", ">= 0", weight_decay);
+  if (!(adagrad_learning_rate >= 0)) return Bad("adagrad_learning_rate", ">= 0", adagrad_learning_rate);
+  if (!(embedding_init_std > 0)) return Bad("embedding_init_std", "> 0", embedding_init_std);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<attention::Mask> ParseMask(const std::string& name) {
+  if (name == "full") return attention::Mask::kNone;
+  if (name == "causal") return attention::Mask::kCausal;
+  if (name == "sliding_window") return attention::Mask::kSlidingWindow;
+  if (name == "block") return attention::Mask::kBlock;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "attention mask must be full, causal, sliding_window or block, got '", name, "'"));
+}
+
+absl::StatusOr<attention::Activation> ParseAttentionActivation(const std::string& name) {
+  if (name == "softmax") return attention::Activation::kSoftmax;
+  if (name == "gelu") return attention::Activation::kGelu;
+  if (name == "silu") return attention::Activation::kSilu;
+  return absl::InvalidArgumentError(
+      absl::StrCat("attention activation must be softmax, gelu or silu, got '", name, "'"));
+}
+
+}  // namespace recfleet::engine

@@ -1,0 +1,69 @@
+#ifndef RECFLEET_ENGINE_MODEL_CONFIG_H_
+#define RECFLEET_ENGINE_MODEL_CONFIG_H_
+
+// GEM-lite hyperparameters as a plain struct (DESIGN section 2). The
+// feature schema (tables, id-list features, sequence fields) comes from the
+// dataset; this struct says how big each part of the network is and how it
+// is trained. Front ends fill it: the local trainer's YAML today
+// (engine/job_yaml.h), the job spec proto later, each through a small
+// adapter; Validate() is the one place that checks it.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/attention/attention.h"
+#include "kernels/ops/activation.h"
+
+namespace recfleet::engine {
+
+struct GemLiteConfig {
+  // Width of every embedding and token; a multiple of `heads`.
+  int64_t dim = 16;
+  int64_t heads = 2;
+
+  // Sequence branch: `seq_layers` pre-norm self-attention blocks over the
+  // jagged history.
+  int seq_layers = 1;
+  attention::Mask seq_mask = attention::Mask::kNone;
+  int64_t seq_window = 16;  // Width of Mask::kSlidingWindow.
+  attention::Activation seq_activation = attention::Activation::kSoftmax;
+  bool rope = true;
+  bool qk_norm = false;
+
+  // Cross branch: the non-sequence tokens (one per id-list feature, plus one
+  // for the numeric features) attend to the history; `pma_queries` learned
+  // queries pool it (0: no PMA).
+  bool cross_attention = true;
+  int pma_queries = 2;
+
+  // Dense interaction: DCN-style cross layers x_{l+1} = x0 * (W x_l + b) + x_l
+  // on the concatenated tokens, then a softmax-gated mixture of expert MLPs
+  // (in -> expert_hidden -> expert_out), then per-head towers
+  // (expert_out -> tower_hidden -> 1).
+  int dcn_layers = 1;
+  int num_experts = 2;
+  int64_t expert_hidden = 64;
+  int64_t expert_out = 32;
+  int64_t tower_hidden = 16;
+  Activation mlp_activation = Activation::kRelu;
+
+  // Optimizers: AdamW on dense parameters, rowwise Adagrad on tables.
+  double learning_rate = 2e-3;
+  double weight_decay = 0.0;
+  double adagrad_learning_rate = 0.05;
+  double embedding_init_std = 0.05;
+  uint64_t seed = 1;
+
+  // InvalidArgument naming the first bad field and its accepted range.
+  absl::Status Validate() const;
+};
+
+// Stable names for logs and config files.
+absl::StatusOr<attention::Mask> ParseMask(const std::string& name);
+absl::StatusOr<attention::Activation> ParseAttentionActivation(const std::string& name);
+
+}  // namespace recfleet::engine
+
+#endif  // RECFLEET_ENGINE_MODEL_CONFIG_H_

@@ -1,0 +1,166 @@
+#include "engine/model.h"
+
+#include <cmath>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/movielens.h"
+#include "engine/synthetic.h"
+#include "gtest/gtest.h"
+
+namespace recfleet::engine {
+namespace {
+
+MovieLensCtr SmallData(int max_history) {
+  SyntheticOptions s;
+  s.num_users = 12;
+  s.num_items = 30;
+  s.min_events = 3;
+  s.mean_extra_events = 8;
+  CtrOptions o;
+  o.max_history = max_history;
+  return *MovieLensCtr::Create(SyntheticMovieLens(s), o);
+}
+
+GemLiteConfig TinyConfig() {
+  GemLiteConfig c;
+  c.dim = 4;
+  c.heads = 2;
+  c.seq_layers = 2;
+  c.pma_queries = 2;
+  c.dcn_layers = 2;
+  c.num_experts = 2;
+  c.expert_hidden = 6;
+  c.expert_out = 5;
+  c.tower_hidden = 3;
+  // Smooth activations: finite differences across a ReLU kink are wrong.
+  c.mlp_activation = Activation::kGelu;
+  c.embedding_init_std = 0.5;
+  return c;
+}
+
+struct Variant {
+  std::string name;
+  attention::Mask mask;
+  attention::Activation act;
+  bool rope, qk_norm;
+  int64_t window;
+};
+
+// Central differences of the whole model's loss in float64 against the
+// analytic gradient of every dense parameter (sampled elements) and every
+// touched table row, for each attention variant.
+TEST(GemLiteTest, WholeModelGradientMatchesFiniteDifferences) {
+  // Batch: sample 0 has an empty history (the user's first event); with
+  // max_history 5 the rest vary from 1 to 5 events.
+  const MovieLensCtr data = SmallData(5);
+  Batch batch = data.MakeBatch(false, {0, 1, 4, 7, 30});
+  batch.cvr_labels = {1, 0, 0, 1, 1};  // Exercise both heads.
+  ASSERT_EQ(batch.sequence[0].offsets[1], 0);
+  const std::vector<Variant> variants = {
+      {"full_softmax_rope", attention::Mask::kNone, attention::Activation::kSoftmax, true, false, 0},
+      {"window_gelu_qknorm", attention::Mask::kSlidingWindow, attention::Activation::kGelu, false,
+       true, 2},
+      {"block_silu_rope", attention::Mask::kBlock, attention::Activation::kSilu, true, true, 0},
+      {"causal_softmax", attention::Mask::kCausal, attention::Activation::kSoftmax, false, false, 0},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    GemLiteConfig config = TinyConfig();
+    config.seq_mask = v.mask;
+    config.seq_activation = v.act;
+    config.rope = v.rope;
+    config.qk_norm = v.qk_norm;
+    config.seq_window = v.window;
+    auto model = GemLite<double>::Create(config, data.schema());
+    ASSERT_TRUE(model.ok()) << model.status();
+    GemLite<double>& m = **model;
+    ASSERT_TRUE(m.ForwardBackward(batch).ok());
+
+    const double h = 1e-6;
+    auto check = [&](double* value, double analytic, const std::string& what) {
+      const double saved = *value;
+      *value = saved + h;
+      const double up = *m.Loss(batch);
+      *value = saved - h;
+      const double down = *m.Loss(batch);
+      *value = saved;
+      const double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(analytic, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << what;
+    };
+    std::mt19937 rng(5);
+    int checked = 0;
+    for (const std::string& name : m.DenseParameterNames()) {
+      TensorView p = m.DenseParameter(name);
+      TensorView g = m.DenseGradient(name);
+      std::uniform_int_distribution<int64_t> pick(0, p.numel() - 1);
+      for (int trial = 0; trial < 4; ++trial) {
+        const int64_t i = pick(rng);
+        check(p.as<double>() + i, g.as<double>()[i], absl::StrCat(name, "[", i, "]"));
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 100);
+    for (int t = 0; t < m.num_tables(); ++t) {
+      absl::StatusOr<Tensor> grad = m.DenseTableGradient(t);
+      ASSERT_TRUE(grad.ok()) << grad.status();
+      TensorView table = m.Table(t);
+      const int64_t d = table.dim(1);
+      // Every row with a gradient, plus row 0 (touched or not).
+      std::set<int64_t> rows = {0};
+      for (int64_t r = 0; r < table.dim(0); ++r) {
+        for (int64_t c = 0; c < d; ++c) {
+          if (grad->data<double>()[r * d + c] != 0) rows.insert(r);
+        }
+      }
+      EXPECT_GT(rows.size(), 1u) << "table " << t;
+      for (int64_t r : rows) {
+        for (int64_t c = 0; c < d; ++c) {
+          check(table.as<double>() + r * d + c, grad->data<double>()[r * d + c],
+                absl::StrCat("table ", t, " row ", r, " col ", c));
+        }
+      }
+    }
+  }
+}
+
+TEST(GemLiteTest, DeterministicGivenSeedAndBatches) {
+  const MovieLensCtr data = SmallData(8);
+  GemLiteConfig config = TinyConfig();
+  std::vector<std::vector<double>> predictions;
+  for (int run = 0; run < 2; ++run) {
+    auto model = GemLite<float>::Create(config, data.schema());
+    ASSERT_TRUE(model.ok());
+    for (int step = 0; step < 3; ++step) {
+      ASSERT_TRUE((*model)->ForwardBackward(data.MakeBatch(false, {step, step + 5, step + 9})).ok());
+      ASSERT_TRUE((*model)->ApplyUpdates().ok());
+    }
+    predictions.push_back(*(*model)->Predict(data.MakeBatch(true, {0, 1, 2}), Head::kCtr));
+  }
+  EXPECT_EQ(predictions[0], predictions[1]);
+}
+
+TEST(GemLiteTest, RejectsMismatchedBatchAndConfig) {
+  const MovieLensCtr data = SmallData(4);
+  GemLiteConfig bad = TinyConfig();
+  bad.heads = 3;
+  EXPECT_EQ(GemLite<float>::Create(bad, data.schema()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto model = GemLite<float>::Create(TinyConfig(), data.schema());
+  ASSERT_TRUE(model.ok());
+  Batch batch = data.MakeBatch(false, {0, 1});
+  batch.id_lists.pop_back();
+  EXPECT_FALSE((*model)->ForwardBackward(batch).ok());
+  Batch unlabeled = data.MakeBatch(false, {0, 1});
+  unlabeled.ctr_labels.clear();
+  EXPECT_FALSE((*model)->ForwardBackward(unlabeled).ok());
+  Batch bad_id = data.MakeBatch(false, {0, 1});
+  bad_id.id_lists[0].ids[0] = 1 << 20;
+  EXPECT_FALSE((*model)->ForwardBackward(bad_id).ok());
+}
+
+}  // namespace
+}  // namespace recfleet::engine

@@ -1,0 +1,39 @@
+#ifndef RECFLEET_KERNELS_GEMM_LINEAR_INTERNAL_H_
+#define RECFLEET_KERNELS_GEMM_LINEAR_INTERNAL_H_
+
+// Device implementations behind linear.h, on validated arguments. All three
+// linear GEMMs are one "TN" product C[i, j] = sum_k A[i, k] * B[j, k] whose
+// operands are K-major, possibly after transposing a stored matrix:
+//   forward: A = x,     B = w         (x: 1x128 blocks, w: 128x128)
+//   dgrad:   A = dy,    B = w^T       (dy: 1x128,       w: 128x128)
+//   wgrad:   A = dy^T,  B = x^T       (both 1x128 along the rows M)
+
+#include "absl/status/status.h"
+#include "kernels/gemm/linear.h"
+#include "kernels/quant/quantize.h"
+#include "kernels/tensor.h"
+
+namespace recfleet::linear_internal {
+
+// One GEMM operand: the stored matrix, whether the product reads its
+// transpose, and the FP8 block kind it gets under kFp8Block.
+struct Operand {
+  TensorView t;
+  bool transpose;
+  ScaleBlock block;
+};
+
+// c = A B^T (+ bias per column when bias.data) (+ c when accumulate).
+absl::Status GemmCpu(const Operand& a, const Operand& b, GemmPrecision precision,
+                     const TensorView& bias, bool accumulate, const TensorView& c);
+absl::Status GemmCuda(const Operand& a, const Operand& b, GemmPrecision precision,
+                      const TensorView& bias, bool accumulate, const TensorView& c, void* stream);
+
+// dbias (+)= column sums of dy.
+absl::Status BiasGradCpu(const TensorView& dy, bool accumulate, const TensorView& dbias);
+absl::Status BiasGradCuda(const TensorView& dy, bool accumulate, const TensorView& dbias,
+                          void* stream);
+
+}  // namespace recfleet::linear_internal
+
+#endif  // RECFLEET_KERNELS_GEMM_LINEAR_INTERNAL_H_

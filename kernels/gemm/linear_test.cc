@@ -1,0 +1,135 @@
+#include "kernels/gemm/linear.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/quant/formats.h"
+#include "kernels/quant/test_random.h"
+
+namespace recfleet {
+namespace {
+
+TensorView V(std::vector<double>& v, Shape shape) {
+  return MakeView(v.data(), DType::kFloat64, std::move(shape));
+}
+
+constexpr LinearRecipe kNative{GemmPrecision::kNative, GemmPrecision::kNative,
+                               GemmPrecision::kNative};
+
+// Float64 finite differences of L = <x W^T + b, R> for dx, dw and dbias.
+TEST(LinearTest, GradientsMatchFiniteDifferences) {
+  const int64_t m = 5, k = 7, n = 3;
+  std::vector<double> x = RandomDoubles(m * k), w = RandomDoubles(n * k), b = RandomDoubles(n),
+                      r = RandomDoubles(m * n), y(m * n);
+  auto loss = [&] {
+    EXPECT_TRUE(LinearForward(V(x, {m, k}), V(w, {n, k}), V(b, {n}), V(y, {m, n}), kNative).ok());
+    double s = 0;
+    for (int64_t i = 0; i < m * n; ++i) s += y[i] * r[i];
+    return s;
+  };
+  std::vector<double> dx(m * k), dw(n * k), db(n);
+  ASSERT_TRUE(LinearBackwardInput(V(r, {m, n}), V(w, {n, k}), V(dx, {m, k}), kNative).ok());
+  ASSERT_TRUE(LinearBackwardWeight(V(r, {m, n}), V(x, {m, k}), V(dw, {n, k}), V(db, {n}), false,
+                                   kNative)
+                  .ok());
+  const double h = 1e-6;
+  auto fd = [&](std::vector<double>& p, int64_t i) {
+    const double keep = p[i];
+    p[i] = keep + h;
+    const double lp = loss();
+    p[i] = keep - h;
+    const double lm = loss();
+    p[i] = keep;
+    return (lp - lm) / (2 * h);
+  };
+  for (int64_t i = 0; i < m * k; ++i) EXPECT_NEAR(dx[i], fd(x, i), 1e-8) << "dx " << i;
+  for (int64_t i = 0; i < n * k; ++i) EXPECT_NEAR(dw[i], fd(w, i), 1e-8) << "dw " << i;
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(db[i], fd(b, i), 1e-8) << "db " << i;
+}
+
+TEST(LinearTest, WeightGradientAccumulates) {
+  const int64_t m = 4, k = 3, n = 2;
+  std::vector<double> x = RandomDoubles(m * k), dy = RandomDoubles(m * n);
+  std::vector<double> once(n * k), twice(n * k), db1(n), db2(n);
+  ASSERT_TRUE(LinearBackwardWeight(V(dy, {m, n}), V(x, {m, k}), V(once, {n, k}), V(db1, {n}),
+                                   false, kNative)
+                  .ok());
+  for (bool acc : {false, true}) {
+    ASSERT_TRUE(LinearBackwardWeight(V(dy, {m, n}), V(x, {m, k}), V(twice, {n, k}), V(db2, {n}),
+                                     acc, kNative)
+                    .ok());
+  }
+  for (int64_t i = 0; i < n * k; ++i) EXPECT_NEAR(twice[i], 2 * once[i], 1e-14);
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(db2[i], 2 * db1[i], 1e-14);
+}
+
+TEST(LinearTest, Bf16RecipeRoundsOperandsOnly) {
+  const int64_t m = 3, k = 40, n = 4;
+  std::vector<double> x = RandomDoubles(m * k), w = RandomDoubles(n * k), y(m * n), want(m * n);
+  ASSERT_TRUE(LinearForward(V(x, {m, k}), V(w, {n, k}), TensorView(), V(y, {m, n}), LinearRecipe())
+                  .ok());
+  for (double& v : x) v = RoundTo(DType::kBFloat16, v);
+  for (double& v : w) v = RoundTo(DType::kBFloat16, v);
+  ASSERT_TRUE(
+      LinearForward(V(x, {m, k}), V(w, {n, k}), TensorView(), V(want, {m, n}), kNative).ok());
+  for (int64_t i = 0; i < m * n; ++i) EXPECT_NEAR(y[i], want[i], 1e-13);
+}
+
+// FP8 block GEMMs: every operand element carries at most half an E4M3 ulp
+// of relative error (2^-4) plus a subnormal term, so each output is within
+// sum_k |a_k||b_k| (2 * 2^-4 + 2^-8) + slack of the exact product.
+TEST(LinearTest, Fp8BlockRecipeErrorIsBoundedForAllThreeGemms) {
+  const int64_t m = 130, k = 260, n = 129;  // partial 128-blocks on every side
+  std::vector<double> x = RandomDoubles(m * k), w = RandomDoubles(n * k), dy = RandomDoubles(m * n);
+  const LinearRecipe fp8{GemmPrecision::kFp8Block, GemmPrecision::kFp8Block,
+                         GemmPrecision::kFp8Block};
+  auto check = [](const std::vector<double>& got, const std::vector<double>& exact,
+                  const std::vector<double>& abs_dot, const char* what) {
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double bound = abs_dot[i] * (2.0 / 16 + 1.0 / 256) + 1e-3;
+      ASSERT_LE(std::fabs(got[i] - exact[i]), bound) << what << " " << i;
+      worst = std::max(worst, std::fabs(got[i] - exact[i]) / abs_dot[i]);
+    }
+    EXPECT_GT(worst, 0) << what << ": FP8 must actually round";
+  };
+  std::vector<double> ax(m * k), aw(n * k), ady(m * n);
+  for (size_t i = 0; i < x.size(); ++i) ax[i] = std::fabs(x[i]);
+  for (size_t i = 0; i < w.size(); ++i) aw[i] = std::fabs(w[i]);
+  for (size_t i = 0; i < dy.size(); ++i) ady[i] = std::fabs(dy[i]);
+  std::vector<double> y(m * n), ye(m * n), ya(m * n);
+  ASSERT_TRUE(LinearForward(V(x, {m, k}), V(w, {n, k}), TensorView(), V(y, {m, n}), fp8).ok());
+  ASSERT_TRUE(LinearForward(V(x, {m, k}), V(w, {n, k}), TensorView(), V(ye, {m, n}), kNative).ok());
+  ASSERT_TRUE(LinearForward(V(ax, {m, k}), V(aw, {n, k}), TensorView(), V(ya, {m, n}), kNative).ok());
+  check(y, ye, ya, "forward");
+  std::vector<double> dx(m * k), dxe(m * k), dxa(m * k);
+  ASSERT_TRUE(LinearBackwardInput(V(dy, {m, n}), V(w, {n, k}), V(dx, {m, k}), fp8).ok());
+  ASSERT_TRUE(LinearBackwardInput(V(dy, {m, n}), V(w, {n, k}), V(dxe, {m, k}), kNative).ok());
+  ASSERT_TRUE(LinearBackwardInput(V(ady, {m, n}), V(aw, {n, k}), V(dxa, {m, k}), kNative).ok());
+  check(dx, dxe, dxa, "dgrad");
+  std::vector<double> dw(n * k), dwe(n * k), dwa(n * k);
+  ASSERT_TRUE(LinearBackwardWeight(V(dy, {m, n}), V(x, {m, k}), V(dw, {n, k}), TensorView(), false,
+                                   fp8)
+                  .ok());
+  ASSERT_TRUE(LinearBackwardWeight(V(dy, {m, n}), V(x, {m, k}), V(dwe, {n, k}), TensorView(),
+                                   false, kNative)
+                  .ok());
+  ASSERT_TRUE(LinearBackwardWeight(V(ady, {m, n}), V(ax, {m, k}), V(dwa, {n, k}), TensorView(),
+                                   false, kNative)
+                  .ok());
+  check(dw, dwe, dwa, "wgrad");
+}
+
+TEST(LinearTest, RejectsMismatchedShapes) {
+  std::vector<double> x(12), w(8), y(6);
+  absl::Status s = LinearForward(V(x, {3, 4}), V(w, {2, 4}), TensorView(), V(y, {2, 3}), kNative);
+  EXPECT_NE(s.message().find("y dimension 0"), std::string::npos) << s;
+  s = LinearForward(V(x, {3, 4}), V(w, {4, 2}), TensorView(), V(y, {3, 2}), kNative);
+  EXPECT_NE(s.message().find("w dimension 1"), std::string::npos) << s;
+  s = LinearForward(V(x, {3, 4}), V(w, {2, 4}), V(y, {3}), V(y, {3, 2}), kNative);
+  EXPECT_NE(s.message().find("bias"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace recfleet

@@ -1,0 +1,241 @@
+#include "kernels/quant/quantize.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/quant/formats.h"
+#include "kernels/quant/test_random.h"
+
+namespace recfleet {
+namespace {
+
+struct Quantized {
+  std::vector<uint8_t> q;
+  std::vector<float> scales;
+  Shape scale_shape;
+};
+
+Quantized QuantizeRef(std::vector<double>& x, int64_t rows, int64_t cols, const QuantizeConfig& cfg,
+              bool transpose = false) {
+  const int64_t qr = transpose ? cols : rows, qc = transpose ? rows : cols;
+  Quantized out;
+  out.q.resize(rows * cols);
+  out.scale_shape = QuantScaleShape(qr, qc, cfg.block);
+  out.scales.resize(out.scale_shape[0] * out.scale_shape[1]);
+  absl::Status s = Quantize(MakeView(x.data(), DType::kFloat64, {rows, cols}), cfg, transpose,
+                            MakeView(out.q.data(), cfg.format, {qr, qc}),
+                            MakeView(out.scales.data(), DType::kFloat32, out.scale_shape));
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+std::vector<double> Dequant(Quantized& qd, int64_t rows, int64_t cols, const QuantizeConfig& cfg) {
+  std::vector<double> x(rows * cols);
+  absl::Status s = Dequantize(MakeView(qd.q.data(), cfg.format, {rows, cols}),
+                              MakeView(qd.scales.data(), DType::kFloat32, qd.scale_shape),
+                              cfg.block, MakeView(x.data(), DType::kFloat64, {rows, cols}));
+  EXPECT_TRUE(s.ok()) << s;
+  return x;
+}
+
+// Data with a wide dynamic range (and outliers) so blocks have different scales.
+std::vector<double> WideRange(int64_t n) {
+  std::vector<double> x = RandomDoubles(n, -1, 1);
+  std::vector<double> e = RandomDoubles(n, -6, 6);
+  for (int64_t i = 0; i < n; ++i) x[i] *= std::exp2(e[i]);
+  return x;
+}
+
+TEST(Fp8FormatTest, EveryCodeRoundTripsAndTiesGoToEven) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7F) != 0x7F) {
+      EXPECT_EQ(FloatToFp8E4M3(Fp8E4M3ToFloat(c)), c) << c;
+    }
+    if ((c & 0x7F) < 0x7C) {
+      EXPECT_EQ(FloatToFp8E5M2(Fp8E5M2ToFloat(c)), c) << c;
+    }
+  }
+  EXPECT_EQ(Fp8E4M3ToFloat(0x7E), 448.0f);
+  EXPECT_EQ(Fp8E5M2ToFloat(0x7B), 57344.0f);
+  EXPECT_EQ(Fp8E4M3ToFloat(FloatToFp8E4M3(1e6f)), 448.0f);     // saturates
+  EXPECT_EQ(Fp8E4M3ToFloat(FloatToFp8E4M3(1.0625f)), 1.0f);    // tie -> even mantissa
+  EXPECT_EQ(Fp8E4M3ToFloat(FloatToFp8E4M3(1.1875f)), 1.25f);   // tie -> even mantissa
+  EXPECT_EQ(Fp8E4M3ToFloat(FloatToFp8E4M3(std::ldexp(1.0f, -10))), 0.0f);  // half smallest subnormal
+  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.00390625f)), 1.0f);
+}
+
+// Round-to-nearest error bound per format: half an ulp relative to the
+// element in the normal range, half the subnormal step (times the block
+// scale) below it.
+void CheckNearestBound(DType format, ScaleBlock block, int64_t rows, int64_t cols) {
+  std::vector<double> x = WideRange(rows * cols);
+  QuantizeConfig cfg{block, format, Rounding::kNearest, 0};
+  Quantized qd = QuantizeRef(x, rows, cols, cfg);
+  std::vector<double> y = Dequant(qd, rows, cols, cfg);
+  const int man = format == DType::kFloat8E4M3 ? 3 : 2;
+  const int min_exp = format == DType::kFloat8E4M3 ? -6 : -14;
+  const Shape ss = qd.scale_shape;
+  const int64_t br = (rows + ss[0] - 1) / ss[0] > 1 ? (block == ScaleBlock::k32x32 ? 32 : 128) : 1;
+  const int64_t bc = block == ScaleBlock::k32x32 ? 32 : 128;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const double s = qd.scales[(i / br) * ss[1] + j / bc];
+      const double bound = std::max(std::fabs(x[i * cols + j]) * std::ldexp(1.0, -man - 1),
+                                    s * std::ldexp(1.0, min_exp - man - 1));
+      ASSERT_LE(std::fabs(y[i * cols + j] - x[i * cols + j]), bound * (1 + 1e-6))
+          << DTypeName(format) << " " << ScaleBlockName(block) << " at " << i << "," << j;
+    }
+  }
+}
+
+TEST(QuantizeTest, NearestErrorBoundsPerFormatAndBlock) {
+  for (DType f : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    CheckNearestBound(f, ScaleBlock::k1x128, 5, 300);
+    CheckNearestBound(f, ScaleBlock::k128x128, 130, 257);
+    CheckNearestBound(f, ScaleBlock::k32x32, 33, 95);
+  }
+}
+
+TEST(QuantizeTest, BlockAmaxMapsToFormatMaxAndPow2ScalesNeverSaturate) {
+  const int64_t rows = 64, cols = 96;
+  std::vector<double> x = WideRange(rows * cols);
+  QuantizeConfig cfg{ScaleBlock::k32x32, DType::kFloat8E4M3, Rounding::kNearest, 0};
+  Quantized qd = QuantizeRef(x, rows, cols, cfg);
+  for (float s : qd.scales) {
+    int e;
+    EXPECT_EQ(std::frexp(s, &e), 0.5f) << s;  // a power of two
+  }
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    EXPECT_LE(std::fabs(x[i]) / qd.scales[(i / cols / 32) * 3 + (i % cols) / 32], 448.0);
+  }
+  cfg.block = ScaleBlock::k1x128;
+  qd = QuantizeRef(x, rows, cols, cfg);
+  for (int64_t r = 0; r < rows; ++r) {
+    double amax = 0;
+    for (int64_t j = 0; j < cols; ++j) amax = std::max(amax, std::fabs(x[r * cols + j]));
+    EXPECT_FLOAT_EQ(qd.scales[r], static_cast<float>(amax) / 448.0f);
+  }
+}
+
+TEST(QuantizeTest, SquareBlocksAreIdenticalForTheTranspose) {
+  const int64_t rows = 70, cols = 150;
+  std::vector<double> x = WideRange(rows * cols);
+  for (ScaleBlock block : {ScaleBlock::k32x32, ScaleBlock::k128x128}) {
+    QuantizeConfig cfg{block, DType::kFloat8E4M3, Rounding::kNearest, 0};
+    Quantized a = QuantizeRef(x, rows, cols, cfg), t = QuantizeRef(x, rows, cols, cfg, true);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) ASSERT_EQ(a.q[i * cols + j], t.q[j * rows + i]);
+    }
+    for (int64_t i = 0; i < a.scale_shape[0]; ++i) {
+      for (int64_t j = 0; j < a.scale_shape[1]; ++j) {
+        ASSERT_EQ(a.scales[i * a.scale_shape[1] + j], t.scales[j * t.scale_shape[1] + i]);
+      }
+    }
+  }
+}
+
+TEST(QuantizeTest, StochasticRoundingIsUnbiasedAndStaysBetweenNeighbours) {
+  const int64_t rows = 2, cols = 256, draws = 4000;
+  std::vector<double> x = RandomDoubles(rows * cols, -1, 1);
+  for (DType f : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    std::vector<double> sum(rows * cols, 0.0);
+    QuantizeConfig near{ScaleBlock::k1x128, f, Rounding::kNearest, 0};
+    Quantized qn = QuantizeRef(x, rows, cols, near);
+    std::vector<double> rn = Dequant(qn, rows, cols, near);
+    const uint64_t base = TestRng()();
+    for (int64_t d = 0; d < draws; ++d) {
+      QuantizeConfig cfg{ScaleBlock::k1x128, f, Rounding::kStochastic, base + d};
+      Quantized qd = QuantizeRef(x, rows, cols, cfg);
+      std::vector<double> y = Dequant(qd, rows, cols, cfg);
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        // One of the two representable neighbours: within one ulp of x.
+        ASSERT_LE(std::fabs(y[i] - x[i]), 2 * std::fabs(rn[i] - x[i]) + std::fabs(x[i]) * 0.25 + 1e-3);
+        sum[i] += y[i];
+      }
+    }
+    const int man = f == DType::kFloat8E4M3 ? 3 : 2;
+    double max_z = 0, mean_bias = 0;
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const double mean = sum[i] / draws;
+      // Bernoulli between neighbours one ulp apart: sd <= ulp / 2 / sqrt(draws).
+      const double ulp = std::max(std::fabs(x[i]) * std::ldexp(1.0, -man),
+                                  qn.scales[i / cols] * std::ldexp(1.0, (man == 3 ? -9 : -16)));
+      max_z = std::max(max_z, std::fabs(mean - x[i]) / (ulp / 2 / std::sqrt(double(draws))));
+      mean_bias += (mean - x[i]) / ulp;
+    }
+    EXPECT_LT(max_z, 5.5) << DTypeName(f);  // 512 elements: 5.5 sigma is a 1e-6 event
+    EXPECT_LT(std::fabs(mean_bias / (rows * cols)), 0.01) << DTypeName(f);
+    // Nearest rounding, by contrast, is biased for most elements.
+  }
+}
+
+TEST(HadamardTest, InvertibleOrthonormalAndPreservesProducts) {
+  const int64_t rows = 3, cols = 256;
+  const uint64_t seed = TestRng()();
+  for (int64_t block : {2, 16, 128, 256}) {
+    std::vector<double> x = RandomDoubles(rows * cols), w = RandomDoubles(rows * cols);
+    std::vector<double> hx(rows * cols), hw(rows * cols), back(rows * cols);
+    auto v = [&](std::vector<double>& d) { return MakeView(d.data(), DType::kFloat64, {rows, cols}); };
+    ASSERT_TRUE(RandomHadamard(v(x), block, seed, false, v(hx)).ok());
+    ASSERT_TRUE(RandomHadamard(v(w), block, seed, false, v(hw)).ok());
+    ASSERT_TRUE(RandomHadamard(v(hx), block, seed, true, v(back)).ok());
+    for (int64_t i = 0; i < rows * cols; ++i) ASSERT_NEAR(back[i], x[i], 1e-13);
+    for (int64_t r = 0; r < rows; ++r) {
+      double xw = 0, hxhw = 0;
+      for (int64_t j = 0; j < cols; ++j) {
+        xw += x[r * cols + j] * w[r * cols + j];
+        hxhw += hx[r * cols + j] * hw[r * cols + j];
+      }
+      EXPECT_NEAR(xw, hxhw, 1e-12);
+    }
+  }
+  std::vector<double> x(12);
+  EXPECT_FALSE(RandomHadamard(MakeView(x.data(), DType::kFloat64, {2, 6}), 4, seed, false,
+                              MakeView(x.data(), DType::kFloat64, {2, 6}))
+                   .ok());
+}
+
+TEST(HadamardTest, SpreadsAnOutlier) {
+  const int64_t cols = 128;
+  std::vector<double> x = RandomDoubles(cols, -0.01, 0.01), y(cols);
+  x[17] = 100;
+  ASSERT_TRUE(RandomHadamard(MakeView(x.data(), DType::kFloat64, {1, cols}), cols, 7, false,
+                             MakeView(y.data(), DType::kFloat64, {1, cols}))
+                  .ok());
+  double amax = 0;
+  for (double v : y) amax = std::max(amax, std::fabs(v));
+  EXPECT_LT(amax, 100 / std::sqrt(128.0) + 0.2);
+}
+
+TEST(PackTest, PackUnpackRoundTripAndQuantizeAndPackAgree) {
+  const int64_t rows = 40, cols = 70;
+  for (ScaleBlock block : {ScaleBlock::k1x128, ScaleBlock::k128x128, ScaleBlock::k32x32}) {
+    std::vector<double> x = WideRange(rows * cols);
+    QuantizeConfig cfg{block, DType::kFloat8E4M3, Rounding::kNearest, 0};
+    Quantized qd = QuantizeRef(x, rows, cols, cfg);
+    const size_t bytes = PackedBytes(rows, cols, block);
+    std::vector<uint64_t> a(bytes / 8 + 2), b(bytes / 8 + 2);
+    ASSERT_EQ(bytes % 16, 0u);
+    ASSERT_TRUE(PackQuantized(MakeView(qd.q.data(), cfg.format, {rows, cols}),
+                              MakeView(qd.scales.data(), DType::kFloat32, qd.scale_shape), block,
+                              a.data())
+                    .ok());
+    ASSERT_TRUE(QuantizeAndPack(MakeView(x.data(), DType::kFloat64, {rows, cols}), cfg, b.data())
+                    .ok());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), bytes), 0) << ScaleBlockName(block);
+    Quantized back;
+    back.q.resize(rows * cols);
+    back.scales.resize(qd.scales.size());
+    ASSERT_TRUE(UnpackQuantized(a.data(), block, MakeView(back.q.data(), cfg.format, {rows, cols}),
+                                MakeView(back.scales.data(), DType::kFloat32, qd.scale_shape))
+                    .ok());
+    EXPECT_EQ(back.q, qd.q);
+    EXPECT_EQ(back.scales, qd.scales);
+  }
+}
+
+}  // namespace
+}  // namespace recfleet

@@ -1,0 +1,482 @@
+#include "services/coordinator/coordinator.h"
+
+#include <atomic>
+#include <cstdio>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "services/common/exposition.h"
+#include "services/coordinator/test_specs.h"
+
+namespace recfleet::coordinator {
+namespace {
+
+using ::recfleet::v1::Assignment;
+using ::recfleet::v1::HeartbeatRequest;
+using ::recfleet::v1::HeartbeatResponse;
+using ::recfleet::v1::Job;
+using ::recfleet::v1::JobStatus;
+using ::recfleet::v1::TaskStatus;
+using ::recfleet::v1::WatchJobResponse;
+
+// Time that only moves when the test says so.
+struct ManualClock {
+  std::atomic<int64_t> ns{absl::ToUnixNanos(absl::FromUnixSeconds(1700000000))};
+  absl::Time Now() const { return absl::FromUnixNanos(ns.load()); }
+  void Advance(absl::Duration d) { ns += absl::ToInt64Nanoseconds(d); }
+};
+
+std::string TempDb(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+  for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+  return path;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(":memory:"); }
+
+  void Start(const std::string& db) {
+    coordinator_.reset();
+    registry_ = std::make_unique<metrics::MetricRegistry>();
+    CoordinatorOptions options;
+    options.lease = absl::Seconds(10);
+    options.progress_interval = absl::ZeroDuration();
+    options.clock = [this] { return clock_.Now(); };
+    options.loader_address = "127.0.0.1:7000";
+    absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(db);
+    ASSERT_TRUE(store.ok()) << store.status();
+    absl::StatusOr<std::unique_ptr<Coordinator>> c =
+        Coordinator::Create(*std::move(store), options, registry_.get());
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = *std::move(c);
+  }
+
+  std::string Register(const std::string& host, const std::string& id = "",
+                       const std::string& node = "") {
+    ::recfleet::v1::RegisterWorkerRequest r;
+    r.set_host(host);
+    r.set_worker_id(id);
+    r.mutable_topology()->set_node(node.empty() ? host : node);
+    absl::StatusOr<::recfleet::v1::RegisterWorkerResponse> resp = coordinator_->RegisterWorker(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp->worker_id();
+  }
+
+  Job Submit(int workers, const std::string& request_id = "") {
+    ::recfleet::v1::CreateJobRequest r;
+    *r.mutable_spec() = ValidSpec(workers);
+    r.set_request_id(request_id);
+    absl::StatusOr<Job> job = coordinator_->CreateJob(r);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return *job;
+  }
+
+  Job Get(const std::string& name) {
+    ::recfleet::v1::GetJobRequest r;
+    r.set_name(name);
+    return coordinator_->GetJob(r).value();
+  }
+
+  HeartbeatResponse Beat(const std::string& worker, const std::string& job = "", int64_t epoch = 0,
+                         TaskStatus::Phase phase = TaskStatus::PHASE_UNSPECIFIED,
+                         const std::string& message = "") {
+    HeartbeatRequest r;
+    r.set_worker_id(worker);
+    if (!job.empty()) {
+      r.mutable_task()->set_job(job);
+      r.mutable_task()->set_restart_epoch(epoch);
+      r.mutable_task()->set_phase(phase);
+      r.mutable_task()->set_message(message);
+    }
+    absl::StatusOr<HeartbeatResponse> resp = coordinator_->Heartbeat(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? *resp : HeartbeatResponse();
+  }
+
+  // The assignment in a heartbeat reply, if any.
+  static const Assignment* AssignmentOf(const HeartbeatResponse& r) {
+    for (const auto& c : r.commands()) {
+      if (c.has_assignment()) return &c.assignment();
+    }
+    return nullptr;
+  }
+
+  // Walks `job` to RUNNING on `workers`; returns the epoch.
+  int64_t StartRunning(const std::string& job, const std::vector<std::string>& workers) {
+    int64_t epoch = 0;
+    for (const std::string& w : workers) {
+      HeartbeatResponse r = Beat(w);
+      const Assignment* a = AssignmentOf(r);
+      EXPECT_NE(a, nullptr) << w;
+      if (a == nullptr) return 0;
+      epoch = a->restart_epoch();
+    }
+    for (const std::string& w : workers) Beat(w, job, epoch, TaskStatus::RUNNING);
+    EXPECT_EQ(Get(job).status().state(), JobStatus::RUNNING);
+    return epoch;
+  }
+
+  std::vector<JobState> History(const std::string& name) {
+    std::vector<JobState> out;
+    auto log = coordinator_->WaitJobEvents(name, 0, clock_.Now());
+    for (const auto& [seq, e] : *log) {
+      if (e.kind() == WatchJobResponse::STATE_CHANGE) out.push_back(e.transition().to());
+    }
+    return out;
+  }
+
+  ManualClock clock_;
+  std::unique_ptr<metrics::MetricRegistry> registry_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+TEST_F(CoordinatorTest, CreateJobWithSameRequestIdYieldsOneJob) {
+  Job a = Submit(2, "retry-me");
+  Job b = Submit(2, "retry-me");
+  EXPECT_EQ(a.name(), b.name());
+  ::recfleet::v1::ListJobsRequest list;
+  EXPECT_EQ(coordinator_->ListJobs(list)->jobs_size(), 1);
+  ::recfleet::v1::CreateJobRequest different;
+  *different.mutable_spec() = ValidSpec(3);
+  different.set_request_id("retry-me");
+  EXPECT_EQ(coordinator_->CreateJob(different).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(CoordinatorTest, BadSpecIsRejectedWithFieldPath) {
+  ::recfleet::v1::CreateJobRequest r;
+  *r.mutable_spec() = ValidSpec();
+  r.mutable_spec()->mutable_model()->mutable_tables(1)->set_dim(0);
+  absl::StatusOr<Job> job = coordinator_->CreateJob(r);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(job.status().message().find("spec.model.tables[1].dim must be > 0, got 0"),
+            std::string::npos);
+  r.mutable_spec()->mutable_model()->mutable_tables(1)->set_dim(8);
+  r.set_request_id("has space");
+  EXPECT_EQ(coordinator_->CreateJob(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
+  Job job = Submit(2);
+  EXPECT_EQ(job.status().state(), JobStatus::QUEUED);
+  std::string w0 = Register("host-a"), w1 = Register("host-b");
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::SCHEDULING);
+
+  HeartbeatResponse r0 = Beat(w0), r1 = Beat(w1);
+  const Assignment* a0 = AssignmentOf(r0);
+  const Assignment* a1 = AssignmentOf(r1);
+  ASSERT_NE(a0, nullptr);
+  ASSERT_NE(a1, nullptr);
+  EXPECT_EQ(a0->job(), job.name());
+  EXPECT_EQ(a0->world_size(), 2);
+  EXPECT_EQ(std::set<int>({a0->rank(), a1->rank()}), std::set<int>({0, 1}));
+  EXPECT_EQ(a0->restart_epoch(), 1);
+  EXPECT_EQ(a0->loader_address(), "127.0.0.1:7000");
+  EXPECT_EQ(a0->spec().display_name(), "gemlite-test");
+  ASSERT_GE(a0->groups_size(), 1);
+  EXPECT_EQ(a0->groups(0).name(), "world");
+  // Repeated until acknowledged, so a lost reply is harmless.
+  EXPECT_NE(AssignmentOf(Beat(w0)), nullptr);
+  EXPECT_EQ(AssignmentOf(Beat(w0, job.name(), 1, TaskStatus::STARTING)), nullptr);
+  Beat(w0, job.name(), 1, TaskStatus::RUNNING);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::SCHEDULING);
+  Beat(w1, job.name(), 1, TaskStatus::RUNNING);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+
+  const std::string rank0 = a0->rank() == 0 ? w0 : w1;
+  const std::string rank1 = a0->rank() == 0 ? w1 : w0;
+  for (int step = 1; step <= 3; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      ::recfleet::v1::ReportStepRequest rep;
+      rep.set_worker_id(rank == 0 ? rank0 : rank1);
+      rep.set_job(job.name());
+      rep.set_restart_epoch(1);
+      rep.set_rank(rank);
+      auto* s = rep.add_steps();
+      s->set_step(step);
+      s->set_samples(256);
+      s->set_step_seconds(rank == 0 ? 0.1 : 0.3);  // Rank 1 straggles.
+      s->set_compute_seconds(0.08);
+      s->set_loss(rank == 0 ? 0.6 : 0.4);
+      ASSERT_TRUE(coordinator_->ReportStep(rep).ok());
+    }
+  }
+  const auto& p = Get(job.name()).status().progress();
+  EXPECT_EQ(p.step(), 3);
+  EXPECT_EQ(p.samples(), 6 * 256);
+  EXPECT_DOUBLE_EQ(p.loss(), 0.5);
+  EXPECT_EQ(p.slowest_rank(), 1);
+  EXPECT_NEAR(p.straggler_gap(), 0.3 / 0.2 - 1, 1e-9);
+  EXPECT_NEAR(p.samples_per_second(), 6 * 256 / 0.9, 1e-6);
+  // A report for a rank the worker does not hold is refused.
+  ::recfleet::v1::ReportStepRequest wrong;
+  wrong.set_worker_id(rank0);
+  wrong.set_job(job.name());
+  wrong.set_restart_epoch(1);
+  wrong.set_rank(1);
+  EXPECT_EQ(coordinator_->ReportStep(wrong).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  Beat(rank1, job.name(), 1, TaskStatus::SUCCEEDED);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);  // Only rank 0 decides.
+  Beat(rank0, job.name(), 1, TaskStatus::SUCCEEDED);
+  Job done = Get(job.name());
+  EXPECT_EQ(done.status().state(), JobStatus::SUCCEEDED);
+  EXPECT_EQ(done.status().reason(), "TrainingFinished");
+  EXPECT_TRUE(done.status().has_start_time());
+  EXPECT_TRUE(done.status().has_end_time());
+  EXPECT_EQ(History(job.name()),
+            std::vector<JobState>({JobStatus::QUEUED, JobStatus::SCHEDULING, JobStatus::RUNNING,
+                                   JobStatus::SUCCEEDED}));
+}
+
+TEST_F(CoordinatorTest, ExpiredLeaseIsNoticedAndTheJobRestarts) {
+  Job job = Submit(2);
+  std::string w0 = Register("host-a"), w1 = Register("host-b");
+  int64_t epoch = StartRunning(job.name(), {w0, w1});
+  ASSERT_EQ(epoch, 1);
+  // w1 keeps beating, w0 goes silent past its lease.
+  clock_.Advance(absl::Seconds(6));
+  Beat(w1, job.name(), 1, TaskStatus::RUNNING);
+  clock_.Advance(absl::Seconds(6));
+  Beat(w1, job.name(), 1, TaskStatus::RUNNING);
+  coordinator_->Tick();
+  EXPECT_EQ(coordinator_->expired_leases(), 1);
+  Job j = Get(job.name());
+  EXPECT_EQ(j.status().state(), JobStatus::RESTARTING);
+  EXPECT_EQ(j.status().reason(), "WorkerLost");
+  EXPECT_NE(j.status().message().find(w0), std::string::npos) << j.status().message();
+  ::recfleet::v1::HeartbeatRequest late;
+  late.set_worker_id(w0);
+  EXPECT_EQ(coordinator_->Heartbeat(late).status().code(), absl::StatusCode::kNotFound);
+
+  // A new worker arrives: the job is placed again with the next epoch, and the
+  // survivor is told to abort the old attempt and take the new one.
+  std::string w2 = Register("host-c");
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::SCHEDULING);
+  HeartbeatResponse r = Beat(w1, job.name(), 1, TaskStatus::RUNNING);
+  ASSERT_EQ(r.commands_size(), 2);
+  EXPECT_EQ(r.commands(0).abort().restart_epoch(), 1);
+  EXPECT_EQ(r.commands(1).assignment().restart_epoch(), 2);
+  Beat(w1, job.name(), 2, TaskStatus::RUNNING);
+  Beat(w2, job.name(), 2, TaskStatus::RUNNING);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+  EXPECT_EQ(Get(job.name()).status().restart_epoch(), 2);
+
+  absl::StatusOr<metrics::Exposition> e = metrics::ParseExposition(registry_->Render());
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->samples.at("recfleet_worker_lease_expirations_total"), 1);
+  EXPECT_EQ(e->samples.at("recfleet_jobs{state=\"RUNNING\"}"), 1);
+  EXPECT_EQ(e->samples.at("recfleet_workers{state=\"assigned\"}"), 2);
+  EXPECT_EQ(e->samples.at("recfleet_job_transitions_total{to=\"RESTARTING\"}"), 1);
+}
+
+TEST_F(CoordinatorTest, RestartBudgetEndsInFailure) {
+  ::recfleet::v1::CreateJobRequest r;
+  *r.mutable_spec() = ValidSpec(1);
+  r.mutable_spec()->mutable_training()->set_max_restarts(1);
+  Job job = *coordinator_->CreateJob(r);
+  std::string w = Register("host-a");
+  int64_t epoch = StartRunning(job.name(), {w});
+  Beat(w, job.name(), epoch, TaskStatus::FAILED, "CUDA error: out of memory");
+  Job j = Get(job.name());
+  EXPECT_EQ(j.status().state(), JobStatus::SCHEDULING);  // Restarted on the same worker.
+  EXPECT_EQ(j.status().restart_epoch(), 2);
+  epoch = StartRunning(job.name(), {w});
+  Beat(w, job.name(), epoch, TaskStatus::FAILED, "CUDA error: out of memory");
+  j = Get(job.name());
+  EXPECT_EQ(j.status().state(), JobStatus::FAILED);
+  EXPECT_EQ(j.status().reason(), "RestartBudgetExhausted");
+  EXPECT_NE(j.status().message().find("out of memory"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, CancelAbortsWorkersAndIsIdempotent) {
+  Job job = Submit(1);
+  std::string w = Register("host-a");
+  int64_t epoch = StartRunning(job.name(), {w});
+  ::recfleet::v1::CancelJobRequest c;
+  c.set_name(job.name());
+  c.set_reason("wrong learning rate");
+  absl::StatusOr<Job> cancelled = coordinator_->CancelJob(c);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->status().state(), JobStatus::CANCELLED);
+  EXPECT_EQ(cancelled->status().message(), "wrong learning rate");
+  HeartbeatResponse r = Beat(w, job.name(), epoch, TaskStatus::RUNNING);
+  ASSERT_EQ(r.commands_size(), 1);
+  EXPECT_EQ(r.commands(0).abort().job(), job.name());
+  EXPECT_TRUE(coordinator_->CancelJob(c).ok());
+  EXPECT_EQ(coordinator_->KvSet([&] {
+              ::recfleet::v1::KvSetRequest s;
+              s.set_job(job.name());
+              s.set_restart_epoch(epoch);
+              s.set_key("k");
+              return s;
+            }()).code(),
+            absl::StatusCode::kNotFound);
+  // A finished job cannot be cancelled.
+  Job other = Submit(1);
+  epoch = StartRunning(other.name(), {w});
+  Beat(w, other.name(), epoch, TaskStatus::SUCCEEDED);
+  c.set_name(other.name());
+  EXPECT_EQ(coordinator_->CancelJob(c).status().code(), absl::StatusCode::kFailedPrecondition);
+  c.set_name("jobs/missing");
+  EXPECT_EQ(coordinator_->CancelJob(c).status().code(), absl::StatusCode::kNotFound);
+  c.set_name("missing");
+  EXPECT_EQ(coordinator_->CancelJob(c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, GangWaitsForEnoughWorkers) {
+  Job big = Submit(3);
+  Job small = Submit(1);
+  std::string w0 = Register("host-a");
+  // The big job cannot start; the small one fits and is not blocked by it.
+  EXPECT_EQ(Get(big.name()).status().state(), JobStatus::QUEUED);
+  EXPECT_EQ(Get(small.name()).status().state(), JobStatus::SCHEDULING);
+  Register("host-b");
+  Register("host-c");
+  EXPECT_EQ(Get(big.name()).status().state(), JobStatus::QUEUED);
+  Register("host-d");
+  EXPECT_EQ(Get(big.name()).status().state(), JobStatus::SCHEDULING);
+}
+
+TEST_F(CoordinatorTest, RendezvousIsFencedByEpoch) {
+  Job job = Submit(1);
+  std::string w = Register("host-a");
+  int64_t epoch = StartRunning(job.name(), {w});
+  ::recfleet::v1::KvSetRequest set;
+  set.set_job(job.name());
+  set.set_restart_epoch(epoch);
+  set.set_key("nccl/unique_id");
+  set.set_value("abc");
+  ASSERT_TRUE(coordinator_->KvSet(set).ok());
+  ::recfleet::v1::KvGetRequest get;
+  get.set_job(job.name());
+  get.set_restart_epoch(epoch);
+  get.set_key("nccl/unique_id");
+  EXPECT_EQ(coordinator_->KvGet(get)->value(), "abc");
+
+  // The task fails; the next attempt has a fresh, empty namespace.
+  Beat(w, job.name(), epoch, TaskStatus::FAILED, "boom");
+  StartRunning(job.name(), {w});
+  absl::StatusOr<::recfleet::v1::KvGetResponse> stale = coordinator_->KvGet(get);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(stale.status().message().find("stale restart_epoch 1, the job is at epoch 2"),
+            std::string::npos)
+      << stale.status();
+  get.set_restart_epoch(2);
+  EXPECT_EQ(coordinator_->KvGet(get).status().code(), absl::StatusCode::kNotFound);
+
+  ::recfleet::v1::KvWaitRequest wait;
+  wait.set_job(job.name());
+  wait.set_restart_epoch(2);
+  wait.add_keys("a");
+  wait.add_keys("b");
+  absl::Notification done;
+  absl::StatusOr<::recfleet::v1::KvWaitResponse> result;
+  coordinator_->KvWait(wait, [&](absl::StatusOr<::recfleet::v1::KvWaitResponse> r) {
+    result = std::move(r);
+    done.Notify();
+  });
+  set.set_restart_epoch(2);
+  set.set_key("b");
+  set.set_value("2");
+  ASSERT_TRUE(coordinator_->KvSet(set).ok());
+  EXPECT_FALSE(done.HasBeenNotified());
+  set.set_key("a");
+  set.set_value("1");
+  ASSERT_TRUE(coordinator_->KvSet(set).ok());
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->values(0).value(), "1");
+  EXPECT_EQ(result->values(1).value(), "2");
+
+  wait.clear_keys();
+  wait.add_keys("never");
+  wait.mutable_timeout()->set_nanos(50000000);
+  absl::Notification timed_out;
+  coordinator_->KvWait(wait, [&](absl::StatusOr<::recfleet::v1::KvWaitResponse> r) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+    timed_out.Notify();
+  });
+  EXPECT_TRUE(timed_out.WaitForNotificationWithTimeout(absl::Seconds(5)));
+}
+
+TEST_F(CoordinatorTest, RestartKeepsJobsAndRunningWorkersReattach) {
+  const std::string db = TempDb("coordinator_restart.db");
+  Start(db);
+  Job running = Submit(1);
+  std::string w = Register("host-a", "worker-a");
+  int64_t epoch = StartRunning(running.name(), {w});
+  Job queued = Submit(5);
+  Job cancelled = Submit(5);
+  ::recfleet::v1::CancelJobRequest c;
+  c.set_name(cancelled.name());
+  ASSERT_TRUE(coordinator_->CancelJob(c).ok());
+
+  Start(db);  // The coordinator restarts on the same database.
+  EXPECT_EQ(Get(running.name()).status().state(), JobStatus::RUNNING);
+  EXPECT_EQ(Get(queued.name()).status().state(), JobStatus::QUEUED);
+  EXPECT_EQ(Get(cancelled.name()).status().state(), JobStatus::CANCELLED);
+  ::recfleet::v1::HeartbeatRequest hb;
+  hb.set_worker_id(w);
+  EXPECT_EQ(coordinator_->Heartbeat(hb).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Register("host-a", "worker-a"), "worker-a");
+  HeartbeatResponse r = Beat(w, running.name(), epoch, TaskStatus::RUNNING);
+  EXPECT_EQ(r.commands_size(), 0);
+  // Past the re-registration deadline the job keeps running: its worker is back.
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(5));
+    Beat(w, running.name(), epoch, TaskStatus::RUNNING);
+    coordinator_->Tick();
+  }
+  EXPECT_EQ(Get(running.name()).status().state(), JobStatus::RUNNING);
+  Beat(w, running.name(), epoch, TaskStatus::SUCCEEDED);
+  EXPECT_EQ(Get(running.name()).status().state(), JobStatus::SUCCEEDED);
+
+  // Without the worker coming back, the recovered job restarts after a lease.
+  const std::string db2 = TempDb("coordinator_restart2.db");
+  Start(db2);
+  Job second = Submit(1);
+  std::string w2 = Register("host-b", "worker-b");
+  StartRunning(second.name(), {w2});
+  Start(db2);
+  clock_.Advance(absl::Seconds(11));
+  coordinator_->Tick();
+  EXPECT_EQ(Get(second.name()).status().state(), JobStatus::RESTARTING);
+}
+
+TEST_F(CoordinatorTest, WatchSeesStateChangesInOrder) {
+  Job job = Submit(1);
+  absl::StatusOr<Coordinator::JobEvent> snap = coordinator_->WatchSnapshot(job.name());
+  ASSERT_TRUE(snap.ok());
+  EXPECT_EQ(snap->second.kind(), WatchJobResponse::SNAPSHOT);
+  int64_t after = snap->first;
+  std::vector<JobState> seen;
+  std::thread watcher([&] {
+    while (seen.empty() || !IsTerminal(seen.back())) {
+      auto events =
+          coordinator_->WaitJobEvents(job.name(), after, absl::Now() + absl::Seconds(10));
+      ASSERT_TRUE(events.ok());
+      ASSERT_FALSE(events->empty()) << "timed out";
+      for (const auto& [seq, e] : *events) {
+        after = seq;
+        if (e.kind() == WatchJobResponse::STATE_CHANGE) seen.push_back(e.transition().to());
+      }
+    }
+  });
+  std::string w = Register("host-a");
+  StartRunning(job.name(), {w});
+  ::recfleet::v1::CancelJobRequest c;
+  c.set_name(job.name());
+  ASSERT_TRUE(coordinator_->CancelJob(c).ok());
+  watcher.join();
+  EXPECT_EQ(seen, std::vector<JobState>({JobStatus::SCHEDULING, JobStatus::RUNNING,
+                                         JobStatus::CANCELLED}));
+  // A watcher starting late finds the job terminal in its snapshot.
+  EXPECT_EQ(coordinator_->WatchSnapshot(job.name())->second.job().status().state(),
+            JobStatus::CANCELLED);
+}
+
+}  // namespace
+}  // namespace recfleet::coordinator

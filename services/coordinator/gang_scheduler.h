@@ -1,0 +1,52 @@
+#ifndef RECFLEET_SERVICES_COORDINATOR_GANG_SCHEDULER_H_
+#define RECFLEET_SERVICES_COORDINATOR_GANG_SCHEDULER_H_
+
+// Gang placement: a job starts only when all of its workers can start at
+// once. PlaceGang picks spec.resources.workers idle workers that each own at
+// least gpus_per_worker GPUs, preferring to keep the gang inside one NVLink
+// domain (then one zone), and orders them so consecutive ranks share a node
+// and domain (ring/tree collectives then cross slow links least).
+//
+// Pure functions; thread-safe.
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "recfleet/v1/job.pb.h"
+#include "recfleet/v1/worker_service.pb.h"
+
+namespace recfleet::coordinator {
+
+// An idle worker as the scheduler sees it.
+struct WorkerView {
+  std::string id;
+  int gpus = 0;
+  ::recfleet::v1::Topology topology;
+};
+
+struct Placement {
+  // Chosen workers in rank order: worker i runs ranks
+  // [i * ranks_per_worker, (i + 1) * ranks_per_worker).
+  std::vector<WorkerView> workers;
+  int ranks_per_worker = 1;
+};
+
+// nullopt when fewer than spec.resources.workers suitable workers are idle.
+std::optional<Placement> PlaceGang(const ::recfleet::v1::JobSpec& spec,
+                                   std::vector<WorkerView> idle);
+
+// Communication groups handed to every rank with its assignment. The planner
+// (services/coordinator/planner) may supply its own; the default is
+// "world" (all ranks) plus "node/<name>" for the ranks on each named node.
+using GroupPlanner = std::function<absl::StatusOr<std::vector<::recfleet::v1::ProcessGroup>>(
+    const ::recfleet::v1::JobSpec& spec, const Placement& placement)>;
+
+absl::StatusOr<std::vector<::recfleet::v1::ProcessGroup>> DefaultGroups(
+    const ::recfleet::v1::JobSpec& spec, const Placement& placement);
+
+}  // namespace recfleet::coordinator
+
+#endif  // RECFLEET_SERVICES_COORDINATOR_GANG_SCHEDULER_H_

@@ -1,0 +1,210 @@
+#include "services/coordinator/job_store.h"
+
+#include <cstdio>
+
+#include "gtest/gtest.h"
+#include "services/coordinator/test_specs.h"
+#include "services/coordinator/time_util.h"
+
+namespace recfleet::coordinator {
+namespace {
+
+using ::recfleet::v1::Job;
+using ::recfleet::v1::JobStatus;
+using ::recfleet::v1::JobTransition;
+
+std::string TempDb(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+  std::remove(path.c_str());
+  std::remove((path + "-wal").c_str());
+  std::remove((path + "-shm").c_str());
+  return path;
+}
+
+const absl::Time kT0 = absl::FromUnixSeconds(1700000000);
+
+// Moves `job` to `to`, as the coordinator does.
+absl::Status Move(JobStore& store, Job& job, JobState to, const std::string& reason) {
+  JobTransition t;
+  t.set_from(job.status().state());
+  t.set_to(to);
+  t.set_reason(reason);
+  ToProto(kT0, t.mutable_time());
+  JobStatus next = job.status();
+  next.set_state(to);
+  next.set_reason(reason);
+  absl::StatusOr<std::string> id = ParseJobName(job.name(), "name");
+  absl::Status s = store.RecordTransition(*id, next, t);
+  if (s.ok()) *job.mutable_status() = next;
+  return s;
+}
+
+TEST(JobStoreTest, ReopenAfterRestartKeepsJobsAndTransitions) {
+  std::string path = TempDb("reopen.db");
+  std::string id;
+  {
+    absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    bool created;
+    absl::StatusOr<Job> job = (*store)->Create(ValidSpec(), "req-1", kT0, &created);
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_TRUE(created);
+    id = *ParseJobName(job->name(), "name");
+    ASSERT_TRUE(Move(**store, *job, JobStatus::SCHEDULING, "GangPlaced").ok());
+    ASSERT_TRUE(Move(**store, *job, JobStatus::RUNNING, "AllRanksStarted").ok());
+    JobStatus progressed = job->status();
+    progressed.mutable_progress()->set_step(42);
+    ASSERT_TRUE((*store)->SaveStatus(id, progressed).ok());
+    // The store is dropped without any shutdown step, like a killed process.
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<Job> job = (*store)->Get(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->status().state(), JobStatus::RUNNING);
+  EXPECT_EQ(job->status().progress().step(), 42);
+  EXPECT_EQ(job->request_id(), "req-1");
+  EXPECT_EQ(job->spec().display_name(), "gemlite-test");
+  absl::StatusOr<std::vector<JobTransition>> ts = (*store)->Transitions(id);
+  ASSERT_TRUE(ts.ok());
+  ASSERT_EQ(ts->size(), 3u);
+  EXPECT_EQ((*ts)[0].to(), JobStatus::QUEUED);
+  EXPECT_EQ((*ts)[1].to(), JobStatus::SCHEDULING);
+  EXPECT_EQ((*ts)[2].reason(), "AllRanksStarted");
+  // The reopened store still deduplicates by request_id.
+  bool created = true;
+  absl::StatusOr<Job> again = (*store)->Create(ValidSpec(), "req-1", kT0, &created);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(created);
+  EXPECT_EQ(again->name(), JobName(id));
+  absl::StatusOr<std::vector<Job>> active = (*store)->ActiveJobs();
+  ASSERT_TRUE(active.ok());
+  ASSERT_EQ(active->size(), 1u);
+}
+
+TEST(JobStoreTest, EveryLegalTransitionIsRecordedAndIllegalOnesRefused) {
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  // Paths that together take every legal transition at least once.
+  const std::vector<std::vector<JobState>> paths = {
+      {JobStatus::SCHEDULING, JobStatus::RUNNING, JobStatus::SUCCEEDED},
+      {JobStatus::SCHEDULING, JobStatus::QUEUED, JobStatus::CANCELLED},
+      {JobStatus::SCHEDULING, JobStatus::FAILED},
+      {JobStatus::SCHEDULING, JobStatus::CANCELLED},
+      {JobStatus::SCHEDULING, JobStatus::RUNNING, JobStatus::FAILED},
+      {JobStatus::SCHEDULING, JobStatus::RUNNING, JobStatus::CANCELLED},
+      {JobStatus::SCHEDULING, JobStatus::RUNNING, JobStatus::RESTARTING, JobStatus::SCHEDULING,
+       JobStatus::RUNNING, JobStatus::RESTARTING, JobStatus::FAILED},
+      {JobStatus::SCHEDULING, JobStatus::RUNNING, JobStatus::RESTARTING, JobStatus::CANCELLED},
+  };
+  std::set<std::pair<int, int>> taken;
+  for (const auto& path : paths) {
+    bool created;
+    absl::StatusOr<Job> job = (*store)->Create(ValidSpec(), "", kT0, &created);
+    ASSERT_TRUE(job.ok());
+    for (JobState to : path) {
+      taken.insert({job->status().state(), to});
+      ASSERT_TRUE(Move(**store, *job, to, "Test").ok())
+          << StateName(job->status().state()) << " -> " << StateName(to);
+    }
+    absl::StatusOr<std::vector<JobTransition>> ts =
+        (*store)->Transitions(*ParseJobName(job->name(), "name"));
+    ASSERT_EQ(ts->size(), path.size() + 1);
+    // The terminal job refuses everything, naming the rule.
+    absl::Status s = Move(**store, *job, JobStatus::RUNNING, "Again");
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find("illegal transition"), std::string::npos) << s;
+  }
+  int legal = 0;
+  for (JobState s : AllStates()) legal += NextStates(s).size();
+  EXPECT_EQ(static_cast<int>(taken.size()), legal);
+
+  bool created;
+  absl::StatusOr<Job> job = (*store)->Create(ValidSpec(), "", kT0, &created);
+  absl::Status s = Move(**store, *job, JobStatus::RUNNING, "Skip");
+  EXPECT_EQ(s.message(),
+            job->name() + ": illegal transition QUEUED -> RUNNING; from QUEUED the job may go to "
+                          "SCHEDULING, CANCELLED");
+  // A transition from a state the job is not in is refused too.
+  JobTransition stale;
+  stale.set_from(JobStatus::SCHEDULING);
+  stale.set_to(JobStatus::RUNNING);
+  JobStatus st = job->status();
+  st.set_state(JobStatus::RUNNING);
+  s = (*store)->RecordTransition(*ParseJobName(job->name(), "n"), st, stale);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  // SaveStatus cannot sneak in a state change.
+  s = (*store)->SaveStatus(*ParseJobName(job->name(), "n"), st);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(JobStoreTest, RequestIdMakesCreateIdempotent) {
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(":memory:");
+  bool created;
+  absl::StatusOr<Job> a = (*store)->Create(ValidSpec(), "same", kT0, &created);
+  ASSERT_TRUE(created);
+  absl::StatusOr<Job> b = (*store)->Create(ValidSpec(), "same", kT0, &created);
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE(created);
+  EXPECT_EQ(a->name(), b->name());
+  absl::StatusOr<JobStore::Page> page = (*store)->List(10, "", {});
+  EXPECT_EQ(page->jobs.size(), 1u);
+  absl::StatusOr<Job> c = (*store)->Create(ValidSpec(3), "same", kT0, &created);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kAlreadyExists);
+  // Jobs without request_id never collide.
+  ASSERT_TRUE((*store)->Create(ValidSpec(), "", kT0, &created).ok());
+  ASSERT_TRUE((*store)->Create(ValidSpec(), "", kT0, &created).ok());
+  EXPECT_EQ((*store)->List(10, "", {})->jobs.size(), 3u);
+}
+
+TEST(JobStoreTest, ListPagesNewestFirstAndFiltersByState) {
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(":memory:");
+  std::vector<std::string> names;
+  for (int i = 0; i < 7; ++i) {
+    bool created;
+    absl::StatusOr<Job> job = (*store)->Create(ValidSpec(), "", kT0, &created);
+    if (i % 2 == 0) ASSERT_TRUE(Move(**store, *job, JobStatus::CANCELLED, "Test").ok());
+    names.push_back(job->name());
+  }
+  std::vector<std::string> seen;
+  std::string token;
+  int pages = 0;
+  do {
+    absl::StatusOr<JobStore::Page> page = (*store)->List(3, token, {});
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const Job& j : page->jobs) seen.push_back(j.name());
+    token = page->next_page_token;
+    ++pages;
+  } while (!token.empty());
+  EXPECT_EQ(pages, 3);
+  std::vector<std::string> newest_first(names.rbegin(), names.rend());
+  EXPECT_EQ(seen, newest_first);
+  absl::StatusOr<JobStore::Page> cancelled = (*store)->List(100, "", {JobStatus::CANCELLED});
+  EXPECT_EQ(cancelled->jobs.size(), 4u);
+  EXPECT_EQ((*store)->List(10, "garbage", {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto counts = (*store)->CountByState();
+  ASSERT_TRUE(counts.ok());
+  for (const auto& [state, n] : *counts) {
+    if (state == JobStatus::QUEUED) EXPECT_EQ(n, 3);
+    if (state == JobStatus::CANCELLED) EXPECT_EQ(n, 4);
+  }
+}
+
+TEST(JobStoreTest, NamesAndErrors) {
+  EXPECT_EQ(*ParseJobName("jobs/abc-1", "name"), "abc-1");
+  absl::StatusOr<std::string> bad = ParseJobName("job/abc", "name");
+  EXPECT_EQ(bad.status().message(),
+            "name must be \"jobs/{id}\" with id of [a-z0-9-], got \"job/abc\"");
+  EXPECT_FALSE(ParseJobName("jobs/", "name").ok());
+  EXPECT_FALSE(ParseJobName("jobs/A B", "name").ok());
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(":memory:");
+  EXPECT_EQ((*store)->Get("nope").status().message(), "jobs/nope not found");
+  absl::StatusOr<std::unique_ptr<JobStore>> unopenable = JobStore::Open("/nonexistent/dir/x.db");
+  EXPECT_EQ(unopenable.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(unopenable.status().message().find("/nonexistent/dir/x.db"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace recfleet::coordinator

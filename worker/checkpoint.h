@@ -1,0 +1,67 @@
+#ifndef RECFLEET_WORKER_CHECKPOINT_H_
+#define RECFLEET_WORKER_CHECKPOINT_H_
+
+// Sharded training checkpoints, written so that a crash at any moment leaves
+// either a complete checkpoint or one that readers ignore.
+//
+// Layout under a checkpoint directory:
+//   step-000000000120/
+//     shard-00000-of-00002   one per rank: named byte records + CRC-32C
+//     shard-00001-of-00002
+//     MANIFEST               written last: step, world size, every shard's
+//                            size and CRC-32C
+//
+// Protocol of one checkpoint: every rank calls WriteShard (temporary file,
+// fsync, rename), the ranks meet at a barrier, then rank 0 calls Commit,
+// which verifies every shard and publishes MANIFEST (temporary file, fsync,
+// rename). A step directory without MANIFEST, or whose shards do not match
+// it, is incomplete: LatestComplete skips it and a resume never reads it.
+//
+// The functions are stateless and may be called from several processes at
+// once on distinct (step, rank) pairs.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace recfleet::worker {
+
+// One rank's state: named binary records (parameters, optimizer state, data
+// position). Names are unique; the map keeps them sorted, so a shard's bytes
+// depend only on its contents.
+using CheckpointShard = std::map<std::string, std::string>;
+
+// "<dir>/step-<step, 12 digits>".
+std::string CheckpointStepDir(const std::string& dir, int64_t step);
+
+// Writes rank `rank`'s shard of checkpoint `step` (creating directories).
+// Overwrites a shard left by an earlier attempt at the same step.
+absl::Status WriteCheckpointShard(const std::string& dir, int64_t step, int rank, int world_size,
+                                  const CheckpointShard& shard);
+
+// Verifies that all `world_size` shards of `step` are present and intact and
+// publishes the manifest. FailedPrecondition naming the missing or damaged
+// shard otherwise.
+absl::Status CommitCheckpoint(const std::string& dir, int64_t step, int world_size);
+
+// The newest step under `dir` with a manifest for `world_size` ranks whose
+// shards all match it; nullopt when there is none (or `dir` does not exist).
+absl::StatusOr<std::optional<int64_t>> LatestCompleteCheckpoint(const std::string& dir, int world_size);
+
+// Reads rank `rank`'s shard of the complete checkpoint `step`, verified
+// against the manifest. NotFound when the checkpoint is not complete;
+// DataLoss when the shard is damaged (the message names file and offset).
+absl::StatusOr<CheckpointShard> ReadCheckpointShard(const std::string& dir, int64_t step, int rank,
+                                                    int world_size);
+
+// Deletes complete checkpoints older than the newest `keep` (>= 1), and
+// incomplete step directories older than the newest complete one.
+absl::Status PruneCheckpoints(const std::string& dir, int world_size, int keep);
+
+}  // namespace recfleet::worker
+
+#endif  // RECFLEET_WORKER_CHECKPOINT_H_

@@ -1,0 +1,43 @@
+#ifndef RECFLEET_WORKER_COMM_GRPC_KV_STORE_H_
+#define RECFLEET_WORKER_COMM_GRPC_KV_STORE_H_
+
+// The rendezvous store of a real job: a client of the coordinator's
+// WorkerService KvSet / KvGet / KvWait. The coordinator keeps one namespace
+// per (job, restart_epoch) and rejects calls of a stale epoch with
+// FAILED_PRECONDITION, so a slow rank of an earlier attempt can never read
+// or overwrite keys of the current one. Thread-safe.
+
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+#include "recfleet/v1/worker_service.grpc.pb.h"
+#include "worker/comm/kv_store.h"
+
+namespace recfleet {
+namespace comm {
+
+class GrpcKvStore : public KvStore {
+ public:
+  // `job` is the job's resource name ("jobs/{id}"); `restart_epoch` the epoch
+  // of the worker's assignment. Set and Get give up after `rpc_timeout`.
+  GrpcKvStore(std::shared_ptr<v1::WorkerService::StubInterface> stub, std::string job, int64_t restart_epoch,
+              absl::Duration rpc_timeout = absl::Seconds(10));
+
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<std::string> Get(absl::string_view key) override;
+  // The server caps one KvWait at 300 s; longer waits are split into
+  // several calls.
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+
+ private:
+  std::shared_ptr<v1::WorkerService::StubInterface> stub_;
+  std::string job_;
+  int64_t restart_epoch_;
+  absl::Duration rpc_timeout_;
+};
+
+}  // namespace comm
+}  // namespace recfleet
+
+#endif  // RECFLEET_WORKER_COMM_GRPC_KV_STORE_H_
