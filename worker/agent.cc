@@ -14,8 +14,9 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
 }
 
-void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
-  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+void Prepare(grpc::ClientContext* ctx, const AgentOptions& options) {
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.rpc_timeout));
+  if (!options.auth_token.empty()) ctx->AddMetadata("authorization", "Bearer " + options.auth_token);
 }
 
 }  // namespace
@@ -81,7 +82,7 @@ absl::Status Agent::Register() {
   request.set_worker_id(worker_id());
   v1::RegisterWorkerResponse response;
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.rpc_timeout);
+  Prepare(&ctx, options_);
   absl::Status s = FromGrpc(stub_->RegisterWorker(&ctx, request, &response), "RegisterWorker");
   if (!s.ok()) return s;
   bool first;
@@ -176,7 +177,7 @@ absl::Status Agent::Heartbeat() {
   if (!status.job().empty()) *request.mutable_task() = status;
   v1::HeartbeatResponse response;
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.rpc_timeout);
+  Prepare(&ctx, options_);
   absl::Status s = FromGrpc(stub_->Heartbeat(&ctx, request, &response), "Heartbeat");
   if (!s.ok()) return s;
   for (const v1::WorkerCommand& command : response.commands()) Apply(command);

@@ -75,6 +75,8 @@ class TaskRunner {
 
 struct AgentOptions {
   v1::RegisterWorkerRequest registration;
+  // Sent as "authorization: Bearer <token>" when non-empty.
+  std::string auth_token;
   // Deadline of each RPC to the coordinator.
   absl::Duration rpc_timeout = absl::Seconds(5);
   // Used until the coordinator states its interval at registration.

@@ -1,0 +1,290 @@
+#include "tests/e2e/local_cluster.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "data/synth.h"
+#include "grpcpp/grpcpp.h"
+
+extern char** environ;
+
+namespace recfleet::e2e {
+
+std::string RunfilesPath(const std::string& workspace_relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr) return workspace_relative;
+  return absl::StrCat(srcdir, "/", workspace == nullptr ? "recfleet" : workspace, "/", workspace_relative);
+}
+
+absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
+                                                        const std::string& log) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid;
+  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(rc)));
+  return std::unique_ptr<Process>(new Process(pid, log));
+}
+
+Process::~Process() {
+  if (!running()) return;
+  Signal(SIGTERM);
+  for (int i = 0; i < 100 && running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (running()) Signal(SIGKILL);
+  Wait();
+}
+
+void Process::Signal(int sig) {
+  if (!reaped_) ::kill(pid_, sig);
+}
+
+int Process::Wait() {
+  if (!reaped_ && ::waitpid(pid_, &status_, 0) == pid_) reaped_ = true;
+  return status_;
+}
+
+bool Process::running() {
+  if (reaped_) return false;
+  if (::waitpid(pid_, &status_, WNOHANG) == pid_) reaped_ = true;
+  return !reaped_;
+}
+
+absl::StatusOr<std::string> Process::WaitForLine(const std::string& prefix, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream in(log_);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (absl::StartsWith(line, prefix)) return line.substr(prefix.size());
+    }
+    if (!running()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("no line starting with '", prefix, "' in ", log_));
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterOptions& options) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster(options));
+  ::mkdir(options.dir.c_str(), 0755);
+  ::mkdir(c->sample_log_dir().c_str(), 0755);
+  const std::string address_file = options.dir + "/coordinator.address";
+  absl::StatusOr<std::unique_ptr<Process>> coord = Process::Start(
+      {RunfilesPath("services/coordinator/recfleet-coordinator"), "--listen=127.0.0.1:0",
+       "--db=" + options.dir + "/coordinator.db", absl::StrCat("--lease_seconds=", options.lease_seconds),
+       "--address_file=" + address_file, "--metrics_address=127.0.0.1:0"},
+      options.dir + "/coordinator.log");
+  if (!coord.ok()) return coord.status();
+  c->coordinator_ = std::move(*coord);
+  absl::StatusOr<std::string> serving = c->coordinator_->WaitForLine("recfleet coordinator serving on ", absl::Seconds(20));
+  if (!serving.ok()) return serving.status();
+  c->coordinator_address_ = serving->substr(0, serving->find(' '));
+  c->jobs_ = v1::JobService::NewStub(
+      grpc::CreateChannel(c->coordinator_address_, grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < options.workers; ++i) {
+    if (absl::Status s = c->AddWorker(); !s.ok()) return s;
+  }
+  return c;
+}
+
+LocalCluster::~LocalCluster() {
+  workers_.clear();
+  coordinator_.reset();
+}
+
+absl::Status LocalCluster::AddWorker() {
+  const int i = static_cast<int>(workers_.size());
+  const std::string work_dir = absl::StrCat(options_.dir, "/worker", i);
+  ::mkdir(work_dir.c_str(), 0755);
+  std::vector<std::string> argv = {RunfilesPath("worker/recfleet-worker"),
+                                   "--coordinator=" + coordinator_address_,
+                                   "--host=127.0.0.1",
+                                   absl::StrCat("--node=node", i),
+                                   "--work_dir=" + work_dir,
+                                   "--metrics_address=127.0.0.1:0",
+                                   "--comm_timeout=20"};
+  if (options_.sample_logs) argv.push_back("--sample_log_dir=" + sample_log_dir());
+  absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(argv, work_dir + ".log");
+  if (!p.ok()) return p.status();
+  workers_.push_back(std::move(*p));
+  absl::StatusOr<std::string> metrics = workers_.back()->WaitForLine("worker metrics: http://", absl::Seconds(20));
+  if (!metrics.ok()) return metrics.status();
+  metrics_addresses_.push_back(metrics->substr(0, metrics->find('/')));
+  return workers_.back()->WaitForLine("worker id: ", absl::Seconds(20)).status();
+}
+
+absl::StatusOr<v1::Job> LocalCluster::WaitForJob(const std::string& name,
+                                                 const std::function<bool(const v1::Job&)>& done,
+                                                 absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::Job job;
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetJobRequest req;
+    req.set_name(name);
+    grpc::Status s = jobs_->GetJob(&ctx, req, &job);
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("GetJob ", name, ": ", s.error_message()));
+    if (done(job)) return job;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("job ", name, " still ", v1::JobStatus::State_Name(job.status().state()),
+                                                      " at step ", job.status().progress().step()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+std::string LocalCluster::DumpLogs() const {
+  std::string out;
+  auto dump = [&](const Process& p) {
+    std::ifstream in(p.log());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    if (text.size() > 6000) text = "...\n" + text.substr(text.size() - 6000);
+    absl::StrAppend(&out, "==== ", p.log(), "\n", text, "\n");
+  };
+  if (coordinator_ != nullptr) dump(*coordinator_);
+  for (const auto& w : workers_) dump(*w);
+  return out;
+}
+
+}  // namespace recfleet::e2e
+
+namespace recfleet::e2e {
+
+absl::Status MakeSyntheticDataset(const std::string& dir, int64_t samples) {
+  data::SynthOptions o;
+  o.samples = samples;
+  o.num_items = 400;
+  o.num_users = 200;
+  o.clusters = 8;
+  o.dense_features = 4;
+  o.eval_fraction = 0.2;
+  absl::StatusOr<data::LengthDistribution> lengths =
+      data::LengthDistribution::Parse("lognormal:mean=12,sigma=0.8,min=1,max=40");
+  if (!lengths.ok()) return lengths.status();
+  o.lengths = *lengths;
+  return data::GenerateSynthetic(o, dir);
+}
+
+v1::JobSpec SmallJobSpec(const std::string& dataset_dir, const std::string& checkpoint_dir, int64_t steps,
+                         int64_t checkpoint_every, int workers, int local_batch) {
+  v1::JobSpec spec;
+  spec.set_display_name("e2e-small");
+  v1::ModelSpec* m = spec.mutable_model();
+  auto table = [&](const char* name, int64_t rows) {
+    v1::EmbeddingTable* t = m->add_tables();
+    t->set_name(name);
+    t->set_rows(rows);
+    t->set_dim(8);
+  };
+  table("item", 401);
+  table("user", 201);
+  table("item_category", 8);
+  auto feature = [&](const std::string& name, v1::Feature::Kind kind, const char* t) {
+    v1::Feature* f = m->add_features();
+    f->set_name(name);
+    f->set_kind(kind);
+    if (kind == v1::Feature::NUMERIC) {
+      f->set_width(1);
+    } else {
+      f->set_table(t);
+    }
+    if (kind == v1::Feature::SEQUENCE) f->set_max_length(32);
+  };
+  feature("user_id", v1::Feature::ID_LIST, "user");
+  feature("item_id", v1::Feature::CANDIDATE, "item");
+  feature("item_category", v1::Feature::CANDIDATE, "item_category");
+  feature("history_items", v1::Feature::SEQUENCE, "item");
+  for (int j = 0; j < 4; ++j) feature(absl::StrCat("dense_", j), v1::Feature::NUMERIC, "");
+  v1::SequenceBranch* seq = m->mutable_sequence();
+  seq->add_features("history_items");
+  seq->set_num_layers(1);
+  seq->set_model_dim(8);
+  seq->set_num_heads(2);
+  seq->mutable_attention()->set_kind(v1::AttentionSpec::FULL);
+  m->mutable_cross()->set_num_cross_layers(1);
+  m->mutable_cross()->set_pma_queries(2);
+  m->mutable_cross()->set_num_heads(2);
+  m->add_dense()->mutable_dcn()->set_num_layers(1);
+  v1::MoeSpec* moe = m->add_dense()->mutable_moe();
+  moe->set_num_experts(2);
+  moe->set_top_k(1);
+  moe->add_expert_hidden_dims(16);
+  moe->add_expert_hidden_dims(8);
+  v1::Head* head = m->add_heads();
+  head->set_kind(v1::Head::CTR);
+  head->set_label("label");
+  head->add_hidden_dims(8);
+  spec.mutable_data()->set_dataset(dataset_dir);
+  spec.mutable_data()->set_local_batch_size(local_batch);
+  spec.mutable_resources()->set_workers(workers);
+  v1::TrainingSpec* t = spec.mutable_training();
+  t->set_steps(steps);
+  t->set_checkpoint_every(checkpoint_every);
+  t->set_checkpoint_dir(checkpoint_dir);
+  t->set_dense_learning_rate(0.01);
+  t->set_sparse_learning_rate(0.1);
+  t->set_seed(7);
+  t->set_max_restarts(5);
+  return spec;
+}
+
+absl::StatusOr<SampleLog> ReadSampleLogs(const std::string& dir, const std::string& job_id) {
+  SampleLog out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return absl::NotFoundError(absl::StrCat("no sample log directory ", dir));
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    int rank = 0, epoch = 0;
+    const std::string prefix = job_id + ".rank-";
+    if (!absl::StartsWith(name, prefix) ||
+        std::sscanf(name.c_str() + prefix.size(), "%d.epoch-%d.log", &rank, &epoch) != 2) {
+      continue;
+    }
+    std::ifstream in(dir + "/" + name);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::vector<int64_t> ids;
+      int64_t step = 0;
+      bool first = true;
+      for (absl::string_view word : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+        int64_t v;
+        if (!absl::SimpleAtoi(word, &v)) return absl::DataLossError(absl::StrCat("bad line in ", name, ": ", line));
+        if (first) {
+          step = v;
+          first = false;
+        } else {
+          ids.push_back(v);
+        }
+      }
+      out[rank][epoch][step] = std::move(ids);
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace recfleet::e2e

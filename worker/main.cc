@@ -1,0 +1,135 @@
+// recfleet-worker: the worker daemon. Registers with the coordinator under
+// its topology labels, keeps its lease alive, trains the ranks it is
+// assigned, and serves /metrics. Stops cleanly on SIGINT / SIGTERM.
+//
+//   recfleet-worker --coordinator 127.0.0.1:7070 --node n0 --work_dir /tmp/w0
+
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "services/common/flags.h"
+#include "services/common/http_server.h"
+#include "worker/agent.h"
+#include "worker/training_task.h"
+#include "worker/worker_metrics.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "host:port of the coordinator's gRPC endpoint.");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address of this worker as the coordinator and the other ranks reach it (also the Gloo transport's).");
+ABSL_FLAG(std::string, node, "", "Topology: node (host) id; default = --host.");
+ABSL_FLAG(std::string, nvlink_domain, "", "Topology: NVLink domain id.");
+ABSL_FLAG(std::string, zone, "", "Topology: failure / network zone.");
+ABSL_FLAG(std::string, device, "cpu", "Device the ranks train on: cpu (the CPU reference engine) or cuda.");
+ABSL_FLAG(std::string, work_dir, "", "Directory for checkpoints when the job names none (required).");
+ABSL_FLAG(std::string, sample_log_dir, "",
+          "If set, append every trained step's sample ids to per-rank logs here (audit of exactly-once training).");
+ABSL_FLAG(double, comm_timeout, 60, "Seconds any collective (and the rendezvous) may take before failing.");
+
+namespace {
+
+// Set by SIGINT / SIGTERM; polled by a thread that stops the agent (the
+// handler itself may only touch a sig_atomic_t).
+volatile std::sig_atomic_t g_signalled = 0;
+
+void OnSignal(int) { g_signalled = 1; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("recfleet-worker --coordinator HOST:PORT --work_dir DIR [--node N ...]");
+  // Shared server flags (services/common/flags.h); a worker serves /metrics
+  // unless told otherwise, on a port the OS picks.
+  absl::SetFlag(&FLAGS_metrics_address, "127.0.0.1:0");
+  absl::ParseCommandLine(argc, argv);
+  const std::string work_dir = absl::GetFlag(FLAGS_work_dir);
+  if (work_dir.empty()) {
+    std::fprintf(stderr, "recfleet-worker: --work_dir is required (checkpoints go there)\n");
+    return 2;
+  }
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device != "cpu" && device != "cuda") {
+    std::fprintf(stderr, "recfleet-worker: --device must be cpu or cuda, got '%s'\n", device.c_str());
+    return 2;
+  }
+  if (device == "cuda") {
+    std::fprintf(stderr,
+                 "recfleet-worker: --device=cuda: the training engine runs on the CPU reference kernels only in "
+                 "this build; start CPU workers (--device=cpu)\n");
+    return 2;
+  }
+  absl::StatusOr<std::string> token_or = recfleet::LoadAuthToken();
+  if (!token_or.ok()) {
+    std::fprintf(stderr, "recfleet-worker: %s\n", std::string(token_or.status().message()).c_str());
+    return 2;
+  }
+  const std::string token = *token_or;
+
+  recfleet::worker::WorkerMetrics metrics;
+  std::unique_ptr<recfleet::HttpServer> http;
+  if (!absl::GetFlag(FLAGS_metrics_address).empty()) {
+    absl::StatusOr<std::unique_ptr<recfleet::HttpServer>> started =
+        recfleet::StartMetricsServer(absl::GetFlag(FLAGS_metrics_address), &metrics.registry());
+    if (!started.ok()) {
+      std::fprintf(stderr, "recfleet-worker: --metrics_address: %s\n", started.status().ToString().c_str());
+      return 2;
+    }
+    http = std::move(*started);
+    std::printf("worker metrics: http://%s/metrics\n", http->address().c_str());
+    std::fflush(stdout);
+  }
+
+  // Plaintext channel: the bearer token (if any) goes into each call's
+  // metadata, since gRPC attaches call credentials to secure channels only.
+  std::shared_ptr<recfleet::v1::WorkerService::StubInterface> stub = recfleet::v1::WorkerService::NewStub(
+      grpc::CreateChannel(absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials()));
+
+  recfleet::worker::TrainingOptions training;
+  training.work_dir = work_dir;
+  training.gloo_host = absl::GetFlag(FLAGS_host);
+  training.sample_log_dir = absl::GetFlag(FLAGS_sample_log_dir);
+  training.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));
+  training.auth_token = token;
+  recfleet::worker::TrainingTask task(stub, training, &metrics);
+
+  recfleet::worker::AgentOptions options;
+  options.auth_token = token;
+  options.registration.set_host(absl::GetFlag(FLAGS_host));
+  if (http != nullptr) options.registration.set_metrics_address(http->address());
+  recfleet::v1::Topology* topology = options.registration.mutable_topology();
+  topology->set_node(absl::GetFlag(FLAGS_node).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_node));
+  topology->set_nvlink_domain(absl::GetFlag(FLAGS_nvlink_domain));
+  topology->set_zone(absl::GetFlag(FLAGS_zone));
+  recfleet::worker::Agent agent(stub, options, &task);
+  agent.set_on_registered([](const std::string& id) {
+    std::printf("worker id: %s\n", id.c_str());
+    std::fflush(stdout);
+  });
+
+  absl::Notification done;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::thread stopper([&] {
+    while (!g_signalled && !done.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+    }
+    agent.Stop();
+  });
+  absl::Status s = agent.Run();
+  done.Notify();
+  stopper.join();
+  if (http != nullptr) http->Stop();
+  if (!s.ok()) {
+    std::fprintf(stderr, "recfleet-worker: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

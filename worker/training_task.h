@@ -1,0 +1,79 @@
+#ifndef RECFLEET_WORKER_TRAINING_TASK_H_
+#define RECFLEET_WORKER_TRAINING_TASK_H_
+
+// One rank of a training job: what the worker daemon runs for an
+// Assignment.
+//
+//  1. Builds GEM-lite from spec.model (job_model.h) and reads its rank's
+//     data: the dataset's rows through a BatchPlan fixed by
+//     (seed, epoch, step), so every rank of every attempt agrees on which
+//     samples each step holds.
+//  2. Joins the job's collectives (Gloo) through the coordinator's
+//     rendezvous store for the assignment's restart epoch; an Abort or a
+//     stop request aborts the communicator so no collective waits out its
+//     timeout.
+//  3. Resumes from the newest complete checkpoint (or the assignment's
+//     resume_step): parameters and the data position (the step) come back
+//     exactly, so no sample is skipped or trained twice.
+//  4. Trains synchronously, data parallel: every rank holds the parameters;
+//     dense gradients are averaged with one all-reduce per step; embedding
+//     rows are updated by each rank's rowwise Adagrad on its own batch and
+//     the updates averaged (one all-reduce of the table deltas), keeping
+//     every replica identical.
+//  5. Reports StepStats (step time split into data wait / compute / comm)
+//     and rank 0's EvalStats to the coordinator, updates /metrics, and
+//     every spec.training.checkpoint_every steps writes a sharded
+//     checkpoint (each rank its slice of the parameters; rank 0 commits the
+//     manifest after a barrier).
+//
+// Optimizer state (AdamW moments, Adagrad accumulators) lives inside the
+// engine and is not part of a checkpoint; a resumed run restarts it from
+// zero.
+
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+#include "recfleet/v1/worker_service.grpc.pb.h"
+#include "worker/agent.h"
+#include "worker/worker_metrics.h"
+
+namespace recfleet::worker {
+
+struct TrainingOptions {
+  // Checkpoints go to spec.training.checkpoint_dir, or
+  // <work_dir>/checkpoints/<job id> when the spec leaves it empty.
+  std::string work_dir;
+  // Address other ranks reach this worker's Gloo transport on.
+  std::string gloo_host = "127.0.0.1";
+  // Bearer token for coordinator calls ("" = none).
+  std::string auth_token;
+  // Bound on every collective and on the rendezvous.
+  absl::Duration comm_timeout = absl::Seconds(60);
+  // When non-empty: append "<step> <sample_id>..." for every trained step
+  // to <sample_log_dir>/<job id>.rank-<r>.epoch-<restart epoch>.log, an
+  // audit trail of exactly which samples each attempt trained.
+  std::string sample_log_dir;
+  // Complete checkpoints kept per job.
+  int keep_checkpoints = 2;
+  // Progress line on stderr every this many steps (0 = none).
+  int64_t log_every = 20;
+};
+
+class TrainingTask : public TaskRunner {
+ public:
+  // `metrics` must outlive the task.
+  TrainingTask(std::shared_ptr<v1::WorkerService::StubInterface> stub, TrainingOptions options,
+               WorkerMetrics* metrics);
+
+  absl::Status Run(const v1::Assignment& assignment, TaskControl& control) override;
+
+ private:
+  const std::shared_ptr<v1::WorkerService::StubInterface> stub_;
+  const TrainingOptions options_;
+  WorkerMetrics* const metrics_;
+};
+
+}  // namespace recfleet::worker
+
+#endif  // RECFLEET_WORKER_TRAINING_TASK_H_
