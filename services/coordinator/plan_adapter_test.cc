@@ -169,6 +169,25 @@ TEST(PlanAdapterTest, GroupsFollowThePlan) {
   EXPECT_EQ(proto.summary(), summary);
 }
 
+// The scheduler plans every job, so small CPU gangs of any size must plan.
+TEST(PlanAdapterTest, SmallCpuGangsOfAnySizePlan) {
+  for (int workers : {1, 2, 3, 5, 6}) {
+    Placement p;
+    p.ranks_per_worker = 1;
+    for (int i = 0; i < workers; ++i) {
+      p.workers.push_back(Worker(std::to_string(i), "", "", ""));
+    }
+    auto plan = PlanPlacement(ValidSpec(workers), p, DefaultHardware());
+    ASSERT_TRUE(plan.ok()) << workers << ": " << plan.status();
+    EXPECT_EQ(plan->world, workers);
+    std::set<int> fsdp_ranks;
+    for (const auto& g : PlanGroups(*plan)) {
+      if (g.name().rfind("fsdp/", 0) == 0) fsdp_ranks.insert(g.ranks().begin(), g.ranks().end());
+    }
+    EXPECT_EQ(fsdp_ranks.size(), static_cast<size_t>(workers));
+  }
+}
+
 TEST(PlanAdapterTest, TablesThatCannotFitFailWithThePlannersReason) {
   auto spec = ValidSpec(2);
   // 4e9 rows x 512 fp32 = 8 TB: beyond two 141 GB CPU ranks in any layout.
