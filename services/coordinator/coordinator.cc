@@ -279,6 +279,7 @@ void Coordinator::PlaceLocked(ActiveJob& aj, const Placement& placement) {
                                                  groups.ok() ? "; " + groups->summary : ""),
                                     [&](JobStatus& st) {
                                       st.set_restart_epoch(epoch);
+                                      if (groups.ok()) st.set_plan_summary(groups->summary);
                                       st.clear_workers();
                                       for (const std::string& id : ids) st.add_workers(id);
                                     });

@@ -164,6 +164,8 @@ TEST_F(CoordinatorTest, SchedulerAssignsThePlansGroupsAndRecordsItsSummary) {
   ASSERT_EQ(placed.status().state(), JobStatus::SCHEDULING);
   EXPECT_NE(placed.status().message().find("plan: FSDP"), std::string::npos)
       << placed.status().message();
+  EXPECT_EQ(placed.status().plan_summary().rfind("plan: FSDP", 0), 0u)
+      << placed.status().plan_summary();
   HeartbeatResponse reply = Beat(w0);
   const Assignment* a = AssignmentOf(reply);
   ASSERT_NE(a, nullptr);
