@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/job_state.h"
+#include "services/coordinator/planner/report.h"
 #include "services/coordinator/spec_validation.h"
 #include "services/coordinator/time_util.h"
 
@@ -30,11 +31,20 @@ bool TaskActive(const TaskStatus& t) {
   return t.phase() == TaskStatus::STARTING || t.phase() == TaskStatus::RUNNING;
 }
 
+CoordinatorOptions WithGroupPlanner(CoordinatorOptions options) {
+  if (!options.group_planner) {
+    options.group_planner = PlanningGroupPlanner(options.planner_hardware);
+  }
+  return options;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(std::unique_ptr<JobStore> store, CoordinatorOptions options,
                          metrics::MetricRegistry* registry)
-    : options_(std::move(options)), store_(std::move(store)), registry_(options_.lease) {
+    : options_(WithGroupPlanner(std::move(options))),
+      store_(std::move(store)),
+      registry_(options_.lease) {
   RegisterMetrics(registry);
 }
 
@@ -261,14 +271,15 @@ void Coordinator::ScheduleLocked() {
 void Coordinator::PlaceLocked(ActiveJob& aj, const Placement& placement) {
   const int64_t epoch = aj.job.status().restart_epoch() + 1;
   const int64_t step = aj.job.status().progress().step();
-  absl::StatusOr<std::vector<::recfleet::v1::ProcessGroup>> groups =
-      options_.group_planner(aj.job.spec(), placement);
+  absl::StatusOr<GroupPlan> groups = options_.group_planner(aj.job.spec(), placement);
   std::vector<std::string> ids;
   for (const WorkerView& w : placement.workers) ids.push_back(w.id);
   absl::Status s = TransitionLocked(aj, JobStatus::SCHEDULING, "GangPlaced",
-                                    absl::StrCat(ids.size(), " worker(s), epoch ", epoch),
+                                    absl::StrCat(ids.size(), " worker(s), epoch ", epoch,
+                                                 groups.ok() ? "; " + groups->summary : ""),
                                     [&](JobStatus& st) {
                                       st.set_restart_epoch(epoch);
+                                      if (groups.ok()) st.set_plan_summary(groups->summary);
                                       st.clear_workers();
                                       for (const std::string& id : ids) st.add_workers(id);
                                     });
@@ -281,7 +292,7 @@ void Coordinator::PlaceLocked(ActiveJob& aj, const Placement& placement) {
         .IgnoreError();
     return;
   }
-  aj.groups = *std::move(groups);
+  aj.groups = std::move(groups->groups);
   aj.ranks_per_worker = placement.ranks_per_worker;
   aj.started.clear();
   // Ranks resume from the last checkpoint every rank had reached.
@@ -397,6 +408,40 @@ absl::StatusOr<::recfleet::v1::ListJobsResponse> Coordinator::ListJobs(
   }
   out.set_next_page_token(page->next_page_token);
   return out;
+}
+
+absl::StatusOr<::recfleet::v1::PlanJobResponse> Coordinator::PlanJob(
+    const ::recfleet::v1::PlanJobRequest& request) {
+  if (!request.has_spec()) {
+    return absl::InvalidArgumentError("spec is required (the JobSpec to plan)");
+  }
+  const ::recfleet::v1::JobSpec& spec = request.spec();
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  std::vector<WorkerView> live;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, w] : registry_.workers()) {
+      live.push_back(WorkerView{id, w.gpu_count(), w.info.topology()});
+    }
+  }
+  const size_t registered = live.size();
+  std::optional<Placement> placement = PlaceGang(spec, std::move(live));
+  if (!placement) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec.resources.workers: the job needs ", spec.resources().workers(),
+        " worker(s) with at least ", spec.resources().gpus_per_worker(), " GPU(s) each; ",
+        registered, " worker(s) are registered"));
+  }
+  absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, *placement, options_.planner_hardware);
+  if (!plan.ok()) return plan.status();
+  ::recfleet::v1::PlanJobResponse response;
+  *response.mutable_plan() = PlanToProto(*plan);
+  for (const WorkerView& w : placement->workers) {
+    response.add_workers(absl::StrCat(w.id, " (", w.topology.zone(), "/",
+                                      w.topology.nvlink_domain(), "/", w.topology.node(), ")"));
+  }
+  response.set_report(planner::FormatText(*plan));
+  return response;
 }
 
 absl::StatusOr<Job> Coordinator::CancelJob(const ::recfleet::v1::CancelJobRequest& request) {

@@ -34,6 +34,7 @@
 #include "services/common/metrics.h"
 #include "services/coordinator/gang_scheduler.h"
 #include "services/coordinator/job_store.h"
+#include "services/coordinator/plan_adapter.h"
 #include "services/coordinator/rendezvous.h"
 #include "services/coordinator/worker_registry.h"
 
@@ -54,8 +55,14 @@ struct CoordinatorOptions {
   int watch_buffer = 256;
   // Data-loader endpoint put into assignments ("" = workers read directly).
   std::string loader_address;
-  // Communication groups for an assignment.
-  GroupPlanner group_planner = DefaultGroups;
+  // Speeds and sizes of the workers' GPUs, which topology labels do not
+  // carry; used by PlanJob and the default group planner.
+  planner::Topology planner_hardware = DefaultHardware();
+  // Communication groups for an assignment. Unset: every job is planned on
+  // its placement with the planner (PlanningGroupPlanner(planner_hardware));
+  // a job the planner cannot fit fails with reason "PlanFailed" and the
+  // planner's message.
+  GroupPlanner group_planner;
   // Time source (tests substitute a manual clock).
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
@@ -82,6 +89,9 @@ class Coordinator {
   absl::StatusOr<::recfleet::v1::ListJobsResponse> ListJobs(
       const ::recfleet::v1::ListJobsRequest& request);
   absl::StatusOr<::recfleet::v1::Job> CancelJob(const ::recfleet::v1::CancelJobRequest& request);
+  // Plans outside the lock: the planner may take a while on large fleets.
+  absl::StatusOr<::recfleet::v1::PlanJobResponse> PlanJob(
+      const ::recfleet::v1::PlanJobRequest& request);
 
   // WatchJob in two calls: the current job plus the sequence number of its
   // latest event, then the events after a sequence number. WaitJobEvents

@@ -157,6 +157,61 @@ TEST_F(CoordinatorTest, BadSpecIsRejectedWithFieldPath) {
   EXPECT_EQ(coordinator_->CreateJob(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(CoordinatorTest, SchedulerAssignsThePlansGroupsAndRecordsItsSummary) {
+  Job job = Submit(2);
+  std::string w0 = Register("host-a"), w1 = Register("host-b");
+  Job placed = Get(job.name());
+  ASSERT_EQ(placed.status().state(), JobStatus::SCHEDULING);
+  EXPECT_NE(placed.status().message().find("plan: FSDP"), std::string::npos)
+      << placed.status().message();
+  EXPECT_EQ(placed.status().plan_summary().rfind("plan: FSDP", 0), 0u)
+      << placed.status().plan_summary();
+  HeartbeatResponse reply = Beat(w0);
+  const Assignment* a = AssignmentOf(reply);
+  ASSERT_NE(a, nullptr);
+  std::set<std::string> names;
+  for (const auto& g : a->groups()) names.insert(g.name());
+  EXPECT_EQ(a->groups(0).name(), "world");
+  EXPECT_EQ(names.count("fsdp/0"), 1u);
+  EXPECT_EQ(names.count("tables/0"), 1u);
+  EXPECT_NE(AssignmentOf(Beat(w1)), nullptr);
+}
+
+TEST_F(CoordinatorTest, JobWhoseTablesCannotFitFailsWithThePlannersReason) {
+  ::recfleet::v1::CreateJobRequest r;
+  *r.mutable_spec() = ValidSpec(2);
+  // 4e9 rows x 512 fp32 = 8 TB: more than two ranks hold in any layout.
+  r.mutable_spec()->mutable_model()->mutable_tables(1)->set_rows(4000000000);
+  r.mutable_spec()->mutable_model()->mutable_tables(1)->set_dim(512);
+  absl::StatusOr<Job> job = coordinator_->CreateJob(r);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::string w0 = Register("host-a"), w1 = Register("host-b");
+  Job failed = Get(job->name());
+  EXPECT_EQ(failed.status().state(), JobStatus::FAILED);
+  EXPECT_EQ(failed.status().reason(), "PlanFailed");
+  EXPECT_NE(failed.status().message().find("users"), std::string::npos)
+      << failed.status().message();
+  // The workers stay free for other jobs.
+  EXPECT_EQ(AssignmentOf(Beat(w0)), nullptr);
+  EXPECT_EQ(AssignmentOf(Beat(w1)), nullptr);
+}
+
+TEST_F(CoordinatorTest, PlanJobNeedsEnoughRegisteredWorkers) {
+  ::recfleet::v1::PlanJobRequest r;
+  *r.mutable_spec() = ValidSpec(2);
+  Register("host-a");
+  auto none = coordinator_->PlanJob(r);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.status().message().find("spec.resources.workers"), std::string::npos);
+  Register("host-b");
+  auto plan = coordinator_->PlanJob(r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->plan().world_size(), 2);
+  EXPECT_EQ(plan->workers_size(), 2);
+  // A dry run: nothing was created.
+  EXPECT_TRUE(coordinator_->ListJobs({}).value().jobs().empty());
+}
+
 TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
   Job job = Submit(2);
   EXPECT_EQ(job.status().state(), JobStatus::QUEUED);

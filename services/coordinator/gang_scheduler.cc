@@ -54,8 +54,7 @@ std::optional<Placement> PlaceGang(const JobSpec& spec, std::vector<WorkerView> 
   return p;
 }
 
-absl::StatusOr<std::vector<ProcessGroup>> DefaultGroups(const JobSpec& spec,
-                                                        const Placement& placement) {
+absl::StatusOr<GroupPlan> DefaultGroups(const JobSpec& spec, const Placement& placement) {
   std::vector<ProcessGroup> groups(1);
   groups[0].set_name("world");
   std::map<std::string, ProcessGroup> nodes;
@@ -71,7 +70,7 @@ absl::StatusOr<std::vector<ProcessGroup>> DefaultGroups(const JobSpec& spec,
     g.set_name("node/" + node);
     groups.push_back(std::move(g));
   }
-  return groups;
+  return GroupPlan{std::move(groups), "world and per-node groups"};
 }
 
 }  // namespace recfleet::coordinator

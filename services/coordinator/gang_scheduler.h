@@ -38,14 +38,22 @@ struct Placement {
 std::optional<Placement> PlaceGang(const ::recfleet::v1::JobSpec& spec,
                                    std::vector<WorkerView> idle);
 
-// Communication groups handed to every rank with its assignment. The planner
-// (services/coordinator/planner) may supply its own; the default is
-// "world" (all ranks) plus "node/<name>" for the ranks on each named node.
-using GroupPlanner = std::function<absl::StatusOr<std::vector<::recfleet::v1::ProcessGroup>>(
+// Communication groups handed to every rank with its assignment, and a
+// one-line summary of how they were chosen (recorded in JobStatus.message).
+struct GroupPlan {
+  std::vector<::recfleet::v1::ProcessGroup> groups;
+  std::string summary;
+};
+
+// Decides a placed job's groups. The coordinator's default plans the job
+// with the planner (plan_adapter.h); an error fails the job with its message.
+using GroupPlanner = std::function<absl::StatusOr<GroupPlan>(
     const ::recfleet::v1::JobSpec& spec, const Placement& placement)>;
 
-absl::StatusOr<std::vector<::recfleet::v1::ProcessGroup>> DefaultGroups(
-    const ::recfleet::v1::JobSpec& spec, const Placement& placement);
+// Groups without a planner: "world" (all ranks) plus "node/<name>" for the
+// ranks on each named node.
+absl::StatusOr<GroupPlan> DefaultGroups(const ::recfleet::v1::JobSpec& spec,
+                                        const Placement& placement);
 
 }  // namespace recfleet::coordinator
 

@@ -59,8 +59,9 @@ TEST(GangSchedulerTest, DefaultGroupsCoverWorldAndNodes) {
   Placement p;
   p.workers = {Worker("a", 2, "n1", "d1"), Worker("b", 2, "n2", "d1")};
   p.ranks_per_worker = 2;
-  auto groups = DefaultGroups(spec, p);
-  ASSERT_TRUE(groups.ok());
+  auto plan = DefaultGroups(spec, p);
+  ASSERT_TRUE(plan.ok());
+  const auto* groups = &plan->groups;
   ASSERT_EQ(groups->size(), 3u);
   EXPECT_EQ((*groups)[0].name(), "world");
   EXPECT_EQ((*groups)[0].ranks_size(), 4);

@@ -34,6 +34,13 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                      [&] { return FillResponse(coordinator_->CancelJob(*request), response); });
 }
 
+grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* context,
+                                     const ::recfleet::v1::PlanJobRequest* request,
+                                     ::recfleet::v1::PlanJobResponse* response) {
+  return guard_->Run(*context, "PlanJob",
+                     [&] { return FillResponse(coordinator_->PlanJob(*request), response); });
+}
+
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const ::recfleet::v1::WatchJobRequest* request,
                                       grpc::ServerWriter<WatchJobResponse>* writer) {

@@ -26,6 +26,9 @@ class JobServiceImpl final : public ::recfleet::v1::JobService::Service {
   grpc::Status CancelJob(grpc::ServerContext* context,
                          const ::recfleet::v1::CancelJobRequest* request,
                          ::recfleet::v1::Job* response) override;
+  grpc::Status PlanJob(grpc::ServerContext* context,
+                       const ::recfleet::v1::PlanJobRequest* request,
+                       ::recfleet::v1::PlanJobResponse* response) override;
   grpc::Status WatchJob(grpc::ServerContext* context,
                         const ::recfleet::v1::WatchJobRequest* request,
                         grpc::ServerWriter<::recfleet::v1::WatchJobResponse>* writer) override;

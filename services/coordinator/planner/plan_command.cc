@@ -1,5 +1,7 @@
 // `recfleet plan JOB.yaml --topology TOPO.yaml [--json] [--html OUT.html]`:
 // plans a job offline (a dry run; nothing is scheduled) and prints why.
+// JOB.yaml is either the planner's own model format or a JobSpec file (what
+// `recfleet submit` takes), which goes through the coordinator's adapter.
 
 #include <cstdio>
 #include <fstream>
@@ -7,8 +9,13 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "yaml-cpp/yaml.h"
 #include "cli/command.h"
+#include "cli/jobs/spec_file.h"
+#include "services/coordinator/plan_adapter.h"
+#include "services/coordinator/spec_validation.h"
 #include "services/coordinator/planner/planner.h"
 #include "services/coordinator/planner/report.h"
 #include "services/coordinator/planner/yaml_io.h"
@@ -23,6 +30,9 @@ constexpr char kUsage[] =
     "Plans how the job spreads over the fleet (FSDP group, expert parallelism, V1/V2/V3\n"
     "embedding layout, table sharding, rank placement, activation checkpointing) and\n"
     "predicts per-GPU memory and step time, with the reason for every choice.\n"
+    "JOB.yaml is a job file as `recfleet submit` takes (YAML or JSON; parameters and\n"
+    "FLOPs are estimated from its dims) or the planner's model format\n"
+    "(deploy/examples/plan-model-*.yaml, with explicit counts).\n"
     "\n"
     "  --topology FILE  the fleet (see deploy/examples/topology-*.yaml)\n"
     "  --json           print the plan as JSON instead of tables\n"
@@ -31,6 +41,31 @@ constexpr char kUsage[] =
     "\n"
     "Exit codes: 0 planned, 1 nothing fits (the message says what is over and how to fix\n"
     "it), 2 bad arguments or input files.";
+
+// JobSpec files carry top-level keys the planner's own format does not.
+bool IsJobSpecFile(const std::string& path) {
+  if (absl::EndsWith(path, ".json")) return true;
+  try {
+    YAML::Node root = YAML::LoadFile(path);
+    if (!root.IsMap()) return false;
+    for (const char* key : {"display_name", "data", "resources", "parallelism", "training"}) {
+      if (root[key]) return true;
+    }
+  } catch (const YAML::Exception&) {
+    // Not readable as YAML: the planner's loader reports why.
+  }
+  return false;
+}
+
+absl::StatusOr<PlanRequest> LoadJob(const std::string& path) {
+  if (!IsJobSpecFile(path)) return LoadJobYaml(path);
+  absl::StatusOr<::recfleet::v1::JobSpec> spec = cli::LoadJobSpec(path);
+  if (!spec.ok()) return spec.status();
+  if (absl::Status s = coordinator::ValidateJobSpec(*spec); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  return coordinator::PlanRequestFromSpec(*spec);
+}
 
 int Usage(const std::string& problem) {
   std::fprintf(stderr, "recfleet plan: %s\n\n%s\n", problem.c_str(), kUsage);
@@ -79,7 +114,7 @@ int Run(const std::vector<std::string>& args) {
 
   absl::StatusOr<Topology> topology = LoadTopologyYaml(topology_path);
   if (!topology.ok()) return Usage(std::string(topology.status().message()));
-  absl::StatusOr<PlanRequest> request = LoadJobYaml(job_path);
+  absl::StatusOr<PlanRequest> request = LoadJob(job_path);
   if (!request.ok()) return Usage(std::string(request.status().message()));
   absl::StatusOr<Plan> plan = MakePlan(*topology, *request);
   if (!plan.ok()) {

@@ -68,5 +68,41 @@ TEST(PlanCommandTest, PlansWritesHtmlAndReportsErrorsWithExitCodes) {
   EXPECT_EQ(plan->run({huge, "--topology", topo}), cli::kExitFailure);
 }
 
+TEST(PlanCommandTest, PlansAJobSpecFileThroughTheAdapter) {
+  const cli::Command* plan = PlanCommand();
+  ASSERT_NE(plan, nullptr);
+  const std::string topo = "deploy/examples/topology-small.yaml";
+  ::testing::internal::CaptureStdout();
+  const int code = plan->run({"deploy/examples/job-gemlite.yaml", "--topology", topo, "--json"});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(code, cli::kExitOk);
+  // The adapter's modules and the spec's tables reach the plan.
+  EXPECT_NE(out.find("categories"), std::string::npos);
+  EXPECT_NE(out.find("moe1"), std::string::npos);
+  EXPECT_NE(out.find("\"sequence\""), std::string::npos);
+
+  // A JobSpec file whose table cannot fit: exit 1; an invalid one: exit 2.
+  const std::string huge = Write("huge-spec.yaml", R"(
+model:
+  tables: [{name: ids, rows: 100000000000, dim: 64}]
+  features: [{name: id, kind: ID_LIST, table: ids}]
+  heads: [{kind: CTR, label: click}]
+data: {dataset: "file:///tmp/x", local_batch_size: 128}
+resources: {workers: 2}
+training: {steps: 1, dense_learning_rate: 0.001, sparse_learning_rate: 0.01}
+)");
+  EXPECT_EQ(plan->run({huge, "--topology", topo}), cli::kExitFailure);
+  const std::string bad = Write("bad-spec.yaml", R"(
+model:
+  tables: [{name: ids, rows: 1000, dim: 0}]
+  features: [{name: id, kind: ID_LIST, table: ids}]
+  heads: [{kind: CTR, label: click}]
+data: {dataset: "file:///tmp/x", local_batch_size: 128}
+resources: {workers: 2}
+training: {steps: 1, dense_learning_rate: 0.001, sparse_learning_rate: 0.01}
+)");
+  EXPECT_EQ(plan->run({bad, "--topology", topo}), cli::kExitUsage);
+}
+
 }  // namespace
 }  // namespace recfleet::planner

@@ -1,0 +1,429 @@
+#include "services/coordinator/plan_adapter.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/coordinator/planner/planner.h"
+
+namespace recfleet::coordinator {
+
+using ::recfleet::v1::JobSpec;
+using ::recfleet::v1::ProcessGroup;
+namespace v1 = ::recfleet::v1;
+
+namespace {
+
+constexpr double kBf16 = 2;  // Bytes per saved activation value.
+
+// Fills `m` as an MLP from `in` through `dims`; returns the output width.
+int64_t FillMlp(int64_t in, const std::vector<int64_t>& dims, planner::DenseModule* m) {
+  double params = 0, macs = 0, units = 0;
+  for (int64_t out : dims) {
+    params += static_cast<double>(in * out + out);
+    macs += static_cast<double>(in * out);
+    units += static_cast<double>(out);
+    in = out;
+  }
+  m->params = static_cast<int64_t>(params);
+  m->flops_per_sample = 2 * macs;
+  m->activation_bytes_per_sample = 2 * units * kBf16;
+  return in;
+}
+
+std::vector<int64_t> Dims(const google::protobuf::RepeatedField<int32_t>& dims) {
+  return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+// Consecutive runs of equal keys; empty when a key reappears after another.
+std::vector<int> Runs(const std::vector<std::string>& keys) {
+  std::vector<int> runs;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i > 0 && keys[i] == keys[i - 1]) {
+      ++runs.back();
+      continue;
+    }
+    if (!seen.insert(keys[i]).second) return {};
+    runs.push_back(1);
+  }
+  return runs;
+}
+
+// The common value of `runs`, or 0 when they differ or are empty.
+int Uniform(const std::vector<int>& runs) {
+  if (runs.empty()) return 0;
+  for (int r : runs) {
+    if (r != runs[0]) return 0;
+  }
+  return runs[0];
+}
+
+// Groups of `size` members `stride` apart tiling ranks 0..world-1.
+void AddTiling(const std::string& prefix, int world, int size, int stride,
+               std::vector<ProcessGroup>* out) {
+  if (size <= 0 || stride <= 0 || world % (size * stride) != 0) return;
+  int index = 0;
+  for (int block = 0; block < world; block += size * stride) {
+    for (int offset = 0; offset < stride; ++offset) {
+      ProcessGroup g;
+      g.set_name(absl::StrCat(prefix, index++));
+      for (int i = 0; i < size; ++i) g.add_ranks(block + offset + i * stride);
+      out->push_back(std::move(g));
+    }
+  }
+}
+
+v1::MemoryPlan MemoryToProto(const planner::MemoryBreakdown& m) {
+  v1::MemoryPlan p;
+  p.set_embedding_bytes(m.embedding);
+  p.set_dense_bytes(m.dense);
+  p.set_optimizer_bytes(m.optimizer);
+  p.set_activation_bytes(m.activations);
+  p.set_buffer_bytes(m.buffers);
+  p.set_total_bytes(m.Total());
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
+  const v1::ModelSpec& model = spec.model();
+  planner::PlanRequest request;
+  request.model.name = spec.display_name().empty() ? "job" : spec.display_name();
+  request.local_batch = spec.data().local_batch_size();
+
+  std::map<std::string, int> table_index;
+  for (int i = 0; i < model.tables_size(); ++i) {
+    const v1::EmbeddingTable& t = model.tables(i);
+    planner::Table table;
+    table.name = t.name();
+    table.rows = t.rows();
+    table.dim = t.dim();
+    table.pooling_factor = 0;  // Summed over the features below.
+    table_index[t.name()] = i;
+    request.model.tables.push_back(table);
+  }
+
+  // Features: table lookups, dense input width, sequence lengths.
+  std::map<std::string, int> sequence_length;
+  int64_t input_width = 0;
+  int candidates = 0;
+  for (int i = 0; i < model.features_size(); ++i) {
+    const v1::Feature& f = model.features(i);
+    if (f.kind() == v1::Feature::NUMERIC) {
+      input_width += f.width();
+      continue;
+    }
+    auto it = table_index.find(f.table());
+    if (it == table_index.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.model.features[", i, "].table: no table named '", f.table(), "'"));
+    }
+    planner::Table& table = request.model.tables[it->second];
+    if (f.kind() == v1::Feature::SEQUENCE) {
+      table.pooling_factor += f.max_length();
+      table.pooled = false;
+      sequence_length[f.name()] = f.max_length();
+    } else {
+      table.pooling_factor += 1;
+      input_width += table.dim;
+      if (f.kind() == v1::Feature::CANDIDATE) ++candidates;
+    }
+  }
+
+  if (model.has_sequence()) {
+    const v1::SequenceBranch& seq = model.sequence();
+    double length = 0;
+    for (int i = 0; i < seq.features_size(); ++i) {
+      auto it = sequence_length.find(seq.features(i));
+      if (it == sequence_length.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("spec.model.sequence.features[", i,
+                                                       "]: no SEQUENCE feature named '",
+                                                       seq.features(i), "'"));
+      }
+      length += it->second;
+    }
+    const double d = seq.model_dim(), layers = seq.num_layers();
+    request.model.sequence_lengths.push_back({length, 1.0});
+
+    planner::DenseModule proj;
+    proj.name = "sequence.proj";
+    proj.region = "sequence";
+    proj.op = planner::OpKind::kGemm;
+    proj.params = static_cast<int64_t>(layers * 12 * d * d);
+    proj.flops_per_token = layers * 24 * d * d;
+    proj.activation_bytes_per_token = layers * 10 * d * kBf16;
+    proj.io_bytes_per_sample = length * d * kBf16;
+    request.model.modules.push_back(proj);
+
+    planner::DenseModule attn;
+    attn.name = "sequence.attention";
+    attn.region = "sequence";
+    attn.op = planner::OpKind::kAttention;
+    const v1::AttentionSpec& a = seq.attention();
+    switch (a.kind()) {
+      case v1::AttentionSpec::SLIDING_WINDOW:
+        attn.flops_per_token = layers * 4 * d * a.window();
+        break;
+      case v1::AttentionSpec::BLOCK:
+        attn.flops_per_token = layers * 4 * d * (a.block_size() > 0 ? a.block_size() : 64);
+        break;
+      default:
+        attn.flops_per_token_sq = layers * 4 * d;
+    }
+    attn.activation_bytes_per_token = layers * 2 * d * kBf16;
+    attn.io_bytes_per_sample = length * d * kBf16;
+    request.model.modules.push_back(attn);
+
+    input_width += static_cast<int64_t>(d) * std::max(model.cross().pma_queries(), 1);
+    const v1::CrossBranch& cross = model.cross();
+    const int blocks = cross.num_cross_layers() + (cross.pma_queries() > 0 ? 1 : 0);
+    if (blocks > 0) {
+      const double queries = static_cast<double>(cross.num_cross_layers()) * candidates +
+                             cross.pma_queries();
+      planner::DenseModule c;
+      c.name = "cross";
+      c.op = planner::OpKind::kGemm;
+      c.params = static_cast<int64_t>(blocks * 4 * d * d);
+      c.flops_per_token = blocks * 4 * d * d + 4 * d * queries;
+      c.flops_per_sample = 4 * d * d * queries;
+      c.activation_bytes_per_token = blocks * 2 * d * kBf16;
+      c.activation_bytes_per_sample = queries * 2 * d * kBf16;
+      c.io_bytes_per_sample = length * d * kBf16;
+      request.model.modules.push_back(c);
+      if (cross.num_cross_layers() > 0) input_width += static_cast<int64_t>(d) * candidates;
+    }
+  }
+
+  int64_t width = input_width;
+  for (int i = 0; i < model.dense_size(); ++i) {
+    const v1::DenseModule& dm = model.dense(i);
+    planner::DenseModule m;
+    m.io_bytes_per_sample = width * kBf16;
+    const double w = static_cast<double>(width);
+    switch (dm.module_case()) {
+      case v1::DenseModule::kMlp:
+        m.name = absl::StrCat("mlp", i);
+        width = FillMlp(width, Dims(dm.mlp().hidden_dims()), &m);
+        break;
+      case v1::DenseModule::kDcn: {
+        m.name = absl::StrCat("dcn", i);
+        const double layers = dm.dcn().num_layers(), r = dm.dcn().low_rank();
+        m.params = static_cast<int64_t>(layers * (r > 0 ? 2 * w * r + w : w * w + w));
+        m.flops_per_sample = layers * (r > 0 ? 4 * w * r : 2 * w * w);
+        m.activation_bytes_per_sample = layers * 2 * w * kBf16;
+        break;
+      }
+      case v1::DenseModule::kMoe: {
+        m.name = absl::StrCat("moe", i);
+        const v1::MoeSpec& moe = dm.moe();
+        planner::DenseModule expert;
+        const int64_t out = FillMlp(width, Dims(moe.expert_hidden_dims()), &expert);
+        m.num_experts = moe.num_experts();
+        m.params = expert.params * moe.num_experts() + width * moe.num_experts();
+        m.flops_per_sample = moe.top_k() * expert.flops_per_sample;
+        m.activation_bytes_per_sample = moe.top_k() * expert.activation_bytes_per_sample;
+        width = out;
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.model.dense[", i, "]: one of mlp, dcn or moe is required"));
+    }
+    if (!dm.name().empty()) m.name = dm.name();
+    request.model.modules.push_back(m);
+  }
+
+  for (const v1::Head& head : model.heads()) {
+    planner::DenseModule m;
+    m.name = absl::StrCat("head.", absl::AsciiStrToLower(v1::Head::Kind_Name(head.kind())));
+    m.io_bytes_per_sample = width * kBf16;
+    std::vector<int64_t> dims = Dims(head.hidden_dims());
+    dims.push_back(1);
+    FillMlp(width, dims, &m);
+    request.model.modules.push_back(m);
+  }
+
+  if (absl::Status s = planner::ValidateRequest(request); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec as a plan request: ", s.message()));
+  }
+  return request;
+}
+
+planner::Topology DefaultHardware() {
+  planner::Topology t;
+  t.name = "h200";
+  t.hbm_bytes_per_gpu = 141e9;
+  t.peak_flops_per_gpu = 989e12;
+  t.hbm_bandwidth_bytes_per_s = 4.8e12;
+  t.links[planner::kNvlink] = {450e9, 3e-6};
+  t.links[planner::kZone] = {50e9, 10e-6};
+  t.links[planner::kCrossZone] = {12.5e9, 30e-6};
+  return t;
+}
+
+absl::StatusOr<planner::Topology> TopologyFromPlacement(const Placement& placement,
+                                                        const planner::Topology& hardware) {
+  if (placement.workers.empty() || placement.ranks_per_worker < 1) {
+    return absl::InvalidArgumentError("placement: no workers to plan on");
+  }
+  std::vector<std::string> worker_nodes;
+  for (const WorkerView& w : placement.workers) {
+    worker_nodes.push_back(w.topology.node().empty() ? "worker/" + w.id : w.topology.node());
+  }
+  planner::Topology t = hardware;
+  t.name = absl::StrCat(hardware.name, " x", placement.workers.size(), " workers");
+  const int workers_per_node = Uniform(Runs(worker_nodes));
+  // Labels of each node's first worker (a node's workers share them).
+  std::vector<std::string> zones, domains;
+  if (workers_per_node > 0) {
+    for (size_t i = 0; i < placement.workers.size(); i += workers_per_node) {
+      const v1::Topology& labels = placement.workers[i].topology;
+      zones.push_back(labels.zone());
+      domains.push_back(labels.zone() + "\n" +
+                        (labels.nvlink_domain().empty() ? worker_nodes[i] : labels.nvlink_domain()));
+    }
+  }
+  const int nodes_per_zone = Uniform(Runs(zones));
+  const int nodes_per_domain = Uniform(Runs(domains));
+  if (workers_per_node > 0 && nodes_per_zone > 0 && nodes_per_domain > 0 &&
+      nodes_per_zone % nodes_per_domain == 0) {
+    t.num_nodes = static_cast<int>(zones.size());
+    t.gpus_per_node = workers_per_node * placement.ranks_per_worker;
+    t.nodes_per_zone = nodes_per_zone;
+    t.nodes_per_nvlink_domain = nodes_per_domain;
+  } else {
+    t.num_nodes = static_cast<int>(placement.workers.size());
+    t.gpus_per_node = placement.ranks_per_worker;
+    t.nodes_per_zone = t.num_nodes;
+    t.nodes_per_nvlink_domain = 1;
+  }
+  if (absl::Status s = planner::ValidateTopology(t); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("topology from worker labels: ", s.message()));
+  }
+  return t;
+}
+
+std::vector<ProcessGroup> PlanGroups(const planner::Plan& plan) {
+  std::vector<ProcessGroup> groups(1);
+  groups[0].set_name("world");
+  for (int r = 0; r < plan.world; ++r) groups[0].add_ranks(r);
+  const int g = plan.dense.fsdp_group;
+  AddTiling("fsdp/", plan.world, g, 1, &groups);
+  if (plan.dense.replicas > 1) AddTiling("replica/", plan.world, plan.dense.replicas, g, &groups);
+  for (const planner::ExpertChoice& e : plan.dense.experts) {
+    if (e.ep_degree > 1) AddTiling("expert/" + e.module + "/", plan.world, e.ep_degree, 1, &groups);
+  }
+  const planner::SparseLayout& s = plan.sparse;
+  AddTiling("tables/", plan.world, s.mp_group, s.mp_stride, &groups);
+  if (s.v3_shard_degree > 1) AddTiling("table_shards/", plan.world, s.v3_shard_degree, 1, &groups);
+  return groups;
+}
+
+std::string PlanSummary(const planner::Plan& plan) {
+  std::string experts;
+  for (const planner::ExpertChoice& e : plan.dense.experts) {
+    if (e.ep_degree > 1) absl::StrAppend(&experts, ", EP ", e.ep_degree, " for ", e.module);
+  }
+  return absl::StrFormat(
+      "plan: FSDP %d x %d replicas%s; %s tables over groups of %d (%d copies); peak %.2f of %.2f "
+      "GiB per GPU; predicted step %.2f ms (scaling %.2f)",
+      plan.dense.fsdp_group, plan.dense.replicas, experts,
+      planner::SparseSchemeName(plan.sparse.scheme), plan.sparse.mp_group,
+      plan.sparse.table_copies, plan.peak.Total() / (1 << 30), plan.hbm_usable_bytes / (1 << 30),
+      plan.step.total_s * 1e3, plan.step.scaling_ratio);
+}
+
+v1::Plan PlanToProto(const planner::Plan& plan) {
+  v1::Plan p;
+  p.set_world_size(plan.world);
+  p.set_local_batch_size(plan.local_batch);
+  v1::DenseMeshPlan* dense = p.mutable_dense();
+  dense->set_fsdp_group_size(plan.dense.fsdp_group);
+  dense->set_replicas(plan.dense.replicas);
+  for (const planner::ExpertChoice& e : plan.dense.experts) {
+    v1::DenseMeshPlan::Expert* x = dense->add_experts();
+    x->set_module(e.module);
+    x->set_ep_degree(e.ep_degree);
+    x->set_reason(e.reason);
+  }
+  const planner::SparseLayout& s = plan.sparse;
+  v1::SparseLayoutPlan* sparse = p.mutable_sparse();
+  sparse->set_scheme(planner::SparseSchemeName(s.scheme));
+  sparse->set_model_parallel_group_size(s.mp_group);
+  sparse->set_model_parallel_stride(s.mp_stride);
+  sparse->set_v3_shard_degree(s.v3_shard_degree);
+  sparse->set_num_model_parallel_groups(s.num_mp_groups);
+  sparse->set_table_copies(s.table_copies);
+  for (const planner::TableSharding& t : s.sharding.tables) {
+    v1::TableShardingPlan* x = sparse->add_tables();
+    x->set_table(t.name);
+    x->set_sharding(planner::ShardingTypeName(t.type));
+    x->set_num_shards(t.num_shards);
+    for (int r : t.ranks) x->add_ranks(r);
+    x->set_rows_per_shard(t.rows_per_shard);
+    x->set_cols_per_shard(t.cols_per_shard);
+    x->set_shard_bytes(t.shard_bytes);
+    x->set_reason(t.reason);
+  }
+  for (const std::string& line : plan.placement) p.add_placement(line);
+  *p.mutable_peak_memory() = MemoryToProto(plan.peak);
+  p.set_hbm_usable_bytes(plan.hbm_usable_bytes);
+  v1::StepTimePlan* step = p.mutable_step();
+  step->set_sparse_compute_seconds(plan.step.sparse_compute_s);
+  step->set_dense_compute_seconds(plan.step.dense_compute_s);
+  step->set_recompute_seconds(plan.step.recompute_s);
+  for (double e : plan.step.exposed_s) step->add_exposed_seconds(e);
+  step->set_total_seconds(plan.step.total_s);
+  step->set_model_flops(plan.step.model_flops);
+  step->set_local_mfu(plan.step.local_mfu);
+  step->set_e2e_mfu(plan.step.e2e_mfu);
+  step->set_scaling_ratio(plan.step.scaling_ratio);
+  for (double b : plan.traffic_bytes_per_level) p.add_traffic_bytes_per_level(b);
+  for (const planner::Decision& d : plan.decisions) {
+    v1::PlanDecision* x = p.add_decisions();
+    x->set_dimension(d.dimension);
+    x->set_chosen(d.chosen);
+    x->set_reason(d.reason);
+    for (const planner::Alternative& a : d.alternatives) {
+      v1::PlanAlternative* y = x->add_alternatives();
+      y->set_option(a.option);
+      y->set_feasible(a.feasible);
+      y->set_step_seconds(a.step_s);
+      y->set_peak_bytes(a.peak_bytes);
+      y->set_note(a.note);
+    }
+  }
+  p.set_candidates_evaluated(plan.candidates_evaluated);
+  p.set_summary(PlanSummary(plan));
+  return p;
+}
+
+absl::StatusOr<planner::Plan> PlanPlacement(const JobSpec& spec, const Placement& placement,
+                                            const planner::Topology& hardware) {
+  absl::StatusOr<planner::PlanRequest> request = PlanRequestFromSpec(spec);
+  if (!request.ok()) return request.status();
+  absl::StatusOr<planner::Topology> topology = TopologyFromPlacement(placement, hardware);
+  if (!topology.ok()) return topology.status();
+  absl::StatusOr<planner::Plan> plan = planner::MakePlan(*topology, *request);
+  if (!plan.ok() && absl::IsResourceExhausted(plan.status())) {
+    return absl::FailedPreconditionError(plan.status().message());
+  }
+  return plan;
+}
+
+GroupPlanner PlanningGroupPlanner(planner::Topology hardware) {
+  return [hardware = std::move(hardware)](const JobSpec& spec,
+                                          const Placement& placement) -> absl::StatusOr<GroupPlan> {
+    absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, placement, hardware);
+    if (!plan.ok()) return plan.status();
+    return GroupPlan{PlanGroups(*plan), PlanSummary(*plan)};
+  };
+}
+
+}  // namespace recfleet::coordinator

@@ -1,0 +1,123 @@
+#ifndef RECFLEET_SERVICES_COORDINATOR_PLAN_ADAPTER_H_
+#define RECFLEET_SERVICES_COORDINATOR_PLAN_ADAPTER_H_
+
+// Bridges the job API and the planner: a JobSpec becomes a planner
+// PlanRequest, a gang placement (the workers' topology labels) becomes a
+// planner Topology, and a Plan becomes process groups for the assignments,
+// a one-line summary for JobStatus, and the PlanJob response message.
+//
+// The JobSpec describes the model by its shape (dims, layers, list lengths),
+// while the planner wants parameter counts and FLOPs. The estimates below are
+// deliberately simple and first-order (matrix multiplies only; biases,
+// norms and activations are ignored except where stated); every one is
+// listed here so a plan can be checked by hand:
+//
+//  * Sequence length: the spec states only each SEQUENCE feature's
+//    max_length, so the history is taken at its cap: one histogram bucket at
+//    L = sum of max_length over spec.model.sequence.features. Plans are
+//    therefore upper bounds on attention cost and memory.
+//  * Dense-stack input width d0 = sum of NUMERIC widths + the dim of every
+//    ID_LIST and CANDIDATE feature's table + the sequence branch's pooled
+//    output (model_dim x max(pma_queries, 1)) + model_dim per CANDIDATE
+//    feature when cross layers exist.
+//  * "sequence.proj" (GEMM): per layer the Q, K, V, O projections (4 D^2)
+//    and a 4x feed-forward (8 D^2): params 12 D^2 per layer, 24 D^2 FLOPs
+//    per token per layer; saves 10 D bf16 values per token per layer.
+//  * "sequence.attention" (attention): per layer 4 D FLOPs per token pair
+//    (QK^T and AV); FULL: 4 D L^2 per layer; SLIDING_WINDOW: 4 D W L;
+//    BLOCK: 4 D B L with B = block_size (64). Saves 2 D values per token.
+//    Both sequence modules share the checkpoint region "sequence".
+//  * "cross" (GEMM): each cross layer and the PMA block project the history
+//    to K and V (4 D^2 FLOPs per token) and attend q queries (4 D q FLOPs
+//    per token; q = CANDIDATE features for cross layers, pma_queries for
+//    PMA); Q and O projections cost 4 D^2 q per sample. Params 4 D^2 per
+//    layer.
+//  * MLP from width d: params sum(in x out + out), FLOPs 2 sum(in x out);
+//    saves 2 bf16 values per hidden unit (pre- and post-activation).
+//  * DCN (width stays d): full rank params (d^2 + d) and 2 d^2 FLOPs per
+//    layer; low rank r: params (2 d r + d) and 4 d r FLOPs per layer.
+//  * MoE: E experts, each an MLP from d; params E x expert + the d x E gate;
+//    FLOPs top_k x expert (routed compute), activations top_k x expert.
+//  * Heads: one MLP per head from the last dense width through hidden_dims
+//    to one logit, named "head.ctr" / "head.cvr".
+//  * Dense modules without a name are called "<kind><index>" ("dcn0",
+//    "moe1"), as job.proto states.
+//  * Tables: rows and dim from the spec; pooling factor = ids looked up per
+//    sample over the features that use the table (1 per ID_LIST and
+//    CANDIDATE feature, as the spec gives no list-length statistic;
+//    max_length per SEQUENCE feature); a table any SEQUENCE feature uses is
+//    unpooled (one vector per id). Access frequency 1.
+//  * Batch: data.local_batch_size samples per GPU (per CPU rank).
+//  * Precision: the planner's default recipe (bf16 compute and gathers,
+//    fp32 master weights, Adam, fp32 tables); the spec has no precision
+//    field yet.
+//  * Parallelism hints are not passed on: the planner has no inputs for
+//    them yet.
+//
+// Hardware numbers (HBM, peak FLOP/s, link speeds) are not in the worker
+// labels; they come from a template Topology (DefaultHardware() or a
+// topology YAML). Pure functions; thread-safe.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "recfleet/v1/job.pb.h"
+#include "recfleet/v1/plan.pb.h"
+#include "recfleet/v1/worker_service.pb.h"
+#include "services/coordinator/gang_scheduler.h"
+#include "services/coordinator/planner/model.h"
+#include "services/coordinator/planner/plan.h"
+#include "services/coordinator/planner/topology.h"
+
+namespace recfleet::coordinator {
+
+// The PlanRequest for `spec` (see the estimates above). Errors
+// (INVALID_ARGUMENT) name the spec field, e.g. a feature's unknown table.
+absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const ::recfleet::v1::JobSpec& spec);
+
+// H200 nodes: 141 GB HBM, 989 TFLOP/s bf16, 4.8 TB/s HBM; NVLink 450 GB/s
+// (3 us), zone RoCE 50 GB/s (10 us), cross-zone 12.5 GB/s (30 us) per GPU
+// and direction. Counts are zero: TopologyFromPlacement fills them.
+planner::Topology DefaultHardware();
+
+// The fleet of one placement, in rank order, with `hardware`'s speeds and
+// sizes. Nodes are runs of consecutive workers with the same node label (a
+// worker without one is its own node); zones and NVLink domains are runs of
+// consecutive nodes with the same label. Where labels do not nest evenly
+// (nodes with different rank counts, zones of different sizes) the planner
+// cannot cost the groups level by level, so the fleet is flattened: one
+// node per worker, one NVLink domain per node, one zone.
+absl::StatusOr<planner::Topology> TopologyFromPlacement(const Placement& placement,
+                                                        const planner::Topology& hardware);
+
+// The assignment groups of a plan over ranks 0..world-1: "world"; then
+// "fsdp/<i>" (fsdp_group consecutive ranks), "replica/<j>" (ranks j, j + G,
+// ...: one per FSDP shard position) when there is more than one replica,
+// "expert/<module>/<i>" (ep_degree consecutive ranks) for expert-parallel
+// modules, "tables/<k>" (the model-parallel all-to-all groups, mp_group
+// members mp_stride apart) and, for V3, "table_shards/<k>" (v3_shard_degree
+// consecutive ranks that split one group's shards).
+std::vector<::recfleet::v1::ProcessGroup> PlanGroups(const planner::Plan& plan);
+
+// One line for JobStatus.message: mesh, sparse layout, peak memory and the
+// predicted step time.
+std::string PlanSummary(const planner::Plan& plan);
+
+// The plan as the API message (recfleet/v1/plan.proto).
+::recfleet::v1::Plan PlanToProto(const planner::Plan& plan);
+
+// Plans `spec` on `placement`. Errors: INVALID_ARGUMENT (spec or labels the
+// adapter cannot use), FAILED_PRECONDITION with the planner's message when
+// nothing fits.
+absl::StatusOr<planner::Plan> PlanPlacement(const ::recfleet::v1::JobSpec& spec,
+                                            const Placement& placement,
+                                            const planner::Topology& hardware);
+
+// A GroupPlanner for the scheduler: plans every job on its placement and
+// hands out PlanGroups with PlanSummary.
+GroupPlanner PlanningGroupPlanner(planner::Topology hardware);
+
+}  // namespace recfleet::coordinator
+
+#endif  // RECFLEET_SERVICES_COORDINATOR_PLAN_ADAPTER_H_

@@ -1,0 +1,206 @@
+#include "services/coordinator/plan_adapter.h"
+
+#include <set>
+
+#include "gtest/gtest.h"
+#include "services/coordinator/planner/planner.h"
+#include "services/coordinator/test_specs.h"
+
+namespace recfleet::coordinator {
+namespace {
+
+const planner::DenseModule* FindModule(const planner::PlanRequest& r, const std::string& name) {
+  for (const planner::DenseModule& m : r.model.modules) {
+    if (m.name == name) return &m;
+  }
+  return nullptr;
+}
+
+// ValidSpec: numeric 13, user_id -> users (dim 16), history -> items
+// (max_length 512), ad_item -> items (dim 32); sequence 2 layers of D = 64,
+// BLOCK attention; 1 cross layer + 4 PMA queries; DCN 2 layers rank 16; MoE
+// 4 experts top-2 of [128]; CTR and CVR heads [64].
+TEST(PlanAdapterTest, EstimatesFollowTheDocumentedFormulas) {
+  auto request = PlanRequestFromSpec(ValidSpec(2));
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->local_batch, 256);
+  ASSERT_EQ(request->model.sequence_lengths.size(), 1u);
+  EXPECT_DOUBLE_EQ(request->model.sequence_lengths[0].length, 512);
+
+  ASSERT_EQ(request->model.tables.size(), 2u);
+  const planner::Table& items = request->model.tables[0];
+  EXPECT_EQ(items.rows, 100000);
+  EXPECT_EQ(items.dim, 32);
+  EXPECT_FALSE(items.pooled);                   // Used by a SEQUENCE feature.
+  EXPECT_DOUBLE_EQ(items.pooling_factor, 513);  // 512 history ids + 1 candidate.
+  EXPECT_TRUE(request->model.tables[1].pooled);
+  EXPECT_DOUBLE_EQ(request->model.tables[1].pooling_factor, 1);
+
+  const double d = 64;
+  const planner::DenseModule* proj = FindModule(*request, "sequence.proj");
+  ASSERT_NE(proj, nullptr);
+  EXPECT_EQ(proj->params, static_cast<int64_t>(2 * 12 * d * d));
+  EXPECT_DOUBLE_EQ(proj->flops_per_token, 2 * 24 * d * d);
+  const planner::DenseModule* attn = FindModule(*request, "sequence.attention");
+  ASSERT_NE(attn, nullptr);
+  EXPECT_EQ(attn->op, planner::OpKind::kAttention);
+  EXPECT_DOUBLE_EQ(attn->flops_per_token, 2 * 4 * d * 64);  // BLOCK of 64.
+  EXPECT_DOUBLE_EQ(attn->flops_per_token_sq, 0);
+  EXPECT_EQ(attn->RegionName(), "sequence");
+
+  const planner::DenseModule* cross = FindModule(*request, "cross");
+  ASSERT_NE(cross, nullptr);
+  EXPECT_EQ(cross->params, static_cast<int64_t>(2 * 4 * d * d));  // Cross layer + PMA.
+  EXPECT_DOUBLE_EQ(cross->flops_per_sample, 4 * d * d * (1 + 4));  // 1 candidate + 4 queries.
+
+  // d0 = 13 + 16 + 32 + 64 x 4 (PMA) + 64 x 1 (cross, one candidate) = 381.
+  const double w = 381;
+  const planner::DenseModule* dcn = FindModule(*request, "dcn0");
+  ASSERT_NE(dcn, nullptr);
+  EXPECT_EQ(dcn->params, static_cast<int64_t>(2 * (2 * w * 16 + w)));
+  EXPECT_DOUBLE_EQ(dcn->flops_per_sample, 2 * 4 * w * 16);
+  const planner::DenseModule* moe = FindModule(*request, "moe1");
+  ASSERT_NE(moe, nullptr);
+  EXPECT_EQ(moe->num_experts, 4);
+  EXPECT_EQ(moe->params, static_cast<int64_t>(4 * (w * 128 + 128) + w * 4));
+  EXPECT_DOUBLE_EQ(moe->flops_per_sample, 2 * (2 * w * 128));  // top-2 experts.
+  const planner::DenseModule* ctr = FindModule(*request, "head.ctr");
+  ASSERT_NE(ctr, nullptr);
+  EXPECT_EQ(ctr->params, 128 * 64 + 64 + 64 * 1 + 1);  // From the MoE's 128 outputs.
+  EXPECT_NE(FindModule(*request, "head.cvr"), nullptr);
+}
+
+TEST(PlanAdapterTest, NamedModulesAndFullAttention) {
+  auto spec = ValidSpec(2);
+  spec.mutable_model()->mutable_dense(0)->set_name("crossnet");
+  spec.mutable_model()->mutable_sequence()->mutable_attention()->set_kind(
+      ::recfleet::v1::AttentionSpec::FULL);
+  auto request = PlanRequestFromSpec(spec);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_NE(FindModule(*request, "crossnet"), nullptr);
+  EXPECT_DOUBLE_EQ(FindModule(*request, "sequence.attention")->flops_per_token_sq, 2 * 4 * 64);
+}
+
+TEST(PlanAdapterTest, UnknownTableNamesTheFeature) {
+  auto spec = ValidSpec(2);
+  spec.mutable_model()->mutable_features(1)->set_table("nope");
+  auto request = PlanRequestFromSpec(spec);
+  ASSERT_FALSE(request.ok());
+  EXPECT_EQ(request.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(request.status().message().find("spec.model.features[1].table"), std::string::npos);
+}
+
+WorkerView Worker(const std::string& id, const std::string& node, const std::string& domain,
+                  const std::string& zone) {
+  WorkerView w;
+  w.id = id;
+  w.gpus = 8;
+  w.topology.set_node(node);
+  w.topology.set_nvlink_domain(domain);
+  w.topology.set_zone(zone);
+  return w;
+}
+
+TEST(PlanAdapterTest, TopologyFromLabels) {
+  Placement p;
+  p.ranks_per_worker = 8;
+  p.workers = {Worker("a", "n1", "d1", "z1"), Worker("b", "n2", "d1", "z1"),
+               Worker("c", "n3", "d2", "z2"), Worker("d", "n4", "d2", "z2")};
+  auto t = TopologyFromPlacement(p, DefaultHardware());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->num_nodes, 4);
+  EXPECT_EQ(t->gpus_per_node, 8);
+  EXPECT_EQ(t->nodes_per_nvlink_domain, 2);
+  EXPECT_EQ(t->nodes_per_zone, 2);
+  EXPECT_EQ(t->WorldSize(), 32);
+  EXPECT_DOUBLE_EQ(t->hbm_bytes_per_gpu, 141e9);
+}
+
+TEST(PlanAdapterTest, UnevenLabelsFlattenTheFleet) {
+  Placement p;
+  p.ranks_per_worker = 8;
+  // Zone z1 holds two nodes, z2 one: not a uniform nesting.
+  p.workers = {Worker("a", "n1", "d1", "z1"), Worker("b", "n2", "d2", "z1"),
+               Worker("c", "n3", "d3", "z2")};
+  auto t = TopologyFromPlacement(p, DefaultHardware());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->num_nodes, 3);
+  EXPECT_EQ(t->nodes_per_zone, 3);
+  EXPECT_EQ(t->nodes_per_nvlink_domain, 1);
+}
+
+TEST(PlanAdapterTest, GroupsFollowThePlan) {
+  Placement p;
+  p.ranks_per_worker = 8;
+  p.workers = {Worker("a", "n1", "n1", "z1"), Worker("b", "n2", "n2", "z1")};
+  auto spec = ValidSpec(2);
+  spec.mutable_resources()->set_gpus_per_worker(8);
+  auto plan = PlanPlacement(spec, p, DefaultHardware());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->world, 16);
+  auto groups = PlanGroups(*plan);
+  ASSERT_FALSE(groups.empty());
+  EXPECT_EQ(groups[0].name(), "world");
+  EXPECT_EQ(groups[0].ranks_size(), 16);
+  // Every rank is in exactly one fsdp group of fsdp_group consecutive ranks,
+  // and in exactly one tables group.
+  for (const std::string prefix : {"fsdp/", "tables/"}) {
+    std::multiset<int> seen;
+    for (const auto& g : groups) {
+      if (g.name().rfind(prefix, 0) != 0) continue;
+      if (prefix == std::string("fsdp/")) {
+        ASSERT_EQ(g.ranks_size(), plan->dense.fsdp_group);
+        for (int i = 1; i < g.ranks_size(); ++i) EXPECT_EQ(g.ranks(i), g.ranks(i - 1) + 1);
+      } else {
+        ASSERT_EQ(g.ranks_size(), plan->sparse.mp_group);
+      }
+      seen.insert(g.ranks().begin(), g.ranks().end());
+    }
+    ASSERT_EQ(seen.size(), 16u) << prefix;
+    for (int r = 0; r < 16; ++r) EXPECT_EQ(seen.count(r), 1u) << prefix << r;
+  }
+  const std::string summary = PlanSummary(*plan);
+  EXPECT_NE(summary.find("FSDP"), std::string::npos);
+  auto proto = PlanToProto(*plan);
+  EXPECT_EQ(proto.world_size(), 16);
+  EXPECT_EQ(proto.sparse().tables_size(), 2);
+  EXPECT_EQ(proto.step().exposed_seconds_size(), 3);
+  EXPECT_FALSE(proto.decisions().empty());
+  EXPECT_EQ(proto.summary(), summary);
+}
+
+// The scheduler plans every job, so small CPU gangs of any size must plan.
+TEST(PlanAdapterTest, SmallCpuGangsOfAnySizePlan) {
+  for (int workers : {1, 2, 3, 5, 6}) {
+    Placement p;
+    p.ranks_per_worker = 1;
+    for (int i = 0; i < workers; ++i) {
+      p.workers.push_back(Worker(std::to_string(i), "", "", ""));
+    }
+    auto plan = PlanPlacement(ValidSpec(workers), p, DefaultHardware());
+    ASSERT_TRUE(plan.ok()) << workers << ": " << plan.status();
+    EXPECT_EQ(plan->world, workers);
+    std::set<int> fsdp_ranks;
+    for (const auto& g : PlanGroups(*plan)) {
+      if (g.name().rfind("fsdp/", 0) == 0) fsdp_ranks.insert(g.ranks().begin(), g.ranks().end());
+    }
+    EXPECT_EQ(fsdp_ranks.size(), static_cast<size_t>(workers));
+  }
+}
+
+TEST(PlanAdapterTest, TablesThatCannotFitFailWithThePlannersReason) {
+  auto spec = ValidSpec(2);
+  // 4e9 rows x 512 fp32 = 8 TB: beyond two 141 GB CPU ranks in any layout.
+  spec.mutable_model()->mutable_tables(1)->set_rows(4000000000);
+  spec.mutable_model()->mutable_tables(1)->set_dim(512);
+  Placement p;
+  p.ranks_per_worker = 1;
+  p.workers = {Worker("a", "n1", "", ""), Worker("b", "n2", "", "")};
+  auto plan = PlanPlacement(spec, p, DefaultHardware());
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(plan.status().message().find("users"), std::string::npos) << plan.status();
+}
+
+}  // namespace
+}  // namespace recfleet::coordinator
