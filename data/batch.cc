@@ -1,6 +1,9 @@
 #include "data/batch.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
+#include "data/dataset_file.h"
 
 namespace recfleet::data {
 
@@ -80,6 +83,32 @@ void Batch::AppendRow(const Batch& src, size_t row) {
         d.f32.insert(d.f32.end(), s.f32.begin() + b, s.f32.begin() + e);
         d.offsets.push_back(d.f32.size());
       }
+    }
+  }
+  ++num_rows_;
+}
+
+void Batch::AppendRow(const BlockView& src, size_t row) {
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    const FeatureSpec& f = schema_->features[c];
+    Column& d = columns_[c];
+    const size_t elem = f.dtype == DType::kInt64 ? 8 : 4;
+    uint64_t b = row, n = 1;
+    if (f.layout == Layout::kJagged) {
+      b = src.Begin(c, row);
+      n = src.End(c, row) - b;
+    }
+    const uint8_t* from = src.values(c) + b * elem;
+    if (f.dtype == DType::kInt64) {
+      size_t old = d.i64.size();
+      d.i64.resize(old + n);
+      std::memcpy(d.i64.data() + old, from, n * elem);
+      if (f.layout == Layout::kJagged) d.offsets.push_back(d.i64.size());
+    } else {
+      size_t old = d.f32.size();
+      d.f32.resize(old + n);
+      std::memcpy(d.f32.data() + old, from, n * elem);
+      if (f.layout == Layout::kJagged) d.offsets.push_back(d.f32.size());
     }
   }
   ++num_rows_;

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,11 +18,38 @@
 
 namespace recfleet::data {
 
-struct Column {
-  std::vector<int64_t> i64;       // Values when the feature's dtype is int64.
-  std::vector<float> f32;         // Values when the feature's dtype is float32.
-  std::vector<uint64_t> offsets;  // Jagged only: rows + 1 entries.
+// Leaves new elements uninitialized on resize: columns are filled by
+// memcpy right after growing, and zeroing megabytes first would double the
+// memory traffic of the loader's hot path.
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  DefaultInitAllocator() = default;
+  template <typename U>
+  DefaultInitAllocator(const DefaultInitAllocator<U>&) {}
+  template <typename U>
+  void construct(U* p) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
 };
+
+template <typename T>
+using PodVector = std::vector<T, DefaultInitAllocator<T>>;
+
+struct Column {
+  PodVector<int64_t> i64;       // Values when the feature's dtype is int64.
+  PodVector<float> f32;         // Values when the feature's dtype is float32.
+  PodVector<uint64_t> offsets;  // Jagged only: rows + 1 entries.
+};
+
+class BlockView;
 
 class Batch {
  public:
@@ -52,6 +80,7 @@ class Batch {
 
   // Appends row `row` of `src` (same schema) to this batch.
   void AppendRow(const Batch& src, size_t row);
+  void AppendRow(const BlockView& src, size_t row);
 
   int64_t Int64(int c, size_t row) const { return columns_[c].i64[row]; }
   float Float(int c, size_t row) const { return columns_[c].f32[row]; }

@@ -32,6 +32,21 @@ TEST(Crc32cTest, HardwareMatchesTableOnEveryLengthAndAlignment) {
   }
 }
 
+TEST(Crc32cTest, HardwareMatchesTableOnLongBuffers) {
+  // Long enough for the three-way interleaved paths (3 x 8192 and 3 x 256).
+  std::mt19937 rng(9);
+  std::vector<uint8_t> buf(100000);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  for (size_t n : {size_t{767}, size_t{768}, size_t{24575}, size_t{24576}, size_t{24577},
+                   size_t{50000}, size_t{99990}}) {
+    for (size_t start : {size_t{0}, size_t{3}}) {
+      EXPECT_EQ(Crc32c(0x1234u, buf.data() + start, n),
+                Crc32cPortable(0x1234u, buf.data() + start, n))
+          << "n " << n << " start " << start;
+    }
+  }
+}
+
 TEST(Crc32cTest, ExtendEqualsWhole) {
   std::string s = "The quick brown fox jumps over the lazy dog, twice over.";
   for (size_t cut = 0; cut <= s.size(); ++cut) {

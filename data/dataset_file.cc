@@ -68,11 +68,20 @@ void EncodePayload(const Batch& b, std::string* out) {
   }
 }
 
-// Verifies a block (header + payload, `size` bytes at file offset `offset`)
-// and decodes it into `out`. `expected_rows` < 0 means "not known".
-absl::Status DecodeBlock(const std::string& path, int64_t index, uint64_t offset,
+// Where a verified block's columns lie inside its payload.
+struct Located {
+  uint32_t rows = 0;
+  std::vector<const uint8_t*> offsets;  // Jagged columns; null for scalars.
+  std::vector<const uint8_t*> values;
+  std::vector<uint64_t> num_values;
+};
+
+// Verifies a block (header + payload, `size` bytes at file offset `offset`):
+// checksums, then that the columns of `schema` exactly fill the payload
+// with well-formed offsets. `expected_rows` < 0 means "not known".
+absl::Status LocateBlock(const std::string& path, int64_t index, uint64_t offset,
                          const uint8_t* data, uint64_t size, int64_t expected_rows,
-                         Batch* out) {
+                         const Schema& schema, Located* out) {
   if (size < kBlockHeaderSize) return Corrupt(path, index, offset, "block shorter than its header");
   if (Load<uint32_t>(data) != kBlockMagic) return Corrupt(path, index, offset, "bad block magic");
   uint32_t header_crc = Load<uint32_t>(data + 20);
@@ -99,8 +108,10 @@ absl::Status DecodeBlock(const std::string& path, int64_t index, uint64_t offset
                                 absl::Hex(payload_crc, absl::kZeroPad8), ", computed 0x",
                                 absl::Hex(crc, absl::kZeroPad8), ")"));
   }
-  out->Clear();
-  const Schema& s = out->schema();
+  out->rows = rows;
+  out->offsets.assign(schema.features.size(), nullptr);
+  out->values.assign(schema.features.size(), nullptr);
+  out->num_values.assign(schema.features.size(), rows);
   uint64_t pos = 0;
   auto take = [&](uint64_t n, const char* what, const std::string& name) -> absl::Status {
     if (n > payload_len - pos) {
@@ -110,48 +121,68 @@ absl::Status DecodeBlock(const std::string& path, int64_t index, uint64_t offset
     }
     return absl::OkStatus();
   };
-  for (size_t c = 0; c < s.features.size(); ++c) {
-    const FeatureSpec& f = s.features[c];
-    Column& col = out->mutable_column(c);
-    uint64_t values = rows;
+  for (size_t c = 0; c < schema.features.size(); ++c) {
+    const FeatureSpec& f = schema.features[c];
     if (f.layout == Layout::kJagged) {
       uint64_t n = (static_cast<uint64_t>(rows) + 1) * 8;
       if (auto st = take(n, "offsets", f.name); !st.ok()) return st;
-      col.offsets.resize(rows + 1);
-      std::memcpy(col.offsets.data(), p + pos, n);
-      if (col.offsets[0] != 0) {
+      const uint8_t* o = p + pos;
+      if (Load<uint64_t>(o) != 0) {
         return Corrupt(path, index, offset + kBlockHeaderSize + pos,
                        absl::StrCat("feature '", f.name, "': first offset is not 0"));
       }
       for (uint32_t r = 0; r < rows; ++r) {
-        if (col.offsets[r + 1] < col.offsets[r]) {
+        if (Load<uint64_t>(o + 8 * (r + 1)) < Load<uint64_t>(o + 8 * r)) {
           return Corrupt(path, index, offset + kBlockHeaderSize + pos + 8 * (r + 1),
                          absl::StrCat("feature '", f.name, "': offsets decrease at row ", r));
         }
       }
+      out->offsets[c] = o;
       pos += n;
-      values = col.offsets[rows];
-      if (values > payload_len) {
+      out->num_values[c] = Load<uint64_t>(o + 8 * static_cast<uint64_t>(rows));
+      if (out->num_values[c] > payload_len) {
         return Corrupt(path, index, offset + kBlockHeaderSize + pos,
-                       absl::StrCat("feature '", f.name, "': ", values, " values exceed the payload"));
+                       absl::StrCat("feature '", f.name, "': ", out->num_values[c],
+                                    " values exceed the payload"));
       }
     }
-    uint64_t n = values * ElemSize(f.dtype);
+    uint64_t n = out->num_values[c] * ElemSize(f.dtype);
     if (auto st = take(n, "values", f.name); !st.ok()) return st;
-    if (f.dtype == DType::kInt64) {
-      col.i64.resize(values);
-      std::memcpy(col.i64.data(), p + pos, n);
-    } else {
-      col.f32.resize(values);
-      std::memcpy(col.f32.data(), p + pos, n);
-    }
+    out->values[c] = p + pos;
     pos += n;
   }
   if (pos != payload_len) {
     return Corrupt(path, index, offset + kBlockHeaderSize + pos,
                    absl::StrCat(payload_len - pos, " unexpected bytes after the last column"));
   }
-  out->set_num_rows(rows);
+  return absl::OkStatus();
+}
+
+// Verifies a block and copies its columns into `out`.
+absl::Status DecodeBlock(const std::string& path, int64_t index, uint64_t offset,
+                         const uint8_t* data, uint64_t size, int64_t expected_rows,
+                         Batch* out) {
+  Located at;
+  const Schema& s = out->schema();
+  if (auto st = LocateBlock(path, index, offset, data, size, expected_rows, s, &at); !st.ok()) {
+    return st;
+  }
+  out->Clear();
+  for (size_t c = 0; c < s.features.size(); ++c) {
+    Column& col = out->mutable_column(c);
+    if (at.offsets[c] != nullptr) {
+      col.offsets.resize(at.rows + 1);
+      std::memcpy(col.offsets.data(), at.offsets[c], (at.rows + 1) * 8);
+    }
+    if (s.features[c].dtype == DType::kInt64) {
+      col.i64.resize(at.num_values[c]);
+      std::memcpy(col.i64.data(), at.values[c], at.num_values[c] * 8);
+    } else {
+      col.f32.resize(at.num_values[c]);
+      std::memcpy(col.f32.data(), at.values[c], at.num_values[c] * 4);
+    }
+  }
+  out->set_num_rows(at.rows);
   return absl::OkStatus();
 }
 
@@ -501,12 +532,38 @@ absl::Status DatasetFile::ReadBlock(size_t b, Batch* out) const {
         absl::StrCat(path_, ": block ", b, " requested, file has ", blocks_.size()));
   }
   const BlockRef& ref = blocks_[b];
-  std::vector<uint8_t> buf(ref.size);
+  // One read buffer per thread, reused: blocks are megabytes, and fresh
+  // allocations would fault their pages in on every read.
+  thread_local PodVector<uint8_t> buf;
+  buf.resize(ref.size);
   if (auto s = PreadFully(fd_, path_, ref.offset, ref.size, buf.data()); !s.ok()) return s;
   if (out->schema_ptr() != schema_) {
     *out = Batch(schema_);
   }
   return DecodeBlock(path_, b, ref.offset, buf.data(), buf.size(), ref.rows, out);
+}
+
+absl::Status DatasetFile::ReadBlockView(size_t b, BlockView* out) const {
+  if (b >= blocks_.size()) {
+    return absl::OutOfRangeError(
+        absl::StrCat(path_, ": block ", b, " requested, file has ", blocks_.size()));
+  }
+  const BlockRef& ref = blocks_[b];
+  out->buffer_.resize(ref.size);
+  if (auto s = PreadFully(fd_, path_, ref.offset, ref.size, out->buffer_.data()); !s.ok()) {
+    return s;
+  }
+  Located at;
+  if (auto s = LocateBlock(path_, b, ref.offset, out->buffer_.data(), ref.size, ref.rows,
+                           *schema_, &at);
+      !s.ok()) {
+    return s;
+  }
+  out->schema_ = schema_;
+  out->rows_ = at.rows;
+  out->offsets_ = std::move(at.offsets);
+  out->values_ = std::move(at.values);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Batch> ReadAll(const std::string& path) {

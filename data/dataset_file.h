@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,6 +91,34 @@ class DatasetReader {
   bool done_ = false;
 };
 
+// A verified block read into its own buffer, its columns read in place
+// (no decode copy): the loader's hot path. Values are little-endian and
+// may be unaligned; Batch::AppendRow(view, row) copies a row out.
+class BlockView {
+ public:
+  size_t num_rows() const { return rows_; }
+  const Schema& schema() const { return *schema_; }
+  // Jagged column c: row r's elements are [Begin(c, r), End(c, r)).
+  uint64_t Begin(int c, size_t r) const { return Offset(c, r); }
+  uint64_t End(int c, size_t r) const { return Offset(c, r + 1); }
+  size_t RowLength(int c, size_t r) const { return End(c, r) - Begin(c, r); }
+  // Column c's values (int64 or float32 by the feature's dtype).
+  const uint8_t* values(int c) const { return values_[c]; }
+
+ private:
+  friend class DatasetFile;
+  uint64_t Offset(int c, size_t r) const {
+    uint64_t v;
+    std::memcpy(&v, offsets_[c] + 8 * r, 8);
+    return v;
+  }
+  std::shared_ptr<const Schema> schema_;
+  PodVector<uint8_t> buffer_;
+  size_t rows_ = 0;
+  std::vector<const uint8_t*> offsets_;  // Jagged columns only; else null.
+  std::vector<const uint8_t*> values_;
+};
+
 // Random access by block, through the footer's index. ReadBlock is const
 // and thread-safe (positioned reads); the object holds only the index.
 class DatasetFile {
@@ -105,6 +134,8 @@ class DatasetFile {
 
   // Reads, verifies and decodes block `b` into `out` (reusing its storage).
   absl::Status ReadBlock(size_t b, Batch* out) const;
+  // Reads and verifies block `b`, leaving its columns in place.
+  absl::Status ReadBlockView(size_t b, BlockView* out) const;
 
  private:
   struct BlockRef {

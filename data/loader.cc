@@ -147,20 +147,20 @@ const std::vector<Loader::RowRef>& Loader::GroupOrder(size_t group) {
   return group_orders_.front().second;
 }
 
-absl::StatusOr<const Batch*> Loader::GetBlock(uint32_t block) {
+absl::StatusOr<const BlockView*> Loader::GetBlock(uint32_t block) {
   for (auto it = cache_.begin(); it != cache_.end(); ++it) {
     if (it->first == block) {
       cache_.splice(cache_.begin(), cache_, it);
       return &cache_.front().second;
     }
   }
-  Batch data;
+  BlockView data;
   if (cache_.size() >= cache_capacity_) {
     data = std::move(cache_.back().second);  // Reuse the evicted block's storage.
     cache_.pop_back();
   }
   const BlockId& id = blocks_[block];
-  if (auto st = files_[id.file]->ReadBlock(id.block, &data); !st.ok()) return st;
+  if (auto st = files_[id.file]->ReadBlockView(id.block, &data); !st.ok()) return st;
   cache_.emplace_front(block, std::move(data));
   return &cache_.front().second;
 }
@@ -191,17 +191,17 @@ absl::StatusOr<StepBatches> Loader::Step(int64_t epoch, int64_t step) {
   std::sort(distinct.begin(), distinct.end());
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
   if (distinct.size() > cache_capacity_) cache_capacity_ = distinct.size();
-  std::vector<std::pair<uint32_t, const Batch*>> loaded;
+  std::vector<std::pair<uint32_t, const BlockView*>> loaded;
   for (uint32_t b : distinct) {
     auto block = GetBlock(b);
     if (!block.ok()) return block.status();
     loaded.emplace_back(b, *block);
   }
   auto block_of = [&](uint32_t b) {
-    return std::lower_bound(loaded.begin(), loaded.end(), std::make_pair(b, (const Batch*)nullptr))
+    return std::lower_bound(loaded.begin(), loaded.end(), std::make_pair(b, static_cast<const BlockView*>(nullptr)))
         ->second;
   };
-  std::vector<const Batch*> src(n);
+  std::vector<const BlockView*> src(n);
   std::vector<double> costs(n);
   for (size_t i = 0; i < n; ++i) {
     src[i] = block_of(refs[i].block);

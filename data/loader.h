@@ -17,7 +17,8 @@
 // sample of the instance is delivered exactly once per epoch (the short
 // last step included unless drop_remainder). Memory: the block cache
 // (about two shuffle groups of decoded blocks) and one group's row
-// permutation; block data is read with positioned reads, verified by CRC.
+// permutation; block data is read with positioned reads, verified by CRC,
+// and copied once, from the read buffer into the rank batches.
 //
 // Not thread-safe: callers serialize Step() calls.
 
@@ -99,7 +100,7 @@ class Loader {
   explicit Loader(LoaderOptions options) : options_(std::move(options)) {}
   void PrepareEpoch(int64_t epoch);
   const std::vector<RowRef>& GroupOrder(size_t group);
-  absl::StatusOr<const Batch*> GetBlock(uint32_t block);
+  absl::StatusOr<const BlockView*> GetBlock(uint32_t block);
 
   LoaderOptions options_;
   std::vector<std::unique_ptr<DatasetFile>> files_;
@@ -115,7 +116,7 @@ class Loader {
   // Row orders of recently used groups (most recent first).
   std::list<std::pair<size_t, std::vector<RowRef>>> group_orders_;
   // Decoded blocks, least recently used last.
-  std::list<std::pair<uint32_t, Batch>> cache_;
+  std::list<std::pair<uint32_t, BlockView>> cache_;
   size_t cache_capacity_ = 0;
 };
 

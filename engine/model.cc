@@ -803,6 +803,63 @@ absl::Status GemLite<T>::ApplyUpdates() {
 }
 
 template <typename T>
+absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Clone() const {
+  absl::StatusOr<std::unique_ptr<GemLite<T>>> copy = Create(impl_->config, impl_->schema);
+  if (!copy.ok()) return copy.status();
+  RECFLEET_RETURN_IF_ERROR((*copy)->CopyParametersFrom(*this));
+  return copy;
+}
+
+template <typename T>
+void GemLite<T>::ScaleGradients(double weight) {
+  const T w = static_cast<T>(weight);
+  for (auto& p : impl_->params) {
+    T* g = p.grad.template data<T>();
+    for (int64_t i = 0; i < p.grad.numel(); ++i) g[i] *= w;
+  }
+  for (auto& t : impl_->tables) {
+    for (T& g : t.grad_rows) g *= w;
+  }
+}
+
+template <typename T>
+absl::Status GemLite<T>::AddGradients(const GemLite& replica, double weight) {
+  const Impl& r = *replica.impl_;
+  if (r.params.size() != impl_->params.size() || r.tables.size() != impl_->tables.size()) {
+    return absl::InvalidArgumentError("AddGradients: replica has a different architecture");
+  }
+  const T w = static_cast<T>(weight);
+  for (size_t k = 0; k < r.params.size(); ++k) {
+    T* g = impl_->params[k].grad.template data<T>();
+    const T* rg = r.params[k].grad.template data<T>();
+    for (int64_t i = 0; i < r.params[k].grad.numel(); ++i) g[i] += w * rg[i];
+  }
+  for (size_t k = 0; k < r.tables.size(); ++k) {
+    auto& t = impl_->tables[k];
+    t.grad_ids.insert(t.grad_ids.end(), r.tables[k].grad_ids.begin(), r.tables[k].grad_ids.end());
+    for (T g : r.tables[k].grad_rows) t.grad_rows.push_back(w * g);
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status GemLite<T>::CopyParametersFrom(const GemLite& primary) {
+  const Impl& p = *primary.impl_;
+  if (p.params.size() != impl_->params.size() || p.tables.size() != impl_->tables.size()) {
+    return absl::InvalidArgumentError("CopyParametersFrom: different architecture");
+  }
+  for (size_t k = 0; k < p.params.size(); ++k) {
+    std::copy_n(p.params[k].value.template data<T>(), p.params[k].value.numel(),
+                impl_->params[k].value.template data<T>());
+  }
+  for (size_t k = 0; k < p.tables.size(); ++k) {
+    std::copy_n(p.tables[k].value.template data<T>(), p.tables[k].value.numel(),
+                impl_->tables[k].value.template data<T>());
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
 absl::StatusOr<std::vector<double>> GemLite<T>::Predict(const Batch& batch, Head head) {
   RECFLEET_RETURN_IF_ERROR(impl_->Forward(batch));
   const std::vector<T>& z = impl_->tower_acts[static_cast<int>(head)].logit;

@@ -64,6 +64,17 @@ class GemLite {
   // touching the stored gradients: the function a gradient check differences.
   absl::StatusOr<double> Loss(const Batch& batch);
 
+  // Data parallelism inside one process: replicas with equal parameters run
+  // ForwardBackward on disjoint parts of one batch; the primary scales its
+  // gradients by its share of the samples, adds each replica's gradients
+  // times that replica's share, applies the updates, and the replicas copy
+  // the new parameters back. Exactly equivalent (up to float summation
+  // order) to one ForwardBackward on the whole batch.
+  absl::StatusOr<std::unique_ptr<GemLite>> Clone() const;
+  void ScaleGradients(double weight);
+  absl::Status AddGradients(const GemLite& replica, double weight);
+  absl::Status CopyParametersFrom(const GemLite& primary);
+
   // Named views of parameters and of their gradients after ForwardBackward,
   // for gradient checks and checkpoints. Dense gradients are exact; a
   // table's gradient is assembled densely from the embedding-output

@@ -191,34 +191,81 @@ absl::StatusOr<MovieLensCtr> MovieLensCtr::Create(MovieLensData data, const CtrO
     const int32_t split = n - held_out;
     for (int32_t p = 0; p < n; ++p) {
       const int32_t end = std::min(p, split);
-      Sample s{u, p, std::max(0, end - options.max_history), end};
+      Sample s{u, p, std::max(0, end - options.max_history), end, {}};
       (p < split ? ctr.train_ : ctr.eval_).push_back(s);
     }
   }
+  ctr.data_ = std::move(data);
+  ctr.ComputeDenseFeatures();
 
   FeatureSchema& schema = ctr.schema_;
   auto add_table = [&](const std::string& name, int64_t rows) {
     schema.tables.push_back({name, rows});
     return static_cast<int>(schema.tables.size()) - 1;
   };
-  const int user = add_table("user", data.num_users);
-  const int item = add_table("item", data.num_items);
+  const MovieLensData& d = ctr.data_;
+  const int user = add_table("user", d.num_users);
+  const int item = add_table("item", d.num_items);
   schema.id_lists.push_back({"user", user, Pooling::kSum});
-  if (data.user_attr_vocab > 0) {
-    schema.id_lists.push_back({"user_attr", add_table("user_attr", data.user_attr_vocab),
+  if (d.user_attr_vocab > 0) {
+    schema.id_lists.push_back({"user_attr", add_table("user_attr", d.user_attr_vocab),
                                Pooling::kMean});
   }
   schema.id_lists.push_back({"item", item, Pooling::kSum});
-  if (data.item_attr_vocab > 0) {
-    schema.id_lists.push_back({"item_attr", add_table("item_attr", data.item_attr_vocab),
+  if (d.item_attr_vocab > 0) {
+    schema.id_lists.push_back({"item_attr", add_table("item_attr", d.item_attr_vocab),
                                Pooling::kMean});
   }
   schema.sequence_fields.push_back({"item", item});
   schema.sequence_fields.push_back({"rating", add_table("rating", kRatingRows)});
   schema.sequence_fields.push_back({"time_gap", add_table("time_gap", kTimeBuckets)});
-  schema.num_dense = 1;
-  ctr.data_ = std::move(data);
+  schema.num_dense = static_cast<int>(std::tuple_size<decltype(Sample::dense)>::value);
   return ctr;
+}
+
+void MovieLensCtr::ComputeDenseFeatures() {
+  const double prior = train_positive_rate();
+  const double max_rating = 5.0;
+  auto positive = [&](int32_t rating_index) {
+    return data_.ratings[rating_index].rating >= options_.positive_rating ? 1.0 : 0.0;
+  };
+  // Item statistics over training events before a timestamp: each item's
+  // training events sorted by time with prefix counts of positives.
+  std::vector<std::vector<std::pair<int64_t, double>>> item_events(data_.num_items);
+  for (const Sample& s : train_) {
+    const int32_t r = user_events_[s.user][s.position];
+    item_events[data_.ratings[r].item].push_back({data_.ratings[r].timestamp, positive(r)});
+  }
+  for (auto& events : item_events) {
+    std::sort(events.begin(), events.end());
+    for (size_t i = 1; i < events.size(); ++i) events[i].second += events[i - 1].second;
+  }
+  for (std::vector<Sample>* set : {&train_, &eval_}) {
+    for (Sample& s : *set) {
+      const std::vector<int32_t>& events = user_events_[s.user];
+      // User: all earlier training events (not only the kept history).
+      double n = 0, pos = 0, rating_sum = 0;
+      for (int32_t p = 0; p < s.history_end; ++p) {
+        n += 1;
+        pos += positive(events[p]);
+        rating_sum += data_.ratings[events[p]].rating;
+      }
+      const MovieLensData::Rating& r = data_.ratings[events[s.position]];
+      const auto& ie = item_events[r.item];
+      const size_t before =
+          std::lower_bound(ie.begin(), ie.end(), std::make_pair(r.timestamp, -1.0)) - ie.begin();
+      const double item_n = static_cast<double>(before);
+      const double item_pos = before > 0 ? ie[before - 1].second : 0.0;
+      s.dense = {
+          static_cast<float>(std::log1p(s.history_end - s.history_begin) /
+                             std::log1p(options_.max_history)),
+          static_cast<float>((pos + kSmoothing * prior) / (n + kSmoothing)),
+          static_cast<float>((rating_sum / max_rating + kSmoothing * 0.7) / (n + kSmoothing)),
+          static_cast<float>((item_pos + kSmoothing * prior) / (item_n + kSmoothing)),
+          static_cast<float>(std::log1p(item_n) / std::log1p(1000.0)),
+      };
+    }
+  }
 }
 
 double MovieLensCtr::train_positive_rate() const {
@@ -289,8 +336,7 @@ Batch MovieLensCtr::MakeBatch(bool eval, absl::Span<const int64_t> indices) cons
     batch.sequence[0].Append(items);
     batch.sequence[1].Append(ratings);
     batch.sequence[2].Append(gaps);
-    batch.dense.push_back(std::log1p(static_cast<float>(s.history_end - s.history_begin)) /
-                          std::log1p(static_cast<float>(options_.max_history)));
+    batch.dense.insert(batch.dense.end(), s.dense.begin(), s.dense.end());
     batch.ctr_labels.push_back(r.rating >= options_.positive_rating ? 1.0f : 0.0f);
   }
   return batch;

@@ -16,8 +16,13 @@
 // the last training events), at most `max_history`, most recent last.
 // Features: user id, user attributes, item id, item attributes (genres +
 // release decade) as pooled id lists; history events as tokens of item +
-// rating + time-gap bucket; one numeric feature (scaled history length).
+// rating + time-gap bucket; numeric features that only look at the past:
+// the history length, the user's positive rate and mean rating over all
+// their earlier training events, and the candidate item's positive rate and
+// count over all training events (any user) strictly earlier in time. Rates
+// are smoothed toward the global training rate with 10 pseudo-events.
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -86,7 +91,10 @@ class MovieLensCtr final : public Dataset {
     int32_t position;       // Index into the user's time-ordered events.
     int32_t history_begin;  // History = user events [history_begin, history_end).
     int32_t history_end;
+    std::array<float, 5> dense;
   };
+
+  void ComputeDenseFeatures();
 
   MovieLensData data_;
   CtrOptions options_;

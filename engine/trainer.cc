@@ -6,6 +6,7 @@
 #include <chrono>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -28,21 +29,71 @@ double ProcessCpuSeconds() {
 Trainer::Trainer(GemLite<float>* model, const Dataset* data, TrainerOptions options, Logger log)
     : model_(model), data_(data), options_(std::move(options)), log_(std::move(log)) {}
 
+GemLite<float>* Trainer::Replica(int r) { return r == 0 ? model_ : replicas_[r - 1].get(); }
+
 absl::StatusOr<BinaryMetrics> Trainer::Evaluate() {
-  std::vector<double> logits, labels;
-  std::vector<int64_t> idx;
   const int64_t n = data_->num_eval();
   const int64_t bs = std::max<int64_t>(1, options_.eval_batch_size);
-  for (int64_t start = 0; start < n; start += bs) {
-    idx.resize(std::min(bs, n - start));
-    std::iota(idx.begin(), idx.end(), start);
-    const Batch batch = data_->MakeBatch(/*eval=*/true, idx);
-    absl::StatusOr<std::vector<double>> z = model_->Predict(batch, Head::kCtr);
-    if (!z.ok()) return z.status();
-    logits.insert(logits.end(), z->begin(), z->end());
-    labels.insert(labels.end(), batch.ctr_labels.begin(), batch.ctr_labels.end());
+  const int64_t num_batches = (n + bs - 1) / bs;
+  std::vector<absl::StatusOr<std::vector<double>>> logits(num_batches);
+  std::vector<std::vector<float>> labels(num_batches);
+  const int workers = static_cast<int>(replicas_.size()) + 1;
+  auto work = [&](int r) {
+    std::vector<int64_t> idx;
+    for (int64_t k = r; k < num_batches; k += workers) {
+      idx.resize(std::min(bs, n - k * bs));
+      std::iota(idx.begin(), idx.end(), k * bs);
+      const Batch batch = data_->MakeBatch(/*eval=*/true, idx);
+      logits[k] = Replica(r)->Predict(batch, Head::kCtr);
+      labels[k] = batch.ctr_labels;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 1; r < workers; ++r) threads.emplace_back(work, r);
+  work(0);
+  for (std::thread& t : threads) t.join();
+  std::vector<double> all_logits, all_labels;
+  for (int64_t k = 0; k < num_batches; ++k) {
+    if (!logits[k].ok()) return logits[k].status();
+    all_logits.insert(all_logits.end(), logits[k]->begin(), logits[k]->end());
+    all_labels.insert(all_labels.end(), labels[k].begin(), labels[k].end());
   }
-  return ComputeBinaryMetrics(logits, labels);
+  return ComputeBinaryMetrics(all_logits, all_labels);
+}
+
+absl::StatusOr<StepResult> Trainer::Step(absl::Span<const int64_t> samples) {
+  const int64_t n = static_cast<int64_t>(samples.size());
+  const int workers = static_cast<int>(std::min<int64_t>(replicas_.size() + 1, n));
+  std::vector<absl::StatusOr<StepResult>> results(workers);
+  std::vector<int64_t> sizes(workers);
+  auto work = [&](int r) {
+    const int64_t begin = n * r / workers, end = n * (r + 1) / workers;
+    sizes[r] = end - begin;
+    results[r] = Replica(r)->ForwardBackward(
+        data_->MakeBatch(/*eval=*/false, samples.subspan(begin, end - begin)));
+  };
+  std::vector<std::thread> threads;
+  for (int r = 1; r < workers; ++r) threads.emplace_back(work, r);
+  work(0);
+  for (std::thread& t : threads) t.join();
+  StepResult total;
+  for (int r = 0; r < workers; ++r) {
+    if (!results[r].ok()) return results[r].status();
+    const double share = static_cast<double>(sizes[r]) / static_cast<double>(n);
+    total.ctr_loss += share * results[r]->ctr_loss;
+    total.cvr_loss += share * results[r]->cvr_loss;
+    total.flops += results[r]->flops;
+    if (r == 0) {
+      model_->ScaleGradients(share);
+    } else if (absl::Status s = model_->AddGradients(*Replica(r), share); !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s = model_->ApplyUpdates(); !s.ok()) return s;
+  for (auto& replica : replicas_) {
+    if (absl::Status s = replica->CopyParametersFrom(*model_); !s.ok()) return s;
+  }
+  return total;
 }
 
 absl::StatusOr<TrainReport> Trainer::Run() {
@@ -53,6 +104,16 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   }
   if (data_->num_train() < 1 || data_->num_eval() < 1) {
     return absl::InvalidArgumentError("dataset needs training and evaluation samples");
+  }
+  if (options_.threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("train.threads must be >= 1, got %d", options_.threads));
+  }
+  replicas_.clear();
+  for (int r = 1; r < options_.threads; ++r) {
+    absl::StatusOr<std::unique_ptr<GemLite<float>>> replica = model_->Clone();
+    if (!replica.ok()) return replica.status();
+    replicas_.push_back(*std::move(replica));
   }
   TrainReport report;
   const auto start = std::chrono::steady_clock::now();
@@ -74,21 +135,19 @@ absl::StatusOr<TrainReport> Trainer::Run() {
       }
       const int64_t end = std::min<int64_t>(begin + options_.batch_size, data_->num_train());
       const auto step_start = std::chrono::steady_clock::now();
-      const Batch batch = data_->MakeBatch(
-          /*eval=*/false, absl::MakeConstSpan(order.data() + begin, end - begin));
-      absl::StatusOr<StepResult> step = model_->ForwardBackward(batch);
+      absl::StatusOr<StepResult> step =
+          Step(absl::MakeConstSpan(order.data() + begin, end - begin));
       if (!step.ok()) return step.status();
-      if (absl::Status s = model_->ApplyUpdates(); !s.ok()) return s;
       report.train_wall_s += Seconds(step_start);
       ++report.steps;
       ++epoch_steps;
       ++window_steps;
-      report.samples += batch.size;
+      report.samples += end - begin;
       report.flops += step->flops;
       loss_sum += step->ctr_loss;
       window_loss += step->ctr_loss;
       window_flops += step->flops;
-      window_samples += static_cast<double>(batch.size);
+      window_samples += static_cast<double>(end - begin);
       if (log_ && options_.log_every > 0 && report.steps % options_.log_every == 0) {
         const double dt = Seconds(window_start);
         log_(absl::StrFormat(

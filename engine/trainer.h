@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ struct TrainerOptions {
   int64_t log_every = 50;  // Steps between progress lines (0: none).
   uint64_t seed = 1;       // Shuffling.
   int64_t eval_batch_size = 1024;
+  // Threads, each with a model replica working on a slice of every batch
+  // (see GemLite::AddGradients). Results depend on the thread count only
+  // through float summation order.
+  int threads = 1;
 };
 
 struct EpochReport {
@@ -66,7 +71,13 @@ class Trainer {
   absl::StatusOr<BinaryMetrics> Evaluate();
 
  private:
+  GemLite<float>* Replica(int r);
+  // One optimizer step on `samples` (training-set indices), split across
+  // the replicas.
+  absl::StatusOr<StepResult> Step(absl::Span<const int64_t> samples);
+
   GemLite<float>* model_;
+  std::vector<std::unique_ptr<GemLite<float>>> replicas_;  // threads - 1 of them.
   const Dataset* data_;
   TrainerOptions options_;
   Logger log_;

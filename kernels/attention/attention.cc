@@ -109,7 +109,7 @@ absl::Status AttentionForward(const AttentionInputs& in, const AttentionOptions&
   if (auto s = CheckShaped(out, "out", q.shape, {q.dtype}, q.device); !s.ok()) return s;
   if (auto s = CheckLse(lse, in, opts); !s.ok()) return s;
   return q.device == Device::kCpu ? internal::ForwardCpu(in, opts, out, lse)
-                                  : absl::UnimplementedError("CUDA attention kernels are not built in yet");
+                                  : internal::ForwardCuda(in, opts, out, lse);
 }
 
 absl::Status AttentionBackward(const AttentionInputs& in, const AttentionOptions& opts,
@@ -135,7 +135,7 @@ absl::Status AttentionBackward(const AttentionInputs& in, const AttentionOptions
     }
   }
   return q.device == Device::kCpu ? internal::BackwardCpu(in, opts, d_out, grads)
-                                  : absl::UnimplementedError("CUDA attention kernels are not built in yet");
+                                  : internal::BackwardCuda(in, opts, out, lse, d_out, grads);
 }
 
 double AttentionForwardFlops(const JaggedView& q, const JaggedView& k, int64_t heads,

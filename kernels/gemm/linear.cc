@@ -42,7 +42,7 @@ absl::Status Gemm(const Operand& a, const Operand& b, GemmPrecision precision,
   if (c.device == Device::kCpu) {
     return linear_internal::GemmCpu(a, b, precision, bias, accumulate, c);
   }
-  return CheckDevice(c, "c", Device::kCpu);
+  return linear_internal::GemmCuda(a, b, precision, bias, accumulate, c, stream);
 }
 
 }  // namespace
@@ -95,7 +95,7 @@ absl::Status LinearBackwardWeight(const TensorView& dy, const TensorView& x, con
                                 recipe.wgrad, TensorView(), accumulate, dw, stream));
   if (dbias.data == nullptr) return absl::OkStatus();
   if (dy.device == Device::kCpu) return linear_internal::BiasGradCpu(dy, accumulate, dbias);
-  return CheckDevice(dy, "c", Device::kCpu);
+  return linear_internal::BiasGradCuda(dy, accumulate, dbias, stream);
 }
 
 }  // namespace recfleet

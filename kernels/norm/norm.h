@@ -39,6 +39,20 @@ absl::Status LayerNormBackward(const TensorView& dy, const TensorView& x, const 
                                const TensorView& dx, const TensorView& dgamma,
                                const TensorView& dbeta, void* stream = nullptr);
 
+// Forward passes that emit FP8 directly (fusing the quantization of the
+// next FP8 GEMM's input into the norm): y is [..., dim] fp8 (E4M3 or E5M2),
+// y_scales [rows, ceil(dim / 128)] fp32 are its 1x128 block scales, exactly
+// as kernels/quant Quantize(ScaleBlock::k1x128, round-to-nearest) would
+// produce from the fp32 norm output.
+absl::Status RmsNormForwardFp8(const TensorView& x, const TensorView& gamma, float eps,
+                               const TensorView& y, const TensorView& y_scales,
+                               const TensorView& rstd, void* stream = nullptr);
+
+absl::Status LayerNormForwardFp8(const TensorView& x, const TensorView& gamma,
+                                 const TensorView& beta, float eps, const TensorView& y,
+                                 const TensorView& y_scales, const TensorView& mean,
+                                 const TensorView& rstd, void* stream = nullptr);
+
 }  // namespace recfleet
 
 #endif  // RECFLEET_KERNELS_NORM_NORM_H_

@@ -5,12 +5,19 @@
 
 #include "kernels/norm/norm_internal.h"
 #include "kernels/quant/formats.h"
+#include "kernels/quant/quantize.h"
 
 namespace recfleet::norm_internal {
 
 absl::Status ForwardCpu(const NormArgs& a, const TensorView& x, const TensorView& gamma,
                         const TensorView& beta, float eps, const TensorView& y,
-                        const TensorView& mean, const TensorView& rstd) {
+                        const TensorView& y_scales, const TensorView& mean,
+                        const TensorView& rstd) {
+  // An FP8 output is the fp32 result quantized in 1x128 blocks.
+  std::vector<float> y32;
+  const bool fp8 = y_scales.data != nullptr;
+  if (fp8) y32.resize(a.rows * a.dim);
+  const TensorView out = fp8 ? MakeView(y32.data(), DType::kFloat32, {a.rows, a.dim}) : y;
   for (int64_t r = 0; r < a.rows; ++r) {
     const int64_t base = r * a.dim;
     double mu = 0;
@@ -27,12 +34,18 @@ absl::Status ForwardCpu(const NormArgs& a, const TensorView& x, const TensorView
     for (int64_t d = 0; d < a.dim; ++d) {
       double v = (LoadAsDouble(x, base + d) - mu) * rs * LoadAsDouble(gamma, d);
       if (a.layer_norm) v += LoadAsDouble(beta, d);
-      StoreFromDouble(y, base + d, v);
+      StoreFromDouble(out, base + d, v);
     }
     if (a.layer_norm) StoreFromDouble(mean, r, mu);
     StoreFromDouble(rstd, r, rs);
   }
-  return absl::OkStatus();
+  if (!fp8) return absl::OkStatus();
+  QuantizeConfig cfg;
+  cfg.block = ScaleBlock::k1x128;
+  cfg.format = y.dtype;
+  TensorView q = y;
+  q.shape = {a.rows, a.dim};
+  return Quantize(out, cfg, false, q, y_scales);
 }
 
 absl::Status BackwardCpu(const NormArgs& a, const TensorView& dy, const TensorView& x,

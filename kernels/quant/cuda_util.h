@@ -71,6 +71,23 @@ __device__ __forceinline__ int64_t LoadIndex(const void* p, bool is64, int64_t i
               : static_cast<int64_t>(__ldg(static_cast<const int*>(p) + i));
 }
 
+// Element dtypes a kernel can take as a run-time switch where a template
+// parameter per dtype would multiply instantiations for little speed.
+enum class ElemType : int { kFloat32 = 0, kBFloat16 = 1 };
+
+__device__ __forceinline__ float LoadF(const void* p, ElemType t, int64_t i) {
+  return t == ElemType::kBFloat16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i])
+                                  : static_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ void StoreF(void* p, ElemType t, int64_t i, float v) {
+  if (t == ElemType::kBFloat16) {
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<float*>(p)[i] = v;
+  }
+}
+
 inline unsigned GridFor(int64_t work, int64_t per_block) {
   return static_cast<unsigned>((work + per_block - 1) / per_block);
 }

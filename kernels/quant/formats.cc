@@ -22,10 +22,10 @@ uint16_t FloatToBFloat16(float value) {
   return static_cast<uint16_t>((u + rounding_bias) >> 16);
 }
 
-float Fp8E4M3ToFloat(uint8_t bits) { return minifloat::Decode(minifloat::kE4M3, bits); }
-uint8_t FloatToFp8E4M3(float value) { return minifloat::Encode(minifloat::kE4M3, value); }
-float Fp8E5M2ToFloat(uint8_t bits) { return minifloat::Decode(minifloat::kE5M2, bits); }
-uint8_t FloatToFp8E5M2(float value) { return minifloat::Encode(minifloat::kE5M2, value); }
+float Fp8E4M3ToFloat(uint8_t bits) { return minifloat::Decode(minifloat::E4M3(), bits); }
+uint8_t FloatToFp8E4M3(float value) { return minifloat::Encode(minifloat::E4M3(), value); }
+float Fp8E5M2ToFloat(uint8_t bits) { return minifloat::Decode(minifloat::E5M2(), bits); }
+uint8_t FloatToFp8E5M2(float value) { return minifloat::Encode(minifloat::E5M2(), value); }
 
 float Fp8Max(DType dtype) {
   switch (dtype) {

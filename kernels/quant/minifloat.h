@@ -25,8 +25,9 @@ struct Spec {
   uint32_t max_code;
 };
 
-constexpr Spec kE4M3{3, 7, 0x7E};
-constexpr Spec kE5M2{2, 15, 0x7B};
+// Functions rather than constants so that device code can use them.
+RECFLEET_HD constexpr Spec E4M3() { return Spec{3, 7, 0x7E}; }
+RECFLEET_HD constexpr Spec E5M2() { return Spec{2, 15, 0x7B}; }
 constexpr uint8_t kNaNCode = 0x7F;
 
 // Magnitude of a non-NaN code without its sign bit (E5M2's 0x7C is +inf).

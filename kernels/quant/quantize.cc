@@ -108,7 +108,7 @@ absl::Status Quantize(const TensorView& x, const QuantizeConfig& config, bool tr
   RECFLEET_RETURN_IF_ERROR(CheckDim(q, "q", 1, cols));
   RECFLEET_RETURN_IF_ERROR(CheckScales(scales, q, config.block));
   if (x.device == Device::kCpu) return QuantizeCpu(x, config, transpose, q, scales, nullptr);
-  return CheckDevice(x, "x", Device::kCpu);
+  return QuantizeCuda(x, config, transpose, q, scales, nullptr, stream);
 }
 
 absl::Status Dequantize(const TensorView& q, const TensorView& scales, ScaleBlock block,
@@ -118,7 +118,7 @@ absl::Status Dequantize(const TensorView& q, const TensorView& scales, ScaleBloc
   RECFLEET_RETURN_IF_ERROR(CheckSameShape(x, "x", q, "q"));
   RECFLEET_RETURN_IF_ERROR(CheckComputeDType(x, "x"));
   if (q.device == Device::kCpu) return DequantizeCpu(q, scales, block, x);
-  return CheckDevice(q, "q", Device::kCpu);
+  return DequantizeCuda(q, scales, block, x, stream);
 }
 
 absl::Status RandomHadamard(const TensorView& x, int64_t block, uint64_t seed, bool inverse,
@@ -133,7 +133,7 @@ absl::Status RandomHadamard(const TensorView& x, int64_t block, uint64_t seed, b
         x.DebugString(), ", got ", block));
   }
   if (x.device == Device::kCpu) return HadamardCpu(x, block, seed, inverse, y);
-  return CheckDevice(x, "x", Device::kCpu);
+  return HadamardCuda(x, block, seed, inverse, y, stream);
 }
 
 size_t PackedBytes(int64_t rows, int64_t cols, ScaleBlock block) {
@@ -146,7 +146,7 @@ absl::Status PackQuantized(const TensorView& q, const TensorView& scales, ScaleB
   RECFLEET_RETURN_IF_ERROR(CheckScales(scales, q, block));
   RECFLEET_RETURN_IF_ERROR(CheckBuffer(buffer, q.device));
   if (q.device == Device::kCpu) return PackCpu(q, scales, block, buffer);
-  return CheckDevice(q, "q", Device::kCpu);
+  return PackCuda(q, scales, block, buffer, stream);
 }
 
 absl::Status QuantizeAndPack(const TensorView& x, const QuantizeConfig& config, void* buffer,
@@ -165,7 +165,7 @@ absl::Status QuantizeAndPack(const TensorView& x, const QuantizeConfig& config, 
   uint8_t* e8m0 = reinterpret_cast<uint8_t*>(scales.data);
   scales.data = nullptr;
   if (x.device == Device::kCpu) return QuantizeCpu(x, config, false, q, scales, e8m0);
-  return CheckDevice(q, "q", Device::kCpu);
+  return QuantizeCuda(x, config, false, q, scales, e8m0, stream);
 }
 
 absl::Status UnpackQuantized(const void* buffer, ScaleBlock block, const TensorView& q,
@@ -174,7 +174,7 @@ absl::Status UnpackQuantized(const void* buffer, ScaleBlock block, const TensorV
   RECFLEET_RETURN_IF_ERROR(CheckScales(scales, q, block));
   RECFLEET_RETURN_IF_ERROR(CheckBuffer(buffer, q.device));
   if (q.device == Device::kCpu) return UnpackCpu(buffer, block, q, scales);
-  return CheckDevice(q, "q", Device::kCpu);
+  return UnpackCuda(buffer, block, q, scales, stream);
 }
 
 }  // namespace recfleet

@@ -14,8 +14,8 @@
 namespace recfleet::quant_internal {
 namespace {
 
-const minifloat::Spec& SpecOf(DType format) {
-  return format == DType::kFloat8E5M2 ? minifloat::kE5M2 : minifloat::kE4M3;
+minifloat::Spec SpecOf(DType format) {
+  return format == DType::kFloat8E5M2 ? minifloat::E5M2() : minifloat::E4M3();
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -27,7 +27,7 @@ absl::Status QuantizeCpu(const TensorView& x, const QuantizeConfig& config, bool
   const int64_t rows = q.dim(0), cols = q.dim(1);
   const int64_t x_cols = x.dim(1);
   const BlockDims b = DimsOf(config.block);
-  const minifloat::Spec& spec = SpecOf(config.format);
+  const minifloat::Spec spec = SpecOf(config.format);
   const float fmax = Fp8Max(config.format);
   const bool pow2 = config.block == ScaleBlock::k32x32;
   auto load = [&](int64_t i, int64_t j) {

@@ -50,11 +50,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   return c;
 }
 
-Coordinator::~Coordinator() {
-  stop_.Notify();
+Coordinator::~Coordinator() { Shutdown(); }
+
+void Coordinator::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_.HasBeenNotified()) stop_.Notify();
+    events_cv_.SignalAll();
+  }
   if (loop_.joinable()) loop_.join();
-  absl::MutexLock lock(&mu_);
-  events_cv_.SignalAll();
+  rendezvous_.Shutdown();
 }
 
 void Coordinator::RegisterMetrics(metrics::MetricRegistry* registry) {
@@ -105,7 +110,9 @@ absl::Status Coordinator::Recover() {
     aj.ranks_per_worker = std::max(aj.job.spec().resources().gpus_per_worker(), 1);
     for (const JobTransition& t : *history) aj.restarts += t.to() == JobStatus::RESTARTING;
     const JobState state = aj.job.status().state();
-    if (state == JobStatus::SCHEDULING) {
+    if (state == JobStatus::QUEUED || state == JobStatus::RESTARTING) {
+      waiting_.insert({aj.order, aj.id});
+    } else if (state == JobStatus::SCHEDULING) {
       FailAttemptLocked(aj, "CoordinatorRestarted",
                         "the coordinator restarted while the job was being placed");
     } else if (state == JobStatus::RUNNING) {
@@ -144,6 +151,11 @@ absl::Status Coordinator::TransitionLocked(ActiveJob& aj, JobState to, const std
   ToProto(now, t.mutable_time());
   if (absl::Status s = store_->RecordTransition(aj.id, next, t); !s.ok()) return s;
   *aj.job.mutable_status() = std::move(next);
+  if (to == JobStatus::QUEUED || to == JobStatus::RESTARTING) {
+    waiting_.insert({aj.order, aj.id});
+  } else {
+    waiting_.erase({aj.order, aj.id});
+  }
   transitions_->WithLabels({StateName(to)}).Increment();
   WatchJobResponse event;
   event.set_kind(WatchJobResponse::STATE_CHANGE);
@@ -164,6 +176,7 @@ absl::Status Coordinator::EndJobLocked(ActiveJob& aj, JobState to, const std::st
   rendezvous_.Close(aj.job.name());
   events_[aj.id].ended = options_.clock();
   for (const std::string& w : aj.job.status().workers()) pending_relink_.erase(w);
+  waiting_.erase({aj.order, aj.id});
   jobs_.erase(aj.id);
   schedule_dirty_ = true;
   return absl::OkStatus();
@@ -223,21 +236,17 @@ void Coordinator::FailAttemptLocked(ActiveJob& aj, const std::string& reason,
 void Coordinator::ScheduleLocked() {
   if (!schedule_dirty_) return;
   schedule_dirty_ = false;
-  std::vector<ActiveJob*> waiting;
-  for (auto& [id, aj] : jobs_) {
-    JobState s = aj.job.status().state();
-    if (s == JobStatus::QUEUED || s == JobStatus::RESTARTING) waiting.push_back(&aj);
-  }
-  if (waiting.empty()) return;
-  std::sort(waiting.begin(), waiting.end(),
-            [](const ActiveJob* a, const ActiveJob* b) { return a->order < b->order; });
+  if (waiting_.empty()) return;
   std::vector<WorkerView> idle;
   for (const auto& [id, w] : registry_.workers()) {
     if (w.idle()) idle.push_back(WorkerView{id, w.gpu_count(), w.info.topology()});
   }
   // First fit in submission order: a job that does not fit yet does not
-  // block smaller jobs behind it.
-  for (ActiveJob* aj : waiting) {
+  // block smaller jobs behind it. Placing a job removes only its own entry
+  // from waiting_, which the loop has already stepped past.
+  for (auto it = waiting_.begin(); it != waiting_.end() && !idle.empty();) {
+    ActiveJob* aj = &jobs_.at((it++)->second);
+    if (static_cast<size_t>(aj->job.spec().resources().workers()) > idle.size()) continue;
     std::optional<Placement> p = PlaceGang(aj->job.spec(), idle);
     if (!p) continue;
     std::set<std::string> taken;
@@ -335,6 +344,7 @@ absl::StatusOr<Job> Coordinator::CreateJob(const ::recfleet::v1::CreateJobReques
   aj.id = id;
   aj.order = next_order_++;
   aj.job = *job;
+  waiting_.insert({aj.order, id});
   WatchJobResponse event;
   event.set_kind(WatchJobResponse::STATE_CHANGE);
   *event.mutable_job() = aj.job;

@@ -70,7 +70,11 @@ class Coordinator {
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(std::unique_ptr<JobStore> store,
                                                              CoordinatorOptions options,
                                                              metrics::MetricRegistry* registry);
-  ~Coordinator();  // Stops the background loop.
+  ~Coordinator();  // Calls Shutdown().
+
+  // Stops the control loop, ends pending rendezvous waits (UNAVAILABLE) and
+  // wakes watchers, so a server can drain its calls. Idempotent.
+  void Shutdown();
 
   // ---- JobService (see job_service.proto for contracts and errors) ----
   absl::StatusOr<::recfleet::v1::Job> CreateJob(const ::recfleet::v1::CreateJobRequest& request);
@@ -181,6 +185,8 @@ class Coordinator {
   absl::CondVar events_cv_;
   WorkerRegistry registry_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);
+  // QUEUED and RESTARTING jobs as (order, id): the scheduler's queue.
+  std::set<std::pair<uint64_t, std::string>> waiting_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, EventLog> events_ ABSL_GUARDED_BY(mu_);
   // Worker id -> job id, for RUNNING jobs recovered after a restart whose
   // workers have not re-registered yet.

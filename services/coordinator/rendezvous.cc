@@ -7,6 +7,11 @@ namespace recfleet::coordinator {
 Rendezvous::Rendezvous() : timer_([this] { TimerLoop(); }) {}
 
 Rendezvous::~Rendezvous() {
+  Shutdown();
+  timer_.join();
+}
+
+void Rendezvous::Shutdown() {
   Fired fired;
   {
     absl::MutexLock lock(&mu_);
@@ -15,7 +20,6 @@ Rendezvous::~Rendezvous() {
       FailAll(ns, absl::UnavailableError("the coordinator is shutting down"), fired);
     }
   }
-  timer_.join();
   for (auto& [done, result] : fired) done(std::move(result));
 }
 
@@ -130,7 +134,8 @@ void Rendezvous::Wait(const std::string& job, int64_t epoch, std::vector<std::st
   Fired fired;
   {
     absl::MutexLock lock(&mu_);
-    absl::Status s = CheckLocked(job, epoch);
+    absl::Status s = stopping_ ? absl::UnavailableError("the coordinator is shutting down")
+                               : CheckLocked(job, epoch);
     if (s.ok() && keys.empty()) s = absl::InvalidArgumentError("keys must list at least one key");
     if (!s.ok()) {
       fired.emplace_back(std::move(done), s);

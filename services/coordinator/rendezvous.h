@@ -56,6 +56,10 @@ class Rendezvous {
   void Wait(const std::string& job, int64_t epoch, std::vector<std::string> keys,
             absl::Time deadline, WaitCallback done);
 
+  // Fails every pending and future Wait with UNAVAILABLE (server shutdown:
+  // lets in-flight calls finish). Idempotent.
+  void Shutdown();
+
   // Number of keys across all namespaces (for metrics).
   int64_t key_count() const;
 

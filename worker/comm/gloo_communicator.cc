@@ -1,5 +1,7 @@
 #include "worker/comm/gloo_communicator.h"
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -236,9 +238,23 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<GlooTransport> transport_;
 };
 
+// This Gloo writes to its sockets without MSG_NOSIGNAL, so a write to a
+// peer that died raises SIGPIPE, whose default action kills the process
+// instead of letting the error surface as a Status. Ignore it, unless the
+// program installed a handler of its own.
+void IgnoreSigpipeOnce() {
+  static const bool done = [] {
+    struct sigaction current;
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+    return true;
+  }();
+  (void)done;
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<GlooTransport>> GlooTransport::Create(const std::string& hostname) {
+  IgnoreSigpipeOnce();
   std::shared_ptr<gloo::transport::Device> device;
   absl::Status s = Guarded([&] {
     gloo::transport::tcp::attr attr;

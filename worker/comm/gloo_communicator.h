@@ -10,6 +10,10 @@
 // stays alive but stops calling makes the others fail with DeadlineExceeded
 // after the communicator's timeout. A rendezvous whose peers never arrive
 // fails with DeadlineExceeded after the same timeout.
+//
+// Process-wide effect: creating a GlooTransport sets SIGPIPE to SIG_IGN if
+// it still has its default action, because Gloo's sockets would otherwise
+// kill the process when a peer dies.
 
 #include <memory>
 #include <string>

@@ -260,6 +260,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(KvStore& store, int ra
   int* scratch = nullptr;
   err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   if (err == cudaSuccess) err = cudaMalloc(&scratch, sizeof(int));
+  if (err == cudaSuccess) err = cudaMemset(scratch, 0, sizeof(int));
   if (err != cudaSuccess) {
     if (stream != nullptr) cudaStreamDestroy(stream);
     ncclCommAbort(comm);

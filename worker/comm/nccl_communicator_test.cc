@@ -2,48 +2,16 @@
 // the Gloo backend, with one rank (always) and with one rank per visible GPU
 // (when there are at least two), plus its failure paths.
 
-#include <cuda_runtime_api.h>
-
-#include <thread>
-
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/comm/conformance.h"
+#include "worker/comm/cuda_test_memory.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/comm/testing.h"
 
 namespace recfleet {
 namespace comm {
 namespace {
-
-// Rank r's buffers live on GPU r.
-class CudaTestMemory : public TestMemory {
- public:
-  Device device() const override { return Device::kCuda; }
-  void* Alloc(int rank, size_t bytes) override {
-    void* p = nullptr;
-    EXPECT_EQ(cudaSetDevice(rank), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
-    return p;
-  }
-  void Free(int rank, void* p) override {
-    cudaSetDevice(rank);
-    cudaFree(p);
-  }
-  void Upload(int rank, void* dst, const void* src, size_t bytes) override {
-    cudaSetDevice(rank);
-    EXPECT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  void Download(int rank, void* dst, const void* src, size_t bytes) override {
-    cudaSetDevice(rank);
-    EXPECT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-};
-
-int GpuCount() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
 
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ConnectNcclGroup(KvStore& store, int size,
                                                                             const CommOptions& options) {
@@ -74,18 +42,18 @@ void RunAllChecks(int size) {
 }
 
 TEST(NcclCommunicatorTest, OneRankConformance) {
-  ASSERT_GE(GpuCount(), 1) << "this test needs a GPU";
+  ASSERT_GE(CudaDeviceCount(), 1) << "this test needs a GPU";
   RunAllChecks(1);
 }
 
 TEST(NcclCommunicatorTest, OneRankPerGpuConformance) {
-  const int gpus = GpuCount();
+  const int gpus = CudaDeviceCount();
   if (gpus < 2) GTEST_SKIP() << "needs at least 2 GPUs, have " << gpus;
   RunAllChecks(gpus);
 }
 
 TEST(NcclCommunicatorTest, RejectsHostBuffers) {
-  ASSERT_GE(GpuCount(), 1);
+  ASSERT_GE(CudaDeviceCount(), 1);
   InProcessKvStore store;
   auto comm = ConnectNccl(store, 0, 1, 0, CommOptions());
   ASSERT_TRUE(comm.ok()) << comm.status();
@@ -96,7 +64,7 @@ TEST(NcclCommunicatorTest, RejectsHostBuffers) {
 }
 
 TEST(NcclCommunicatorTest, RendezvousFailsWhenRankZeroNeverArrives) {
-  ASSERT_GE(GpuCount(), 1);
+  ASSERT_GE(CudaDeviceCount(), 1);
   InProcessKvStore store;
   CommOptions options;
   options.timeout = absl::Milliseconds(500);
@@ -109,7 +77,7 @@ TEST(NcclCommunicatorTest, RendezvousFailsWhenRankZeroNeverArrives) {
 // Rank 1 publishes nothing and never joins: rank 0's init cannot complete,
 // and the deadline aborts it instead of hanging.
 TEST(NcclCommunicatorTest, InitTimesOutWhenAPeerNeverJoins) {
-  ASSERT_GE(GpuCount(), 1);
+  ASSERT_GE(CudaDeviceCount(), 1);
   InProcessKvStore store;
   CommOptions options;
   options.timeout = absl::Seconds(3);
@@ -120,7 +88,7 @@ TEST(NcclCommunicatorTest, InitTimesOutWhenAPeerNeverJoins) {
 }
 
 TEST(NcclCommunicatorTest, AbortBreaksTheCommunicator) {
-  ASSERT_GE(GpuCount(), 1);
+  ASSERT_GE(CudaDeviceCount(), 1);
   InProcessKvStore store;
   auto comm = ConnectNccl(store, 0, 1, 0, CommOptions());
   ASSERT_TRUE(comm.ok()) << comm.status();

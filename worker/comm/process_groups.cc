@@ -106,22 +106,42 @@ absl::StatusOr<std::vector<ProcessGroupSpec>> DeviceMesh::AllGroups(absl::Span<c
 absl::StatusOr<ProcessGroups> ProcessGroups::Build(const DeviceMesh& mesh, int rank,
                                                    const std::vector<std::vector<std::string>>& groups,
                                                    KvStore& store, const CommFactory& factory) {
-  ProcessGroups result;
+  std::vector<ProcessGroupSpec> specs;
   for (const std::vector<std::string>& dims : groups) {
     absl::StatusOr<ProcessGroupSpec> spec = mesh.GroupOf(rank, dims);
     if (!spec.ok()) return spec.status();
-    if (result.groups_.count(spec->name) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("process groups: '", spec->name, "' requested twice"));
+    specs.push_back(*std::move(spec));
+  }
+  return BuildFromSpecs(rank, std::move(specs), store, factory);
+}
+
+absl::StatusOr<ProcessGroups> ProcessGroups::BuildFromSpecs(int rank, std::vector<ProcessGroupSpec> specs,
+                                                            KvStore& store, const CommFactory& factory) {
+  ProcessGroups result;
+  for (ProcessGroupSpec& spec : specs) {
+    const std::string label = absl::StrCat("process group '", spec.name, "' #", spec.index);
+    if (spec.name.empty()) return absl::InvalidArgumentError("process groups: a group has an empty name");
+    if (result.groups_.count(spec.name) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(label, " requested twice"));
     }
-    PrefixKvStore group_store(&store, spec->StoreNamespace());
+    const int group_rank = spec.GroupRank(rank);
+    if (group_rank < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(label, ": rank ", rank, " is not among its ranks [",
+                                                     absl::StrJoin(spec.ranks, ", "), "]"));
+    }
+    absl::flat_hash_set<int> seen(spec.ranks.begin(), spec.ranks.end());
+    if (seen.size() != spec.ranks.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(label, ": ranks [", absl::StrJoin(spec.ranks, ", "),
+                                                     "] repeat a rank"));
+    }
+    PrefixKvStore group_store(&store, spec.StoreNamespace());
     absl::StatusOr<std::unique_ptr<Communicator>> comm =
-        factory(group_store, spec->GroupRank(rank), static_cast<int>(spec->ranks.size()));
+        factory(group_store, group_rank, static_cast<int>(spec.ranks.size()));
     if (!comm.ok()) {
-      return absl::Status(comm.status().code(), absl::StrCat("process group '", spec->name, "' #", spec->index,
-                                                             ": ", comm.status().message()));
+      return absl::Status(comm.status().code(), absl::StrCat(label, ": ", comm.status().message()));
     }
-    const std::string name = spec->name;
-    result.groups_[name] = Group{*std::move(spec), *std::move(comm)};
+    std::string name = spec.name;
+    result.groups_[name] = Group{std::move(spec), *std::move(comm)};
   }
   return result;
 }

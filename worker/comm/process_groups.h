@@ -38,7 +38,8 @@ struct ProcessGroupSpec {
   std::string name;
   // Which of the groups of that name (0 .. world / group size - 1).
   int index = 0;
-  // World ranks, ascending; a rank's position here is its group rank.
+  // World ranks; a rank's position here is its group rank (ascending for
+  // groups cut from a DeviceMesh).
   std::vector<int> ranks;
 
   // Position of `world_rank` in `ranks`, or -1.
@@ -87,6 +88,14 @@ class ProcessGroups {
   static absl::StatusOr<ProcessGroups> Build(const DeviceMesh& mesh, int rank,
                                              const std::vector<std::vector<std::string>>& groups, KvStore& store,
                                              const CommFactory& factory);
+
+  // Connects this rank's communicator in each of `specs`, in order, given
+  // explicitly (e.g. from a coordinator assignment): a spec's `ranks` are in
+  // communicator order, and `rank` must be in every one. Every member of a
+  // group must pass its spec with the same name, index and ranks, and the
+  // groups in the same relative order.
+  static absl::StatusOr<ProcessGroups> BuildFromSpecs(int rank, std::vector<ProcessGroupSpec> specs,
+                                                      KvStore& store, const CommFactory& factory);
 
   // The communicator of the group called `name` ("fsdp", "replica+fsdp"),
   // or nullptr if it was not built.

@@ -1,5 +1,6 @@
 #include "worker/comm/process_groups.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -98,6 +99,39 @@ TEST(ProcessGroupsTest, GlooGroupsReduceOverTheirMembers) {
     }
     EXPECT_EQ(groups->Get("mp"), nullptr);
   });
+}
+
+// Groups given as explicit rank lists, in communicator order (as an
+// assignment carries them): rank 3 is group rank 0 of "tables/0".
+TEST(ProcessGroupsTest, BuildsGroupsFromExplicitSpecs) {
+  InProcessKvStore store;
+  CommOptions options;
+  options.timeout = absl::Seconds(20);
+  const std::vector<int> order = {3, 1, 0, 2};
+  RunOnThreads(4, [&](int rank) {
+    auto transport = GlooTransport::Create("127.0.0.1");
+    ASSERT_TRUE(transport.ok());
+    ProcessGroupSpec tables{"tables/0", 0, order};
+    ProcessGroupSpec pair{"pair", rank / 2, {2 * (rank / 2), 2 * (rank / 2) + 1}};
+    auto groups = ProcessGroups::BuildFromSpecs(
+        rank, {tables, pair}, store, [&](KvStore& s, int r, int n) { return ConnectGloo(s, r, n, *transport, options); });
+    ASSERT_TRUE(groups.ok()) << groups.status();
+    Communicator* c = groups->Get("tables/0");
+    EXPECT_EQ(c->rank(), static_cast<int>(std::find(order.begin(), order.end(), rank) - order.begin()));
+    // Gathering world ranks shows the communicator order.
+    int64_t mine = rank;
+    std::vector<int64_t> all(4);
+    ASSERT_TRUE(c->AllGather(MakeView(&mine, DType::kInt64, {1}), MakeView(all.data(), DType::kInt64, {4})).ok());
+    EXPECT_THAT(all, ElementsAre(3, 1, 0, 2));
+    EXPECT_EQ(groups->Get("pair")->size(), 2);
+  });
+  InProcessKvStore unused;
+  auto bad = ProcessGroups::BuildFromSpecs(0, {ProcessGroupSpec{"g", 0, {1, 2}}}, unused,
+                                           [](KvStore&, int, int) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+                                             return absl::InternalError("must not connect");
+                                           });
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("rank 0 is not among"), absl::string_view::npos) << bad.status();
 }
 
 }  // namespace

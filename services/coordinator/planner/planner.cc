@@ -11,422 +11,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "services/coordinator/planner/candidates.h"
+#include "services/coordinator/planner/estimate.h"
+#include "services/coordinator/planner/units.h"
 
 namespace recfleet::planner {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// Above this many EP combinations per FSDP group size, every expert module
-// takes the same degree instead of being enumerated independently.
-constexpr int kMaxEpCombinations = 256;
-
-std::string GiB(double bytes) { return absl::StrFormat("%.2f GiB", bytes / kGiB); }
-std::string Ms(double s) { return absl::StrFormat("%.3f ms", s * 1e3); }
-
-std::string DescribeGroup(const GroupShape& g) {
-  if (g.size <= 1) return "a single rank";
-  std::vector<std::string> parts;
-  for (int l = 0; l < kNumLevels; ++l) {
-    if (g.factors[l] > 1) parts.push_back(absl::StrCat(LinkLevelName(l), " x", g.factors[l]));
-  }
-  return absl::StrJoin(parts, ", ");
-}
-
-bool IsPowerOfTwo(int v) { return v > 0 && (v & (v - 1)) == 0; }
-
 // ---------------------------------------------------------------------------
-// Stage 1: enumerate options.
-
-struct DenseOption {
-  int fsdp_group = 1;
-  std::vector<int> ep;  // Per module; 1 for non-expert modules or no EP.
-};
-
-struct SparseOption {
-  SparseScheme scheme = SparseScheme::kV2;
-  int m = 1;  // Model-parallel group size.
-  int s = 1;  // V3 shard degree.
-  absl::StatusOr<ShardingResult> sharding = absl::UnknownError("not sharded");
-  double emb_max = 0, out_max = 0, out_mean = 0, ids_max = 0, touched_max = 0;
-  double compute_max = 0, largest_touched_table = 0;
-
-  std::string Label() const {
-    if (scheme == SparseScheme::kV1) return absl::StrCat("V1 (one group of ", m, ")");
-    if (scheme == SparseScheme::kV2) return absl::StrCat("V2 groups of ", m);
-    return absl::StrCat("V3 groups of ", m, ", shards split ", s, "-way");
-  }
-};
-
-// Group sizes that tile the fleet and nest with its domains.
-std::vector<int> GroupSizes(const Topology& t, int max_size) {
-  std::vector<int> out;
-  const int n = t.WorldSize();
-  for (int g = 1; g <= std::min(n, max_size); ++g) {
-    if (n % g != 0) continue;
-    const bool nests = g <= t.NvlinkDomainSize() ? t.NvlinkDomainSize() % g == 0
-                       : g <= t.ZoneSize()       ? t.ZoneSize() % g == 0 &&
-                                                 g % t.NvlinkDomainSize() == 0
-                                                 : g % t.ZoneSize() == 0;
-    if (nests && (IsPowerOfTwo(g) || g % t.gpus_per_node == 0)) out.push_back(g);
-  }
-  return out;
-}
-
-std::vector<DenseOption> EnumerateDense(const Topology& t, const Model& model,
-                                        const PlannerOptions& opt) {
-  std::vector<DenseOption> out;
-  const int max_group = opt.allow_cross_zone_non_gradient ? t.WorldSize() : t.ZoneSize();
-  for (int g : GroupSizes(t, max_group)) {
-    // EP degrees per module: powers of two inside one NVLink domain that
-    // divide both the expert count and the FSDP group.
-    std::vector<std::vector<int>> choices(model.modules.size(), std::vector<int>{1});
-    int64_t combos = 1;
-    for (size_t i = 0; i < model.modules.size(); ++i) {
-      const DenseModule& m = model.modules[i];
-      if (!m.is_expert()) continue;
-      for (int e = 2; e <= std::min(t.NvlinkDomainSize(), g); e *= 2) {
-        if (m.num_experts % e == 0 && g % e == 0) choices[i].push_back(e);
-      }
-      combos *= static_cast<int64_t>(choices[i].size());
-    }
-    if (combos <= kMaxEpCombinations) {
-      std::vector<size_t> idx(model.modules.size(), 0);
-      while (true) {
-        DenseOption d{g, std::vector<int>(model.modules.size(), 1)};
-        for (size_t i = 0; i < idx.size(); ++i) d.ep[i] = choices[i][idx[i]];
-        out.push_back(std::move(d));
-        size_t k = 0;
-        while (k < idx.size() && ++idx[k] == choices[k].size()) idx[k++] = 0;
-        if (k == idx.size()) break;
-      }
-    } else {
-      for (int e = 1; e <= std::min(t.NvlinkDomainSize(), g); e *= 2) {
-        DenseOption d{g, std::vector<int>(model.modules.size(), 1)};
-        for (size_t i = 0; i < model.modules.size(); ++i) {
-          const auto& c = choices[i];
-          if (std::find(c.begin(), c.end(), e) != c.end()) d.ep[i] = e;
-        }
-        out.push_back(std::move(d));
-      }
-    }
-  }
-  return out;
-}
-
-std::vector<SparseOption> EnumerateSparse(const Topology& t, const PlannerOptions& opt) {
-  std::vector<SparseOption> out;
-  const int n = t.WorldSize();
-  const int max_span = opt.allow_cross_zone_non_gradient ? n : t.ZoneSize();
-  const int max_group = opt.max_model_parallel_group > 0
-                            ? std::min(max_span, opt.max_model_parallel_group)
-                            : max_span;
-  for (int m : GroupSizes(t, max_group)) {
-    if (m < n) out.push_back({SparseScheme::kV2, m, 1});
-  }
-  // V1 is always a candidate: the baseline the 2D layouts must beat.
-  if (n > 1) out.push_back({SparseScheme::kV1, n, 1});
-  for (int s = 2; s <= t.NvlinkDomainSize(); s *= 2) {
-    if (t.NvlinkDomainSize() % s != 0) continue;
-    for (int span : GroupSizes(t, max_span)) {
-      if (span % s == 0 && span > s && span / s <= max_group) {
-        out.push_back({SparseScheme::kV3, span / s, s});
-      }
-    }
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------
-// Stage 3: estimate one (mesh, layout) pair.
-
-struct Region {
-  std::string name;
-  double full = 0, min = 0, fwd_s = 0;
-};
-
-struct Context {
-  const Topology& topo;
-  const PlanRequest& req;
-  int world = 0;
-  double usable = 0;
-  std::vector<double> fwd_s;      // Per module, per rank.
-  std::vector<double> act_bytes;  // Per module at the local batch.
-  std::vector<Region> regions;    // Cheapest recompute per byte saved first.
-  double ids_send_bytes = 0;
-  double model_flops = 0;
-};
-
-Context MakeContext(const Topology& t, const PlanRequest& r) {
-  Context c{t, r, t.WorldSize(), t.hbm_bytes_per_gpu * (1 - r.options.hbm_reserve_fraction)};
-  const Model& model = r.model;
-  const double b = r.local_batch;
-  const double kept = r.precision.fp8_kept_activations ? 0.5 : 1.0;
-  std::map<std::string, size_t> region_index;
-  for (const DenseModule& m : model.modules) {
-    double eff = m.op == OpKind::kGemm        ? r.efficiency.gemm
-                 : m.op == OpKind::kAttention ? r.efficiency.attention
-                                              : r.efficiency.elementwise;
-    if (m.op == OpKind::kGemm && r.precision.fp8_modules.count(m.name)) {
-      eff *= r.precision.fp8_speedup;
-    }
-    const double flops = model.ForwardFlopsPerSample(m) * b;
-    c.model_flops += 3 * flops;
-    c.fwd_s.push_back(ComputeSeconds(flops, t.peak_flops_per_gpu, eff));
-    c.act_bytes.push_back(model.ActivationBytesPerSample(m) * b);
-    auto [it, fresh] = region_index.emplace(m.RegionName(), c.regions.size());
-    if (fresh) {
-      c.regions.push_back({m.RegionName()});
-      c.regions.back().min = m.io_bytes_per_sample * b * kept;
-    }
-    Region& reg = c.regions[it->second];
-    reg.full += c.act_bytes.back() * kept;
-    reg.fwd_s += c.fwd_s.back();
-  }
-  for (Region& reg : c.regions) reg.min = std::min(reg.min, reg.full);
-  auto cost_per_byte = [](const Region& reg) {
-    const double saved = reg.full - reg.min;
-    return saved > 0 ? reg.fwd_s / saved : 1e300;
-  };
-  std::stable_sort(c.regions.begin(), c.regions.end(), [&](const Region& a, const Region& b) {
-    return cost_per_byte(a) < cost_per_byte(b);
-  });
-  for (const Table& tab : model.tables) {
-    c.ids_send_bytes += b * tab.access_frequency * tab.pooling_factor * 8;
-  }
-  return c;
-}
-
-void Summarize(SparseOption* o) {
-  const ShardingResult& sh = *o->sharding;
-  double sum_out = 0;
-  for (size_t r = 0; r < sh.rank_bytes.size(); ++r) {
-    o->emb_max = std::max(o->emb_max, sh.rank_bytes[r]);
-    o->out_max = std::max(o->out_max, sh.rank_out_bytes[r]);
-    o->ids_max = std::max(o->ids_max, sh.rank_id_bytes[r]);
-    o->touched_max = std::max(o->touched_max, sh.rank_touched_bytes[r]);
-    o->compute_max = std::max(o->compute_max, sh.rank_compute_s[r]);
-    sum_out += sh.rank_out_bytes[r];
-  }
-  o->out_mean = sh.rank_out_bytes.empty() ? 0 : sum_out / sh.rank_out_bytes.size();
-  for (const TableSharding& ts : sh.tables) {
-    o->largest_touched_table = std::max(o->largest_touched_table, ts.shard_touched_bytes);
-  }
-}
-
-struct Op {
-  const char* what;
-  int module;  // -1: not tied to a dense module.
-  Collective collective;
-  bool gradient_sync;
-  GroupShape group;
-  double bytes;
-  int window;  // -1: on the critical path.
-  CommCost cost;
-  double exposed = 0;
-  std::array<double, kNumLevels> exposed_level = {0, 0, 0};
-};
-
-struct Window {
-  const char* what;
-  int module;  // -1: not tied to a dense module.
-  double compute_s;
-};
-
-struct Evaluation {
-  bool feasible = false;
-  bool memory_ok = false;
-  std::string why_not;
-  double over_bytes = 0;
-  MemoryBreakdown peak;
-  double sparse_buffers = 0;
-  std::vector<RegionBudget> regions;
-  StepTime step;
-  std::vector<Op> ops;
-  std::vector<Window> windows;
-};
-
-std::string OpName(const Model& model, const Op& op) {
-  return op.module < 0 ? op.what : absl::StrCat(op.what, " ", model.modules[op.module].name);
-}
-
-Evaluation Evaluate(const Context& c, const DenseOption& d, const SparseOption& s) {
-  Evaluation ev;
-  const Topology& t = c.topo;
-  const PlanRequest& r = c.req;
-  const PrecisionRecipe& p = r.precision;
-  const Model& model = r.model;
-  const int n = static_cast<int>(model.modules.size());
-  const int g = d.fsdp_group;
-  const double b = r.local_batch;
-
-  // Memory.
-  MemoryBreakdown& mem = ev.peak;
-  mem.embedding = s.emb_max;
-  double gathered1 = 0, gathered2 = 0, grad_full = 0, ep_act = 0;
-  for (int i = 0; i < n; ++i) {
-    const DenseModule& m = model.modules[i];
-    const double shard = static_cast<double>(m.params) / g;
-    mem.dense += shard * p.master_weight_bytes;
-    mem.optimizer += shard * (p.optimizer_bytes_per_param + p.gradient_shard_bytes);
-    const double wb = p.fp8_modules.count(m.name) ? 1 : p.weight_gather_bytes;
-    const double gathered = static_cast<double>(m.params) / d.ep[i] * wb;
-    if (gathered > gathered1) {
-      gathered2 = gathered1;
-      gathered1 = gathered;
-    } else {
-      gathered2 = std::max(gathered2, gathered);
-    }
-    grad_full = std::max(grad_full, static_cast<double>(m.params) / d.ep[i] * p.gradient_reduce_bytes);
-    if (d.ep[i] > 1) ep_act = std::max(ep_act, 2.0 * d.ep[i] * b * m.io_bytes_per_sample);
-  }
-  ev.sparse_buffers = s.out_max + s.out_mean + s.ids_max +
-                      (s.scheme == SparseScheme::kV3 ? s.largest_touched_table : 0);
-  mem.buffers = gathered1 + gathered2 + grad_full + ep_act + ev.sparse_buffers;
-  const double fixed = mem.embedding + mem.dense + mem.optimizer + mem.buffers;
-  double available = c.usable - fixed;
-  double full = 0, minimum = 0;
-  for (const Region& reg : c.regions) {
-    full += reg.full;
-    minimum += reg.min;
-  }
-  double recompute = 0;
-  ev.memory_ok = minimum <= available;
-  if (!ev.memory_ok) {
-    ev.over_bytes = minimum - available;
-    ev.why_not = absl::StrCat("over HBM by ", GiB(ev.over_bytes), " even with every region checkpointed");
-    mem.activations = minimum;
-  } else {
-    // Cut the regions with the least recompute per byte saved first.
-    double excess = std::max(0.0, full - available);
-    for (const Region& reg : c.regions) {
-      RegionBudget rb{reg.name, reg.full, reg.min, reg.full};
-      const double saved_max = reg.full - reg.min;
-      rb.seconds_per_gib_saved = saved_max > 0 ? reg.fwd_s / saved_max * kGiB : 0;
-      if (excess > 0 && saved_max > 0) {
-        const double cut = std::min(excess, saved_max);
-        rb.budget_bytes = reg.full - cut;
-        rb.recompute_s = reg.fwd_s * cut / saved_max;
-        excess -= cut;
-      }
-      recompute += rb.recompute_s;
-      mem.activations += rb.budget_bytes;
-      ev.regions.push_back(rb);
-    }
-  }
-
-  // Compute and overlap windows.
-  const double sparse_fwd = s.compute_max * 0.25, sparse_bwd = s.compute_max * 0.75;
-  double dense_fwd = 0;
-  for (double f : c.fwd_s) dense_fwd += f;
-  std::vector<Window>& win = ev.windows;
-  auto window = [&](const char* what, int module, double seconds) {
-    win.push_back({what, module, seconds});
-    return static_cast<int>(win.size()) - 1;
-  };
-  std::vector<int> fwd_win(n), bwd_win(n);
-  for (int i = 0; i < n; ++i) {
-    fwd_win[i] = i == 0 ? window("sparse forward lookups", -1, sparse_fwd)
-                        : window("forward of", i - 1, c.fwd_s[i - 1]);
-  }
-  for (int i = 0; i < n; ++i) bwd_win[i] = window("backward of", i, 2 * c.fwd_s[i]);
-  const int sparse_bwd_win = window("sparse backward lookups", -1, sparse_bwd);
-  const int input_win = window("previous step's dense compute", -1, 3 * dense_fwd);
-  const int dense_bwd_win = window("dense backward", -1, 2 * dense_fwd);
-
-  std::vector<Op>& ops = ev.ops;
-  auto op = [&](const char* what, int module, Collective coll, bool grad, const GroupShape& grp,
-                double bytes, int w) {
-    if (grp.size <= 1 || bytes <= 0) return;
-    ops.push_back({what, module, coll, grad, grp, bytes, w, CollectiveCost(t, grp, coll, bytes)});
-  };
-  const GroupShape replica = MakeGroup(t, c.world / g, g);
-  const GroupShape fsdp = MakeGroup(t, g, 1);
-  for (int i = 0; i < n; ++i) {
-    const DenseModule& m = model.modules[i];
-    const int e = d.ep[i];
-    const GroupShape grp = e > 1 ? MakeGroup(t, g / e, e) : fsdp;
-    const double wb = p.fp8_modules.count(m.name) ? 1 : p.weight_gather_bytes;
-    const double params = static_cast<double>(m.params) / e;
-    op("FSDP all-gather (forward)", i, Collective::kAllGather, false, grp, params * wb, fwd_win[i]);
-    if (i + 1 < n) {
-      op("FSDP all-gather (backward)", i, Collective::kAllGather, false, grp, params * wb,
-         bwd_win[i + 1]);
-    }
-    const int grad_win = i == 0 ? sparse_bwd_win : bwd_win[i - 1];
-    op("FSDP reduce-scatter of gradients", i, Collective::kReduceScatter, false, grp,
-       params * p.gradient_reduce_bytes, grad_win);
-    op("replica all-reduce of shard gradients", i, Collective::kAllReduce, true, replica,
-       static_cast<double>(m.params) / g * p.gradient_reduce_bytes, grad_win);
-    if (e > 1) {
-      const GroupShape ep = MakeGroup(t, e, 1);
-      const double act = e * b * m.io_bytes_per_sample;
-      op("EP all-gather of inputs (forward)", i, Collective::kAllGather, false, ep, act, -1);
-      op("EP reduce-scatter of outputs (forward)", i, Collective::kReduceScatter, false, ep, act, -1);
-      op("EP all-gather of output gradients (backward)", i, Collective::kAllGather, false, ep, act, -1);
-      op("EP reduce-scatter of input gradients (backward)", i, Collective::kReduceScatter, false, ep,
-         act, -1);
-    }
-  }
-  const GroupShape mp = MakeGroup(t, s.m, s.s);
-  op("ids all-to-all", -1, Collective::kAllToAll, false, mp, std::max(c.ids_send_bytes, s.ids_max),
-     input_win);
-  op("embedding all-to-all (forward)", -1, Collective::kAllToAll, false, mp, s.out_max, -1);
-  op("embedding-gradient all-to-all (backward)", -1, Collective::kAllToAll, false, mp, s.out_max, -1);
-  if (s.scheme == SparseScheme::kV3) {
-    const GroupShape v3 = MakeGroup(t, s.s, 1);
-    op("V3 table-shard all-gather (forward)", -1, Collective::kAllGather, false, v3, s.touched_max,
-       input_win);
-    op("V3 table-shard all-gather (backward)", -1, Collective::kAllGather, false, v3, s.touched_max,
-       dense_bwd_win);
-    op("V3 reduce-scatter of updated rows", -1, Collective::kReduceScatter, false, v3,
-       s.touched_max, -1);
-  }
-  const int span = s.m * s.s;
-  if (span < c.world) {
-    const double grad_rows = s.touched_max / s.s * p.embedding_grad_bytes / p.embedding_bytes;
-    op("table-copy all-reduce of touched gradient rows", -1, Collective::kAllReduce, true,
-       MakeGroup(t, c.world / span, span), grad_rows / r.options.embedding_sync_interval, -1);
-  }
-
-  // Exposure: ops sharing a window run back to back on its stream; what
-  // does not fit in the window's compute is exposed, split over the ops
-  // (and their levels) in proportion to their time.
-  std::vector<double> load(win.size(), 0);
-  for (const Op& o : ops) {
-    if (o.window >= 0) load[o.window] += o.cost.seconds;
-  }
-  StepTime& st = ev.step;
-  for (Op& o : ops) {
-    double share = 1;
-    if (o.window >= 0) {
-      const double total = load[o.window];
-      share = total > 0 ? std::max(0.0, total - win[o.window].compute_s) / total : 0;
-    }
-    o.exposed = o.cost.seconds * share;
-    for (int l = 0; l < kNumLevels; ++l) {
-      o.exposed_level[l] = o.cost.seconds_per_level[l] * share;
-      st.exposed_s[l] += o.exposed_level[l];
-    }
-    if (!o.gradient_sync && o.group.HighestLevel() == kCrossZone &&
-        !r.options.allow_cross_zone_non_gradient && ev.why_not.empty()) {
-      ev.why_not = absl::StrCat("puts the ", OpName(model, o), " on cross-zone links");
-    }
-  }
-  st.sparse_compute_s = s.compute_max;
-  st.dense_compute_s = 3 * dense_fwd;
-  st.recompute_s = recompute;
-  st.total_s = st.ComputeS() + st.recompute_s + st.ExposedS();
-  st.model_flops = c.model_flops;
-  const double peak = t.peak_flops_per_gpu;
-  st.local_mfu = st.ComputeS() > 0 ? c.model_flops / (st.ComputeS() * peak) : 0;
-  st.e2e_mfu = st.total_s > 0 ? c.model_flops / (st.total_s * peak) : 0;
-  st.scaling_ratio = st.total_s > 0 ? st.ComputeS() / st.total_s : 1;
-  ev.feasible = ev.memory_ok && ev.why_not.empty();
-  return ev;
-}
-
-// ---------------------------------------------------------------------------
-// Stage 4: choose and explain.
+// Stage 4: choose and explain (stages 1-3: candidates.h, sharding.h,
+// estimate.h).
 
 std::string DenseLabel(const Model& model, const DenseOption& d) {
   std::string s = absl::StrCat("FSDP group ", d.fsdp_group);
@@ -448,8 +42,8 @@ Alternative MakeAlternative(const std::string& label, const Evaluation& ev,
     a.note = ev.why_not;
   } else {
     const double d = ev.step.total_s - best.step.total_s;
-    a.note = d > 0 ? absl::StrCat(Ms(d), " slower (", Ms(ev.step.ExposedS()), " exposed comm, ",
-                                  Ms(ev.step.recompute_s), " recompute)")
+    a.note = d > 0 ? absl::StrCat(MsText(d), " slower (", MsText(ev.step.ExposedS()), " exposed comm, ",
+                                  MsText(ev.step.recompute_s), " recompute)")
                    : "same step time, more memory";
   }
   return a;
@@ -502,9 +96,9 @@ std::string ModuleCommSummary(const Model& model, const Evaluation& ev, int modu
   }
   std::string s =
       window < 0 ? std::string("each rank holds its experts' full weights (no all-gather)")
-                 : absl::StrCat("forward all-gather ", Ms(ag), " vs ", Ms(window),
-                                " of previous compute -> ", Ms(ag_exposed), " exposed");
-  if (ep > 0) absl::StrAppend(&s, "; EP activation traffic ", Ms(ep_exposed), " exposed");
+                 : absl::StrCat("forward all-gather ", MsText(ag), " vs ", MsText(window),
+                                " of previous compute -> ", MsText(ag_exposed), " exposed");
+  if (ep > 0) absl::StrAppend(&s, "; EP activation traffic ", MsText(ep_exposed), " exposed");
   return s;
 }
 
@@ -519,11 +113,11 @@ std::string Fixes(const Context& c, const Evaluation& ev, const SparseOption& s)
     if (room > 0) {
       fixes.push_back(absl::StrFormat(
           "spread one copy of the tables (%s) over at least %d GPUs (fleet has %d)",
-          GiB(one_copy), static_cast<int>(std::ceil(one_copy / room)), c.world));
+          GiBText(one_copy), static_cast<int>(std::ceil(one_copy / room)), c.world));
     }
     if (r.precision.embedding_bytes > 2) {
       fixes.push_back(absl::StrCat("store tables in fp16 (precision.embedding: fp16): saves ",
-                                   GiB(ev.peak.embedding / 2), " per GPU"));
+                                   GiBText(ev.peak.embedding / 2), " per GPU"));
     }
   }
   const double per_sample = (ev.peak.activations + ev.sparse_buffers) / r.local_batch;
@@ -537,7 +131,7 @@ std::string Fixes(const Context& c, const Evaluation& ev, const SparseOption& s)
   if (!r.precision.fp8_kept_activations && ev.peak.activations > 0) {
     fixes.push_back(absl::StrCat("keep checkpointed activations in FP8 (precision.kept_activations: "
                                  "fp8): saves ",
-                                 GiB(ev.peak.activations / 2)));
+                                 GiBText(ev.peak.activations / 2)));
   }
   if (fixes.empty()) fixes.push_back("use GPUs with more HBM");
   return absl::StrJoin(fixes, "; or ");
@@ -548,10 +142,35 @@ absl::Status NothingFits(const Context& c, const std::vector<SparseOption>& spar
   const Model& model = c.req.model;
   std::string head = absl::StrFormat(
       "no plan fits in %s of usable HBM per GPU (%s less %.0f%% reserve) on %d GPUs",
-      GiB(c.usable), GiB(c.topo.hbm_bytes_per_gpu), c.req.options.hbm_reserve_fraction * 100,
+      GiBText(c.usable), GiBText(c.topo.hbm_bytes_per_gpu), c.req.options.hbm_reserve_fraction * 100,
       c.world);
   if (closest == nullptr) {
-    // No layout could even place the tables: report the finest one's error.
+    // No layout could even place the tables. First the aggregate: can the
+    // fleet hold one copy at all?
+    const PrecisionRecipe& p = c.req.precision;
+    double total = 0, biggest = 0;
+    std::string biggest_name;
+    for (const Table& t : model.tables) {
+      const double bytes = static_cast<double>(t.rows) *
+                           (t.dim * p.embedding_bytes + p.embedding_optimizer_bytes_per_row);
+      total += bytes;
+      if (bytes > biggest) {
+        biggest = bytes;
+        biggest_name = t.name;
+      }
+    }
+    const double fleet = c.usable * c.world;
+    if (total > fleet) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          head, ". One copy of the ", model.tables.size(), " tables needs ", GiBText(total),
+          " (largest: table '", biggest_name, "' ", GiBText(biggest), ") but all ", c.world,
+          " GPUs together hold ", GiBText(fleet), ": over by ", GiBText(total - fleet),
+          ". Fix: at least ", static_cast<int64_t>(std::ceil(total / c.usable)),
+          " GPUs of this kind (more with dense state and activations)",
+          p.embedding_bytes > 2 ? ", or fp16 tables (precision.embedding: fp16) to halve it" : "",
+          ", or fewer rows"));
+    }
+    // Otherwise report the finest layout's error, which names the table.
     const SparseOption* finest = nullptr;
     for (const SparseOption& s : sparse) {
       if (finest == nullptr || s.m * s.s > finest->m * finest->s ||
@@ -573,7 +192,7 @@ absl::Status NothingFits(const Context& c, const std::vector<SparseOption>& spar
   for (const TableSharding& ts : s.sharding->tables) {
     if (ts.shard_bytes > table_b) {
       table_b = ts.shard_bytes;
-      table = absl::StrCat("table '", model.tables[ts.table].name, "' ", GiB(ts.shard_bytes),
+      table = absl::StrCat("table '", model.tables[ts.table].name, "' ", GiBText(ts.shard_bytes),
                            " per ", ShardingTypeName(ts.type), " shard");
     }
   }
@@ -582,24 +201,24 @@ absl::Status NothingFits(const Context& c, const std::vector<SparseOption>& spar
                          c.req.precision.weight_gather_bytes / closest->dense->ep[i];
     if (bytes > module_b) {
       module_b = bytes;
-      module = absl::StrCat("module '", model.modules[i].name, "' gathers ", GiB(bytes));
+      module = absl::StrCat("module '", model.modules[i].name, "' gathers ", GiBText(bytes));
     }
   }
   for (const Region& reg : c.regions) {
     if (reg.min > region_b) {
       region_b = reg.min;
-      region = absl::StrCat("region '", reg.name, "' keeps ", GiB(reg.min));
+      region = absl::StrCat("region '", reg.name, "' keeps ", GiBText(reg.min));
     }
   }
   const MemoryBreakdown& m = ev.peak;
   return absl::ResourceExhaustedError(absl::StrCat(
       head, ". Closest: ", DenseLabel(model, *closest->dense), " + ", s.Label(), " needs ",
-      GiB(m.Total()), " per GPU, over by ", GiB(ev.over_bytes), ": embedding shards ",
-      GiB(m.embedding), table.empty() ? "" : absl::StrCat(" (largest: ", table, ")"),
-      ", dense shards ", GiB(m.dense), ", optimizer ", GiB(m.optimizer),
-      ", activations at full checkpointing ", GiB(m.activations),
+      GiBText(m.Total()), " per GPU, over by ", GiBText(ev.over_bytes), ": embedding shards ",
+      GiBText(m.embedding), table.empty() ? "" : absl::StrCat(" (largest: ", table, ")"),
+      ", dense shards ", GiBText(m.dense), ", optimizer ", GiBText(m.optimizer),
+      ", activations at full checkpointing ", GiBText(m.activations),
       region.empty() ? "" : absl::StrCat(" (largest: ", region, ")"), ", buffers ",
-      GiB(m.buffers), module.empty() ? "" : absl::StrCat(" (largest: ", module, ")"),
+      GiBText(m.buffers), module.empty() ? "" : absl::StrCat(" (largest: ", module, ")"),
       ". Fix: ", Fixes(c, ev, s)));
 }
 
@@ -659,19 +278,19 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
   // Stages 1-2: options, and the tables sharded for each sparse layout.
   const std::vector<DenseOption> dense = EnumerateDense(topology, model, request.options);
   std::vector<SparseOption> sparse = EnumerateSparse(topology, request.options);
-  if (topology.WorldSize() == 1) sparse.push_back({SparseScheme::kV2, 1, 1});
   for (SparseOption& s : sparse) {
     ShardingInput in{&model, &topology, &request.precision, &request.efficiency,
                      &request.options, MakeGroup(topology, s.m, s.s), request.local_batch,
                      s.s, ctx.usable};
     s.sharding = ShardTables(in);
-    if (s.sharding.ok()) Summarize(&s);
+    if (s.sharding.ok()) s.Summarize();
   }
 
   // Stage 3: estimate every pair; remember the best per dimension value.
   std::optional<Candidate> best, closest;
   DimensionTable by_group, by_layout;
   int evaluated = 0;
+  bool fits_if_crossing_zones = false;
   for (const SparseOption& s : sparse) {
     if (!s.sharding.ok()) continue;
     for (const DenseOption& d : dense) {
@@ -681,21 +300,26 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
       by_layout.Offer(s.Label(), ev);
       if (ev.feasible) {
         if (!best || Better(ev, best->eval)) best = Candidate{&d, &s, std::move(ev)};
-      } else if (!ev.memory_ok && (!closest || ev.over_bytes < closest->eval.over_bytes)) {
+      } else if (ev.memory_ok) {
+        fits_if_crossing_zones = true;
+      } else if (!closest || ev.over_bytes < closest->eval.over_bytes) {
         closest = Candidate{&d, &s, std::move(ev)};
       }
     }
   }
   if (!best) {
-    if (closest) return NothingFits(ctx, sparse, &*closest);
-    for (const SparseOption& s : sparse) {
-      if (s.sharding.ok()) {
-        return absl::FailedPreconditionError(
-            "every layout puts an all-gather or all-to-all on cross-zone links; set "
-            "planner.allow_cross_zone_non_gradient: true or use fewer zones");
-      }
+    if (!closest && fits_if_crossing_zones) {
+      return absl::FailedPreconditionError(
+          "every layout that fits puts an all-gather or all-to-all on cross-zone links; set "
+          "planner.allow_cross_zone_non_gradient: true or use fewer zones");
     }
-    return NothingFits(ctx, sparse, nullptr);
+    absl::Status error = NothingFits(ctx, sparse, closest ? &*closest : nullptr);
+    if (fits_if_crossing_zones) {
+      error = absl::ResourceExhaustedError(absl::StrCat(
+          error.message(), "; or allow all-to-alls and all-gathers across zones "
+                           "(planner.allow_cross_zone_non_gradient: true), which some layouts fit"));
+    }
+    return error;
   }
 
   // Stage 4: the plan and its explanations.
@@ -732,9 +356,8 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
     c.bytes = o.bytes;
     c.cost = o.cost;
     if (o.window >= 0) {
-      const Window& w = ev.windows[o.window];
-      c.window = w.module < 0 ? w.what : absl::StrCat(w.what, " ", model.modules[w.module].name);
-      c.window_s = w.compute_s;
+      c.window = WindowName(model, ev.windows[o.window]);
+      c.window_s = ev.windows[o.window].compute_s;
     }
     c.exposed_s = o.exposed;
     c.exposed_per_level = o.exposed_level;
@@ -752,14 +375,14 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
     plan.rank_memory.push_back(m);
   }
 
-  const std::string usable = GiB(ctx.usable);
+  const std::string usable = GiBText(ctx.usable);
   // Dense mesh.
   {
     std::string levels = DescribeGroup(MakeGroup(topology, bd.fsdp_group, 1));
     std::string reason = absl::StrFormat(
         "fastest feasible step (%s, peak %s of %s usable); the FSDP group spans %s and its "
         "%d replicas exchange only shard gradients (%s)",
-        Ms(ev.step.total_s), GiB(ev.peak.Total()), usable, levels, plan.dense.replicas,
+        MsText(ev.step.total_s), GiBText(ev.peak.Total()), usable, levels, plan.dense.replicas,
         DescribeGroup(MakeGroup(topology, plan.dense.replicas, bd.fsdp_group)));
     plan.decisions.push_back(by_group.Explain(
         "dense mesh (2D FSDP)", absl::StrCat("FSDP group ", bd.fsdp_group), reason, ev));
@@ -797,7 +420,7 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
     std::string reason = absl::StrFormat(
         "fastest feasible layout: embedding shards %s on the fullest rank, lookup imbalance "
         "%.2fx, all-to-alls span %s",
-        GiB(bs.emb_max), sh.compute_imbalance, DescribeGroup(MakeGroup(topology, bs.m, bs.s)));
+        GiBText(bs.emb_max), sh.compute_imbalance, DescribeGroup(MakeGroup(topology, bs.m, bs.s)));
     if (bs.scheme == SparseScheme::kV3) {
       absl::StrAppend(&reason, absl::StrFormat("; the shards are split %d-way over %s", bs.s,
                                                DescribeGroup(MakeGroup(topology, bs.s, 1))));
@@ -837,12 +460,20 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
         {"activation checkpointing",
          absl::StrCat(cut, " of ", plan.checkpoint.size(), " regions cut"),
          cut == 0 ? absl::StrFormat("all activations (%s) fit beside %s of shards and buffers",
-                                    GiB(full), GiB(other))
+                                    GiBText(full), GiBText(other))
                   : absl::StrFormat("activations need %s but only %s is left beside %s of shards "
                                     "and buffers; regions are cut cheapest recompute per GiB "
                                     "first, costing %s of recompute",
-                                    GiB(full), GiB(ctx.usable - other), GiB(other),
-                                    Ms(ev.step.recompute_s))});
+                                    GiBText(full), GiBText(ctx.usable - other), GiBText(other),
+                                    MsText(ev.step.recompute_s))});
+  }
+  // Closest contenders first: feasible by step time, then the infeasible.
+  for (Decision& d : plan.decisions) {
+    std::stable_sort(d.alternatives.begin(), d.alternatives.end(),
+                     [](const Alternative& a, const Alternative& b) {
+                       if (a.feasible != b.feasible) return a.feasible;
+                       return a.feasible && a.step_s < b.step_s;
+                     });
   }
   plan.placement = Placement(topology, plan, request.options.embedding_sync_interval);
   return plan;

@@ -264,6 +264,32 @@ TEST(GemScenarioTest, V3WhenReplicatedTablesDoNotFit) {
   }
 }
 
+// Fleets that are not powers of two, and multi-node NVLink domains.
+TEST(PlannerTest, OddFleetsPlanWithinHbm) {
+  struct Shape {
+    int nodes, gpus, nodes_per_domain, nodes_per_zone;
+  };
+  for (const Shape& shape : {Shape{3, 8, 1, 3}, Shape{18, 4, 18, 18}, Shape{6, 8, 1, 2},
+                             Shape{12, 4, 2, 6}}) {
+    Topology t = MakeTopology(shape.nodes, shape.gpus, shape.nodes_per_zone, 80);
+    t.nodes_per_nvlink_domain = shape.nodes_per_domain;
+    PlanRequest r = Request(256);
+    r.model = GemLite();
+    absl::StatusOr<Plan> plan = MakePlan(t, r);
+    ASSERT_TRUE(plan.ok()) << shape.nodes << "x" << shape.gpus << ": " << plan.status();
+    EXPECT_EQ(t.WorldSize() % plan->dense.fsdp_group, 0);
+    EXPECT_EQ(t.WorldSize() % (plan->sparse.mp_group * plan->sparse.v3_shard_degree), 0);
+    for (const MemoryBreakdown& m : plan->rank_memory) {
+      EXPECT_LE(m.Total(), plan->hbm_usable_bytes * (1 + 1e-12));
+    }
+    for (const CommOp& op : plan->comm) {
+      if (op.highest_level == kCrossZone) {
+        EXPECT_TRUE(op.gradient_sync) << op.name;
+      }
+    }
+  }
+}
+
 // Random small jobs for the property tests; a fixed seed keeps CI stable.
 PlanRequest RandomJob(std::mt19937* rng) {
   std::uniform_real_distribution<double> u(0, 1);

@@ -8,11 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "services/coordinator/planner/units.h"
 
 namespace recfleet::planner {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::string G(double bytes) { return absl::StrFormat("%.2f", bytes / kGiB); }
 std::string Ms(double s) { return absl::StrFormat("%.3f", s * 1e3); }
@@ -24,12 +23,7 @@ std::string Bytes(double b) {
 }
 
 std::string GroupLevels(const Topology& t, int size, int stride) {
-  GroupShape g = MakeGroup(t, size, stride);
-  std::vector<std::string> parts;
-  for (int l = 0; l < kNumLevels; ++l) {
-    if (g.factors[l] > 1) parts.push_back(absl::StrCat(LinkLevelName(l), "x", g.factors[l]));
-  }
-  return parts.empty() ? "-" : absl::StrJoin(parts, " ");
+  return DescribeGroup(MakeGroup(t, size, stride));
 }
 
 // A fixed-width text table: columns sized to their widest cell.
@@ -218,9 +212,9 @@ std::string MemorySvg(const Plan& plan) {
   absl::StrAppend(
       &s,
       absl::StrFormat("<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='black' "
-                      "stroke-dasharray='4'/><text x='%d' y='%.1f' font-size='11'>usable %s "
-                      "GiB</text>",
-                      left, width - 10, usable_y, usable_y, left + 4, usable_y - 3,
+                      "stroke-dasharray='4'/><text x='%d' y='%.1f' font-size='11' "
+                      "text-anchor='end'>usable %s GiB</text>",
+                      left, width - 10, usable_y, usable_y, width - 10, usable_y + 12,
                       G(plan.hbm_usable_bytes)),
       absl::StrFormat("<line x1='%d' x2='%d' y1='%d' y2='%d' stroke='black'/>"
                       "<text x='%d' y='%d' font-size='11'>HBM %s GiB</text>",
@@ -244,18 +238,19 @@ std::string TrafficSvg(const Plan& plan) {
     max_bytes = std::max(max_bytes, plan.traffic_bytes_per_level[l]);
     max_s = std::max(max_s, seconds[l]);
   }
-  const double plot_w = (width - left - 20) / 2.0 - 20;
+  // Each half leaves 150 px for its value label.
+  const double plot_w = (width - left) / 2.0 - 170;
   std::string s = absl::StrFormat(
       "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d'>"
       "<text x='%d' y='14' font-size='12'>bytes sent per GPU per step</text>"
-      "<text x='%.0f' y='14' font-size='12'>communication time (dark: exposed)</text>",
-      width, 30 + row * kNumLevels, left, left + plot_w + 40);
+      "<text x='%.0f' y='14' font-size='12'>communication time (red: exposed)</text>",
+      width, 30 + row * kNumLevels, left, left + plot_w + 170);
   for (int l = 0; l < kNumLevels; ++l) {
     const double y = 24 + l * row;
     const double wb = plan.traffic_bytes_per_level[l] / max_bytes * plot_w;
     const double wt = seconds[l] / max_s * plot_w;
     const double we = plan.step.exposed_s[l] / max_s * plot_w;
-    const double x2 = left + plot_w + 40;
+    const double x2 = left + plot_w + 170;
     absl::StrAppend(
         &s,
         absl::StrFormat("<text x='4' y='%.0f' font-size='12'>%s</text>", y + 16, LinkLevelName(l)),
@@ -279,7 +274,7 @@ std::string StepSvg(const Plan& plan) {
                          "exposed nvlink",   "exposed zone",   "exposed cross-zone"};
   const char* colors[] = {"#4e79a7", "#59a14f", "#edc948", "#f28e2b", "#e15759", "#b07aa1"};
   const int width = 900;
-  std::string s = absl::StrFormat("<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='64'>",
+  std::string s = absl::StrFormat("<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='84'>",
                                   width);
   double x = 10;
   for (int i = 0; i < 6; ++i) {
@@ -292,9 +287,10 @@ std::string StepSvg(const Plan& plan) {
   std::string legend;
   for (int i = 0; i < 6; ++i) {
     absl::StrAppend(&legend,
-                    absl::StrFormat("<rect x='%d' y='40' width='12' height='12' fill='%s'/>"
-                                    "<text x='%d' y='51' font-size='11'>%s %s ms</text>",
-                                    10 + i * 148, colors[i], 26 + i * 148, names[i], Ms(parts[i])));
+                    absl::StrFormat("<rect x='%d' y='%d' width='12' height='12' fill='%s'/>"
+                                    "<text x='%d' y='%d' font-size='11'>%s %s ms</text>",
+                                    10 + (i % 3) * 300, 38 + (i / 3) * 20, colors[i],
+                                    26 + (i % 3) * 300, 49 + (i / 3) * 20, names[i], Ms(parts[i])));
   }
   return s + legend + "</svg>";
 }
@@ -477,17 +473,14 @@ std::string FormatJson(const Plan& plan) {
                        .Done());
   }
   for (const TableSharding& ts : sp.sharding.tables) {
+    // Row-wise tables sit on every position: "all" instead of a long list.
     std::vector<std::string> ranks;
-    if (ts.ranks.empty()) {
-      for (int r = 0; r < sp.mp_group; ++r) ranks.push_back(absl::StrCat(r));
-    } else {
-      for (int r : ts.ranks) ranks.push_back(absl::StrCat(r));
-    }
+    for (int r : ts.ranks) ranks.push_back(absl::StrCat(r));
     tables.push_back(Obj()
                          .Str("table", ts.name)
                          .Str("sharding", ShardingTypeName(ts.type))
                          .N("shards", ts.num_shards)
-                         .Raw("group_positions", Array(ranks))
+                         .Raw("group_positions", ts.ranks.empty() ? Quote("all") : Array(ranks))
                          .N("rows_per_shard", static_cast<double>(ts.rows_per_shard))
                          .N("cols_per_shard", ts.cols_per_shard)
                          .N("shard_bytes", ts.shard_bytes)

@@ -8,11 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/coordinator/planner/units.h"
 
 namespace recfleet::planner {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kIdBytes = 8;  // int64 ids on the input all-to-all.
 // Lookup traffic through HBM, in units of the forward read: forward reads
 // the rows; backward reads the gradient and reads, updates and writes the

@@ -97,6 +97,17 @@ GroupShape MakeGroup(const Topology& topology, int size, int stride) {
   return g;
 }
 
+std::string DescribeGroup(const GroupShape& g) {
+  if (g.size <= 1) return "a single rank";
+  std::string out;
+  for (int l = 0; l < kNumLevels; ++l) {
+    if (g.factors[l] > 1) {
+      absl::StrAppend(&out, out.empty() ? "" : ", ", LinkLevelName(l), " x", g.factors[l]);
+    }
+  }
+  return out;
+}
+
 RankLocation LocateRank(const Topology& topology, int rank) {
   RankLocation loc;
   loc.node = rank / topology.gpus_per_node;

@@ -73,6 +73,9 @@ struct GroupShape {
 
 GroupShape MakeGroup(const Topology& topology, int size, int stride);
 
+// The levels a group spans: "nvlink x8, zone x4", or "a single rank".
+std::string DescribeGroup(const GroupShape& group);
+
 // Where a rank lives.
 struct RankLocation {
   int zone = 0;

@@ -1,0 +1,384 @@
+// `recfleet submit|get|list|cancel|watch`: the job commands, talking to the
+// coordinator's JobService. Registered into the recfleet command table.
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "cli/command.h"
+#include "cli/jobs/job_client.h"
+#include "cli/jobs/job_format.h"
+#include "cli/jobs/spec_file.h"
+#include "services/common/flags.h"
+
+namespace recfleet::cli {
+namespace {
+
+using ::recfleet::v1::Job;
+using ::recfleet::v1::JobStatus;
+
+constexpr char kConnectionFlags[] =
+    "  --coordinator HOST:PORT  coordinator address (default: $RECFLEET_COORDINATOR)\n"
+    "  --auth_token_file FILE   bearer token file (default: $RECFLEET_AUTH_TOKEN)\n"
+    "  --timeout SECONDS        deadline of each call (default 10)\n"
+    "  --json                   print JSON instead of text\n";
+
+// Parsed command line of one command: flags (--name value / --name=value /
+// --bool) and positional words.
+struct Args {
+  std::map<std::string, std::string> flags;
+  std::vector<std::string> positional;
+  std::vector<std::string> repeated_state;  // --state may repeat.
+
+  bool Has(const std::string& f) const { return flags.count(f) > 0; }
+  std::string Get(const std::string& f, const std::string& fallback = "") const {
+    auto it = flags.find(f);
+    return it == flags.end() ? fallback : it->second;
+  }
+};
+
+// Returns false (after printing why) on an unknown flag or a missing value.
+bool Parse(const std::string& command, const std::vector<std::string>& words,
+           const std::set<std::string>& value_flags, const std::set<std::string>& bool_flags,
+           Args* out) {
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w.rfind("--", 0) != 0 || w == "--") {
+      out->positional.push_back(w);
+      continue;
+    }
+    std::string name = w.substr(2), value;
+    bool inline_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inline_value = true;
+    }
+    if (bool_flags.count(name)) {
+      out->flags[name] = inline_value ? value : "true";
+    } else if (value_flags.count(name)) {
+      if (!inline_value) {
+        if (i + 1 >= words.size()) {
+          std::fprintf(stderr, "recfleet %s: --%s needs a value\n", command.c_str(), name.c_str());
+          return false;
+        }
+        value = words[++i];
+      }
+      if (name == "state") {
+        out->repeated_state.push_back(value);
+      } else {
+        out->flags[name] = value;
+      }
+    } else {
+      std::fprintf(stderr, "recfleet %s: unknown flag --%s; see `recfleet help %s`\n",
+                   command.c_str(), name.c_str(), command.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+std::set<std::string> WithConnection(std::set<std::string> flags) {
+  flags.insert({"coordinator", "auth_token_file", "timeout"});
+  return flags;
+}
+
+int ExitCodeFor(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return kExitOk;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return kExitUnavailable;
+    case absl::StatusCode::kNotFound:
+      return kExitNotFound;
+    default:
+      return kExitFailure;
+  }
+}
+
+// Prints a server or client error; a list of spec violations one per line.
+int Fail(const std::string& command, const absl::Status& s) {
+  std::vector<std::string> parts = absl::StrSplit(s.message(), "; ");
+  if (s.code() == absl::StatusCode::kInvalidArgument && parts.size() > 1) {
+    std::fprintf(stderr, "recfleet %s: INVALID_ARGUMENT: %zu problems:\n", command.c_str(),
+                 parts.size());
+    for (const std::string& p : parts) std::fprintf(stderr, "  %s\n", p.c_str());
+  } else {
+    std::fprintf(stderr, "recfleet %s: %s: %s\n", command.c_str(),
+                 absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str());
+  }
+  if (s.code() == absl::StatusCode::kUnauthenticated) {
+    std::fprintf(stderr, "hint: set RECFLEET_AUTH_TOKEN or pass --auth_token_file\n");
+  }
+  return ExitCodeFor(s);
+}
+
+// Connects using the common flags; prints and returns nullptr on error.
+std::unique_ptr<JobClient> Connect(const std::string& command, const Args& args, int* exit_code) {
+  std::string address = args.Get("coordinator");
+  if (address.empty()) {
+    const char* env = std::getenv("RECFLEET_COORDINATOR");
+    address = env != nullptr ? env : "";
+  }
+  absl::StatusOr<std::string> token =
+      LoadAuthToken(args.Get("auth_token_file"), std::getenv("RECFLEET_AUTH_TOKEN"));
+  if (!token.ok()) {
+    *exit_code = kExitUsage;
+    Fail(command, token.status());
+    return nullptr;
+  }
+  double timeout = 10;
+  if (args.Has("timeout") && (!absl::SimpleAtod(args.Get("timeout"), &timeout) || timeout <= 0)) {
+    std::fprintf(stderr, "recfleet %s: --timeout must be a number of seconds > 0, got '%s'\n",
+                 command.c_str(), args.Get("timeout").c_str());
+    *exit_code = kExitUsage;
+    return nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<JobClient>> client =
+      JobClient::Connect(address, *token, absl::Seconds(timeout));
+  if (!client.ok()) {
+    Fail(command, client.status());
+    *exit_code = kExitUsage;
+    return nullptr;
+  }
+  return *std::move(client);
+}
+
+// "abc" or "jobs/abc" -> "jobs/abc".
+std::string JobArg(const std::string& word) {
+  return absl::StartsWith(word, "jobs/") ? word : "jobs/" + word;
+}
+
+bool OnePositional(const std::string& command, const Args& args, const char* what) {
+  if (args.positional.size() == 1) return true;
+  std::fprintf(stderr, "recfleet %s: expected exactly one %s, got %zu; see `recfleet help %s`\n",
+               command.c_str(), what, args.positional.size(), command.c_str());
+  return false;
+}
+
+int Watch(JobClient& client, const std::string& name, bool progress, bool json) {
+  JobStatus::State last = JobStatus::STATE_UNSPECIFIED;
+  absl::Status s = client.WatchJob(name, progress, [&](const ::recfleet::v1::WatchJobResponse& e) {
+    last = e.job().status().state();
+    std::printf("%s\n", json ? ToJson(e, false).c_str() : FormatWatchEvent(e).c_str());
+    std::fflush(stdout);
+  });
+  if (!s.ok()) return Fail("watch", s);
+  // The exit code tells scripts how the job ended.
+  return last == JobStatus::SUCCEEDED ? kExitOk : kExitFailure;
+}
+
+std::string NewRequestId() {
+  absl::BitGen gen;
+  return absl::StrFormat("cli-%016x", absl::Uniform<uint64_t>(gen));
+}
+
+int Submit(const std::vector<std::string>& words) {
+  Args args;
+  if (!Parse("submit", words, WithConnection({"request_id"}), {"json", "watch", "progress"},
+             &args) ||
+      !OnePositional("submit", args, "job file")) {
+    return kExitUsage;
+  }
+  absl::StatusOr<::recfleet::v1::JobSpec> spec = LoadJobSpec(args.positional[0]);
+  if (!spec.ok()) {
+    Fail("submit", spec.status());
+    return kExitUsage;
+  }
+  int code = kExitOk;
+  std::unique_ptr<JobClient> client = Connect("submit", args, &code);
+  if (client == nullptr) return code;
+  ::recfleet::v1::CreateJobRequest request;
+  *request.mutable_spec() = *std::move(spec);
+  // A request id makes the client's own retries idempotent.
+  request.set_request_id(args.Has("request_id") ? args.Get("request_id") : NewRequestId());
+  absl::StatusOr<Job> job = client->CreateJob(request);
+  if (!job.ok()) return Fail("submit", job.status());
+  const bool json = args.Has("json");
+  if (json) {
+    std::printf("%s\n", ToJson(*job, !args.Has("watch")).c_str());
+  } else {
+    std::printf("%s submitted (%s). Follow it with: recfleet watch %s\n", job->name().c_str(),
+                JobStatus::State_Name(job->status().state()).c_str(), job->name().c_str());
+  }
+  std::fflush(stdout);
+  if (args.Has("watch")) return Watch(*client, job->name(), args.Has("progress"), json);
+  return kExitOk;
+}
+
+int Get(const std::vector<std::string>& words) {
+  Args args;
+  if (!Parse("get", words, WithConnection({}), {"json"}, &args) ||
+      !OnePositional("get", args, "job name")) {
+    return kExitUsage;
+  }
+  int code = kExitOk;
+  std::unique_ptr<JobClient> client = Connect("get", args, &code);
+  if (client == nullptr) return code;
+  absl::StatusOr<Job> job = client->GetJob(JobArg(args.positional[0]));
+  if (!job.ok()) return Fail("get", job.status());
+  std::printf("%s", args.Has("json") ? (ToJson(*job, true) + "\n").c_str()
+                                     : FormatJobDetail(*job).c_str());
+  return kExitOk;
+}
+
+int List(const std::vector<std::string>& words) {
+  Args args;
+  if (!Parse("list", words, WithConnection({"state", "page_size", "page_token"}), {"json", "all"},
+             &args)) {
+    return kExitUsage;
+  }
+  if (!args.positional.empty()) {
+    std::fprintf(stderr, "recfleet list: takes no arguments, got '%s'\n",
+                 args.positional[0].c_str());
+    return kExitUsage;
+  }
+  ::recfleet::v1::ListJobsRequest request;
+  for (const std::string& s : args.repeated_state) {
+    JobStatus::State state;
+    if (!JobStatus::State_Parse(absl::AsciiStrToUpper(s), &state) ||
+        state == JobStatus::STATE_UNSPECIFIED) {
+      std::fprintf(stderr,
+                   "recfleet list: --state must be one of QUEUED, SCHEDULING, RUNNING, "
+                   "RESTARTING, SUCCEEDED, FAILED, CANCELLED; got '%s'\n",
+                   s.c_str());
+      return kExitUsage;
+    }
+    request.add_states(state);
+  }
+  int page_size = 0;
+  if (args.Has("page_size") && !absl::SimpleAtoi(args.Get("page_size"), &page_size)) {
+    std::fprintf(stderr, "recfleet list: --page_size must be an integer, got '%s'\n",
+                 args.Get("page_size").c_str());
+    return kExitUsage;
+  }
+  request.set_page_size(page_size);
+  request.set_page_token(args.Get("page_token"));
+  int code = kExitOk;
+  std::unique_ptr<JobClient> client = Connect("list", args, &code);
+  if (client == nullptr) return code;
+  std::vector<Job> jobs;
+  std::string next;
+  do {
+    absl::StatusOr<::recfleet::v1::ListJobsResponse> page = client->ListJobs(request);
+    if (!page.ok()) return Fail("list", page.status());
+    jobs.insert(jobs.end(), page->jobs().begin(), page->jobs().end());
+    next = page->next_page_token();
+    request.set_page_token(next);
+  } while (args.Has("all") && !next.empty());
+  if (args.Has("json")) {
+    ::recfleet::v1::ListJobsResponse all;
+    for (const Job& j : jobs) *all.add_jobs() = j;
+    all.set_next_page_token(next);
+    std::printf("%s\n", ToJson(all, true).c_str());
+    return kExitOk;
+  }
+  if (jobs.empty()) {
+    std::printf("no jobs\n");
+    return kExitOk;
+  }
+  std::printf("%s", FormatJobTable(jobs).c_str());
+  if (!next.empty()) {
+    std::printf("(more: recfleet list --page_token %s, or --all)\n", next.c_str());
+  }
+  return kExitOk;
+}
+
+int Cancel(const std::vector<std::string>& words) {
+  Args args;
+  if (!Parse("cancel", words, WithConnection({"reason"}), {"json"}, &args) ||
+      !OnePositional("cancel", args, "job name")) {
+    return kExitUsage;
+  }
+  int code = kExitOk;
+  std::unique_ptr<JobClient> client = Connect("cancel", args, &code);
+  if (client == nullptr) return code;
+  absl::StatusOr<Job> job = client->CancelJob(JobArg(args.positional[0]), args.Get("reason"));
+  if (!job.ok()) return Fail("cancel", job.status());
+  if (args.Has("json")) {
+    std::printf("%s\n", ToJson(*job, true).c_str());
+  } else {
+    std::printf("%s %s\n", job->name().c_str(), JobStatus::State_Name(job->status().state()).c_str());
+  }
+  return kExitOk;
+}
+
+int WatchCommand(const std::vector<std::string>& words) {
+  Args args;
+  if (!Parse("watch", words, WithConnection({}), {"json", "progress"}, &args) ||
+      !OnePositional("watch", args, "job name")) {
+    return kExitUsage;
+  }
+  int code = kExitOk;
+  std::unique_ptr<JobClient> client = Connect("watch", args, &code);
+  if (client == nullptr) return code;
+  return Watch(*client, JobArg(args.positional[0]), args.Has("progress"), args.Has("json"));
+}
+
+RECFLEET_REGISTER_COMMAND({
+    "submit",
+    "Submit a job from a YAML or JSON JobSpec file",
+    absl::StrCat("usage: recfleet submit JOB.yaml|JOB.json [--watch [--progress]] "
+                 "[--request_id ID]\n\n"
+                 "Validates and queues the job; prints its name. With --watch, follows it\n"
+                 "like `recfleet watch`. Retries are safe: the same --request_id never\n"
+                 "creates a second job (one is generated when not given).\n\nflags:\n",
+                 kConnectionFlags,
+                 "\nexit codes: 0 ok, 1 rejected/failed, 2 usage or unreadable file,\n"
+                 "3 coordinator unreachable"),
+    Submit,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "get",
+    "Show one job: state, workers, progress",
+    absl::StrCat("usage: recfleet get JOB\n\nJOB is jobs/ID or ID.\n\nflags:\n", kConnectionFlags,
+                 "\nexit codes: 0 ok, 3 coordinator unreachable, 4 no such job"),
+    Get,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "list",
+    "List jobs, newest first",
+    absl::StrCat("usage: recfleet list [--state STATE]... [--page_size N] [--page_token T] "
+                 "[--all]\n\nflags:\n",
+                 kConnectionFlags,
+                 "  --state STATE            only jobs in STATE (repeatable)\n"
+                 "  --all                    fetch every page\n"),
+    List,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "cancel",
+    "Cancel a job (its workers are told to abort)",
+    absl::StrCat("usage: recfleet cancel JOB [--reason TEXT]\n\nflags:\n", kConnectionFlags,
+                 "\nexit codes: 0 cancelled (or already was), 1 already finished, 4 no such job"),
+    Cancel,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "watch",
+    "Follow a job's state changes (and progress) until it ends",
+    absl::StrCat("usage: recfleet watch JOB [--progress]\n\nPrints one line per state change "
+                 "(JSON lines with --json)\nuntil the job ends.\n\nflags:\n",
+                 kConnectionFlags,
+                 "  --progress               also print progress updates\n"
+                 "\nexit codes: 0 the job SUCCEEDED, 1 it FAILED or was CANCELLED,\n"
+                 "3 coordinator unreachable, 4 no such job"),
+    WatchCommand,
+});
+
+}  // namespace
+}  // namespace recfleet::cli

@@ -1,0 +1,30 @@
+#ifndef RECFLEET_CLI_JOBS_JOB_FORMAT_H_
+#define RECFLEET_CLI_JOBS_JOB_FORMAT_H_
+
+// How `recfleet` prints jobs: aligned tables and blocks for people, JSON
+// (proto field names, enums by name) for scripts. Times are shown in UTC.
+// Pure functions; thread-safe.
+
+#include <string>
+#include <vector>
+
+#include "google/protobuf/message.h"
+#include "recfleet/v1/job_service.pb.h"
+
+namespace recfleet::cli {
+
+// NAME / DISPLAY NAME / STATE / STEP / WORKERS / CREATED / REASON.
+std::string FormatJobTable(const std::vector<::recfleet::v1::Job>& jobs);
+
+// A key/value block with state, workers, times and progress.
+std::string FormatJobDetail(const ::recfleet::v1::Job& job);
+
+// One line per watch event (no trailing newline).
+std::string FormatWatchEvent(const ::recfleet::v1::WatchJobResponse& event);
+
+// Canonical proto3 JSON with snake_case names; `pretty` adds indentation.
+std::string ToJson(const google::protobuf::Message& message, bool pretty);
+
+}  // namespace recfleet::cli
+
+#endif  // RECFLEET_CLI_JOBS_JOB_FORMAT_H_

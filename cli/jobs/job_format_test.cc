@@ -1,0 +1,70 @@
+#include "cli/jobs/job_format.h"
+
+#include "gtest/gtest.h"
+
+namespace recfleet::cli {
+namespace {
+
+using ::recfleet::v1::Job;
+using ::recfleet::v1::JobStatus;
+
+Job Sample() {
+  Job j;
+  j.set_name("jobs/j123");
+  j.mutable_spec()->set_display_name("gemlite-demo");
+  j.mutable_spec()->mutable_resources()->set_workers(2);
+  j.mutable_spec()->mutable_training()->set_steps(200);
+  j.mutable_status()->set_state(JobStatus::RUNNING);
+  j.mutable_status()->set_reason("AllRanksStarted");
+  j.mutable_status()->mutable_create_time()->set_seconds(1700000000);
+  auto* p = j.mutable_status()->mutable_progress();
+  p->set_step(120);
+  p->set_samples(61440);
+  p->set_loss(0.5123);
+  p->set_samples_per_second(2048);
+  p->set_step_seconds(0.25);
+  p->set_straggler_gap(0.041);
+  p->set_slowest_rank(1);
+  return j;
+}
+
+TEST(JobFormatTest, TableAlignsColumns) {
+  Job other = Sample();
+  other.set_name("jobs/jlonger-name");
+  other.mutable_status()->set_state(JobStatus::QUEUED);
+  EXPECT_EQ(FormatJobTable({Sample(), other}),
+            "NAME               DISPLAY NAME  STATE    STEP     WORKERS  CREATED                  "
+            "REASON\n"
+            "jobs/j123          gemlite-demo  RUNNING  120/200  2        2023-11-14 22:13:20 UTC  "
+            "AllRanksStarted\n"
+            "jobs/jlonger-name  gemlite-demo  QUEUED   120/200  2        2023-11-14 22:13:20 UTC  "
+            "AllRanksStarted\n");
+}
+
+TEST(JobFormatTest, DetailShowsStateProgressAndStragglers) {
+  std::string d = FormatJobDetail(Sample());
+  EXPECT_NE(d.find("state:         RUNNING (AllRanksStarted)\n"), std::string::npos) << d;
+  EXPECT_NE(d.find("progress:      step 120/200, 61440 samples, loss 0.5123, 2048.0 samples/s"),
+            std::string::npos)
+      << d;
+  EXPECT_NE(d.find("slowest rank 1, straggler gap 4.1%"), std::string::npos) << d;
+  EXPECT_NE(d.find("ended:         -\n"), std::string::npos) << d;
+}
+
+TEST(JobFormatTest, WatchLinesAndJson) {
+  ::recfleet::v1::WatchJobResponse e;
+  e.set_kind(::recfleet::v1::WatchJobResponse::STATE_CHANGE);
+  e.mutable_transition()->set_to(JobStatus::SCHEDULING);
+  e.mutable_transition()->set_reason("GangPlaced");
+  e.mutable_transition()->set_message("2 worker(s), epoch 1");
+  e.mutable_transition()->mutable_time()->set_seconds(1700000000);
+  EXPECT_EQ(FormatWatchEvent(e),
+            "2023-11-14 22:13:20 UTC  SCHEDULING  GangPlaced: 2 worker(s), epoch 1");
+  std::string json = ToJson(e, false);
+  EXPECT_EQ(json.find('\n'), std::string::npos);
+  EXPECT_NE(json.find("\"kind\":\"STATE_CHANGE\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"to\":\"SCHEDULING\""), std::string::npos) << json;
+}
+
+}  // namespace
+}  // namespace recfleet::cli

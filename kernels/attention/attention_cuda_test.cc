@@ -1,0 +1,308 @@
+// CUDA attention against the float64 CPU reference on fresh random bf16 data:
+// every activation and mask at head dim 64 and 128, jagged edge cases
+// (lengths 0, 1, tile +- 1, Q longer and shorter than K/V, the longest
+// sequence), bias, QK-norm and RoPE. Outputs and all gradients must match to
+// bf16 accuracy per sequence, and every output element must be written.
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/attention/attention.h"
+
+namespace recfleet::attention {
+namespace {
+
+uint16_t ToBf16(double x) {
+  const float f = static_cast<float>(x);
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+double FromBf16(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// A bf16 tensor mirrored on the device, with its exact float64 values.
+struct Buffer {
+  std::vector<uint16_t> host;
+  std::vector<double> exact;
+  void* dev = nullptr;
+  Shape shape;
+
+  Buffer(Shape s, std::mt19937_64* rng, double stddev) : shape(std::move(s)) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    host.assign(n, 0xffff);  // NaN: poison for outputs
+    exact.assign(n, 0.0);
+    if (rng != nullptr) {
+      std::normal_distribution<double> dist(0.0, stddev);
+      for (int64_t i = 0; i < n; ++i) {
+        host[i] = ToBf16(dist(*rng));
+        exact[i] = FromBf16(host[i]);
+      }
+    }
+    EXPECT_EQ(cudaMalloc(&dev, std::max<int64_t>(n, 1) * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(dev, host.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Buffer() { cudaFree(dev); }
+  TensorView Device() const { return MakeView(dev, DType::kBFloat16, shape, Device::kCuda); }
+  TensorView Exact() { return MakeView(exact.data(), DType::kFloat64, shape); }
+  void Fetch() {
+    ASSERT_EQ(cudaMemcpy(host.data(), dev, host.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+};
+
+struct Case {
+  std::string name;
+  std::vector<int64_t> lq, lk;
+  int64_t heads, d;
+  AttentionOptions opts;
+  bool bias = false;
+};
+
+// Relative error of `got` against `want` within each of the given row
+// ranges (rows of `row_elems` elements), so that one wrong sequence cannot
+// hide behind a large correct one.
+void ExpectClose(const std::vector<uint16_t>& got, const std::vector<double>& want,
+                 const std::vector<int64_t>& offsets, int64_t row_elems, const std::string& what) {
+  for (size_t b = 0; b + 1 < offsets.size(); ++b) {
+    double err = 0, ref = 0;
+    for (int64_t i = offsets[b] * row_elems; i < offsets[b + 1] * row_elems; ++i) {
+      const double g = FromBf16(got[i]);
+      ASSERT_FALSE(std::isnan(g)) << what << ": element " << i << " not written (sequence " << b
+                                  << ")";
+      err += (g - want[i]) * (g - want[i]);
+      ref += want[i] * want[i];
+    }
+    const double n = static_cast<double>((offsets[b + 1] - offsets[b]) * row_elems);
+    EXPECT_LE(std::sqrt(err), 2e-2 * std::sqrt(ref) + 1e-3 * std::sqrt(n))
+        << what << " sequence " << b << ": |err| " << std::sqrt(err) << " |ref| "
+        << std::sqrt(ref);
+  }
+}
+
+std::vector<int64_t> Offsets(const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> off{0};
+  for (int64_t l : lengths) off.push_back(off.back() + l);
+  return off;
+}
+
+void RunCase(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.name);
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> q_off = Offsets(c.lq), k_off = Offsets(c.lk);
+  const int64_t batch = static_cast<int64_t>(c.lq.size());
+  const int64_t tq = q_off.back(), tk = k_off.back(), h = c.heads, d = c.d;
+  int64_t nbias = 0;
+  for (int64_t b = 0; b < batch; ++b) nbias += c.lq[b] * c.lk[b] * h;
+  Buffer q({tq, h, d}, &rng, 1.0), k({tk, h, d}, &rng, 1.0), v({tk, h, d}, &rng, 1.0);
+  Buffer bias({nbias}, &rng, 0.5), dout({tq, h, d}, &rng, 1.0);
+  Buffer out({tq, h, d}, nullptr, 0), dq({tq, h, d}, nullptr, 0), dk({tk, h, d}, nullptr, 0),
+      dv({tk, h, d}, nullptr, 0), dbias({nbias}, nullptr, 0);
+  const bool softmax = c.opts.activation == Activation::kSoftmax;
+  float* lse_dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&lse_dev, std::max<int64_t>(tq * h, 1) * 4), cudaSuccess);
+
+  auto inputs = [&](bool device) {
+    AttentionInputs in;
+    in.q.values = device ? q.Device() : q.Exact();
+    in.q.offsets = MakeView(q_off.data(), DType::kInt64, {batch + 1});
+    in.k.values = device ? k.Device() : k.Exact();
+    in.k.offsets = MakeView(k_off.data(), DType::kInt64, {batch + 1});
+    in.v = device ? v.Device() : v.Exact();
+    if (c.bias) in.bias = device ? bias.Device() : bias.Exact();
+    return in;
+  };
+  // CUDA.
+  AttentionInputs din = inputs(true);
+  TensorView lse_view;
+  if (softmax) lse_view = MakeView(lse_dev, DType::kFloat32, {tq, h}, Device::kCuda);
+  absl::Status s = AttentionForward(din, c.opts, out.Device(), lse_view);
+  ASSERT_TRUE(s.ok()) << s;
+  AttentionGrads g{dq.Device(), dk.Device(), dv.Device(), c.bias ? dbias.Device() : TensorView()};
+  s = AttentionBackward(din, c.opts, out.Device(), lse_view, dout.Device(), g);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  out.Fetch();
+  dq.Fetch();
+  dk.Fetch();
+  dv.Fetch();
+  if (c.bias) dbias.Fetch();
+  std::vector<float> lse_got(tq * h);
+  if (softmax) {
+    ASSERT_EQ(cudaMemcpy(lse_got.data(), lse_dev, tq * h * 4, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+  }
+  cudaFree(lse_dev);
+
+  // Reference on the same (exactly representable) values.
+  AttentionInputs rin = inputs(false);
+  std::vector<double> ref_out(tq * h * d), ref_lse(tq * h), rdq(tq * h * d), rdk(tk * h * d),
+      rdv(tk * h * d), rdbias(nbias);
+  TensorView ref_lse_view;
+  if (softmax) ref_lse_view = MakeView(ref_lse.data(), DType::kFloat64, {tq, h});
+  TensorView ref_out_view = MakeView(ref_out.data(), DType::kFloat64, {tq, h, d});
+  ASSERT_TRUE(AttentionForward(rin, c.opts, ref_out_view, ref_lse_view).ok());
+  AttentionGrads rg{MakeView(rdq.data(), DType::kFloat64, {tq, h, d}),
+                    MakeView(rdk.data(), DType::kFloat64, {tk, h, d}),
+                    MakeView(rdv.data(), DType::kFloat64, {tk, h, d}),
+                    c.bias ? MakeView(rdbias.data(), DType::kFloat64, {nbias}) : TensorView()};
+  ASSERT_TRUE(AttentionBackward(rin, c.opts, ref_out_view, ref_lse_view, dout.Exact(), rg).ok());
+
+  ExpectClose(out.host, ref_out, q_off, h * d, "out");
+  ExpectClose(dq.host, rdq, q_off, h * d, "dq");
+  ExpectClose(dk.host, rdk, k_off, h * d, "dk");
+  ExpectClose(dv.host, rdv, k_off, h * d, "dv");
+  if (c.bias) {
+    std::vector<int64_t> bias_off{0};
+    for (int64_t b = 0; b < batch; ++b) bias_off.push_back(bias_off.back() + c.lq[b] * c.lk[b]);
+    ExpectClose(dbias.host, rdbias, bias_off, h, "dbias");
+  }
+  for (int64_t i = 0; i < tq * h && softmax; ++i) {
+    if (std::isinf(ref_lse[i])) {
+      EXPECT_TRUE(std::isinf(lse_got[i]) && lse_got[i] < 0) << "lse " << i;
+    } else {
+      EXPECT_NEAR(lse_got[i], ref_lse[i], 2e-2 * (1 + std::abs(ref_lse[i]))) << "lse " << i;
+    }
+  }
+}
+
+const char* ActName(Activation a) {
+  return a == Activation::kSoftmax ? "softmax" : a == Activation::kGelu ? "gelu" : "silu";
+}
+const char* MaskName(Mask m) {
+  const char* n[] = {"none", "causal", "window", "block"};
+  return n[static_cast<int>(m)];
+}
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+TEST(AttentionCudaTest, SelfAttentionEveryActivationAndMask) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<int64_t> lens = {0, 1, 63, 64, 65, 127, 200, 1, 129};
+  uint64_t seed = 1;
+  for (int64_t d : {64, 128}) {
+    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+      for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow, Mask::kBlock}) {
+        Case c{absl::StrCat("self d", d, " ", ActName(a), " ", MaskName(m)), lens, lens, 2, d};
+        c.opts.activation = a;
+        c.opts.mask = m;
+        c.opts.window = 70;
+        RunCase(c, seed++);
+      }
+    }
+  }
+}
+
+TEST(AttentionCudaTest, CrossAttentionBothWaysAndPma) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 100;
+  for (int64_t d : {64, 128}) {
+    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+      for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow, Mask::kBlock}) {
+        // Long Q to short K/V, short Q to long K/V, K/V empty, Q empty, PMA
+        // (4 learned queries per sequence).
+        Case c{absl::StrCat("cross d", d, " ", ActName(a), " ", MaskName(m)),
+               {256, 1, 0, 130, 64, 4, 4},
+               {32, 65, 5, 0, 200, 300, 1},
+               2,
+               d};
+        c.opts.activation = a;
+        c.opts.mask = m;
+        c.opts.window = 40;
+        RunCase(c, seed++);
+      }
+    }
+  }
+}
+
+TEST(AttentionCudaTest, BiasQkNormAndRope) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 200;
+  const std::vector<int64_t> lens = {65, 0, 1, 130, 64};
+  const std::vector<int64_t> cross = {33, 4, 2, 70, 64};
+  for (int64_t d : {64, 128}) {
+    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+      for (Mask m : {Mask::kCausal, Mask::kBlock}) {
+        Case biased{absl::StrCat("bias d", d, " ", ActName(a), " ", MaskName(m)), lens, lens, 2,
+                    d};
+        biased.opts.activation = a;
+        biased.opts.mask = m;
+        biased.bias = true;
+        RunCase(biased, seed++);
+        for (bool self : {true, false}) {
+          Case normed{absl::StrCat("qknorm+rope ", self ? "self" : "cross", " d", d, " ",
+                                   ActName(a), " ", MaskName(m)),
+                      lens, self ? lens : cross, 2, d};
+          normed.opts.activation = a;
+          normed.opts.mask = m;
+          normed.opts.qk_norm = true;
+          normed.opts.rope = true;
+          normed.opts.scale = 4.0;
+          RunCase(normed, seed++);
+        }
+        Case rope{absl::StrCat("rope d", d, " ", ActName(a), " ", MaskName(m)), lens, lens, 2, d};
+        rope.opts.activation = a;
+        rope.opts.mask = m;
+        rope.opts.rope = true;
+        RunCase(rope, seed++);
+      }
+    }
+  }
+}
+
+// The backward's dQ through fp32 atomics in the dK/dV pass instead of the
+// separate pass.
+TEST(AttentionCudaTest, AtomicDqMatchesReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  setenv("RECFLEET_ATTENTION_DQ", "atomic", 1);
+  uint64_t seed = 300;
+  for (int64_t d : {64, 128}) {
+    for (Activation a : {Activation::kSoftmax, Activation::kSilu}) {
+      for (Mask m : {Mask::kNone, Mask::kSlidingWindow}) {
+        Case c{absl::StrCat("atomic dq d", d, " ", ActName(a), " ", MaskName(m)),
+               {0, 1, 63, 200, 65, 4},
+               {3, 1, 63, 200, 130, 70},
+               2,
+               d};
+        c.opts.activation = a;
+        c.opts.mask = m;
+        c.opts.window = 70;
+        c.bias = m == Mask::kNone;
+        RunCase(c, seed++);
+      }
+    }
+  }
+  unsetenv("RECFLEET_ATTENTION_DQ");
+}
+
+TEST(AttentionCudaTest, RejectsUnsupportedHeadDim) {
+  std::vector<int64_t> off{0, 4};
+  AttentionInputs in;
+  in.q.values = MakeView(nullptr, DType::kBFloat16, {4, 1, 32}, Device::kCuda);
+  in.q.offsets = MakeView(off.data(), DType::kInt64, {2});
+  in.k = in.q;
+  in.v = in.q.values;
+  const absl::Status s = ValidateAttention(in, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("head_dim 64 or 128"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace recfleet::attention

@@ -1,0 +1,102 @@
+#ifndef RECFLEET_KERNELS_ATTENTION_CUDA_KERNELS_H_
+#define RECFLEET_KERNELS_ATTENTION_CUDA_KERNELS_H_
+
+// The CUDA kernels' launch interface, free of CUDA types so that the host
+// planner (attention_cuda.cu) and the kernels (cuda_*.cu) share it. Launchers
+// trust their arguments: attention_cuda.cu validates and plans.
+
+#include <cstdint>
+
+namespace recfleet::attention::cuda_impl {
+
+enum : int { kMaskNone = 0, kMaskCausal = 1, kMaskWindow = 2, kMaskBlock = 3 };
+enum : int { kActSoftmax = 0, kActGelu = 1, kActSilu = 2 };
+
+// Tile rows. Every kernel streams 64-row tiles of the other side; the
+// forward's query tiles have 64 * kForwardRowBlocks rows (each warp owns
+// kForwardRowBlocks blocks of 16), the dQ pass's 64, the dK/dV pass's key
+// tiles 64, BlockAttention's tiles are its 64-token blocks.
+inline constexpr int kForwardRowBlocks = 2;
+inline constexpr int kForwardTileRows = 64 * kForwardRowBlocks;
+inline constexpr int kTileRows = 64;
+
+// One CTA's work: a tile of one (sequence, head) and the range of rows
+// of the other side its inner loop visits. For the forward and the dQ pass
+// the tile is of queries and the inner range of keys; for the dK/dV pass the
+// reverse. Planned on the host from the offsets and the mask, non-empty
+// inner tiles only, ordered longest first.
+struct WorkItem {
+  int64_t q_start;    // global row of the sequence's query 0
+  int64_t k_start;    // global row of the sequence's key 0
+  int64_t bias_base;  // bias element of (sequence, head 0, 0, 0)
+  int q_len;
+  int k_len;
+  int tile_row;     // first row (within the sequence) of the tile
+  int head;         // set by the kernel: CTAs run items x heads
+  int inner_begin;  // inner rows [inner_begin, inner_end), within the sequence
+  int inner_end;
+};
+
+struct KernelParams {
+  const void* q = nullptr;  // bf16 [rows, heads, d]
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* bias = nullptr;  // bf16, may be null
+  const void* out = nullptr;   // forward output (backward reads it)
+  const void* dout = nullptr;
+  void* o = nullptr;   // forward output (written)
+  float* lse = nullptr;        // [rows, heads], natural log
+  const float* dsum = nullptr; // [rows, heads], rowsum(dO * O) (softmax backward)
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  void* dbias = nullptr;
+  // When set, the dK/dV pass also accumulates dQ here ([rows, heads, d],
+  // zeroed by the caller) with atomics, and no dQ pass is needed.
+  float* dq_accum = nullptr;
+  const WorkItem* items = nullptr;
+  int num_items = 0;  // the grid is num_items * heads CTAs
+  int heads = 0;
+  int head_dim = 0;
+  int activation = kActSoftmax;
+  int mask = kMaskNone;
+  int window = 0;
+  float scale = 1.f;
+  bool rope = false;  // BlockAttention only: RoPE fused into the tile loads
+  float log2_theta = 0.f;
+};
+
+// Each returns a cudaError_t as int (0 = success) of the launch.
+int LaunchJaggedForward(const KernelParams& p, void* stream);
+int LaunchJaggedBackwardDq(const KernelParams& p, void* stream);
+int LaunchJaggedBackwardDkDv(const KernelParams& p, void* stream);
+int LaunchBlockForward(const KernelParams& p, void* stream);
+int LaunchBlockBackward(const KernelParams& p, void* stream);
+
+// Row-wise pre/post passes on [rows, heads, d] bf16 tensors.
+struct TransformParams {
+  const void* x = nullptr;   // raw q or k
+  const void* dy = nullptr;  // backward: dLoss/d(transformed)
+  void* y = nullptr;         // forward: transformed; backward: dLoss/dx
+  const int64_t* own_offsets = nullptr;   // device, [batch + 1]
+  const int64_t* peer_offsets = nullptr;  // device, [batch + 1] (the other side)
+  int64_t rows = 0;
+  int batch = 0;
+  int heads = 0;
+  int head_dim = 0;
+  bool is_query = false;  // positions pq_i = i + Lk - Lq, else j
+  bool qk_norm = false;
+  bool rope = false;
+  float log2_theta = 0.f;
+};
+int LaunchQkTransform(const TransformParams& p, void* stream);
+int LaunchQkTransformBackward(const TransformParams& p, void* stream);
+// y[i] = bf16(x[i]) for n elements.
+int LaunchFloatToBf16(const float* x, void* y, int64_t n, void* stream);
+// dsum[r, h] = sum_c dout[r, h, c] * out[r, h, c].
+int LaunchRowDot(const void* dout, const void* out, float* dsum, int64_t rows, int heads,
+                 int head_dim, void* stream);
+
+}  // namespace recfleet::attention::cuda_impl
+
+#endif  // RECFLEET_KERNELS_ATTENTION_CUDA_KERNELS_H_

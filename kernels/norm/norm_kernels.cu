@@ -1,0 +1,212 @@
+#include "kernels/norm/norm_kernels.h"
+
+#include <algorithm>
+
+#include "kernels/quant/cuda_util.h"
+#include "kernels/quant/minifloat.h"
+
+namespace recfleet::norm_cuda {
+namespace {
+
+using cuda_util::ElemType;
+using cuda_util::LoadF;
+using cuda_util::StoreF;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// Row layout: 128-column segments, one warp per segment at a time, 4
+// consecutive columns per lane, so a segment is exactly one 1x128 FP8 block.
+constexpr int kSeg = 128;
+
+__device__ float BlockSum(float v, float* smem) {
+  v = cuda_util::WarpSum(v);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();  // smem may still be read from a previous reduction
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  float t = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) t += smem[w];
+  return t;
+}
+
+struct Params {
+  Shape s;
+  const void* x;
+  ElemType xt;
+  const void* gamma;
+  ElemType gt;
+  const void* beta;
+  ElemType bt;
+  float eps;
+  void* y;
+  ElemType yt;
+  int fp8;  // 0 none, 1 E4M3, 2 E5M2
+  float* y_scales;
+  float* mean;
+  float* rstd;
+};
+
+__global__ void __launch_bounds__(kThreads) ForwardKernel(Params p) {
+  __shared__ float smem[kWarps];
+  const int64_t row = blockIdx.x;
+  const int64_t dim = p.s.dim, base = row * dim;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t segs = (dim + kSeg - 1) / kSeg;
+  float mu = 0.0f;
+  if (p.s.layer_norm) {
+    float sum = 0;
+    for (int64_t c = threadIdx.x; c < dim; c += kThreads) sum += LoadF(p.x, p.xt, base + c);
+    mu = BlockSum(sum, smem) / static_cast<float>(dim);
+  }
+  float sq = 0;
+  for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
+    const float v = LoadF(p.x, p.xt, base + c) - mu;
+    sq += v * v;
+  }
+  const float rs = rsqrtf(BlockSum(sq, smem) / static_cast<float>(dim) + p.eps);
+  if (threadIdx.x == 0) {
+    p.rstd[row] = rs;
+    if (p.s.layer_norm) p.mean[row] = mu;
+  }
+  const minifloat::Spec spec = p.fp8 == 2 ? minifloat::E5M2() : minifloat::E4M3();
+  const float fmax = p.fp8 == 2 ? 57344.0f : 448.0f;
+  for (int64_t seg = warp; seg < segs; seg += kWarps) {
+    float v[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = seg * kSeg + lane * 4 + j;
+      v[j] = 0.0f;
+      if (c < dim) {
+        v[j] = (LoadF(p.x, p.xt, base + c) - mu) * rs * LoadF(p.gamma, p.gt, c);
+        if (p.s.layer_norm) v[j] += LoadF(p.beta, p.bt, c);
+        amax = fmaxf(amax, fabsf(v[j]));
+      }
+    }
+    if (p.fp8 == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t c = seg * kSeg + lane * 4 + j;
+        if (c < dim) StoreF(p.y, p.yt, base + c, v[j]);
+      }
+      continue;
+    }
+    const float scale = minifloat::BlockScale(cuda_util::WarpMax(amax), fmax, false);
+    if (lane == 0) p.y_scales[row * segs + seg] = scale;
+    uint8_t* y8 = static_cast<uint8_t*>(p.y);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = seg * kSeg + lane * 4 + j;
+      if (c < dim) y8[base + c] = minifloat::Encode(spec, v[j] / scale);
+    }
+  }
+}
+
+struct BackParams {
+  Shape s;
+  const void* dy;
+  ElemType dyt;
+  const void* x;
+  ElemType xt;
+  const void* gamma;
+  ElemType gt;
+  const float* mean;
+  const float* rstd;
+  void* dx;
+  ElemType dxt;
+};
+
+__global__ void __launch_bounds__(kThreads) BackwardKernel(BackParams p) {
+  __shared__ float smem[kWarps];
+  const int64_t row = blockIdx.x;
+  const int64_t dim = p.s.dim, base = row * dim;
+  const float mu = p.s.layer_norm ? p.mean[row] : 0.0f;
+  const float rs = p.rstd[row];
+  float sg = 0, sgx = 0;
+  for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
+    const float g = LoadF(p.dy, p.dyt, base + c) * LoadF(p.gamma, p.gt, c);
+    const float xhat = (LoadF(p.x, p.xt, base + c) - mu) * rs;
+    sg += g;
+    sgx += g * xhat;
+  }
+  const float mean_g = p.s.layer_norm ? BlockSum(sg, smem) / static_cast<float>(dim) : 0.0f;
+  const float mean_gx = BlockSum(sgx, smem) / static_cast<float>(dim);
+  for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
+    const float g = LoadF(p.dy, p.dyt, base + c) * LoadF(p.gamma, p.gt, c);
+    const float xhat = (LoadF(p.x, p.xt, base + c) - mu) * rs;
+    StoreF(p.dx, p.dxt, base + c, rs * (g - mean_g - xhat * mean_gx));
+  }
+}
+
+// Column partial sums of dy * xhat (and dy) over a chunk of rows:
+// partial[chunk][col]. Threads walk adjacent columns, so loads coalesce.
+__global__ void __launch_bounds__(kThreads)
+    ParamGradPartialKernel(BackParams p, int64_t rows_per_chunk, float* __restrict__ part_g,
+                           float* __restrict__ part_b) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (col >= p.s.dim) return;
+  const int64_t r0 = blockIdx.y * rows_per_chunk;
+  const int64_t r1 = min(p.s.rows, r0 + rows_per_chunk);
+  float g = 0, b = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float dy = LoadF(p.dy, p.dyt, r * p.s.dim + col);
+    const float mu = p.s.layer_norm ? p.mean[r] : 0.0f;
+    g += dy * (LoadF(p.x, p.xt, r * p.s.dim + col) - mu) * p.rstd[r];
+    b += dy;
+  }
+  part_g[blockIdx.y * p.s.dim + col] = g;
+  if (part_b != nullptr) part_b[blockIdx.y * p.s.dim + col] = b;
+}
+
+__global__ void SumChunksKernel(const float* __restrict__ part, int64_t chunks, int64_t dim,
+                                float* __restrict__ out) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= dim) return;
+  float s = 0;
+  for (int64_t k = 0; k < chunks; ++k) s += part[k * dim + col];
+  out[col] = s;
+}
+
+}  // namespace
+
+cudaError_t Forward(const Shape& s, const void* x, int x_type, const void* gamma, int gamma_type,
+                    const void* beta, int beta_type, float eps, void* y, int y_type,
+                    int y_fp8_format, float* y_scales, float* mean, float* rstd, void* stream) {
+  if (s.rows == 0) return cudaSuccess;
+  Params p{s,   x,   ElemType(x_type), gamma, ElemType(gamma_type), beta, ElemType(beta_type),
+           eps, y,   ElemType(y_type), y_fp8_format, y_scales, mean, rstd};
+  ForwardKernel<<<static_cast<unsigned>(s.rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t Backward(const Shape& s, const void* dy, int dy_type, const void* x, int x_type,
+                     const void* gamma, int gamma_type, const float* mean, const float* rstd,
+                     void* dx, int dx_type, float* dgamma, float* dbeta, void* stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  BackParams p{s, dy, ElemType(dy_type), x, ElemType(x_type), gamma, ElemType(gamma_type),
+               mean, rstd, dx, ElemType(dx_type)};
+  if (s.rows > 0) {
+    BackwardKernel<<<static_cast<unsigned>(s.rows), kThreads, 0, st>>>(p);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  // Deterministic two-stage column reduction for dgamma/dbeta.
+  const int64_t chunks = s.rows == 0 ? 1 : std::min<int64_t>(s.rows, 256);
+  const int64_t rows_per_chunk = s.rows == 0 ? 1 : (s.rows + chunks - 1) / chunks;
+  float* part = nullptr;
+  const size_t n = static_cast<size_t>(chunks * s.dim);
+  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&part), 2 * n * sizeof(float), st);
+  if (err != cudaSuccess) return err;
+  float* part_b = dbeta != nullptr ? part + n : nullptr;
+  dim3 grid(cuda_util::GridFor(s.dim, kThreads), static_cast<unsigned>(chunks));
+  ParamGradPartialKernel<<<grid, kThreads, 0, st>>>(p, rows_per_chunk, part, part_b);
+  const unsigned g1 = cuda_util::GridFor(s.dim, kThreads);
+  SumChunksKernel<<<g1, kThreads, 0, st>>>(part, chunks, s.dim, dgamma);
+  if (dbeta != nullptr) SumChunksKernel<<<g1, kThreads, 0, st>>>(part_b, chunks, s.dim, dbeta);
+  err = cudaGetLastError();
+  const cudaError_t free_err = cudaFreeAsync(part, st);
+  return err != cudaSuccess ? err : free_err;
+}
+
+}  // namespace recfleet::norm_cuda

@@ -1,0 +1,48 @@
+#ifndef RECFLEET_KERNELS_QUANT_QUANTIZE_KERNELS_H_
+#define RECFLEET_KERNELS_QUANT_QUANTIZE_KERNELS_H_
+
+// CUDA kernels behind quantize.h with a plain interface (no absl), also
+// used by the FP8 GEMM path, which needs cuBLASLt's scale layouts. Element
+// codes: 0 fp32, 1 bf16; FP8 format codes: 1 E4M3, 2 E5M2. Device
+// pointers; launches go to `stream` (a cudaStream_t).
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace recfleet::quant_cuda {
+
+struct QuantizeArgs {
+  const void* x = nullptr;
+  int x_type = 0;
+  int64_t rows = 0, cols = 0;  // x's shape
+  bool transpose = false;      // q = quantize(x^T)
+  int block_rows = 1, block_cols = 128;  // in q's orientation: 1x128, 128x128 or 32x32
+  bool pow2 = false;                     // E8M0-representable scales
+  int format = 1;
+  bool stochastic = false;
+  uint64_t seed = 0;
+  uint8_t* q = nullptr;
+  // Scale of q-block (bi, bj) goes to scales[bi * stride_row + bj * stride_col]
+  // (fp32), or as an E8M0 byte to e8m0[...] when e8m0 is set.
+  float* scales = nullptr;
+  uint8_t* e8m0 = nullptr;
+  int64_t scale_stride_row = 0, scale_stride_col = 1;
+};
+
+cudaError_t Quantize(const QuantizeArgs& a, void* stream);
+
+// x = decode(q) * scale, scales row-major over (block row, block column).
+cudaError_t Dequantize(const uint8_t* q, int format, const float* scales, int64_t rows,
+                       int64_t cols, int block_rows, int block_cols, void* x, int x_type,
+                       void* stream);
+
+cudaError_t Hadamard(const void* x, void* y, int type, int64_t numel, int64_t cols, int64_t block,
+                     uint64_t seed, bool inverse, void* stream);
+
+cudaError_t ScalesToE8M0(const float* scales, uint8_t* out, int64_t n, void* stream);
+cudaError_t E8M0ToScales(const uint8_t* in, float* scales, int64_t n, void* stream);
+
+}  // namespace recfleet::quant_cuda
+
+#endif  // RECFLEET_KERNELS_QUANT_QUANTIZE_KERNELS_H_

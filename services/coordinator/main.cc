@@ -1,0 +1,85 @@
+// recfleet-coordinator: the control plane. Serves JobService and
+// WorkerService on --listen, keeps jobs in the SQLite file --db, exports
+// Prometheus metrics on --metrics_address. Stops cleanly on SIGINT/SIGTERM.
+
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "services/common/flags.h"
+#include "services/coordinator/server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "gRPC listen address host:port; port 0 = the OS picks (printed at start-up)");
+ABSL_FLAG(std::string, db, "recfleet-coordinator.db",
+          "SQLite file holding every job and transition; created if missing");
+ABSL_FLAG(double, lease_seconds, 10, "Workers whose heartbeats stop for this long are lost");
+ABSL_FLAG(std::string, loader_address, "",
+          "Data-loader host:port handed to workers in assignments (empty = none)");
+ABSL_FLAG(std::string, address_file, "",
+          "If set, the bound gRPC address is written to this file once serving (for scripts)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("recfleet coordinator: job API, worker registry, gang scheduler");
+  absl::ParseCommandLine(argc, argv);
+
+  // Signals are taken by a sigwait below, not by handlers in random threads.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  recfleet::coordinator::ServerOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.db_path = absl::GetFlag(FLAGS_db);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  const double lease = absl::GetFlag(FLAGS_lease_seconds);
+  if (!(lease > 0)) {
+    std::fprintf(stderr, "recfleet-coordinator: --lease_seconds must be > 0, got %g\n", lease);
+    return 2;
+  }
+  options.coordinator.lease = absl::Seconds(lease);
+  options.coordinator.loader_address = absl::GetFlag(FLAGS_loader_address);
+  absl::StatusOr<std::string> token = recfleet::LoadAuthToken();
+  if (!token.ok()) {
+    std::fprintf(stderr, "recfleet-coordinator: %s\n", std::string(token.status().message()).c_str());
+    return 2;
+  }
+  options.auth_token = *token;
+
+  absl::StatusOr<std::unique_ptr<recfleet::coordinator::CoordinatorServer>> server =
+      recfleet::coordinator::CoordinatorServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "recfleet-coordinator: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("recfleet coordinator serving on %s (db %s, lease %gs, auth %s)\n",
+              (*server)->address().c_str(), options.db_path.c_str(), lease,
+              options.auth_token.empty() ? "off" : "bearer token");
+  if (!(*server)->metrics_address().empty()) {
+    std::printf("metrics on http://%s/metrics\n", (*server)->metrics_address().c_str());
+  }
+  std::fflush(stdout);
+  const std::string address_file = absl::GetFlag(FLAGS_address_file);
+  if (!address_file.empty()) {
+    // Written to a temporary name and renamed, so readers never see half.
+    std::string tmp = address_file + ".tmp";
+    std::ofstream(tmp) << (*server)->address() << "\n";
+    if (std::rename(tmp.c_str(), address_file.c_str()) != 0) {
+      std::fprintf(stderr, "recfleet-coordinator: cannot write --address_file %s\n",
+                   address_file.c_str());
+      return 1;
+    }
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::printf("recfleet coordinator: signal %d, shutting down\n", sig);
+  (*server)->Shutdown();
+  return 0;
+}

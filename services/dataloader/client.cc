@@ -1,0 +1,69 @@
+#include "services/dataloader/client.h"
+
+#include "absl/strings/str_cat.h"
+#include "services/dataloader/convert.h"
+
+namespace recfleet::dataloader {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+BatchStream::~BatchStream() {
+  if (!done_ && reader_ != nullptr) {
+    ctx_.TryCancel();
+    reader_->Finish();
+  }
+}
+
+absl::StatusOr<bool> BatchStream::Next(data::RankBatch* out) {
+  if (done_) return false;
+  if (reader_->Read(&msg_)) {
+    if (auto st = RankBatchFromProto(msg_, schema_, out); !st.ok()) return st;
+    return true;
+  }
+  done_ = true;
+  grpc::Status st = reader_->Finish();
+  if (!st.ok()) return FromGrpc(st);
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<DataLoaderClient>> DataLoaderClient::Connect(
+    const std::string& target, absl::Duration timeout) {
+  grpc::ChannelArguments args;
+  // A rank batch of long histories is tens of MB.
+  args.SetMaxReceiveMessageSize(-1);
+  std::unique_ptr<DataLoaderClient> c(new DataLoaderClient());
+  c->channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!c->channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+    return absl::UnavailableError(
+        absl::StrCat("data loader at ", target, " unreachable within ", absl::FormatDuration(timeout)));
+  }
+  c->stub_ = recfleet::v1::DataLoader::NewStub(c->channel_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (auto st = c->stub_->GetInfo(&ctx, recfleet::v1::GetInfoRequest(), &c->info_); !st.ok()) {
+    return FromGrpc(st);
+  }
+  auto schema = SchemaFromProto(c->info_);
+  if (!schema.ok()) return schema.status();
+  c->schema_ = std::make_shared<const data::Schema>(*std::move(schema));
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<BatchStream>> DataLoaderClient::StreamBatches(int rank,
+                                                                             int64_t epoch,
+                                                                             int64_t start_step,
+                                                                             int64_t end_step) {
+  std::unique_ptr<BatchStream> s(new BatchStream(schema_));
+  recfleet::v1::StreamBatchesRequest req;
+  req.set_rank(rank);
+  req.set_epoch(epoch);
+  req.set_start_step(start_step);
+  req.set_end_step(end_step);
+  s->reader_ = stub_->StreamBatches(&s->ctx_, req);
+  return s;
+}
+
+}  // namespace recfleet::dataloader

@@ -1,0 +1,197 @@
+// `recfleet data serve` (run a data-loader instance) and `recfleet data
+// fetch` (stream one rank's batches from a loader and report throughput).
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "cli/command.h"
+#include "data/loader.h"
+#include "services/dataloader/client.h"
+#include "services/dataloader/server.h"
+
+namespace recfleet::dataloader {
+namespace {
+
+// "--name value" pairs checked against the known names.
+absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
+    const std::vector<std::string>& args, const std::set<std::string>& known) {
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string name = args[i];
+    if (name.rfind("--", 0) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", name, "'"));
+    }
+    name = name.substr(2);
+    std::string value;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+    }
+    if (!known.count(name)) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    out[name] = value;
+  }
+  return out;
+}
+
+template <typename T>
+absl::Status GetInt(const std::map<std::string, std::string>& f, const std::string& name, T* v) {
+  auto it = f.find(name);
+  if (it == f.end()) return absl::OkStatus();
+  if (!absl::SimpleAtoi(it->second, v)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, ": '", it->second, "' is not an integer"));
+  }
+  return absl::OkStatus();
+}
+
+int Fail(const absl::Status& s, const char* cmd) {
+  std::fprintf(stderr, "recfleet data %s: %s\n", cmd, std::string(s.message()).c_str());
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument: return cli::kExitUsage;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded: return cli::kExitUnavailable;
+    case absl::StatusCode::kNotFound: return cli::kExitNotFound;
+    default: return cli::kExitFailure;
+  }
+}
+
+int RunServe(const std::vector<std::string>& args) {
+  auto f = ParseFlags(args, {"dataset", "ranks", "batch-size", "base-batch", "micro-batches",
+                             "cost", "policy", "seed", "shuffle-blocks", "instance",
+                             "num-instances", "first-rank", "host", "port", "metrics-port",
+                             "prefetch", "length-feature", "drop-remainder"});
+  if (!f.ok()) return Fail(f.status(), "serve");
+  data::LoaderOptions lo;
+  ServerOptions so;
+  int batch = 1024, micro = 1;
+  for (auto [name, ptr] : std::vector<std::pair<const char*, int*>>{
+           {"ranks", &lo.deal.ranks}, {"batch-size", &batch}, {"base-batch", &lo.deal.base_batch},
+           {"micro-batches", &micro}, {"shuffle-blocks", &lo.shuffle_blocks},
+           {"instance", &lo.instance}, {"num-instances", &lo.num_instances},
+           {"first-rank", &lo.first_rank}, {"port", &so.port}, {"metrics-port", &so.metrics_port},
+           {"prefetch", &so.service.prefetch}}) {
+    if (auto st = GetInt(*f, name, ptr); !st.ok()) return Fail(st, "serve");
+  }
+  if (auto st = GetInt(*f, "seed", &lo.seed); !st.ok()) return Fail(st, "serve");
+  if (lo.deal.base_batch < 1 || batch % lo.deal.base_batch != 0 || micro < 1 ||
+      (batch / lo.deal.base_batch) % micro != 0) {
+    return Fail(absl::InvalidArgumentError("--batch-size must be a multiple of --base-batch, and "
+                                           "its base batches divisible into --micro-batches"),
+                "serve");
+  }
+  lo.deal.base_batches_per_rank = batch / lo.deal.base_batch;
+  lo.deal.micro_batch_base_batches = lo.deal.base_batches_per_rank / micro;
+  if (f->count("host")) so.host = f->at("host");
+  if (f->count("length-feature")) lo.length_feature = f->at("length-feature");
+  lo.drop_remainder = f->count("drop-remainder") && f->at("drop-remainder") == "yes";
+  auto cost = data::CostModel::Parse(f->count("cost") ? f->at("cost") : "linear");
+  if (!cost.ok()) return Fail(cost.status(), "serve");
+  lo.cost = *cost;
+  auto policy = data::ParsePolicy(f->count("policy") ? f->at("policy") : "recfleet");
+  if (!policy.ok()) return Fail(policy.status(), "serve");
+  lo.policy = *policy;
+  if (!f->count("dataset")) return Fail(absl::InvalidArgumentError("--dataset is required"), "serve");
+  auto files = data::ExpandDatasetPaths(f->at("dataset"));
+  if (!files.ok()) return Fail(files.status(), "serve");
+  lo.files = *files;
+
+  // Block the stop signals before any thread starts, then wait for them on
+  // a dedicated thread.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  auto server = LoaderServer::Start(lo, so);
+  if (!server.ok()) return Fail(server.status(), "serve");
+  auto loader_info = DataLoaderClient::Connect((*server)->address(), absl::Seconds(5));
+  if (loader_info.ok()) {
+    const auto& i = (*loader_info)->info();
+    std::printf("data loader serving ranks %d..%d on %s (metrics: http://%s:%d/metrics): "
+                "%lld samples, %lld steps per epoch, policy %s\n",
+                i.first_rank(), i.first_rank() + i.num_ranks() - 1,
+                (*server)->address().c_str(), so.host.c_str(), (*server)->metrics_port(),
+                static_cast<long long>(i.samples_per_epoch()),
+                static_cast<long long>(i.steps_per_epoch()), i.policy().c_str());
+    std::fflush(stdout);
+  }
+  LoaderServer* s = server->get();
+  std::thread waiter([s, stop] {
+    int sig;
+    sigwait(&stop, &sig);
+    s->Shutdown();
+  });
+  s->Wait();
+  waiter.join();
+  return cli::kExitOk;
+}
+
+int RunFetch(const std::vector<std::string>& args) {
+  auto f = ParseFlags(args, {"server", "rank", "epoch", "start-step", "end-step"});
+  if (!f.ok()) return Fail(f.status(), "fetch");
+  int rank = 0;
+  int64_t epoch = 0, start = 0, end = 0;
+  if (auto st = GetInt(*f, "rank", &rank); !st.ok()) return Fail(st, "fetch");
+  if (auto st = GetInt(*f, "epoch", &epoch); !st.ok()) return Fail(st, "fetch");
+  if (auto st = GetInt(*f, "start-step", &start); !st.ok()) return Fail(st, "fetch");
+  if (auto st = GetInt(*f, "end-step", &end); !st.ok()) return Fail(st, "fetch");
+  if (!f->count("server")) return Fail(absl::InvalidArgumentError("--server is required"), "fetch");
+  auto client = DataLoaderClient::Connect(f->at("server"));
+  if (!client.ok()) return Fail(client.status(), "fetch");
+  auto stream = (*client)->StreamBatches(rank, epoch, start, end);
+  if (!stream.ok()) return Fail(stream.status(), "fetch");
+  data::RankBatch batch;
+  int64_t steps = 0, samples = 0, bytes = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  while (true) {
+    auto more = (*stream)->Next(&batch);
+    if (!more.ok()) return Fail(more.status(), "fetch");
+    if (!*more) break;
+    ++steps;
+    samples += static_cast<int64_t>(batch.samples.num_rows());
+    bytes += static_cast<int64_t>(batch.samples.ByteSize());
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("rank %d epoch %lld: %lld steps, %lld samples, %.1f MB in %.3f s (%.0f samples/s)\n",
+              rank, static_cast<long long>(epoch), static_cast<long long>(steps),
+              static_cast<long long>(samples), bytes / 1e6, secs, samples / std::max(secs, 1e-9));
+  return cli::kExitOk;
+}
+
+}  // namespace
+
+RECFLEET_REGISTER_COMMAND({
+    "data serve",
+    "Run a data-loader instance: BBS-dealt rank batches over gRPC, /metrics",
+    "recfleet data serve --dataset FILES|DIR --ranks R --batch-size B\n"
+    "  [--base-batch 128] [--micro-batches 1] [--cost linear|quadratic|...]\n"
+    "  [--policy recfleet|sort-interleave|naive] [--seed 1] [--shuffle-blocks 16]\n"
+    "  [--instance 0 --num-instances 1 --first-rank 0] [--prefetch 4]\n"
+    "  [--host 127.0.0.1] [--port 0] [--metrics-port 0 (-1: none)]\n"
+    "  [--length-feature history_items] [--drop-remainder no]\n"
+    "Serves until SIGINT/SIGTERM.",
+    RunServe,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "data fetch",
+    "Stream one rank's batches from a data loader and report throughput",
+    "recfleet data fetch --server HOST:PORT [--rank 0] [--epoch 0] [--start-step 0] "
+    "[--end-step 0 (= end of epoch)]",
+    RunFetch,
+});
+
+}  // namespace recfleet::dataloader

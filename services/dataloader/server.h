@@ -1,0 +1,56 @@
+#ifndef RECFLEET_SERVICES_DATALOADER_SERVER_H_
+#define RECFLEET_SERVICES_DATALOADER_SERVER_H_
+
+// LoaderServer: a running data-loader instance: the loader, its gRPC
+// DataLoader service and its /metrics endpoint. Used by
+// `recfleet data serve` and by tests (port 0 binds an OS-chosen port).
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "data/loader.h"
+#include "grpcpp/grpcpp.h"
+#include "services/dataloader/metrics.h"
+#include "services/dataloader/service.h"
+
+namespace recfleet::dataloader {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  int metrics_port = 0;  // -1: no metrics endpoint.
+  ServiceOptions service;
+};
+
+class LoaderServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<LoaderServer>> Start(const data::LoaderOptions& loader,
+                                                             const ServerOptions& options);
+  ~LoaderServer();  // Shuts down.
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_ ? metrics_->port() : -1; }
+  std::string address() const;
+  const LoaderMetrics& metrics() const { return *metrics_data_; }
+
+  // Blocks until Shutdown() is called from another thread.
+  void Wait();
+  // Cancels open streams and stops serving.
+  void Shutdown();
+
+ private:
+  LoaderServer() = default;
+  std::string host_;
+  int port_ = 0;
+  std::unique_ptr<LoaderMetrics> metrics_data_;
+  std::unique_ptr<DataLoaderService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsHttpServer> metrics_;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace recfleet::dataloader
+
+#endif  // RECFLEET_SERVICES_DATALOADER_SERVER_H_

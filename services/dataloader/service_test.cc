@@ -1,0 +1,230 @@
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "data/loader.h"
+#include "data/synth.h"
+#include "gtest/gtest.h"
+#include "services/dataloader/client.h"
+#include "services/dataloader/server.h"
+
+namespace recfleet::dataloader {
+namespace {
+
+class ServiceTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(std::string(testing::TempDir()) + "/svc_data");
+    data::SynthOptions o;
+    o.samples = 2500;
+    o.lengths = *data::LengthDistribution::Parse("lognormal:mean=30,sigma=1.2,min=0,max=800");
+    o.num_items = 3000;
+    o.rows_per_block = 64;
+    o.eval_fraction = 0.1;
+    ASSERT_TRUE(data::GenerateSynthetic(o, *dir_).ok());
+  }
+
+  data::LoaderOptions Options() const {
+    data::LoaderOptions o;
+    o.files = {*dir_ + "/train.rfd"};
+    o.deal.ranks = 2;
+    o.deal.base_batch = 16;
+    o.deal.base_batches_per_rank = 2;
+    o.shuffle_blocks = 4;
+    o.seed = 3;
+    return o;
+  }
+
+  std::unique_ptr<LoaderServer> Start(const data::LoaderOptions& o) {
+    ServerOptions so;
+    so.service.prefetch = 2;
+    auto s = LoaderServer::Start(o, so);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+
+  // Streams `rank`'s steps [from, to) and counts sample ids into `seen`.
+  static absl::Status Pull(const std::string& address, int rank, int64_t from, int64_t to,
+                           std::map<int64_t, int>* seen, std::mutex* mu,
+                           std::vector<data::RankBatch>* keep = nullptr) {
+    auto client = DataLoaderClient::Connect(address);
+    if (!client.ok()) return client.status();
+    auto stream = (*client)->StreamBatches(rank, 0, from, to);
+    if (!stream.ok()) return stream.status();
+    data::RankBatch b;
+    int64_t expect = from;
+    while (true) {
+      auto more = (*stream)->Next(&b);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+      if (b.step != expect++ || b.rank != rank) return absl::InternalError("out of order");
+      std::lock_guard<std::mutex> l(*mu);
+      int sid = b.samples.schema().Find("sample_id");
+      for (size_t r = 0; r < b.samples.num_rows(); ++r) ++(*seen)[b.samples.Int64(sid, r)];
+      if (keep != nullptr) keep->push_back(b);
+    }
+    return absl::OkStatus();
+  }
+
+  static int64_t TrainRows() {
+    auto f = data::DatasetFile::Open(*dir_ + "/train.rfd");
+    return f.ok() ? static_cast<int64_t>((*f)->num_rows()) : -1;
+  }
+
+  static void ExpectExactlyOnce(const std::map<int64_t, int>& seen) {
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), TrainRows());
+    for (const auto& [id, n] : seen) ASSERT_EQ(n, 1) << "sample " << id;
+  }
+
+  static std::string* dir_;
+};
+
+std::string* ServiceTest::dir_ = nullptr;
+
+TEST_F(ServiceTest, TwoRanksStreamAnEpochExactlyOnceAndMatchTheLoader) {
+  auto server = Start(Options());
+  ASSERT_NE(server, nullptr);
+  std::map<int64_t, int> seen;
+  std::mutex mu;
+  std::vector<data::RankBatch> got[2];
+  absl::Status st[2];
+  std::thread t0([&] { st[0] = Pull(server->address(), 0, 0, 0, &seen, &mu, &got[0]); });
+  std::thread t1([&] { st[1] = Pull(server->address(), 1, 0, 0, &seen, &mu, &got[1]); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(st[0].ok()) << st[0];
+  ASSERT_TRUE(st[1].ok()) << st[1];
+  ExpectExactlyOnce(seen);
+  // The wire changes nothing: same batches as the library computes.
+  auto loader = data::Loader::Open(Options());
+  ASSERT_TRUE(loader.ok());
+  ASSERT_EQ(static_cast<int64_t>(got[0].size()), (*loader)->steps_per_epoch());
+  for (int64_t s : {int64_t{0}, (*loader)->steps_per_epoch() - 1}) {
+    auto step = (*loader)->Step(0, s);
+    ASSERT_TRUE(step.ok());
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(step->ranks[r].samples == got[r][s].samples) << "step " << s << " rank " << r;
+      EXPECT_EQ(step->ranks[r].base_batch_offsets, got[r][s].base_batch_offsets);
+    }
+  }
+}
+
+TEST_F(ServiceTest, LoaderRestartMidEpochDeliversEachSampleOnce) {
+  std::map<int64_t, int> seen;
+  std::mutex mu;
+  int64_t steps;
+  {
+    auto first = Start(Options());
+    ASSERT_NE(first, nullptr);
+    steps = data::Loader::Open(Options()).value()->steps_per_epoch();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(Pull(first->address(), r, 0, steps / 2, &seen, &mu).ok());
+    }
+  }  // The loader process goes away; a new one resumes at steps / 2.
+  auto second = Start(Options());
+  ASSERT_NE(second, nullptr);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(Pull(second->address(), r, steps / 2, 0, &seen, &mu).ok());
+  ExpectExactlyOnce(seen);
+}
+
+TEST_F(ServiceTest, TwoLoaderInstancesSplitTheDataset) {
+  std::map<int64_t, int> seen;
+  std::mutex mu;
+  std::vector<std::unique_ptr<LoaderServer>> servers;
+  for (int i = 0; i < 2; ++i) {
+    data::LoaderOptions o = Options();
+    o.instance = i;
+    o.num_instances = 2;
+    o.first_rank = 2 * i;
+    servers.push_back(Start(o));
+    ASSERT_NE(servers.back(), nullptr);
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> st(4);
+  for (int rank = 0; rank < 4; ++rank) {
+    threads.emplace_back([&, rank] {
+      st[rank] = Pull(servers[rank / 2]->address(), rank, 0, 0, &seen, &mu);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& s : st) ASSERT_TRUE(s.ok()) << s;
+  ExpectExactlyOnce(seen);
+}
+
+TEST_F(ServiceTest, BadRequestsGetClearErrors) {
+  auto server = Start(Options());
+  ASSERT_NE(server, nullptr);
+  std::map<int64_t, int> seen;
+  std::mutex mu;
+  absl::Status wrong_rank = Pull(server->address(), 7, 0, 0, &seen, &mu);
+  EXPECT_EQ(wrong_rank.code(), absl::StatusCode::kInvalidArgument) << wrong_rank;
+  EXPECT_NE(wrong_rank.message().find("serves ranks 0..1"), std::string::npos) << wrong_rank;
+  EXPECT_EQ(Pull(server->address(), 0, 100000, 0, &seen, &mu).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(DataLoaderClient::Connect("127.0.0.1:1", absl::Milliseconds(300)).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST_F(ServiceTest, AbandonedStreamDoesNotBlockTheServer) {
+  auto server = Start(Options());
+  ASSERT_NE(server, nullptr);
+  {
+    auto client = DataLoaderClient::Connect(server->address());
+    ASSERT_TRUE(client.ok());
+    auto stream = (*client)->StreamBatches(0, 0, 0);
+    ASSERT_TRUE(stream.ok());
+    data::RankBatch b;
+    ASSERT_TRUE((*stream)->Next(&b).value());
+  }  // Dropped after one batch, with more prefetched.
+  std::map<int64_t, int> seen;
+  std::mutex mu;
+  EXPECT_TRUE(Pull(server->address(), 0, 0, 3, &seen, &mu).ok());
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return "";
+  }
+  std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
+  send(fd, req.data(), req.size(), 0);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+TEST_F(ServiceTest, MetricsEndpointReportsTrafficGapsAndQueues) {
+  auto server = Start(Options());
+  ASSERT_NE(server, nullptr);
+  std::map<int64_t, int> seen;
+  std::mutex mu;
+  ASSERT_TRUE(Pull(server->address(), 1, 0, 4, &seen, &mu).ok());
+  std::string text = HttpGet(server->metrics_port(), "/metrics");
+  EXPECT_NE(text.find("200 OK"), std::string::npos) << text;
+  size_t samples = 0;
+  for (const auto& [id, n] : seen) samples += n;
+  EXPECT_NE(text.find("recfleet_dataloader_samples_total{rank=\"1\"} " + std::to_string(samples)),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("recfleet_dataloader_queue_depth{rank=\"0\"} 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("recfleet_dataloader_straggler_gap{dealing=\"naive\"}"), std::string::npos);
+  EXPECT_NE(text.find("recfleet_dataloader_straggler_gap{dealing=\"policy\"}"), std::string::npos);
+  EXPECT_NE(text.find("recfleet_dataloader_bytes_per_second"), std::string::npos);
+  EXPECT_NE(HttpGet(server->metrics_port(), "/other").find("404"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace recfleet::dataloader

@@ -1,0 +1,308 @@
+// The recfleet CLI against a real coordinator process on loopback: auth,
+// submit (idempotent by request id), bad specs, get/list/watch/cancel, exit
+// codes, health and reflection, /metrics, and a coordinator killed with
+// SIGKILL and restarted on the same database losing nothing.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "recfleet/v1/worker_service.grpc.pb.h"
+#include "services/common/exposition.h"
+#include "services/common/http_get.h"
+
+namespace recfleet {
+namespace {
+
+std::string Runfile(const std::string& path) {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/", path);
+}
+
+std::string TmpDir() { return std::getenv("TEST_TMPDIR"); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr together.
+};
+
+Result RunShell(const std::string& command) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// A coordinator process; killed (SIGKILL) by Kill() or the destructor.
+class CoordinatorProcess {
+ public:
+  explicit CoordinatorProcess(const std::string& token_file) {
+    const std::string dir = TmpDir();
+    std::remove((dir + "/address").c_str());
+    log_ = dir + "/coordinator.log";
+    pid_ = fork();
+    if (pid_ == 0) {
+      FILE* f = std::freopen(log_.c_str(), "a", stdout);
+      (void)f;
+      dup2(fileno(stdout), 2);
+      execl(Runfile("services/coordinator/recfleet-coordinator").c_str(), "recfleet-coordinator",
+            "--listen=127.0.0.1:0", ("--db=" + dir + "/jobs.db").c_str(),
+            "--metrics_address=127.0.0.1:0", ("--address_file=" + dir + "/address").c_str(),
+            ("--auth_token_file=" + token_file).c_str(), "--lease_seconds=5", nullptr);
+      _exit(127);
+    }
+    for (int i = 0; i < 200 && address_.empty(); ++i) {
+      std::string a = ReadFile(dir + "/address");
+      if (!a.empty()) address_ = a.substr(0, a.find('\n'));
+      absl::SleepFor(absl::Milliseconds(25));
+    }
+    // The metrics line is printed before the address file is written.
+    for (absl::string_view line : absl::StrSplit(ReadFile(log_), '\n')) {
+      size_t at = line.find("http://");
+      if (at != std::string::npos) {
+        metrics_ = std::string(line.substr(at + 7, line.find("/metrics") - at - 7));
+      }
+    }
+  }
+  ~CoordinatorProcess() { Kill(); }
+  void Kill() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+  const std::string& address() const { return address_; }
+  const std::string& metrics() const { return metrics_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_, address_, metrics_;
+};
+
+class CoordinatorCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    token_file_ = TmpDir() + "/token";
+    std::ofstream(token_file_) << "t0ken\n";
+    coordinator_ = std::make_unique<CoordinatorProcess>(token_file_);
+    ASSERT_FALSE(coordinator_->address().empty()) << ReadFile(TmpDir() + "/coordinator.log");
+  }
+
+  Result Cli(const std::string& args, bool with_token = true) {
+    return RunShell(absl::StrCat(with_token ? "RECFLEET_AUTH_TOKEN=t0ken " : "",
+                            "RECFLEET_COORDINATOR=", coordinator_->address(), " ",
+                            Runfile("cli/recfleet"), " ", args));
+  }
+
+  // The job name printed by `recfleet submit`.
+  static std::string SubmittedName(const Result& r) {
+    return r.output.substr(0, r.output.find(' '));
+  }
+
+  std::unique_ptr<v1::WorkerService::Stub> WorkerStub() {
+    return v1::WorkerService::NewStub(
+        grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  std::string token_file_;
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+};
+
+// One request/response over a generic stub (no generated client needed).
+grpc::Status GenericCall(const std::string& address, const std::string& method,
+                         const std::string& request, std::string* response) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto call = stub.PrepareCall(&context, method, &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  grpc::Slice slice(request);
+  grpc::ByteBuffer out(&slice, 1);
+  call->Write(out, reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  call->WritesDone(reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  grpc::ByteBuffer in;
+  call->Read(&in, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  if (ok) {
+    std::vector<grpc::Slice> slices;
+    (void)in.Dump(&slices);
+    for (const auto& s : slices) response->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  return status;
+}
+
+TEST_F(CoordinatorCliTest, EndToEnd) {
+  const std::string example = Runfile("deploy/examples/job-gemlite.yaml");
+
+  // Authentication: no token, no service.
+  Result r = Cli("list", /*with_token=*/false);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("UNAUTHENTICATED"), std::string::npos) << r.output;
+
+  // Submit twice with one request id: one job.
+  r = Cli("submit " + example + " --request_id demo-1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string job = SubmittedName(r);
+  ASSERT_EQ(job.rfind("jobs/", 0), 0u) << r.output;
+  r = Cli("submit " + example + " --request_id demo-1");
+  EXPECT_EQ(SubmittedName(r), job) << r.output;
+  r = Cli("list --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<absl::string_view> parts = absl::StrSplit(r.output, "\"name\": \"jobs/");
+  EXPECT_EQ(parts.size(), 2u) << r.output;  // Exactly one job.
+
+  // A bad spec: rejected with the field path, nothing created.
+  std::string bad = TmpDir() + "/bad.yaml";
+  {
+    std::string text = ReadFile(example);
+    size_t at = text.find("dim: 32");
+    text.replace(at, 7, "dim: 0");
+    std::ofstream(bad, std::ios::trunc) << text;
+  }
+  r = Cli("submit " + bad);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("spec.model.tables[0].dim must be > 0, got 0"), std::string::npos)
+      << r.output;
+  r = Cli("submit /nonexistent.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+
+  r = Cli("get " + job);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("state:         QUEUED (Submitted)"), std::string::npos) << r.output;
+  EXPECT_EQ(Cli("get jobs/doesnotexist").exit_code, 4);
+  EXPECT_EQ(Cli("get " + job + " --coordinator 127.0.0.1:1 --timeout 2").exit_code, 3);
+  EXPECT_EQ(Cli("get").exit_code, 2);
+  EXPECT_EQ(Cli("list --state BOGUS").exit_code, 2);
+
+  // Two workers register: the gang is placed and assignments flow.
+  auto stub = WorkerStub();
+  std::vector<std::string> workers;
+  for (const char* host : {"host-a", "host-b"}) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer t0ken");
+    v1::RegisterWorkerRequest req;
+    req.set_host(host);
+    v1::RegisterWorkerResponse resp;
+    ASSERT_TRUE(stub->RegisterWorker(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.lease_seconds(), 5);
+    workers.push_back(resp.worker_id());
+  }
+  int64_t epoch = 0;
+  for (const std::string& w : workers) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer t0ken");
+    v1::HeartbeatRequest req;
+    req.set_worker_id(w);
+    v1::HeartbeatResponse resp;
+    ASSERT_TRUE(stub->Heartbeat(&ctx, req, &resp).ok());
+    ASSERT_EQ(resp.commands_size(), 1);
+    EXPECT_EQ(resp.commands(0).assignment().job(), job);
+    epoch = resp.commands(0).assignment().restart_epoch();
+  }
+  for (const std::string& w : workers) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer t0ken");
+    v1::HeartbeatRequest req;
+    req.set_worker_id(w);
+    req.mutable_task()->set_job(job);
+    req.mutable_task()->set_restart_epoch(epoch);
+    req.mutable_task()->set_phase(v1::TaskStatus::RUNNING);
+    v1::HeartbeatResponse resp;
+    ASSERT_TRUE(stub->Heartbeat(&ctx, req, &resp).ok());
+  }
+  r = Cli("list");
+  EXPECT_NE(r.output.find("RUNNING"), std::string::npos) << r.output;
+
+  // watch follows the job until the CLI cancels it.
+  Result watched;
+  std::thread watcher([&] { watched = Cli("watch " + job); });
+  absl::SleepFor(absl::Milliseconds(300));
+  r = Cli("cancel " + job + " --reason 'end of test'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("CANCELLED"), std::string::npos);
+  watcher.join();
+  EXPECT_EQ(watched.exit_code, 1) << watched.output;  // Cancelled, not succeeded.
+  EXPECT_NE(watched.output.find("CANCELLED   CancelledByUser: end of test"), std::string::npos)
+      << watched.output;
+
+  // Health and reflection answer without a token.
+  std::string health;
+  grpc::Status hs = GenericCall(coordinator_->address(), "/grpc.health.v1.Health/Check",
+                                std::string("\x0a\x16recfleet.v1.JobService", 24), &health);
+  ASSERT_TRUE(hs.ok()) << hs.error_message();
+  EXPECT_EQ(health, std::string("\x08\x01", 2));  // SERVING
+  std::string services;
+  grpc::Status rs = GenericCall(coordinator_->address(),
+                                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                std::string("\x3a\x00", 2), &services);
+  ASSERT_TRUE(rs.ok()) << rs.error_message();
+  EXPECT_NE(services.find("recfleet.v1.JobService"), std::string::npos);
+  EXPECT_NE(services.find("recfleet.v1.WorkerService"), std::string::npos);
+
+  // /metrics parses and counts what happened.
+  absl::StatusOr<HttpGetResult> scrape = HttpGet(coordinator_->metrics(), "/metrics");
+  ASSERT_TRUE(scrape.ok()) << scrape.status() << " metrics at '" << coordinator_->metrics() << "'";
+  absl::StatusOr<metrics::Exposition> e = metrics::ParseExposition(scrape->body);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->samples.at("recfleet_jobs{state=\"CANCELLED\"}"), 1);
+  EXPECT_EQ(e->samples.at("recfleet_workers{state=\"idle\"}"), 2);
+  EXPECT_EQ(e->samples.at("recfleet_jobs_created_total"), 1);
+  EXPECT_GE(e->samples.at("recfleet_rpc_duration_seconds_count{service=\"recfleet.v1.JobService\","
+                          "method=\"CreateJob\",code=\"INVALID_ARGUMENT\"}"),
+            1);
+  EXPECT_GE(e->samples.at("recfleet_rpc_duration_seconds_count{service=\"recfleet.v1.JobService\","
+                          "method=\"ListJobs\",code=\"UNAUTHENTICATED\"}"),
+            1);
+
+  // A second job, then the coordinator dies hard and comes back on its db.
+  r = Cli("submit " + example);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string second = SubmittedName(r);
+  coordinator_->Kill();
+  coordinator_ = std::make_unique<CoordinatorProcess>(token_file_);
+  ASSERT_FALSE(coordinator_->address().empty());
+  r = Cli("get " + job);
+  EXPECT_NE(r.output.find("state:         CANCELLED (CancelledByUser: end of test)"),
+            std::string::npos)
+      << r.output;
+  r = Cli("get " + second + " --json");
+  EXPECT_NE(r.output.find("\"state\": \"QUEUED\""), std::string::npos) << r.output;
+  r = Cli("list --state cancelled --state queued");
+  EXPECT_NE(r.output.find(job), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(second), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace recfleet

@@ -1,0 +1,60 @@
+#ifndef RECFLEET_WORKER_DIST_LAYOUT_H_
+#define RECFLEET_WORKER_DIST_LAYOUT_H_
+
+// From a job's parallelism hints (or the planner's decision) to the process
+// groups a rank trains with:
+//   dense   mesh {replica, fsdp}: FSDP groups of consecutive ranks, replicas
+//           across them;
+//   sparse  mesh {table_replica, tables}: embedding tables sharded over
+//           groups of consecutive ranks, replicated across them.
+// Pure arithmetic plus one ProcessGroups::Build per mesh.
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/process_groups.h"
+
+namespace recfleet {
+namespace dist {
+
+// Mirrors recfleet.v1.ParallelismHints; 0 means "not set".
+struct ParallelismHints {
+  int fsdp_group_size = 0;
+  int replicas = 0;
+  int table_group_size = 0;
+};
+
+struct ParallelLayout {
+  int fsdp_group_size = 1;
+  int replicas = 1;
+  int table_group_size = 1;
+
+  // Fills unset hints: FSDP over the whole world unless replicas say
+  // otherwise, tables over the FSDP group. InvalidArgument when the sizes do
+  // not divide the world.
+  static absl::StatusOr<ParallelLayout> FromHints(int world_size, const ParallelismHints& hints);
+
+  absl::StatusOr<comm::DeviceMesh> DenseMesh() const;
+  absl::StatusOr<comm::DeviceMesh> SparseMesh() const;
+};
+
+// The communicators of one rank: "fsdp" and "replica" (dense), "tables" and
+// "table_replica" (sparse).
+struct TrainingGroups {
+  comm::ProcessGroups dense;
+  comm::ProcessGroups sparse;
+
+  comm::Communicator* fsdp() const { return dense.Get("fsdp"); }
+  comm::Communicator* replica() const { return dense.Get("replica"); }
+  comm::Communicator* tables() const { return sparse.Get("tables"); }
+  comm::Communicator* table_replica() const { return sparse.Get("table_replica"); }
+
+  // Every rank calls this with the same layout and store namespace.
+  static absl::StatusOr<TrainingGroups> Build(const ParallelLayout& layout, int rank, comm::KvStore& store,
+                                              const comm::CommFactory& factory);
+};
+
+}  // namespace dist
+}  // namespace recfleet
+
+#endif  // RECFLEET_WORKER_DIST_LAYOUT_H_

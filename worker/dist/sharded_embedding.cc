@@ -1,0 +1,395 @@
+#include "worker/dist/sharded_embedding.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace recfleet {
+namespace dist {
+namespace {
+
+TensorView Vec(std::vector<int64_t>& v) { return MakeView(v.data(), DType::kInt64, {static_cast<int64_t>(v.size())}); }
+TensorView Vec(std::vector<float>& v) { return MakeView(v.data(), DType::kFloat32, {static_cast<int64_t>(v.size())}); }
+
+int64_t Sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<EmbeddingShardingPlan> EmbeddingShardingPlan::Create(std::vector<EmbeddingTableConfig> tables,
+                                                                    std::vector<TablePlacement> placements,
+                                                                    int group_size) {
+  if (group_size < 1) return absl::InvalidArgumentError(absl::StrCat("sharding plan: group_size ", group_size, " < 1"));
+  if (tables.size() != placements.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("sharding plan: ", tables.size(), " tables but ",
+                                                   placements.size(), " placements; need one per table"));
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const EmbeddingTableConfig& c = tables[t];
+    if (c.rows < 1 || c.dim < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("sharding plan: table ", t, " ('", c.name, "') has rows=",
+                                                     c.rows, " dim=", c.dim, "; both must be >= 1"));
+    }
+    if (placements[t].sharding == TableSharding::kTableWise &&
+        (placements[t].owner < 0 || placements[t].owner >= group_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("sharding plan: table ", t, " ('", c.name, "') owner ",
+                                                     placements[t].owner, " is not a group rank in [0, ",
+                                                     group_size, ")"));
+    }
+  }
+  EmbeddingShardingPlan plan;
+  plan.tables_ = std::move(tables);
+  plan.placements_ = std::move(placements);
+  plan.group_size_ = group_size;
+  plan.tables_on_.resize(group_size);
+  for (int r = 0; r < group_size; ++r) {
+    for (int t = 0; t < plan.num_tables(); ++t) {
+      const auto range = plan.RowRange(t, r);
+      if (range.second > range.first) plan.tables_on_[r].push_back(t);
+    }
+  }
+  return plan;
+}
+
+std::pair<int64_t, int64_t> EmbeddingShardingPlan::RowRange(int t, int r) const {
+  const int64_t rows = tables_[t].rows;
+  if (placements_[t].sharding == TableSharding::kTableWise) {
+    return r == placements_[t].owner ? std::make_pair(int64_t{0}, rows) : std::make_pair(int64_t{0}, int64_t{0});
+  }
+  const int64_t per = (rows + group_size_ - 1) / group_size_;
+  const int64_t first = std::min(rows, r * per);
+  return {first, std::min(rows, first + per)};
+}
+
+absl::StatusOr<std::unique_ptr<ShardedEmbeddingCollection>> ShardedEmbeddingCollection::Create(
+    EmbeddingShardingPlan plan, comm::Communicator* table_group, comm::Communicator* replica_group,
+    RowwiseAdagradConfig optimizer) {
+  if (table_group == nullptr) return absl::InvalidArgumentError("sharded embeddings: table_group is null");
+  if (table_group->size() != plan.group_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("sharded embeddings: the plan is for a group of ",
+                                                   plan.group_size(), " ranks but table_group has ",
+                                                   table_group->size()));
+  }
+  for (comm::Communicator* c : {table_group, replica_group}) {
+    if (c != nullptr && c->device() != Device::kCpu) {
+      return absl::InvalidArgumentError("sharded embeddings: tables live on the host; use CPU communicators");
+    }
+  }
+  return std::unique_ptr<ShardedEmbeddingCollection>(
+      new ShardedEmbeddingCollection(std::move(plan), table_group, replica_group, optimizer));
+}
+
+ShardedEmbeddingCollection::ShardedEmbeddingCollection(EmbeddingShardingPlan plan, comm::Communicator* table_group,
+                                                       comm::Communicator* replica_group,
+                                                       RowwiseAdagradConfig optimizer)
+    : plan_(std::move(plan)), table_group_(table_group), replica_group_(replica_group), optimizer_(optimizer) {
+  shards_.resize(plan_.num_tables());
+  momenta_.resize(plan_.num_tables());
+  for (int t = 0; t < plan_.num_tables(); ++t) {
+    const auto range = plan_.RowRange(t, table_group_->rank());
+    shards_[t].assign((range.second - range.first) * plan_.table(t).dim, 0.0f);
+    momenta_[t].assign(range.second - range.first, 0.0f);
+  }
+}
+
+TensorView ShardedEmbeddingCollection::shard(int t) {
+  return MakeView(shards_[t].data(), DType::kFloat32,
+                  {static_cast<int64_t>(momenta_[t].size()), plan_.table(t).dim});
+}
+
+TensorView ShardedEmbeddingCollection::momentum(int t) {
+  return MakeView(momenta_[t].data(), DType::kFloat32, {static_cast<int64_t>(momenta_[t].size())});
+}
+
+void ShardedEmbeddingCollection::Initialize(const std::function<float(int, int64_t, int64_t)>& value) {
+  for (int t = 0; t < plan_.num_tables(); ++t) {
+    const int64_t first = plan_.RowRange(t, table_group_->rank()).first;
+    const int64_t dim = plan_.table(t).dim;
+    for (size_t r = 0; r < momenta_[t].size(); ++r) {
+      for (int64_t c = 0; c < dim; ++c) shards_[t][r * dim + c] = value(t, first + r, c);
+      momenta_[t][r] = 0.0f;
+    }
+  }
+}
+
+absl::Status ShardedEmbeddingCollection::CheckIds(absl::Span<const JaggedView> ids) const {
+  if (static_cast<int>(ids.size()) != plan_.num_tables()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sharded embeddings: got id lists for ", ids.size(), " tables, expected ", plan_.num_tables()));
+  }
+  for (int t = 0; t < plan_.num_tables(); ++t) {
+    const std::string what = absl::StrCat("ids[", t, "] ('", plan_.table(t).name, "')");
+    if (absl::Status s = CheckJagged(ids[t], what); !s.ok()) return s;
+    if (absl::Status s = CheckDType(ids[t].values, what, {DType::kInt64}); !s.ok()) return s;
+    if (absl::Status s = CheckDevice(ids[t].values, what, Device::kCpu); !s.ok()) return s;
+    const int64_t* v = ids[t].values.as<int64_t>();
+    for (int64_t i = 0; i < ids[t].total_length(); ++i) {
+      if (v[i] < 0 || v[i] >= plan_.table(t).rows) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " value ", i, " = ", v[i], " is not a row in [0, ",
+                                                       plan_.table(t).rows, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedEmbeddingCollection::CheckPerTable(absl::Span<const TensorView> views,
+                                                       absl::string_view what) const {
+  if (static_cast<int>(views.size()) != plan_.num_tables()) {
+    return absl::InvalidArgumentError(absl::StrCat("sharded embeddings: ", views.size(), " ", what,
+                                                   " buffers, expected one per table (", plan_.num_tables(), ")"));
+  }
+  for (int t = 0; t < plan_.num_tables(); ++t) {
+    const std::string name = absl::StrCat(what, "[", t, "] ('", plan_.table(t).name, "')");
+    if (absl::Status s = CheckDType(views[t], name, {DType::kFloat32}); !s.ok()) return s;
+    if (absl::Status s = CheckDevice(views[t], name, Device::kCpu); !s.ok()) return s;
+    if (absl::Status s = CheckRank(views[t], name, 2); !s.ok()) return s;
+    if (absl::Status s = CheckDim(views[t], name, 1, plan_.table(t).dim); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> ids, absl::Span<const TensorView> out) {
+  pending_.valid = false;
+  if (absl::Status s = CheckIds(ids); !s.ok()) return s;
+  if (absl::Status s = CheckPerTable(out, "out"); !s.ok()) return s;
+  const int num_tables = plan_.num_tables();
+  std::vector<int64_t> my_bags(num_tables);
+  for (int t = 0; t < num_tables; ++t) {
+    my_bags[t] = ids[t].batch_size();
+    if (absl::Status s = CheckDim(out[t], absl::StrCat("out[", t, "]"), 0, my_bags[t]); !s.ok()) return s;
+  }
+
+  const int group = table_group_->size();
+  const int me = table_group_->rank();
+  const std::vector<int>& mine = plan_.TablesOn(me);
+  const int num_mine = static_cast<int>(mine.size());
+
+  // Every rank's bag counts fix how many bags it sends each owner.
+  pending_.bags.assign(group * num_tables, 0);
+  if (absl::Status s = table_group_->AllGather(Vec(my_bags), Vec(pending_.bags)); !s.ok()) return s;
+
+  // Per owner, per table it holds, per bag: how many ids of the bag it owns,
+  // and those ids as local rows.
+  std::vector<int64_t> len_send, id_send, len_counts(group, 0), id_counts(group, 0);
+  for (int d = 0; d < group; ++d) {
+    for (int t : plan_.TablesOn(d)) {
+      const auto [first, end] = plan_.RowRange(t, d);
+      const int64_t* v = ids[t].values.as<int64_t>();
+      for (int64_t b = 0; b < my_bags[t]; ++b) {
+        int64_t count = 0;
+        for (int64_t i = ids[t].offset(b); i < ids[t].offset(b + 1); ++i) {
+          if (v[i] >= first && v[i] < end) {
+            id_send.push_back(v[i] - first);
+            ++count;
+          }
+        }
+        len_send.push_back(count);
+        id_counts[d] += count;
+      }
+      len_counts[d] += my_bags[t];
+    }
+  }
+  std::vector<int64_t> len_recv_counts(group, 0);
+  for (int p = 0; p < group; ++p) {
+    for (int t : mine) len_recv_counts[p] += Bags(p, t);
+  }
+  std::vector<int64_t> len_recv(Sum(len_recv_counts));
+  if (absl::Status s = table_group_->AllToAll(Vec(len_send), len_counts, Vec(len_recv), len_recv_counts); !s.ok()) {
+    return s;
+  }
+  std::vector<int64_t> id_recv_counts(group, 0);
+  for (int p = 0, pos = 0; p < group; ++p) {
+    for (int64_t i = 0; i < len_recv_counts[p]; ++i) id_recv_counts[p] += len_recv[pos++];
+  }
+  std::vector<int64_t> id_recv(Sum(id_recv_counts));
+  if (absl::Status s = table_group_->AllToAll(Vec(id_send), id_counts, Vec(id_recv), id_recv_counts); !s.ok()) {
+    return s;
+  }
+
+  // Regroup what arrived (source, table, bag) into one jagged batch per local
+  // table, bags ordered by (source, bag).
+  pending_.offsets.assign(num_mine, std::vector<int64_t>{0});
+  pending_.ids.assign(num_mine, {});
+  for (int p = 0, len_pos = 0, id_pos = 0; p < group; ++p) {
+    for (int k = 0; k < num_mine; ++k) {
+      for (int64_t b = 0; b < Bags(p, mine[k]); ++b) {
+        const int64_t n = len_recv[len_pos++];
+        pending_.ids[k].insert(pending_.ids[k].end(), id_recv.begin() + id_pos, id_recv.begin() + id_pos + n);
+        id_pos += n;
+        pending_.offsets[k].push_back(pending_.offsets[k].back() + n);
+      }
+    }
+  }
+
+  // Pool the local rows of every served bag (partial sums for row-wise).
+  std::vector<std::vector<float>> partial(num_mine);
+  for (int k = 0; k < num_mine; ++k) {
+    const int t = mine[k];
+    const int64_t served = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
+    partial[k].resize(served * plan_.table(t).dim);
+    JaggedView bags{Vec(pending_.ids[k]), Vec(pending_.offsets[k])};
+    absl::Status s = EmbeddingBagForward(shard(t), bags, Pooling::kSum,
+                                         MakeView(partial[k].data(), DType::kFloat32, {served, plan_.table(t).dim}));
+    if (!s.ok()) return s;
+  }
+
+  // Send each source its bags' vectors; receive ours from every owner.
+  std::vector<float> emb_send;
+  std::vector<int64_t> emb_counts(group, 0), emb_recv_counts(group, 0), next_bag(num_mine, 0);
+  for (int p = 0; p < group; ++p) {
+    for (int k = 0; k < num_mine; ++k) {
+      const int64_t dim = plan_.table(mine[k]).dim;
+      const int64_t n = Bags(p, mine[k]);
+      emb_send.insert(emb_send.end(), partial[k].begin() + next_bag[k] * dim,
+                      partial[k].begin() + (next_bag[k] + n) * dim);
+      next_bag[k] += n;
+      emb_counts[p] += n * dim;
+    }
+  }
+  for (int d = 0; d < group; ++d) {
+    for (int t : plan_.TablesOn(d)) emb_recv_counts[d] += my_bags[t] * plan_.table(t).dim;
+  }
+  std::vector<float> emb_recv(Sum(emb_recv_counts));
+  if (absl::Status s = table_group_->AllToAll(Vec(emb_send), emb_counts, Vec(emb_recv), emb_recv_counts); !s.ok()) {
+    return s;
+  }
+
+  for (int t = 0; t < num_tables; ++t) std::fill(out[t].as<float>(), out[t].as<float>() + out[t].numel(), 0.0f);
+  for (int d = 0, pos = 0; d < group; ++d) {
+    for (int t : plan_.TablesOn(d)) {
+      float* o = out[t].as<float>();
+      for (int64_t i = 0; i < my_bags[t] * plan_.table(t).dim; ++i) o[i] += emb_recv[pos++];
+    }
+  }
+  pending_.own_lengths.assign(num_tables, {});
+  for (int t = 0; t < num_tables; ++t) {
+    for (int64_t b = 0; b < my_bags[t]; ++b) pending_.own_lengths[t].push_back(ids[t].length(b));
+    if (plan_.table(t).pooling != Pooling::kMean) continue;
+    const int64_t dim = plan_.table(t).dim;
+    for (int64_t b = 0; b < my_bags[t]; ++b) {
+      const int64_t n = pending_.own_lengths[t][b];
+      if (n == 0) continue;
+      for (int64_t c = 0; c < dim; ++c) out[t].as<float>()[b * dim + c] /= n;
+    }
+  }
+  pending_.valid = true;
+  return absl::OkStatus();
+}
+
+absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const TensorView> grads) {
+  if (!pending_.valid) {
+    return absl::FailedPreconditionError("sharded embeddings: BackwardAndUpdate needs a successful Forward first");
+  }
+  pending_.valid = false;
+  if (absl::Status s = CheckPerTable(grads, "grads"); !s.ok()) return s;
+  const int num_tables = plan_.num_tables();
+  for (int t = 0; t < num_tables; ++t) {
+    const int64_t bags = static_cast<int64_t>(pending_.own_lengths[t].size());
+    if (absl::Status s = CheckDim(grads[t], absl::StrCat("grads[", t, "]"), 0, bags); !s.ok()) return s;
+  }
+
+  const int group = table_group_->size();
+  const std::vector<int>& mine = plan_.TablesOn(table_group_->rank());
+  const int num_mine = static_cast<int>(mine.size());
+
+  // Each owner gets the gradient of every bag it served, per table; mean
+  // pooling divides by the full bag length, which only this rank knows.
+  std::vector<float> send;
+  std::vector<int64_t> send_counts(group, 0), recv_counts(group, 0);
+  for (int d = 0; d < group; ++d) {
+    for (int t : plan_.TablesOn(d)) {
+      const int64_t dim = plan_.table(t).dim;
+      const bool mean = plan_.table(t).pooling == Pooling::kMean;
+      const float* g = grads[t].as<const float>();
+      const std::vector<int64_t>& lengths = pending_.own_lengths[t];
+      for (size_t b = 0; b < lengths.size(); ++b) {
+        const float scale = mean && lengths[b] > 0 ? 1.0f / static_cast<float>(lengths[b]) : 1.0f;
+        for (int64_t c = 0; c < dim; ++c) send.push_back(g[b * dim + c] * scale);
+      }
+      send_counts[d] += static_cast<int64_t>(lengths.size()) * dim;
+    }
+  }
+  for (int p = 0; p < group; ++p) {
+    for (int t : mine) recv_counts[p] += Bags(p, t) * plan_.table(t).dim;
+  }
+  std::vector<float> recv(Sum(recv_counts));
+  if (absl::Status s = table_group_->AllToAll(Vec(send), send_counts, Vec(recv), recv_counts); !s.ok()) return s;
+
+  // Per local table, gradients of the served bags in (source, bag) order:
+  // the order of pending_.offsets.
+  std::vector<std::vector<float>> served_grads(num_mine);
+  for (int p = 0, pos = 0; p < group; ++p) {
+    for (int k = 0; k < num_mine; ++k) {
+      const int64_t n = Bags(p, mine[k]) * plan_.table(mine[k]).dim;
+      served_grads[k].insert(served_grads[k].end(), recv.begin() + pos, recv.begin() + pos + n);
+      pos += n;
+    }
+  }
+  if (replica_group_ != nullptr && replica_group_->size() > 1) {
+    if (absl::Status s = GatherReplicas(served_grads); !s.ok()) return s;
+  }
+  for (int k = 0; k < num_mine; ++k) {
+    const int t = mine[k];
+    const int64_t bags = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
+    JaggedView jagged{Vec(pending_.ids[k]), Vec(pending_.offsets[k])};
+    absl::Status s = EmbeddingBagBackwardAdagrad(
+        MakeView(served_grads[k].data(), DType::kFloat32, {bags, plan_.table(t).dim}), jagged, Pooling::kSum,
+        optimizer_, shard(t), momentum(t));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedEmbeddingCollection::GatherReplicas(std::vector<std::vector<float>>& grads) {
+  const std::vector<int>& mine = plan_.TablesOn(table_group_->rank());
+  const int num_mine = static_cast<int>(mine.size());
+  const int replicas = replica_group_->size();
+  // Pack, per local table: bag count, id count, bag lengths, ids.
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+  for (int k = 0; k < num_mine; ++k) {
+    const std::vector<int64_t>& off = pending_.offsets[k];
+    ints.push_back(static_cast<int64_t>(off.size()) - 1);
+    ints.push_back(static_cast<int64_t>(pending_.ids[k].size()));
+    for (size_t b = 0; b + 1 < off.size(); ++b) ints.push_back(off[b + 1] - off[b]);
+    ints.insert(ints.end(), pending_.ids[k].begin(), pending_.ids[k].end());
+    floats.insert(floats.end(), grads[k].begin(), grads[k].end());
+  }
+  std::vector<int64_t> sizes = {static_cast<int64_t>(ints.size()), static_cast<int64_t>(floats.size())};
+  std::vector<int64_t> all_sizes(2 * replicas);
+  if (absl::Status s = replica_group_->AllGather(Vec(sizes), Vec(all_sizes)); !s.ok()) return s;
+
+  // Every replica builds the same union, in replica-rank order.
+  std::vector<std::vector<int64_t>> offsets(num_mine, std::vector<int64_t>{0}), ids(num_mine);
+  std::vector<std::vector<float>> union_grads(num_mine);
+  for (int q = 0; q < replicas; ++q) {
+    const bool self = q == replica_group_->rank();
+    std::vector<int64_t> q_ints = self ? ints : std::vector<int64_t>(all_sizes[2 * q]);
+    std::vector<float> q_floats = self ? floats : std::vector<float>(all_sizes[2 * q + 1]);
+    if (absl::Status s = replica_group_->Broadcast(Vec(q_ints), q); !s.ok()) return s;
+    if (absl::Status s = replica_group_->Broadcast(Vec(q_floats), q); !s.ok()) return s;
+    size_t pos = 0, fpos = 0;
+    for (int k = 0; k < num_mine; ++k) {
+      const int64_t bags = q_ints[pos++];
+      const int64_t n_ids = q_ints[pos++];
+      for (int64_t b = 0; b < bags; ++b) offsets[k].push_back(offsets[k].back() + q_ints[pos++]);
+      ids[k].insert(ids[k].end(), q_ints.begin() + pos, q_ints.begin() + pos + n_ids);
+      pos += n_ids;
+      const int64_t n_floats = bags * plan_.table(mine[k]).dim;
+      union_grads[k].insert(union_grads[k].end(), q_floats.begin() + fpos, q_floats.begin() + fpos + n_floats);
+      fpos += n_floats;
+    }
+  }
+  pending_.offsets = std::move(offsets);
+  pending_.ids = std::move(ids);
+  grads = std::move(union_grads);
+  return absl::OkStatus();
+}
+
+}  // namespace dist
+}  // namespace recfleet

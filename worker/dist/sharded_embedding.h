@@ -1,0 +1,161 @@
+#ifndef RECFLEET_WORKER_DIST_SHARDED_EMBEDDING_H_
+#define RECFLEET_WORKER_DIST_SHARDED_EMBEDDING_H_
+
+// Embedding tables sharded over a model-parallel group ("table group"),
+// table-wise (a whole table on one rank) or row-wise (contiguous row blocks
+// on every rank), optionally replicated across a replica group that trains
+// the same shards on other data (2D sparse parallelism, replicated tables).
+//
+// One step, for a batch of id lists per table on every rank:
+//  Forward   ids go to the ranks owning their rows (all-to-all of bag
+//            lengths, then of ids); owners pool their rows per bag (partial
+//            sums for row-wise tables); pooled vectors come back (all-to-all
+//            of embeddings) and are summed per bag (and divided by the bag
+//            length for mean pooling).
+//  Backward  the pooled gradients go back to the owners (all-to-all); the
+//            owners of one shard in every replica exchange their bags and
+//            gradients (broadcasts over the replica group) and apply one
+//            rowwise-Adagrad step with the gradient summed over every bag of
+//            every rank, exactly as one rank holding the whole table and the
+//            whole global batch would (kernels/embedding).
+//
+// The result is the single-rank result up to floating-point summation order.
+// Replicas apply identical updates in identical order, so their shards stay
+// bit-identical.
+//
+// Model-independent: each table gets one jagged list of bags per step, with
+// its own number of bags (pooled features: one bag per sample; per-token
+// sequence lookups: one id per bag; a table serving several features: their
+// bags concatenated), and returns one [bags, dim] fp32 output per table.
+// Host (Device::kCpu) tables and CPU communicators. Not thread-safe.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/tensor.h"
+#include "worker/comm/communicator.h"
+
+namespace recfleet {
+namespace dist {
+
+struct EmbeddingTableConfig {
+  std::string name;
+  int64_t rows = 0;
+  int64_t dim = 0;
+  Pooling pooling = Pooling::kSum;
+};
+
+enum class TableSharding : uint8_t {
+  kTableWise,  // The whole table on group rank `owner`.
+  kRowWise,    // Rows split into contiguous blocks of ceil(rows / G).
+};
+
+struct TablePlacement {
+  TableSharding sharding = TableSharding::kTableWise;
+  int owner = 0;  // kTableWise only.
+};
+
+// Where every row of every table lives in a group of `group_size` ranks.
+// Immutable; thread-safe.
+class EmbeddingShardingPlan {
+ public:
+  static absl::StatusOr<EmbeddingShardingPlan> Create(std::vector<EmbeddingTableConfig> tables,
+                                                      std::vector<TablePlacement> placements, int group_size);
+
+  int num_tables() const { return static_cast<int>(tables_.size()); }
+  int group_size() const { return group_size_; }
+  const EmbeddingTableConfig& table(int t) const { return tables_[t]; }
+  const TablePlacement& placement(int t) const { return placements_[t]; }
+
+  // Rows [first, second) of table t held by group rank r (empty if none).
+  std::pair<int64_t, int64_t> RowRange(int t, int r) const;
+  // Tables with at least one row on group rank r, ascending.
+  const std::vector<int>& TablesOn(int r) const { return tables_on_[r]; }
+
+ private:
+  EmbeddingShardingPlan() = default;
+
+  std::vector<EmbeddingTableConfig> tables_;
+  std::vector<TablePlacement> placements_;
+  int group_size_ = 1;
+  std::vector<std::vector<int>> tables_on_;
+};
+
+class ShardedEmbeddingCollection {
+ public:
+  // `table_group` shards the tables (its size must equal the plan's);
+  // `replica_group` (nullptr: none) holds the same shards elsewhere. Not
+  // owned; both must outlive the collection.
+  static absl::StatusOr<std::unique_ptr<ShardedEmbeddingCollection>> Create(EmbeddingShardingPlan plan,
+                                                                            comm::Communicator* table_group,
+                                                                            comm::Communicator* replica_group,
+                                                                            RowwiseAdagradConfig optimizer);
+
+  const EmbeddingShardingPlan& plan() const { return plan_; }
+
+  // This rank's rows of table t: [RowRange(t, rank)] x dim fp32, and their
+  // Adagrad accumulators [rows] fp32. Zero rows if it holds none.
+  TensorView shard(int t);
+  TensorView momentum(int t);
+
+  // Sets every local row element to value(table, global_row, column) and
+  // zeroes the accumulators. Deterministic initialization that every layout
+  // (and a single-rank reference) can reproduce.
+  void Initialize(const std::function<float(int table, int64_t row, int64_t col)>& value);
+
+  // ids[t]: table t's bags on this rank (values int64 in [0, rows), offsets
+  // int32/int64; any number of bags, including none). out[t]: [bags of
+  // ids[t], dim] fp32, overwritten with each bag's sum (or mean) of rows; an
+  // empty bag gives zeros. Every rank of the table group calls Forward
+  // together.
+  absl::Status Forward(absl::Span<const JaggedView> ids, absl::Span<const TensorView> out);
+
+  // grads[t]: [bags, dim] fp32, the gradient of the loss w.r.t. out[t] of the
+  // last Forward. Applies one optimizer step to every row that any rank of
+  // the table and replica groups looked up.
+  absl::Status BackwardAndUpdate(absl::Span<const TensorView> grads);
+
+ private:
+  // What Forward leaves for BackwardAndUpdate.
+  struct Pending {
+    bool valid = false;
+    // bags[p * num_tables + t]: bags table-group rank p looked up in table t.
+    std::vector<int64_t> bags;
+    // Per table this rank holds (index into TablesOn(rank)): the bags it
+    // served, ordered by (source rank, bag), as local row ids.
+    std::vector<std::vector<int64_t>> offsets;
+    std::vector<std::vector<int64_t>> ids;
+    // Per table: the lengths of this rank's own bags (for mean pooling).
+    std::vector<std::vector<int64_t>> own_lengths;
+  };
+
+  ShardedEmbeddingCollection(EmbeddingShardingPlan plan, comm::Communicator* table_group,
+                             comm::Communicator* replica_group, RowwiseAdagradConfig optimizer);
+
+  absl::Status CheckIds(absl::Span<const JaggedView> ids) const;
+  // Checks one [bags, dim] fp32 host buffer per table.
+  absl::Status CheckPerTable(absl::Span<const TensorView> views, absl::string_view what) const;
+  int64_t Bags(int rank, int t) const { return pending_.bags[rank * plan_.num_tables() + t]; }
+  // Replaces the pending bags and `grads` of every local table by their
+  // union over the replica group, in replica-rank order.
+  absl::Status GatherReplicas(std::vector<std::vector<float>>& grads);
+
+  EmbeddingShardingPlan plan_;
+  comm::Communicator* table_group_;
+  comm::Communicator* replica_group_;
+  RowwiseAdagradConfig optimizer_;
+  std::vector<std::vector<float>> shards_;
+  std::vector<std::vector<float>> momenta_;
+  Pending pending_;
+};
+
+}  // namespace dist
+}  // namespace recfleet
+
+#endif  // RECFLEET_WORKER_DIST_SHARDED_EMBEDDING_H_
