@@ -19,6 +19,7 @@
 #include "engine/metrics.h"
 #include "engine/model.h"
 #include "grpcpp/grpcpp.h"
+#include "worker/loader_rank_data.h"
 #include "worker/rank_data.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
@@ -72,11 +73,7 @@ absl::StatusOr<DataFiles> ResolveData(const v1::DataSpec& data) {
 absl::StatusOr<std::unique_ptr<RankData>> OpenRankData(const std::string& loader_address,
                                                        const std::string& train_file, int rank, int world_size,
                                                        int64_t local_batch, uint64_t seed) {
-  if (!loader_address.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the assignment names data-loader ", loader_address,
-        ", but this worker reads datasets directly only; start the coordinator without --loader_address"));
-  }
+  if (!loader_address.empty()) return OpenLoaderRankData(loader_address, rank, local_batch);
   if (!Exists(train_file)) {
     return absl::NotFoundError(absl::StrCat("spec.data.dataset: ", train_file, " does not exist on this worker"));
   }
@@ -288,7 +285,7 @@ absl::Status RankRun::Setup() {
   layout_ = LayoutOf(*model_);
   table_views_.assign(layout_.views.begin() + layout_.dense_grads.size(), layout_.views.end());
   checkpoint_dir_ = spec_.training().checkpoint_dir().empty()
-                        ? absl::StrCat(options_.work_dir, "/checkpoints/", JobId(a_.job()))
+                        ? absl::StrCat(options_.checkpoint_root, "/", JobId(a_.job()))
                         : StripScheme(spec_.training().checkpoint_dir());
   if (!options_.sample_log_dir.empty()) {
     const std::string path = absl::StrFormat("%s/%s.rank-%d.epoch-%d.log", options_.sample_log_dir, JobId(a_.job()),

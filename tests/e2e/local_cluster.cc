@@ -122,6 +122,7 @@ absl::Status LocalCluster::AddWorker() {
                                    "--host=127.0.0.1",
                                    absl::StrCat("--node=node", i),
                                    "--work_dir=" + work_dir,
+                                   "--checkpoint_root=" + options_.dir + "/checkpoints",
                                    "--metrics_address=127.0.0.1:0",
                                    "--comm_timeout=20"};
   if (options_.sample_logs) argv.push_back("--sample_log_dir=" + sample_log_dir());
