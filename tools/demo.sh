@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The recfleet demo: sets up the machine, builds, starts a local cluster
-# (coordinator and two CPU worker daemons on 127.0.0.1), prepares a dataset,
-# submits a GEM-lite job, streams its progress, and ends with the eval AUC
-# and NE and the /metrics addresses.
+# The recfleet demo: sets up the machine, builds, prepares a dataset, starts
+# a local cluster (coordinator, data-loader and two CPU worker daemons on
+# 127.0.0.1), submits a GEM-lite job, streams its progress, and ends with
+# the eval AUC and NE and the /metrics addresses.
 #
 #   tools/demo.sh                      synthetic data with a planted label model
 #   tools/demo.sh --movielens DIR      a MovieLens-format folder instead
@@ -156,8 +156,8 @@ training:
   seed: 1
 EOF
 
-step "local cluster: coordinator + 2 CPU workers on 127.0.0.1"
-deploy/local/cluster.sh start "$cluster" --workers 2 --bin "$bin"
+step "local cluster: coordinator, data-loader and 2 CPU workers on 127.0.0.1"
+deploy/local/cluster.sh start "$cluster" --workers 2 --bin "$bin" --loader "$tmp/data/train.rfd" --batch-size 128
 coordinator=$(cat "$cluster/coordinator.address")
 export RECFLEET_COORDINATOR=$coordinator
 
