@@ -475,10 +475,10 @@ absl::Status RankRun::Step(int64_t step) {
   reporter_.AddStep(stats);
   if (options_.log_every > 0 && step % options_.log_every == 0) {
     std::fprintf(stderr,
-                 "worker: %s step %lld/%lld loss %.4f | %.0f samples/s, %.4f useful TFLOP/s | step %.1f ms "
+                 "worker: %s step %lld/%lld loss %.4f | %.0f samples/s, %.2f useful GFLOP/s | step %.1f ms "
                  "(data %.1f, compute %.1f, comm %.1f)\n",
                  Describe().c_str(), static_cast<long long>(step), static_cast<long long>(spec_.training().steps()),
-                 loss_sum_ / loss_steps_, metrics_->samples_per_second(), metrics_->useful_tflops(),
+                 loss_sum_ / loss_steps_, metrics_->samples_per_second(), metrics_->useful_tflops() * 1e3,
                  times.step_seconds * 1e3, times.data_wait_seconds * 1e3, times.compute_seconds * 1e3,
                  times.comm_seconds * 1e3);
     loss_sum_ = 0;
