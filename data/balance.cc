@@ -27,9 +27,8 @@ GapStats Summarize(std::vector<double> gaps) {
   return s;
 }
 
-std::vector<BalanceRow> ComputeBalance(const std::vector<int64_t>& lengths,
-                                       const CostModel& cost, const DealOptions& options,
-                                       uint64_t seed, int epochs) {
+std::vector<BalanceRow> ComputeBalance(const std::vector<int64_t>& lengths, const CostModel& cost,
+                                       const DealOptions& options, uint64_t seed, int epochs) {
   const size_t window = options.WindowSize();
   DealOptions consecutive = options;
   consecutive.length_aware_base_batches = false;
@@ -37,16 +36,16 @@ std::vector<BalanceRow> ComputeBalance(const std::vector<int64_t>& lengths,
   std::vector<double> costs(window);
   std::vector<int64_t> order = lengths;
   for (int epoch = 0; epoch < epochs; ++epoch) {
-  std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * epoch);
-  std::shuffle(order.begin(), order.end(), rng);
-  for (size_t start = 0; start + window <= order.size(); start += window) {
-    for (size_t i = 0; i < window; ++i) costs[i] = cost.SampleCost(order[start + i]);
-    gaps[0].push_back(DealWindow(Policy::kNaive, costs, options).Gap());
-    gaps[1].push_back(DealWindow(Policy::kSortInterleave, costs, options).Gap());
-    gaps[2].push_back(DealWindow(Policy::kRecfleet, costs, options).Gap());
-    gaps[3].push_back(DealWindow(Policy::kRecfleet, costs, consecutive).Gap());
-    gaps[4].push_back(GapLowerBound(costs, options.ranks));
-  }
+    std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * epoch);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t start = 0; start + window <= order.size(); start += window) {
+      for (size_t i = 0; i < window; ++i) costs[i] = cost.SampleCost(order[start + i]);
+      gaps[0].push_back(DealWindow(Policy::kNaive, costs, options).Gap());
+      gaps[1].push_back(DealWindow(Policy::kSortInterleave, costs, options).Gap());
+      gaps[2].push_back(DealWindow(Policy::kRecfleet, costs, options).Gap());
+      gaps[3].push_back(DealWindow(Policy::kRecfleet, costs, consecutive).Gap());
+      gaps[4].push_back(GapLowerBound(costs, options.ranks));
+    }
   }
   const char* names[] = {"naive", "sort-interleave", "recfleet",
                          "recfleet-consecutive-base-batches", "lower-bound"};
@@ -62,8 +61,7 @@ std::string FormatBalance(const std::vector<BalanceRow>& rows) {
   std::string out = line;
   for (const BalanceRow& r : rows) {
     std::snprintf(line, sizeof(line), "%-34s %6zu %9.4f %9.4f %9.4f %9.4f\n", r.policy.c_str(),
-                  r.gap.steps, 100 * r.gap.mean, 100 * r.gap.p50, 100 * r.gap.p99,
-                  100 * r.gap.max);
+                  r.gap.steps, 100 * r.gap.mean, 100 * r.gap.p50, 100 * r.gap.p99, 100 * r.gap.max);
     out += line;
   }
   return out;

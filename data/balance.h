@@ -35,9 +35,8 @@ struct BalanceRow {
 // window with every policy. Steps of all epochs are pooled.
 // Rows: naive, sort-interleave, recfleet, recfleet with consecutive base
 // batches, and the lower bound.
-std::vector<BalanceRow> ComputeBalance(const std::vector<int64_t>& lengths,
-                                       const CostModel& cost, const DealOptions& options,
-                                       uint64_t seed, int epochs = 1);
+std::vector<BalanceRow> ComputeBalance(const std::vector<int64_t>& lengths, const CostModel& cost,
+                                       const DealOptions& options, uint64_t seed, int epochs = 1);
 
 // A fixed-width table of the rows (gaps in percent).
 std::string FormatBalance(const std::vector<BalanceRow>& rows);

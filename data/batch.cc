@@ -129,7 +129,8 @@ absl::Status Batch::Validate() const {
     size_t values = f.dtype == DType::kInt64 ? col.i64.size() : col.f32.size();
     size_t other = f.dtype == DType::kInt64 ? col.f32.size() : col.i64.size();
     if (other != 0) {
-      return absl::InternalError(absl::StrCat("feature '", f.name, "' holds values of the wrong type"));
+      return absl::InternalError(
+          absl::StrCat("feature '", f.name, "' holds values of the wrong type"));
     }
     if (f.layout == Layout::kScalar) {
       if (values != num_rows_) {

@@ -52,8 +52,7 @@ bool SwapOnce(const std::vector<double>& costs, std::vector<std::vector<uint32_t
     for (size_t i = 0; i < groups[a].size(); ++i) {
       double cx = costs[groups[a][i]];
       double want = cx - d / 2;  // c_y that makes delta == d / 2.
-      auto it = std::lower_bound(sorted_b.begin(), sorted_b.end(),
-                                 std::make_pair(want, size_t{0}));
+      auto it = std::lower_bound(sorted_b.begin(), sorted_b.end(), std::make_pair(want, size_t{0}));
       for (auto jt : {it, it == sorted_b.begin() ? it : it - 1}) {
         if (jt == sorted_b.end()) continue;
         double delta = cx - jt->first;
@@ -99,9 +98,12 @@ void OrderForMicroBatches(const std::vector<double>& costs, std::vector<std::vec
 
 absl::string_view PolicyName(Policy p) {
   switch (p) {
-    case Policy::kNaive: return "naive";
-    case Policy::kSortInterleave: return "sort-interleave";
-    case Policy::kRecfleet: return "recfleet";
+    case Policy::kNaive:
+      return "naive";
+    case Policy::kSortInterleave:
+      return "sort-interleave";
+    case Policy::kRecfleet:
+      return "recfleet";
   }
   return "unknown";
 }
@@ -211,8 +213,8 @@ Deal DealWindow(Policy policy, const std::vector<double>& costs, const DealOptio
     } else {
       std::vector<uint32_t> ids(bbs.size());
       std::iota(ids.begin(), ids.end(), 0);
-      auto groups = BalancedPartition(bb_cost, ids, EvenSizes(bbs.size(), r_count),
-                                      o.max_swap_rounds);
+      auto groups =
+          BalancedPartition(bb_cost, ids, EvenSizes(bbs.size(), r_count), o.max_swap_rounds);
       for (size_t r = 0; r < r_count; ++r) {
         for (uint32_t j : groups[r]) deal.ranks[r].push_back(std::move(bbs[j]));
         OrderForMicroBatches(costs, deal.ranks[r], o.micro_batch_base_batches, o.max_swap_rounds);
@@ -224,8 +226,8 @@ Deal DealWindow(Policy policy, const std::vector<double>& costs, const DealOptio
     auto per_rank = BalancedPartition(costs, all, EvenSizes(n, r_count), o.max_swap_rounds);
     for (size_t r = 0; r < r_count; ++r) {
       std::sort(per_rank[r].begin(), per_rank[r].end());
-      deal.ranks[r] = BalancedPartition(costs, per_rank[r], ChunkSizes(per_rank[r].size(), o.base_batch),
-                                        o.max_swap_rounds);
+      deal.ranks[r] = BalancedPartition(
+          costs, per_rank[r], ChunkSizes(per_rank[r].size(), o.base_batch), o.max_swap_rounds);
       for (auto& bb : deal.ranks[r]) std::sort(bb.begin(), bb.end());
       OrderForMicroBatches(costs, deal.ranks[r], o.micro_batch_base_batches, o.max_swap_rounds);
     }

@@ -93,7 +93,7 @@ struct ZerosTable {
 };
 
 __attribute__((target("sse4.2"))) uint64_t ThreeWay(uint64_t c0, const uint8_t*& p, size_t& n,
-                                                     size_t stretch, const ZerosTable& zeros) {
+                                                    size_t stretch, const ZerosTable& zeros) {
   while (n >= 3 * stretch) {
     uint64_t c1 = 0, c2 = 0;
     const uint8_t* end = p + stretch;
@@ -115,8 +115,7 @@ __attribute__((target("sse4.2"))) uint64_t ThreeWay(uint64_t c0, const uint8_t*&
   return c0;
 }
 
-__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t crc, const uint8_t* p,
-                                                         size_t n) {
+__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t crc, const uint8_t* p, size_t n) {
   static const ZerosTable* long_zeros = new ZerosTable(kLong);
   static const ZerosTable* short_zeros = new ZerosTable(kShort);
   uint64_t c = ~crc;

@@ -42,7 +42,8 @@ class Flags {
       } else {
         return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
       }
-      if (!known.count(name)) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+      if (!known.count(name))
+        return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
       f.values_[name] = value;
     }
     return f;
@@ -65,8 +66,8 @@ class Flags {
       ok = absl::SimpleAtoi(it->second, out);
     }
     return ok ? absl::OkStatus()
-              : absl::InvalidArgumentError(absl::StrCat("--", n, ": '", it->second,
-                                                        "' is not a number"));
+              : absl::InvalidArgumentError(
+                    absl::StrCat("--", n, ": '", it->second, "' is not a number"));
   }
 
  private:
@@ -77,9 +78,9 @@ int Fail(const absl::Status& s, const char* command) {
   std::fprintf(stderr, "recfleet data %s: %s\n", command, std::string(s.message()).c_str());
   bool usage = s.code() == absl::StatusCode::kInvalidArgument;
   if (usage) std::fprintf(stderr, "run `recfleet help data %s` for the flags\n", command);
-  return usage                                         ? cli::kExitUsage
-         : s.code() == absl::StatusCode::kNotFound     ? cli::kExitNotFound
-                                                       : cli::kExitFailure;
+  return usage                                     ? cli::kExitUsage
+         : s.code() == absl::StatusCode::kNotFound ? cli::kExitNotFound
+                                                   : cli::kExitFailure;
 }
 
 #define RETURN_USAGE_IF_ERROR(expr, cmd)  \
@@ -93,11 +94,25 @@ std::vector<std::string> List(const std::string& s) {
 }
 
 int RunIngest(const std::vector<std::string>& args) {
-  auto flags = Flags::Parse(args, {"input", "format", "out", "delimiter", "header", "user-column",
-                                   "item-column", "time-column", "rating-column",
-                                   "label-threshold", "max-history", "negatives", "split",
-                                   "eval-fraction", "user-features", "item-features",
-                                   "user-feature-columns", "item-feature-columns", "seed",
+  auto flags = Flags::Parse(args, {"input",
+                                   "format",
+                                   "out",
+                                   "delimiter",
+                                   "header",
+                                   "user-column",
+                                   "item-column",
+                                   "time-column",
+                                   "rating-column",
+                                   "label-threshold",
+                                   "max-history",
+                                   "negatives",
+                                   "split",
+                                   "eval-fraction",
+                                   "user-features",
+                                   "item-features",
+                                   "user-feature-columns",
+                                   "item-feature-columns",
+                                   "seed",
                                    "rows-per-block"});
   if (!flags.ok()) return Fail(flags.status(), "ingest");
   IngestOptions o;
@@ -186,9 +201,10 @@ int RunBalanceReport(const std::vector<std::string>& args) {
   RETURN_USAGE_IF_ERROR(flags->Get("seed", &seed), "balance-report");
   RETURN_USAGE_IF_ERROR(flags->Get("epochs", &epochs), "balance-report");
   if (ranks < 1 || epochs < 1 || base < 1 || batch < base || batch % base != 0) {
-    return Fail(absl::InvalidArgumentError(
-                    "need --ranks, --epochs >= 1 and --batch-size a positive multiple of --base-batch"),
-                "balance-report");
+    return Fail(
+        absl::InvalidArgumentError(
+            "need --ranks, --epochs >= 1 and --batch-size a positive multiple of --base-batch"),
+        "balance-report");
   }
   auto cost = CostModel::Parse(flags->Str("cost", "linear"));
   if (!cost.ok()) return Fail(cost.status(), "balance-report");
@@ -211,9 +227,9 @@ int RunBalanceReport(const std::vector<std::string>& args) {
     sum += l;
     mx = std::max(mx, l);
   }
-  std::printf("dataset %s: %zu samples, %s length mean %.1f max %lld\n", flags->Str("dataset").c_str(),
-              lengths->size(), feature.c_str(), lengths->empty() ? 0.0 : sum / lengths->size(),
-              static_cast<long long>(mx));
+  std::printf("dataset %s: %zu samples, %s length mean %.1f max %lld\n",
+              flags->Str("dataset").c_str(), lengths->size(), feature.c_str(),
+              lengths->empty() ? 0.0 : sum / lengths->size(), static_cast<long long>(mx));
   std::printf("%d ranks x batch %d (%d base batches of %d), cost %s, seed %llu\n", ranks, batch,
               batch / base, base, cost->ToString().c_str(), static_cast<unsigned long long>(seed));
   std::printf("straggler gap = max rank cost / mean - 1, per step, over %d epoch(s):\n%s", epochs,

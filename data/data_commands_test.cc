@@ -21,12 +21,13 @@ int RunCommand(const std::string& name, const std::vector<std::string>& args) {
 
 TEST(DataCommandsTest, SynthInfoBalanceAndPlantedAuc) {
   std::string dir = std::string(testing::TempDir()) + "/cmd_synth";
-  ASSERT_EQ(RunCommand("data synth", {"--out", dir, "--samples", "3000", "--lengths",
-                               "lognormal:mean=60,sigma=1.2,min=1,max=2000", "--items", "2000"}),
-            cli::kExitOk);
+  ASSERT_EQ(
+      RunCommand("data synth", {"--out", dir, "--samples", "3000", "--lengths",
+                                "lognormal:mean=60,sigma=1.2,min=1,max=2000", "--items", "2000"}),
+      cli::kExitOk);
   EXPECT_EQ(RunCommand("data info", {"--dataset", dir, "--verify", "yes"}), cli::kExitOk);
-  EXPECT_EQ(RunCommand("data balance-report", {"--dataset", dir, "--ranks", "4", "--batch-size", "256",
-                                        "--cost", "quadratic"}),
+  EXPECT_EQ(RunCommand("data balance-report", {"--dataset", dir, "--ranks", "4", "--batch-size",
+                                               "256", "--cost", "quadratic"}),
             cli::kExitOk);
   EXPECT_EQ(RunCommand("data planted-auc", {"--dataset", dir + "/eval.rfd"}), cli::kExitOk);
 }
@@ -44,7 +45,8 @@ TEST(DataCommandsTest, IngestSequencesAndUsageErrors) {
   EXPECT_GT(train->num_rows(), 0u);
   EXPECT_EQ(RunCommand("data ingest", {"--input", in}), cli::kExitUsage);
   EXPECT_EQ(RunCommand("data ingest", {"--bogus", "1"}), cli::kExitUsage);
-  EXPECT_EQ(RunCommand("data balance-report", {"--dataset", out, "--batch-size", "100"}), cli::kExitUsage);
+  EXPECT_EQ(RunCommand("data balance-report", {"--dataset", out, "--batch-size", "100"}),
+            cli::kExitUsage);
   EXPECT_EQ(RunCommand("data info", {"--dataset", out + "/missing.rfd"}), cli::kExitNotFound);
 }
 

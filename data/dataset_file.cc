@@ -160,8 +160,7 @@ absl::Status LocateBlock(const std::string& path, int64_t index, uint64_t offset
 
 // Verifies a block and copies its columns into `out`.
 absl::Status DecodeBlock(const std::string& path, int64_t index, uint64_t offset,
-                         const uint8_t* data, uint64_t size, int64_t expected_rows,
-                         Batch* out) {
+                         const uint8_t* data, uint64_t size, int64_t expected_rows, Batch* out) {
   Located at;
   const Schema& s = out->schema();
   if (auto st = LocateBlock(path, index, offset, data, size, expected_rows, s, &at); !st.ok()) {
@@ -193,8 +192,8 @@ absl::StatusOr<std::shared_ptr<const Schema>> ParseHeaderSchema(const std::strin
   if (Crc32c(data + 8, 4 + schema_len) != stored) {
     return Corrupt(path, -1, 8, "file header (schema) checksum mismatch");
   }
-  auto schema = Schema::Parse(absl::string_view(
-      reinterpret_cast<const char*>(data + kFileHeaderFixed), schema_len));
+  auto schema = Schema::Parse(
+      absl::string_view(reinterpret_cast<const char*>(data + kFileHeaderFixed), schema_len));
   if (!schema.ok()) return Corrupt(path, -1, kFileHeaderFixed, schema.status().message());
   return std::make_shared<const Schema>(*std::move(schema));
 }
@@ -241,8 +240,8 @@ absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(const std::
 
 absl::Status DatasetWriter::WriteBytes(const void* p, size_t n) {
   if (n > 0 && std::fwrite(p, 1, n, file_) != n) {
-    return absl::UnavailableError(absl::StrCat(path_, ": write failed at byte offset ", offset_,
-                                               ": ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat(path_, ": write failed at byte offset ", offset_, ": ", std::strerror(errno)));
   }
   offset_ += n;
   return absl::OkStatus();
@@ -313,8 +312,8 @@ DatasetReader::~DatasetReader() { std::fclose(file_); }
 absl::Status DatasetReader::ReadAt(uint64_t n, void* out, int64_t block, const char* what) {
   if (n > size_ - pos_) {
     return Corrupt(path_, block, pos_,
-                   absl::StrCat("file is truncated: ", what, " needs ", n, " bytes, ",
-                                size_ - pos_, " remain of ", size_));
+                   absl::StrCat("file is truncated: ", what, " needs ", n, " bytes, ", size_ - pos_,
+                                " remain of ", size_));
   }
   if (n > 0 && std::fread(out, 1, n, file_) != n) {
     return absl::UnavailableError(
@@ -391,10 +390,12 @@ absl::StatusOr<bool> DatasetReader::Next(Batch* block) {
     const uint8_t* tail = rest.data() + n * kFooterEntrySize + 4;
     if (total != rows || Load<uint64_t>(tail) != start ||
         std::memcmp(tail + 8, kTailMagic, 8) != 0) {
-      return Corrupt(path_, -1, pos_ - kTailSize, "bad file tail (row count, footer offset or magic)");
+      return Corrupt(path_, -1, pos_ - kTailSize,
+                     "bad file tail (row count, footer offset or magic)");
     }
     if (pos_ != size_) {
-      return Corrupt(path_, -1, pos_, absl::StrCat(size_ - pos_, " unexpected bytes after the end"));
+      return Corrupt(path_, -1, pos_,
+                     absl::StrCat(size_ - pos_, " unexpected bytes after the end"));
     }
     done_ = true;
     return false;
@@ -410,8 +411,8 @@ absl::StatusOr<bool> DatasetReader::Next(Batch* block) {
   uint64_t payload_len = Load<uint64_t>(buffer_.data() + 8);
   if (payload_len > size_ - pos_) {
     return Corrupt(path_, index, start,
-                   absl::StrCat("file is truncated: block payload needs ", payload_len,
-                                " bytes, ", size_ - pos_, " remain"));
+                   absl::StrCat("file is truncated: block payload needs ", payload_len, " bytes, ",
+                                size_ - pos_, " remain"));
   }
   buffer_.resize(kBlockHeaderSize + payload_len);
   if (auto s = ReadAt(payload_len, buffer_.data() + kBlockHeaderSize, index, "block payload");
@@ -441,9 +442,9 @@ absl::Status PreadFully(int fd, const std::string& path, uint64_t offset, uint64
     ssize_t got = pread(fd, p, n, static_cast<off_t>(offset));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
-      return absl::DataLossError(absl::StrCat(path, ": read of ", n, " bytes at byte offset ",
-                                              offset, " failed: ",
-                                              got == 0 ? "end of file" : std::strerror(errno)));
+      return absl::DataLossError(
+          absl::StrCat(path, ": read of ", n, " bytes at byte offset ", offset,
+                       " failed: ", got == 0 ? "end of file" : std::strerror(errno)));
     }
     p += got;
     offset += got;
@@ -456,7 +457,8 @@ absl::Status PreadFully(int fd, const std::string& path, uint64_t offset, uint64
 
 absl::StatusOr<std::unique_ptr<DatasetFile>> DatasetFile::Open(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   std::unique_ptr<DatasetFile> f(new DatasetFile(path, fd));
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -465,8 +467,9 @@ absl::StatusOr<std::unique_ptr<DatasetFile>> DatasetFile::Open(const std::string
   uint64_t size = st.st_size;
   constexpr uint64_t kMinSize = kFileHeaderFixed + 4 + kFooterFixedSize + 4 + kTailSize;
   if (size < kMinSize) {
-    return Corrupt(path, -1, size, absl::StrCat("file is truncated: ", size,
-                                                " bytes, a dataset file has at least ", kMinSize));
+    return Corrupt(path, -1, size,
+                   absl::StrCat("file is truncated: ", size, " bytes, a dataset file has at least ",
+                                kMinSize));
   }
   uint8_t fixed[kFileHeaderFixed];
   if (auto s = PreadFully(fd, path, 0, kFileHeaderFixed, fixed); !s.ok()) return s;
@@ -500,7 +503,8 @@ absl::StatusOr<std::unique_ptr<DatasetFile>> DatasetFile::Open(const std::string
       footer.size() != kFooterFixedSize + static_cast<uint64_t>(n) * kFooterEntrySize + 4) {
     return Corrupt(path, -1, footer_offset, "bad footer magic or size");
   }
-  if (Crc32c(footer.data(), footer.size() - 4) != Load<uint32_t>(footer.data() + footer.size() - 4)) {
+  if (Crc32c(footer.data(), footer.size() - 4) !=
+      Load<uint32_t>(footer.data() + footer.size() - 4)) {
     return Corrupt(path, -1, footer_offset, "footer checksum mismatch");
   }
   uint64_t rows = Load<uint64_t>(footer.data() + 8);
@@ -549,13 +553,16 @@ absl::Status DatasetFile::ReadBlockView(size_t b, BlockView* out) const {
         absl::StrCat(path_, ": block ", b, " requested, file has ", blocks_.size()));
   }
   const BlockRef& ref = blocks_[b];
-  out->buffer_.resize(ref.size);
-  if (auto s = PreadFully(fd_, path_, ref.offset, ref.size, out->buffer_.data()); !s.ok()) {
+  if (out->capacity_ < ref.size) {
+    out->buffer_.reset(new uint8_t[ref.size]);
+    out->capacity_ = ref.size;
+  }
+  if (auto s = PreadFully(fd_, path_, ref.offset, ref.size, out->buffer_.get()); !s.ok()) {
     return s;
   }
   Located at;
-  if (auto s = LocateBlock(path_, b, ref.offset, out->buffer_.data(), ref.size, ref.rows,
-                           *schema_, &at);
+  if (auto s =
+          LocateBlock(path_, b, ref.offset, out->buffer_.get(), ref.size, ref.rows, *schema_, &at);
       !s.ok()) {
     return s;
   }

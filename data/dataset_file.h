@@ -113,7 +113,9 @@ class BlockView {
     return v;
   }
   std::shared_ptr<const Schema> schema_;
-  PodVector<uint8_t> buffer_;
+  // Grown, never shrunk, never initialized: reused across block reads.
+  std::unique_ptr<uint8_t[]> buffer_;
+  size_t capacity_ = 0;
   size_t rows_ = 0;
   std::vector<const uint8_t*> offsets_;  // Jagged columns only; else null.
   std::vector<const uint8_t*> values_;

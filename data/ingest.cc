@@ -76,7 +76,8 @@ class DelimitedFile {
     bool is_header = header == IngestOptions::Header::kYes;
     if (header == IngestOptions::Header::kAuto) {
       for (absl::string_view f : fields) {
-        for (const std::string& w : wanted_names) is_header |= !w.empty() && HeaderField(f).first == w;
+        for (const std::string& w : wanted_names)
+          is_header |= !w.empty() && HeaderField(f).first == w;
       }
     }
     if (is_header) {
@@ -110,10 +111,10 @@ class DelimitedFile {
     int idx;
     if (absl::SimpleAtoi(spec, &idx) && idx >= 0) return idx;
     if (!has_header() && default_index >= 0) return default_index;
-    return absl::InvalidArgumentError(absl::StrCat(
-        path_, ": no column '", spec, "' for the ", role,
-        has_header() ? absl::StrCat(" (header has: ", absl::StrJoin(names_, ", "), ")")
-                     : " (no header line: give a 0-based column index)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": no column '", spec, "' for the ", role,
+                     has_header() ? absl::StrCat(" (header has: ", absl::StrJoin(names_, ", "), ")")
+                                  : " (no header line: give a 0-based column index)"));
   }
 
   // Next non-blank line split into fields; false at end of file.
@@ -138,8 +139,8 @@ class DelimitedFile {
   int64_t blank_lines() const { return blank_; }
 
   absl::Status FieldError(int col, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(path_, ": line ", line_no_, ", column ",
-                                                   col, ": ", what));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": line ", line_no_, ", column ", col, ": ", what));
   }
 
  private:
@@ -187,7 +188,8 @@ struct AttributeTable {
     std::vector<int> cols;
     for (size_t i = 0; i < f.names().size(); ++i) {
       if (static_cast<int>(i) == key) continue;
-      if (!keep.empty() && std::find(keep.begin(), keep.end(), f.names()[i]) == keep.end()) continue;
+      if (!keep.empty() && std::find(keep.begin(), keep.end(), f.names()[i]) == keep.end())
+        continue;
       AttrColumn c;
       c.name = prefix + f.names()[i];
       c.multi = f.types()[i] == "token_seq";
@@ -202,9 +204,9 @@ struct AttributeTable {
     std::vector<absl::string_view> fields;
     while (f.Next(&fields)) {
       if (fields.size() != f.names().size()) {
-        return f.FieldError(static_cast<int>(fields.size()),
-                            absl::StrCat("expected ", f.names().size(), " fields, found ",
-                                         fields.size()));
+        return f.FieldError(
+            static_cast<int>(fields.size()),
+            absl::StrCat("expected ", f.names().size(), " fields, found ", fields.size()));
       }
       int64_t row = static_cast<int64_t>(row_of_key.size());
       if (!row_of_key.try_emplace(std::string(fields[key]), row).second) {
@@ -300,9 +302,9 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
     int64_t order = 0;
     while (f.Next(&fields)) {
       if (static_cast<int>(fields.size()) < needed) {
-        return f.FieldError(static_cast<int>(fields.size()),
-                            absl::StrCat("expected at least ", needed, " fields, found ",
-                                         fields.size()));
+        return f.FieldError(
+            static_cast<int>(fields.size()),
+            absl::StrCat("expected at least ", needed, " fields, found ", fields.size()));
       }
       Event e{users.Add(absl::StripAsciiWhitespace(fields[*uc])),
               items.Add(absl::StripAsciiWhitespace(fields[*ic])), static_cast<double>(order++),
@@ -321,7 +323,8 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
   stats.users = users.size();
   stats.items = items.size();
   stats.events = static_cast<int64_t>(events.size());
-  const int negatives = o.negatives_per_positive >= 0 ? o.negatives_per_positive : (implicit ? 1 : 0);
+  const int negatives =
+      o.negatives_per_positive >= 0 ? o.negatives_per_positive : (implicit ? 1 : 0);
 
   AttributeTable user_attr, item_attr;
   if (!o.user_features.empty()) {
@@ -358,10 +361,10 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
   schema.metadata["source"] = std::filesystem::path(o.path).filename().string();
   schema.metadata["length_feature"] = "history_items";
   schema.metadata["label_feature"] = "label";
-  schema.metadata["label_rule"] =
-      implicit ? absl::StrCat("implicit feedback: observed = 1, ", negatives,
-                              " sampled negative(s) per positive = 0")
-               : absl::StrCat("rating >= ", o.label_threshold);
+  schema.metadata["label_rule"] = implicit
+                                      ? absl::StrCat("implicit feedback: observed = 1, ", negatives,
+                                                     " sampled negative(s) per positive = 0")
+                                      : absl::StrCat("rating >= ", o.label_threshold);
   schema.metadata["split"] =
       absl::StrCat(o.split == IngestOptions::Split::kTime ? "time" : "user", ":", o.eval_fraction);
   schema.metadata["max_history"] = absl::StrCat(o.max_history);
@@ -406,9 +409,8 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
     hist_buckets.clear();
     for (size_t k = from; k < j; ++k) {
       hist_items.push_back(ev[k].item);
-      hist_actions.push_back(ev[k].has_rating
-                                 ? std::clamp<int64_t>(std::lround(ev[k].rating), 0, 15)
-                                 : 1);
+      hist_actions.push_back(
+          ev[k].has_rating ? std::clamp<int64_t>(std::lround(ev[k].rating), 0, 15) : 1);
       hist_buckets.push_back(TimeBucket(e.time, ev[k].time));
     }
     b.AddInt64(0, next_id++);

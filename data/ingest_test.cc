@@ -112,7 +112,9 @@ TEST(IngestTest, DoubleColonWithoutHeaderUsesDefaultColumns) {
 TEST(IngestTest, CsvWithColumnMappingAndUserSplit) {
   std::string text = "ts,who,what,stars\n";
   for (int u = 0; u < 200; ++u) {
-    for (int k = 0; k < 3; ++k) text += std::to_string(k) + ",user" + std::to_string(u) + ",i" + std::to_string(k + u % 7) + ",5\n";
+    for (int k = 0; k < 3; ++k)
+      text += std::to_string(k) + ",user" + std::to_string(u) + ",i" + std::to_string(k + u % 7) +
+              ",5\n";
   }
   IngestOptions o;
   o.path = WriteText("log.csv", text);
@@ -150,7 +152,8 @@ TEST(IngestTest, SequenceFileGetsSampledNegatives) {
   std::map<int64_t, std::set<int64_t>> seen;
   int label = train.schema().Find("label");
   for (size_t r = 0; r < train.num_rows(); ++r) {
-    if (train.Float(label, r) > 0.5f) seen[Get(train, "user_id", r)].insert(Get(train, "item_id", r));
+    if (train.Float(label, r) > 0.5f)
+      seen[Get(train, "user_id", r)].insert(Get(train, "item_id", r));
   }
   for (size_t r = 0; r < train.num_rows(); ++r) {
     if (train.Float(label, r) < 0.5f) {
@@ -163,7 +166,8 @@ TEST(IngestTest, SequenceFileGetsSampledNegatives) {
 
 TEST(IngestTest, MalformedInputNamesLineAndColumn) {
   IngestOptions o;
-  o.path = WriteText("bad.tsv", "user_id\titem_id\trating\ttimestamp\n1\t2\t5\t10\n1\t3\tfive\t11\n");
+  o.path =
+      WriteText("bad.tsv", "user_id\titem_id\trating\ttimestamp\n1\t2\t5\t10\n1\t3\tfive\t11\n");
   auto stats = Ingest(o, Dir("out_e"));
   ASSERT_FALSE(stats.ok());
   EXPECT_NE(stats.status().message().find("line 3"), std::string::npos) << stats.status();

@@ -61,9 +61,8 @@ absl::StatusOr<std::vector<std::string>> ExpandDatasetPaths(const std::string& s
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Open(const LoaderOptions& options) {
   const DealOptions& d = options.deal;
   if (d.ranks < 1 || d.base_batch < 1 || d.base_batches_per_rank < 1 ||
-      d.micro_batch_base_batches < 1 || options.shuffle_blocks < 1 ||
-      options.num_instances < 1 || options.instance < 0 ||
-      options.instance >= options.num_instances || options.first_rank < 0) {
+      d.micro_batch_base_batches < 1 || options.shuffle_blocks < 1 || options.num_instances < 1 ||
+      options.instance < 0 || options.instance >= options.num_instances || options.first_rank < 0) {
     return absl::InvalidArgumentError(
         "loader: need ranks, base_batch, base_batches_per_rank, micro-batch and shuffle_blocks "
         ">= 1, and 0 <= instance < num_instances");
@@ -77,8 +76,8 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Open(const LoaderOptions& option
     if (f == 0) {
       l->schema_ = (*file)->schema();
     } else if (!((*file)->schema()->features == l->schema_->features)) {
-      return absl::InvalidArgumentError(absl::StrCat(options.files[f], ": features differ from ",
-                                                     options.files[0], "'s"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.files[f], ": features differ from ", options.files[0], "'s"));
     }
     for (size_t b = 0; b < (*file)->num_blocks(); ++b, ++global_block) {
       if (global_block % options.num_instances != static_cast<uint64_t>(options.instance)) continue;
@@ -95,8 +94,8 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Open(const LoaderOptions& option
   }
   l->length_col_ = l->schema_->Find(length);
   if (l->length_col_ < 0 || l->schema_->features[l->length_col_].layout != Layout::kJagged) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.files[0], ": no jagged feature '", length, "' to price samples by length"));
+    return absl::InvalidArgumentError(absl::StrCat(options.files[0], ": no jagged feature '",
+                                                   length, "' to price samples by length"));
   }
   l->cache_capacity_ = 2 * static_cast<size_t>(options.shuffle_blocks) + 2;
   return l;
@@ -147,28 +146,30 @@ const std::vector<Loader::RowRef>& Loader::GroupOrder(size_t group) {
   return group_orders_.front().second;
 }
 
-absl::StatusOr<const BlockView*> Loader::GetBlock(uint32_t block) {
+absl::StatusOr<std::shared_ptr<const BlockView>> Loader::GetBlock(uint32_t block) {
   for (auto it = cache_.begin(); it != cache_.end(); ++it) {
     if (it->first == block) {
       cache_.splice(cache_.begin(), cache_, it);
-      return &cache_.front().second;
+      return std::shared_ptr<const BlockView>(cache_.front().second);
     }
   }
-  BlockView data;
+  std::shared_ptr<BlockView> data;
   if (cache_.size() >= cache_capacity_) {
-    data = std::move(cache_.back().second);  // Reuse the evicted block's storage.
+    // Reuse the evicted block's buffer unless a plan still holds it.
+    if (cache_.back().second.use_count() == 1) data = std::move(cache_.back().second);
     cache_.pop_back();
   }
+  if (data == nullptr) data = std::make_shared<BlockView>();
   const BlockId& id = blocks_[block];
-  if (auto st = files_[id.file]->ReadBlockView(id.block, &data); !st.ok()) return st;
-  cache_.emplace_front(block, std::move(data));
-  return &cache_.front().second;
+  if (auto st = files_[id.file]->ReadBlockView(id.block, data.get()); !st.ok()) return st;
+  cache_.emplace_front(block, data);
+  return std::shared_ptr<const BlockView>(std::move(data));
 }
 
-absl::StatusOr<StepBatches> Loader::Step(int64_t epoch, int64_t step) {
+absl::StatusOr<std::shared_ptr<const StepPlan>> Loader::Plan(int64_t epoch, int64_t step) {
   if (epoch < 0 || step < 0 || step >= steps_per_epoch()) {
-    return absl::OutOfRangeError(absl::StrCat("step ", step, " of epoch ", epoch,
-                                              " is outside 0..", steps_per_epoch() - 1));
+    return absl::OutOfRangeError(
+        absl::StrCat("step ", step, " of epoch ", epoch, " is outside 0..", steps_per_epoch() - 1));
   }
   PrepareEpoch(epoch);
   const int64_t w = options_.deal.WindowSize();
@@ -179,63 +180,80 @@ absl::StatusOr<StepBatches> Loader::Step(int64_t epoch, int64_t step) {
   // Locate the window's rows (group by group), then load their blocks.
   std::vector<RowRef> refs(n);
   for (int64_t p = begin; p < end;) {
-    size_t g = std::upper_bound(group_start_.begin(), group_start_.end(), p) -
-               group_start_.begin() - 1;
+    size_t g =
+        std::upper_bound(group_start_.begin(), group_start_.end(), p) - group_start_.begin() - 1;
     const std::vector<RowRef>& order = GroupOrder(g);
     int64_t stop = std::min(end, group_start_[g + 1]);
     for (; p < stop; ++p) refs[p - begin] = order[p - group_start_[g]];
   }
-  // Distinct blocks of the window; the cache holds them all at once.
   std::vector<uint32_t> distinct;
   for (const RowRef& r : refs) distinct.push_back(r.block);
   std::sort(distinct.begin(), distinct.end());
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  if (distinct.size() > cache_capacity_) cache_capacity_ = distinct.size();
+  auto plan = std::make_shared<StepPlan>();
   std::vector<std::pair<uint32_t, const BlockView*>> loaded;
   for (uint32_t b : distinct) {
     auto block = GetBlock(b);
     if (!block.ok()) return block.status();
-    loaded.emplace_back(b, *block);
+    loaded.emplace_back(b, block->get());
+    plan->pinned.push_back(*std::move(block));
   }
   auto block_of = [&](uint32_t b) {
-    return std::lower_bound(loaded.begin(), loaded.end(), std::make_pair(b, static_cast<const BlockView*>(nullptr)))
+    return std::lower_bound(loaded.begin(), loaded.end(),
+                            std::make_pair(b, static_cast<const BlockView*>(nullptr)))
         ->second;
   };
-  std::vector<const BlockView*> src(n);
+  plan->samples.resize(n);
   std::vector<double> costs(n);
   for (size_t i = 0; i < n; ++i) {
-    src[i] = block_of(refs[i].block);
-    costs[i] = options_.cost.SampleCost(src[i]->RowLength(length_col_, refs[i].row));
+    plan->samples[i] = {block_of(refs[i].block), refs[i].row};
+    costs[i] =
+        options_.cost.SampleCost(plan->samples[i].block->RowLength(length_col_, refs[i].row));
   }
+  plan->epoch = epoch;
+  plan->step = step;
+  plan->first_rank = options_.first_rank;
+  plan->schema = schema_;
+  plan->length_col = length_col_;
+  plan->deal = DealWindow(options_.policy, costs, options_.deal);
+  plan->gap = plan->deal.Gap();
+  plan->naive_gap = options_.policy == Policy::kNaive
+                        ? plan->gap
+                        : DealWindow(Policy::kNaive, costs, options_.deal).Gap();
+  return std::shared_ptr<const StepPlan>(std::move(plan));
+}
 
-  Deal deal = DealWindow(options_.policy, costs, options_.deal);
+RankBatch GatherRank(const StepPlan& plan, int r) {
+  RankBatch rb;
+  rb.epoch = plan.epoch;
+  rb.step = plan.step;
+  rb.rank = plan.first_rank + r;
+  rb.cost = plan.deal.rank_cost[r];
+  rb.samples = Batch(plan.schema);
+  size_t rows = 0, values = 0;
+  for (const auto& bb : plan.deal.ranks[r]) {
+    rows += bb.size();
+    for (uint32_t i : bb)
+      values += plan.samples[i].block->RowLength(plan.length_col, plan.samples[i].row);
+  }
+  rb.samples.Reserve(rows, values);
+  rb.base_batch_offsets.push_back(0);
+  for (const auto& bb : plan.deal.ranks[r]) {
+    for (uint32_t i : bb) rb.samples.AppendRow(*plan.samples[i].block, plan.samples[i].row);
+    rb.base_batch_offsets.push_back(static_cast<uint32_t>(rb.samples.num_rows()));
+  }
+  return rb;
+}
+
+absl::StatusOr<StepBatches> Loader::Step(int64_t epoch, int64_t step) {
+  auto plan = Plan(epoch, step);
+  if (!plan.ok()) return plan.status();
   StepBatches out;
   out.epoch = epoch;
   out.step = step;
-  out.gap = deal.Gap();
-  out.naive_gap = options_.policy == Policy::kNaive
-                      ? out.gap
-                      : DealWindow(Policy::kNaive, costs, options_.deal).Gap();
-  out.ranks.resize(options_.deal.ranks);
-  for (int r = 0; r < options_.deal.ranks; ++r) {
-    RankBatch& rb = out.ranks[r];
-    rb.epoch = epoch;
-    rb.step = step;
-    rb.rank = options_.first_rank + r;
-    rb.cost = deal.rank_cost[r];
-    rb.samples = Batch(schema_);
-    size_t rows = 0, values = 0;
-    for (const auto& bb : deal.ranks[r]) {
-      rows += bb.size();
-      for (uint32_t i : bb) values += src[i]->RowLength(length_col_, refs[i].row);
-    }
-    rb.samples.Reserve(rows, values);
-    rb.base_batch_offsets.push_back(0);
-    for (const auto& bb : deal.ranks[r]) {
-      for (uint32_t i : bb) rb.samples.AppendRow(*src[i], refs[i].row);
-      rb.base_batch_offsets.push_back(static_cast<uint32_t>(rb.samples.num_rows()));
-    }
-  }
+  out.gap = (*plan)->gap;
+  out.naive_gap = (*plan)->naive_gap;
+  for (int r = 0; r < options_.deal.ranks; ++r) out.ranks.push_back(GatherRank(**plan, r));
   return out;
 }
 

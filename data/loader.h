@@ -20,7 +20,8 @@
 // permutation; block data is read with positioned reads, verified by CRC,
 // and copied once, from the read buffer into the rank batches.
 //
-// Not thread-safe: callers serialize Step() calls.
+// Not thread-safe: callers serialize Plan() and Step() calls; GatherRank
+// on a plan is thread-safe.
 
 #include <cstdint>
 #include <list>
@@ -65,6 +66,29 @@ struct RankBatch {
   double cost = 0;
 };
 
+// One step dealt but not yet gathered: which rows each rank gets, with the
+// blocks holding them pinned. Immutable; GatherRank may run on many
+// threads at once (one per rank).
+struct StepPlan {
+  struct Sample {
+    const BlockView* block;
+    uint32_t row;
+  };
+  int64_t epoch = 0;
+  int64_t step = 0;
+  int first_rank = 0;
+  std::shared_ptr<const Schema> schema;
+  int length_col = -1;
+  std::vector<Sample> samples;  // The window, in epoch order.
+  Deal deal;                    // Indices into `samples`.
+  double gap = 0;
+  double naive_gap = 0;
+  std::vector<std::shared_ptr<const BlockView>> pinned;
+};
+
+// Copies local rank `rank`'s samples out of the plan's blocks. Thread-safe.
+RankBatch GatherRank(const StepPlan& plan, int rank);
+
 struct StepBatches {
   int64_t epoch = 0;
   int64_t step = 0;
@@ -83,7 +107,11 @@ class Loader {
   int64_t samples_per_epoch() const { return num_samples_; }
   int64_t steps_per_epoch() const;
 
-  // The batches of every rank of this instance for (epoch, step).
+  // Deals (epoch, step): cheap next to gathering, which callers may then
+  // spread over threads with GatherRank.
+  absl::StatusOr<std::shared_ptr<const StepPlan>> Plan(int64_t epoch, int64_t step);
+  // The batches of every rank of this instance for (epoch, step): Plan,
+  // then GatherRank for each rank.
   absl::StatusOr<StepBatches> Step(int64_t epoch, int64_t step);
 
  private:
@@ -100,7 +128,7 @@ class Loader {
   explicit Loader(LoaderOptions options) : options_(std::move(options)) {}
   void PrepareEpoch(int64_t epoch);
   const std::vector<RowRef>& GroupOrder(size_t group);
-  absl::StatusOr<const BlockView*> GetBlock(uint32_t block);
+  absl::StatusOr<std::shared_ptr<const BlockView>> GetBlock(uint32_t block);
 
   LoaderOptions options_;
   std::vector<std::unique_ptr<DatasetFile>> files_;
@@ -115,8 +143,9 @@ class Loader {
   std::vector<int64_t> group_start_;  // groups + 1 entries.
   // Row orders of recently used groups (most recent first).
   std::list<std::pair<size_t, std::vector<RowRef>>> group_orders_;
-  // Decoded blocks, least recently used last.
-  std::list<std::pair<uint32_t, BlockView>> cache_;
+  // Verified blocks, least recently used last. Plans share them; an
+  // evicted block's buffer is reused once no plan holds it.
+  std::list<std::pair<uint32_t, std::shared_ptr<BlockView>>> cache_;
   size_t cache_capacity_ = 0;
 };
 

@@ -44,16 +44,20 @@ class Cursor {
 
 absl::string_view DTypeName(DType t) {
   switch (t) {
-    case DType::kInt64: return "int64";
-    case DType::kFloat32: return "float32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kFloat32:
+      return "float32";
   }
   return "unknown";
 }
 
 absl::string_view LayoutName(Layout l) {
   switch (l) {
-    case Layout::kScalar: return "scalar";
-    case Layout::kJagged: return "jagged";
+    case Layout::kScalar:
+      return "scalar";
+    case Layout::kJagged:
+      return "jagged";
   }
   return "unknown";
 }
@@ -69,14 +73,13 @@ absl::StatusOr<int> Schema::Require(absl::string_view name, DType dtype, Layout 
   int i = Find(name);
   if (i < 0) {
     return absl::NotFoundError(absl::StrCat("dataset has no feature '", name, "' (expected a ",
-                                            LayoutName(layout), " ", DTypeName(dtype),
-                                            " column)"));
+                                            LayoutName(layout), " ", DTypeName(dtype), " column)"));
   }
   const FeatureSpec& f = features[i];
   if (f.dtype != dtype || f.layout != layout) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "feature '", name, "' is ", LayoutName(f.layout), " ", DTypeName(f.dtype),
-        "; expected ", LayoutName(layout), " ", DTypeName(dtype)));
+    return absl::InvalidArgumentError(absl::StrCat("feature '", name, "' is ", LayoutName(f.layout),
+                                                   " ", DTypeName(f.dtype), "; expected ",
+                                                   LayoutName(layout), " ", DTypeName(dtype)));
   }
   return i;
 }
@@ -94,8 +97,8 @@ absl::Status Schema::Validate() const {
     }
     if ((f.dtype != DType::kInt64 && f.dtype != DType::kFloat32) ||
         (f.layout != Layout::kScalar && f.layout != Layout::kJagged)) {
-      return absl::InvalidArgumentError(absl::StrCat("feature '", f.name,
-                                                     "': unknown dtype or layout"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("feature '", f.name, "': unknown dtype or layout"));
     }
   }
   return absl::OkStatus();

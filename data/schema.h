@@ -10,11 +10,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace recfleet::data {
 
@@ -25,7 +25,7 @@ absl::string_view DTypeName(DType t);
 absl::string_view LayoutName(Layout l);
 
 struct FeatureSpec {
-  std::string name;   // Unique within the schema, non-empty.
+  std::string name;  // Unique within the schema, non-empty.
   DType dtype = DType::kInt64;
   Layout layout = Layout::kScalar;
   // Embedding table the ids of this feature index ("" for dense features,

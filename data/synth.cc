@@ -29,8 +29,8 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> ParseParams(absl::st
     std::pair<std::string, std::string> kv = absl::StrSplit(part, absl::MaxSplits('=', 1));
     double v;
     if (!absl::SimpleAtod(kv.second, &v)) {
-      return absl::InvalidArgumentError(absl::StrCat("length spec '", spec, "': bad '", part,
-                                                     "', expected key=number"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("length spec '", spec, "': bad '", part, "', expected key=number"));
     }
     out.emplace_back(kv.first, v);
   }
@@ -79,8 +79,8 @@ absl::StatusOr<LengthDistribution> LengthDistribution::Parse(absl::string_view s
           absl::StrCat("length spec '", spec, "': unknown key '", k, "'; ", expected));
     }
   }
-  if (d.min < (d.kind == Kind::kPowerLaw ? 1 : 0) || d.max < d.min || d.mean <= 0 ||
-      d.sigma < 0 || d.alpha <= 0) {
+  if (d.min < (d.kind == Kind::kPowerLaw ? 1 : 0) || d.max < d.min || d.mean <= 0 || d.sigma < 0 ||
+      d.alpha <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("length spec '", spec,
                      "': need 0 <= min <= max (min >= 1 for powerlaw), mean > 0, sigma >= 0, "
@@ -256,7 +256,8 @@ absl::Status GenerateSynthetic(const SynthOptions& o, const std::string& dir) {
     for (int64_t& h : history) h = item_from(pref);
     int64_t item = item_from(pref);
     for (float& d : dense) d = static_cast<float>(normal(rng));
-    double p = 1 / (1 + std::exp(-planted.Logit(dense.data(), item, history.data(), history.size())));
+    double p =
+        1 / (1 + std::exp(-planted.Logit(dense.data(), item, history.data(), history.size())));
     float label = unit(rng) < p ? 1.0f : 0.0f;
     int split = unit(rng) < o.eval_fraction ? 1 : 0;
     Batch& b = rows[split];
@@ -309,8 +310,8 @@ absl::StatusOr<double> PlantedAuc(const std::string& path) {
   const Schema& s = *(*reader)->schema();
   auto it = s.metadata.find("synth.planted_model");
   if (it == s.metadata.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": no planted model in the metadata (not made by `recfleet data synth`)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": no planted model in the metadata (not made by `recfleet data synth`)"));
   }
   auto model = PlantedModel::Parse(it->second);
   if (!model.ok()) return model.status();

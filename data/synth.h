@@ -24,9 +24,9 @@ namespace recfleet::data {
 struct LengthDistribution {
   enum class Kind { kLogNormal, kPowerLaw, kFixed };
   Kind kind = Kind::kLogNormal;
-  double mean = 1000;   // Log-normal: mean before clipping.
-  double sigma = 1.2;   // Log-normal: sigma of log L.
-  double alpha = 1.5;   // Power law: density ~ L^-(alpha + 1) above min.
+  double mean = 1000;  // Log-normal: mean before clipping.
+  double sigma = 1.2;  // Log-normal: sigma of log L.
+  double alpha = 1.5;  // Power law: density ~ L^-(alpha + 1) above min.
   int64_t min = 10;
   int64_t max = 50000;
 

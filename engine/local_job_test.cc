@@ -9,8 +9,8 @@ TEST(LocalJobTest, ExamplesParse) {
   absl::StatusOr<LocalJob> ml = LoadLocalJob("engine/examples/ml100k.yaml");
   ASSERT_TRUE(ml.ok()) << ml.status();
   EXPECT_EQ(ml->dataset.format, "movielens");
-  EXPECT_EQ(ml->dataset.ctr.max_history, 50);
-  EXPECT_EQ(ml->model.dim, 16);
+  EXPECT_EQ(ml->dataset.ctr.max_history, 30);
+  EXPECT_EQ(ml->model.dim, 8);
   EXPECT_EQ(ml->model.seq_mask, attention::Mask::kNone);
   absl::StatusOr<LocalJob> syn = LoadLocalJob("engine/examples/synthetic.yaml");
   ASSERT_TRUE(syn.ok()) << syn.status();

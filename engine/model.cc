@@ -231,8 +231,11 @@ struct GemLite<T>::Impl {
 
   // ---- layer helpers --------------------------------------------------------
 
+  // A batch whose histories are all empty has zero-row layers; the kernels
+  // reject empty matrices, and there is nothing to compute.
   absl::Status LinF(const Linear& l, const std::vector<T>& x, int64_t rows, std::vector<T>& y) {
     Resize(y, rows * l.out);
+    if (rows == 0) return absl::OkStatus();
     fwd_linear_flops += 2.0 * rows * l.in * l.out;
     return LinearForward(View(x, {rows, l.in}), PV(l.w), l.b >= 0 ? PV(l.b) : TensorView(),
                          View(y, {rows, l.out}), NativeRecipe());
@@ -242,6 +245,10 @@ struct GemLite<T>::Impl {
   // with add_dx, added to.
   absl::Status LinB(const Linear& l, const std::vector<T>& x, const std::vector<T>& dy,
                     int64_t rows, std::vector<T>* dx, bool add_dx) {
+    if (rows == 0) {
+      if (dx != nullptr && !add_dx) Resize(*dx, 0);
+      return absl::OkStatus();
+    }
     RECFLEET_RETURN_IF_ERROR(LinearBackwardWeight(View(dy, {rows, l.out}), View(x, {rows, l.in}),
                                                   PG(l.w), l.b >= 0 ? PG(l.b) : TensorView(),
                                                   /*accumulate=*/true, NativeRecipe()));
@@ -288,6 +295,7 @@ struct GemLite<T>::Impl {
     const int64_t h = config.heads, dh = config.dim / config.heads;
     const attention::AttentionInputs in = AttnInputs(a, q_off, k_off);
     Resize(a.out, q_off.back() * config.dim);
+    if (q_off.back() == 0) return absl::OkStatus();
     TensorView lse;
     if (o.activation == attention::Activation::kSoftmax) {
       Resize(a.lse, q_off.back() * h);
@@ -306,6 +314,7 @@ struct GemLite<T>::Impl {
     Resize(dq, a.q.size());
     Resize(dk, a.k.size());
     Resize(dv, a.v.size());
+    if (q_off.back() == 0) return absl::OkStatus();
     attention::AttentionGrads g;
     g.dq = View(dq, {q_off.back(), h, dh});
     g.dk = View(dk, {k_off.back(), h, dh});
@@ -315,6 +324,29 @@ struct GemLite<T>::Impl {
                                : TensorView();
     return attention::AttentionBackward(in, o, View(a.out, {q_off.back(), h, dh}), lse,
                                         View(d_out, {q_off.back(), h, dh}), g);
+  }
+
+  // RMSNorm over the history tokens (y, rstd resized; no-op without tokens).
+  absl::Status NormF(int gamma, const std::vector<T>& x, std::vector<T>& y, std::vector<T>& rstd) {
+    const int64_t d = config.dim;
+    Resize(y, total_len * d);
+    Resize(rstd, total_len);
+    if (total_len == 0) return absl::OkStatus();
+    return RmsNormForward(View(x, {total_len, d}), PV(gamma), kNormEps, View(y, {total_len, d}),
+                          View(rstd, {total_len}));
+  }
+  // dx is overwritten; gamma's gradient accumulates.
+  absl::Status NormB(int gamma, const std::vector<T>& dy, const std::vector<T>& x,
+                     const std::vector<T>& rstd, std::vector<T>& dx) {
+    const int64_t d = config.dim;
+    Resize(dx, total_len * d);
+    if (total_len == 0) return absl::OkStatus();
+    std::vector<T> dgamma(d);
+    RECFLEET_RETURN_IF_ERROR(RmsNormBackward(View(dy, {total_len, d}), View(x, {total_len, d}),
+                                             PV(gamma), View(rstd, {total_len}),
+                                             View(dx, {total_len, d}), View(dgamma, {d})));
+    AddToGrad(params[gamma].grad, dgamma);
+    return absl::OkStatus();
   }
 
   absl::Status Act(const std::vector<T>& x, std::vector<T>& y) {
@@ -416,7 +448,7 @@ struct GemLite<T>::Impl {
     Resize(h, total_len * d);
     std::vector<T> field;
     Resize(field, total_len * d);
-    for (size_t f = 0; f < schema.sequence_fields.size(); ++f) {
+    for (size_t f = 0; f < schema.sequence_fields.size() && total_len > 0; ++f) {
       const IdList& l = b.sequence[f];
       RECFLEET_RETURN_IF_ERROR(EmbeddingSequenceForward(
           tables[schema.sequence_fields[f].table].value.view(),
@@ -433,9 +465,7 @@ struct GemLite<T>::Impl {
       s.h = h;
       Resize(s.a, total_len * d);
       Resize(s.rstd, total_len);
-      RECFLEET_RETURN_IF_ERROR(RmsNormForward(View(s.h, {total_len, d}), PV(layers[l].norm),
-                                              kNormEps, View(s.a, {total_len, d}),
-                                              View(s.rstd, {total_len})));
+      RECFLEET_RETURN_IF_ERROR(NormF(layers[l].norm, s.h, s.a, s.rstd));
       RECFLEET_RETURN_IF_ERROR(LinF(layers[l].q, s.a, total_len, s.attn.q));
       RECFLEET_RETURN_IF_ERROR(LinF(layers[l].k, s.a, total_len, s.attn.k));
       RECFLEET_RETURN_IF_ERROR(LinF(layers[l].v, s.a, total_len, s.attn.v));
@@ -447,8 +477,7 @@ struct GemLite<T>::Impl {
     h_last = std::move(h);
     Resize(hn, total_len * d);
     Resize(hn_rstd, total_len);
-    RECFLEET_RETURN_IF_ERROR(RmsNormForward(View(h_last, {total_len, d}), PV(final_norm), kNormEps,
-                                            View(hn, {total_len, d}), View(hn_rstd, {total_len})));
+    RECFLEET_RETURN_IF_ERROR(NormF(final_norm, h_last, hn, hn_rstd));
 
     // Cross branch: tokens attend to the history (residual), PMA pools it.
     cross_out = x_tokens;
@@ -641,12 +670,7 @@ struct GemLite<T>::Impl {
 
     // Sequence branch, last layer first.
     std::vector<T> dh;
-    Resize(dh, total_len * d);
-    std::vector<T> dgamma(d);
-    RECFLEET_RETURN_IF_ERROR(RmsNormBackward(View(dhn, {total_len, d}), View(h_last, {total_len, d}),
-                                             PV(final_norm), View(hn_rstd, {total_len}),
-                                             View(dh, {total_len, d}), View(dgamma, {d})));
-    AddToGrad(params[final_norm].grad, dgamma);
+    RECFLEET_RETURN_IF_ERROR(NormB(final_norm, dhn, h_last, hn_rstd, dh));
     const attention::AttentionOptions so = SeqOptions();
     for (int l = static_cast<int>(layers.size()) - 1; l >= 0; --l) {
       SeqActs& s = seq[l];
@@ -657,11 +681,7 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(LinB(layers[l].k, s.a, dk, total_len, &da, true));
       RECFLEET_RETURN_IF_ERROR(LinB(layers[l].v, s.a, dv, total_len, &da, true));
       std::vector<T> dnorm_in;
-      Resize(dnorm_in, total_len * d);
-      RECFLEET_RETURN_IF_ERROR(RmsNormBackward(View(da, {total_len, d}), View(s.h, {total_len, d}),
-                                               PV(layers[l].norm), View(s.rstd, {total_len}),
-                                               View(dnorm_in, {total_len, d}), View(dgamma, {d})));
-      AddToGrad(params[layers[l].norm].grad, dgamma);
+      RECFLEET_RETURN_IF_ERROR(NormB(layers[l].norm, da, s.h, s.rstd, dnorm_in));
       AddInto(dh, dnorm_in);
     }
 

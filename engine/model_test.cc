@@ -42,6 +42,60 @@ GemLiteConfig TinyConfig() {
   return c;
 }
 
+// Central differences of the loss on `batch` against the analytic gradient
+// of sampled elements of every dense parameter and of every touched table
+// row (plus row 0).
+void CheckGradients(GemLite<double>& m, const Batch& batch) {
+  ASSERT_TRUE(m.ForwardBackward(batch).ok());
+  const double h = 1e-6;
+  auto check = [&](double* value, double analytic, const std::string& what) {
+    const double saved = *value;
+    *value = saved + h;
+    const double up = *m.Loss(batch);
+    *value = saved - h;
+    const double down = *m.Loss(batch);
+    *value = saved;
+    const double numeric = (up - down) / (2 * h);
+    EXPECT_NEAR(analytic, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << what;
+  };
+  std::mt19937 rng(5);
+  int checked = 0;
+  for (const std::string& name : m.DenseParameterNames()) {
+    TensorView p = m.DenseParameter(name);
+    TensorView g = m.DenseGradient(name);
+    std::uniform_int_distribution<int64_t> pick(0, p.numel() - 1);
+    for (int trial = 0; trial < 4; ++trial) {
+      const int64_t i = pick(rng);
+      check(p.as<double>() + i, g.as<double>()[i], absl::StrCat(name, "[", i, "]"));
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 100);
+  for (int t = 0; t < m.num_tables(); ++t) {
+    absl::StatusOr<Tensor> grad = m.DenseTableGradient(t);
+    ASSERT_TRUE(grad.ok()) << grad.status();
+    TensorView table = m.Table(t);
+    const int64_t d = table.dim(1);
+    std::set<int64_t> rows = {0};
+    bool touched = false;
+    for (int64_t r = 0; r < table.dim(0); ++r) {
+      for (int64_t c = 0; c < d; ++c) {
+        if (grad->data<double>()[r * d + c] != 0) {
+          rows.insert(r);
+          touched = true;
+        }
+      }
+    }
+    EXPECT_TRUE(touched) << "table " << t << " got no gradient";
+    for (int64_t r : rows) {
+      for (int64_t c = 0; c < d; ++c) {
+        check(table.as<double>() + r * d + c, grad->data<double>()[r * d + c],
+              absl::StrCat("table ", t, " row ", r, " col ", c));
+      }
+    }
+  }
+}
+
 struct Variant {
   std::string name;
   attention::Mask mask;
@@ -77,54 +131,53 @@ TEST(GemLiteTest, WholeModelGradientMatchesFiniteDifferences) {
     config.seq_window = v.window;
     auto model = GemLite<double>::Create(config, data.schema());
     ASSERT_TRUE(model.ok()) << model.status();
-    GemLite<double>& m = **model;
-    ASSERT_TRUE(m.ForwardBackward(batch).ok());
-
-    const double h = 1e-6;
-    auto check = [&](double* value, double analytic, const std::string& what) {
-      const double saved = *value;
-      *value = saved + h;
-      const double up = *m.Loss(batch);
-      *value = saved - h;
-      const double down = *m.Loss(batch);
-      *value = saved;
-      const double numeric = (up - down) / (2 * h);
-      EXPECT_NEAR(analytic, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << what;
-    };
-    std::mt19937 rng(5);
-    int checked = 0;
-    for (const std::string& name : m.DenseParameterNames()) {
-      TensorView p = m.DenseParameter(name);
-      TensorView g = m.DenseGradient(name);
-      std::uniform_int_distribution<int64_t> pick(0, p.numel() - 1);
-      for (int trial = 0; trial < 4; ++trial) {
-        const int64_t i = pick(rng);
-        check(p.as<double>() + i, g.as<double>()[i], absl::StrCat(name, "[", i, "]"));
-        ++checked;
-      }
-    }
-    EXPECT_GT(checked, 100);
-    for (int t = 0; t < m.num_tables(); ++t) {
-      absl::StatusOr<Tensor> grad = m.DenseTableGradient(t);
-      ASSERT_TRUE(grad.ok()) << grad.status();
-      TensorView table = m.Table(t);
-      const int64_t d = table.dim(1);
-      // Every row with a gradient, plus row 0 (touched or not).
-      std::set<int64_t> rows = {0};
-      for (int64_t r = 0; r < table.dim(0); ++r) {
-        for (int64_t c = 0; c < d; ++c) {
-          if (grad->data<double>()[r * d + c] != 0) rows.insert(r);
-        }
-      }
-      EXPECT_GT(rows.size(), 1u) << "table " << t;
-      for (int64_t r : rows) {
-        for (int64_t c = 0; c < d; ++c) {
-          check(table.as<double>() + r * d + c, grad->data<double>()[r * d + c],
-                absl::StrCat("table ", t, " row ", r, " col ", c));
-        }
-      }
-    }
+    CheckGradients(**model, batch);
   }
+}
+
+// Histories of 1, 63, 64, 65 and 66 events: both sides of the 64-token
+// block boundary of BlockAttention, and the longest sequence of the batch.
+TEST(GemLiteTest, GradientsAcrossTheBlockBoundary) {
+  SyntheticOptions s;
+  s.num_users = 2;
+  s.num_items = 40;
+  s.min_events = 100;
+  s.mean_extra_events = 1;
+  CtrOptions o;
+  o.max_history = 66;
+  const MovieLensCtr data = *MovieLensCtr::Create(SyntheticMovieLens(s), o);
+  const Batch batch = data.MakeBatch(false, {1, 63, 64, 65, 66});
+  EXPECT_EQ(batch.sequence[0].offsets, (std::vector<int64_t>{0, 1, 64, 128, 193, 259}));
+  GemLiteConfig config = TinyConfig();
+  config.seq_layers = 1;
+  config.seq_mask = attention::Mask::kBlock;
+  config.rope = true;
+  auto model = GemLite<double>::Create(config, data.schema());
+  ASSERT_TRUE(model.ok());
+  CheckGradients(**model, batch);
+}
+
+TEST(GemLiteTest, FlopsCountRealLengths) {
+  const MovieLensCtr data = SmallData(5);
+  GemLiteConfig c = TinyConfig();
+  auto model = GemLite<float>::Create(c, data.schema());
+  ASSERT_TRUE(model.ok());
+  Batch empty = data.MakeBatch(false, {0, 0, 0});
+  ASSERT_EQ(empty.sequence[0].offsets.back(), 0);
+  const double d = c.dim, B = 3, F = data.schema().id_lists.size() + 1, P = c.pma_queries;
+  const double D = (F + P) * d, E = c.num_experts, H = c.expert_hidden, O = c.expert_out;
+  const double per_sample = data.schema().num_dense * d + 2 * F * d * d + P * d * d +
+                            c.dcn_layers * D * D + D * E + E * (D * H + H * O) +
+                            2 * (O * c.tower_hidden + c.tower_hidden);
+  EXPECT_DOUBLE_EQ((*model)->ForwardBackward(empty)->flops, 3 * 2 * B * per_sample);
+  Batch longer = data.MakeBatch(false, {3, 3, 3});
+  const double tokens = static_cast<double>(longer.sequence[0].offsets.back());
+  ASSERT_GT(tokens, 0);
+  // Per token: seq layers (q, k, v, o) and the cross/PMA key and value
+  // projections, all d x d; attention adds at least 4 d per visible pair.
+  const double token_linear = 3 * 2 * tokens * d * d * (4 * c.seq_layers + 4);
+  EXPECT_GT((*model)->ForwardBackward(longer)->flops,
+            3 * 2 * B * per_sample + token_linear + 3.5 * 4 * d * tokens);
 }
 
 TEST(GemLiteTest, DeterministicGivenSeedAndBatches) {

@@ -81,15 +81,30 @@ class Ours:
             raise RuntimeError(self.err.value.decode())
 
 
-def atomic_dq(fn):
-    """fn with the backward's dQ through atomics in the dK/dV pass."""
+def with_env(fn, name, value):
+    """fn run with environment variable `name` set to `value`."""
     def run():
-        os.environ["RECFLEET_ATTENTION_DQ"] = "atomic"
+        os.environ[name] = value
         try:
             fn()
         finally:
-            del os.environ["RECFLEET_ATTENTION_DQ"]
+            del os.environ[name]
     return run
+
+
+def atomic_dq(fn):
+    """fn with the backward's dQ through atomics in the dK/dV pass."""
+    return with_env(fn, "RECFLEET_ATTENTION_DQ", "atomic")
+
+
+def mma_forward(fn):
+    """fn with the mma.sync forward wherever the launcher would pick wgmma."""
+    return with_env(fn, "RECFLEET_ATTENTION_FWD", "mma")
+
+
+def wgmma_forward(fn):
+    """fn with the Hopper (wgmma) forward wherever it supports the shapes."""
+    return with_env(fn, "RECFLEET_ATTENTION_FWD", "wgmma")
 
 
 def offsets(lengths):
@@ -251,6 +266,7 @@ def jagged_self(lib, d, dev, lens, with_flex):
     ours = Ours(lib, q, k, v, lens, lens, "softmax", "none")
     flops = ours.flops
     record(name, "recfleet JFA", "fwd", flops, ours.fwd)
+    record(name, "recfleet JFA, mma.sync fwd", "fwd", flops, mma_forward(ours.fwd))
     record(name, "recfleet JFA", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
     record(name, "recfleet JFA, atomic dQ", "fwd+bwd", 3.5 * flops, atomic_dq(ours.fwd_bwd))
     cu = torch.tensor(offsets(lens), device=dev, dtype=torch.int32)
@@ -279,6 +295,8 @@ def jagged_self(lib, d, dev, lens, with_flex):
     # HSTU-style: SiLU, causal (the generative-recommenders workload).
     silu = Ours(lib, q, k, v, lens, lens, "silu", "causal")
     record(f"{name} SiLU causal", "recfleet GDPA", "fwd", silu.flops, silu.fwd)
+    record(f"{name} SiLU causal", "recfleet GDPA, wgmma fwd", "fwd", silu.flops,
+           wgmma_forward(silu.fwd))
     record(f"{name} SiLU causal", "recfleet GDPA", "fwd+bwd", 3.5 * silu.flops, silu.fwd_bwd)
 
 
@@ -289,6 +307,7 @@ def sliding_window(lib, dev, lens, with_flex):
     ours = Ours(lib, q, k, v, lens, lens, "softmax", "window", window=w)
     flops = ours.flops
     record(name, "recfleet JFA window", "fwd", flops, ours.fwd)
+    record(name, "recfleet JFA window, mma.sync fwd", "fwd", flops, mma_forward(ours.fwd))
     record(name, "recfleet JFA window", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
     record(name, "recfleet JFA window, atomic dQ", "fwd+bwd", 3.5 * flops,
            atomic_dq(ours.fwd_bwd))
@@ -322,6 +341,9 @@ def gdpa_cross(lib, dev, with_compile):
     for act in ("silu", "gelu", "softmax"):
         ours = Ours(lib, q, k, v, q_lens, k_lens, act, "none")
         record(f"{name} {act}", "recfleet GDPA", "fwd", ours.flops, ours.fwd)
+        other = ("mma.sync", mma_forward) if act == "softmax" else ("wgmma", wgmma_forward)
+        record(f"{name} {act}", f"recfleet GDPA, {other[0]} fwd", "fwd", ours.flops,
+               other[1](ours.fwd))
         record(f"{name} {act}", "recfleet GDPA", "fwd+bwd", 3.5 * ours.flops, ours.fwd_bwd)
         record(f"{name} {act}", "recfleet GDPA, atomic dQ", "fwd+bwd", 3.5 * ours.flops,
                atomic_dq(ours.fwd_bwd))
@@ -435,6 +457,8 @@ def main():
                     help="skip the remaining timings after this many seconds")
     ap.add_argument("--no_flex", action="store_true")
     ap.add_argument("--no_compile", action="store_true")
+    ap.add_argument("--sections", default="jagged128,gdpa,block,window,jagged64",
+                    help="comma-separated subset of the workloads to run, in this order")
     ap.add_argument("--profile", action="store_true",
                     help="only run the kernels a few times (for ncu), no timing")
     args = ap.parse_args()
@@ -462,13 +486,14 @@ def main():
         torch.cuda.synchronize()
         return 0
     print(f"# jagged batch: 64 seqs, max {max(lens)}, mean {sum(lens) / 64:.0f}", flush=True)
-    sections = [
-        lambda: jagged_self(lib, 128, dev, lens, not args.no_flex),
-        lambda: gdpa_cross(lib, dev, not args.no_compile),
-        lambda: block_attention(lib, dev, not args.no_flex),
-        lambda: sliding_window(lib, dev, lens, not args.no_flex),
-        lambda: jagged_self(lib, 64, dev, lens, False),
-    ]
+    workloads = {
+        "jagged128": lambda: jagged_self(lib, 128, dev, lens, not args.no_flex),
+        "gdpa": lambda: gdpa_cross(lib, dev, not args.no_compile),
+        "block": lambda: block_attention(lib, dev, not args.no_flex),
+        "window": lambda: sliding_window(lib, dev, lens, not args.no_flex),
+        "jagged64": lambda: jagged_self(lib, 64, dev, lens, False),
+    }
+    sections = [workloads[name] for name in args.sections.split(",")]
     for PASS[0] in (1, 2):
         for s in sections:
             try:

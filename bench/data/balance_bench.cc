@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
   auto cost = recfleet::data::CostModel::Parse(cost_spec);
   if (!dist.ok()) return Usage(std::string(dist.status().message()).c_str());
   if (!cost.ok()) return Usage(std::string(cost.status().message()).c_str());
-  if (base <= 0 || batch % base != 0) return Usage("--batch-size must be a multiple of --base-batch");
+  if (base <= 0 || batch % base != 0)
+    return Usage("--batch-size must be a multiple of --base-batch");
   std::mt19937_64 rng(seed);
   std::vector<int64_t> lengths(samples);
   double sum = 0;
@@ -73,8 +74,8 @@ int main(int argc, char** argv) {
               lengths_spec.c_str(), static_cast<long long>(samples), sum / samples,
               static_cast<long long>(mx), cost_spec.c_str(), static_cast<long long>(ranks),
               static_cast<long long>(batch));
-  std::printf("%s", recfleet::data::FormatBalance(
-                        recfleet::data::ComputeBalance(lengths, *cost, o, seed))
-                        .c_str());
+  std::printf("%s",
+              recfleet::data::FormatBalance(recfleet::data::ComputeBalance(lengths, *cost, o, seed))
+                  .c_str());
   return 0;
 }

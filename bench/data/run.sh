@@ -11,11 +11,14 @@ cd "$(dirname "$0")/../.."
 BIN=${1:-}
 REAL=${2:-${RECFLEET_DATA_DIR:-}}
 if [[ -z "$BIN" ]]; then
-  bazel build --jobs=2 //cli:recfleet //bench/data:balance_bench //bench/data:loader_bench >&2
+  bazel build --jobs=2 //cli:recfleet //bench/data:balance_bench //bench/data:loader_bench \
+    //bench/data:service_bench >&2
   BIN=bazel-bin
-  RECFLEET=$BIN/cli/recfleet; BALANCE=$BIN/bench/data/balance_bench; LOADER=$BIN/bench/data/loader_bench
+  RECFLEET=$BIN/cli/recfleet; BALANCE=$BIN/bench/data/balance_bench
+  LOADER=$BIN/bench/data/loader_bench; SERVICE=$BIN/bench/data/service_bench
 else
   RECFLEET=$BIN/recfleet; BALANCE=$BIN/balance_bench; LOADER=$BIN/loader_bench
+  SERVICE=$BIN/service_bench
 fi
 WORK=${TMPDIR:-/tmp}/recfleet-bench-data
 mkdir -p "$WORK"
@@ -43,3 +46,6 @@ for cost in linear quadratic; do
   "$LOADER" --dataset "$WORK/heavy/train.rfd" --cost $cost --epochs 4
 done
 "$LOADER" --dataset "$WORK/heavy/train.rfd" --cost linear --epochs 4 --wire yes
+
+echo; echo "### end to end over gRPC loopback: 8 client threads, one per rank"
+"$SERVICE" --dataset "$WORK/heavy/train.rfd" --cost linear --epochs 2

@@ -344,6 +344,19 @@ bool AtomicDq() {
   return mode != nullptr && std::string(mode) == "atomic";
 }
 
+// Which forward kernel runs where the Hopper (wgmma) one supports the shapes:
+// by default it does for softmax and the mma.sync kernel for GELU/SiLU, as
+// measured on H200 (the wgmma GDPA variants lose: ptxas serializes their
+// wgmma chain for lack of registers). RECFLEET_ATTENTION_FWD=wgmma or =mma
+// forces one kernel, so the choice can be re-measured (bench/attention).
+bool UseWgmmaForward(const KernelParams& p) {
+  if (!cuda_impl::WgmmaForwardSupports(p)) return false;
+  const char* mode = std::getenv("RECFLEET_ATTENTION_FWD");
+  if (mode != nullptr && std::string(mode) == "mma") return false;
+  if (mode != nullptr && std::string(mode) == "wgmma") return true;
+  return p.activation == cuda_impl::kActSoftmax;
+}
+
 absl::Status CheckSizes(const AttentionInputs& in) {
   // Kernels index rows within a sequence with int32.
   for (int64_t b = 0; b < in.q.batch_size(); ++b) {
@@ -376,6 +389,17 @@ absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& o, T
   }
   p.items = (*plan)->forward_tiles;
   p.num_items = (*plan)->num_forward_tiles;
+  if (UseWgmmaForward(p)) {
+    int device = 0, sms = 0;
+    if (auto s = CudaCheck(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
+    if (auto s = CudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                           "cudaDeviceGetAttribute");
+        !s.ok()) {
+      return s;
+    }
+    return CudaCheck(cuda_impl::LaunchJaggedForwardWgmma(p, sms, stream),
+                     "jagged attention forward (wgmma)");
+  }
   return CudaCheck(cuda_impl::LaunchJaggedForward(p, stream), "jagged attention forward");
 }
 

@@ -267,6 +267,43 @@ TEST(AttentionCudaTest, BiasQkNormAndRope) {
   }
 }
 
+// The Hopper forward (d = 128, no bias; forced for every activation) works
+// on 128-row query tiles and 128-key tiles in a persistent grid: lengths
+// around both tile sizes, the longest sequence, empty and single rows, more
+// items than SMs, and the mma.sync fallback on the same cases.
+TEST(AttentionCudaTest, HopperForwardTileEdges) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<int64_t> lens = {0, 1, 127, 128, 129, 255, 257, 400};
+  const std::vector<int64_t> q_lens = {300, 1, 0, 129, 128, 5, 257, 1};
+  const std::vector<int64_t> k_lens = {128, 129, 3, 0, 400, 256, 1, 300};
+  uint64_t seed = 400;
+  for (const char* fwd : {"wgmma", "mma"}) {
+    const bool mma = std::string(fwd) == "mma";
+    setenv("RECFLEET_ATTENTION_FWD", fwd, 1);
+    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+      if (mma && a != Activation::kSoftmax) continue;
+      for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
+        Case self{absl::StrCat("hopper self ", fwd, " ", ActName(a), " ", MaskName(m)), lens, lens,
+                  2, 128};
+        self.opts.activation = a;
+        self.opts.mask = m;
+        self.opts.window = 200;
+        RunCase(self, seed++);
+        Case cross{absl::StrCat("hopper cross ", fwd, " ", ActName(a), " ", MaskName(m)), q_lens,
+                   k_lens, 2, 128};
+        cross.opts = self.opts;
+        RunCase(cross, seed++);
+      }
+    }
+  }
+  // Many short sequences: more work items than SMs, so CTAs loop.
+  Case many{"hopper many items", std::vector<int64_t>(40, 65), std::vector<int64_t>(40, 65), 8,
+            128};
+  setenv("RECFLEET_ATTENTION_FWD", "wgmma", 1);
+  RunCase(many, seed++);
+  unsetenv("RECFLEET_ATTENTION_FWD");
+}
+
 // The backward's dQ through fp32 atomics in the dK/dV pass instead of the
 // separate pass.
 TEST(AttentionCudaTest, AtomicDqMatchesReference) {

@@ -75,6 +75,26 @@ __device__ __forceinline__ void LoadQkRope(bf16* qs, bf16* ks, const WorkItem& i
   }
 }
 
+// The scores scale * <q_i, k_j> + bias of a warp's 16 query rows of the
+// block (row_base = the first), -inf where the query or the key lies past
+// the sequence end.
+__device__ __forceinline__ void BlockScores(float (&s)[8][4], const KernelParams& p,
+                                            const WorkItem& it, int row_base) {
+  const int t = threadIdx.x & 3, len = it.q_len;
+  const bool full = it.tile_row + kTile <= len;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = row_base + (e >> 1) * 8, j = it.tile_row + nt * 8 + 2 * t + (e & 1);
+      const bool vis = full || (i < len && j < len);
+      float x = s[nt][e] * p.scale;
+      if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
+      s[nt][e] = vis ? x : -INFINITY;
+    }
+  }
+}
+
 // dLoss/dx from dLoss/d(rotated x) on a warp's fp32 accumulator rows: the
 // transpose of the rotation, applied in registers (both halves of a pair
 // live in the same thread).
@@ -117,19 +137,15 @@ __global__ void __launch_bounds__(kThreads, 4) BlockForwardKernel(const KernelPa
   Zero(s);
   GemmABtSmem<D, 8>(s, qs, warp * 16, ks, 0);
   const int row_base = it.tile_row + warp * 16 + g;
-  const bool full = it.tile_row + kTile <= len;
+  BlockScores(s, p, it, row_base);
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int i = row_base + (e >> 1) * 8, j = it.tile_row + nt * 8 + 2 * t + (e & 1);
-      const bool vis = full || (i < len && j < len);
-      float x = s[nt][e] * p.scale;
-      if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
       if constexpr (A == kActSoftmax) {
-        s[nt][e] = vis ? x * kLog2e : -INFINITY;
+        s[nt][e] *= kLog2e;
       } else {
-        s[nt][e] = vis ? Act<A>(x) : 0.f;
+        s[nt][e] = s[nt][e] == -INFINITY ? 0.f : Act<A>(s[nt][e]);
       }
     }
   }
@@ -195,25 +211,14 @@ __global__ void __launch_bounds__(kThreads) BlockBackwardKernel(const KernelPara
     Zero(dp);
     GemmABtSmem<D, 8>(s, qs, warp * 16, ks, 0);
     GemmABtSmem<D, 8>(dp, dos, warp * 16, vs, 0);
-    float x[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = row_base + (e >> 1) * 8, j = it.tile_row + nt * 8 + 2 * t + (e & 1);
-        const bool vis = full || (i < len && j < len);
-        float xv = s[nt][e] * p.scale;
-        if (p.bias != nullptr && vis) xv += BiasAt(p, it, i, j);
-        x[nt][e] = vis ? xv : -INFINITY;
-      }
-    }
+    BlockScores(s, p, it, row_base);
     if constexpr (A == kActSoftmax) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
-          mx = fmaxf(mx, fmaxf(x[nt][2 * r], x[nt][2 * r + 1]));
+          mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
         }
         mx = QuadMax(mx) * kLog2e;
         const float m_use = mx == -INFINITY ? 0.f : mx;
@@ -222,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) BlockBackwardKernel(const KernelPara
         for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            s[nt][2 * r + c] = Exp2(x[nt][2 * r + c] * kLog2e - m_use);
+            s[nt][2 * r + c] = Exp2(s[nt][2 * r + c] * kLog2e - m_use);
             sum += s[nt][2 * r + c];
           }
         }
@@ -256,7 +261,7 @@ __global__ void __launch_bounds__(kThreads) BlockBackwardKernel(const KernelPara
       for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          dp[nt][e] = x[nt][e] == -INFINITY ? 0.f : dp[nt][e] * ActGrad<A>(x[nt][e]);
+          dp[nt][e] = s[nt][e] == -INFINITY ? 0.f : dp[nt][e] * ActGrad<A>(s[nt][e]);
         }
       }
     }
@@ -264,10 +269,8 @@ __global__ void __launch_bounds__(kThreads) BlockBackwardKernel(const KernelPara
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (p.dbias != nullptr && x[nt][e] != -INFINITY) {
-          StoreBias(p, it, row_base + (e >> 1) * 8, it.tile_row + nt * 8 + 2 * t + (e & 1),
-                    dp[nt][e]);
-        }
+        const int i = row_base + (e >> 1) * 8, j = it.tile_row + nt * 8 + 2 * t + (e & 1);
+        if (p.dbias != nullptr && i < len && j < len) StoreBias(p, it, i, j, dp[nt][e]);
         dp[nt][e] *= p.scale;
       }
     }

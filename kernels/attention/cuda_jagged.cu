@@ -14,6 +14,31 @@ namespace {
 
 constexpr int kTile = kTileRows;
 
+// Starts loading K and V rows [row0, row0 + kTile) of the CTA's head.
+template <int D>
+__device__ __forceinline__ void LoadKvTileAsync(bf16* ks, bf16* vs, const KernelParams& p,
+                                                const WorkItem& it, int row0) {
+  LoadTileAsync<D, kTile>(ks, static_cast<const bf16*>(p.k), it.k_start, row0, it.k_len, it.head,
+                          p.heads);
+  LoadTileAsync<D, kTile>(vs, static_cast<const bf16*>(p.v), it.k_start, row0, it.k_len, it.head,
+                          p.heads);
+}
+
+// One step of the two-stage K/V stream: starts loading tile n + 1 into the
+// other stage, then waits until tile n (stage n & 1) has landed for all.
+template <int D>
+__device__ __forceinline__ void KvPipelineStep(bf16* ks, bf16* vs, const KernelParams& p,
+                                               const WorkItem& it, int n, int n_tiles) {
+  const int next = (n & 1) ^ 1;
+  if (n + 1 < n_tiles) {
+    LoadKvTileAsync<D>(ks + next * kTile * D, vs + next * kTile * D, p, it,
+                       it.inner_begin + (n + 1) * kTile);
+  }
+  CpAsyncCommit();
+  CpAsyncWait<1>();
+  __syncthreads();
+}
+
 // Forward: each warp owns 16 * kForwardRowBlocks query rows of the CTA's
 // 64 * kForwardRowBlocks, so every K/V fragment read from shared memory feeds
 // kForwardRowBlocks row blocks.
@@ -27,16 +52,11 @@ __global__ void __launch_bounds__(kThreads) JaggedForwardKernel(const KernelPara
   bf16* vs = ks + 2 * kTile * D;  // two stages
   const WorkItem it = LoadItem(p);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const bf16* k = static_cast<const bf16*>(p.k);
-  const bf16* v = static_cast<const bf16*>(p.v);
   const int n_tiles = (it.inner_end - it.inner_begin + kTile - 1) / kTile;
 
   LoadTileAsync<D, kRows>(qs, static_cast<const bf16*>(p.q), it.q_start, it.tile_row, it.q_len,
                           it.head, p.heads);
-  if (n_tiles > 0) {
-    LoadTileAsync<D, kTile>(ks, k, it.k_start, it.inner_begin, it.k_len, it.head, p.heads);
-    LoadTileAsync<D, kTile>(vs, v, it.k_start, it.inner_begin, it.k_len, it.head, p.heads);
-  }
+  if (n_tiles > 0) LoadKvTileAsync<D>(ks, vs, p, it, it.inner_begin);
   CpAsyncCommit();
 
   const int warp_row0 = warp * 16 * M;  // within the tile
@@ -51,16 +71,7 @@ __global__ void __launch_bounds__(kThreads) JaggedForwardKernel(const KernelPara
 
   for (int n = 0; n < n_tiles; ++n) {
     const int buf = n & 1;
-    if (n + 1 < n_tiles) {
-      const int next = it.inner_begin + (n + 1) * kTile;
-      LoadTileAsync<D, kTile>(ks + (buf ^ 1) * kTile * D, k, it.k_start, next, it.k_len, it.head,
-                              p.heads);
-      LoadTileAsync<D, kTile>(vs + (buf ^ 1) * kTile * D, v, it.k_start, next, it.k_len, it.head,
-                              p.heads);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<1>();
-    __syncthreads();
+    KvPipelineStep<D>(ks, vs, p, it, n, n_tiles);
 
     float s[M][8][4];
 #pragma unroll
@@ -175,18 +186,13 @@ __global__ void __launch_bounds__(kThreads) JaggedDqKernel(const KernelParams p)
   bf16* vs = ks + 2 * kTile * D;  // two stages
   const WorkItem it = LoadItem(p);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const bf16* k = static_cast<const bf16*>(p.k);
-  const bf16* v = static_cast<const bf16*>(p.v);
   const int n_tiles = (it.inner_end - it.inner_begin + kTile - 1) / kTile;
 
   LoadTileAsync<D, kTile>(qs, static_cast<const bf16*>(p.q), it.q_start, it.tile_row, it.q_len,
                           it.head, p.heads);
   LoadTileAsync<D, kTile>(dos, static_cast<const bf16*>(p.dout), it.q_start, it.tile_row,
                           it.q_len, it.head, p.heads);
-  if (n_tiles > 0) {
-    LoadTileAsync<D, kTile>(ks, k, it.k_start, it.inner_begin, it.k_len, it.head, p.heads);
-    LoadTileAsync<D, kTile>(vs, v, it.k_start, it.inner_begin, it.k_len, it.head, p.heads);
-  }
+  if (n_tiles > 0) LoadKvTileAsync<D>(ks, vs, p, it, it.inner_begin);
   CpAsyncCommit();
 
   const int row_base = it.tile_row + warp * 16 + g;
@@ -210,16 +216,7 @@ __global__ void __launch_bounds__(kThreads) JaggedDqKernel(const KernelParams p)
 
   for (int n = 0; n < n_tiles; ++n) {
     const int buf = n & 1;
-    if (n + 1 < n_tiles) {
-      const int next = it.inner_begin + (n + 1) * kTile;
-      LoadTileAsync<D, kTile>(ks + (buf ^ 1) * kTile * D, k, it.k_start, next, it.k_len, it.head,
-                              p.heads);
-      LoadTileAsync<D, kTile>(vs + (buf ^ 1) * kTile * D, v, it.k_start, next, it.k_len, it.head,
-                              p.heads);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<1>();
-    __syncthreads();
+    KvPipelineStep<D>(ks, vs, p, it, n, n_tiles);
 
     const bf16* kb = ks + buf * kTile * D;
     float s[8][4], dp[8][4];
@@ -351,10 +348,7 @@ __global__ void __launch_bounds__(kThreads) JaggedDkDvKernel(const KernelParams 
     }
   };
 
-  LoadTileAsync<D, kTile>(ks, static_cast<const bf16*>(p.k), it.k_start, it.tile_row, it.k_len,
-                          it.head, p.heads);
-  LoadTileAsync<D, kTile>(vs, static_cast<const bf16*>(p.v), it.k_start, it.tile_row, it.k_len,
-                          it.head, p.heads);
+  LoadKvTileAsync<D>(ks, vs, p, it, it.tile_row);
   if (n_tiles > 0) load_q_tile(0, it.inner_begin);
   CpAsyncCommit();
 

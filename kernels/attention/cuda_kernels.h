@@ -70,6 +70,10 @@ struct KernelParams {
 int LaunchJaggedForward(const KernelParams& p, void* stream);
 int LaunchJaggedBackwardDq(const KernelParams& p, void* stream);
 int LaunchJaggedBackwardDkDv(const KernelParams& p, void* stream);
+// The Hopper (wgmma, warp-specialized, persistent) forward for the shapes
+// WgmmaForwardSupports accepts; `sms` is the device's SM count (the grid).
+bool WgmmaForwardSupports(const KernelParams& p);
+int LaunchJaggedForwardWgmma(const KernelParams& p, int sms, void* stream);
 int LaunchBlockForward(const KernelParams& p, void* stream);
 int LaunchBlockBackward(const KernelParams& p, void* stream);
 

@@ -37,6 +37,24 @@ __device__ __forceinline__ int Position(const TransformParams& p, int64_t row) {
   return static_cast<int>(i + lk - lq);
 }
 
+// Rotates a lane's RoPE pairs (v[e], v[e + E/2]) = columns (c, c + D/2), c =
+// lane + 32 e, by the angle of `pos`, or by its negative (the transpose).
+template <int D>
+__device__ __forceinline__ void Rotate(float (&v)[D / 32], int pos, bool inverse,
+                                       const TransformParams& p) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < E / 2; ++e) {
+    float cs, sn;
+    RopeCosSin(pos, lane + 32 * e, D, p.log2_theta, cs, sn);
+    if (inverse) sn = -sn;
+    const float a = v[e], b = v[e + E / 2];
+    v[e] = a * cs - b * sn;
+    v[e + E / 2] = b * cs + a * sn;
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads) QkTransformKernel(const TransformParams p) {
   constexpr int E = D / 32;
@@ -55,17 +73,7 @@ __global__ void __launch_bounds__(kThreads) QkTransformKernel(const TransformPar
 #pragma unroll
     for (int e = 0; e < E; ++e) v[e] *= r;
   }
-  if (p.rope) {
-    const int pos = Position(p, rh / p.heads);
-#pragma unroll
-    for (int e = 0; e < E / 2; ++e) {
-      float cs, sn;
-      RopeCosSin(pos, lane + 32 * e, D, p.log2_theta, cs, sn);
-      const float a = v[e], b = v[e + E / 2];
-      v[e] = a * cs - b * sn;
-      v[e + E / 2] = b * cs + a * sn;
-    }
-  }
+  if (p.rope) Rotate<D>(v, Position(p, rh / p.heads), /*inverse=*/false, p);
   bf16* y = static_cast<bf16*>(p.y) + rh * D;
 #pragma unroll
   for (int e = 0; e < E; ++e) y[lane + 32 * e] = __float2bfloat16(v[e]);
@@ -81,17 +89,7 @@ __global__ void __launch_bounds__(kThreads) QkTransformBackwardKernel(const Tran
   float gr[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) gr[e] = __bfloat162float(dy[lane + 32 * e]);
-  if (p.rope) {
-    const int pos = Position(p, rh / p.heads);
-#pragma unroll
-    for (int e = 0; e < E / 2; ++e) {
-      float cs, sn;
-      RopeCosSin(pos, lane + 32 * e, D, p.log2_theta, cs, sn);
-      const float a = gr[e], b = gr[e + E / 2];
-      gr[e] = a * cs + b * sn;
-      gr[e + E / 2] = b * cs - a * sn;
-    }
-  }
+  if (p.rope) Rotate<D>(gr, Position(p, rh / p.heads), /*inverse=*/true, p);
   if (p.qk_norm) {
     // y = x r with r = (|x|^2 + eps)^-1/2: dx = r (g - y <y, g>).
     const bf16* x = static_cast<const bf16*>(p.x) + rh * D;

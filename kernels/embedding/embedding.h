@@ -29,7 +29,8 @@
 // undefined behaviour). CUDA work is enqueued on `stream` (a cudaStream_t;
 // nullptr = the legacy default stream) and is asynchronous; temporary device
 // memory is taken with cudaMallocAsync on that stream. Row offsets are 64-bit
-// so tables beyond 2^31 elements (tens of GB) work.
+// so tables beyond 2^31 elements (tens of GB) work; one backward call takes
+// at most 2^31 - 1 ids (split larger batches).
 //
 // Thread-safety: calls are reentrant; concurrent backward calls that update
 // the same table must be serialized by the caller (use one stream).

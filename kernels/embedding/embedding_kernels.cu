@@ -27,18 +27,23 @@ __device__ __forceinline__ void BagBounds(const Lookup& l, int64_t bag, int64_t*
   }
 }
 
-// One warp per bag; each lane owns V consecutive columns of a 32*V-column
-// chunk and accumulates in fp32.
+// A group of G lanes (a power of two, G * V >= the row where possible) per
+// bag, so short rows (bf16 x 128 = 256 B) still keep every lane busy. Each
+// lane owns V consecutive columns of a G*V-column chunk and accumulates in
+// fp32.
 template <typename TT, typename OT, int V>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    ForwardKernel(const TT* __restrict__ table, int64_t dim, Lookup l, OT* __restrict__ out) {
+    ForwardKernel(const TT* __restrict__ table, int64_t dim, Lookup l, OT* __restrict__ out,
+                  int group) {
   const int lane = threadIdx.x & 31;
-  const int64_t bag = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int sub = lane & (group - 1);
+  const int64_t bag = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) *
+                          (32 / group) + lane / group;
   if (bag >= l.bags) return;
   int64_t begin, end;
   BagBounds(l, bag, &begin, &end);
   const float scale = (l.mean && end > begin) ? 1.0f / static_cast<float>(end - begin) : 1.0f;
-  for (int64_t d0 = static_cast<int64_t>(lane) * V; d0 < dim; d0 += 32 * V) {
+  for (int64_t d0 = static_cast<int64_t>(sub) * V; d0 < dim; d0 += group * V) {
     float acc[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] = 0.0f;
@@ -68,105 +73,146 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-// Writes the sort input: key = id (as int64), value = position, and the bag
-// of every position (pooled lookups).
-__global__ void PrepareKernel(Lookup l, long long* __restrict__ keys, int* __restrict__ positions,
-                              int* __restrict__ pos_bag) {
-  const int64_t bag = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+// Writes the sort input: key = id (as int64), value = the bag (output row)
+// the id contributes to. One warp per bag, so writes coalesce.
+__global__ void PrepareKernel(Lookup l, long long* __restrict__ keys, int* __restrict__ bag_of) {
+  const int lane = threadIdx.x & 31;
+  const int64_t bag = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (bag >= l.bags) return;
   int64_t begin, end;
   BagBounds(l, bag, &begin, &end);
-  for (int64_t i = begin; i < end; ++i) {
+  for (int64_t i = begin + lane; i < end; i += 32) {
     keys[i] = LoadIndex(l.ids, l.ids64, i);
-    positions[i] = static_cast<int>(i);
-    if (pos_bag != nullptr) pos_bag[i] = static_cast<int>(bag);
+    bag_of[i] = static_cast<int>(bag);
   }
 }
 
-// Adds this lane's V columns (at d0) of the gradient of one distinct id:
-// the sum over its occurrences of the (mean-scaled) output-gradient rows.
-template <typename GT, int V>
+// Adds this lane's C chunks of V columns (chunk c at column d0 + c*stride)
+// of the gradient of one distinct id: the sum over its occurrences of the
+// (mean-scaled) output-gradient rows.
+template <typename GT, int V, int C>
 __device__ __forceinline__ void GatherGrad(const GT* __restrict__ grad, int64_t dim, int64_t d0,
-                                           const Lookup& l, const int* __restrict__ positions,
-                                           const int* __restrict__ pos_bag, int64_t start,
-                                           int64_t count, float (&g)[V]) {
+                                           int64_t stride, const Lookup& l,
+                                           const int* __restrict__ bag_of, int64_t start,
+                                           int64_t count, float (&g)[C][V]) {
 #pragma unroll
-  for (int j = 0; j < V; ++j) g[j] = 0.0f;
+  for (int c = 0; c < C; ++c) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) g[c][j] = 0.0f;
+  }
   for (int64_t p = start; p < start + count; ++p) {
-    const int pos = __ldg(positions + p);
-    int64_t bag = pos;
+    const int64_t bag = __ldg(bag_of + p);
     float scale = 1.0f;
-    if (pos_bag != nullptr) {
-      bag = __ldg(pos_bag + pos);
-      if (l.mean) {
-        int64_t b0, b1;
-        BagBounds(l, bag, &b0, &b1);
-        scale = 1.0f / static_cast<float>(b1 - b0);
+    if (l.mean) {
+      int64_t b0, b1;
+      BagBounds(l, bag, &b0, &b1);
+      scale = 1.0f / static_cast<float>(b1 - b0);
+    }
+    float v[C][V];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (d0 + c * stride < dim) LoadVec<GT, V>(grad + bag * dim + d0 + c * stride, v[c]);
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (d0 + c * stride < dim) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) g[c][j] += scale * v[c][j];
       }
     }
-    float v[V];
-    LoadVec<GT, V>(grad + bag * dim + d0, v);
-#pragma unroll
-    for (int j = 0; j < V; ++j) g[j] += scale * v[j];
   }
 }
 
-// One warp per distinct id: gather its gradient, then one rowwise Adagrad
-// step on its table row and momentum. kSingle: the row fits one 32*V chunk,
-// so the gradient stays in registers; otherwise it is gathered twice (once
-// for the squared norm, once for the update).
-template <typename TT, typename GT, int V, bool kSingle>
+// Sum over the `group` lanes of one run (xor offsets stay inside a group).
+__device__ __forceinline__ float GroupSum(float v, int group) {
+  for (int o = group >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// A group of lanes per distinct id: gather its gradient, then one rowwise
+// Adagrad step on its table row and momentum. Each lane holds C chunks of V
+// columns, so a warp serves several ids with several independent loads per
+// lane in flight; the table row and momentum are loaded before the gradient
+// gather so the two memory chains overlap. C == 0: rows longer than a
+// group's registers; the gradient is gathered twice (squared norm, then
+// update), one chunk at a time.
+template <typename TT, typename GT, int V, int C>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     AdagradKernel(TT* __restrict__ table, int64_t dim, const GT* __restrict__ grad, Lookup l,
                   const long long* __restrict__ unique_ids, const int* __restrict__ run_counts,
                   const int* __restrict__ run_starts, const int* __restrict__ num_runs,
-                  const int* __restrict__ positions, const int* __restrict__ pos_bag, float lr,
-                  float eps, float* __restrict__ momentum) {
+                  const int* __restrict__ bag_of, float lr, float eps,
+                  float* __restrict__ momentum, int group) {
   const int lane = threadIdx.x & 31;
-  const int64_t run = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (run >= *num_runs) return;
-  const int64_t id = unique_ids[run];
-  const int64_t start = run_starts[run], count = run_counts[run];
+  const int sub = lane & (group - 1);
+  const int64_t runs = *num_runs;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) *
+                        (32 / group);
+  if (first >= runs) return;  // whole warp: the shuffles below need every lane
+  const int64_t run = first + lane / group;
+  const bool active = run < runs;
+  const int64_t id = active ? unique_ids[run] : 0;
+  const int64_t start = active ? run_starts[run] : 0, count = active ? run_counts[run] : 0;
   TT* row = table + id * dim;
-  if constexpr (kSingle) {
-    const int64_t d0 = static_cast<int64_t>(lane) * V;
-    float g[V];
+  const float m0 = active ? momentum[id] : 0.0f;
+  const int64_t d0 = static_cast<int64_t>(sub) * V, stride = static_cast<int64_t>(group) * V;
+  if constexpr (C > 0) {
+    float w[C][V], g[C][V];
     float sq = 0.0f;
-    if (d0 < dim) {
-      GatherGrad<GT, V>(grad, dim, d0, l, positions, pos_bag, start, count, g);
+    if (active) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) sq += g[j] * g[j];
+      for (int c = 0; c < C; ++c) {
+        if (d0 + c * stride < dim) LoadVec<TT, V>(row + d0 + c * stride, w[c]);
+      }
+      GatherGrad<GT, V, C>(grad, dim, d0, stride, l, bag_of, start, count, g);
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        if (d0 + c * stride < dim) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) sq += g[c][j] * g[c][j];
+        }
+      }
     }
-    const float m = momentum[id] + cuda_util::WarpSum(sq) / static_cast<float>(dim);
+    const float m = m0 + GroupSum(sq, group) / static_cast<float>(dim);
     const float step = lr / (sqrtf(m) + eps);
-    if (lane == 0) momentum[id] = m;
-    if (d0 < dim) {
-      float w[V];
-      LoadVec<TT, V>(row + d0, w);
+    if (active && sub == 0) momentum[id] = m;
+    if (active) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) w[j] -= step * g[j];
-      StoreVec<TT, V>(row + d0, w);
+      for (int c = 0; c < C; ++c) {
+        if (d0 + c * stride < dim) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) w[c][j] -= step * g[c][j];
+          StoreVec<TT, V>(row + d0 + c * stride, w[c]);
+        }
+      }
     }
   } else {
     float sq = 0.0f;
-    for (int64_t d0 = static_cast<int64_t>(lane) * V; d0 < dim; d0 += 32 * V) {
-      float g[V];
-      GatherGrad<GT, V>(grad, dim, d0, l, positions, pos_bag, start, count, g);
+    for (int64_t d = d0; active && d < dim; d += stride) {
+      float g[1][V];
+      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, bag_of, start, count, g);
 #pragma unroll
-      for (int j = 0; j < V; ++j) sq += g[j] * g[j];
+      for (int j = 0; j < V; ++j) sq += g[0][j] * g[0][j];
     }
-    const float m = momentum[id] + cuda_util::WarpSum(sq) / static_cast<float>(dim);
+    const float m = m0 + GroupSum(sq, group) / static_cast<float>(dim);
     const float step = lr / (sqrtf(m) + eps);
-    if (lane == 0) momentum[id] = m;
-    for (int64_t d0 = static_cast<int64_t>(lane) * V; d0 < dim; d0 += 32 * V) {
-      float g[V], w[V];
-      GatherGrad<GT, V>(grad, dim, d0, l, positions, pos_bag, start, count, g);
-      LoadVec<TT, V>(row + d0, w);
+    if (active && sub == 0) momentum[id] = m;
+    for (int64_t d = d0; active && d < dim; d += stride) {
+      float g[1][V], w[V];
+      LoadVec<TT, V>(row + d, w);
+      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, bag_of, start, count, g);
 #pragma unroll
-      for (int j = 0; j < V; ++j) w[j] -= step * g[j];
-      StoreVec<TT, V>(row + d0, w);
+      for (int j = 0; j < V; ++j) w[j] -= step * g[0][j];
+      StoreVec<TT, V>(row + d, w);
     }
   }
+}
+
+// Lanes per row: the smallest power of two covering dim / V, capped at 32.
+int GroupFor(int64_t dim, int v) {
+  int g = 1;
+  while (g < 32 && static_cast<int64_t>(g) * v < dim) g <<= 1;
+  return g;
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -174,43 +220,50 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 template <typename TT, typename OT>
 cudaError_t LaunchForward(const Table& t, const Lookup& l, void* out, cudaStream_t s) {
   constexpr int kVec = 16 / sizeof(TT);
-  const unsigned grid = cuda_util::GridFor(l.bags, kWarpsPerBlock);
   if (l.bags == 0) return cudaSuccess;
-  if (t.dim % kVec == 0 && Aligned16(t.data)) {
+  const bool vec = t.dim % kVec == 0 && Aligned16(t.data);
+  const int group = GroupFor(t.dim, vec ? kVec : 1);
+  const unsigned grid = cuda_util::GridFor(l.bags, kWarpsPerBlock * (32 / group));
+  if (vec) {
     ForwardKernel<TT, OT, kVec><<<grid, kWarpsPerBlock * 32, 0, s>>>(
-        static_cast<const TT*>(t.data), t.dim, l, static_cast<OT*>(out));
+        static_cast<const TT*>(t.data), t.dim, l, static_cast<OT*>(out), group);
   } else {
     ForwardKernel<TT, OT, 1><<<grid, kWarpsPerBlock * 32, 0, s>>>(
-        static_cast<const TT*>(t.data), t.dim, l, static_cast<OT*>(out));
+        static_cast<const TT*>(t.data), t.dim, l, static_cast<OT*>(out), group);
   }
   return cudaGetLastError();
 }
 
+// Chunks per lane C and lanes per id: up to 4 chunks of V columns per lane
+// (more loads in flight, more ids per warp) but at least 8 lanes per id;
+// rows beyond 32 lanes x 4 chunks take the two-pass kernel (C = 0).
 template <typename TT, typename GT>
 void LaunchAdagrad(const Table& t, const Lookup& l, const void* grad, const long long* unique_ids,
-                   const int* counts, const int* starts, const int* num_runs,
-                   const int* positions, const int* pos_bag, float lr, float eps,
-                   float* momentum, cudaStream_t s) {
+                   const int* counts, const int* starts, const int* num_runs, const int* bag_of,
+                   float lr, float eps, float* momentum, cudaStream_t s) {
   constexpr int kVec = 16 / sizeof(TT);
-  const unsigned grid = cuda_util::GridFor(l.num_ids, kWarpsPerBlock);
   TT* table = static_cast<TT*>(t.data);
   const GT* g = static_cast<const GT*>(grad);
   const bool vec = t.dim % kVec == 0 && Aligned16(t.data) && Aligned16(grad);
-  const int64_t chunk = 32 * (vec ? kVec : 1);
-#define RECFLEET_ADAGRAD(V, SINGLE)                                                          \
-  AdagradKernel<TT, GT, V, SINGLE><<<grid, kWarpsPerBlock * 32, 0, s>>>(                     \
-      table, t.dim, g, l, unique_ids, counts, starts, num_runs, positions, pos_bag, lr, eps, \
-      momentum)
+  const int v = vec ? kVec : 1;
+  const int64_t vectors = (t.dim + v - 1) / v;
+  const int chunks = vectors > 128 ? 0 : (vectors >= 32 ? 4 : (vectors >= 16 ? 2 : 1));
+  const int group = chunks == 0 ? 32 : GroupFor((vectors + chunks - 1) / chunks, 1);
+  const unsigned grid = cuda_util::GridFor(l.num_ids, kWarpsPerBlock * (32 / group));
+#define RECFLEET_ADAGRAD(V, C)                                                                \
+  AdagradKernel<TT, GT, V, C><<<grid, kWarpsPerBlock * 32, 0, s>>>(                           \
+      table, t.dim, g, l, unique_ids, counts, starts, num_runs, bag_of, lr, eps, momentum, group)
   if (vec) {
-    if (t.dim <= chunk) {
-      RECFLEET_ADAGRAD(kVec, true);
-    } else {
-      RECFLEET_ADAGRAD(kVec, false);
+    switch (chunks) {
+      case 1: RECFLEET_ADAGRAD(kVec, 1); break;
+      case 2: RECFLEET_ADAGRAD(kVec, 2); break;
+      case 4: RECFLEET_ADAGRAD(kVec, 4); break;
+      default: RECFLEET_ADAGRAD(kVec, 0); break;
     }
-  } else if (t.dim <= chunk) {
-    RECFLEET_ADAGRAD(1, true);
+  } else if (chunks != 0) {
+    RECFLEET_ADAGRAD(1, 4);
   } else {
-    RECFLEET_ADAGRAD(1, false);
+    RECFLEET_ADAGRAD(1, 0);
   }
 #undef RECFLEET_ADAGRAD
 }
@@ -254,7 +307,6 @@ cudaError_t BackwardAdagrad(const Table& table, const Lookup& lookup, const void
   if (n > INT32_MAX) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int bits = KeyBits(table.rows);
-  const bool pooled = lookup.offsets != nullptr;
 
   // Temporary storage: sized in a dry run of the arena (null base), then
   // allocated once.
@@ -271,14 +323,13 @@ cudaError_t BackwardAdagrad(const Table& table, const Lookup& lookup, const void
   err = cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const int*>(nullptr),
                                       static_cast<int*>(nullptr), static_cast<int>(n), s);
   if (err != cudaSuccess) return err;
-  auto layout = [&](Arena& a, long long** keys, long long** sorted_keys, int** pos,
-                    int** sorted_pos, int** pos_bag, long long** unique_ids, int** counts,
-                    int** starts, int** num_runs, void** temp) {
+  auto layout = [&](Arena& a, long long** keys, long long** sorted_keys, int** bags,
+                    int** sorted_bags, long long** unique_ids, int** counts, int** starts,
+                    int** num_runs, void** temp) {
     *keys = a.Take<long long>(n);
     *sorted_keys = a.Take<long long>(n);
-    *pos = a.Take<int>(n);
-    *sorted_pos = a.Take<int>(n);
-    *pos_bag = pooled ? a.Take<int>(n) : nullptr;
+    *bags = a.Take<int>(n);
+    *sorted_bags = a.Take<int>(n);
     *unique_ids = a.Take<long long>(n);
     *counts = a.Take<int>(n);
     *starts = a.Take<int>(n);
@@ -286,24 +337,24 @@ cudaError_t BackwardAdagrad(const Table& table, const Lookup& lookup, const void
     *temp = a.Take<char>(std::max(sort_bytes, std::max(rle_bytes, scan_bytes)));
   };
   long long *keys, *sorted_keys, *unique_ids;
-  int *pos, *sorted_pos, *pos_bag, *counts, *starts, *num_runs;
+  int *bags, *sorted_bags, *counts, *starts, *num_runs;
   void* temp;
   Arena sizing;
-  layout(sizing, &keys, &sorted_keys, &pos, &sorted_pos, &pos_bag, &unique_ids, &counts, &starts,
+  layout(sizing, &keys, &sorted_keys, &bags, &sorted_bags, &unique_ids, &counts, &starts,
          &num_runs, &temp);
   Arena arena;
   err = cudaMallocAsync(reinterpret_cast<void**>(&arena.base), sizing.used, s);
   if (err != cudaSuccess) return err;
-  layout(arena, &keys, &sorted_keys, &pos, &sorted_pos, &pos_bag, &unique_ids, &counts, &starts,
+  layout(arena, &keys, &sorted_keys, &bags, &sorted_bags, &unique_ids, &counts, &starts,
          &num_runs, &temp);
 
-  const int64_t bags = pooled ? lookup.bags : n;
   Lookup prep = lookup;
-  prep.bags = bags;
-  PrepareKernel<<<cuda_util::GridFor(bags, 256), 256, 0, s>>>(prep, keys, pos, pos_bag);
+  prep.bags = lookup.offsets != nullptr ? lookup.bags : n;
+  PrepareKernel<<<cuda_util::GridFor(prep.bags, kWarpsPerBlock), kWarpsPerBlock * 32, 0, s>>>(
+      prep, keys, bags);
   err = cudaGetLastError();
   if (err == cudaSuccess) {
-    err = cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys, sorted_keys, pos, sorted_pos,
+    err = cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys, sorted_keys, bags, sorted_bags,
                                           static_cast<int>(n), 0, bits, s);
   }
   if (err == cudaSuccess) {
@@ -317,20 +368,20 @@ cudaError_t BackwardAdagrad(const Table& table, const Lookup& lookup, const void
     if (table.bf16) {
       if (grad_bf16) {
         LaunchAdagrad<__nv_bfloat16, __nv_bfloat16>(table, lookup, grad, unique_ids, counts,
-                                                     starts, num_runs, sorted_pos, pos_bag,
-                                                     learning_rate, eps, momentum, s);
+                                                     starts, num_runs, sorted_bags, learning_rate,
+                                                     eps, momentum, s);
       } else {
         LaunchAdagrad<__nv_bfloat16, float>(table, lookup, grad, unique_ids, counts, starts,
-                                            num_runs, sorted_pos, pos_bag, learning_rate, eps,
-                                            momentum, s);
+                                            num_runs, sorted_bags, learning_rate, eps, momentum,
+                                            s);
       }
     } else if (grad_bf16) {
       LaunchAdagrad<float, __nv_bfloat16>(table, lookup, grad, unique_ids, counts, starts,
-                                          num_runs, sorted_pos, pos_bag, learning_rate, eps,
-                                          momentum, s);
+                                          num_runs, sorted_bags, learning_rate, eps, momentum,
+                                          s);
     } else {
       LaunchAdagrad<float, float>(table, lookup, grad, unique_ids, counts, starts, num_runs,
-                                  sorted_pos, pos_bag, learning_rate, eps, momentum, s);
+                                  sorted_bags, learning_rate, eps, momentum, s);
     }
     err = cudaGetLastError();
   }

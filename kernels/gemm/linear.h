@@ -27,7 +27,10 @@
 // CUDA GEMMs run through cuBLASLt on `stream` (cudaStream_t; nullptr = legacy
 // default stream), asynchronously; FP8 operand quantization takes temporary
 // device memory with cudaMallocAsync on that stream. Calls are reentrant
-// (cuBLASLt handles and workspaces are per thread).
+// (one cuBLASLt handle per thread; workspaces are stream-ordered per call).
+// CUDA limits: kFp8Block needs m, n and k divisible by 16; kNative needs both
+// operands of one dtype (and an fp32 output for fp32 operands); otherwise
+// InvalidArgument names the fix.
 
 #include <cstdint>
 

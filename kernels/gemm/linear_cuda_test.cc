@@ -47,7 +47,7 @@ void Check(GemmPrecision p, DType in, DType out, int64_t m, int64_t n, int64_t k
                        dy = RandomTensor(in, m * n), bias = RandomTensor(DType::kFloat32, n);
   DeviceBuffer dx_(x), dw_(w), ddy(dy), dbias(bias);
   const size_t es = DTypeSize(out);
-  std::vector<uint8_t> y(m * n * es), gx(m * k * es), gw(n * k * es), gb(n * 4);
+  std::vector<uint8_t> y(m * n * es), gx(m * k * es);
   std::vector<uint8_t> gw_acc = RandomTensor(out, n * k), gb_acc = RandomTensor(DType::kFloat32, n);
   DeviceBuffer dy_out(y.size()), dgx(gx.size()), dgw(gw_acc), dgb(gb_acc);
   auto h = [](std::vector<uint8_t>& v, DType t, Shape s) { return MakeView(v.data(), t, std::move(s)); };

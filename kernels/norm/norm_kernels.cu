@@ -94,11 +94,12 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(Params p) {
     }
     const float scale = minifloat::BlockScale(cuda_util::WarpMax(amax), fmax, false);
     if (lane == 0) p.y_scales[row * segs + seg] = scale;
+    const float inv = minifloat::Reciprocal(scale);
     uint8_t* y8 = static_cast<uint8_t*>(p.y);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t c = seg * kSeg + lane * 4 + j;
-      if (c < dim) y8[base + c] = minifloat::Encode(spec, v[j] / scale);
+      if (c < dim) y8[base + c] = minifloat::Encode(spec, v[j] * inv);
     }
   }
 }

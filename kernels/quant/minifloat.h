@@ -1,15 +1,20 @@
 #ifndef RECFLEET_KERNELS_QUANT_MINIFLOAT_H_
 #define RECFLEET_KERNELS_QUANT_MINIFLOAT_H_
 
-// FP8 encoding shared verbatim by the CPU references and the CUDA kernels
-// (every function is __host__ __device__ under nvcc), so both devices produce
-// the same bits for the same float input: round-to-nearest-even or
-// stochastic rounding, saturating to the largest finite value.
+// FP8 encoding shared by the CPU references and the CUDA kernels (every
+// function is __host__ __device__ under nvcc), so both devices produce the
+// same bits for the same float input: round-to-nearest-even or stochastic
+// rounding, saturating to the largest finite value. On the device the
+// nearest-even conversions use the hardware's cvt.rn.satfinite, which
+// computes the same function as the portable code used on the host (the
+// GPU tests check bit equality).
 
 #include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #define RECFLEET_HD __host__ __device__ __forceinline__
 #else
 #define RECFLEET_HD inline
@@ -32,6 +37,10 @@ constexpr uint8_t kNaNCode = 0x7F;
 
 // Magnitude of a non-NaN code without its sign bit (E5M2's 0x7C is +inf).
 RECFLEET_HD float DecodeMagnitude(const Spec& s, uint32_t mag) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(
+      static_cast<__nv_fp8_storage_t>(mag), s.max_code == 0x7B ? __NV_E5M2 : __NV_E4M3)));
+#endif
   if (s.max_code == 0x7B && mag == 0x7C) return INFINITY;
   const int exp_field = static_cast<int>(mag >> s.man_bits);
   const int man = static_cast<int>(mag & ((1u << s.man_bits) - 1));
@@ -49,6 +58,9 @@ RECFLEET_HD float Decode(const Spec& s, uint8_t bits) {
 
 // Round-to-nearest-even code of a magnitude a >= 0 (not NaN), saturated.
 RECFLEET_HD uint32_t EncodeMagnitudeNearest(const Spec& s, float a) {
+#if defined(__CUDA_ARCH__)
+  return __nv_cvt_float_to_fp8(a, __NV_SATFINITE, s.max_code == 0x7B ? __NV_E5M2 : __NV_E4M3);
+#endif
   const int min_exp = 1 - s.bias;  // exponent of the smallest normal
   uint32_t code;
   if (a < ldexpf(1.0f, min_exp)) {
@@ -92,6 +104,9 @@ RECFLEET_HD uint32_t EncodeMagnitudeStochastic(const Spec& s, float a, float u) 
 
 RECFLEET_HD uint8_t Encode(const Spec& s, float x) {
   if (std::isnan(x)) return kNaNCode;
+#if defined(__CUDA_ARCH__)
+  return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, s.max_code == 0x7B ? __NV_E5M2 : __NV_E4M3);
+#endif
   const uint32_t sign = std::signbit(x) ? 0x80u : 0u;
   return static_cast<uint8_t>(sign | EncodeMagnitudeNearest(s, fabsf(x)));
 }
@@ -121,7 +136,8 @@ RECFLEET_HD float RandomSign(uint64_t seed, int64_t col) {
 
 // Dequantization scale of a block with absolute maximum `amax` for a format
 // whose largest finite value is `fmax`: amax / fmax (fp32), or 1 for an
-// all-zero block. With `power_of_two`, the smallest power of two >= that
+// all-zero block. Elements are encoded as x * (1 / scale), the reciprocal
+// taken once per block in fp32 (see Reciprocal). With `power_of_two`, the smallest power of two >= that
 // ratio (an E8M0 value, exponent clamped to [-127, 127]), so the block never
 // saturates and its scale survives any exact transposition or packing.
 RECFLEET_HD float BlockScale(float amax, float fmax, bool power_of_two) {
@@ -134,6 +150,10 @@ RECFLEET_HD float BlockScale(float amax, float fmax, bool power_of_two) {
   p = p < -127 ? -127 : (p > 127 ? 127 : p);
   return ldexpf(1.0f, p);
 }
+
+// The per-block multiplier applied before encoding: 1 / scale, rounded to
+// fp32 once, so that every element costs one multiply.
+RECFLEET_HD float Reciprocal(float scale) { return 1.0f / scale; }
 
 }  // namespace recfleet::minifloat
 

@@ -47,9 +47,10 @@ absl::Status QuantizeCpu(const TensorView& x, const QuantizeConfig& config, bool
       } else {
         scales.as<float>()[bi * scale_cols + bj] = s;
       }
+      const float inv = minifloat::Reciprocal(s);
       for (int64_t i = bi * b.rows; i < i1; ++i) {
         for (int64_t j = bj * b.cols; j < j1; ++j) {
-          const float v = load(i, j) / s;
+          const float v = load(i, j) * inv;
           const int64_t k = i * cols + j;
           q.as<uint8_t>()[k] =
               config.rounding == Rounding::kStochastic

@@ -12,9 +12,19 @@ using cuda_util::ElemType;
 using cuda_util::LoadF;
 using cuda_util::StoreF;
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+constexpr int kThreads = 256;  // Hadamard and elementwise kernels
 constexpr int kTileCols = 128;  // 32 lanes x 4 consecutive columns
+
+// Quantize tiles: TR rows x 128 columns, WARPS warps, RPT rows per thread.
+// The 128-row tiles use 16 warps (8 rows per thread) so the tile fits in
+// registers without limiting occupancy.
+template <int XR>
+struct TileShape {
+  static constexpr int kRows = XR == 1 ? 32 : XR;
+  static constexpr int kWarps = XR == 128 ? 16 : 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowsPerThread = kRows / kWarps;
+};
 
 __device__ __forceinline__ uint8_t ToE8M0(float pow2) {
   int e;
@@ -50,12 +60,17 @@ __device__ __forceinline__ void Load4(const QuantizeArgs& a, bool vec_ok, int64_
 // holds rows w + 8i and columns 4l..4l+3. (XR, XC) is the scale block in
 // x's orientation; the amax reduction follows its shape.
 template <int XR, int XC, bool kT>
-__global__ void __launch_bounds__(kThreads) QuantizeKernel(QuantizeArgs a, bool vec_ok) {
-  constexpr int TR = XR == 1 ? 32 : XR;
-  constexpr int RPT = TR / kWarps;  // rows per thread
+__global__ void __launch_bounds__(TileShape<XR>::kThreads)
+    QuantizeKernel(QuantizeArgs a, bool vec_ok) {
+  constexpr int TR = TileShape<XR>::kRows;
+  constexpr int kWarps = TileShape<XR>::kWarps;
+  constexpr int RPT = TileShape<XR>::kRowsPerThread;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * TR;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTileCols;
+  // Column tiles vary fastest across consecutive blocks, so blocks running
+  // together read whole rows (DRAM-page friendly) rather than a column slab.
+  const int64_t col_tiles = (a.cols + kTileCols - 1) / kTileCols;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_tiles * TR;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) % col_tiles * kTileCols;
   const int64_t cl = c0 + lane * 4;  // this thread's first column
   float v[RPT][4];
 #pragma unroll
@@ -154,8 +169,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(QuantizeArgs a, bool 
     const int64_t r = r0 + warp + kWarps * i;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float s = scale[XR == 1 ? i : 0][XC == 1 ? j : 0];
-      const float x = v[i][j] / s;
+      const float x = v[i][j] * minifloat::Reciprocal(scale[XR == 1 ? i : 0][XC == 1 ? j : 0]);
       if (a.stochastic) {
         const int64_t c = cl + j;
         const uint64_t k = kT ? static_cast<uint64_t>(c * a.rows + r)
@@ -185,8 +199,9 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(QuantizeArgs a, bool 
     }
   } else {
     // Transpose through shared memory: q row = x column, TR bytes each.
-    constexpr int kPitch = TR + 4;
-    __shared__ __align__(16) uint8_t tile[kTileCols * kPitch];
+    // Odd pitch: the 32 lanes' byte writes land in 32 different banks.
+    constexpr int kPitch = TR + 1;
+    __shared__ uint8_t tile[kTileCols * kPitch];
 #pragma unroll
     for (int i = 0; i < RPT; ++i) {
 #pragma unroll
@@ -194,14 +209,15 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(QuantizeArgs a, bool 
     }
     __syncthreads();
     constexpr int kWordsPerRow = TR / 4;
-    for (int w = threadIdx.x; w < kTileCols * kWordsPerRow; w += kThreads) {
+    for (int w = threadIdx.x; w < kTileCols * kWordsPerRow; w += TileShape<XR>::kThreads) {
       const int cc = w / kWordsPerRow, rr = (w % kWordsPerRow) * 4;
       const int64_t qr = c0 + cc, qc = r0 + rr;  // q coordinates
       if (qr >= a.cols || qc >= a.rows) continue;
       uint8_t* out = a.q + qr * a.rows + qc;
       const uint8_t* src = tile + cc * kPitch + rr;
       if (a.rows % 4 == 0) {
-        *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(src);
+        *reinterpret_cast<uint32_t*>(out) = src[0] | (src[1] << 8) | (src[2] << 16) |
+                                            (static_cast<uint32_t>(src[3]) << 24);
       } else {
         for (int j = 0; j < 4 && qc + j < a.rows; ++j) out[j] = src[j];
       }
@@ -211,12 +227,14 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(QuantizeArgs a, bool 
 
 template <int XR, int XC, bool kT>
 cudaError_t Launch(const QuantizeArgs& a, cudaStream_t s) {
-  constexpr int TR = XR == 1 ? 32 : XR;
+  constexpr int TR = TileShape<XR>::kRows;
   const bool vec_ok = a.cols % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(a.x) % (a.x_type == 0 ? 16 : 8) == 0;
-  const dim3 grid(cuda_util::GridFor(a.rows, TR), cuda_util::GridFor(a.cols, kTileCols));
-  if (grid.y > 65535) return cudaErrorInvalidConfiguration;
-  QuantizeKernel<XR, XC, kT><<<grid, kThreads, 0, s>>>(a, vec_ok);
+  const int64_t blocks = static_cast<int64_t>(cuda_util::GridFor(a.rows, TR)) *
+                         cuda_util::GridFor(a.cols, kTileCols);
+  if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
+  const unsigned grid = static_cast<unsigned>(blocks);
+  QuantizeKernel<XR, XC, kT><<<grid, TileShape<XR>::kThreads, 0, s>>>(a, vec_ok);
   return cudaGetLastError();
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/status.h"
@@ -40,6 +41,13 @@ class RpcGuard {
   const BearerAuth* auth_;
   RpcMetrics* metrics_;
 };
+
+// Moves a domain call's value into the RPC response; returns its status.
+template <typename T>
+absl::Status FillResponse(absl::StatusOr<T> result, T* response) {
+  if (result.ok()) *response = *std::move(result);
+  return result.status();
+}
 
 }  // namespace recfleet
 

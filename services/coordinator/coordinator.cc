@@ -458,7 +458,9 @@ absl::StatusOr<std::vector<Coordinator::JobEvent>> Coordinator::WaitJobEvents(
       }
       return out;
     }
-    if (stop_.HasBeenNotified()) return std::vector<JobEvent>();
+    if (stop_.HasBeenNotified()) {
+      return absl::UnavailableError("the coordinator is shutting down; watch again later");
+    }
     if (events_cv_.WaitWithDeadline(&mu_, deadline)) return std::vector<JobEvent>();
   }
 }

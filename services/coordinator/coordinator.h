@@ -87,7 +87,8 @@ class Coordinator {
   // latest event, then the events after a sequence number. WaitJobEvents
   // blocks until at least one event exists or `deadline` passes (then it
   // returns none). A caller that fell more than watch_buffer events behind
-  // gets one SNAPSHOT event instead of the missed ones.
+  // gets one SNAPSHOT event instead of the missed ones. UNAVAILABLE once
+  // Shutdown() has been called.
   using JobEvent = std::pair<int64_t, ::recfleet::v1::WatchJobResponse>;
   absl::StatusOr<JobEvent> WatchSnapshot(const std::string& name);
   absl::StatusOr<std::vector<JobEvent>> WaitJobEvents(const std::string& name, int64_t after,

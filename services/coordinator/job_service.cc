@@ -6,43 +6,32 @@ namespace recfleet::coordinator {
 
 using ::recfleet::v1::WatchJobResponse;
 
-namespace {
-
-// Copies a StatusOr's value into the response and returns its status.
-template <typename T>
-absl::Status Fill(absl::StatusOr<T> result, T* response) {
-  if (result.ok()) *response = *std::move(result);
-  return result.status();
-}
-
-}  // namespace
-
 grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context,
                                        const ::recfleet::v1::CreateJobRequest* request,
                                        ::recfleet::v1::Job* response) {
   return guard_->Run(*context, "CreateJob",
-                     [&] { return Fill(coordinator_->CreateJob(*request), response); });
+                     [&] { return FillResponse(coordinator_->CreateJob(*request), response); });
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
                                     const ::recfleet::v1::GetJobRequest* request,
                                     ::recfleet::v1::Job* response) {
   return guard_->Run(*context, "GetJob",
-                     [&] { return Fill(coordinator_->GetJob(*request), response); });
+                     [&] { return FillResponse(coordinator_->GetJob(*request), response); });
 }
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       const ::recfleet::v1::ListJobsRequest* request,
                                       ::recfleet::v1::ListJobsResponse* response) {
   return guard_->Run(*context, "ListJobs",
-                     [&] { return Fill(coordinator_->ListJobs(*request), response); });
+                     [&] { return FillResponse(coordinator_->ListJobs(*request), response); });
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        const ::recfleet::v1::CancelJobRequest* request,
                                        ::recfleet::v1::Job* response) {
   return guard_->Run(*context, "CancelJob",
-                     [&] { return Fill(coordinator_->CancelJob(*request), response); });
+                     [&] { return FillResponse(coordinator_->CancelJob(*request), response); });
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,

@@ -6,12 +6,6 @@ namespace recfleet::coordinator {
 
 namespace {
 
-template <typename T>
-absl::Status Fill(absl::StatusOr<T> result, T* response) {
-  if (result.ok()) *response = *std::move(result);
-  return result.status();
-}
-
 // Runs a non-blocking handler and finishes the call at once.
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const RpcGuard* guard,
                                 const char* method, const std::function<absl::Status()>& fn) {
@@ -26,21 +20,21 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::RegisterWorker(
     grpc::CallbackServerContext* context, const ::recfleet::v1::RegisterWorkerRequest* request,
     ::recfleet::v1::RegisterWorkerResponse* response) {
   return Unary(context, guard_, "RegisterWorker",
-               [&] { return Fill(coordinator_->RegisterWorker(*request), response); });
+               [&] { return FillResponse(coordinator_->RegisterWorker(*request), response); });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
     grpc::CallbackServerContext* context, const ::recfleet::v1::HeartbeatRequest* request,
     ::recfleet::v1::HeartbeatResponse* response) {
   return Unary(context, guard_, "Heartbeat",
-               [&] { return Fill(coordinator_->Heartbeat(*request), response); });
+               [&] { return FillResponse(coordinator_->Heartbeat(*request), response); });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportStep(
     grpc::CallbackServerContext* context, const ::recfleet::v1::ReportStepRequest* request,
     ::recfleet::v1::ReportStepResponse* response) {
   return Unary(context, guard_, "ReportStep",
-               [&] { return Fill(coordinator_->ReportStep(*request), response); });
+               [&] { return FillResponse(coordinator_->ReportStep(*request), response); });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvSet(grpc::CallbackServerContext* context,
@@ -53,7 +47,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(grpc::CallbackServerContext* 
                                                    const ::recfleet::v1::KvGetRequest* request,
                                                    ::recfleet::v1::KvGetResponse* response) {
   return Unary(context, guard_, "KvGet",
-               [&] { return Fill(coordinator_->KvGet(*request), response); });
+               [&] { return FillResponse(coordinator_->KvGet(*request), response); });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvWait(grpc::CallbackServerContext* context,

@@ -37,8 +37,8 @@ absl::StatusOr<std::unique_ptr<DataLoaderClient>> DataLoaderClient::Connect(
   std::unique_ptr<DataLoaderClient> c(new DataLoaderClient());
   c->channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   if (!c->channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
-    return absl::UnavailableError(
-        absl::StrCat("data loader at ", target, " unreachable within ", absl::FormatDuration(timeout)));
+    return absl::UnavailableError(absl::StrCat("data loader at ", target, " unreachable within ",
+                                               absl::FormatDuration(timeout)));
   }
   c->stub_ = recfleet::v1::DataLoader::NewStub(c->channel_);
   grpc::ClientContext ctx;

@@ -37,8 +37,7 @@ class BatchStream {
 
  private:
   friend class DataLoaderClient;
-  BatchStream(std::shared_ptr<const data::Schema> schema)
-      : schema_(std::move(schema)) {}
+  BatchStream(std::shared_ptr<const data::Schema> schema) : schema_(std::move(schema)) {}
   std::shared_ptr<const data::Schema> schema_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReader<recfleet::v1::RankBatch>> reader_;

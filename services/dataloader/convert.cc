@@ -76,8 +76,8 @@ absl::Status RankBatchFromProto(const recfleet::v1::RankBatch& in,
                                 const std::shared_ptr<const data::Schema>& schema,
                                 data::RankBatch* out) {
   if (in.num_samples() < 0 || in.columns_size() != static_cast<int>(schema->features.size())) {
-    return absl::DataLossError(absl::StrCat("rank batch (step ", in.step(), "): ",
-                                            in.columns_size(), " columns, schema has ",
+    return absl::DataLossError(absl::StrCat("rank batch (step ", in.step(),
+                                            "): ", in.columns_size(), " columns, schema has ",
                                             schema->features.size()));
   }
   out->epoch = in.epoch();
@@ -107,9 +107,9 @@ absl::Status RankBatchFromProto(const recfleet::v1::RankBatch& in,
     }
     if (f.layout == data::Layout::kJagged) {
       if (p.offsets().size() != (rows + 1) * 8) {
-        return absl::DataLossError(absl::StrCat("rank batch feature '", f.name, "': ",
-                                                p.offsets().size() / 8, " offsets for ", rows,
-                                                " samples"));
+        return absl::DataLossError(absl::StrCat("rank batch feature '", f.name,
+                                                "': ", p.offsets().size() / 8, " offsets for ",
+                                                rows, " samples"));
       }
       col.offsets.resize(rows + 1);
       std::memcpy(col.offsets.data(), p.offsets().data(), p.offsets().size());

@@ -23,8 +23,8 @@ namespace recfleet::dataloader {
 namespace {
 
 // "--name value" pairs checked against the known names.
-absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
-    const std::vector<std::string>& args, const std::set<std::string>& known) {
+absl::StatusOr<std::map<std::string, std::string>> ParseFlags(const std::vector<std::string>& args,
+                                                              const std::set<std::string>& known) {
   std::map<std::string, std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string name = args[i];
@@ -41,7 +41,8 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
     } else {
       return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
     }
-    if (!known.count(name)) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    if (!known.count(name))
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
     out[name] = value;
   }
   return out;
@@ -52,7 +53,8 @@ absl::Status GetInt(const std::map<std::string, std::string>& f, const std::stri
   auto it = f.find(name);
   if (it == f.end()) return absl::OkStatus();
   if (!absl::SimpleAtoi(it->second, v)) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, ": '", it->second, "' is not an integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": '", it->second, "' is not an integer"));
   }
   return absl::OkStatus();
 }
@@ -60,29 +62,39 @@ absl::Status GetInt(const std::map<std::string, std::string>& f, const std::stri
 int Fail(const absl::Status& s, const char* cmd) {
   std::fprintf(stderr, "recfleet data %s: %s\n", cmd, std::string(s.message()).c_str());
   switch (s.code()) {
-    case absl::StatusCode::kInvalidArgument: return cli::kExitUsage;
+    case absl::StatusCode::kInvalidArgument:
+      return cli::kExitUsage;
     case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kDeadlineExceeded: return cli::kExitUnavailable;
-    case absl::StatusCode::kNotFound: return cli::kExitNotFound;
-    default: return cli::kExitFailure;
+    case absl::StatusCode::kDeadlineExceeded:
+      return cli::kExitUnavailable;
+    case absl::StatusCode::kNotFound:
+      return cli::kExitNotFound;
+    default:
+      return cli::kExitFailure;
   }
 }
 
 int RunServe(const std::vector<std::string>& args) {
-  auto f = ParseFlags(args, {"dataset", "ranks", "batch-size", "base-batch", "micro-batches",
-                             "cost", "policy", "seed", "shuffle-blocks", "instance",
-                             "num-instances", "first-rank", "host", "port", "metrics-port",
-                             "prefetch", "length-feature", "drop-remainder"});
+  auto f = ParseFlags(
+      args, {"dataset", "ranks", "batch-size", "base-batch", "micro-batches", "cost", "policy",
+             "seed", "shuffle-blocks", "instance", "num-instances", "first-rank", "host", "port",
+             "metrics-port", "prefetch", "length-feature", "drop-remainder"});
   if (!f.ok()) return Fail(f.status(), "serve");
   data::LoaderOptions lo;
   ServerOptions so;
   int batch = 1024, micro = 1;
-  for (auto [name, ptr] : std::vector<std::pair<const char*, int*>>{
-           {"ranks", &lo.deal.ranks}, {"batch-size", &batch}, {"base-batch", &lo.deal.base_batch},
-           {"micro-batches", &micro}, {"shuffle-blocks", &lo.shuffle_blocks},
-           {"instance", &lo.instance}, {"num-instances", &lo.num_instances},
-           {"first-rank", &lo.first_rank}, {"port", &so.port}, {"metrics-port", &so.metrics_port},
-           {"prefetch", &so.service.prefetch}}) {
+  for (auto [name, ptr] :
+       std::vector<std::pair<const char*, int*>>{{"ranks", &lo.deal.ranks},
+                                                 {"batch-size", &batch},
+                                                 {"base-batch", &lo.deal.base_batch},
+                                                 {"micro-batches", &micro},
+                                                 {"shuffle-blocks", &lo.shuffle_blocks},
+                                                 {"instance", &lo.instance},
+                                                 {"num-instances", &lo.num_instances},
+                                                 {"first-rank", &lo.first_rank},
+                                                 {"port", &so.port},
+                                                 {"metrics-port", &so.metrics_port},
+                                                 {"prefetch", &so.service.prefetch}}) {
     if (auto st = GetInt(*f, name, ptr); !st.ok()) return Fail(st, "serve");
   }
   if (auto st = GetInt(*f, "seed", &lo.seed); !st.ok()) return Fail(st, "serve");
@@ -103,7 +115,8 @@ int RunServe(const std::vector<std::string>& args) {
   auto policy = data::ParsePolicy(f->count("policy") ? f->at("policy") : "recfleet");
   if (!policy.ok()) return Fail(policy.status(), "serve");
   lo.policy = *policy;
-  if (!f->count("dataset")) return Fail(absl::InvalidArgumentError("--dataset is required"), "serve");
+  if (!f->count("dataset"))
+    return Fail(absl::InvalidArgumentError("--dataset is required"), "serve");
   auto files = data::ExpandDatasetPaths(f->at("dataset"));
   if (!files.ok()) return Fail(files.status(), "serve");
   lo.files = *files;
@@ -120,12 +133,12 @@ int RunServe(const std::vector<std::string>& args) {
   auto loader_info = DataLoaderClient::Connect((*server)->address(), absl::Seconds(5));
   if (loader_info.ok()) {
     const auto& i = (*loader_info)->info();
-    std::printf("data loader serving ranks %d..%d on %s (metrics: http://%s:%d/metrics): "
-                "%lld samples, %lld steps per epoch, policy %s\n",
-                i.first_rank(), i.first_rank() + i.num_ranks() - 1,
-                (*server)->address().c_str(), so.host.c_str(), (*server)->metrics_port(),
-                static_cast<long long>(i.samples_per_epoch()),
-                static_cast<long long>(i.steps_per_epoch()), i.policy().c_str());
+    std::printf(
+        "data loader serving ranks %d..%d on %s (metrics: http://%s:%d/metrics): "
+        "%lld samples, %lld steps per epoch, policy %s\n",
+        i.first_rank(), i.first_rank() + i.num_ranks() - 1, (*server)->address().c_str(),
+        so.host.c_str(), (*server)->metrics_port(), static_cast<long long>(i.samples_per_epoch()),
+        static_cast<long long>(i.steps_per_epoch()), i.policy().c_str());
     std::fflush(stdout);
   }
   LoaderServer* s = server->get();

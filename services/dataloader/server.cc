@@ -26,9 +26,8 @@ absl::StatusOr<std::unique_ptr<LoaderServer>> LoaderServer::Start(
         absl::StrCat("data loader: cannot listen on ", options.host, ":", options.port));
   }
   if (options.metrics_port >= 0) {
-    const LoaderMetrics* m = s->metrics_data_.get();
-    auto http = MetricsHttpServer::Start(options.host, options.metrics_port,
-                                         [m] { return m->PrometheusText(); });
+    auto http = StartMetricsServer(absl::StrCat(options.host, ":", options.metrics_port),
+                                   &s->metrics_data_->registry());
     if (!http.ok()) return http.status();
     s->metrics_ = *std::move(http);
   }

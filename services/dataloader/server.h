@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "data/loader.h"
 #include "grpcpp/grpcpp.h"
+#include "services/common/http_server.h"
 #include "services/dataloader/metrics.h"
 #include "services/dataloader/service.h"
 
@@ -47,7 +48,7 @@ class LoaderServer {
   std::unique_ptr<LoaderMetrics> metrics_data_;
   std::unique_ptr<DataLoaderService> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<MetricsHttpServer> metrics_;
+  std::unique_ptr<HttpServer> metrics_;
   std::atomic<bool> shut_down_{false};
 };
 

@@ -92,27 +92,35 @@ grpc::Status DataLoaderService::GetInfo(grpc::ServerContext*, const recfleet::v1
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::shared_ptr<const data::StepBatches>> DataLoaderService::GetStep(int64_t epoch,
-                                                                                    int64_t step) {
+absl::StatusOr<std::shared_ptr<const data::StepPlan>> DataLoaderService::TakePlan(int64_t epoch,
+                                                                                  int64_t step,
+                                                                                  int rank) {
   absl::MutexLock l(&mu_);
   const auto key = std::make_pair(epoch, step);
-  for (auto it = cache_.begin(); it != cache_.end(); ++it) {
-    if (it->first == key) {
-      cache_.splice(cache_.begin(), cache_, it);
-      return cache_.front().second;
+  auto it = cache_.begin();
+  while (it != cache_.end() && it->key != key) ++it;
+  if (it == cache_.end()) {
+    auto plan = loader_->Plan(epoch, step);
+    if (!plan.ok()) return plan.status();
+    // Count each step once in the gap metrics, even if recomputed.
+    if (key > last_recorded_) {
+      metrics_->RecordStep((*plan)->gap, (*plan)->naive_gap);
+      last_recorded_ = key;
     }
+    cache_.push_front({key, *std::move(plan), std::vector<bool>(num_ranks_, false), 0});
+    if (cache_.size() > cache_capacity_) cache_.pop_back();
+    it = cache_.begin();
+  } else {
+    cache_.splice(cache_.begin(), cache_, it);
+    it = cache_.begin();
   }
-  auto computed = loader_->Step(epoch, step);
-  if (!computed.ok()) return computed.status();
-  auto shared = std::make_shared<const data::StepBatches>(*std::move(computed));
-  // Count each step once in the gap metrics, even if evicted and recomputed.
-  if (key > last_recorded_) {
-    metrics_->RecordStep(shared->gap, shared->naive_gap);
-    last_recorded_ = key;
+  std::shared_ptr<const data::StepPlan> plan = it->plan;
+  const int local = rank - first_rank_;
+  if (!it->taken[local]) {
+    it->taken[local] = true;
+    if (++it->taken_count == num_ranks_) cache_.erase(it);  // Every rank has it.
   }
-  cache_.emplace_front(key, shared);
-  if (cache_.size() > cache_capacity_) cache_.pop_back();
-  return shared;
+  return plan;
 }
 
 grpc::Status DataLoaderService::StreamBatches(grpc::ServerContext* ctx,
@@ -120,16 +128,17 @@ grpc::Status DataLoaderService::StreamBatches(grpc::ServerContext* ctx,
                                               grpc::ServerWriter<recfleet::v1::RankBatch>* writer) {
   const int rank = req->rank();
   if (rank < first_rank_ || rank >= first_rank_ + num_ranks_) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("rank ", rank, " is not served here; this loader serves ranks ",
-                                     first_rank_, "..", first_rank_ + num_ranks_ - 1));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("rank ", rank, " is not served here; this loader serves ranks ", first_rank_,
+                     "..", first_rank_ + num_ranks_ - 1));
   }
   if (req->epoch() < 0 || req->start_step() < 0 || req->end_step() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "epoch, start_step and end_step must be >= 0");
   }
-  const int64_t end = req->end_step() == 0 ? steps_per_epoch_
-                                           : std::min(req->end_step(), steps_per_epoch_);
+  const int64_t end =
+      req->end_step() == 0 ? steps_per_epoch_ : std::min(req->end_step(), steps_per_epoch_);
   if (req->start_step() >= steps_per_epoch_) {
     return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
                         absl::StrCat("start_step ", req->start_step(), " is past the epoch's ",
@@ -139,14 +148,14 @@ grpc::Status DataLoaderService::StreamBatches(grpc::ServerContext* ctx,
   BoundedQueue<Item> queue(static_cast<size_t>(std::max(1, options_.prefetch)));
   std::thread producer([&] {
     for (int64_t s = req->start_step(); s < end; ++s) {
-      auto step = GetStep(req->epoch(), s);
-      if (!step.ok()) {
-        queue.Push(step.status());
+      auto plan = TakePlan(req->epoch(), s, rank);
+      if (!plan.ok()) {
+        queue.Push(plan.status());
         break;
       }
       auto msg = std::make_unique<recfleet::v1::RankBatch>();
-      RankBatchToProto((*step)->ranks[rank - first_rank_], (*step)->gap, (*step)->naive_gap,
-                       msg.get());
+      RankBatchToProto(data::GatherRank(**plan, rank - first_rank_), (*plan)->gap,
+                       (*plan)->naive_gap, msg.get());
       if (!queue.Push(std::move(msg))) break;
     }
     queue.Close();

@@ -128,7 +128,8 @@ TEST_F(ServiceTest, LoaderRestartMidEpochDeliversEachSampleOnce) {
   }  // The loader process goes away; a new one resumes at steps / 2.
   auto second = Start(Options());
   ASSERT_NE(second, nullptr);
-  for (int r = 0; r < 2; ++r) ASSERT_TRUE(Pull(second->address(), r, steps / 2, 0, &seen, &mu).ok());
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(Pull(second->address(), r, steps / 2, 0, &seen, &mu).ok());
   ExpectExactlyOnce(seen);
 }
 
@@ -147,9 +148,8 @@ TEST_F(ServiceTest, TwoLoaderInstancesSplitTheDataset) {
   std::vector<std::thread> threads;
   std::vector<absl::Status> st(4);
   for (int rank = 0; rank < 4; ++rank) {
-    threads.emplace_back([&, rank] {
-      st[rank] = Pull(servers[rank / 2]->address(), rank, 0, 0, &seen, &mu);
-    });
+    threads.emplace_back(
+        [&, rank] { st[rank] = Pull(servers[rank / 2]->address(), rank, 0, 0, &seen, &mu); });
   }
   for (auto& t : threads) t.join();
   for (const auto& s : st) ASSERT_TRUE(s.ok()) << s;

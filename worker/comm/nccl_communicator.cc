@@ -258,7 +258,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(KvStore& store, int ra
 
   cudaStream_t stream = nullptr;
   int* scratch = nullptr;
-  err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  // A blocking stream, on purpose: its work waits for work queued before it
+  // on the legacy default stream, which includes the tail of a cudaMemcpy
+  // from pageable memory (that call may return before its DMA lands). So a
+  // buffer filled by cudaMemcpy or a kernel on the default stream is safe
+  // to pass to a collective right away.
+  err = cudaStreamCreateWithFlags(&stream, cudaStreamDefault);
   if (err == cudaSuccess) err = cudaMalloc(&scratch, sizeof(int));
   if (err == cudaSuccess) err = cudaMemset(scratch, 0, sizeof(int));
   if (err != cudaSuccess) {

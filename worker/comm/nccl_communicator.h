@@ -11,6 +11,11 @@
 // peers of this rank as well, and breaks the communicator. Abort() from
 // another thread makes the polling thread abort the communicator at once.
 //
+// Ordering: each collective runs on the communicator's own stream, which
+// waits for work queued earlier on the legacy default stream (so inputs
+// written there, or by cudaMemcpy, are complete), and the call returns only
+// after that stream finished, so its outputs are ready for any stream.
+//
 // Rendezvous: rank 0 creates the NCCL unique id and publishes it in the
 // store under "nccl_unique_id"; the others wait for it (bounded by the
 // timeout), so a rank that never arrives fails the others' ConnectNccl.

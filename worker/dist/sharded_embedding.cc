@@ -9,8 +9,53 @@ namespace recfleet {
 namespace dist {
 namespace {
 
-TensorView Vec(std::vector<int64_t>& v) { return MakeView(v.data(), DType::kInt64, {static_cast<int64_t>(v.size())}); }
-TensorView Vec(std::vector<float>& v) { return MakeView(v.data(), DType::kFloat32, {static_cast<int64_t>(v.size())}); }
+template <typename T>
+DType DTypeOf();
+template <>
+DType DTypeOf<int64_t>() { return DType::kInt64; }
+template <>
+DType DTypeOf<float>() { return DType::kFloat32; }
+
+// A copy of a host vector on `device`.
+template <typename T>
+absl::StatusOr<DeviceBuffer> Stage(Device device, const std::vector<T>& v) {
+  return DeviceBuffer::FromHost(device, v.data(), v.size() * sizeof(T));
+}
+
+template <typename T>
+TensorView View(const DeviceBuffer& b, int64_t n) {
+  return b.View(DTypeOf<T>(), {n});
+}
+
+// Runs the collective `op(in, out)` on host vectors through buffers on the
+// communicator's device (plain copies on the host), so routing stays host
+// logic whatever the device.
+template <typename T, typename Op>
+absl::Status Staged(Device device, const std::vector<T>& in, std::vector<T>& out, Op op) {
+  absl::StatusOr<DeviceBuffer> din = Stage(device, in);
+  if (!din.ok()) return din.status();
+  absl::StatusOr<DeviceBuffer> dout = DeviceBuffer::Zeros(device, out.size() * sizeof(T));
+  if (!dout.ok()) return dout.status();
+  absl::Status s = op(View<T>(*din, in.size()), View<T>(*dout, out.size()));
+  if (!s.ok()) return s;
+  return dout->CopyToHost(out.data(), out.size() * sizeof(T));
+}
+
+template <typename T>
+absl::Status StagedBroadcast(comm::Communicator& c, std::vector<T>& v, int root) {
+  absl::StatusOr<DeviceBuffer> d = Stage(c.device(), v);
+  if (!d.ok()) return d.status();
+  if (absl::Status s = c.Broadcast(View<T>(*d, v.size()), root); !s.ok()) return s;
+  return d->CopyToHost(v.data(), v.size() * sizeof(T));
+}
+
+template <typename T>
+absl::Status StagedAllToAll(comm::Communicator& c, const std::vector<T>& in, const std::vector<int64_t>& send_counts,
+                            std::vector<T>& out, const std::vector<int64_t>& recv_counts) {
+  return Staged(c.device(), in, out, [&](const TensorView& i, const TensorView& o) {
+    return c.AllToAll(i, send_counts, o, recv_counts);
+  });
+}
 
 int64_t Sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
@@ -74,46 +119,63 @@ absl::StatusOr<std::unique_ptr<ShardedEmbeddingCollection>> ShardedEmbeddingColl
                                                    plan.group_size(), " ranks but table_group has ",
                                                    table_group->size()));
   }
-  for (comm::Communicator* c : {table_group, replica_group}) {
-    if (c != nullptr && c->device() != Device::kCpu) {
-      return absl::InvalidArgumentError("sharded embeddings: tables live on the host; use CPU communicators");
-    }
+  if (replica_group != nullptr && replica_group->device() != table_group->device()) {
+    return absl::InvalidArgumentError("sharded embeddings: table_group and replica_group live on different devices");
   }
-  return std::unique_ptr<ShardedEmbeddingCollection>(
-      new ShardedEmbeddingCollection(std::move(plan), table_group, replica_group, optimizer));
+  const Device device = table_group->device();
+  std::vector<DeviceBuffer> shards, momenta;
+  for (int t = 0; t < plan.num_tables(); ++t) {
+    const auto range = plan.RowRange(t, table_group->rank());
+    const int64_t rows = range.second - range.first;
+    absl::StatusOr<DeviceBuffer> shard = DeviceBuffer::Zeros(device, rows * plan.table(t).dim * sizeof(float));
+    if (!shard.ok()) return shard.status();
+    absl::StatusOr<DeviceBuffer> momentum = DeviceBuffer::Zeros(device, rows * sizeof(float));
+    if (!momentum.ok()) return momentum.status();
+    shards.push_back(*std::move(shard));
+    momenta.push_back(*std::move(momentum));
+  }
+  return std::unique_ptr<ShardedEmbeddingCollection>(new ShardedEmbeddingCollection(
+      std::move(plan), table_group, replica_group, optimizer, std::move(shards), std::move(momenta)));
 }
 
 ShardedEmbeddingCollection::ShardedEmbeddingCollection(EmbeddingShardingPlan plan, comm::Communicator* table_group,
                                                        comm::Communicator* replica_group,
-                                                       RowwiseAdagradConfig optimizer)
-    : plan_(std::move(plan)), table_group_(table_group), replica_group_(replica_group), optimizer_(optimizer) {
-  shards_.resize(plan_.num_tables());
-  momenta_.resize(plan_.num_tables());
-  for (int t = 0; t < plan_.num_tables(); ++t) {
-    const auto range = plan_.RowRange(t, table_group_->rank());
-    shards_[t].assign((range.second - range.first) * plan_.table(t).dim, 0.0f);
-    momenta_[t].assign(range.second - range.first, 0.0f);
-  }
-}
+                                                       RowwiseAdagradConfig optimizer,
+                                                       std::vector<DeviceBuffer> shards,
+                                                       std::vector<DeviceBuffer> momenta)
+    : plan_(std::move(plan)),
+      table_group_(table_group),
+      replica_group_(replica_group),
+      optimizer_(optimizer),
+      device_(table_group->device()),
+      shards_(std::move(shards)),
+      momenta_(std::move(momenta)) {}
 
 TensorView ShardedEmbeddingCollection::shard(int t) {
-  return MakeView(shards_[t].data(), DType::kFloat32,
-                  {static_cast<int64_t>(momenta_[t].size()), plan_.table(t).dim});
+  const int64_t rows = static_cast<int64_t>(momenta_[t].size() / sizeof(float));
+  return shards_[t].View(DType::kFloat32, {rows, plan_.table(t).dim});
 }
 
 TensorView ShardedEmbeddingCollection::momentum(int t) {
-  return MakeView(momenta_[t].data(), DType::kFloat32, {static_cast<int64_t>(momenta_[t].size())});
+  return momenta_[t].View(DType::kFloat32, {static_cast<int64_t>(momenta_[t].size() / sizeof(float))});
 }
 
-void ShardedEmbeddingCollection::Initialize(const std::function<float(int, int64_t, int64_t)>& value) {
+absl::Status ShardedEmbeddingCollection::Initialize(const std::function<float(int, int64_t, int64_t)>& value) {
   for (int t = 0; t < plan_.num_tables(); ++t) {
     const int64_t first = plan_.RowRange(t, table_group_->rank()).first;
     const int64_t dim = plan_.table(t).dim;
-    for (size_t r = 0; r < momenta_[t].size(); ++r) {
-      for (int64_t c = 0; c < dim; ++c) shards_[t][r * dim + c] = value(t, first + r, c);
-      momenta_[t][r] = 0.0f;
+    const int64_t rows = shard(t).dim(0);
+    std::vector<float> rows_host(rows * dim);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < dim; ++c) rows_host[r * dim + c] = value(t, first + r, c);
     }
+    if (absl::Status s = shards_[t].CopyFromHost(rows_host.data(), rows_host.size() * sizeof(float)); !s.ok()) {
+      return s;
+    }
+    const std::vector<float> zeros(rows, 0.0f);
+    if (absl::Status s = momenta_[t].CopyFromHost(zeros.data(), zeros.size() * sizeof(float)); !s.ok()) return s;
   }
+  return absl::OkStatus();
 }
 
 absl::Status ShardedEmbeddingCollection::CheckIds(absl::Span<const JaggedView> ids) const {
@@ -146,7 +208,7 @@ absl::Status ShardedEmbeddingCollection::CheckPerTable(absl::Span<const TensorVi
   for (int t = 0; t < plan_.num_tables(); ++t) {
     const std::string name = absl::StrCat(what, "[", t, "] ('", plan_.table(t).name, "')");
     if (absl::Status s = CheckDType(views[t], name, {DType::kFloat32}); !s.ok()) return s;
-    if (absl::Status s = CheckDevice(views[t], name, Device::kCpu); !s.ok()) return s;
+    if (absl::Status s = CheckDevice(views[t], name, device_); !s.ok()) return s;
     if (absl::Status s = CheckRank(views[t], name, 2); !s.ok()) return s;
     if (absl::Status s = CheckDim(views[t], name, 1, plan_.table(t).dim); !s.ok()) return s;
   }
@@ -171,7 +233,10 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
 
   // Every rank's bag counts fix how many bags it sends each owner.
   pending_.bags.assign(group * num_tables, 0);
-  if (absl::Status s = table_group_->AllGather(Vec(my_bags), Vec(pending_.bags)); !s.ok()) return s;
+  absl::Status gathered = Staged(device_, my_bags, pending_.bags, [&](const TensorView& in, const TensorView& out) {
+    return table_group_->AllGather(in, out);
+  });
+  if (!gathered.ok()) return gathered;
 
   // Per owner, per table it holds, per bag: how many ids of the bag it owns,
   // and those ids as local rows.
@@ -199,7 +264,7 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
     for (int t : mine) len_recv_counts[p] += Bags(p, t);
   }
   std::vector<int64_t> len_recv(Sum(len_recv_counts));
-  if (absl::Status s = table_group_->AllToAll(Vec(len_send), len_counts, Vec(len_recv), len_recv_counts); !s.ok()) {
+  if (absl::Status s = StagedAllToAll(*table_group_, len_send, len_counts, len_recv, len_recv_counts); !s.ok()) {
     return s;
   }
   std::vector<int64_t> id_recv_counts(group, 0);
@@ -207,7 +272,7 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
     for (int64_t i = 0; i < len_recv_counts[p]; ++i) id_recv_counts[p] += len_recv[pos++];
   }
   std::vector<int64_t> id_recv(Sum(id_recv_counts));
-  if (absl::Status s = table_group_->AllToAll(Vec(id_send), id_counts, Vec(id_recv), id_recv_counts); !s.ok()) {
+  if (absl::Status s = StagedAllToAll(*table_group_, id_send, id_counts, id_recv, id_recv_counts); !s.ok()) {
     return s;
   }
 
@@ -232,10 +297,17 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
     const int t = mine[k];
     const int64_t served = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
     partial[k].resize(served * plan_.table(t).dim);
-    JaggedView bags{Vec(pending_.ids[k]), Vec(pending_.offsets[k])};
+    absl::StatusOr<DeviceBuffer> ids_dev = Stage(device_, pending_.ids[k]);
+    if (!ids_dev.ok()) return ids_dev.status();
+    absl::StatusOr<DeviceBuffer> offsets_dev = Stage(device_, pending_.offsets[k]);
+    if (!offsets_dev.ok()) return offsets_dev.status();
+    absl::StatusOr<DeviceBuffer> out_dev = Stage(device_, partial[k]);
+    if (!out_dev.ok()) return out_dev.status();
+    JaggedView bags{View<int64_t>(*ids_dev, pending_.ids[k].size()), View<int64_t>(*offsets_dev, served + 1)};
     absl::Status s = EmbeddingBagForward(shard(t), bags, Pooling::kSum,
-                                         MakeView(partial[k].data(), DType::kFloat32, {served, plan_.table(t).dim}));
+                                         out_dev->View(DType::kFloat32, {served, plan_.table(t).dim}));
     if (!s.ok()) return s;
+    if (s = out_dev->CopyToHost(partial[k].data(), partial[k].size() * sizeof(float)); !s.ok()) return s;
   }
 
   // Send each source its bags' vectors; receive ours from every owner.
@@ -255,27 +327,29 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
     for (int t : plan_.TablesOn(d)) emb_recv_counts[d] += my_bags[t] * plan_.table(t).dim;
   }
   std::vector<float> emb_recv(Sum(emb_recv_counts));
-  if (absl::Status s = table_group_->AllToAll(Vec(emb_send), emb_counts, Vec(emb_recv), emb_recv_counts); !s.ok()) {
+  if (absl::Status s = StagedAllToAll(*table_group_, emb_send, emb_counts, emb_recv, emb_recv_counts); !s.ok()) {
     return s;
   }
 
-  for (int t = 0; t < num_tables; ++t) std::fill(out[t].as<float>(), out[t].as<float>() + out[t].numel(), 0.0f);
+  std::vector<std::vector<float>> result(num_tables);
+  for (int t = 0; t < num_tables; ++t) result[t].assign(my_bags[t] * plan_.table(t).dim, 0.0f);
   for (int d = 0, pos = 0; d < group; ++d) {
     for (int t : plan_.TablesOn(d)) {
-      float* o = out[t].as<float>();
-      for (int64_t i = 0; i < my_bags[t] * plan_.table(t).dim; ++i) o[i] += emb_recv[pos++];
+      for (float& x : result[t]) x += emb_recv[pos++];
     }
   }
   pending_.own_lengths.assign(num_tables, {});
   for (int t = 0; t < num_tables; ++t) {
     for (int64_t b = 0; b < my_bags[t]; ++b) pending_.own_lengths[t].push_back(ids[t].length(b));
-    if (plan_.table(t).pooling != Pooling::kMean) continue;
-    const int64_t dim = plan_.table(t).dim;
-    for (int64_t b = 0; b < my_bags[t]; ++b) {
-      const int64_t n = pending_.own_lengths[t][b];
-      if (n == 0) continue;
-      for (int64_t c = 0; c < dim; ++c) out[t].as<float>()[b * dim + c] /= n;
+    if (plan_.table(t).pooling == Pooling::kMean) {
+      const int64_t dim = plan_.table(t).dim;
+      for (int64_t b = 0; b < my_bags[t]; ++b) {
+        const int64_t n = pending_.own_lengths[t][b];
+        if (n == 0) continue;
+        for (int64_t c = 0; c < dim; ++c) result[t][b * dim + c] /= n;
+      }
     }
+    if (absl::Status s = CopyHostToView(result[t].data(), out[t]); !s.ok()) return s;
   }
   pending_.valid = true;
   return absl::OkStatus();
@@ -305,7 +379,8 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
     for (int t : plan_.TablesOn(d)) {
       const int64_t dim = plan_.table(t).dim;
       const bool mean = plan_.table(t).pooling == Pooling::kMean;
-      const float* g = grads[t].as<const float>();
+      std::vector<float> g(grads[t].numel());
+      if (absl::Status s = CopyViewToHost(grads[t], g.data()); !s.ok()) return s;
       const std::vector<int64_t>& lengths = pending_.own_lengths[t];
       for (size_t b = 0; b < lengths.size(); ++b) {
         const float scale = mean && lengths[b] > 0 ? 1.0f / static_cast<float>(lengths[b]) : 1.0f;
@@ -318,7 +393,7 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
     for (int t : mine) recv_counts[p] += Bags(p, t) * plan_.table(t).dim;
   }
   std::vector<float> recv(Sum(recv_counts));
-  if (absl::Status s = table_group_->AllToAll(Vec(send), send_counts, Vec(recv), recv_counts); !s.ok()) return s;
+  if (absl::Status s = StagedAllToAll(*table_group_, send, send_counts, recv, recv_counts); !s.ok()) return s;
 
   // Per local table, gradients of the served bags in (source, bag) order:
   // the order of pending_.offsets.
@@ -336,10 +411,15 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
   for (int k = 0; k < num_mine; ++k) {
     const int t = mine[k];
     const int64_t bags = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
-    JaggedView jagged{Vec(pending_.ids[k]), Vec(pending_.offsets[k])};
-    absl::Status s = EmbeddingBagBackwardAdagrad(
-        MakeView(served_grads[k].data(), DType::kFloat32, {bags, plan_.table(t).dim}), jagged, Pooling::kSum,
-        optimizer_, shard(t), momentum(t));
+    absl::StatusOr<DeviceBuffer> ids_dev = Stage(device_, pending_.ids[k]);
+    if (!ids_dev.ok()) return ids_dev.status();
+    absl::StatusOr<DeviceBuffer> offsets_dev = Stage(device_, pending_.offsets[k]);
+    if (!offsets_dev.ok()) return offsets_dev.status();
+    absl::StatusOr<DeviceBuffer> grads_dev = Stage(device_, served_grads[k]);
+    if (!grads_dev.ok()) return grads_dev.status();
+    JaggedView jagged{View<int64_t>(*ids_dev, pending_.ids[k].size()), View<int64_t>(*offsets_dev, bags + 1)};
+    absl::Status s = EmbeddingBagBackwardAdagrad(grads_dev->View(DType::kFloat32, {bags, plan_.table(t).dim}), jagged,
+                                                 Pooling::kSum, optimizer_, shard(t), momentum(t));
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -362,7 +442,10 @@ absl::Status ShardedEmbeddingCollection::GatherReplicas(std::vector<std::vector<
   }
   std::vector<int64_t> sizes = {static_cast<int64_t>(ints.size()), static_cast<int64_t>(floats.size())};
   std::vector<int64_t> all_sizes(2 * replicas);
-  if (absl::Status s = replica_group_->AllGather(Vec(sizes), Vec(all_sizes)); !s.ok()) return s;
+  absl::Status gathered = Staged(device_, sizes, all_sizes, [&](const TensorView& in, const TensorView& out) {
+    return replica_group_->AllGather(in, out);
+  });
+  if (!gathered.ok()) return gathered;
 
   // Every replica builds the same union, in replica-rank order.
   std::vector<std::vector<int64_t>> offsets(num_mine, std::vector<int64_t>{0}), ids(num_mine);
@@ -371,8 +454,8 @@ absl::Status ShardedEmbeddingCollection::GatherReplicas(std::vector<std::vector<
     const bool self = q == replica_group_->rank();
     std::vector<int64_t> q_ints = self ? ints : std::vector<int64_t>(all_sizes[2 * q]);
     std::vector<float> q_floats = self ? floats : std::vector<float>(all_sizes[2 * q + 1]);
-    if (absl::Status s = replica_group_->Broadcast(Vec(q_ints), q); !s.ok()) return s;
-    if (absl::Status s = replica_group_->Broadcast(Vec(q_floats), q); !s.ok()) return s;
+    if (absl::Status s = StagedBroadcast(*replica_group_, q_ints, q); !s.ok()) return s;
+    if (absl::Status s = StagedBroadcast(*replica_group_, q_floats, q); !s.ok()) return s;
     size_t pos = 0, fpos = 0;
     for (int k = 0; k < num_mine; ++k) {
       const int64_t bags = q_ints[pos++];

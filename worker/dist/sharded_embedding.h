@@ -27,7 +27,14 @@
 // its own number of bags (pooled features: one bag per sample; per-token
 // sequence lookups: one id per bag; a table serving several features: their
 // bags concatenated), and returns one [bags, dim] fp32 output per table.
-// Host (Device::kCpu) tables and CPU communicators. Not thread-safe.
+//
+// Devices: tables, outputs and gradients live on the communicators' device
+// (host with Gloo, the current CUDA device with NCCL); id lists are host
+// memory, as they come from the data loader. Routing ids and packing
+// messages happen on the host and are staged through device buffers, the
+// same code path on both devices. The staging allocates and copies on every
+// call: it is built to be right on any device, not fast on a GPU (a
+// device-side bucketing of ids would remove it). Not thread-safe.
 
 #include <functional>
 #include <memory>
@@ -40,6 +47,7 @@
 #include "kernels/embedding/embedding.h"
 #include "kernels/tensor.h"
 #include "worker/comm/communicator.h"
+#include "worker/dist/device_buffer.h"
 
 namespace recfleet {
 namespace dist {
@@ -100,14 +108,15 @@ class ShardedEmbeddingCollection {
   const EmbeddingShardingPlan& plan() const { return plan_; }
 
   // This rank's rows of table t: [RowRange(t, rank)] x dim fp32, and their
-  // Adagrad accumulators [rows] fp32. Zero rows if it holds none.
+  // Adagrad accumulators [rows] fp32, on the communicators' device. Zero
+  // rows if it holds none.
   TensorView shard(int t);
   TensorView momentum(int t);
 
   // Sets every local row element to value(table, global_row, column) and
   // zeroes the accumulators. Deterministic initialization that every layout
   // (and a single-rank reference) can reproduce.
-  void Initialize(const std::function<float(int table, int64_t row, int64_t col)>& value);
+  absl::Status Initialize(const std::function<float(int table, int64_t row, int64_t col)>& value);
 
   // ids[t]: table t's bags on this rank (values int64 in [0, rows), offsets
   // int32/int64; any number of bags, including none). out[t]: [bags of
@@ -136,7 +145,8 @@ class ShardedEmbeddingCollection {
   };
 
   ShardedEmbeddingCollection(EmbeddingShardingPlan plan, comm::Communicator* table_group,
-                             comm::Communicator* replica_group, RowwiseAdagradConfig optimizer);
+                             comm::Communicator* replica_group, RowwiseAdagradConfig optimizer,
+                             std::vector<DeviceBuffer> shards, std::vector<DeviceBuffer> momenta);
 
   absl::Status CheckIds(absl::Span<const JaggedView> ids) const;
   // Checks one [bags, dim] fp32 host buffer per table.
@@ -150,8 +160,9 @@ class ShardedEmbeddingCollection {
   comm::Communicator* table_group_;
   comm::Communicator* replica_group_;
   RowwiseAdagradConfig optimizer_;
-  std::vector<std::vector<float>> shards_;
-  std::vector<std::vector<float>> momenta_;
+  Device device_;
+  std::vector<DeviceBuffer> shards_;
+  std::vector<DeviceBuffer> momenta_;
   Pending pending_;
 };
 

@@ -1,0 +1,367 @@
+"""Benchmarks recfleet's embedding, quantization and linear kernels against
+PyTorch on the same GPU, in the same process and on the same stream.
+
+Usage (on the GPU machine, with librecfleet_kernels2.so built by
+`bazel build --config=device //bench/kernels2:librecfleet_kernels2.so`):
+
+    python3 bench.py --lib path/to/librecfleet_kernels2.so [--json out.json]
+
+Every number is a median of CUDA-event timings after warm-up, on fresh
+random data (never zeros). Bandwidths count the fewest bytes each operation
+must move (inputs read once, outputs written once) and are compared with a
+device-to-device copy measured in the same run.
+"""
+
+import argparse
+import ctypes
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+# recfleet::DType, GemmPrecision and ScaleBlock values.
+FP32, BF16, E4M3, I64 = 0, 2, 4, 7
+NATIVE, PREC_BF16, PREC_FP8 = 0, 1, 2
+B1x128, B128x128, B32x32 = 0, 1, 2
+HBM_DATASHEET = 4.8e12
+
+results = {}
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def bench(fn, iters=20, warmup=3):
+    """Median milliseconds of fn() by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return times[len(times) // 2]
+
+
+class Lib:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.rf_last_error.restype = ctypes.c_char_p
+        P, I, L, F32, U64 = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float,
+                             ctypes.c_uint64)
+        sig = {
+            "rf_embedding_bag_forward": [P, I, L, L, P, I, L, P, I, L, I, P, I, P],
+            "rf_embedding_bag_backward_adagrad": [P, I, P, I, L, P, I, L, I, F32, F32, P, I, L, L,
+                                                  P, P],
+            "rf_quantize": [P, I, L, L, I, I, I, U64, P, P, P],
+            "rf_rmsnorm_forward_fp8": [P, I, L, L, P, F32, P, P, P, P],
+            "rf_linear_forward": [P, P, I, L, L, L, P, I, P],
+            "rf_linear_backward_input": [P, P, I, L, L, L, P, I, P],
+            "rf_linear_backward_weight": [P, P, I, L, L, L, P, I, P],
+        }
+        for name, args in sig.items():
+            f = getattr(self.lib, name)
+            f.argtypes = args
+            f.restype = ctypes.c_int
+
+    def __getattr__(self, name):
+        f = getattr(self.lib, name)
+
+        def call(*args):
+            rc = f(*args, torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise RuntimeError(f"{name}: {self.lib.rf_last_error().decode()}")
+
+        return call
+
+
+def ceilings():
+    n = 2 << 30  # 2 GiB copied: 4 GiB moved
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src), iters=10)
+    copy_bw = 2 * n / (ms * 1e-3)
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms_mm = bench(lambda: a @ b, iters=10)
+    results["ceilings"] = {"copy_TBps": copy_bw / 1e12, "bf16_gemm_8192_TFLOPs":
+                           2 * 8192**3 / (ms_mm * 1e-3) / 1e12}
+    log(f"ceilings: D2D copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM 8192^3 "
+        f"{results['ceilings']['bf16_gemm_8192_TFLOPs']:.0f} TFLOP/s")
+    return copy_bw
+
+
+def embedding(lib, copy_bw, dtype, rows, dim, bags, per_bag):
+    tag = f"embedding_{'fp32' if dtype == torch.float32 else 'bf16'}_dim{dim}"
+    code = FP32 if dtype == torch.float32 else BF16
+    n = bags * per_bag
+    table = torch.randn(rows, dim, device="cuda", dtype=dtype)
+    ids = torch.randint(0, rows, (n,), device="cuda", dtype=torch.int64)
+    offsets = torch.arange(0, n + 1, per_bag, device="cuda", dtype=torch.int64)
+    out = torch.empty(bags, dim, device="cuda", dtype=dtype)
+    esz = table.element_size()
+
+    def ours_fwd():
+        lib.rf_embedding_bag_forward(table.data_ptr(), code, rows, dim, ids.data_ptr(), I64, n,
+                                     offsets.data_ptr(), I64, bags, 0, out.data_ptr(), code)
+
+    def torch_fwd():
+        return F.embedding_bag(ids, table, offsets, mode="sum", include_last_offset=True)
+
+    ours_fwd()
+    ref = torch_fwd()
+    err = (out.float() - ref.float()).abs().max().item()
+    t_ours = bench(ours_fwd)
+    t_torch = bench(torch_fwd)
+    fwd_bytes = n * dim * esz + bags * dim * esz + n * 8 + (bags + 1) * 8
+    r = {"rows": rows, "dim": dim, "bags": bags, "ids_per_bag": per_bag,
+         "table_GB": rows * dim * esz / 1e9, "fwd_max_abs_diff_vs_torch": err,
+         "fwd_ms": t_ours, "torch_embedding_bag_fwd_ms": t_torch,
+         "fwd_TBps": fwd_bytes / (t_ours * 1e-3) / 1e12,
+         "torch_fwd_TBps": fwd_bytes / (t_torch * 1e-3) / 1e12}
+    r["fwd_pct_of_copy"] = 100 * r["fwd_TBps"] * 1e12 / copy_bw
+    r["fwd_pct_of_datasheet"] = 100 * r["fwd_TBps"] * 1e12 / HBM_DATASHEET
+    log(f"{tag} fwd: ours {t_ours:.3f} ms ({r['fwd_TBps']:.2f} TB/s, "
+        f"{r['fwd_pct_of_copy']:.0f}% of copy), torch {t_torch:.3f} ms "
+        f"({r['torch_fwd_TBps']:.2f} TB/s), speedup {t_torch / t_ours:.2f}x, max diff {err:.2e}")
+
+    # Backward fused with rowwise Adagrad.
+    grad = torch.randn(bags, dim, device="cuda", dtype=dtype)
+    momentum = torch.zeros(rows, device="cuda", dtype=torch.float32)
+    unique = torch.unique(ids).numel()
+
+    def ours_bwd():
+        lib.rf_embedding_bag_backward_adagrad(grad.data_ptr(), code, ids.data_ptr(), I64, n,
+                                              offsets.data_ptr(), I64, bags, 0, 0.01, 1e-8,
+                                              table.data_ptr(), code, rows, dim,
+                                              momentum.data_ptr())
+
+    t_bwd = bench(ours_bwd, iters=10)
+    bwd_bytes = bags * dim * esz + 2 * unique * dim * esz + 2 * unique * 4 + n * 8
+    r.update({"unique_ids": unique, "bwd_adagrad_ms": t_bwd,
+              "bwd_useful_TBps": bwd_bytes / (t_bwd * 1e-3) / 1e12})
+    r["bwd_pct_of_copy"] = 100 * r["bwd_useful_TBps"] * 1e12 / copy_bw
+    log(f"{tag} bwd+rowwise Adagrad: ours {t_bwd:.3f} ms ({r['bwd_useful_TBps']:.2f} TB/s useful,"
+        f" {r['bwd_pct_of_copy']:.0f}% of copy)")
+
+    if dtype == torch.float32:
+        # PyTorch: sparse embedding_bag gradient + torch.optim.Adagrad (its
+        # sparse path; elementwise state of the table's full size).
+        param = torch.nn.Parameter(table)
+        opt = torch.optim.Adagrad([param], lr=0.01, foreach=False)
+
+        def torch_step():
+            o = F.embedding_bag(ids, param, offsets, mode="sum", include_last_offset=True,
+                                sparse=True)
+            o.backward(grad)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        def ours_step():
+            ours_fwd()
+            ours_bwd()
+
+        t_torch_step = bench(torch_step, iters=5, warmup=2)
+        t_ours_step = bench(ours_step, iters=10)
+        r.update({"torch_fwd_bwd_adagrad_step_ms": t_torch_step,
+                  "ours_fwd_bwd_adagrad_step_ms": t_ours_step,
+                  "step_speedup": t_torch_step / t_ours_step})
+        log(f"{tag} train step (fwd+bwd+optimizer): ours {t_ours_step:.3f} ms, torch sparse "
+            f"Adagrad {t_torch_step:.3f} ms, speedup {t_torch_step / t_ours_step:.1f}x")
+        del param, opt
+    results[tag] = r
+    del table, ids, offsets, out, grad, momentum
+    torch.cuda.empty_cache()
+
+
+def quantize(lib, copy_bw):
+    rows, cols = 16384, 8192
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    r = {"shape": [rows, cols], "input": "bf16"}
+    for name, block, br, bc in [("1x128", B1x128, 1, 128), ("128x128", B128x128, 128, 128),
+                                ("32x32", B32x32, 32, 32)]:
+        for transpose in (0, 1):
+            for stochastic in ((0, 1) if block == B1x128 else (0,)):
+                qr, qc = (cols, rows) if transpose else (rows, cols)
+                q = torch.empty(qr, qc, device="cuda", dtype=torch.uint8)
+                s = torch.empty(math.ceil(qr / br), math.ceil(qc / bc), device="cuda",
+                                dtype=torch.float32)
+                fn = lambda: lib.rf_quantize(x.data_ptr(), BF16, rows, cols, block, transpose,
+                                             stochastic, 1234, q.data_ptr(), s.data_ptr())
+                ms = bench(fn)
+                nbytes = x.numel() * 2 + q.numel() + s.numel() * 4
+                bw = nbytes / (ms * 1e-3)
+                key = f"{name}{'_T' if transpose else ''}{'_sr' if stochastic else ''}"
+                r[key] = {"ms": ms, "TBps": bw / 1e12, "pct_of_copy": 100 * bw / copy_bw}
+                log(f"quantize {key}: {ms:.3f} ms, {bw / 1e12:.2f} TB/s "
+                    f"({100 * bw / copy_bw:.0f}% of copy)")
+    # PyTorch eager 1x128 quantization for reference.
+    def torch_q():
+        xr = x.view(rows, cols // 128, 128).float()
+        amax = xr.abs().amax(-1, keepdim=True).clamp(min=1e-12)
+        return (xr * (448.0 / amax)).to(torch.float8_e4m3fn), amax / 448.0
+    ms = bench(torch_q)
+    r["torch_eager_1x128_ms"] = ms
+    log(f"quantize torch eager 1x128: {ms:.3f} ms")
+    # RMSNorm fused with 1x128 FP8 output.
+    gamma = torch.rand(cols, device="cuda") + 0.5
+    y = torch.empty(rows, cols, device="cuda", dtype=torch.uint8)
+    ys = torch.empty(rows, cols // 128, device="cuda", dtype=torch.float32)
+    rstd = torch.empty(rows, device="cuda", dtype=torch.float32)
+    ms = bench(lambda: lib.rf_rmsnorm_forward_fp8(x.data_ptr(), BF16, rows, cols,
+                                                  gamma.data_ptr(), 1e-6, y.data_ptr(),
+                                                  ys.data_ptr(), rstd.data_ptr()))
+    nbytes = x.numel() * 3 + ys.numel() * 4 + rows * 4
+    r["rmsnorm_fp8"] = {"ms": ms, "TBps": nbytes / (ms * 1e-3) / 1e12,
+                        "pct_of_copy": 100 * nbytes / (ms * 1e-3) / copy_bw}
+    log(f"rmsnorm+fp8 1x128: {ms:.3f} ms ({r['rmsnorm_fp8']['pct_of_copy']:.0f}% of copy)")
+    results["quantize"] = r
+
+
+def quantize_torch(t, block):
+    """Reference-free torch quantization helpers for the _scaled_mm baselines."""
+    if block == "tensor":
+        s = t.abs().max().float() / 448.0
+        return (t.float() / s).to(torch.float8_e4m3fn), s
+    if block == "row":
+        s = t.abs().amax(1, keepdim=True).float() / 448.0
+        return (t.float() / s).to(torch.float8_e4m3fn), s
+    if block == "1x128":
+        m, k = t.shape
+        tr = t.view(m, k // 128, 128).float()
+        s = tr.abs().amax(-1, keepdim=True) / 448.0
+        return (tr / s).to(torch.float8_e4m3fn).view(m, k), s.view(m, k // 128)
+    # 128x128
+    n, k = t.shape
+    tr = t.view(n // 128, 128, k // 128, 128).float()
+    s = tr.abs().amax((1, 3), keepdim=True) / 448.0
+    return (tr / s).to(torch.float8_e4m3fn).view(n, k), s.view(n // 128, k // 128)
+
+
+def torch_scaled(a8, sa, b8, sb, recipe):
+    """a8 [m, k] and b8 [n, k] K-major; returns a callable computing a @ b^T."""
+    if recipe in ("tensor", "row"):
+        sbt = sb.t() if recipe == "row" else sb
+        return lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sbt,
+                                        out_dtype=torch.bfloat16)
+    sa_outer = sa.t().contiguous().t()  # 1x128 scales outer-dim-major
+    if recipe == "1x128_128x128":
+        sb_arg = sb.t()
+        rb = F.ScalingType.BlockWise128x128
+    else:
+        sb_arg = sb.t().contiguous().t()
+        rb = F.ScalingType.BlockWise1x128
+    return lambda: F.scaled_mm(a8, b8.t(), sa_outer, F.ScalingType.BlockWise1x128, sb_arg, rb,
+                               output_dtype=torch.bfloat16)
+
+
+def linear(lib, m, k, n):
+    tag = f"linear_M{m}_K{k}_N{n}"
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / math.sqrt(k)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    dx = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+    dw = torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
+    flops = 2 * m * n * k
+    r = {}
+    for prec, pname in ((PREC_BF16, "bf16"), (PREC_FP8, "fp8_block")):
+        fwd = lambda: lib.rf_linear_forward(x.data_ptr(), w.data_ptr(), BF16, m, k, n,
+                                            y.data_ptr(), prec)
+        dgrad = lambda: lib.rf_linear_backward_input(dy.data_ptr(), w.data_ptr(), BF16, m, k, n,
+                                                     dx.data_ptr(), prec)
+        wgrad = lambda: lib.rf_linear_backward_weight(dy.data_ptr(), x.data_ptr(), BF16, m, k, n,
+                                                      dw.data_ptr(), prec)
+        fwd()
+        ref = (x.float() @ w.float().t())
+        rel = ((y.float() - ref).norm() / ref.norm()).item()
+        t = {"fwd": bench(fwd), "dgrad": bench(dgrad), "wgrad": bench(wgrad)}
+        t["total"] = t["fwd"] + t["dgrad"] + t["wgrad"]
+        r[pname] = {"ms": t, "TFLOPs_total": 3 * flops / (t["total"] * 1e-3) / 1e12,
+                    "fwd_rel_err_vs_fp32": rel}
+        log(f"{tag} ours {pname}: fwd {t['fwd']:.3f} dgrad {t['dgrad']:.3f} wgrad "
+            f"{t['wgrad']:.3f} total {t['total']:.3f} ms "
+            f"({r[pname]['TFLOPs_total']:.0f} TFLOP/s incl. quantization), rel err {rel:.2e}")
+    r["fp8_over_bf16_speedup"] = r["bf16"]["ms"]["total"] / r["fp8_block"]["ms"]["total"]
+    log(f"{tag} fp8/bf16 speedup (fwd+bwd): {r['fp8_over_bf16_speedup']:.2f}x")
+    # Our FP8 path quantizes inside each call; this is the cost of one
+    # 1x128 quantization of x, for reading the GEMM-only comparison below.
+    qx = torch.empty(m, k, device="cuda", dtype=torch.uint8)
+    sx = torch.empty(m, k // 128, device="cuda", dtype=torch.float32)
+
+    # PyTorch baselines on the same three GEMM shapes.
+    shapes = {"fwd": (x, w), "dgrad": (dy, w.t().contiguous()), "wgrad": (dy.t().contiguous(),
+                                                                          x.t().contiguous())}
+    tb = {g: bench(lambda a=a, b=b: a @ b.t()) for g, (a, b) in shapes.items()}
+    tb["total"] = sum(tb.values())
+    r["torch_bf16_ms"] = tb
+    log(f"{tag} torch bf16 matmul total {tb['total']:.3f} ms")
+    for recipe in ("tensor", "row", "1x128_128x128", "1x128_1x128"):
+        try:
+            tt = {}
+            for g, (a, b) in shapes.items():
+                ab = "tensor" if recipe == "tensor" else ("row" if recipe == "row" else "1x128")
+                bb = {"tensor": "tensor", "row": "row", "1x128_128x128": "128x128",
+                      "1x128_1x128": "1x128"}[recipe]
+                if g == "wgrad" and bb == "128x128":
+                    bb = "1x128"  # wgrad's B is an activation
+                a8, sa = quantize_torch(a, ab)
+                b8, sb = quantize_torch(b, bb)
+                rec = recipe if not (g == "wgrad" and recipe == "1x128_128x128") else "1x128_1x128"
+                tt[g] = bench(torch_scaled(a8, sa, b8, sb, rec))
+            tt["total"] = sum(tt.values())
+            r[f"torch_scaled_mm_{recipe}_ms"] = tt
+            log(f"{tag} torch _scaled_mm {recipe} (GEMMs only, pre-quantized) total "
+                f"{tt['total']:.3f} ms")
+        except Exception as e:  # recorded, not fatal: report what this torch supports
+            r[f"torch_scaled_mm_{recipe}_error"] = str(e)[:300]
+            log(f"{tag} torch _scaled_mm {recipe}: unsupported here: {str(e)[:200]}")
+    tq = bench(lambda: lib.rf_quantize(x.data_ptr(), BF16, m, k, B1x128, 0, 0, 0, qx.data_ptr(),
+                                       sx.data_ptr()))
+    r["ours_quantize_x_1x128_ms"] = tq
+    results[tag] = r
+    del x, w, dy, y, dx, dw
+    torch.cuda.empty_cache()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--lib", required=True)
+    p.add_argument("--json")
+    p.add_argument("--skip-embedding", action="store_true")
+    args = p.parse_args()
+    lib = Lib(args.lib)
+    torch.manual_seed(int(time.time()))
+    results["device"] = torch.cuda.get_device_name(0)
+    results["torch"] = torch.__version__
+    results["date_utc"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    copy_bw = ceilings()
+    sections = []
+    if not args.skip_embedding:
+        sections += [lambda: embedding(lib, copy_bw, torch.float32, 20_000_000, 128, 65536, 32),
+                     lambda: embedding(lib, copy_bw, torch.bfloat16, 20_000_000, 128, 65536, 32)]
+    sections += [lambda: quantize(lib, copy_bw), lambda: linear(lib, 8192, 4096, 4096),
+                 lambda: linear(lib, 8192, 8192, 8192)]
+    for s in sections:
+        try:
+            s()
+        except Exception as e:
+            log(f"section failed: {e!r}")
+            results.setdefault("errors", []).append(repr(e)[:500])
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+// A C ABI over the embedding, norm, quantization and linear kernels, so the
+// benchmark script can drive them from Python (ctypes) on tensors that
+// PyTorch allocated, in the same process and on the same stream as the
+// PyTorch baselines. Every function returns 0 on success; on failure it
+// returns the absl status code and rf_last_error() says why.
+//
+// dtype arguments are recfleet::DType values; device pointers; `stream` is
+// a cudaStream_t (torch.cuda.current_stream().cuda_stream).
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/gemm/linear.h"
+#include "kernels/norm/norm.h"
+#include "kernels/quant/quantize.h"
+#include "kernels/tensor.h"
+
+namespace {
+
+thread_local std::string last_error;
+
+int Report(const absl::Status& s) {
+  if (s.ok()) return 0;
+  last_error = std::string(s.message());
+  return static_cast<int>(s.code());
+}
+
+recfleet::TensorView Cuda(void* p, int dtype, recfleet::Shape shape) {
+  return recfleet::MakeView(p, static_cast<recfleet::DType>(dtype), std::move(shape),
+                            recfleet::Device::kCuda);
+}
+
+recfleet::LinearRecipe Recipe(int precision) {
+  const auto p = static_cast<recfleet::GemmPrecision>(precision);
+  return {p, p, p};
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* rf_last_error() { return last_error.c_str(); }
+
+int rf_embedding_bag_forward(void* table, int table_dtype, int64_t rows, int64_t dim, void* ids,
+                             int ids_dtype, int64_t num_ids, void* offsets, int offsets_dtype,
+                             int64_t bags, int mean, void* out, int out_dtype, void* stream) {
+  recfleet::JaggedView j{Cuda(ids, ids_dtype, {num_ids}), Cuda(offsets, offsets_dtype, {bags + 1})};
+  return Report(recfleet::EmbeddingBagForward(
+      Cuda(table, table_dtype, {rows, dim}), j,
+      mean ? recfleet::Pooling::kMean : recfleet::Pooling::kSum,
+      Cuda(out, out_dtype, {bags, dim}), stream));
+}
+
+int rf_embedding_bag_backward_adagrad(void* grad, int grad_dtype, void* ids, int ids_dtype,
+                                      int64_t num_ids, void* offsets, int offsets_dtype,
+                                      int64_t bags, int mean, float lr, float eps, void* table,
+                                      int table_dtype, int64_t rows, int64_t dim, void* momentum,
+                                      void* stream) {
+  recfleet::JaggedView j{Cuda(ids, ids_dtype, {num_ids}), Cuda(offsets, offsets_dtype, {bags + 1})};
+  return Report(recfleet::EmbeddingBagBackwardAdagrad(
+      Cuda(grad, grad_dtype, {bags, dim}), j,
+      mean ? recfleet::Pooling::kMean : recfleet::Pooling::kSum, {lr, eps},
+      Cuda(table, table_dtype, {rows, dim}),
+      Cuda(momentum, static_cast<int>(recfleet::DType::kFloat32), {rows}), stream));
+}
+
+// block: 0 = 1x128, 1 = 128x128, 2 = 32x32. scales: fp32 of
+// QuantScaleShape(q rows, q cols, block).
+int rf_quantize(void* x, int x_dtype, int64_t rows, int64_t cols, int block, int transpose,
+                int stochastic, uint64_t seed, void* q, void* scales, void* stream) {
+  recfleet::QuantizeConfig cfg;
+  cfg.block = static_cast<recfleet::ScaleBlock>(block);
+  cfg.rounding = stochastic ? recfleet::Rounding::kStochastic : recfleet::Rounding::kNearest;
+  cfg.seed = seed;
+  const int64_t qr = transpose ? cols : rows, qc = transpose ? rows : cols;
+  return Report(recfleet::Quantize(
+      Cuda(x, x_dtype, {rows, cols}), cfg, transpose != 0,
+      Cuda(q, static_cast<int>(recfleet::DType::kFloat8E4M3), {qr, qc}),
+      Cuda(scales, static_cast<int>(recfleet::DType::kFloat32),
+           recfleet::QuantScaleShape(qr, qc, cfg.block)),
+      stream));
+}
+
+int rf_rmsnorm_forward_fp8(void* x, int x_dtype, int64_t rows, int64_t dim, void* gamma,
+                           float eps, void* y, void* y_scales, void* rstd, void* stream) {
+  return Report(recfleet::RmsNormForwardFp8(
+      Cuda(x, x_dtype, {rows, dim}), Cuda(gamma, static_cast<int>(recfleet::DType::kFloat32), {dim}),
+      eps, Cuda(y, static_cast<int>(recfleet::DType::kFloat8E4M3), {rows, dim}),
+      Cuda(y_scales, static_cast<int>(recfleet::DType::kFloat32), {rows, (dim + 127) / 128}),
+      Cuda(rstd, static_cast<int>(recfleet::DType::kFloat32), {rows}), stream));
+}
+
+// precision: recfleet::GemmPrecision (0 native, 1 bf16, 2 fp8_block).
+int rf_linear_forward(void* x, void* w, int dtype, int64_t m, int64_t k, int64_t n, void* y,
+                      int precision, void* stream) {
+  return Report(recfleet::LinearForward(Cuda(x, dtype, {m, k}), Cuda(w, dtype, {n, k}),
+                                        recfleet::TensorView(), Cuda(y, dtype, {m, n}),
+                                        Recipe(precision), stream));
+}
+
+int rf_linear_backward_input(void* dy, void* w, int dtype, int64_t m, int64_t k, int64_t n,
+                             void* dx, int precision, void* stream) {
+  return Report(recfleet::LinearBackwardInput(Cuda(dy, dtype, {m, n}), Cuda(w, dtype, {n, k}),
+                                              Cuda(dx, dtype, {m, k}), Recipe(precision), stream));
+}
+
+int rf_linear_backward_weight(void* dy, void* x, int dtype, int64_t m, int64_t k, int64_t n,
+                              void* dw, int precision, void* stream) {
+  return Report(recfleet::LinearBackwardWeight(Cuda(dy, dtype, {m, n}), Cuda(x, dtype, {m, k}),
+                                               Cuda(dw, dtype, {n, k}), recfleet::TensorView(),
+                                               false, Recipe(precision), stream));
+}
+
+}  // extern "C"

@@ -1,0 +1,55 @@
+#ifndef RECFLEET_WORKER_DIST_DEVICE_BUFFER_H_
+#define RECFLEET_WORKER_DIST_DEVICE_BUFFER_H_
+
+// Owned storage on the host or on the current CUDA device, with copies to
+// and from host memory. Distributed building blocks do their bookkeeping
+// (routing ids to owners, packing messages) on the host and stage it
+// through these buffers when their communicators and tables live on a GPU.
+// Move-only; not thread-safe.
+
+#include <cstddef>
+
+#include "absl/status/statusor.h"
+#include "kernels/tensor.h"
+
+namespace recfleet {
+namespace dist {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // `bytes` of zeroed storage on `device` (kCuda: the current device).
+  static absl::StatusOr<DeviceBuffer> Zeros(Device device, size_t bytes);
+  // A copy of `bytes` of host memory on `device`.
+  static absl::StatusOr<DeviceBuffer> FromHost(Device device, const void* host, size_t bytes);
+
+  absl::Status CopyFromHost(const void* host, size_t bytes);
+  absl::Status CopyToHost(void* host, size_t bytes) const;
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  Device device() const { return device_; }
+  TensorView View(DType dtype, Shape shape) const { return MakeView(data_, dtype, std::move(shape), device_); }
+
+ private:
+  void Release();
+
+  Device device_ = Device::kCpu;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Copies between a view's storage (host or CUDA) and host memory.
+absl::Status CopyViewToHost(const TensorView& view, void* host);
+absl::Status CopyHostToView(const void* host, const TensorView& view);
+
+}  // namespace dist
+}  // namespace recfleet
+
+#endif  // RECFLEET_WORKER_DIST_DEVICE_BUFFER_H_
