@@ -30,7 +30,10 @@ ABSL_FLAG(std::string, node, "", "Topology: node (host) id; default = --host.");
 ABSL_FLAG(std::string, nvlink_domain, "", "Topology: NVLink domain id.");
 ABSL_FLAG(std::string, zone, "", "Topology: failure / network zone.");
 ABSL_FLAG(std::string, device, "cpu", "Device the ranks train on: cpu (the CPU reference engine) or cuda.");
-ABSL_FLAG(std::string, work_dir, "", "Directory for checkpoints when the job names none (required).");
+ABSL_FLAG(std::string, work_dir, "", "This worker's scratch directory (required).");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Where jobs that name no spec.training.checkpoint_dir checkpoint (<root>/<job id>); must be storage every "
+          "worker of a job shares. Default: <work_dir>/checkpoints, which only single-worker jobs can share.");
 ABSL_FLAG(std::string, sample_log_dir, "",
           "If set, append every trained step's sample ids to per-rank logs here (audit of exactly-once training).");
 ABSL_FLAG(double, comm_timeout, 60, "Seconds any collective (and the rendezvous) may take before failing.");
@@ -53,7 +56,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string work_dir = absl::GetFlag(FLAGS_work_dir);
   if (work_dir.empty()) {
-    std::fprintf(stderr, "recfleet-worker: --work_dir is required (checkpoints go there)\n");
+    std::fprintf(stderr, "recfleet-worker: --work_dir is required\n");
     return 2;
   }
   const std::string device = absl::GetFlag(FLAGS_device);
@@ -94,7 +97,8 @@ int main(int argc, char** argv) {
       grpc::CreateChannel(absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials()));
 
   recfleet::worker::TrainingOptions training;
-  training.work_dir = work_dir;
+  training.checkpoint_root =
+      absl::GetFlag(FLAGS_checkpoint_root).empty() ? work_dir + "/checkpoints" : absl::GetFlag(FLAGS_checkpoint_root);
   training.gloo_host = absl::GetFlag(FLAGS_host);
   training.sample_log_dir = absl::GetFlag(FLAGS_sample_log_dir);
   training.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));

@@ -19,7 +19,8 @@
 #include "engine/metrics.h"
 #include "engine/model.h"
 #include "grpcpp/grpcpp.h"
-#include "worker/batch_plan.h"
+#include "worker/loader_rank_data.h"
+#include "worker/rank_data.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/grpc_kv_store.h"
@@ -58,9 +59,6 @@ absl::StatusOr<DataFiles> ResolveData(const v1::DataSpec& data) {
   const std::string train = StripScheme(data.dataset());
   if (train.empty()) return absl::InvalidArgumentError("spec.data.dataset is empty; expected a .rfd file or directory");
   files.train = IsDirectory(train) ? train + "/train.rfd" : train;
-  if (!Exists(files.train)) {
-    return absl::NotFoundError(absl::StrCat("spec.data.dataset: ", files.train, " does not exist on this worker"));
-  }
   const std::string eval = StripScheme(data.eval_dataset());
   if (!eval.empty()) {
     files.eval = IsDirectory(eval) ? eval + "/eval.rfd" : eval;
@@ -68,6 +66,18 @@ absl::StatusOr<DataFiles> ResolveData(const v1::DataSpec& data) {
     files.eval = train + "/eval.rfd";
   }
   return files;
+}
+
+// The rank's training data: streamed by the job's data-loader, or read from
+// the dataset file when the assignment names no loader.
+absl::StatusOr<std::unique_ptr<RankData>> OpenRankData(const std::string& loader_address,
+                                                       const std::string& train_file, int rank, int world_size,
+                                                       int64_t local_batch, uint64_t seed) {
+  if (!loader_address.empty()) return OpenLoaderRankData(loader_address, rank, local_batch);
+  if (!Exists(train_file)) {
+    return absl::NotFoundError(absl::StrCat("spec.data.dataset: ", train_file, " does not exist on this worker"));
+  }
+  return OpenDatasetRankData(train_file, rank, world_size, local_batch, seed);
 }
 
 std::string JobId(const std::string& job_name) {
@@ -217,7 +227,7 @@ class RankRun {
   absl::Status SyncAndApply(StepTimes* times);
   absl::Status Checkpoint(int64_t step);
   absl::Status EvaluateAndReport(int64_t step);
-  void LogSamples(int64_t step, const std::vector<int64_t>& rows);
+  void LogSamples(int64_t step, const data::Batch& source, const std::vector<int64_t>& rows);
   std::string Describe() const { return absl::StrCat(a_.job(), " rank ", a_.rank(), "/", a_.world_size()); }
 
   const v1::Assignment& a_;
@@ -229,10 +239,9 @@ class RankRun {
   Reporter reporter_;
 
   JobModel job_model_;
-  data::Batch train_rows_;
+  std::unique_ptr<RankData> train_;
   std::optional<data::Batch> eval_rows_;
   std::optional<BatchConverter> converter_;
-  std::optional<BatchPlan> plan_;
   std::unique_ptr<engine::GemLite<float>> model_;
   ParameterLayout layout_;
   std::shared_ptr<comm::Communicator> comm_;  // Null when world_size == 1.
@@ -252,25 +261,23 @@ absl::Status RankRun::Setup() {
   job_model_ = std::move(*jm);
   absl::StatusOr<DataFiles> files = ResolveData(spec_.data());
   if (!files.ok()) return files.status();
-  absl::StatusOr<data::Batch> train = data::ReadAll(files->train);
+  absl::StatusOr<std::unique_ptr<RankData>> train =
+      OpenRankData(a_.loader_address(), files->train, a_.rank(), a_.world_size(), spec_.data().local_batch_size(),
+                   spec_.training().seed());
   if (!train.ok()) return train.status();
-  train_rows_ = std::move(*train);
-  absl::StatusOr<BatchConverter> conv = BatchConverter::Create(job_model_, train_rows_.schema());
+  train_ = std::move(*train);
+  absl::StatusOr<BatchConverter> conv = BatchConverter::Create(job_model_, train_->schema());
   if (!conv.ok()) return conv.status();
   converter_.emplace(std::move(*conv));
-  if (!files->eval.empty()) {
+  if (!files->eval.empty() && a_.rank() == 0) {
     absl::StatusOr<data::Batch> eval = data::ReadAll(files->eval);
     if (!eval.ok()) return eval.status();
-    if (!(eval->schema() == train_rows_.schema())) {
+    if (!(eval->schema() == train_->schema())) {
       return absl::FailedPreconditionError(
-          absl::StrCat(files->eval, " has another schema than ", files->train));
+          absl::StrCat(files->eval, " has another schema than the training data"));
     }
     eval_rows_ = std::move(*eval);
   }
-  absl::StatusOr<BatchPlan> plan = BatchPlan::Create(static_cast<int64_t>(train_rows_.num_rows()), a_.world_size(),
-                                                     spec_.data().local_batch_size(), spec_.training().seed());
-  if (!plan.ok()) return plan.status();
-  plan_.emplace(*plan);
   absl::StatusOr<std::unique_ptr<engine::GemLite<float>>> model =
       engine::GemLite<float>::Create(job_model_.config, job_model_.schema);
   if (!model.ok()) return model.status();
@@ -278,7 +285,7 @@ absl::Status RankRun::Setup() {
   layout_ = LayoutOf(*model_);
   table_views_.assign(layout_.views.begin() + layout_.dense_grads.size(), layout_.views.end());
   checkpoint_dir_ = spec_.training().checkpoint_dir().empty()
-                        ? absl::StrCat(options_.work_dir, "/checkpoints/", JobId(a_.job()))
+                        ? absl::StrCat(options_.checkpoint_root, "/", JobId(a_.job()))
                         : StripScheme(spec_.training().checkpoint_dir());
   if (!options_.sample_log_dir.empty()) {
     const std::string path = absl::StrFormat("%s/%s.rank-%d.epoch-%d.log", options_.sample_log_dir, JobId(a_.job()),
@@ -424,11 +431,11 @@ absl::Status RankRun::SyncAndApply(StepTimes* times) {
   return absl::OkStatus();
 }
 
-void RankRun::LogSamples(int64_t step, const std::vector<int64_t>& rows) {
+void RankRun::LogSamples(int64_t step, const data::Batch& source, const std::vector<int64_t>& rows) {
   if (sample_log_ == nullptr) return;
   std::string line = absl::StrCat(step);
   for (int64_t row : rows) {
-    const int64_t id = converter_->SampleId(train_rows_, row);
+    const int64_t id = converter_->SampleId(source, row);
     absl::StrAppend(&line, " ", id >= 0 ? id : row);
   }
   line += "\n";
@@ -440,8 +447,10 @@ void RankRun::LogSamples(int64_t step, const std::vector<int64_t>& rows) {
 absl::Status RankRun::Step(int64_t step) {
   StepTimes times;
   const Clock::time_point start = Clock::now();
-  const std::vector<int64_t> rows = plan_->Rows(step, a_.rank());
-  const engine::Batch batch = converter_->Convert(train_rows_, rows);
+  std::vector<int64_t> rows;
+  absl::StatusOr<const data::Batch*> source = train_->Step(step, &rows);
+  if (!source.ok()) return source.status();
+  const engine::Batch batch = converter_->Convert(**source, rows);
   times.data_wait_seconds = Since(start);
   Clock::time_point t = Clock::now();
   absl::StatusOr<engine::StepResult> result = model_->ForwardBackward(batch);
@@ -449,7 +458,7 @@ absl::Status RankRun::Step(int64_t step) {
   times.compute_seconds = Since(t);
   if (absl::Status s = SyncAndApply(&times); !s.ok()) return s;
   times.step_seconds = Since(start);
-  LogSamples(step, rows);
+  LogSamples(step, **source, rows);
   samples_done_ += batch.size;
   const double loss = result->ctr_loss + result->cvr_loss;
   loss_sum_ += loss;
@@ -466,10 +475,10 @@ absl::Status RankRun::Step(int64_t step) {
   reporter_.AddStep(stats);
   if (options_.log_every > 0 && step % options_.log_every == 0) {
     std::fprintf(stderr,
-                 "worker: %s step %lld/%lld loss %.4f | %.0f samples/s, %.4f useful TFLOP/s | step %.1f ms "
+                 "worker: %s step %lld/%lld loss %.4f | %.0f samples/s, %.2f useful GFLOP/s | step %.1f ms "
                  "(data %.1f, compute %.1f, comm %.1f)\n",
                  Describe().c_str(), static_cast<long long>(step), static_cast<long long>(spec_.training().steps()),
-                 loss_sum_ / loss_steps_, metrics_->samples_per_second(), metrics_->useful_tflops(),
+                 loss_sum_ / loss_steps_, metrics_->samples_per_second(), metrics_->useful_tflops() * 1e3,
                  times.step_seconds * 1e3, times.data_wait_seconds * 1e3, times.compute_seconds * 1e3,
                  times.comm_seconds * 1e3);
     loss_sum_ = 0;

@@ -42,8 +42,10 @@ namespace recfleet::worker {
 
 struct TrainingOptions {
   // Checkpoints go to spec.training.checkpoint_dir, or
-  // <work_dir>/checkpoints/<job id> when the spec leaves it empty.
-  std::string work_dir;
+  // <checkpoint_root>/<job id> when the spec leaves it empty. Every rank of
+  // a job must see the same directory (shared storage; on one host any
+  // directory), since rank 0 verifies all shards before committing.
+  std::string checkpoint_root;
   // Address other ranks reach this worker's Gloo transport on.
   std::string gloo_host = "127.0.0.1";
   // Bearer token for coordinator calls ("" = none).

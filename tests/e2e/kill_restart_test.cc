@@ -1,4 +1,4 @@
-// SIGKILL a worker mid-training: the coordinator notices within 10 s,
+// SIGKILL a worker mid-training (batches streamed by a data-loader): the coordinator notices within 10 s,
 // restarts the job with a new epoch on the surviving worker and a
 // replacement, every rank resumes from the last complete checkpoint, the
 // job finishes, and the sample ids each rank trained (from the workers'
@@ -25,6 +25,8 @@ TEST(KillRestartTest, JobSurvivesASigkilledWorkerWithoutSkippingOrRepeatingSampl
   ClusterOptions options;
   options.dir = dir + "/cluster";
   options.lease_seconds = 3;
+  options.loader_dataset = dir + "/data";
+  options.loader_batch = kBatch;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;

@@ -89,11 +89,25 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   std::unique_ptr<LocalCluster> c(new LocalCluster(options));
   ::mkdir(options.dir.c_str(), 0755);
   ::mkdir(c->sample_log_dir().c_str(), 0755);
+  if (!options.loader_dataset.empty()) {
+    absl::StatusOr<std::unique_ptr<Process>> loader = Process::Start(
+        {RunfilesPath("cli/recfleet"), "data", "serve", "--dataset", options.loader_dataset + "/train.rfd",
+         "--ranks", absl::StrCat(options.loader_ranks), "--batch-size", absl::StrCat(options.loader_batch),
+         "--base-batch", absl::StrCat(options.loader_batch), "--seed", "7", "--port", "0", "--metrics-port", "0"},
+        options.dir + "/loader.log");
+    if (!loader.ok()) return loader.status();
+    c->loader_ = std::move(*loader);
+    absl::StatusOr<std::string> serving = c->loader_->WaitForLine("data loader serving ranks ", absl::Seconds(20));
+    if (!serving.ok()) return serving.status();
+    const size_t on = serving->find(" on ");
+    c->loader_address_ = serving->substr(on + 4, serving->find(' ', on + 4) - on - 4);
+  }
   const std::string address_file = options.dir + "/coordinator.address";
   absl::StatusOr<std::unique_ptr<Process>> coord = Process::Start(
       {RunfilesPath("services/coordinator/recfleet-coordinator"), "--listen=127.0.0.1:0",
        "--db=" + options.dir + "/coordinator.db", absl::StrCat("--lease_seconds=", options.lease_seconds),
-       "--address_file=" + address_file, "--metrics_address=127.0.0.1:0"},
+       "--address_file=" + address_file, "--metrics_address=127.0.0.1:0",
+       "--loader_address=" + c->loader_address_},
       options.dir + "/coordinator.log");
   if (!coord.ok()) return coord.status();
   c->coordinator_ = std::move(*coord);
@@ -111,6 +125,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
 LocalCluster::~LocalCluster() {
   workers_.clear();
   coordinator_.reset();
+  loader_.reset();
 }
 
 absl::Status LocalCluster::AddWorker() {
@@ -122,6 +137,7 @@ absl::Status LocalCluster::AddWorker() {
                                    "--host=127.0.0.1",
                                    absl::StrCat("--node=node", i),
                                    "--work_dir=" + work_dir,
+                                   "--checkpoint_root=" + options_.dir + "/checkpoints",
                                    "--metrics_address=127.0.0.1:0",
                                    "--comm_timeout=20"};
   if (options_.sample_logs) argv.push_back("--sample_log_dir=" + sample_log_dir());
@@ -165,6 +181,7 @@ std::string LocalCluster::DumpLogs() const {
     if (text.size() > 6000) text = "...\n" + text.substr(text.size() - 6000);
     absl::StrAppend(&out, "==== ", p.log(), "\n", text, "\n");
   };
+  if (loader_ != nullptr) dump(*loader_);
   if (coordinator_ != nullptr) dump(*coordinator_);
   for (const auto& w : workers_) dump(*w);
   return out;

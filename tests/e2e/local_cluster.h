@@ -56,6 +56,12 @@ struct ClusterOptions {
   int workers = 2;
   // Passed to every worker: per-rank logs of trained sample ids.
   bool sample_logs = true;
+  // When set: a data-loader (`recfleet data serve`) streams this dataset
+  // directory's train.rfd to `loader_ranks` ranks, `loader_batch` samples
+  // per rank-step, and the coordinator hands its address to the workers.
+  std::string loader_dataset;
+  int loader_ranks = 2;
+  int loader_batch = 32;
 };
 
 class LocalCluster {
@@ -64,6 +70,8 @@ class LocalCluster {
   ~LocalCluster();
 
   const std::string& coordinator_address() const { return coordinator_address_; }
+  // Empty without a loader.
+  const std::string& loader_address() const { return loader_address_; }
   v1::JobService::Stub& jobs() { return *jobs_; }
   std::string sample_log_dir() const { return options_.dir + "/samples"; }
 
@@ -83,10 +91,12 @@ class LocalCluster {
   explicit LocalCluster(ClusterOptions options) : options_(std::move(options)) {}
 
   ClusterOptions options_;
+  std::unique_ptr<Process> loader_;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
   std::vector<std::string> metrics_addresses_;
   std::string coordinator_address_;
+  std::string loader_address_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
 };
 

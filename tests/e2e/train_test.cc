@@ -1,5 +1,5 @@
-// A coordinator and two worker daemons, separate processes on 127.0.0.1,
-// train a small GEM-lite job end to end: the job succeeds, every step's
+// A coordinator, a data-loader and two worker daemons, separate processes
+// on 127.0.0.1, train a small GEM-lite job end to end: the job succeeds, every step's
 // samples are distinct across ranks, checkpoints are complete, the
 // coordinator aggregates progress and evaluation, and the workers' /metrics
 // count what they trained.
@@ -34,11 +34,20 @@ double MetricValue(const std::string& text, const std::string& name) {
   return -1;
 }
 
-TEST(EndToEndTest, TwoWorkersTrainASmallJob) {
-  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/train";
+// With a data-loader streaming the batches (the default deployment), and
+// with workers reading the dataset themselves.
+class EndToEndTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(EndToEndTest, TwoWorkersTrainASmallJob) {
+  const bool with_loader = GetParam();
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + (with_loader ? "/loader" : "/direct");
   ASSERT_TRUE(MakeSyntheticDataset(dir + "/data", 12000).ok());
   ClusterOptions options;
   options.dir = dir + "/cluster";
+  if (with_loader) {
+    options.loader_dataset = dir + "/data";
+    options.loader_batch = kBatch;
+  }
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
@@ -100,6 +109,9 @@ TEST(EndToEndTest, TwoWorkersTrainASmallJob) {
     EXPECT_GT(MetricValue(r->body, "recfleet_worker_useful_flops_total"), 0);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(DataPaths, EndToEndTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Loader" : "Direct"; });
 
 }  // namespace
 }  // namespace recfleet::e2e

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# A local recfleet cluster on 127.0.0.1: one coordinator and N CPU worker
+# daemons, plus a data-loader serving DATASET when --loader is given, every
+# server on a port the OS picks, state and logs in one directory.
+#
+#   deploy/local/cluster.sh start DIR [--workers N] [--lease SECONDS] [--bin BINDIR]
+#                                     [--loader DATASET --batch-size B]
+#   deploy/local/cluster.sh stop DIR
+#
+# The loader deals DATASET's samples to N ranks, B per rank and step (a job's
+# spec.data.local_batch_size must equal B).
+# `start` prints the coordinator address and the /metrics addresses, and
+# writes them to DIR/coordinator.address and DIR/metrics.txt; the processes'
+# ids go to DIR/pids (what `stop` signals) and their logs to DIR/*.log.
+# Binaries come from --bin (default: the repository's bazel-bin).
+set -euo pipefail
+
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -ge 2 ]] || usage
+cmd=$1 dir=$2
+shift 2
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+bin="$root/bazel-bin"
+workers=2
+lease=10
+loader_dataset=""
+batch=128
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --loader) loader_dataset=$2; shift 2 ;;
+    --batch-size) batch=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --lease) lease=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;;
+    *) echo "cluster.sh: unknown flag $1" >&2; usage ;;
+  esac
+done
+
+coordinator_bin=$bin/services/coordinator/recfleet-coordinator
+worker_bin=$bin/worker/recfleet-worker
+cli_bin=$bin/cli/recfleet
+[[ -x $bin/recfleet-coordinator ]] && coordinator_bin=$bin/recfleet-coordinator
+[[ -x $bin/recfleet-worker ]] && worker_bin=$bin/recfleet-worker
+[[ -x $bin/recfleet ]] && cli_bin=$bin/recfleet
+
+# Waits until FILE holds a line starting with PREFIX; prints the rest.
+wait_line() {
+  local file=$1 prefix=$2 pid=$3
+  for _ in $(seq 1 200); do
+    if line=$(grep -m1 "^$prefix" "$file" 2>/dev/null); then
+      echo "${line#"$prefix"}"
+      return 0
+    fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "cluster.sh: '$prefix' never appeared in $file:" >&2
+  tail -20 "$file" >&2
+  return 1
+}
+
+start() {
+  mkdir -p "$dir"
+  : > "$dir/pids"
+  : > "$dir/metrics.txt"
+  local pid loader_address=""
+  if [[ -n $loader_dataset ]]; then
+    "$cli_bin" data serve --dataset "$loader_dataset" --ranks "$workers" --batch-size "$batch" \
+      --base-batch "$batch" --port 0 --metrics-port 0 >"$dir/loader.log" 2>&1 &
+    pid=$!
+    echo "$pid" >>"$dir/pids"
+    local serving
+    serving=$(wait_line "$dir/loader.log" "data loader serving ranks " "$pid")
+    loader_address=${serving#* on }
+    loader_address=${loader_address%% *}
+    local loader_metrics=${serving#*metrics: }
+    echo "loader ${loader_metrics%%)*}" >>"$dir/metrics.txt"
+  fi
+  "$coordinator_bin" --listen=127.0.0.1:0 --db="$dir/coordinator.db" --lease_seconds="$lease" \
+    --loader_address="$loader_address" --metrics_address=127.0.0.1:0 >"$dir/coordinator.log" 2>&1 &
+  pid=$!
+  echo "$pid" >>"$dir/pids"
+  local address
+  address=$(wait_line "$dir/coordinator.log" "recfleet coordinator serving on " "$pid")
+  address=${address%% *}
+  echo "$address" >"$dir/coordinator.address"
+  echo "coordinator $(wait_line "$dir/coordinator.log" "metrics on " "$pid")" >>"$dir/metrics.txt"
+  for ((i = 0; i < workers; i++)); do
+    mkdir -p "$dir/worker$i"
+    "$worker_bin" --coordinator="$address" --host=127.0.0.1 --node="node$i" --zone=local \
+      --work_dir="$dir/worker$i" --checkpoint_root="$dir/checkpoints" --metrics_address=127.0.0.1:0 >"$dir/worker$i.log" 2>&1 &
+    pid=$!
+    echo "$pid" >>"$dir/pids"
+    echo "worker$i $(wait_line "$dir/worker$i.log" "worker metrics: " "$pid")" >>"$dir/metrics.txt"
+  done
+  echo "coordinator: $address (logs and state in $dir)"
+  [[ -z $loader_address ]] || echo "data-loader: $loader_address"
+  sed 's/^/metrics: /' "$dir/metrics.txt"
+}
+
+stop() {
+  [[ -f $dir/pids ]] || return 0
+  # Workers first, then the coordinator (first line).
+  tac "$dir/pids" | while read -r pid; do kill "$pid" 2>/dev/null || true; done
+  for _ in $(seq 1 50); do
+    alive=0
+    while read -r pid; do kill -0 "$pid" 2>/dev/null && alive=1; done <"$dir/pids"
+    [[ $alive == 0 ]] && break
+    sleep 0.1
+  done
+  while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done <"$dir/pids"
+  rm -f "$dir/pids"
+}
+
+case $cmd in
+  start) start ;;
+  stop) stop ;;
+  *) usage ;;
+esac
