@@ -73,7 +73,7 @@ if [[ -z $movielens ]]; then
     --dense 4 --lengths "lognormal:mean=20,sigma=0.8,min=1,max=64" --eval-fraction 0.15 --seed 1)
   echo "$out"
   best_auc=$(echo "$out" | sed -n 's/.*AUC on eval: \([0-9.]*\).*/\1/p')
-  : "${steps:=1200}"
+  : "${steps:=600}"
   cat >"$tmp/job.yaml" <<EOF
 display_name: demo-gemlite-synthetic
 model:
@@ -105,7 +105,7 @@ else
   [[ -f $movielens/$name.item ]] && side+=(--item-features "$movielens/$name.item" --item-feature-columns release_year,class)
   "$recfleet" data ingest --input "$movielens/$name.inter" "${side[@]}" --label-threshold 4 \
     --split time --eval-fraction 0.2 --max-history 50 --out "$tmp/data"
-  : "${steps:=1000}"
+  : "${steps:=600}"
   {
     cat <<EOF
 display_name: demo-gemlite-$name
