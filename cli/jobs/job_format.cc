@@ -77,6 +77,7 @@ std::string FormatJobDetail(const Job& job) {
                                  res.gpus_per_worker() == 0 ? std::string("CPU")
                                                             : absl::StrCat(res.gpus_per_worker(), " GPU"))},
       {"workers", s.workers().empty() ? "-" : absl::StrJoin(s.workers(), ", ")},
+      {"plan", s.plan_summary().empty() ? "-" : s.plan_summary()},
       {"dataset", job.spec().data().dataset()},
       {"created", Time(s.create_time())},
       {"started", Time(s.start_time())},

@@ -49,6 +49,16 @@ TEST(JobFormatTest, DetailShowsStateProgressAndStragglers) {
       << d;
   EXPECT_NE(d.find("slowest rank 1, straggler gap 4.1%"), std::string::npos) << d;
   EXPECT_NE(d.find("ended:         -\n"), std::string::npos) << d;
+  EXPECT_NE(d.find("plan:          -\n"), std::string::npos) << d;
+}
+
+TEST(JobFormatTest, DetailShowsThePlanSummary) {
+  Job job = Sample();
+  job.mutable_status()->set_plan_summary("plan: FSDP 1 x 2 replicas; V1 tables over groups of 2");
+  std::string d = FormatJobDetail(job);
+  EXPECT_NE(d.find("plan:          plan: FSDP 1 x 2 replicas; V1 tables over groups of 2\n"),
+            std::string::npos)
+      << d;
 }
 
 TEST(JobFormatTest, WatchLinesAndJson) {
