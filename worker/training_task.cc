@@ -298,7 +298,7 @@ absl::Status RankRun::Setup() {
 
 absl::Status RankRun::Connect() {
   if (a_.world_size() == 1) return absl::OkStatus();
-  comm::GrpcKvStore store(shared_stub_, a_.job(), a_.restart_epoch());
+  comm::GrpcKvStore store(shared_stub_, a_.job(), a_.restart_epoch(), absl::Seconds(10), options_.auth_token);
   absl::StatusOr<std::shared_ptr<comm::GlooTransport>> transport = comm::GlooTransport::Create(options_.gloo_host);
   if (!transport.ok()) return transport.status();
   comm::CommOptions comm_options;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/bearer_auth.h"
 
 namespace recfleet {
 namespace comm {
@@ -22,15 +23,20 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
                       absl::StrCat("rendezvous ", what, ": ", s.error_message()));
 }
 
-void SetDeadline(grpc::ClientContext& context, absl::Duration d) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + d));
-}
-
 }  // namespace
 
 GrpcKvStore::GrpcKvStore(std::shared_ptr<v1::WorkerService::StubInterface> stub, std::string job,
-                         int64_t restart_epoch, absl::Duration rpc_timeout)
-    : stub_(std::move(stub)), job_(std::move(job)), restart_epoch_(restart_epoch), rpc_timeout_(rpc_timeout) {}
+                         int64_t restart_epoch, absl::Duration rpc_timeout, std::string auth_token)
+    : stub_(std::move(stub)),
+      job_(std::move(job)),
+      restart_epoch_(restart_epoch),
+      rpc_timeout_(rpc_timeout),
+      auth_token_(std::move(auth_token)) {}
+
+void GrpcKvStore::Prepare(grpc::ClientContext& context, absl::Duration deadline) const {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  AttachBearerToken(auth_token_, &context);
+}
 
 absl::Status GrpcKvStore::Set(absl::string_view key, absl::string_view value) {
   v1::KvSetRequest request;
@@ -40,7 +46,7 @@ absl::Status GrpcKvStore::Set(absl::string_view key, absl::string_view value) {
   request.set_value(std::string(value));
   v1::KvSetResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, rpc_timeout_);
+  Prepare(context, rpc_timeout_);
   return FromGrpc(stub_->KvSet(&context, request, &response), absl::StrCat("KvSet '", key, "'"));
 }
 
@@ -51,7 +57,7 @@ absl::StatusOr<std::string> GrpcKvStore::Get(absl::string_view key) {
   request.set_key(std::string(key));
   v1::KvGetResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, rpc_timeout_);
+  Prepare(context, rpc_timeout_);
   absl::Status s = FromGrpc(stub_->KvGet(&context, request, &response), absl::StrCat("KvGet '", key, "'"));
   if (!s.ok()) return s;
   return std::move(*response.mutable_value());
@@ -72,7 +78,7 @@ absl::Status GrpcKvStore::Wait(absl::Span<const std::string> keys, absl::Duratio
         static_cast<int32_t>(absl::ToInt64Nanoseconds(slice - absl::Seconds(absl::ToInt64Seconds(slice)))));
     v1::KvWaitResponse response;
     grpc::ClientContext context;
-    SetDeadline(context, slice + kReplySlack);
+    Prepare(context, slice + kReplySlack);
     grpc::Status s = stub_->KvWait(&context, request, &response);
     if (s.ok()) return absl::OkStatus();
     if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {

@@ -21,8 +21,10 @@ class GrpcKvStore : public KvStore {
  public:
   // `job` is the job's resource name ("jobs/{id}"); `restart_epoch` the epoch
   // of the worker's assignment. Set and Get give up after `rpc_timeout`.
+  // A non-empty `auth_token` is sent as "authorization: Bearer <token>" on
+  // every call, for coordinators started with --auth_token_file.
   GrpcKvStore(std::shared_ptr<v1::WorkerService::StubInterface> stub, std::string job, int64_t restart_epoch,
-              absl::Duration rpc_timeout = absl::Seconds(10));
+              absl::Duration rpc_timeout = absl::Seconds(10), std::string auth_token = "");
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key) override;
@@ -34,7 +36,11 @@ class GrpcKvStore : public KvStore {
   std::shared_ptr<v1::WorkerService::StubInterface> stub_;
   std::string job_;
   int64_t restart_epoch_;
+  // Sets the call's deadline and credentials.
+  void Prepare(grpc::ClientContext& context, absl::Duration deadline) const;
+
   absl::Duration rpc_timeout_;
+  std::string auth_token_;
 };
 
 }  // namespace comm

@@ -26,16 +26,24 @@ class RendezvousService : public v1::WorkerService::Service {
     absl::MutexLock lock(&mu_);
     epoch_ = epoch;
   }
-
-  grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest* request, v1::KvSetResponse*) override {
+  // Calls must then carry "authorization: Bearer <token>" (KvSet and KvGet check).
+  void require_token(std::string token) {
     absl::MutexLock lock(&mu_);
+    token_ = std::move(token);
+  }
+
+  grpc::Status KvSet(grpc::ServerContext* context, const v1::KvSetRequest* request, v1::KvSetResponse*) override {
+    absl::MutexLock lock(&mu_);
+    if (grpc::Status s = Authorize(*context); !s.ok()) return s;
     if (grpc::Status s = Fence(request->restart_epoch()); !s.ok()) return s;
     values_[{request->job(), request->key()}] = request->value();
     return grpc::Status::OK;
   }
 
-  grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest* request, v1::KvGetResponse* response) override {
+  grpc::Status KvGet(grpc::ServerContext* context, const v1::KvGetRequest* request,
+                     v1::KvGetResponse* response) override {
     absl::MutexLock lock(&mu_);
+    if (grpc::Status s = Authorize(*context); !s.ok()) return s;
     if (grpc::Status s = Fence(request->restart_epoch()); !s.ok()) return s;
     auto it = values_.find({request->job(), request->key()});
     if (it == values_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such key");
@@ -67,6 +75,16 @@ class RendezvousService : public v1::WorkerService::Service {
   }
 
  private:
+  grpc::Status Authorize(const grpc::ServerContext& context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (token_.empty()) return grpc::Status::OK;
+    auto it = context.client_metadata().find("authorization");
+    if (it != context.client_metadata().end() &&
+        std::string(it->second.data(), it->second.size()) == "Bearer " + token_) {
+      return grpc::Status::OK;
+    }
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong bearer token");
+  }
+
   grpc::Status Fence(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (epoch == epoch_) return grpc::Status::OK;
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -75,6 +93,7 @@ class RendezvousService : public v1::WorkerService::Service {
 
   absl::Mutex mu_;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  std::string token_ ABSL_GUARDED_BY(mu_);
   std::map<std::tuple<std::string, std::string>, std::string> values_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -101,6 +120,17 @@ class GrpcKvStoreTest : public ::testing::Test {
 TEST_F(GrpcKvStoreTest, KeepsTheKvStoreContract) {
   GrpcKvStore store(stub_, "jobs/a", 1);
   CheckKvStoreContract(store);
+}
+
+TEST_F(GrpcKvStoreTest, SendsTheBearerToken) {
+  service_.require_token("s3cret");
+  GrpcKvStore anonymous(stub_, "jobs/t", 1);
+  EXPECT_EQ(anonymous.Set("k", "v").code(), absl::StatusCode::kUnauthenticated);
+  GrpcKvStore store(stub_, "jobs/t", 1, absl::Seconds(10), "s3cret");
+  ASSERT_TRUE(store.Set("k", "v").ok());
+  absl::StatusOr<std::string> got = store.Get("k");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "v");
 }
 
 TEST_F(GrpcKvStoreTest, StaleEpochIsRejected) {
