@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/command.h"
+#include "cli/flags.h"
 #include "data/balance.h"
 #include "data/dataset_file.h"
 #include "data/ingest.h"
@@ -21,58 +22,7 @@
 namespace recfleet::data {
 namespace {
 
-// "--name value" / "--name=value" pairs, checked against the known names.
-class Flags {
- public:
-  static absl::StatusOr<Flags> Parse(const std::vector<std::string>& args,
-                                     const std::set<std::string>& known) {
-    Flags f;
-    for (size_t i = 0; i < args.size(); ++i) {
-      const std::string& a = args[i];
-      if (a.rfind("--", 0) != 0) {
-        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
-      }
-      std::string name = a.substr(2), value;
-      size_t eq = name.find('=');
-      if (eq != std::string::npos) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
-      } else if (i + 1 < args.size()) {
-        value = args[++i];
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
-      }
-      if (!known.count(name))
-        return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
-      f.values_[name] = value;
-    }
-    return f;
-  }
-  bool Has(const std::string& n) const { return values_.count(n) > 0; }
-  std::string Str(const std::string& n, const std::string& def = "") const {
-    auto it = values_.find(n);
-    return it == values_.end() ? def : it->second;
-  }
-  template <typename T>
-  absl::Status Get(const std::string& n, T* out) const {
-    auto it = values_.find(n);
-    if (it == values_.end()) return absl::OkStatus();
-    bool ok;
-    if constexpr (std::is_floating_point_v<T>) {
-      double v;
-      ok = absl::SimpleAtod(it->second, &v);
-      *out = static_cast<T>(v);
-    } else {
-      ok = absl::SimpleAtoi(it->second, out);
-    }
-    return ok ? absl::OkStatus()
-              : absl::InvalidArgumentError(
-                    absl::StrCat("--", n, ": '", it->second, "' is not a number"));
-  }
-
- private:
-  std::map<std::string, std::string> values_;
-};
+using cli::Flags;
 
 int Fail(const absl::Status& s, const char* command) {
   std::fprintf(stderr, "recfleet data %s: %s\n", command, std::string(s.message()).c_str());

@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/command.h"
+#include "cli/flags.h"
 #include "data/loader.h"
 #include "services/dataloader/client.h"
 #include "services/dataloader/server.h"
@@ -22,42 +23,7 @@
 namespace recfleet::dataloader {
 namespace {
 
-// "--name value" pairs checked against the known names.
-absl::StatusOr<std::map<std::string, std::string>> ParseFlags(const std::vector<std::string>& args,
-                                                              const std::set<std::string>& known) {
-  std::map<std::string, std::string> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string name = args[i];
-    if (name.rfind("--", 0) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", name, "'"));
-    }
-    name = name.substr(2);
-    std::string value;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
-    }
-    if (!known.count(name))
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
-    out[name] = value;
-  }
-  return out;
-}
-
-template <typename T>
-absl::Status GetInt(const std::map<std::string, std::string>& f, const std::string& name, T* v) {
-  auto it = f.find(name);
-  if (it == f.end()) return absl::OkStatus();
-  if (!absl::SimpleAtoi(it->second, v)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, ": '", it->second, "' is not an integer"));
-  }
-  return absl::OkStatus();
-}
+using cli::Flags;
 
 int Fail(const absl::Status& s, const char* cmd) {
   std::fprintf(stderr, "recfleet data %s: %s\n", cmd, std::string(s.message()).c_str());
@@ -75,7 +41,7 @@ int Fail(const absl::Status& s, const char* cmd) {
 }
 
 int RunServe(const std::vector<std::string>& args) {
-  auto f = ParseFlags(
+  auto f = Flags::Parse(
       args, {"dataset", "ranks", "batch-size", "base-batch", "micro-batches", "cost", "policy",
              "seed", "shuffle-blocks", "instance", "num-instances", "first-rank", "host", "port",
              "metrics-port", "prefetch", "length-feature", "drop-remainder"});
@@ -95,9 +61,9 @@ int RunServe(const std::vector<std::string>& args) {
                                                  {"port", &so.port},
                                                  {"metrics-port", &so.metrics_port},
                                                  {"prefetch", &so.service.prefetch}}) {
-    if (auto st = GetInt(*f, name, ptr); !st.ok()) return Fail(st, "serve");
+    if (auto st = f->Get(name, ptr); !st.ok()) return Fail(st, "serve");
   }
-  if (auto st = GetInt(*f, "seed", &lo.seed); !st.ok()) return Fail(st, "serve");
+  if (auto st = f->Get("seed", &lo.seed); !st.ok()) return Fail(st, "serve");
   if (lo.deal.base_batch < 1 || batch % lo.deal.base_batch != 0 || micro < 1 ||
       (batch / lo.deal.base_batch) % micro != 0) {
     return Fail(absl::InvalidArgumentError("--batch-size must be a multiple of --base-batch, and "
@@ -106,18 +72,18 @@ int RunServe(const std::vector<std::string>& args) {
   }
   lo.deal.base_batches_per_rank = batch / lo.deal.base_batch;
   lo.deal.micro_batch_base_batches = lo.deal.base_batches_per_rank / micro;
-  if (f->count("host")) so.host = f->at("host");
-  if (f->count("length-feature")) lo.length_feature = f->at("length-feature");
-  lo.drop_remainder = f->count("drop-remainder") && f->at("drop-remainder") == "yes";
-  auto cost = data::CostModel::Parse(f->count("cost") ? f->at("cost") : "linear");
+  if (f->Has("host")) so.host = f->Str("host");
+  if (f->Has("length-feature")) lo.length_feature = f->Str("length-feature");
+  lo.drop_remainder = f->Str("drop-remainder") == "yes";
+  auto cost = data::CostModel::Parse(f->Str("cost", "linear"));
   if (!cost.ok()) return Fail(cost.status(), "serve");
   lo.cost = *cost;
-  auto policy = data::ParsePolicy(f->count("policy") ? f->at("policy") : "recfleet");
+  auto policy = data::ParsePolicy(f->Str("policy", "recfleet"));
   if (!policy.ok()) return Fail(policy.status(), "serve");
   lo.policy = *policy;
-  if (!f->count("dataset"))
+  if (!f->Has("dataset"))
     return Fail(absl::InvalidArgumentError("--dataset is required"), "serve");
-  auto files = data::ExpandDatasetPaths(f->at("dataset"));
+  auto files = data::ExpandDatasetPaths(f->Str("dataset"));
   if (!files.ok()) return Fail(files.status(), "serve");
   lo.files = *files;
 
@@ -153,16 +119,16 @@ int RunServe(const std::vector<std::string>& args) {
 }
 
 int RunFetch(const std::vector<std::string>& args) {
-  auto f = ParseFlags(args, {"server", "rank", "epoch", "start-step", "end-step"});
+  auto f = Flags::Parse(args, {"server", "rank", "epoch", "start-step", "end-step"});
   if (!f.ok()) return Fail(f.status(), "fetch");
   int rank = 0;
   int64_t epoch = 0, start = 0, end = 0;
-  if (auto st = GetInt(*f, "rank", &rank); !st.ok()) return Fail(st, "fetch");
-  if (auto st = GetInt(*f, "epoch", &epoch); !st.ok()) return Fail(st, "fetch");
-  if (auto st = GetInt(*f, "start-step", &start); !st.ok()) return Fail(st, "fetch");
-  if (auto st = GetInt(*f, "end-step", &end); !st.ok()) return Fail(st, "fetch");
-  if (!f->count("server")) return Fail(absl::InvalidArgumentError("--server is required"), "fetch");
-  auto client = DataLoaderClient::Connect(f->at("server"));
+  if (auto st = f->Get("rank", &rank); !st.ok()) return Fail(st, "fetch");
+  if (auto st = f->Get("epoch", &epoch); !st.ok()) return Fail(st, "fetch");
+  if (auto st = f->Get("start-step", &start); !st.ok()) return Fail(st, "fetch");
+  if (auto st = f->Get("end-step", &end); !st.ok()) return Fail(st, "fetch");
+  if (!f->Has("server")) return Fail(absl::InvalidArgumentError("--server is required"), "fetch");
+  auto client = DataLoaderClient::Connect(f->Str("server"));
   if (!client.ok()) return Fail(client.status(), "fetch");
   auto stream = (*client)->StreamBatches(rank, epoch, start, end);
   if (!stream.ok()) return Fail(stream.status(), "fetch");
