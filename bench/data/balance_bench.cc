@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/status/status.h"
+#include "cli/flags.h"
 #include "data/balance.h"
 #include "data/synth.h"
 
@@ -29,27 +30,18 @@ int main(int argc, char** argv) {
   std::string lengths_spec = "lognormal:mean=1000,sigma=1.2,min=10,max=50000";
   std::string cost_spec = "linear";
   int64_t samples = 819200, ranks = 8, batch = 1024, base = 128, seed = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    bool ok = true;
-    if (k == "--lengths") {
-      lengths_spec = v;
-    } else if (k == "--cost") {
-      cost_spec = v;
-    } else if (k == "--samples") {
-      ok = absl::SimpleAtoi(v, &samples);
-    } else if (k == "--ranks") {
-      ok = absl::SimpleAtoi(v, &ranks);
-    } else if (k == "--batch-size") {
-      ok = absl::SimpleAtoi(v, &batch);
-    } else if (k == "--base-batch") {
-      ok = absl::SimpleAtoi(v, &base);
-    } else if (k == "--seed") {
-      ok = absl::SimpleAtoi(v, &seed);
-    } else {
-      return Usage(("unknown flag " + k).c_str());
-    }
-    if (!ok) return Usage(("bad value for " + k).c_str());
+  absl::StatusOr<recfleet::cli::Flags> flags = recfleet::cli::Flags::Parse(
+      std::vector<std::string>(argv + 1, argv + argc),
+      {"lengths", "cost", "samples", "ranks", "batch-size", "base-batch", "seed"});
+  if (!flags.ok()) return Usage(std::string(flags.status().message()).c_str());
+  lengths_spec = flags->Str("lengths", lengths_spec);
+  cost_spec = flags->Str("cost", cost_spec);
+  for (auto [name, value] : {std::pair<const char*, int64_t*>{"samples", &samples},
+                             {"ranks", &ranks},
+                             {"batch-size", &batch},
+                             {"base-batch", &base},
+                             {"seed", &seed}}) {
+    if (absl::Status s = flags->Get(name, value); !s.ok()) return Usage(std::string(s.message()).c_str());
   }
   auto dist = recfleet::data::LengthDistribution::Parse(lengths_spec);
   auto cost = recfleet::data::CostModel::Parse(cost_spec);

@@ -12,7 +12,8 @@
 #include <cstdio>
 #include <string>
 
-#include "absl/strings/numbers.h"
+#include "absl/status/status.h"
+#include "cli/flags.h"
 #include "data/loader.h"
 #include "services/dataloader/convert.h"
 
@@ -22,37 +23,28 @@ int main(int argc, char** argv) {
   int ranks = 8, batch = 1024, base = 128;
   int64_t max_steps = 0;
   int epochs = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    bool ok = true;
-    if (k == "--dataset") {
-      dataset = v;
-    } else if (k == "--cost") {
-      cost_spec = v;
-    } else if (k == "--policy") {
-      policy_name = v;
-    } else if (k == "--verbose") {
-      verbose = v == "yes";
-    } else if (k == "--wire") {
-      wire = v == "yes";
-    } else if (k == "--ranks") {
-      ok = absl::SimpleAtoi(v, &ranks);
-    } else if (k == "--batch-size") {
-      ok = absl::SimpleAtoi(v, &batch);
-    } else if (k == "--base-batch") {
-      ok = absl::SimpleAtoi(v, &base);
-    } else if (k == "--epochs") {
-      ok = absl::SimpleAtoi(v, &epochs) && epochs >= 1;
-    } else if (k == "--steps") {
-      ok = absl::SimpleAtoi(v, &max_steps);
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "loader_bench: bad flag %s %s\n", k.c_str(), v.c_str());
-      return 2;
-    }
+  absl::StatusOr<recfleet::cli::Flags> flags = recfleet::cli::Flags::Parse(
+      std::vector<std::string>(argv + 1, argv + argc),
+      {"dataset", "cost", "policy", "verbose", "wire", "ranks", "batch-size", "base-batch", "epochs",
+       "steps"});
+  absl::Status parsed = flags.status();
+  for (auto [name, value] : {std::pair<const char*, int*>{"ranks", &ranks},
+                             {"batch-size", &batch},
+                             {"base-batch", &base},
+                             {"epochs", &epochs}}) {
+    if (parsed.ok()) parsed = flags->Get(name, value);
   }
+  if (parsed.ok()) parsed = flags->Get("steps", &max_steps);
+  if (!parsed.ok() || epochs < 1) {
+    std::fprintf(stderr, "loader_bench: %s\n",
+                 parsed.ok() ? "--epochs must be >= 1" : std::string(parsed.message()).c_str());
+    return 2;
+  }
+  dataset = flags->Str("dataset");
+  cost_spec = flags->Str("cost", cost_spec);
+  policy_name = flags->Str("policy", policy_name);
+  verbose = flags->Str("verbose") == "yes";
+  wire = flags->Str("wire") == "yes";
   auto files = recfleet::data::ExpandDatasetPaths(dataset);
   auto cost = recfleet::data::CostModel::Parse(cost_spec);
   auto policy = recfleet::data::ParsePolicy(policy_name);

@@ -15,7 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/status/status.h"
+#include "cli/flags.h"
 #include "data/loader.h"
 #include "services/dataloader/client.h"
 #include "services/dataloader/server.h"
@@ -33,27 +34,20 @@ double ProcessCpuSeconds() {
 int main(int argc, char** argv) {
   std::string dataset, cost_spec = "linear";
   int ranks = 8, batch = 1024, epochs = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    bool ok = true;
-    if (k == "--dataset") {
-      dataset = v;
-    } else if (k == "--cost") {
-      cost_spec = v;
-    } else if (k == "--ranks") {
-      ok = absl::SimpleAtoi(v, &ranks);
-    } else if (k == "--batch-size") {
-      ok = absl::SimpleAtoi(v, &batch);
-    } else if (k == "--epochs") {
-      ok = absl::SimpleAtoi(v, &epochs) && epochs >= 1;
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "service_bench: bad flag %s %s\n", k.c_str(), v.c_str());
-      return 2;
-    }
+  absl::StatusOr<recfleet::cli::Flags> flags = recfleet::cli::Flags::Parse(
+      std::vector<std::string>(argv + 1, argv + argc), {"dataset", "cost", "ranks", "batch-size", "epochs"});
+  absl::Status parsed = flags.status();
+  for (auto [name, value] :
+       {std::pair<const char*, int*>{"ranks", &ranks}, {"batch-size", &batch}, {"epochs", &epochs}}) {
+    if (parsed.ok()) parsed = flags->Get(name, value);
   }
+  if (!parsed.ok() || epochs < 1) {
+    std::fprintf(stderr, "service_bench: %s\n",
+                 parsed.ok() ? "--epochs must be >= 1" : std::string(parsed.message()).c_str());
+    return 2;
+  }
+  dataset = flags->Str("dataset");
+  cost_spec = flags->Str("cost", cost_spec);
   auto files = recfleet::data::ExpandDatasetPaths(dataset);
   auto cost = recfleet::data::CostModel::Parse(cost_spec);
   if (!files.ok() || !cost.ok() || batch % 128 != 0) {
