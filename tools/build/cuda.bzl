@@ -62,6 +62,10 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
         hdrs = hdrs,
         deps = deps + ["@local_cuda//:cudart"],
         alwayslink = True,
+        # The CUDA runtime is linked statically (@local_cuda//:cudart), so the
+        # nvcc objects must land in the final binary next to it rather than in
+        # a shared object of their own that could not resolve its symbols.
+        linkstatic = True,
         visibility = visibility,
         **kwargs
     )
