@@ -102,9 +102,22 @@ def mma_forward(fn):
     return with_env(fn, "RECFLEET_ATTENTION_FWD", "mma")
 
 
-def wgmma_forward(fn):
-    """fn with the Hopper (wgmma) forward wherever it supports the shapes."""
-    return with_env(fn, "RECFLEET_ATTENTION_FWD", "wgmma")
+def wgmma_plain(fn):
+    """fn with the Hopper forward's turn-taking and TMA loads switched off."""
+    return with_env(with_env(fn, "RECFLEET_ATTENTION_WGMMA_TURNS", "0"),
+                    "RECFLEET_ATTENTION_WGMMA_TMA", "0")
+
+
+def wgmma_no_turns(fn):
+    """fn with the Hopper forward's consumer warpgroups not taking turns."""
+    return with_env(fn, "RECFLEET_ATTENTION_WGMMA_TURNS", "0")
+
+
+def wgmma_variants(workload, impl, flops, fn):
+    """Forward rows of the Hopper kernel's variants and the mma.sync kernel."""
+    record(workload, f"{impl}, wgmma no turns", "fwd", flops, wgmma_no_turns(fn))
+    record(workload, f"{impl}, wgmma no turns/TMA", "fwd", flops, wgmma_plain(fn))
+    record(workload, f"{impl}, mma.sync fwd", "fwd", flops, mma_forward(fn))
 
 
 def offsets(lengths):
@@ -266,7 +279,8 @@ def jagged_self(lib, d, dev, lens, with_flex):
     ours = Ours(lib, q, k, v, lens, lens, "softmax", "none")
     flops = ours.flops
     record(name, "recfleet JFA", "fwd", flops, ours.fwd)
-    record(name, "recfleet JFA, mma.sync fwd", "fwd", flops, mma_forward(ours.fwd))
+    if d == 128:  # the Hopper forward's head dim
+        wgmma_variants(name, "recfleet JFA", flops, ours.fwd)
     record(name, "recfleet JFA", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
     record(name, "recfleet JFA, atomic dQ", "fwd+bwd", 3.5 * flops, atomic_dq(ours.fwd_bwd))
     cu = torch.tensor(offsets(lens), device=dev, dtype=torch.int32)
@@ -295,8 +309,8 @@ def jagged_self(lib, d, dev, lens, with_flex):
     # HSTU-style: SiLU, causal (the generative-recommenders workload).
     silu = Ours(lib, q, k, v, lens, lens, "silu", "causal")
     record(f"{name} SiLU causal", "recfleet GDPA", "fwd", silu.flops, silu.fwd)
-    record(f"{name} SiLU causal", "recfleet GDPA, wgmma fwd", "fwd", silu.flops,
-           wgmma_forward(silu.fwd))
+    if d == 128:
+        wgmma_variants(f"{name} SiLU causal", "recfleet GDPA", silu.flops, silu.fwd)
     record(f"{name} SiLU causal", "recfleet GDPA", "fwd+bwd", 3.5 * silu.flops, silu.fwd_bwd)
 
 
@@ -307,7 +321,7 @@ def sliding_window(lib, dev, lens, with_flex):
     ours = Ours(lib, q, k, v, lens, lens, "softmax", "window", window=w)
     flops = ours.flops
     record(name, "recfleet JFA window", "fwd", flops, ours.fwd)
-    record(name, "recfleet JFA window, mma.sync fwd", "fwd", flops, mma_forward(ours.fwd))
+    wgmma_variants(name, "recfleet JFA window", flops, ours.fwd)
     record(name, "recfleet JFA window", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
     record(name, "recfleet JFA window, atomic dQ", "fwd+bwd", 3.5 * flops,
            atomic_dq(ours.fwd_bwd))
@@ -341,9 +355,7 @@ def gdpa_cross(lib, dev, with_compile):
     for act in ("silu", "gelu", "softmax"):
         ours = Ours(lib, q, k, v, q_lens, k_lens, act, "none")
         record(f"{name} {act}", "recfleet GDPA", "fwd", ours.flops, ours.fwd)
-        other = ("mma.sync", mma_forward) if act == "softmax" else ("wgmma", wgmma_forward)
-        record(f"{name} {act}", f"recfleet GDPA, {other[0]} fwd", "fwd", ours.flops,
-               other[1](ours.fwd))
+        wgmma_variants(f"{name} {act}", "recfleet GDPA", ours.flops, ours.fwd)
         record(f"{name} {act}", "recfleet GDPA", "fwd+bwd", 3.5 * ours.flops, ours.fwd_bwd)
         record(f"{name} {act}", "recfleet GDPA, atomic dQ", "fwd+bwd", 3.5 * ours.flops,
                atomic_dq(ours.fwd_bwd))

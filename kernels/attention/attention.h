@@ -47,12 +47,14 @@
 // H200 than fp32 atomics from the dK/dV pass; RECFLEET_ATTENTION_DQ=atomic
 // selects the latter). BlockAttention with equal Q and K/V lengths runs a
 // dedicated kernel with RoPE fused; elsewhere QK-norm and RoPE are row-wise
-// pre/post passes. The softmax forward at head dim 128 without bias runs a
-// Hopper kernel (wgmma from shared memory, a cp.async producer warpgroup
-// feeding two consumer warpgroups, persistent over the longest-first tile
-// plan); every other forward runs the mma.sync kernel, which measured faster
-// for GELU/SiLU. RECFLEET_ATTENTION_FWD=wgmma (the Hopper kernel wherever it
-// supports the shapes, any activation) or =mma overrides the choice.
+// pre/post passes. The forward at head dim 128 (any activation, mask and
+// bias; not the fused-RoPE block kernel) runs a Hopper kernel (wgmma from
+// shared memory, a TMA/cp.async producer warpgroup feeding two consumer
+// warpgroups that take turns on the tensor cores, persistent over the
+// longest-first tile plan); head dim 64 runs the mma.sync kernel.
+// RECFLEET_ATTENTION_FWD=mma forces the mma.sync kernel everywhere;
+// RECFLEET_ATTENTION_WGMMA_TURNS=0 and RECFLEET_ATTENTION_WGMMA_TMA=0 switch
+// off the Hopper kernel's turn-taking and TMA loads (for re-measuring).
 
 #include <cstdint>
 

@@ -344,17 +344,22 @@ bool AtomicDq() {
   return mode != nullptr && std::string(mode) == "atomic";
 }
 
-// Which forward kernel runs where the Hopper (wgmma) one supports the shapes:
-// by default it does for softmax and the mma.sync kernel for GELU/SiLU, as
-// measured on H200 (the wgmma GDPA variants lose: ptxas serializes their
-// wgmma chain for lack of registers). RECFLEET_ATTENTION_FWD=wgmma or =mma
-// forces one kernel, so the choice can be re-measured (bench/attention).
+// Which forward kernel runs where the Hopper (wgmma) one supports the shapes
+// (head dim 128, no fused RoPE): by default the Hopper kernel for every
+// activation, as measured on H200 (bench/attention). RECFLEET_ATTENTION_FWD
+// =mma forces the mma.sync kernel, so the choice can be re-measured.
 bool UseWgmmaForward(const KernelParams& p) {
   if (!cuda_impl::WgmmaForwardSupports(p)) return false;
   const char* mode = std::getenv("RECFLEET_ATTENTION_FWD");
-  if (mode != nullptr && std::string(mode) == "mma") return false;
-  if (mode != nullptr && std::string(mode) == "wgmma") return true;
-  return p.activation == cuda_impl::kActSoftmax;
+  return mode == nullptr || std::string(mode) != "mma";
+}
+
+// Switches of the Hopper forward (KernelParams::wgmma_turns, wgmma_tma), on
+// unless the environment variable is "0", kept selectable so the choices
+// can be re-measured (bench/attention).
+bool EnvFlag(const char* name) {
+  const char* mode = std::getenv(name);
+  return mode == nullptr || std::string(mode) != "0";
 }
 
 absl::Status CheckSizes(const AttentionInputs& in) {
@@ -397,6 +402,10 @@ absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& o, T
         !s.ok()) {
       return s;
     }
+    p.wgmma_turns = EnvFlag("RECFLEET_ATTENTION_WGMMA_TURNS");
+    p.wgmma_tma = EnvFlag("RECFLEET_ATTENTION_WGMMA_TMA");
+    p.q_rows = in.q.values.dim(0);
+    p.kv_rows = in.k.values.dim(0);
     return CudaCheck(cuda_impl::LaunchJaggedForwardWgmma(p, sms, stream),
                      "jagged attention forward (wgmma)");
   }

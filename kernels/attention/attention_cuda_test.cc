@@ -267,41 +267,71 @@ TEST(AttentionCudaTest, BiasQkNormAndRope) {
   }
 }
 
-// The Hopper forward (d = 128, no bias; forced for every activation) works
-// on 128-row query tiles and 128-key tiles in a persistent grid: lengths
-// around both tile sizes, the longest sequence, empty and single rows, more
-// items than SMs, and the mma.sync fallback on the same cases.
+// The Hopper forward (d = 128, the default there) works on 128-row query
+// tiles and 128-key tiles in a persistent grid whose two consumer
+// warpgroups take turns, loading tiles inside a sequence by TMA and the
+// others by cp.async: lengths around both tile sizes, the longest sequence,
+// empty and single rows, bias, more items than SMs with mixed K/V tile
+// counts (0, 1, 2, 3); the same without turns and TMA, and the mma.sync
+// kernel on the same cases.
 TEST(AttentionCudaTest, HopperForwardTileEdges) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   const std::vector<int64_t> lens = {0, 1, 127, 128, 129, 255, 257, 400};
   const std::vector<int64_t> q_lens = {300, 1, 0, 129, 128, 5, 257, 1};
   const std::vector<int64_t> k_lens = {128, 129, 3, 0, 400, 256, 1, 300};
+  struct Variant {
+    const char* name;
+    const char* fwd;
+    const char* switches;  // RECFLEET_ATTENTION_WGMMA_TURNS and _TMA
+  };
   uint64_t seed = 400;
-  for (const char* fwd : {"wgmma", "mma"}) {
-    const bool mma = std::string(fwd) == "mma";
-    setenv("RECFLEET_ATTENTION_FWD", fwd, 1);
+  for (const Variant& var : {Variant{"wgmma", "wgmma", "1"}, Variant{"wgmma plain", "wgmma", "0"},
+                             Variant{"mma", "mma", "1"}}) {
+    setenv("RECFLEET_ATTENTION_FWD", var.fwd, 1);
+    setenv("RECFLEET_ATTENTION_WGMMA_TURNS", var.switches, 1);
+    setenv("RECFLEET_ATTENTION_WGMMA_TMA", var.switches, 1);
+    const bool plain = std::string(var.switches) == "0";
     for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
-      if (mma && a != Activation::kSoftmax) continue;
       for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
-        Case self{absl::StrCat("hopper self ", fwd, " ", ActName(a), " ", MaskName(m)), lens, lens,
-                  2, 128};
+        if (plain && (a == Activation::kGelu || m == Mask::kSlidingWindow)) continue;
+        Case self{absl::StrCat("hopper self ", var.name, " ", ActName(a), " ", MaskName(m)), lens,
+                  lens, 2, 128};
         self.opts.activation = a;
         self.opts.mask = m;
         self.opts.window = 200;
         RunCase(self, seed++);
-        Case cross{absl::StrCat("hopper cross ", fwd, " ", ActName(a), " ", MaskName(m)), q_lens,
-                   k_lens, 2, 128};
+        Case cross{absl::StrCat("hopper cross ", var.name, " ", ActName(a), " ", MaskName(m)),
+                   q_lens, k_lens, 2, 128};
         cross.opts = self.opts;
         RunCase(cross, seed++);
+        if (m == Mask::kCausal) {
+          self.name += " bias";
+          self.bias = true;
+          RunCase(self, seed++);
+          cross.name += " bias";
+          cross.bias = true;
+          RunCase(cross, seed++);
+        }
       }
     }
+    // Many items: CTAs loop over several, with 0..3 K/V tiles each, so the
+    // ring buffers wrap and the warpgroups' turns cross item borders.
+    std::mt19937_64 rng(seed);
+    std::vector<int64_t> many_q(100), many_k(100);
+    for (size_t i = 0; i < many_q.size(); ++i) {
+      many_q[i] = static_cast<int64_t>(rng() % 300);
+      many_k[i] = i % 7 == 0 ? 0 : static_cast<int64_t>(rng() % 300);
+    }
+    for (Activation a : {Activation::kSoftmax, Activation::kSilu}) {
+      Case many{absl::StrCat("hopper many items ", var.name, " ", ActName(a)), many_q, many_k, 2,
+                128};
+      many.opts.activation = a;
+      RunCase(many, seed++);
+    }
   }
-  // Many short sequences: more work items than SMs, so CTAs loop.
-  Case many{"hopper many items", std::vector<int64_t>(40, 65), std::vector<int64_t>(40, 65), 8,
-            128};
-  setenv("RECFLEET_ATTENTION_FWD", "wgmma", 1);
-  RunCase(many, seed++);
   unsetenv("RECFLEET_ATTENTION_FWD");
+  unsetenv("RECFLEET_ATTENTION_WGMMA_TURNS");
+  unsetenv("RECFLEET_ATTENTION_WGMMA_TMA");
 }
 
 // The backward's dQ through fp32 atomics in the dK/dV pass instead of the

@@ -64,6 +64,15 @@ struct KernelParams {
   float scale = 1.f;
   bool rope = false;  // BlockAttention only: RoPE fused into the tile loads
   float log2_theta = 0.f;
+  // Hopper forward: the two consumer warpgroups take turns issuing their
+  // GEMMs (ping-pong); off, both issue as soon as their data is ready.
+  bool wgmma_turns = true;
+  // Hopper forward: query/K/V tiles that lie inside their sequence load
+  // through the tensor memory accelerator (TMA); off, or where the tensor
+  // maps cannot be made, every tile loads with cp.async.
+  bool wgmma_tma = true;
+  int64_t q_rows = 0;   // rows of q (the Hopper forward's tensor maps)
+  int64_t kv_rows = 0;  // rows of k and v
 };
 
 // Each returns a cudaError_t as int (0 = success) of the launch.

@@ -1,27 +1,38 @@
-// Hopper forward of the jagged attention at head dim 128 without bias:
-// warpgroup MMA (wgmma) from shared memory, warp-specialized.
+// Hopper forward of the jagged attention at head dim 128 (any activation,
+// mask and bias): warpgroup MMA (wgmma) from shared memory, warp-specialized.
 //
 // A persistent CTA has three warpgroups. Warpgroup 2 is the producer: it
-// streams the 128-row query tile and 128-row K/V tiles of its work items
-// into shared memory with cp.async (rows past a sequence end zero-filled),
-// through a two-stage ring guarded by mbarriers, and hands most of its
-// registers to the consumers (setmaxnreg; wgmma kernels are allocated
-// registers per warpgroup, so a lone producer warp would cost as much).
-// Warpgroups 0 and 1 each own 64 of the tile's query rows: S = Q K^T is one
-// m64n128 wgmma chain with both operands in shared memory, the activation
-// (online softmax, or GELU/SiLU without running max/sum) runs on the
-// accumulator registers, and O += P V takes P from registers and V from
-// shared memory (transposed operand). Items are the launcher's longest-first
-// forward tiles; CTA c takes items c, c + grid, c + 2 grid, ... so the
-// longest start first on every SM. For GELU/SiLU ptxas serializes the wgmma
-// chain at this register budget, so the launcher prefers the mma.sync kernel
-// for those by default (attention_cuda.cc).
+// streams the 128-row query tiles and 128-row K/V tiles of its work items
+// into shared memory, by TMA (one thread, two bulk tensor copies a tile)
+// where the tile lies inside its sequence and by cp.async with zero fill
+// where it crosses the sequence end. Query tiles go through a two-stage
+// ring of their own (the next item's Q loads while the current item
+// computes, which matters for the short-K/V shapes with one or two K/V
+// tiles per item), K and V through two-stage rings with separate barriers
+// (K_n is released when S_n is done, V_n only after P_n V_n, one step
+// later). It hands most of its registers to the consumers
+// (setmaxnreg; wgmma kernels are allocated registers per warpgroup, so a
+// lone producer warp would cost as much). Warpgroups 0 and 1 each own 64 of
+// the tile's query rows: S = Q K^T is one m64n128 wgmma chain with both
+// operands in shared memory, the activation (online softmax, or GELU/SiLU
+// without running max/sum) runs on the accumulator registers, and O += P V
+// takes P from registers and V from shared memory (transposed operand). The
+// two consumers take turns issuing their GEMMs (named barriers), so one's
+// activation runs while the other's GEMMs keep the tensor cores busy, and
+// each issues S_n together with P_{n-1} V_{n-1} (FlashAttention-3's
+// ping-pong and intra-warpgroup overlap). Items are the launcher's
+// longest-first forward tiles; CTA c takes items c, c + grid, c + 2 grid,
+// ... so the longest start first on every SM.
 //
 // Shared-memory tiles use the 128-byte swizzle of the wgmma descriptors: a
 // [rows][128] bf16 tile is stored as two [rows][64] halves (128 bytes a
 // row), and the 16-byte chunk c of row r sits at chunk c ^ (r & 7).
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/attention/cuda_common.cuh"
 
@@ -34,8 +45,9 @@ constexpr int kRowsKv = 128;    // keys per K/V tile
 constexpr int kWgThreads = 128;
 constexpr int kCtaThreads = 3 * kWgThreads;
 constexpr int kTileBytes = 128 * kD * 2;  // one 128 x 128 bf16 tile
-// Q, two stages of K and V, the barriers; plus slack to align to 1024.
-constexpr int kSmemBytes = 5 * kTileBytes + 128 + 1024;
+// Two stages each of Q, K and V, the barriers; plus slack to align to 1024.
+constexpr int kSmemBytes = 6 * kTileBytes + 128 + 1024;
+static_assert(12 * 8 <= 128, "the barriers fit their 128 bytes");
 
 static_assert(kForwardTileRows == kRowsQ, "the planner's forward tiles must be 128 rows");
 
@@ -74,6 +86,29 @@ __device__ __forceinline__ void WgCommit() {
 }
 __device__ __forceinline__ void WgWait0() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgWait1() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
+// Pins register values at this point of the instruction stream, so that the
+// compiler neither moves their computation past a wgmma fence nor touches
+// wgmma operands or accumulators before the wait; either makes ptxas
+// serialize the wgmma chain (C7511).
+template <int N, int M>
+__device__ __forceinline__ void FenceRegs(float (&r)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int j = 0; j < M; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
+  }
+}
+template <int N, int M>
+__device__ __forceinline__ void FenceRegs(uint32_t (&r)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int j = 0; j < M; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+  }
 }
 
 #define RF_ACC4(a, i) "+f"(a[i][0]), "+f"(a[i][1]), "+f"(a[i][2]), "+f"(a[i][3])
@@ -141,32 +176,181 @@ __device__ __forceinline__ void CopiesDone(uint32_t bar) {
   BarArrive(bar);
 }
 
+// One 64-column half of a tile (128 rows x 128 bytes, the same 128-byte
+// swizzle) by TMA, completing on `bar`. Coordinates: column, head, row.
+__device__ __forceinline__ void TmaLoadHalf(uint32_t dst, const CUtensorMap* map, int col,
+                                            int head, int row, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(head), "r"(row), "r"(bar)
+      : "memory");
+}
+
+// Fills the swizzled tile `s` with rows [row0, row0 + 128) of one head and
+// arrives on `bar` (count: the 128 producer threads): one thread issues two
+// TMA copies when every row lies inside the sequence, otherwise all threads
+// copy with cp.async, zero-filling the rows outside.
+__device__ __forceinline__ void FillTile(uint32_t s, const CUtensorMap* map, bool tma,
+                                         const bf16* g, int64_t start, int row0, int len, int head,
+                                         int heads, int tid, uint32_t bar) {
+  if (tma && row0 + 128 <= len) {
+    if (tid == 0) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                   "r"(kTileBytes)
+                   : "memory");
+      const int row = static_cast<int>(start + row0);
+      TmaLoadHalf(s, map, 0, head, row, bar);
+      TmaLoadHalf(s + 128 * 128, map, 64, head, row, bar);
+    } else {
+      BarArrive(bar);
+    }
+  } else {
+    LoadTile(s, g, start, row0, len, head, heads, tid);
+    CopiesDone(bar);
+  }
+}
+
 __device__ __forceinline__ WorkItem ItemAt(const KernelParams& p, int w) {
   WorkItem it = p.items[w / p.heads];
   it.head = w % p.heads;
+  it.bias_base += static_cast<int64_t>(it.head) * it.q_len * it.k_len;
   return it;
 }
 
+// Named barriers 1 and 2 order the two consumer warpgroups' GEMM issue
+// (barrier 0 is __syncthreads): warpgroup c waits on 1 + c for its turn and
+// hands the turn over by arriving on 2 - c.
+// KernelParams::wgmma_turns = false turns both into no-ops.
+__device__ __forceinline__ void TurnWait(const KernelParams& p, int id) {
+  if (p.wgmma_turns) asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(2 * kWgThreads) : "memory");
+}
+__device__ __forceinline__ void TurnPass(const KernelParams& p, int id) {
+  if (p.wgmma_turns) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(2 * kWgThreads) : "memory");
+  }
+}
+
+// Turns a warpgroup's 64 x 128 score tile (keys col0..col0 + 127) into
+// probabilities in place: the mask (and bias), the scale, then either the
+// online softmax step (running max m and sum l per row; corr receives the
+// factor the output accumulated so far must be multiplied by) or the
+// activation with corr = 1.
 template <int A>
-__global__ void __launch_bounds__(kCtaThreads, 1) WgmmaForwardKernel(const KernelParams p) {
+__device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkItem& it,
+                                              float (&sc)[16][4], int row0, int col0, int t,
+                                              float (&m)[2], float (&l)[2], float (&corr)[2]) {
+  if (p.bias == nullptr && TileFull(p, it.q_len, it.k_len, it.tile_row, kRowsQ, col0, kRowsKv)) {
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (A == kActSoftmax) {
+          sc[nt][e] *= p.scale * kLog2e;
+        } else {
+          sc[nt][e] = Act<A>(sc[nt][e] * p.scale);
+        }
+      }
+    }
+  } else {
+    int lo[2], hi[2];
+    RowKeyRanges(p, it.q_len, it.k_len, row0, lo, hi);
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, j = col0 + nt * 8 + 2 * t + (e & 1);
+        const bool vis = j >= lo[r] && j < hi[r];
+        float x = sc[nt][e] * p.scale;
+        if (p.bias != nullptr && vis) x += BiasAt(p, it, row0 + 8 * r, j);
+        if constexpr (A == kActSoftmax) {
+          sc[nt][e] = vis ? x * kLog2e : -INFINITY;
+        } else {
+          sc[nt][e] = vis ? Act<A>(x) : 0.f;
+        }
+      }
+    }
+  }
+  corr[0] = corr[1] = 1.f;
+  if constexpr (A == kActSoftmax) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) mx = fmaxf(mx, fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
+      const float m_new = fmaxf(m[r], QuadMax(mx));
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      corr[r] = Exp2(m[r] - m_use);
+      m[r] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        sc[nt][2 * r] = Exp2(sc[nt][2 * r] - m_use);
+        sc[nt][2 * r + 1] = Exp2(sc[nt][2 * r + 1] - m_use);
+        sum += sc[nt][2 * r] + sc[nt][2 * r + 1];
+      }
+      l[r] = fmaf(l[r], corr[r], sum);
+    }
+  }
+}
+
+// S = Q K^T for one K/V stage: Q (this warpgroup's 64 rows) and K both
+// from shared memory, eight k16 steps over the head dim.
+__device__ __forceinline__ void IssueS(float (&sc)[16][4], uint32_t q_rows, uint32_t kb) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t off = (kk >> 2) * (128 * 128) + (kk & 3) * 32;
+    WgmmaSS(sc, Desc(q_rows + off, 16, 1024), Desc(kb + off, 16, 1024), kk > 0);
+  }
+  WgCommit();
+}
+
+// The bf16 A fragments of P V from the fp32 probabilities.
+__device__ __forceinline__ void PackProbs(const float (&sc)[16][4], uint32_t (&pa)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    pa[kk][0] = Pack(sc[2 * kk][0], sc[2 * kk][1]);
+    pa[kk][1] = Pack(sc[2 * kk][2], sc[2 * kk][3]);
+    pa[kk][2] = Pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+    pa[kk][3] = Pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+  }
+}
+
+// O += P V for one K/V stage: P (64 x 128 keys) from registers, V from
+// shared memory. Keys [16 kk, 16 kk + 16) are two 8-row groups 1024 bytes
+// apart; the two 64-column halves of V are 128 * 128 bytes apart.
+__device__ __forceinline__ void IssuePv(float (&o)[16][4], const uint32_t (&pa)[8][4],
+                                        uint32_t vb) {
+#pragma unroll
+  for (int kk = 0; kk < kRowsKv / 16; ++kk) {
+    WgmmaRS(o, pa[kk], Desc(vb + kk * 16 * 128, 128 * 128, 1024));
+  }
+  WgCommit();
+}
+
+template <int A>
+__global__ void __launch_bounds__(kCtaThreads, 1)
+    WgmmaForwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap q_map,
+                       const __grid_constant__ CUtensorMap k_map,
+                       const __grid_constant__ CUtensorMap v_map, bool tma) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023) & ~1023u;
-  const uint32_t q_s = base;
-  const uint32_t k_s = base + kTileBytes;       // two stages
-  const uint32_t v_s = base + 3 * kTileBytes;   // two stages
-  const uint32_t bars = base + 5 * kTileBytes;  // full[2], empty[2], q_full, q_empty
-  const uint32_t full = bars, empty = bars + 16, q_full = bars + 32, q_empty = bars + 40;
+  const uint32_t q_s = base;                    // two stages
+  const uint32_t k_s = base + 2 * kTileBytes;   // two stages
+  const uint32_t v_s = base + 4 * kTileBytes;   // two stages
+  // Barriers, two stages each: K, V and Q landed (full) and released (empty).
+  const uint32_t bars = base + 6 * kTileBytes;
+  const uint32_t k_full = bars, v_full = bars + 16, q_full = bars + 32;
+  const uint32_t k_empty = bars + 48, v_empty = bars + 64, q_empty = bars + 80;
   const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
   const int total = p.num_items * p.heads;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2; ++s) {
-      BarInit(full + 8 * s, kWgThreads);
-      BarInit(empty + 8 * s, 2 * kWgThreads);
+      for (uint32_t f : {k_full, v_full, q_full}) BarInit(f + 8 * s, kWgThreads);
+      for (uint32_t e : {k_empty, v_empty, q_empty}) BarInit(e + 8 * s, 2 * kWgThreads);
     }
-    BarInit(q_full, kWgThreads);
-    BarInit(q_empty, 2 * kWgThreads);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -180,161 +364,200 @@ __global__ void __launch_bounds__(kCtaThreads, 1) WgmmaForwardKernel(const Kerne
     for (int w = blockIdx.x; w < total; w += gridDim.x, ++item_iter) {
       const WorkItem it = ItemAt(p, w);
       const int n_tiles = (it.inner_end - it.inner_begin + kRowsKv - 1) / kRowsKv;
-      BarWait(q_empty, (item_iter & 1) ^ 1);
-      LoadTile(q_s, q, it.q_start, it.tile_row, it.q_len, it.head, p.heads, tid);
-      CopiesDone(q_full);
+      // The query tile of item i goes to stage i & 1, so it loads while the
+      // consumers still work on item i - 1.
+      const int qs = item_iter & 1;
+      BarWait(q_empty + 8 * qs, ((item_iter >> 1) & 1) ^ 1);
+      FillTile(q_s + qs * kTileBytes, &q_map, tma, q, it.q_start, it.tile_row, it.q_len, it.head,
+               p.heads, tid, q_full + 8 * qs);
+      // K and V have barriers of their own: K_n is free once S_n is done,
+      // V_n only after P_n V_n, which the consumers issue one step later.
       for (int n = 0; n < n_tiles; ++n, ++kv_iter) {
-        const int s = kv_iter & 1;
-        BarWait(empty + 8 * s, ((kv_iter >> 1) & 1) ^ 1);
+        const int s = kv_iter & 1, parity = ((kv_iter >> 1) & 1) ^ 1;
         const int row0 = it.inner_begin + n * kRowsKv;
-        LoadTile(k_s + s * kTileBytes, k, it.k_start, row0, it.k_len, it.head, p.heads, tid);
-        LoadTile(v_s + s * kTileBytes, v, it.k_start, row0, it.k_len, it.head, p.heads, tid);
-        CopiesDone(full + 8 * s);
+        BarWait(k_empty + 8 * s, parity);
+        FillTile(k_s + s * kTileBytes, &k_map, tma, k, it.k_start, row0, it.k_len, it.head,
+                 p.heads, tid, k_full + 8 * s);
+        BarWait(v_empty + 8 * s, parity);
+        FillTile(v_s + s * kTileBytes, &v_map, tma, v, it.k_start, row0, it.k_len, it.head,
+                 p.heads, tid, v_full + 8 * s);
       }
     }
     return;
   }
 
+  // Consumers. Per K/V tile n, in its turn, a warpgroup issues S_n = Q K_n^T
+  // and O += P_{n-1} V_{n-1} back to back, passes the turn, and computes P_n
+  // from S_n while the other warpgroup's GEMMs run (FlashAttention-3's
+  // ping-pong with the intra-warpgroup overlap).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int c = wg;  // consumer: rows [64 c, 64 c + 64) of the query tile
+  // Softmax turns S_n into P_n while this warpgroup's own P_{n-1} V_{n-1}
+  // still runs. GELU and SiLU wait for it first: their activations keep
+  // each score and its special-function result live together, which with
+  // O and P_{n-1} pinned by the running wgmma exceeds the register budget
+  // (ptxas then serializes every wgmma). They still overlap with the other
+  // warpgroup's GEMMs.
+  constexpr bool kOverlapOwnPv = A == kActSoftmax;
+  const int c = wg;  // rows [64 c, 64 c + 64) of the query tile
+  const int my_turn = 1 + c, other_turn = 2 - c;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int row_in_tile = c * 64 + warp * 16 + g;  // and + 8
-  const float scale_log2 = p.scale * kLog2e;
+  if (c == 1) TurnPass(p, 1);  // warpgroup 0 issues first
   int kv_iter = 0, item_iter = 0;
   for (int w = blockIdx.x; w < total; w += gridDim.x, ++item_iter) {
     const WorkItem it = ItemAt(p, w);
     const int n_tiles = (it.inner_end - it.inner_begin + kRowsKv - 1) / kRowsKv;
-    float o[16][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const int row0 = it.tile_row + row_in_tile;
+    float o[16][4], sc[16][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
+    uint32_t pa[8][4];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
     }
-    BarWait(q_full, item_iter & 1);
-    const uint32_t q_rows = q_s + c * 64 * 128;  // this warpgroup's 64 rows, half 0
-    for (int n = 0; n < n_tiles; ++n, ++kv_iter) {
-      const int s = kv_iter & 1;
-      BarWait(full + 8 * s, (kv_iter >> 1) & 1);
-      const uint32_t kb = k_s + s * kTileBytes, vb = v_s + s * kTileBytes;
-      float sc[16][4];
+    const int qs = item_iter & 1;
+    BarWait(q_full + 8 * qs, (item_iter >> 1) & 1);
+    const uint32_t q_rows = q_s + qs * kTileBytes + c * 64 * 128;  // this warpgroup's rows
+    if (n_tiles > 0) {
+      // Tile 0: S_0 alone.
+      int s = kv_iter & 1;
+      BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
+      TurnWait(p, my_turn);
       WgFence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t off = (kk >> 2) * (128 * 128) + (kk & 3) * 32;
-        WgmmaSS(sc, Desc(q_rows + off, 16, 1024), Desc(kb + off, 16, 1024), kk > 0);
-      }
-      WgCommit();
+      IssueS(sc, q_rows, k_s + s * kTileBytes);
+      TurnPass(p, other_turn);
       WgWait0();
-
-      const int col0 = it.inner_begin + n * kRowsKv;
-      if (TileFull(p, it.q_len, it.k_len, it.tile_row, kRowsQ, col0, kRowsKv)) {
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if constexpr (A == kActSoftmax) {
-              sc[nt][e] *= scale_log2;
-            } else {
-              sc[nt][e] = Act<A>(sc[nt][e] * p.scale);
-            }
-          }
+      FenceRegs(sc);
+      BarArrive(k_empty + 8 * s);
+      ScoresToProbs<A>(p, it, sc, row0, it.inner_begin, t, m, l, corr);
+      PackProbs(sc, pa);
+      for (int n = 1; n < n_tiles; ++n) {
+        const int prev = s, prev_parity = (kv_iter >> 1) & 1;
+        ++kv_iter;
+        s = kv_iter & 1;
+        BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
+        BarWait(v_full + 8 * prev, prev_parity);
+        TurnWait(p, my_turn);
+        FenceRegs(pa);
+        FenceRegs(o);
+        WgFence();
+        IssueS(sc, q_rows, k_s + s * kTileBytes);
+        IssuePv(o, pa, v_s + prev * kTileBytes);
+        TurnPass(p, other_turn);
+        const int col0 = it.inner_begin + n * kRowsKv;
+        if constexpr (kOverlapOwnPv) {
+          WgWait1();
+          FenceRegs(sc);
+          BarArrive(k_empty + 8 * s);
+          ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
         }
-      } else {
-        int lo[2], hi[2];
-        RowKeyRanges(p, it.q_len, it.k_len, it.tile_row + row_in_tile, lo, hi);
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e >> 1, j = col0 + nt * 8 + 2 * t + (e & 1);
-            const bool vis = j >= lo[r] && j < hi[r];
-            if constexpr (A == kActSoftmax) {
-              sc[nt][e] = vis ? sc[nt][e] * scale_log2 : -INFINITY;
-            } else {
-              sc[nt][e] = vis ? Act<A>(sc[nt][e] * p.scale) : 0.f;
-            }
-          }
-        }
-      }
-      if constexpr (A == kActSoftmax) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int nt = 0; nt < 16; ++nt) mx = fmaxf(mx, fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
-          const float m_new = fmaxf(m[r], QuadMax(mx));
-          const float m_use = m_new == -INFINITY ? 0.f : m_new;
-          const float corr = Exp2(m[r] - m_use);
-          m[r] = m_new;
-          l[r] *= corr;
+        WgWait0();
+        FenceRegs(o);
+        FenceRegs(pa);
+        FenceRegs(sc);
+        if constexpr (!kOverlapOwnPv) BarArrive(k_empty + 8 * s);
+        BarArrive(v_empty + 8 * prev);
+        if constexpr (!kOverlapOwnPv) ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+        if constexpr (A == kActSoftmax) {
 #pragma unroll
           for (int dt = 0; dt < 16; ++dt) {
-            o[dt][2 * r] *= corr;
-            o[dt][2 * r + 1] *= corr;
-          }
 #pragma unroll
-          for (int nt = 0; nt < 16; ++nt) {
-            sc[nt][2 * r] = Exp2(sc[nt][2 * r] - m_use);
-            sc[nt][2 * r + 1] = Exp2(sc[nt][2 * r + 1] - m_use);
-            l[r] += sc[nt][2 * r] + sc[nt][2 * r + 1];
+            for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e >> 1];
           }
         }
+        PackProbs(sc, pa);
       }
-      uint32_t pa[8][4];
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        pa[kk][0] = Pack(sc[2 * kk][0], sc[2 * kk][1]);
-        pa[kk][1] = Pack(sc[2 * kk][2], sc[2 * kk][3]);
-        pa[kk][2] = Pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-        pa[kk][3] = Pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-      }
+      // The last tile's P V.
+      BarWait(v_full + 8 * s, (kv_iter >> 1) & 1);
+      TurnWait(p, my_turn);
+      FenceRegs(pa);
+      FenceRegs(o);
       WgFence();
-#pragma unroll
-      for (int kk = 0; kk < kRowsKv / 16; ++kk) {
-        // Keys [16 kk, 16 kk + 16): two 8-row groups 1024 bytes apart; the
-        // two 64-column halves of V 128 * 128 bytes apart.
-        WgmmaRS(o, pa[kk], Desc(vb + kk * 16 * 128, 128 * 128, 1024));
-      }
-      WgCommit();
+      IssuePv(o, pa, v_s + s * kTileBytes);
+      TurnPass(p, other_turn);
       WgWait0();
-      BarArrive(empty + 8 * s);
+      FenceRegs(o);
+      BarArrive(v_empty + 8 * s);
+      ++kv_iter;
     }
-    BarArrive(q_empty);
+    BarArrive(q_empty + 8 * qs);
 
-    const int row_base = it.tile_row + row_in_tile;
     float mul[2] = {1.f, 1.f};
     if constexpr (A == kActSoftmax) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float sum = QuadSum(l[r]);
         mul[r] = sum > 0.f ? 1.f / sum : 0.f;
-        const int i = row_base + 8 * r;
+        const int i = row0 + 8 * r;
         if (t == 0 && i < it.q_len) {
           p.lse[(it.q_start + i) * p.heads + it.head] =
               sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
         }
       }
     }
-    StoreRows<kD>(p.o, o, it.q_start, row_base, it.q_len, it.head, p.heads, mul);
+    StoreRows<kD>(p.o, o, it.q_start, row0, it.q_len, it.head, p.heads, mul);
   }
+  // Warpgroup 1 passed the turn once more than warpgroup 0 took it.
+  if (c == 0) TurnWait(p, my_turn);
+}
+
+// The driver's tensor-map encoder, looked up once through the runtime (no
+// link-time dependency on the driver library); null if unavailable.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// A tensor map over a bf16 [rows, heads, 128] tensor whose boxes are the
+// 64-column halves of 128-row tiles of one head, 128-byte swizzled (the
+// layout LoadTile writes). False if the tensor does not qualify.
+bool MakeTileMap(CUtensorMap* map, const void* base, int64_t rows, int heads) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr || rows <= 0 || rows > INT32_MAX ||
+      reinterpret_cast<uintptr_t>(base) % 16 != 0) {
+    return false;
+  }
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {kD * 2, static_cast<cuuint64_t>(heads) * kD * 2};
+  const cuuint32_t box[3] = {64, 1, 128};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides,
+                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 template <int A>
 int LaunchWgmma(const KernelParams& p, int sms, void* stream) {
   const int total = p.num_items * p.heads;
   if (total == 0) return 0;
+  CUtensorMap q_map{}, k_map{}, v_map{};
+  const bool tma = p.wgmma_tma && MakeTileMap(&q_map, p.q, p.q_rows, p.heads) &&
+                   MakeTileMap(&k_map, p.k, p.kv_rows, p.heads) &&
+                   MakeTileMap(&v_map, p.v, p.kv_rows, p.heads);
   auto kernel = WgmmaForwardKernel<A>;
   cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (e != cudaSuccess) return e;
-  kernel<<<min(total, sms), kCtaThreads, kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p);
+  kernel<<<min(total, sms), kCtaThreads, kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+      p, q_map, k_map, v_map, tma);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 bool WgmmaForwardSupports(const KernelParams& p) {
-  return p.head_dim == kD && p.bias == nullptr && !p.rope;
+  return p.head_dim == kD && !p.rope;
 }
 
 int LaunchJaggedForwardWgmma(const KernelParams& p, int sms, void* stream) {
