@@ -53,8 +53,9 @@
 // warpgroups that take turns on the tensor cores, persistent over the
 // longest-first tile plan); head dim 64 runs the mma.sync kernel.
 // RECFLEET_ATTENTION_FWD=mma forces the mma.sync kernel everywhere;
-// RECFLEET_ATTENTION_WGMMA_TURNS=0 and RECFLEET_ATTENTION_WGMMA_TMA=0 switch
-// off the Hopper kernel's turn-taking and TMA loads (for re-measuring).
+// RECFLEET_ATTENTION_WGMMA_TURNS=0, _TMA=0 and _GROUP=0 switch off the
+// Hopper kernel's turn-taking, TMA loads and the grouping of query tiles
+// that share a short K/V range (for re-measuring).
 
 #include <cstdint>
 

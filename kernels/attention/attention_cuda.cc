@@ -43,17 +43,20 @@ absl::Status CudaCheck(int err, absl::string_view what) {
                                           cudaGetErrorString(static_cast<cudaError_t>(err))));
 }
 
-// Orders items so the longest inner loops start first (the hardware hands
-// CTAs out in grid order, so this is longest-processing-time-first over the
-// SMs and the tail holds only short tiles).
+// Orders items so the longest start first (the hardware hands CTAs out in
+// grid order, so this is longest-processing-time-first over the SMs and the
+// tail holds only short tiles). An item's work is its inner rows times its
+// query tiles.
 void SortLongestFirst(std::vector<WorkItem>& items) {
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) {
-    return a.inner_end - a.inner_begin > b.inner_end - b.inner_begin;
+    return static_cast<int64_t>(a.inner_end - a.inner_begin) * a.q_tiles >
+           static_cast<int64_t>(b.inner_end - b.inner_begin) * b.q_tiles;
   });
 }
 
 struct HostPlan {
   std::vector<WorkItem> forward_tiles;  // forward (kForwardTileRows queries each)
+  std::vector<WorkItem> grouped_tiles;  // the Hopper forward's (forward tiles grouped)
   std::vector<WorkItem> query_tiles;    // dQ
   std::vector<WorkItem> key_tiles;    // dK/dV
   std::vector<WorkItem> blocks;       // BlockAttention (empty if not applicable)
@@ -77,6 +80,25 @@ void AddQueryTiles(const WorkItem& base, const AttentionOptions& o, int64_t rows
   }
 }
 
+// Appends tiles[first..] (one sequence's forward tiles, in row order) to
+// `out`, merging runs of consecutive tiles with the same short inner range
+// (short-K/V cross-attention and PMA, no mask) into items of up to
+// kWgmmaMaxGroup query tiles that load their K/V once.
+void GroupQueryTiles(const std::vector<WorkItem>& tiles, size_t first,
+                     std::vector<WorkItem>& out) {
+  for (size_t i = first; i < tiles.size(); ++i) {
+    const WorkItem& t = tiles[i];
+    WorkItem* last = out.empty() ? nullptr : &out.back();
+    if (i > first && last->inner_begin == t.inner_begin && last->inner_end == t.inner_end &&
+        t.inner_end - t.inner_begin <= cuda_impl::kWgmmaResidentKeys &&
+        last->q_tiles < cuda_impl::kWgmmaMaxGroup) {
+      ++last->q_tiles;
+    } else {
+      out.push_back(t);
+    }
+  }
+}
+
 HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
   HostPlan plan;
   plan.block_kernel = o.mask == Mask::kBlock;
@@ -86,6 +108,7 @@ HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
     const int64_t lq = in.q.length(b), lk = in.k.length(b);
     if (lq != lk) plan.block_kernel = false;
     WorkItem base{};
+    base.q_tiles = 1;
     base.q_start = in.q.offset(b);
     base.k_start = in.k.offset(b);
     base.bias_base = bias_base;
@@ -93,7 +116,9 @@ HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
     base.k_len = static_cast<int>(lk);
     bias_base += lq * lk * heads;
     AddQueryTiles(base, o, kTile, plan.query_tiles);
+    const size_t first_tile = plan.forward_tiles.size();
     AddQueryTiles(base, o, cuda_impl::kForwardTileRows, plan.forward_tiles);
+    GroupQueryTiles(plan.forward_tiles, first_tile, plan.grouped_tiles);
     for (int64_t m0 = 0; m0 < lq && lq == lk; m0 += kTile) {
       WorkItem blk = base;
       blk.tile_row = static_cast<int>(m0);
@@ -134,6 +159,7 @@ HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
     }
   }
   SortLongestFirst(plan.forward_tiles);
+  SortLongestFirst(plan.grouped_tiles);
   SortLongestFirst(plan.query_tiles);
   SortLongestFirst(plan.key_tiles);
   if (!plan.block_kernel) plan.blocks.clear();
@@ -143,16 +169,19 @@ HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
 // A plan in device memory. Lives in the cache until evicted.
 struct DevicePlan {
   WorkItem* forward_tiles = nullptr;
+  WorkItem* grouped_tiles = nullptr;
   WorkItem* query_tiles = nullptr;
   WorkItem* key_tiles = nullptr;
   WorkItem* blocks = nullptr;
   int64_t* q_offsets = nullptr;
   int64_t* k_offsets = nullptr;
-  int num_forward_tiles = 0, num_query_tiles = 0, num_key_tiles = 0, num_blocks = 0;
+  int num_forward_tiles = 0, num_grouped_tiles = 0, num_query_tiles = 0, num_key_tiles = 0,
+      num_blocks = 0;
   bool block_kernel = false;
 
   ~DevicePlan() {
-    for (void* p : {static_cast<void*>(forward_tiles), static_cast<void*>(query_tiles),
+    for (void* p : {static_cast<void*>(forward_tiles), static_cast<void*>(grouped_tiles),
+                    static_cast<void*>(query_tiles),
                     static_cast<void*>(key_tiles), static_cast<void*>(blocks),
                     static_cast<void*>(q_offsets), static_cast<void*>(k_offsets)}) {
       if (p != nullptr) cudaFree(p);
@@ -201,11 +230,13 @@ class PlanCache {
     const HostPlan host = MakePlan(in, o);
     auto plan = std::make_shared<DevicePlan>();
     plan->num_forward_tiles = static_cast<int>(host.forward_tiles.size());
+    plan->num_grouped_tiles = static_cast<int>(host.grouped_tiles.size());
     plan->num_query_tiles = static_cast<int>(host.query_tiles.size());
     plan->num_key_tiles = static_cast<int>(host.key_tiles.size());
     plan->num_blocks = static_cast<int>(host.blocks.size());
     plan->block_kernel = host.block_kernel;
     for (auto s : {Upload(host.forward_tiles, &plan->forward_tiles),
+                   Upload(host.grouped_tiles, &plan->grouped_tiles),
                    Upload(host.query_tiles, &plan->query_tiles),
                    Upload(host.key_tiles, &plan->key_tiles), Upload(host.blocks, &plan->blocks),
                    Upload(q_off, &plan->q_offsets), Upload(k_off, &plan->k_offsets)}) {
@@ -354,9 +385,9 @@ bool UseWgmmaForward(const KernelParams& p) {
   return mode == nullptr || std::string(mode) != "mma";
 }
 
-// Switches of the Hopper forward (KernelParams::wgmma_turns, wgmma_tma), on
-// unless the environment variable is "0", kept selectable so the choices
-// can be re-measured (bench/attention).
+// Switches of the Hopper forward (KernelParams::wgmma_turns, wgmma_tma, and
+// whether it runs the grouped tiles), on unless the environment variable is
+// "0", kept selectable so the choices can be re-measured (bench/attention).
 bool EnvFlag(const char* name) {
   const char* mode = std::getenv(name);
   return mode == nullptr || std::string(mode) != "0";
@@ -401,6 +432,10 @@ absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& o, T
                            "cudaDeviceGetAttribute");
         !s.ok()) {
       return s;
+    }
+    if (EnvFlag("RECFLEET_ATTENTION_WGMMA_GROUP")) {
+      p.items = (*plan)->grouped_tiles;
+      p.num_items = (*plan)->num_grouped_tiles;
     }
     p.wgmma_turns = EnvFlag("RECFLEET_ATTENTION_WGMMA_TURNS");
     p.wgmma_tma = EnvFlag("RECFLEET_ATTENTION_WGMMA_TMA");

@@ -270,10 +270,11 @@ TEST(AttentionCudaTest, BiasQkNormAndRope) {
 // The Hopper forward (d = 128, the default there) works on 128-row query
 // tiles and 128-key tiles in a persistent grid whose two consumer
 // warpgroups take turns, loading tiles inside a sequence by TMA and the
-// others by cp.async: lengths around both tile sizes, the longest sequence,
-// empty and single rows, bias, more items than SMs with mixed K/V tile
-// counts (0, 1, 2, 3); the same without turns and TMA, and the mma.sync
-// kernel on the same cases.
+// others by cp.async, and runs of query tiles with the same short K/V range
+// as one item: lengths around both tile sizes, the longest sequence, empty
+// and single rows, bias, short-K/V runs longer than a group, more items
+// than SMs with mixed K/V tile counts (0, 1, 2, 3); the same without turns,
+// TMA and grouping, and the mma.sync kernel on the same cases.
 TEST(AttentionCudaTest, HopperForwardTileEdges) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   const std::vector<int64_t> lens = {0, 1, 127, 128, 129, 255, 257, 400};
@@ -282,7 +283,7 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
   struct Variant {
     const char* name;
     const char* fwd;
-    const char* switches;  // RECFLEET_ATTENTION_WGMMA_TURNS and _TMA
+    const char* switches;  // RECFLEET_ATTENTION_WGMMA_TURNS, _TMA and _GROUP
   };
   uint64_t seed = 400;
   for (const Variant& var : {Variant{"wgmma", "wgmma", "1"}, Variant{"wgmma plain", "wgmma", "0"},
@@ -290,6 +291,7 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
     setenv("RECFLEET_ATTENTION_FWD", var.fwd, 1);
     setenv("RECFLEET_ATTENTION_WGMMA_TURNS", var.switches, 1);
     setenv("RECFLEET_ATTENTION_WGMMA_TMA", var.switches, 1);
+    setenv("RECFLEET_ATTENTION_WGMMA_GROUP", var.switches, 1);
     const bool plain = std::string(var.switches) == "0";
     for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
       for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
@@ -314,6 +316,17 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
         }
       }
     }
+    // Short K/V behind long Q: 9 query tiles make groups of 4, 4 and 1.
+    for (Activation a : {Activation::kSoftmax, Activation::kSilu}) {
+      Case grouped{absl::StrCat("hopper grouped ", var.name, " ", ActName(a)),
+                   {1100, 640, 5, 0, 513},
+                   {200, 256, 256, 100, 1},
+                   2,
+                   128};
+      grouped.opts.activation = a;
+      grouped.bias = a == Activation::kSilu;
+      RunCase(grouped, seed++);
+    }
     // Many items: CTAs loop over several, with 0..3 K/V tiles each, so the
     // ring buffers wrap and the warpgroups' turns cross item borders.
     std::mt19937_64 rng(seed);
@@ -332,6 +345,7 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
   unsetenv("RECFLEET_ATTENTION_FWD");
   unsetenv("RECFLEET_ATTENTION_WGMMA_TURNS");
   unsetenv("RECFLEET_ATTENTION_WGMMA_TMA");
+  unsetenv("RECFLEET_ATTENTION_WGMMA_GROUP");
 }
 
 // The backward's dQ through fp32 atomics in the dK/dV pass instead of the

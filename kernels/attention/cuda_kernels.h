@@ -35,7 +35,18 @@ struct WorkItem {
   int head;         // set by the kernel: CTAs run items x heads
   int inner_begin;  // inner rows [inner_begin, inner_end), within the sequence
   int inner_end;
+  // Hopper forward only: the item covers q_tiles consecutive query tiles
+  // from tile_row on, all seeing the same inner rows (at most
+  // kWgmmaResidentKeys of them), so their K/V tiles load once.
+  int q_tiles;
 };
+
+// Keys a grouped Hopper forward item may see: its K/V tiles must all stay
+// resident in the kernel's two K/V stages while its query tiles pass.
+inline constexpr int kWgmmaResidentKeys = 2 * kForwardTileRows;
+// Query tiles per grouped item: more saves K/V reloads, fewer keeps the
+// longest-first schedule fine-grained.
+inline constexpr int kWgmmaMaxGroup = 4;
 
 struct KernelParams {
   const void* q = nullptr;  // bf16 [rows, heads, d]

@@ -22,7 +22,10 @@
 // each issues S_n together with P_{n-1} V_{n-1} (FlashAttention-3's
 // ping-pong and intra-warpgroup overlap). Items are the launcher's
 // longest-first forward tiles; CTA c takes items c, c + grid, c + 2 grid,
-// ... so the longest start first on every SM.
+// ... so the longest start first on every SM. An item may cover up to
+// kWgmmaMaxGroup consecutive query tiles that see the same K/V rows (at
+// most two K/V tiles: short-K/V cross-attention, PMA); its K/V tiles then
+// load once and stay resident while its query tiles pass.
 //
 // Shared-memory tiles use the 128-byte swizzle of the wgmma descriptors: a
 // [rows][128] bf16 tile is stored as two [rows][64] halves (128 bytes a
@@ -154,9 +157,11 @@ __device__ __forceinline__ uint32_t SwzOffset(int row, int col) {
 
 // Starts copying rows [row0, row0 + 128) of one head into a swizzled tile;
 // rows outside [0, len) are zero-filled. Called by the 128 producer threads.
+// Not unrolled: the producer runs on 40 registers, and this path only
+// serves tiles that cross a sequence end (TMA takes the others).
 __device__ __forceinline__ void LoadTile(uint32_t s, const bf16* g, int64_t start, int row0,
                                          int len, int head, int heads, int tid) {
-#pragma unroll 4
+#pragma unroll 1
   for (int idx = tid; idx < 128 * (kD / 8); idx += kWgThreads) {
     const int r = idx >> 4, c = (idx & 15) * 8;
     const int row = row0 + r;
@@ -360,19 +365,22 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     const bf16* q = static_cast<const bf16*>(p.q);
     const bf16* k = static_cast<const bf16*>(p.k);
     const bf16* v = static_cast<const bf16*>(p.v);
-    int kv_iter = 0, item_iter = 0;
-    for (int w = blockIdx.x; w < total; w += gridDim.x, ++item_iter) {
+    int kv_iter = 0, q_iter = 0;
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
       const WorkItem it = ItemAt(p, w);
       const int n_tiles = (it.inner_end - it.inner_begin + kRowsKv - 1) / kRowsKv;
-      // The query tile of item i goes to stage i & 1, so it loads while the
-      // consumers still work on item i - 1.
-      const int qs = item_iter & 1;
-      BarWait(q_empty + 8 * qs, ((item_iter >> 1) & 1) ^ 1);
-      FillTile(q_s + qs * kTileBytes, &q_map, tma, q, it.q_start, it.tile_row, it.q_len, it.head,
-               p.heads, tid, q_full + 8 * qs);
-      // K and V have barriers of their own: K_n is free once S_n is done,
-      // V_n only after P_n V_n, which the consumers issue one step later.
-      for (int n = 0; n < n_tiles; ++n, ++kv_iter) {
+      // Query tile j of the run goes to stage q_iter & 1, so it loads while
+      // the consumers still work on the tile before; the item's K/V tiles
+      // follow its first query tile and stay for the others.
+      for (int j = 0; j < it.q_tiles; ++j, ++q_iter) {
+        const int qs = q_iter & 1;
+        BarWait(q_empty + 8 * qs, ((q_iter >> 1) & 1) ^ 1);
+        FillTile(q_s + qs * kTileBytes, &q_map, tma, q, it.q_start, it.tile_row + j * kRowsQ,
+                 it.q_len, it.head, p.heads, tid, q_full + 8 * qs);
+        if (j > 0) continue;
+        // K and V have barriers of their own: K_n is free once S_n is done,
+        // V_n only after P_n V_n, which the consumers issue one step later.
+        for (int n = 0; n < n_tiles; ++n, ++kv_iter) {
         const int s = kv_iter & 1, parity = ((kv_iter >> 1) & 1) ^ 1;
         const int row0 = it.inner_begin + n * kRowsKv;
         BarWait(k_empty + 8 * s, parity);
@@ -381,6 +389,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
         BarWait(v_empty + 8 * s, parity);
         FillTile(v_s + s * kTileBytes, &v_map, tma, v, it.k_start, row0, it.k_len, it.head,
                  p.heads, tid, v_full + 8 * s);
+        }
       }
     }
     return;
@@ -403,99 +412,108 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int row_in_tile = c * 64 + warp * 16 + g;  // and + 8
   if (c == 1) TurnPass(p, 1);  // warpgroup 0 issues first
-  int kv_iter = 0, item_iter = 0;
-  for (int w = blockIdx.x; w < total; w += gridDim.x, ++item_iter) {
-    const WorkItem it = ItemAt(p, w);
+  int kv_iter = 0, q_iter = 0;
+  for (int w = blockIdx.x; w < total; w += gridDim.x) {
+    WorkItem it = ItemAt(p, w);
     const int n_tiles = (it.inner_end - it.inner_begin + kRowsKv - 1) / kRowsKv;
-    const int row0 = it.tile_row + row_in_tile;
-    float o[16][4], sc[16][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
-    uint32_t pa[8][4];
+    // The query tiles of a grouped item share its resident K/V tiles (their
+    // full barriers stay complete), which only the last one releases.
+    const int kv_first = kv_iter;
+    for (int j = 0; j < it.q_tiles; ++j, ++q_iter, it.tile_row += kRowsQ) {
+      const bool release = j + 1 == it.q_tiles;
+      kv_iter = kv_first;
+      const int row0 = it.tile_row + row_in_tile;
+      float o[16][4], sc[16][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
+      uint32_t pa[8][4];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+      for (int i = 0; i < 16; ++i) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
-    }
-    const int qs = item_iter & 1;
-    BarWait(q_full + 8 * qs, (item_iter >> 1) & 1);
-    const uint32_t q_rows = q_s + qs * kTileBytes + c * 64 * 128;  // this warpgroup's rows
-    if (n_tiles > 0) {
-      // Tile 0: S_0 alone.
-      int s = kv_iter & 1;
-      BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
-      TurnWait(p, my_turn);
-      WgFence();
-      IssueS(sc, q_rows, k_s + s * kTileBytes);
-      TurnPass(p, other_turn);
-      WgWait0();
-      FenceRegs(sc);
-      BarArrive(k_empty + 8 * s);
-      ScoresToProbs<A>(p, it, sc, row0, it.inner_begin, t, m, l, corr);
-      PackProbs(sc, pa);
-      for (int n = 1; n < n_tiles; ++n) {
-        const int prev = s, prev_parity = (kv_iter >> 1) & 1;
-        ++kv_iter;
-        s = kv_iter & 1;
+        for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
+      }
+      const int qs = q_iter & 1;
+      BarWait(q_full + 8 * qs, (q_iter >> 1) & 1);
+      const uint32_t q_rows = q_s + qs * kTileBytes + c * 64 * 128;  // this warpgroup's rows
+      if (n_tiles > 0) {
+        // Tile 0: S_0 alone.
+        int s = kv_iter & 1;
         BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
-        BarWait(v_full + 8 * prev, prev_parity);
+        TurnWait(p, my_turn);
+        WgFence();
+        IssueS(sc, q_rows, k_s + s * kTileBytes);
+        TurnPass(p, other_turn);
+        WgWait0();
+        FenceRegs(sc);
+        if (release) BarArrive(k_empty + 8 * s);
+        ScoresToProbs<A>(p, it, sc, row0, it.inner_begin, t, m, l, corr);
+        PackProbs(sc, pa);
+        for (int n = 1; n < n_tiles; ++n) {
+          const int prev = s, prev_parity = (kv_iter >> 1) & 1;
+          ++kv_iter;
+          s = kv_iter & 1;
+          BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
+          BarWait(v_full + 8 * prev, prev_parity);
+          TurnWait(p, my_turn);
+          FenceRegs(pa);
+          FenceRegs(o);
+          WgFence();
+          IssueS(sc, q_rows, k_s + s * kTileBytes);
+          IssuePv(o, pa, v_s + prev * kTileBytes);
+          TurnPass(p, other_turn);
+          const int col0 = it.inner_begin + n * kRowsKv;
+          if constexpr (kOverlapOwnPv) {
+            WgWait1();
+            FenceRegs(sc);
+            if (release) BarArrive(k_empty + 8 * s);
+            ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+          }
+          WgWait0();
+          FenceRegs(o);
+          FenceRegs(pa);
+          FenceRegs(sc);
+          if (release) {
+            if constexpr (!kOverlapOwnPv) BarArrive(k_empty + 8 * s);
+            BarArrive(v_empty + 8 * prev);
+          }
+          if constexpr (!kOverlapOwnPv) ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+          if constexpr (A == kActSoftmax) {
+#pragma unroll
+            for (int dt = 0; dt < 16; ++dt) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e >> 1];
+            }
+          }
+          PackProbs(sc, pa);
+        }
+        // The last tile's P V.
+        BarWait(v_full + 8 * s, (kv_iter >> 1) & 1);
         TurnWait(p, my_turn);
         FenceRegs(pa);
         FenceRegs(o);
         WgFence();
-        IssueS(sc, q_rows, k_s + s * kTileBytes);
-        IssuePv(o, pa, v_s + prev * kTileBytes);
+        IssuePv(o, pa, v_s + s * kTileBytes);
         TurnPass(p, other_turn);
-        const int col0 = it.inner_begin + n * kRowsKv;
-        if constexpr (kOverlapOwnPv) {
-          WgWait1();
-          FenceRegs(sc);
-          BarArrive(k_empty + 8 * s);
-          ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
-        }
         WgWait0();
         FenceRegs(o);
-        FenceRegs(pa);
-        FenceRegs(sc);
-        if constexpr (!kOverlapOwnPv) BarArrive(k_empty + 8 * s);
-        BarArrive(v_empty + 8 * prev);
-        if constexpr (!kOverlapOwnPv) ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
-        if constexpr (A == kActSoftmax) {
+        if (release) BarArrive(v_empty + 8 * s);
+        ++kv_iter;
+      }
+      BarArrive(q_empty + 8 * qs);
+
+      float mul[2] = {1.f, 1.f};
+      if constexpr (A == kActSoftmax) {
 #pragma unroll
-          for (int dt = 0; dt < 16; ++dt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e >> 1];
+        for (int r = 0; r < 2; ++r) {
+          const float sum = QuadSum(l[r]);
+          mul[r] = sum > 0.f ? 1.f / sum : 0.f;
+          const int i = row0 + 8 * r;
+          if (t == 0 && i < it.q_len) {
+            p.lse[(it.q_start + i) * p.heads + it.head] =
+                sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
           }
         }
-        PackProbs(sc, pa);
       }
-      // The last tile's P V.
-      BarWait(v_full + 8 * s, (kv_iter >> 1) & 1);
-      TurnWait(p, my_turn);
-      FenceRegs(pa);
-      FenceRegs(o);
-      WgFence();
-      IssuePv(o, pa, v_s + s * kTileBytes);
-      TurnPass(p, other_turn);
-      WgWait0();
-      FenceRegs(o);
-      BarArrive(v_empty + 8 * s);
-      ++kv_iter;
+      StoreRows<kD>(p.o, o, it.q_start, row0, it.q_len, it.head, p.heads, mul);
     }
-    BarArrive(q_empty + 8 * qs);
-
-    float mul[2] = {1.f, 1.f};
-    if constexpr (A == kActSoftmax) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float sum = QuadSum(l[r]);
-        mul[r] = sum > 0.f ? 1.f / sum : 0.f;
-        const int i = row0 + 8 * r;
-        if (t == 0 && i < it.q_len) {
-          p.lse[(it.q_start + i) * p.heads + it.head] =
-              sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
-        }
-      }
-    }
-    StoreRows<kD>(p.o, o, it.q_start, row0, it.q_len, it.head, p.heads, mul);
   }
   // Warpgroup 1 passed the turn once more than warpgroup 0 took it.
   if (c == 0) TurnWait(p, my_turn);
