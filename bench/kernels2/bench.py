@@ -63,14 +63,27 @@ class Lib:
                                                   P, P],
             "rf_quantize": [P, I, L, L, I, I, I, U64, P, P, P],
             "rf_rmsnorm_forward_fp8": [P, I, L, L, P, F32, P, P, P, P],
-            "rf_linear_forward": [P, P, I, L, L, L, P, I, P],
-            "rf_linear_backward_input": [P, P, I, L, L, L, P, I, P],
-            "rf_linear_backward_weight": [P, P, I, L, L, L, P, I, P],
+            "rf_quantize_pass": [P, I, L, L, I, P, P, P, P, I, I, U64, P],
+            "rf_linear_forward": [P, P, I, L, L, L, P, I, I, U64, P, P],
+            "rf_linear_backward_input": [P, P, I, L, L, L, P, I, I, U64, P, P],
+            "rf_linear_backward_weight": [P, P, I, L, L, L, P, I, I, U64, P, P],
         }
+        self.lib.rf_linear_context_new.restype = ctypes.c_void_p
+        self.lib.rf_linear_context_free.argtypes = [P]
+        self.lib.rf_linear_context_invalidate_weight.argtypes = [P]
         for name, args in sig.items():
             f = getattr(self.lib, name)
             f.argtypes = args
             f.restype = ctypes.c_int
+
+    def context_new(self):
+        return self.lib.rf_linear_context_new()
+
+    def context_free(self, ctx):
+        self.lib.rf_linear_context_free(ctx)
+
+    def invalidate_weight(self, ctx):
+        self.lib.rf_linear_context_invalidate_weight(ctx)
 
     def __getattr__(self, name):
         f = getattr(self.lib, name)
@@ -187,6 +200,13 @@ def quantize(lib, copy_bw):
     rows, cols = 16384, 8192
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
     r = {"shape": [rows, cols], "input": "bf16"}
+
+    def record(key, ms, nbytes):
+        bw = nbytes / (ms * 1e-3)
+        r[key] = {"ms": ms, "TBps": bw / 1e12, "pct_of_copy": 100 * bw / copy_bw,
+                  "bytes": nbytes}
+        log(f"quantize {key}: {ms:.3f} ms, {bw / 1e12:.2f} TB/s ({100 * bw / copy_bw:.0f}% of copy)")
+
     for name, block, br, bc in [("1x128", B1x128, 1, 128), ("128x128", B128x128, 128, 128),
                                 ("32x32", B32x32, 32, 32)]:
         for transpose in (0, 1):
@@ -197,13 +217,32 @@ def quantize(lib, copy_bw):
                                 dtype=torch.float32)
                 fn = lambda: lib.rf_quantize(x.data_ptr(), BF16, rows, cols, block, transpose,
                                              stochastic, 1234, q.data_ptr(), s.data_ptr())
-                ms = bench(fn)
-                nbytes = x.numel() * 2 + q.numel() + s.numel() * 4
-                bw = nbytes / (ms * 1e-3)
                 key = f"{name}{'_T' if transpose else ''}{'_sr' if stochastic else ''}"
-                r[key] = {"ms": ms, "TBps": bw / 1e12, "pct_of_copy": 100 * bw / copy_bw}
-                log(f"quantize {key}: {ms:.3f} ms, {bw / 1e12:.2f} TB/s "
-                    f"({100 * bw / copy_bw:.0f}% of copy)")
+                record(key, bench(fn), x.numel() * 2 + q.numel() + s.numel() * 4)
+        # Both orientations from one read of x (activations for fwd + wgrad,
+        # weights for fwd + dgrad).
+        q = torch.empty(rows, cols, device="cuda", dtype=torch.uint8)
+        qt = torch.empty(cols, rows, device="cuda", dtype=torch.uint8)
+        s = torch.empty(math.ceil(rows / br), math.ceil(cols / bc), device="cuda",
+                        dtype=torch.float32)
+        st = torch.empty(math.ceil(cols / br), math.ceil(rows / bc), device="cuda",
+                         dtype=torch.float32)
+        fn = lambda: lib.rf_quantize_pass(x.data_ptr(), BF16, rows, cols, block, q.data_ptr(),
+                                          s.data_ptr(), qt.data_ptr(), st.data_ptr(), 0, 0, 0)
+        record(f"{name}_and_T", bench(fn),
+               x.numel() * 2 + 2 * q.numel() + (s.numel() + st.numel()) * 4)
+        if block == B1x128:
+            fn = lambda: lib.rf_quantize_pass(x.data_ptr(), BF16, rows, cols, block, 0, 0,
+                                              qt.data_ptr(), st.data_ptr(), 1, 1, 99)
+            record("1x128_T_hadamard_sr", bench(fn), x.numel() * 2 + qt.numel() + st.numel() * 4)
+        del q, qt, s, st
+    xf = x.float()
+    q = torch.empty(rows, cols, device="cuda", dtype=torch.uint8)
+    s = torch.empty(rows, cols // 128, device="cuda", dtype=torch.float32)
+    fn = lambda: lib.rf_quantize(xf.data_ptr(), FP32, rows, cols, B1x128, 0, 0, 0, q.data_ptr(),
+                                 s.data_ptr())
+    record("1x128_fp32_input", bench(fn), xf.numel() * 4 + q.numel() + s.numel() * 4)
+    del xf, q, s
     # PyTorch eager 1x128 quantization for reference.
     def torch_q():
         xr = x.view(rows, cols // 128, 128).float()
@@ -273,30 +312,67 @@ def linear(lib, m, k, n):
     dx = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
     dw = torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
     flops = 2 * m * n * k
+    refs = {"y": x.float() @ w.float().t(), "dx": dy.float() @ w.float(),
+            "dw": dy.float().t() @ x.float()}
     r = {}
-    for prec, pname in ((PREC_BF16, "bf16"), (PREC_FP8, "fp8_block")):
-        fwd = lambda: lib.rf_linear_forward(x.data_ptr(), w.data_ptr(), BF16, m, k, n,
-                                            y.data_ptr(), prec)
-        dgrad = lambda: lib.rf_linear_backward_input(dy.data_ptr(), w.data_ptr(), BF16, m, k, n,
-                                                     dx.data_ptr(), prec)
-        wgrad = lambda: lib.rf_linear_backward_weight(dy.data_ptr(), x.data_ptr(), BF16, m, k, n,
-                                                      dw.data_ptr(), prec)
-        fwd()
-        ref = (x.float() @ w.float().t())
-        rel = ((y.float() - ref).norm() / ref.norm()).item()
-        t = {"fwd": bench(fwd), "dgrad": bench(dgrad), "wgrad": bench(wgrad)}
-        t["total"] = t["fwd"] + t["dgrad"] + t["wgrad"]
-        r[pname] = {"ms": t, "TFLOPs_total": 3 * flops / (t["total"] * 1e-3) / 1e12,
-                    "fwd_rel_err_vs_fp32": rel}
-        log(f"{tag} ours {pname}: fwd {t['fwd']:.3f} dgrad {t['dgrad']:.3f} wgrad "
-            f"{t['wgrad']:.3f} total {t['total']:.3f} ms "
-            f"({r[pname]['TFLOPs_total']:.0f} TFLOP/s incl. quantization), rel err {rel:.2e}")
-    r["fp8_over_bf16_speedup"] = r["bf16"]["ms"]["total"] / r["fp8_block"]["ms"]["total"]
-    log(f"{tag} fp8/bf16 speedup (fwd+bwd): {r['fp8_over_bf16_speedup']:.2f}x")
-    # Our FP8 path quantizes inside each call; this is the cost of one
-    # 1x128 quantization of x, for reading the GEMM-only comparison below.
-    qx = torch.empty(m, k, device="cuda", dtype=torch.uint8)
-    sx = torch.empty(m, k // 128, device="cuda", dtype=torch.float32)
+
+    def rel(got, ref):
+        return ((got.float() - ref).norm() / ref.norm()).item()
+
+    # (name, precisions fwd | dgrad << 4 | wgrad << 8, flags, context,
+    #  re-quantize the weight every step)
+    recipes = [("bf16", 0x111, 0, False, False),
+               ("fp8, no context (every operand quantized per call)", 0x222, 0, False, False),
+               ("fp8, context", 0x222, 0, True, True),
+               ("fp8 fwd+dgrad, bf16 wgrad, context", 0x122, 0, True, True),
+               ("fp8, context, wgrad Hadamard + SR", 0x222, 3, True, True),
+               ("fp8, context, weight kept across steps", 0x222, 0, True, False)]
+    for name, prec, flags, use_ctx, per_step_weight in recipes:
+        ctx = lib.context_new() if use_ctx else None
+        seed = [1]
+
+        def step(ev=None):
+            if ctx is not None and per_step_weight:
+                lib.invalidate_weight(ctx)
+            seed[0] += 1
+            if ev:
+                ev[0].record()
+            lib.rf_linear_forward(x.data_ptr(), w.data_ptr(), BF16, m, k, n, y.data_ptr(), prec,
+                                  flags, seed[0], ctx)
+            if ev:
+                ev[1].record()
+            lib.rf_linear_backward_input(dy.data_ptr(), w.data_ptr(), BF16, m, k, n,
+                                         dx.data_ptr(), prec, flags, seed[0], ctx)
+            if ev:
+                ev[2].record()
+            lib.rf_linear_backward_weight(dy.data_ptr(), x.data_ptr(), BF16, m, k, n,
+                                          dw.data_ptr(), prec, flags, seed[0], ctx)
+            if ev:
+                ev[3].record()
+
+        step()
+        torch.cuda.synchronize()
+        errs = {"y": rel(y, refs["y"]), "dx": rel(dx, refs["dx"]), "dw": rel(dw, refs["dw"])}
+        for _ in range(3):
+            step()
+        iters = 20
+        evs = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(iters)]
+        for e in evs:
+            step(e)
+        torch.cuda.synchronize()
+        seg = lambda a, b: sorted(e[a].elapsed_time(e[b]) for e in evs)[iters // 2]
+        t = {"fwd": seg(0, 1), "dgrad": seg(1, 2), "wgrad": seg(2, 3), "step": seg(0, 3)}
+        if ctx is not None:
+            lib.context_free(ctx)
+        r[name] = {"ms": t, "TFLOPs_step": 3 * flops / (t["step"] * 1e-3) / 1e12,
+                   "rel_err_vs_fp32": errs}
+        log(f"{tag} ours {name}: fwd {t['fwd']:.3f} dgrad {t['dgrad']:.3f} wgrad "
+            f"{t['wgrad']:.3f} step {t['step']:.3f} ms ({r[name]['TFLOPs_step']:.0f} TFLOP/s); "
+            f"rel err y {errs['y']:.2e} dx {errs['dx']:.2e} dw {errs['dw']:.2e}")
+    base = r["bf16"]["ms"]["step"]
+    for name in r:
+        r[name]["speedup_vs_ours_bf16"] = base / r[name]["ms"]["step"]
+        log(f"{tag} {name}: {base / r[name]['ms']['step']:.2f}x ours bf16")
 
     # PyTorch baselines on the same three GEMM shapes.
     shapes = {"fwd": (x, w), "dgrad": (dy, w.t().contiguous()), "wgrad": (dy.t().contiguous(),
@@ -318,19 +394,43 @@ def linear(lib, m, k, n):
                 b8, sb = quantize_torch(b, bb)
                 rec = recipe if not (g == "wgrad" and recipe == "1x128_128x128") else "1x128_1x128"
                 tt[g] = bench(torch_scaled(a8, sa, b8, sb, rec))
+                del a8, b8
             tt["total"] = sum(tt.values())
             r[f"torch_scaled_mm_{recipe}_ms"] = tt
-            log(f"{tag} torch _scaled_mm {recipe} (GEMMs only, pre-quantized) total "
-                f"{tt['total']:.3f} ms")
+            log(f"{tag} torch _scaled_mm {recipe} (GEMMs only, pre-quantized) fwd {tt['fwd']:.3f}"
+                f" dgrad {tt['dgrad']:.3f} wgrad {tt['wgrad']:.3f} total {tt['total']:.3f} ms")
         except Exception as e:  # recorded, not fatal: report what this torch supports
             r[f"torch_scaled_mm_{recipe}_error"] = str(e)[:300]
             log(f"{tag} torch _scaled_mm {recipe}: unsupported here: {str(e)[:200]}")
-    tq = bench(lambda: lib.rf_quantize(x.data_ptr(), BF16, m, k, B1x128, 0, 0, 0, qx.data_ptr(),
-                                       sx.data_ptr()))
-    r["ours_quantize_x_1x128_ms"] = tq
     results[tag] = r
-    del x, w, dy, y, dx, dw
+    del x, w, dy, y, dx, dw, refs
     torch.cuda.empty_cache()
+
+
+def profile_once(lib):
+    """One launch of each kernel worth reading hardware counters on (run
+    under `ncu -k regex:...`): the quantize tiles and the embedding backward."""
+    rows, cols = 16384, 8192
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    q = torch.empty(rows, cols, device="cuda", dtype=torch.uint8)
+    qt = torch.empty(cols, rows, device="cuda", dtype=torch.uint8)
+    s = torch.empty(rows, cols // 32, device="cuda", dtype=torch.float32)
+    st = torch.empty(cols, rows // 32, device="cuda", dtype=torch.float32)
+    lib.rf_quantize(x.data_ptr(), BF16, rows, cols, B1x128, 0, 0, 0, q.data_ptr(), s.data_ptr())
+    lib.rf_quantize_pass(x.data_ptr(), BF16, rows, cols, B1x128, q.data_ptr(), s.data_ptr(),
+                         qt.data_ptr(), st.data_ptr(), 0, 0, 0)
+    del x, q, qt, s, st
+    n_rows, dim, bags, per_bag = 20_000_000, 128, 65536, 32
+    table = torch.randn(n_rows, dim, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, n_rows, (bags * per_bag,), device="cuda", dtype=torch.int64)
+    offsets = torch.arange(0, bags * per_bag + 1, per_bag, device="cuda", dtype=torch.int64)
+    grad = torch.randn(bags, dim, device="cuda", dtype=torch.bfloat16)
+    momentum = torch.zeros(n_rows, device="cuda", dtype=torch.float32)
+    lib.rf_embedding_bag_backward_adagrad(grad.data_ptr(), BF16, ids.data_ptr(), I64,
+                                          bags * per_bag, offsets.data_ptr(), I64, bags, 0, 0.01,
+                                          1e-8, table.data_ptr(), BF16, n_rows, dim,
+                                          momentum.data_ptr())
+    torch.cuda.synchronize()
 
 
 def main():
@@ -338,8 +438,12 @@ def main():
     p.add_argument("--lib", required=True)
     p.add_argument("--json")
     p.add_argument("--skip-embedding", action="store_true")
+    p.add_argument("--profile-once", action="store_true",
+                   help="one launch of each profiled kernel, no timing (for ncu)")
     args = p.parse_args()
     lib = Lib(args.lib)
+    if args.profile_once:
+        return profile_once(lib)
     torch.manual_seed(int(time.time()))
     results["device"] = torch.cuda.get_device_name(0)
     results["torch"] = torch.__version__
@@ -350,7 +454,7 @@ def main():
         sections += [lambda: embedding(lib, copy_bw, torch.float32, 20_000_000, 128, 65536, 32),
                      lambda: embedding(lib, copy_bw, torch.bfloat16, 20_000_000, 128, 65536, 32)]
     sections += [lambda: quantize(lib, copy_bw), lambda: linear(lib, 8192, 4096, 4096),
-                 lambda: linear(lib, 8192, 8192, 8192)]
+                 lambda: linear(lib, 16384, 4096, 4096), lambda: linear(lib, 16384, 8192, 8192)]
     for s in sections:
         try:
             s()

@@ -15,6 +15,7 @@
 #include "kernels/gemm/linear.h"
 #include "kernels/norm/norm.h"
 #include "kernels/quant/quantize.h"
+#include "kernels/quant/quantize_kernels.h"
 #include "kernels/tensor.h"
 
 namespace {
@@ -32,9 +33,17 @@ recfleet::TensorView Cuda(void* p, int dtype, recfleet::Shape shape) {
                             recfleet::Device::kCuda);
 }
 
-recfleet::LinearRecipe Recipe(int precision) {
-  const auto p = static_cast<recfleet::GemmPrecision>(precision);
-  return {p, p, p};
+// precisions: forward | dgrad << 4 | wgrad << 8 (recfleet::GemmPrecision
+// values); flags: 1 = wgrad Hadamard, 2 = wgrad stochastic rounding.
+recfleet::LinearRecipe Recipe(int precisions, int flags, uint64_t seed) {
+  recfleet::LinearRecipe r;
+  r.forward = static_cast<recfleet::GemmPrecision>(precisions & 15);
+  r.dgrad = static_cast<recfleet::GemmPrecision>((precisions >> 4) & 15);
+  r.wgrad = static_cast<recfleet::GemmPrecision>((precisions >> 8) & 15);
+  r.wgrad_hadamard = (flags & 1) != 0;
+  r.wgrad_stochastic = (flags & 2) != 0;
+  r.seed = seed;
+  return r;
 }
 
 }  // namespace
@@ -83,6 +92,38 @@ int rf_quantize(void* x, int x_dtype, int64_t rows, int64_t cols, int block, int
       stream));
 }
 
+// One pass over bf16/fp32 x [rows, cols] writing quantize(x) to q/scales
+// and/or quantize(x^T) to qt/scales_t (null q or qt: not written), fp32
+// scales row-major. block as for rf_quantize; stochastic_t and hadamard
+// (1x128 only) apply to the transposed output.
+int rf_quantize_pass(void* x, int x_dtype, int64_t rows, int64_t cols, int block, void* q,
+                     void* scales, void* qt, void* scales_t, int stochastic_t, int hadamard,
+                     uint64_t seed, void* stream) {
+  const auto b = static_cast<recfleet::ScaleBlock>(block);
+  recfleet::quant_cuda::QuantizeArgs a;
+  a.x = x;
+  a.x_type = x_dtype == static_cast<int>(recfleet::DType::kBFloat16) ? 1 : 0;
+  a.rows = rows;
+  a.cols = cols;
+  a.block_rows = b == recfleet::ScaleBlock::k1x128 ? 1 : (b == recfleet::ScaleBlock::k32x32 ? 32 : 128);
+  a.block_cols = b == recfleet::ScaleBlock::k32x32 ? 32 : 128;
+  a.pow2 = b == recfleet::ScaleBlock::k32x32;
+  a.direct.q = static_cast<uint8_t*>(q);
+  a.direct.scales = static_cast<float*>(scales);
+  a.direct.scale_stride_row = recfleet::QuantScaleShape(rows, cols, b)[1];
+  a.transposed.q = static_cast<uint8_t*>(qt);
+  a.transposed.scales = static_cast<float*>(scales_t);
+  a.transposed.scale_stride_row = recfleet::QuantScaleShape(cols, rows, b)[1];
+  a.transposed.stochastic = stochastic_t != 0;
+  a.transposed.seed = seed;
+  a.hadamard_transposed = hadamard != 0;
+  a.hadamard_seed = seed;
+  const cudaError_t err = recfleet::quant_cuda::Quantize(a, stream);
+  if (err == cudaSuccess) return 0;
+  last_error = cudaGetErrorString(err);
+  return static_cast<int>(absl::StatusCode::kInternal);
+}
+
 int rf_rmsnorm_forward_fp8(void* x, int x_dtype, int64_t rows, int64_t dim, void* gamma,
                            float eps, void* y, void* y_scales, void* rstd, void* stream) {
   return Report(recfleet::RmsNormForwardFp8(
@@ -92,25 +133,37 @@ int rf_rmsnorm_forward_fp8(void* x, int x_dtype, int64_t rows, int64_t dim, void
       Cuda(rstd, static_cast<int>(recfleet::DType::kFloat32), {rows}), stream));
 }
 
-// precision: recfleet::GemmPrecision (0 native, 1 bf16, 2 fp8_block).
+void* rf_linear_context_new() { return new recfleet::LinearContext(); }
+void rf_linear_context_free(void* ctx) { delete static_cast<recfleet::LinearContext*>(ctx); }
+void rf_linear_context_invalidate_weight(void* ctx) {
+  static_cast<recfleet::LinearContext*>(ctx)->InvalidateWeight();
+}
+
+// precisions/flags: see Recipe above. ctx: from rf_linear_context_new, or null.
 int rf_linear_forward(void* x, void* w, int dtype, int64_t m, int64_t k, int64_t n, void* y,
-                      int precision, void* stream) {
+                      int precisions, int flags, uint64_t seed, void* ctx, void* stream) {
   return Report(recfleet::LinearForward(Cuda(x, dtype, {m, k}), Cuda(w, dtype, {n, k}),
                                         recfleet::TensorView(), Cuda(y, dtype, {m, n}),
-                                        Recipe(precision), stream));
+                                        Recipe(precisions, flags, seed), stream,
+                                        static_cast<recfleet::LinearContext*>(ctx)));
 }
 
 int rf_linear_backward_input(void* dy, void* w, int dtype, int64_t m, int64_t k, int64_t n,
-                             void* dx, int precision, void* stream) {
+                             void* dx, int precisions, int flags, uint64_t seed, void* ctx,
+                             void* stream) {
   return Report(recfleet::LinearBackwardInput(Cuda(dy, dtype, {m, n}), Cuda(w, dtype, {n, k}),
-                                              Cuda(dx, dtype, {m, k}), Recipe(precision), stream));
+                                              Cuda(dx, dtype, {m, k}),
+                                              Recipe(precisions, flags, seed), stream,
+                                              static_cast<recfleet::LinearContext*>(ctx)));
 }
 
 int rf_linear_backward_weight(void* dy, void* x, int dtype, int64_t m, int64_t k, int64_t n,
-                              void* dw, int precision, void* stream) {
-  return Report(recfleet::LinearBackwardWeight(Cuda(dy, dtype, {m, n}), Cuda(x, dtype, {m, k}),
-                                               Cuda(dw, dtype, {n, k}), recfleet::TensorView(),
-                                               false, Recipe(precision), stream));
+                              void* dw, int precisions, int flags, uint64_t seed, void* ctx,
+                              void* stream) {
+  return Report(recfleet::LinearBackwardWeight(
+      Cuda(dy, dtype, {m, n}), Cuda(x, dtype, {m, k}), Cuda(dw, dtype, {n, k}),
+      recfleet::TensorView(), false, Recipe(precisions, flags, seed), stream,
+      static_cast<recfleet::LinearContext*>(ctx)));
 }
 
 }  // extern "C"

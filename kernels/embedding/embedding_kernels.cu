@@ -73,54 +73,71 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-// Writes the sort input: key = id (as int64), value = the bag (output row)
-// the id contributes to. One warp per bag, so writes coalesce.
-__global__ void PrepareKernel(Lookup l, long long* __restrict__ keys, int* __restrict__ bag_of) {
+// Writes the sort input: key = id (32 bits when the table has fewer than
+// 2^32 rows, which makes every sort pass move 8 instead of 12 bytes per id),
+// value = the bag (output row) the id contributes to. One warp per bag, so
+// writes coalesce.
+template <typename KeyT>
+__global__ void PrepareKernel(Lookup l, KeyT* __restrict__ keys, int* __restrict__ bag_of) {
   const int lane = threadIdx.x & 31;
   const int64_t bag = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (bag >= l.bags) return;
   int64_t begin, end;
   BagBounds(l, bag, &begin, &end);
   for (int64_t i = begin + lane; i < end; i += 32) {
-    keys[i] = LoadIndex(l.ids, l.ids64, i);
+    keys[i] = static_cast<KeyT>(LoadIndex(l.ids, l.ids64, i));
     bag_of[i] = static_cast<int>(bag);
   }
 }
 
 // Adds this lane's C chunks of V columns (chunk c at column d0 + c*stride)
-// of the gradient of one distinct id: the sum over its occurrences of the
-// (mean-scaled) output-gradient rows.
+// of one occurrence's (mean-scaled) output-gradient row to g.
+template <typename GT, int V, int C>
+__device__ __forceinline__ void AddGradRow(const GT* __restrict__ grad, int64_t dim, int64_t d0,
+                                           int64_t stride, const Lookup& l, int64_t bag,
+                                           float (&g)[C][V]) {
+  float scale = 1.0f;
+  if (l.mean) {
+    int64_t b0, b1;
+    BagBounds(l, bag, &b0, &b1);
+    scale = 1.0f / static_cast<float>(b1 - b0);
+  }
+  float v[C][V];
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    if (d0 + c * stride < dim) LoadVec<GT, V>(grad + bag * dim + d0 + c * stride, v[c]);
+  }
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    if (d0 + c * stride < dim) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) g[c][j] += scale * v[c][j];
+    }
+  }
+}
+
+// The gradient of one distinct id: the sum of the rows of its occurrences,
+// sorted positions [start, end); the first occurrence's bag is passed in.
 template <typename GT, int V, int C>
 __device__ __forceinline__ void GatherGrad(const GT* __restrict__ grad, int64_t dim, int64_t d0,
                                            int64_t stride, const Lookup& l,
-                                           const int* __restrict__ bag_of, int64_t start,
-                                           int64_t count, float (&g)[C][V]) {
+                                           const int* __restrict__ bag_of, int64_t first_bag,
+                                           int64_t start, int64_t end, float (&g)[C][V]) {
 #pragma unroll
   for (int c = 0; c < C; ++c) {
 #pragma unroll
     for (int j = 0; j < V; ++j) g[c][j] = 0.0f;
   }
-  for (int64_t p = start; p < start + count; ++p) {
-    const int64_t bag = __ldg(bag_of + p);
-    float scale = 1.0f;
-    if (l.mean) {
-      int64_t b0, b1;
-      BagBounds(l, bag, &b0, &b1);
-      scale = 1.0f / static_cast<float>(b1 - b0);
-    }
-    float v[C][V];
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (d0 + c * stride < dim) LoadVec<GT, V>(grad + bag * dim + d0 + c * stride, v[c]);
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (d0 + c * stride < dim) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) g[c][j] += scale * v[c][j];
-      }
-    }
+  AddGradRow<GT, V, C>(grad, dim, d0, stride, l, first_bag, g);
+  for (int64_t p = start + 1; p < end; ++p) {
+    AddGradRow<GT, V, C>(grad, dim, d0, stride, l, __ldg(bag_of + p), g);
   }
+}
+
+// Sorted key at position p (32- or 64-bit keys).
+__device__ __forceinline__ int64_t SortedKey(const void* keys, bool keys32, int64_t p) {
+  return keys32 ? static_cast<int64_t>(__ldg(static_cast<const unsigned*>(keys) + p))
+                : static_cast<int64_t>(__ldg(static_cast<const unsigned long long*>(keys) + p));
 }
 
 // Sum over the `group` lanes of one run (xor offsets stay inside a group).
@@ -129,31 +146,42 @@ __device__ __forceinline__ float GroupSum(float v, int group) {
   return v;
 }
 
-// A group of lanes per distinct id: gather its gradient, then one rowwise
-// Adagrad step on its table row and momentum. Each lane holds C chunks of V
-// columns, so a warp serves several ids with several independent loads per
-// lane in flight; the table row and momentum are loaded before the gradient
-// gather so the two memory chains overlap. C == 0: rows longer than a
-// group's registers; the gradient is gathered twice (squared norm, then
-// update), one chunk at a time.
+// A group of lanes per sorted position; the group at the first position of
+// a run of equal ids (its head) owns that id: it gathers the id's gradient
+// and applies one rowwise Adagrad step to its table row and momentum; the
+// other groups stay idle. Reading heads straight from the sorted keys
+// needs no run-length encoding, and puts the table row, the momentum and
+// the first gradient row one dependent load after the key (the position's
+// key, its predecessor and its bag are loaded together). Each lane holds C
+// chunks of V columns, so a warp serves several positions with several
+// independent loads per lane in flight. C == 0: rows longer than a group's
+// registers; the gradient is gathered twice (squared norm, then update),
+// one chunk at a time.
+//
+// The kernel is latency-bound, so it asks for as many resident blocks as its
+// registers allow without spilling much: 4 (64 registers), 3 for 16 fp32
+// columns per lane, 2 for 32 columns.
 template <typename TT, typename GT, int V, int C>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+__global__ void __launch_bounds__(kWarpsPerBlock * 32,
+                                  C * V >= 32 ? 2 : (C * V >= 16 && sizeof(TT) == 4 ? 3 : 4))
     AdagradKernel(TT* __restrict__ table, int64_t dim, const GT* __restrict__ grad, Lookup l,
-                  const long long* __restrict__ unique_ids, const int* __restrict__ run_counts,
-                  const int* __restrict__ run_starts, const int* __restrict__ num_runs,
-                  const int* __restrict__ bag_of, float lr, float eps,
-                  float* __restrict__ momentum, int group) {
+                  const void* __restrict__ keys, bool keys32, const int* __restrict__ bag_of,
+                  int64_t n, float lr, float eps, float* __restrict__ momentum, int group) {
   const int lane = threadIdx.x & 31;
   const int sub = lane & (group - 1);
-  const int64_t runs = *num_runs;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) *
                         (32 / group);
-  if (first >= runs) return;  // whole warp: the shuffles below need every lane
-  const int64_t run = first + lane / group;
-  const bool active = run < runs;
-  const int64_t id = active ? unique_ids[run] : 0;
-  const int64_t start = active ? run_starts[run] : 0, count = active ? run_counts[run] : 0;
-  TT* row = table + id * dim;
+  if (first >= n) return;  // whole warp: the shuffles below need every lane
+  const int64_t p = first + lane / group;
+  int64_t id = -1;
+  bool active = false;
+  int64_t bag0 = 0;
+  if (p < n) {
+    id = SortedKey(keys, keys32, p);
+    active = p == 0 || SortedKey(keys, keys32, p - 1) != id;
+    bag0 = __ldg(bag_of + p);
+  }
+  TT* row = table + (active ? id : 0) * dim;
   const float m0 = active ? momentum[id] : 0.0f;
   const int64_t d0 = static_cast<int64_t>(sub) * V, stride = static_cast<int64_t>(group) * V;
   if constexpr (C > 0) {
@@ -164,7 +192,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       for (int c = 0; c < C; ++c) {
         if (d0 + c * stride < dim) LoadVec<TT, V>(row + d0 + c * stride, w[c]);
       }
-      GatherGrad<GT, V, C>(grad, dim, d0, stride, l, bag_of, start, count, g);
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) g[c][j] = 0.0f;
+      }
+      // The first occurrence before looking for more (most ids occur once),
+      // so its loads overlap the table row's.
+      AddGradRow<GT, V, C>(grad, dim, d0, stride, l, bag0, g);
+      for (int64_t q = p + 1; q < n && SortedKey(keys, keys32, q) == id; ++q) {
+        AddGradRow<GT, V, C>(grad, dim, d0, stride, l, __ldg(bag_of + q), g);
+      }
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         if (d0 + c * stride < dim) {
@@ -187,10 +225,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       }
     }
   } else {
+    int64_t end = p + 1;
+    while (active && end < n && SortedKey(keys, keys32, end) == id) ++end;
     float sq = 0.0f;
     for (int64_t d = d0; active && d < dim; d += stride) {
       float g[1][V];
-      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, bag_of, start, count, g);
+      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, bag_of, bag0, p, end, g);
 #pragma unroll
       for (int j = 0; j < V; ++j) sq += g[0][j] * g[0][j];
     }
@@ -200,7 +240,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int64_t d = d0; active && d < dim; d += stride) {
       float g[1][V], w[V];
       LoadVec<TT, V>(row + d, w);
-      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, bag_of, start, count, g);
+      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, bag_of, bag0, p, end, g);
 #pragma unroll
       for (int j = 0; j < V; ++j) w[j] -= step * g[0][j];
       StoreVec<TT, V>(row + d, w);
@@ -238,9 +278,9 @@ cudaError_t LaunchForward(const Table& t, const Lookup& l, void* out, cudaStream
 // (more loads in flight, more ids per warp) but at least 8 lanes per id;
 // rows beyond 32 lanes x 4 chunks take the two-pass kernel (C = 0).
 template <typename TT, typename GT>
-void LaunchAdagrad(const Table& t, const Lookup& l, const void* grad, const long long* unique_ids,
-                   const int* counts, const int* starts, const int* num_runs, const int* bag_of,
-                   float lr, float eps, float* momentum, cudaStream_t s) {
+void LaunchAdagrad(const Table& t, const Lookup& l, const void* grad, const void* keys,
+                   bool keys32, const int* bag_of, float lr, float eps, float* momentum,
+                   cudaStream_t s) {
   constexpr int kVec = 16 / sizeof(TT);
   TT* table = static_cast<TT*>(t.data);
   const GT* g = static_cast<const GT*>(grad);
@@ -252,7 +292,7 @@ void LaunchAdagrad(const Table& t, const Lookup& l, const void* grad, const long
   const unsigned grid = cuda_util::GridFor(l.num_ids, kWarpsPerBlock * (32 / group));
 #define RECFLEET_ADAGRAD(V, C)                                                                \
   AdagradKernel<TT, GT, V, C><<<grid, kWarpsPerBlock * 32, 0, s>>>(                           \
-      table, t.dim, g, l, unique_ids, counts, starts, num_runs, bag_of, lr, eps, momentum, group)
+      table, t.dim, g, l, keys, keys32, bag_of, l.num_ids, lr, eps, momentum, group)
   if (vec) {
     switch (chunks) {
       case 1: RECFLEET_ADAGRAD(kVec, 1); break;
@@ -299,58 +339,44 @@ cudaError_t Forward(const Table& table, const Lookup& lookup, void* out, bool ou
                   : LaunchForward<float, float>(table, lookup, out, s);
 }
 
-cudaError_t BackwardAdagrad(const Table& table, const Lookup& lookup, const void* grad,
-                            bool grad_bf16, float learning_rate, float eps, float* momentum,
-                            void* stream) {
+namespace {
+
+template <typename KeyT>
+cudaError_t BackwardAdagradImpl(const Table& table, const Lookup& lookup, const void* grad,
+                                bool grad_bf16, float learning_rate, float eps, float* momentum,
+                                cudaStream_t s) {
   const int64_t n = lookup.num_ids;
-  if (n == 0) return cudaSuccess;
-  if (n > INT32_MAX) return cudaErrorInvalidValue;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int bits = KeyBits(table.rows);
+  constexpr bool keys32 = sizeof(KeyT) == 4;
 
   // Temporary storage: sized in a dry run of the arena (null base), then
   // allocated once.
-  size_t sort_bytes = 0, rle_bytes = 0, scan_bytes = 0;
+  size_t sort_bytes = 0;
   cudaError_t err = cub::DeviceRadixSort::SortPairs(
-      nullptr, sort_bytes, static_cast<const long long*>(nullptr), static_cast<long long*>(nullptr),
+      nullptr, sort_bytes, static_cast<const KeyT*>(nullptr), static_cast<KeyT*>(nullptr),
       static_cast<const int*>(nullptr), static_cast<int*>(nullptr), static_cast<int>(n), 0, bits, s);
   if (err != cudaSuccess) return err;
-  err = cub::DeviceRunLengthEncode::Encode(nullptr, rle_bytes, static_cast<const long long*>(nullptr),
-                                           static_cast<long long*>(nullptr),
-                                           static_cast<int*>(nullptr), static_cast<int*>(nullptr),
-                                           static_cast<int>(n), s);
-  if (err != cudaSuccess) return err;
-  err = cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const int*>(nullptr),
-                                      static_cast<int*>(nullptr), static_cast<int>(n), s);
-  if (err != cudaSuccess) return err;
-  auto layout = [&](Arena& a, long long** keys, long long** sorted_keys, int** bags,
-                    int** sorted_bags, long long** unique_ids, int** counts, int** starts,
-                    int** num_runs, void** temp) {
-    *keys = a.Take<long long>(n);
-    *sorted_keys = a.Take<long long>(n);
+  auto layout = [&](Arena& a, KeyT** keys, KeyT** sorted_keys, int** bags, int** sorted_bags,
+                    void** temp) {
+    *keys = a.Take<KeyT>(n);
+    *sorted_keys = a.Take<KeyT>(n);
     *bags = a.Take<int>(n);
     *sorted_bags = a.Take<int>(n);
-    *unique_ids = a.Take<long long>(n);
-    *counts = a.Take<int>(n);
-    *starts = a.Take<int>(n);
-    *num_runs = a.Take<int>(1);
-    *temp = a.Take<char>(std::max(sort_bytes, std::max(rle_bytes, scan_bytes)));
+    *temp = a.Take<char>(sort_bytes);
   };
-  long long *keys, *sorted_keys, *unique_ids;
-  int *bags, *sorted_bags, *counts, *starts, *num_runs;
+  KeyT *keys, *sorted_keys;
+  int *bags, *sorted_bags;
   void* temp;
   Arena sizing;
-  layout(sizing, &keys, &sorted_keys, &bags, &sorted_bags, &unique_ids, &counts, &starts,
-         &num_runs, &temp);
+  layout(sizing, &keys, &sorted_keys, &bags, &sorted_bags, &temp);
   Arena arena;
   err = cudaMallocAsync(reinterpret_cast<void**>(&arena.base), sizing.used, s);
   if (err != cudaSuccess) return err;
-  layout(arena, &keys, &sorted_keys, &bags, &sorted_bags, &unique_ids, &counts, &starts,
-         &num_runs, &temp);
+  layout(arena, &keys, &sorted_keys, &bags, &sorted_bags, &temp);
 
   Lookup prep = lookup;
   prep.bags = lookup.offsets != nullptr ? lookup.bags : n;
-  PrepareKernel<<<cuda_util::GridFor(prep.bags, kWarpsPerBlock), kWarpsPerBlock * 32, 0, s>>>(
+  PrepareKernel<KeyT><<<cuda_util::GridFor(prep.bags, kWarpsPerBlock), kWarpsPerBlock * 32, 0, s>>>(
       prep, keys, bags);
   err = cudaGetLastError();
   if (err == cudaSuccess) {
@@ -358,35 +384,42 @@ cudaError_t BackwardAdagrad(const Table& table, const Lookup& lookup, const void
                                           static_cast<int>(n), 0, bits, s);
   }
   if (err == cudaSuccess) {
-    err = cub::DeviceRunLengthEncode::Encode(temp, rle_bytes, sorted_keys, unique_ids, counts,
-                                             num_runs, static_cast<int>(n), s);
-  }
-  if (err == cudaSuccess) {
-    err = cub::DeviceScan::ExclusiveSum(temp, scan_bytes, counts, starts, static_cast<int>(n), s);
-  }
-  if (err == cudaSuccess) {
     if (table.bf16) {
       if (grad_bf16) {
-        LaunchAdagrad<__nv_bfloat16, __nv_bfloat16>(table, lookup, grad, unique_ids, counts,
-                                                     starts, num_runs, sorted_bags, learning_rate,
-                                                     eps, momentum, s);
+        LaunchAdagrad<__nv_bfloat16, __nv_bfloat16>(table, lookup, grad, sorted_keys, keys32,
+                                                     sorted_bags, learning_rate, eps, momentum, s);
       } else {
-        LaunchAdagrad<__nv_bfloat16, float>(table, lookup, grad, unique_ids, counts, starts,
-                                            num_runs, sorted_bags, learning_rate, eps, momentum,
-                                            s);
+        LaunchAdagrad<__nv_bfloat16, float>(table, lookup, grad, sorted_keys, keys32, sorted_bags,
+                                            learning_rate, eps, momentum, s);
       }
     } else if (grad_bf16) {
-      LaunchAdagrad<float, __nv_bfloat16>(table, lookup, grad, unique_ids, counts, starts,
-                                          num_runs, sorted_bags, learning_rate, eps, momentum,
-                                          s);
+      LaunchAdagrad<float, __nv_bfloat16>(table, lookup, grad, sorted_keys, keys32, sorted_bags,
+                                          learning_rate, eps, momentum, s);
     } else {
-      LaunchAdagrad<float, float>(table, lookup, grad, unique_ids, counts, starts, num_runs,
-                                  sorted_bags, learning_rate, eps, momentum, s);
+      LaunchAdagrad<float, float>(table, lookup, grad, sorted_keys, keys32, sorted_bags,
+                                  learning_rate, eps, momentum, s);
     }
     err = cudaGetLastError();
   }
   const cudaError_t free_err = cudaFreeAsync(arena.base, s);
   return err != cudaSuccess ? err : free_err;
+}
+
+}  // namespace
+
+cudaError_t BackwardAdagrad(const Table& table, const Lookup& lookup, const void* grad,
+                            bool grad_bf16, float learning_rate, float eps, float* momentum,
+                            void* stream) {
+  const int64_t n = lookup.num_ids;
+  if (n == 0) return cudaSuccess;
+  if (n > INT32_MAX) return cudaErrorInvalidValue;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (table.rows <= (int64_t{1} << 32)) {
+    return BackwardAdagradImpl<unsigned>(table, lookup, grad, grad_bf16, learning_rate, eps,
+                                         momentum, s);
+  }
+  return BackwardAdagradImpl<unsigned long long>(table, lookup, grad, grad_bf16, learning_rate,
+                                                 eps, momentum, s);
 }
 
 }  // namespace recfleet::embedding_cuda

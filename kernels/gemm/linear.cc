@@ -37,15 +37,33 @@ absl::Status CheckInput(const TensorView& t, absl::string_view what) {
   return absl::OkStatus();
 }
 
-absl::Status Gemm(const Operand& a, const Operand& b, GemmPrecision precision,
-                  const TensorView& bias, bool accumulate, const TensorView& c, void* stream) {
+absl::Status Gemm(linear_internal::GemmRole role, const Operand& a, const Operand& b,
+                  GemmPrecision precision, const TensorView& bias, bool accumulate,
+                  const TensorView& c, const LinearRecipe& recipe, void* stream,
+                  LinearContext* context) {
   if (c.device == Device::kCpu) {
     return linear_internal::GemmCpu(a, b, precision, bias, accumulate, c);
   }
-  return linear_internal::GemmCuda(a, b, precision, bias, accumulate, c, stream);
+  return linear_internal::GemmCuda(role, a, b, precision, bias, accumulate, c, recipe, stream,
+                                   context);
 }
 
 }  // namespace
+
+namespace linear_internal {
+
+Operand WgradOperand(const TensorView& t, bool is_dy, const LinearRecipe& recipe) {
+  Operand op{t, true, ScaleBlock::k1x128};
+  op.hadamard = recipe.wgrad_hadamard;
+  op.hadamard_seed = recipe.seed;
+  if (is_dy && recipe.wgrad_stochastic) {
+    op.rounding = Rounding::kStochastic;
+    op.seed = recipe.seed ^ 0x9E3779B97F4A7C15ull;  // not the Hadamard signs' stream
+  }
+  return op;
+}
+
+}  // namespace linear_internal
 
 absl::string_view GemmPrecisionName(GemmPrecision p) {
   switch (p) {
@@ -57,7 +75,8 @@ absl::string_view GemmPrecisionName(GemmPrecision p) {
 }
 
 absl::Status LinearForward(const TensorView& x, const TensorView& w, const TensorView& bias,
-                           const TensorView& y, const LinearRecipe& recipe, void* stream) {
+                           const TensorView& y, const LinearRecipe& recipe, void* stream,
+                           LinearContext* context) {
   RECFLEET_RETURN_IF_ERROR(CheckInput(x, "x"));
   const int64_t m = x.dim(0), k = x.dim(1);
   RECFLEET_RETURN_IF_ERROR(CheckInput(w, "w"));
@@ -65,25 +84,29 @@ absl::Status LinearForward(const TensorView& x, const TensorView& w, const Tenso
   RECFLEET_RETURN_IF_ERROR(CheckMatrix(w, "w", x, n, k));
   RECFLEET_RETURN_IF_ERROR(CheckOptionalVector(bias, "bias", x, n));
   RECFLEET_RETURN_IF_ERROR(CheckMatrix(y, "y", x, m, n));
-  return Gemm({x, false, ScaleBlock::k1x128}, {w, false, ScaleBlock::k128x128}, recipe.forward,
-              bias, false, y, stream);
+  return Gemm(linear_internal::GemmRole::kForward, {x, false, ScaleBlock::k1x128},
+              {w, false, ScaleBlock::k128x128}, recipe.forward, bias, false, y, recipe, stream,
+              context);
 }
 
 absl::Status LinearBackwardInput(const TensorView& dy, const TensorView& w, const TensorView& dx,
-                                 const LinearRecipe& recipe, void* stream) {
+                                 const LinearRecipe& recipe, void* stream,
+                                 LinearContext* context) {
   RECFLEET_RETURN_IF_ERROR(CheckInput(dy, "dy"));
   const int64_t m = dy.dim(0), n = dy.dim(1);
   RECFLEET_RETURN_IF_ERROR(CheckInput(w, "w"));
   const int64_t k = w.dim(1);
   RECFLEET_RETURN_IF_ERROR(CheckMatrix(w, "w", dy, n, k));
   RECFLEET_RETURN_IF_ERROR(CheckMatrix(dx, "dx", dy, m, k));
-  return Gemm({dy, false, ScaleBlock::k1x128}, {w, true, ScaleBlock::k128x128}, recipe.dgrad,
-              TensorView(), false, dx, stream);
+  return Gemm(linear_internal::GemmRole::kDgrad, {dy, false, ScaleBlock::k1x128},
+              {w, true, ScaleBlock::k128x128}, recipe.dgrad, TensorView(), false, dx, recipe,
+              stream, context);
 }
 
 absl::Status LinearBackwardWeight(const TensorView& dy, const TensorView& x, const TensorView& dw,
                                   const TensorView& dbias, bool accumulate,
-                                  const LinearRecipe& recipe, void* stream) {
+                                  const LinearRecipe& recipe, void* stream,
+                                  LinearContext* context) {
   RECFLEET_RETURN_IF_ERROR(CheckInput(dy, "dy"));
   const int64_t m = dy.dim(0), n = dy.dim(1);
   RECFLEET_RETURN_IF_ERROR(CheckInput(x, "x"));
@@ -91,8 +114,15 @@ absl::Status LinearBackwardWeight(const TensorView& dy, const TensorView& x, con
   RECFLEET_RETURN_IF_ERROR(CheckMatrix(x, "x", dy, m, k));
   RECFLEET_RETURN_IF_ERROR(CheckMatrix(dw, "dw", dy, n, k));
   RECFLEET_RETURN_IF_ERROR(CheckOptionalVector(dbias, "dbias", dy, n));
-  RECFLEET_RETURN_IF_ERROR(Gemm({dy, true, ScaleBlock::k1x128}, {x, true, ScaleBlock::k1x128},
-                                recipe.wgrad, TensorView(), accumulate, dw, stream));
+  if (recipe.wgrad == GemmPrecision::kFp8Block && recipe.wgrad_hadamard && m % 128 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the wgrad Hadamard transform runs over 128-row groups of dy and x; M = ", m,
+        " is not a multiple of 128"));
+  }
+  RECFLEET_RETURN_IF_ERROR(Gemm(linear_internal::GemmRole::kWgrad,
+                                linear_internal::WgradOperand(dy, true, recipe),
+                                linear_internal::WgradOperand(x, false, recipe), recipe.wgrad,
+                                TensorView(), accumulate, dw, recipe, stream, context));
   if (dbias.data == nullptr) return absl::OkStatus();
   if (dy.device == Device::kCpu) return linear_internal::BiasGradCpu(dy, accumulate, dbias);
   return linear_internal::BiasGradCuda(dy, accumulate, dbias, stream);

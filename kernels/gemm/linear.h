@@ -21,14 +21,31 @@
 //              performs exactly the same quantization and then multiplies
 //              in double, so it is the numerics reference for the CUDA path.
 // GEM's recipe keeps sensitive pieces (some weight gradients, late layers) in
-// bf16; the default recipe is all bf16.
+// bf16; the default recipe is all bf16. An FP8 weight gradient can further
+// spread outliers with a random Hadamard transform along M (the reduction
+// dimension of dw = dy^T x: both operands are transformed, which leaves the
+// product unchanged up to rounding) and round dy stochastically (unbiased).
+//
+// Reuse of quantized operands (CUDA, optional): a LinearContext passed to the
+// three calls of one layer keeps
+//   - the FP8 weight and its transpose (128x128 blocks are transpose-
+//     invariant, so both come from one pass over w), made on first use and
+//     again after InvalidateWeight(): call it after every optimizer step or
+//     any other write to w;
+//   - x^T (when wgrad is kFp8Block): LinearForward quantizes x and x^T in
+//     one pass, and the next LinearBackwardWeight whose x has the same data
+//     pointer and shape uses that x^T once;
+//   - dy^T likewise, from LinearBackwardInput.
+// x and dy must not change between those calls. Without a context every
+// FP8 GEMM quantizes its operands itself.
 //
 // Devices: all tensors of one call on one Device; the call dispatches on it.
 // CUDA GEMMs run through cuBLASLt on `stream` (cudaStream_t; nullptr = legacy
 // default stream), asynchronously; FP8 operand quantization takes temporary
 // device memory with cudaMallocAsync on that stream. Calls are reentrant
 // (one cuBLASLt handle per thread; workspaces are stream-ordered per call).
-// CUDA limits: kFp8Block needs m, n and k divisible by 16; kNative needs both
+// CUDA limits: kFp8Block needs m, n and k divisible by 16 (and M by 128 for
+// the wgrad Hadamard transform); kNative needs both
 // operands of one dtype (and an fp32 output for fp32 operands); otherwise
 // InvalidArgument names the fix.
 
@@ -49,23 +66,54 @@ struct LinearRecipe {
   GemmPrecision forward = GemmPrecision::kBf16;  // y  = x W^T
   GemmPrecision dgrad = GemmPrecision::kBf16;    // dx = dy W
   GemmPrecision wgrad = GemmPrecision::kBf16;    // dw = dy^T x
+  // kFp8Block wgrad only. Hadamard: 128-point random Hadamard transform of
+  // dy and x along M (needs M % 128 == 0), signs from `seed`. Stochastic:
+  // dy's FP8 rounded stochastically with `seed` (x keeps round-to-nearest).
+  bool wgrad_hadamard = false;
+  bool wgrad_stochastic = false;
+  uint64_t seed = 0;  // use a new one per step
+};
+
+// Quantized operands kept between the calls of one linear layer (see the
+// top of this file). CUDA only; device memory is allocated on first use
+// (cudaMalloc) and freed by the destructor, which synchronizes the device.
+// Not thread-safe: one context per layer and stream.
+class LinearContext {
+ public:
+  LinearContext();
+  ~LinearContext();
+  LinearContext(const LinearContext&) = delete;
+  LinearContext& operator=(const LinearContext&) = delete;
+
+  // The weight changed: the next FP8 GEMM re-quantizes it.
+  void InvalidateWeight();
+
+  // The cached operands; only the implementation (linear_cuda.cc) sees
+  // inside.
+  struct State;
+  State* state() { return state_; }
+
+ private:
+  State* state_;
 };
 
 // y = x W^T (+ bias when bias.data != nullptr). y is overwritten.
 absl::Status LinearForward(const TensorView& x, const TensorView& w, const TensorView& bias,
                            const TensorView& y, const LinearRecipe& recipe,
-                           void* stream = nullptr);
+                           void* stream = nullptr, LinearContext* context = nullptr);
 
 // dx = dy W. dx is overwritten.
 absl::Status LinearBackwardInput(const TensorView& dy, const TensorView& w, const TensorView& dx,
-                                 const LinearRecipe& recipe, void* stream = nullptr);
+                                 const LinearRecipe& recipe, void* stream = nullptr,
+                                 LinearContext* context = nullptr);
 
 // dw (+)= dy^T x and, when dbias.data != nullptr, dbias (+)= sum over rows of
 // dy. With accumulate = true the results are added to dw/dbias (gradient
 // accumulation over micro-batches); otherwise they are overwritten.
 absl::Status LinearBackwardWeight(const TensorView& dy, const TensorView& x, const TensorView& dw,
                                   const TensorView& dbias, bool accumulate,
-                                  const LinearRecipe& recipe, void* stream = nullptr);
+                                  const LinearRecipe& recipe, void* stream = nullptr,
+                                  LinearContext* context = nullptr);
 
 }  // namespace recfleet
 

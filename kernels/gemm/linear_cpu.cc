@@ -22,12 +22,29 @@ absl::Status Materialize(const Operand& op, GemmPrecision precision, std::vector
   if (precision == GemmPrecision::kFp8Block) {
     QuantizeConfig cfg;
     cfg.block = op.block;
+    cfg.rounding = op.rounding;
+    cfg.seed = op.seed;
+    TensorView src = op.t;
+    bool transpose = op.transpose;
+    std::vector<double> transformed;
+    if (op.hadamard) {
+      // The K-major matrix, transformed along k in 128-element groups.
+      transformed.resize(*rows * *k);
+      for (int64_t i = 0; i < *rows; ++i) {
+        for (int64_t j = 0; j < *k; ++j) {
+          transformed[i * *k + j] = LoadAsDouble(op.t, op.transpose ? j * c0 + i : i * c0 + j);
+        }
+      }
+      src = MakeView(transformed.data(), DType::kFloat64, {*rows, *k});
+      RECFLEET_RETURN_IF_ERROR(RandomHadamard(src, 128, op.hadamard_seed, false, src));
+      transpose = false;
+    }
     std::vector<uint8_t> q(*rows * *k);
     const Shape ss = QuantScaleShape(*rows, *k, op.block);
     std::vector<float> scales(ss[0] * ss[1]);
     const TensorView qv = MakeView(q.data(), cfg.format, {*rows, *k});
     const TensorView sv = MakeView(scales.data(), DType::kFloat32, ss);
-    RECFLEET_RETURN_IF_ERROR(Quantize(op.t, cfg, op.transpose, qv, sv));
+    RECFLEET_RETURN_IF_ERROR(Quantize(src, cfg, transpose, qv, sv));
     return Dequantize(qv, sv, op.block, MakeView(out->data(), DType::kFloat64, {*rows, *k}));
   }
   for (int64_t i = 0; i < *rows; ++i) {

@@ -7,7 +7,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/gemm/gemm_kernels.h"
 #include "kernels/gemm/linear_internal.h"
@@ -129,26 +131,44 @@ absl::Status LtMatmul(const LtOperand& a, const LtOperand& b, void* d, cudaDataT
   RECFLEET_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&ld.l, d_type, m, n, m), "layout D"));
   StreamBuffer workspace(stream);
   RECFLEET_RETURN_IF_ERROR(workspace.Allocate(kWorkspaceBytes));
-  Pref pref;
-  RECFLEET_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref.p), "preference"));
-  const size_t ws = kWorkspaceBytes;
-  RECFLEET_RETURN_IF_ERROR(LtStatus(
-      cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                           sizeof(ws)),
-      "workspace preference"));
-  cublasLtMatmulHeuristicResult_t heuristic;
-  int found = 0;
-  RECFLEET_RETURN_IF_ERROR(LtStatus(cublasLtMatmulAlgoGetHeuristic(handle, desc.d, la.l, lb.l, ld.l,
-                                                                   ld.l, pref.p, 1, &heuristic,
-                                                                   &found),
-                                    "heuristic"));
-  if (found == 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "cuBLASLt has no algorithm for this GEMM (m=", m, " n=", n, " k=", k, ")"));
+  // The heuristic query costs tens of microseconds of host time, which a
+  // step of many GEMMs would pay again and again: keep its answer per shape.
+  const std::string key = absl::StrCat(
+      m, ",", n, ",", k, ",", a.type, ",", b.type, ",", d_type, ",", a.op, ",", b.op, ",",
+      a.scale != nullptr ? static_cast<int>(a.scale_mode) : -1, ",",
+      a.scale != nullptr ? static_cast<int>(b.scale_mode) : -1, ",", beta != 0.0f);
+  thread_local absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t> algos;
+  thread_local int algos_device = -1;
+  int device = 0;
+  RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  if (device != algos_device) {
+    algos.clear();
+    algos_device = device;
+  }
+  auto it = algos.find(key);
+  if (it == algos.end()) {
+    Pref pref;
+    RECFLEET_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref.p), "preference"));
+    const size_t ws = kWorkspaceBytes;
+    RECFLEET_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                             sizeof(ws)),
+        "workspace preference"));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    RECFLEET_RETURN_IF_ERROR(LtStatus(cublasLtMatmulAlgoGetHeuristic(handle, desc.d, la.l, lb.l,
+                                                                     ld.l, ld.l, pref.p, 1,
+                                                                     &heuristic, &found),
+                                      "heuristic"));
+    if (found == 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "cuBLASLt has no algorithm for this GEMM (m=", m, " n=", n, " k=", k, ")"));
+    }
+    it = algos.emplace(key, heuristic.algo).first;
   }
   const float alpha = 1.0f;
   return LtStatus(cublasLtMatmul(handle, desc.d, &alpha, a.data, la.l, b.data, lb.l, &beta, d, ld.l,
-                                 d, ld.l, &heuristic.algo, workspace.get(), kWorkspaceBytes,
+                                 d, ld.l, &it->second, workspace.get(), kWorkspaceBytes,
                                  stream),
                   "matmul");
 }
@@ -202,68 +222,233 @@ absl::Status ToBf16(const TensorView& t, StreamBuffer* tmp, const void** data, D
   return absl::OkStatus();
 }
 
-// Quantizes a K-major FP8 operand [rows, k] (read from its stored form) with
-// scales in cuBLASLt's layout for its block kind.
-absl::Status QuantizeOperand(const Operand& op, int64_t rows, int64_t k, StreamBuffer* q,
-                             StreamBuffer* scales, LtOperand* out, bool as_b, cudaStream_t s) {
-  quant_cuda::QuantizeArgs a;
-  a.x = op.t.data;
-  a.x_type = ElemCode(op.t.dtype);
-  a.rows = op.t.dim(0);
-  a.cols = op.t.dim(1);
-  a.transpose = op.transpose;
-  a.format = 1;
-  int64_t scale_count;
-  if (op.block == ScaleBlock::k128x128) {
-    // BLK128x128_32F: K blocks contiguous, leading dimension padded to 4.
-    const int64_t kb = RoundUp4((k + 127) / 128);
-    a.block_rows = 128;
-    a.scale_stride_row = kb;
-    a.scale_stride_col = 1;
-    scale_count = kb * ((rows + 127) / 128);
-  } else {
-    // VEC128_32F: the outer (row) index contiguous, padded to 4.
-    const int64_t rp = RoundUp4(rows);
-    a.block_rows = 1;
-    a.scale_stride_row = 1;
-    a.scale_stride_col = rp;
-    scale_count = rp * ((k + 127) / 128);
+// Device memory kept by a LinearContext; grows on demand.
+class GrowBuffer {
+ public:
+  GrowBuffer() = default;
+  GrowBuffer(const GrowBuffer&) = delete;
+  GrowBuffer& operator=(const GrowBuffer&) = delete;
+  ~GrowBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
   }
+  // Contents are lost when it grows (cudaFree waits for work using it).
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= capacity_) return absl::OkStatus();
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    capacity_ = 0;
+    RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&ptr_, bytes), "cudaMalloc"));
+    capacity_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// cuBLASLt's scale layout for a K-major FP8 operand [rows, k].
+struct ScaleLayout {
+  int64_t stride_row, stride_col, count, used;
+};
+
+ScaleLayout LayoutFor(ScaleBlock block, int64_t rows, int64_t k) {
+  const int64_t kb = (k + 127) / 128;
+  if (block == ScaleBlock::k128x128) {
+    // BLK128x128_32F: K blocks contiguous, leading dimension padded to 4.
+    const int64_t rb = (rows + 127) / 128;
+    return {RoundUp4(kb), 1, RoundUp4(kb) * rb, kb * rb};
+  }
+  // VEC128_32F: the outer (row) index contiguous, padded to 4.
+  return {1, RoundUp4(rows), RoundUp4(rows) * kb, rows * kb};
+}
+
+// Where one FP8 operand goes.
+struct Fp8Dest {
+  uint8_t* q;
+  float* scales;
+};
+
+quant_cuda::QuantizeTarget TargetFor(const Operand& op, int64_t rows, int64_t k, Fp8Dest d) {
+  const ScaleLayout l = LayoutFor(op.block, rows, k);
+  quant_cuda::QuantizeTarget t;
+  t.q = d.q;
+  t.scales = d.scales;
+  t.scale_stride_row = l.stride_row;
+  t.scale_stride_col = l.stride_col;
+  t.stochastic = op.rounding == Rounding::kStochastic;
+  t.seed = op.seed;
+  return t;
+}
+
+// One pass over the stored matrix t [R, C]: the FP8 form of t (as `direct`
+// quantizes it) into `d`, and/or of t^T (as `transposed` does) into `dt`.
+absl::Status QuantizePass(const TensorView& t, const Operand* direct, Fp8Dest d,
+                          const Operand* transposed, Fp8Dest dt, cudaStream_t s) {
+  const Operand& any = direct != nullptr ? *direct : *transposed;
+  const int64_t r = t.dim(0), c = t.dim(1);
+  quant_cuda::QuantizeArgs a;
+  a.x = t.data;
+  a.x_type = ElemCode(t.dtype);
+  a.rows = r;
+  a.cols = c;
+  a.block_rows = any.block == ScaleBlock::k128x128 ? 128 : 1;
   a.block_cols = 128;
-  RECFLEET_RETURN_IF_ERROR(q->Allocate(rows * k));
-  RECFLEET_RETURN_IF_ERROR(scales->Allocate(scale_count * sizeof(float)));
-  // Padding scales are never read for real blocks; keep them finite.
-  RECFLEET_RETURN_IF_ERROR(CudaStatus(
-      cudaMemsetAsync(scales->get(), 0, scale_count * sizeof(float), s), "clear scales"));
-  a.q = q->get<uint8_t>();
-  a.scales = scales->get<float>();
-  RECFLEET_RETURN_IF_ERROR(CudaStatus(quant_cuda::Quantize(a, s), "FP8 operand quantize"));
-  *out = Describe(q->get(), DType::kFloat8E4M3, false, rows, k, as_b);
-  out->scale = scales->get<float>();
-  out->scale_mode = op.block == ScaleBlock::k128x128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                                     : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  return absl::OkStatus();
+  a.format = 1;
+  if (direct != nullptr) a.direct = TargetFor(*direct, r, c, d);
+  if (transposed != nullptr) {
+    a.transposed = TargetFor(*transposed, c, r, dt);
+    a.hadamard_transposed = transposed->hadamard;
+    a.hadamard_seed = transposed->hadamard_seed;
+  }
+  // Padding scales (BLK128x128 leading dimension) are never read for real
+  // blocks; keep them finite.
+  auto clear_padding = [s](const Operand* op, Fp8Dest dest, int64_t rows, int64_t k) {
+    if (op == nullptr) return absl::OkStatus();
+    const ScaleLayout l = LayoutFor(op->block, rows, k);
+    if (l.count == l.used) return absl::OkStatus();
+    return CudaStatus(cudaMemsetAsync(dest.scales, 0, l.count * sizeof(float), s), "clear scales");
+  };
+  RECFLEET_RETURN_IF_ERROR(clear_padding(direct, d, r, c));
+  RECFLEET_RETURN_IF_ERROR(clear_padding(transposed, dt, c, r));
+  return CudaStatus(quant_cuda::Quantize(a, s), "FP8 operand quantize");
+}
+
+// Temporary FP8 storage of a K-major operand [rows, k].
+struct TempFp8 {
+  explicit TempFp8(cudaStream_t s) : q(s), scales(s) {}
+  absl::Status Allocate(ScaleBlock block, int64_t rows, int64_t k) {
+    RECFLEET_RETURN_IF_ERROR(q.Allocate(rows * k));
+    return scales.Allocate(LayoutFor(block, rows, k).count * sizeof(float));
+  }
+  Fp8Dest dest() const { return {q.get<uint8_t>(), scales.get<float>()}; }
+  StreamBuffer q, scales;
+};
+
+LtOperand Fp8Lt(Fp8Dest d, ScaleBlock block, int64_t rows, int64_t k, bool as_b) {
+  LtOperand o = Describe(d.q, DType::kFloat8E4M3, false, rows, k, as_b);
+  o.scale = d.scales;
+  o.scale_mode = block == ScaleBlock::k128x128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                               : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  return o;
 }
 
 }  // namespace
 
-absl::Status GemmCuda(const Operand& a, const Operand& b, GemmPrecision precision,
-                      const TensorView& bias, bool accumulate, const TensorView& c, void* stream) {
+// A cached FP8 operand and what it was made from.
+struct Fp8Slot {
+  GrowBuffer q, scales;
+  bool valid = false;
+  const void* src = nullptr;
+  int64_t src_rows = 0, src_cols = 0;
+  Rounding rounding = Rounding::kNearest;
+  uint64_t seed = 0;
+  bool hadamard = false;
+  uint64_t hadamard_seed = 0;
+
+  absl::Status Reserve(ScaleBlock block, int64_t rows, int64_t k) {
+    RECFLEET_RETURN_IF_ERROR(q.Reserve(rows * k));
+    return scales.Reserve(LayoutFor(block, rows, k).count * sizeof(float));
+  }
+  Fp8Dest dest() const { return {q.get<uint8_t>(), scales.get<float>()}; }
+  void Record(const Operand& op) {
+    valid = true;
+    src = op.t.data;
+    src_rows = op.t.dim(0);
+    src_cols = op.t.dim(1);
+    rounding = op.rounding;
+    seed = op.seed;
+    hadamard = op.hadamard;
+    hadamard_seed = op.hadamard_seed;
+  }
+  bool Holds(const Operand& op) const {
+    return valid && src == op.t.data && src_rows == op.t.dim(0) && src_cols == op.t.dim(1) &&
+           rounding == op.rounding && seed == op.seed && hadamard == op.hadamard &&
+           hadamard_seed == op.hadamard_seed;
+  }
+};
+
+}  // namespace recfleet::linear_internal
+
+namespace recfleet {
+
+struct LinearContext::State {
+  linear_internal::Fp8Slot w, wt;  // FP8 w [N, K] and w^T [K, N]
+  linear_internal::Fp8Slot xt, dyt;  // kept for the next wgrad
+};
+
+LinearContext::LinearContext() : state_(new State) {}
+LinearContext::~LinearContext() { delete state_; }
+void LinearContext::InvalidateWeight() { state_->w.valid = false; }
+
+}  // namespace recfleet
+
+namespace recfleet::linear_internal {
+
+absl::Status GemmCuda(GemmRole role, const Operand& a, const Operand& b, GemmPrecision precision,
+                      const TensorView& bias, bool accumulate, const TensorView& c,
+                      const LinearRecipe& recipe, void* stream, LinearContext* context) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int64_t m = a.transpose ? a.t.dim(1) : a.t.dim(0);
   const int64_t k = a.transpose ? a.t.dim(0) : a.t.dim(1);
   const int64_t n = b.transpose ? b.t.dim(1) : b.t.dim(0);
   // cuBLASLt is column-major: the row-major [m, n] product is the
   // column-major [n, m] product B A^T, so our B is its A and vice versa.
-  StreamBuffer tmp_a(s), tmp_b(s), scale_a(s), scale_b(s);
+  StreamBuffer tmp_a(s), tmp_b(s);
+  TempFp8 fp8_a(s), fp8_b(s);
   LtOperand lt_a, lt_b;
   if (precision == GemmPrecision::kFp8Block) {
     if (k % 16 != 0 || n % 16 != 0 || m % 16 != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "FP8 block GEMMs on CUDA need m, n and k divisible by 16, got m=", m, " n=", n, " k=", k));
     }
-    RECFLEET_RETURN_IF_ERROR(QuantizeOperand(b, n, k, &tmp_b, &scale_b, &lt_a, false, s));
-    RECFLEET_RETURN_IF_ERROR(QuantizeOperand(a, m, k, &tmp_a, &scale_a, &lt_b, true, s));
+    LinearContext::State* st = context != nullptr ? context->state() : nullptr;
+    // B: the weight (forward, dgrad) or x^T (wgrad).
+    if (st != nullptr && role != GemmRole::kWgrad) {
+      if (!st->w.Holds(b)) {
+        const Operand w_op{b.t, false, ScaleBlock::k128x128};
+        const Operand wt_op{b.t, true, ScaleBlock::k128x128};
+        const int64_t wr = b.t.dim(0), wc = b.t.dim(1);
+        RECFLEET_RETURN_IF_ERROR(st->w.Reserve(ScaleBlock::k128x128, wr, wc));
+        RECFLEET_RETURN_IF_ERROR(st->wt.Reserve(ScaleBlock::k128x128, wc, wr));
+        RECFLEET_RETURN_IF_ERROR(QuantizePass(b.t, &w_op, st->w.dest(), &wt_op, st->wt.dest(), s));
+        st->w.Record(w_op);
+      }
+      lt_a = Fp8Lt(role == GemmRole::kForward ? st->w.dest() : st->wt.dest(), b.block, n, k, false);
+    } else if (st != nullptr && st->xt.Holds(b)) {
+      lt_a = Fp8Lt(st->xt.dest(), b.block, n, k, false);
+      st->xt.valid = false;
+    } else {
+      RECFLEET_RETURN_IF_ERROR(fp8_b.Allocate(b.block, n, k));
+      RECFLEET_RETURN_IF_ERROR(QuantizePass(b.t, b.transpose ? nullptr : &b, fp8_b.dest(),
+                                            b.transpose ? &b : nullptr, fp8_b.dest(), s));
+      lt_a = Fp8Lt(fp8_b.dest(), b.block, n, k, false);
+    }
+    // A: x (forward), dy (dgrad) or dy^T (wgrad).
+    if (role == GemmRole::kWgrad && st != nullptr && st->dyt.Holds(a)) {
+      lt_b = Fp8Lt(st->dyt.dest(), a.block, m, k, true);
+      st->dyt.valid = false;
+    } else {
+      RECFLEET_RETURN_IF_ERROR(fp8_a.Allocate(a.block, m, k));
+      const bool keep = st != nullptr && role != GemmRole::kWgrad &&
+                        recipe.wgrad == GemmPrecision::kFp8Block;
+      if (keep) {
+        // Also the transposed operand of the coming wgrad, in the same pass.
+        Fp8Slot& slot = role == GemmRole::kForward ? st->xt : st->dyt;
+        const Operand kept = WgradOperand(a.t, role == GemmRole::kDgrad, recipe);
+        RECFLEET_RETURN_IF_ERROR(slot.Reserve(kept.block, k, m));
+        RECFLEET_RETURN_IF_ERROR(QuantizePass(a.t, &a, fp8_a.dest(), &kept, slot.dest(), s));
+        slot.Record(kept);
+      } else {
+        RECFLEET_RETURN_IF_ERROR(QuantizePass(a.t, a.transpose ? nullptr : &a, fp8_a.dest(),
+                                              a.transpose ? &a : nullptr, fp8_a.dest(), s));
+      }
+      lt_b = Fp8Lt(fp8_a.dest(), a.block, m, k, true);
+    }
   } else {
     const void* pa = a.t.data;
     const void* pb = b.t.data;

@@ -16,18 +16,33 @@
 namespace recfleet::linear_internal {
 
 // One GEMM operand: the stored matrix, whether the product reads its
-// transpose, and the FP8 block kind it gets under kFp8Block.
+// transpose, and how kFp8Block quantizes it: block kind, rounding, and the
+// 128-point random Hadamard transform along the reduction dimension (1x128
+// blocks of a transposed operand only).
 struct Operand {
   TensorView t;
   bool transpose;
   ScaleBlock block;
+  Rounding rounding = Rounding::kNearest;
+  uint64_t seed = 0;
+  bool hadamard = false;
+  uint64_t hadamard_seed = 0;
 };
+
+// Which GEMM of the layer, so the CUDA side knows which cached operands of a
+// LinearContext apply.
+enum class GemmRole { kForward, kDgrad, kWgrad };
+
+// The transposed activation operand that forward (x) or dgrad (dy) keeps for
+// an FP8 wgrad, quantized as the recipe says.
+Operand WgradOperand(const TensorView& t, bool is_dy, const LinearRecipe& recipe);
 
 // c = A B^T (+ bias per column when bias.data) (+ c when accumulate).
 absl::Status GemmCpu(const Operand& a, const Operand& b, GemmPrecision precision,
                      const TensorView& bias, bool accumulate, const TensorView& c);
-absl::Status GemmCuda(const Operand& a, const Operand& b, GemmPrecision precision,
-                      const TensorView& bias, bool accumulate, const TensorView& c, void* stream);
+absl::Status GemmCuda(GemmRole role, const Operand& a, const Operand& b, GemmPrecision precision,
+                      const TensorView& bias, bool accumulate, const TensorView& c,
+                      const LinearRecipe& recipe, void* stream, LinearContext* context);
 
 // dbias (+)= column sums of dy.
 absl::Status BiasGradCpu(const TensorView& dy, bool accumulate, const TensorView& dbias);

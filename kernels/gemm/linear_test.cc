@@ -121,6 +121,54 @@ TEST(LinearTest, Fp8BlockRecipeErrorIsBoundedForAllThreeGemms) {
   check(dw, dwe, dwa, "wgrad");
 }
 
+double RelativeError(const std::vector<double>& got, const std::vector<double>& exact) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - exact[i]) * (got[i] - exact[i]);
+    den += exact[i] * exact[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// The wgrad options change how dy and x are quantized but not what is
+// computed: the Hadamard transform along M cancels in dy^T x, and
+// stochastic rounding is unbiased. Each result stays within FP8 error of the
+// exact product, and each option really changes the rounding.
+TEST(LinearTest, Fp8WgradOptionsKeepTheProduct) {
+  const int64_t m = 256, k = 48, n = 40;
+  std::vector<double> x = RandomDoubles(m * k), dy = RandomDoubles(m * n);
+  std::vector<double> exact(n * k);
+  ASSERT_TRUE(LinearBackwardWeight(V(dy, {m, n}), V(x, {m, k}), V(exact, {n, k}), TensorView(),
+                                   false, kNative)
+                  .ok());
+  LinearRecipe r{GemmPrecision::kBf16, GemmPrecision::kBf16, GemmPrecision::kFp8Block};
+  r.seed = TestRng()();
+  std::vector<double> plain(n * k);
+  ASSERT_TRUE(LinearBackwardWeight(V(dy, {m, n}), V(x, {m, k}), V(plain, {n, k}), TensorView(),
+                                   false, r)
+                  .ok());
+  const double plain_err = RelativeError(plain, exact);
+  EXPECT_LT(plain_err, 0.1);
+  for (int option = 0; option < 3; ++option) {
+    LinearRecipe o = r;
+    o.wgrad_hadamard = option != 1;
+    o.wgrad_stochastic = option != 0;
+    std::vector<double> got(n * k);
+    ASSERT_TRUE(LinearBackwardWeight(V(dy, {m, n}), V(x, {m, k}), V(got, {n, k}), TensorView(),
+                                     false, o)
+                    .ok());
+    const double err = RelativeError(got, exact);
+    EXPECT_LT(err, 0.1) << "option " << option;
+    EXPECT_GT(RelativeError(got, plain), 1e-6) << "option " << option << " changed nothing";
+  }
+  // The transform runs over whole 128-row groups.
+  r.wgrad_hadamard = true;
+  std::vector<double> dw((n * k));
+  absl::Status s = LinearBackwardWeight(V(dy, {m - 16, n}), V(x, {m - 16, k}), V(dw, {n, k}),
+                                        TensorView(), false, r);
+  EXPECT_NE(s.message().find("multiple of 128"), std::string::npos) << s;
+}
+
 TEST(LinearTest, RejectsMismatchedShapes) {
   std::vector<double> x(12), w(8), y(6);
   absl::Status s = LinearForward(V(x, {3, 4}), V(w, {2, 4}), TensorView(), V(y, {2, 3}), kNative);

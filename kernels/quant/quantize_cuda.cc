@@ -22,18 +22,18 @@ absl::Status QuantizeCuda(const TensorView& x, const QuantizeConfig& config, boo
   a.x_type = TypeCode(x);
   a.rows = x.dim(0);
   a.cols = x.dim(1);
-  a.transpose = transpose;
   a.block_rows = static_cast<int>(b.rows);
   a.block_cols = static_cast<int>(b.cols);
   a.pow2 = config.block == ScaleBlock::k32x32;
   a.format = FormatCode(config.format);
-  a.stochastic = config.rounding == Rounding::kStochastic;
-  a.seed = config.seed;
-  a.q = q.as<uint8_t>();
-  a.scales = scales.as<float>();
-  a.e8m0 = e8m0;
-  a.scale_stride_row = QuantScaleShape(q.dim(0), q.dim(1), config.block)[1];
-  a.scale_stride_col = 1;
+  quant_cuda::QuantizeTarget& t = transpose ? a.transposed : a.direct;
+  t.stochastic = config.rounding == Rounding::kStochastic;
+  t.seed = config.seed;
+  t.q = q.as<uint8_t>();
+  t.scales = scales.as<float>();
+  t.e8m0 = e8m0;
+  t.scale_stride_row = QuantScaleShape(q.dim(0), q.dim(1), config.block)[1];
+  t.scale_stride_col = 1;
   return CudaStatus(quant_cuda::Quantize(a, stream), "FP8 quantize");
 }
 

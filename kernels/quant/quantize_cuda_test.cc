@@ -4,12 +4,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/quant/device_buffer.h"
 #include "kernels/quant/formats.h"
+#include "kernels/quant/minifloat.h"
 #include "kernels/quant/quantize.h"
+#include "kernels/quant/quantize_kernels.h"
 #include "kernels/quant/test_random.h"
 
 namespace recfleet {
@@ -79,6 +82,125 @@ TEST(QuantizeCudaTest, BitExactWithCpuReference) {
       }
     }
   }
+}
+
+// Host result of one quantization: FP8 bytes and fp32 scales (row-major).
+struct HostQuant {
+  std::vector<uint8_t> q;
+  std::vector<float> scales;
+};
+
+HostQuant CpuQuantize(const TensorView& x, const QuantizeConfig& cfg, bool transpose) {
+  const int64_t qr = transpose ? x.dim(1) : x.dim(0), qc = transpose ? x.dim(0) : x.dim(1);
+  const Shape ss = QuantScaleShape(qr, qc, cfg.block);
+  HostQuant h{std::vector<uint8_t>(qr * qc), std::vector<float>(ss[0] * ss[1])};
+  EXPECT_TRUE(Quantize(x, cfg, transpose, MakeView(h.q.data(), cfg.format, {qr, qc}),
+                       MakeView(h.scales.data(), DType::kFloat32, ss))
+                  .ok());
+  return h;
+}
+
+// Device buffers for one output of quant_cuda::Quantize, scales row-major.
+struct DeviceQuant {
+  DeviceQuant(int64_t qr, int64_t qc, ScaleBlock block, const QuantizeConfig& cfg)
+      : shape(QuantScaleShape(qr, qc, block)), q(qr * qc), scales(shape[0] * shape[1] * 4) {
+    CudaOrDie(cudaMemset(q.get(), 0x7F, q.bytes()), "poison");
+    target.q = static_cast<uint8_t*>(q.get());
+    target.scales = static_cast<float*>(scales.get());
+    target.scale_stride_row = shape[1];
+    target.stochastic = cfg.rounding == Rounding::kStochastic;
+    target.seed = cfg.seed;
+  }
+  Shape shape;
+  DeviceBuffer q, scales;
+  quant_cuda::QuantizeTarget target;
+};
+
+// One pass writing quantize(x) and quantize(x^T) gives the bytes of the two
+// single passes (the transposed one stochastically rounded, so the square
+// blocks' shared encoding is not taken for it).
+TEST(QuantizeCudaTest, OnePassWritesBothOrientations) {
+  for (DType in : {DType::kFloat32, DType::kBFloat16}) {
+    for (ScaleBlock block : {ScaleBlock::k1x128, ScaleBlock::k128x128, ScaleBlock::k32x32}) {
+      for (bool stochastic : {false, true}) {
+        for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 384}, {131, 260}}) {
+          SCOPED_TRACE(::testing::Message() << DTypeName(in) << " " << ScaleBlockName(block)
+                                            << " [" << rows << ", " << cols << "]"
+                                            << (stochastic ? " stochastic x^T" : ""));
+          std::vector<uint8_t> x = RandomMatrix(in, rows * cols);
+          QuantizeConfig cfg{block, DType::kFloat8E4M3, Rounding::kNearest, 0};
+          QuantizeConfig cfg_t = cfg;
+          if (stochastic) {
+            cfg_t.rounding = Rounding::kStochastic;
+            cfg_t.seed = TestRng()();
+          }
+          const HostQuant want = CpuQuantize(MakeView(x.data(), in, {rows, cols}), cfg, false);
+          const HostQuant want_t = CpuQuantize(MakeView(x.data(), in, {rows, cols}), cfg_t, true);
+          DeviceBuffer dx(x);
+          DeviceQuant d(rows, cols, block, cfg), dt(cols, rows, block, cfg_t);
+          quant_cuda::QuantizeArgs a;
+          a.x = dx.get();
+          a.x_type = in == DType::kBFloat16 ? 1 : 0;
+          a.rows = rows;
+          a.cols = cols;
+          a.block_rows = block == ScaleBlock::k1x128 ? 1 : (block == ScaleBlock::k32x32 ? 32 : 128);
+          a.block_cols = block == ScaleBlock::k32x32 ? 32 : 128;
+          a.pow2 = block == ScaleBlock::k32x32;
+          a.direct = d.target;
+          a.transposed = dt.target;
+          ASSERT_EQ(quant_cuda::Quantize(a, nullptr), cudaSuccess);
+          EXPECT_EQ(d.q.ToHost<uint8_t>(), want.q);
+          EXPECT_EQ(d.scales.ToHost<float>(), want.scales);
+          EXPECT_EQ(dt.q.ToHost<uint8_t>(), want_t.q);
+          EXPECT_EQ(dt.scales.ToHost<float>(), want_t.scales);
+        }
+      }
+    }
+  }
+}
+
+// The transposed output with the fused 128-point Hadamard transform along
+// x's rows equals quantizing the transformed x^T (the CPU transforms in
+// double, the kernel in fp32, so a few bytes may sit on the other side of a
+// rounding boundary).
+TEST(QuantizeCudaTest, FusedHadamardMatchesTransformThenQuantize) {
+  const int64_t rows = 256, cols = 200;
+  std::vector<uint8_t> x = RandomMatrix(DType::kBFloat16, rows * cols);
+  const TensorView xv = MakeView(x.data(), DType::kBFloat16, {rows, cols});
+  std::vector<double> xt(cols * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) xt[c * rows + r] = LoadAsDouble(xv, r * cols + c);
+  }
+  const uint64_t seed = TestRng()();
+  const TensorView xtv = MakeView(xt.data(), DType::kFloat64, {cols, rows});
+  ASSERT_TRUE(RandomHadamard(xtv, 128, seed, false, xtv).ok());
+  const QuantizeConfig cfg{ScaleBlock::k1x128, DType::kFloat8E4M3, Rounding::kNearest, 0};
+  const HostQuant want = CpuQuantize(xtv, cfg, false);
+  DeviceBuffer dx(x);
+  DeviceQuant dt(cols, rows, ScaleBlock::k1x128, cfg);
+  quant_cuda::QuantizeArgs a;
+  a.x = dx.get();
+  a.x_type = 1;
+  a.rows = rows;
+  a.cols = cols;
+  a.transposed = dt.target;
+  a.hadamard_transposed = true;
+  a.hadamard_seed = seed;
+  ASSERT_EQ(quant_cuda::Quantize(a, nullptr), cudaSuccess);
+  const std::vector<uint8_t> got = dt.q.ToHost<uint8_t>();
+  const std::vector<float> got_s = dt.scales.ToHost<float>();
+  int64_t same = 0;
+  for (size_t i = 0; i < got.size(); ++i) same += got[i] == want.q[i];
+  EXPECT_GE(same, static_cast<int64_t>(got.size() * 0.99));
+  for (size_t i = 0; i < got_s.size(); ++i) EXPECT_NEAR(got_s[i], want.scales[i], 1e-5 * want.scales[i]);
+  // Dequantized, the output is the transform to FP8 accuracy.
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < cols * rows; ++i) {
+    const double v = minifloat::Decode(minifloat::E4M3(), got[i]) * got_s[i / 128];
+    num += (v - xt[i]) * (v - xt[i]);
+    den += xt[i] * xt[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 0.05);
 }
 
 TEST(QuantizeCudaTest, HadamardMatchesCpuAndInverts) {

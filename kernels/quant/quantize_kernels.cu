@@ -1,6 +1,7 @@
 #include "kernels/quant/quantize_kernels.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/quant/cuda_util.h"
 #include "kernels/quant/minifloat.h"
@@ -13,18 +14,19 @@ using cuda_util::LoadF;
 using cuda_util::StoreF;
 
 constexpr int kThreads = 256;  // Hadamard and elementwise kernels
-constexpr int kTileCols = 128;  // 32 lanes x 4 consecutive columns
 
-// Quantize tiles: TR rows x 128 columns, WARPS warps, RPT rows per thread.
-// The 128-row tiles use 16 warps (8 rows per thread) so the tile fits in
-// registers without limiting occupancy.
-template <int XR>
-struct TileShape {
-  static constexpr int kRows = XR == 1 ? 32 : XR;
-  static constexpr int kWarps = XR == 128 ? 16 : 8;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRowsPerThread = kRows / kWarps;
-};
+// Quantization works on 128 x 128 tiles of x, one per block of 256 threads
+// (8 warps). Thread (warp w, lane l) holds 4 groups of 4 consecutive rows,
+// group i being rows 4 * (w + 8 i) .. + 3, and columns 4 l .. 4 l + 3: 64
+// elements, all loaded before the first use (16 independent loads in
+// flight per thread). A warp's load of one row is 128 consecutive elements.
+constexpr int kTile = 128;
+constexpr int kTileThreads = 256;
+constexpr int kWarps = kTileThreads / 32;
+// 128-point Hadamard over the tile's rows: 1 / sqrt(128).
+constexpr float kHadamardNorm128 = 0.08838834764831845f;
+
+using Tile = float[4][4][4];  // [group i][row rr in group][column j]
 
 __device__ __forceinline__ uint8_t ToE8M0(float pow2) {
   int e;
@@ -32,210 +34,446 @@ __device__ __forceinline__ uint8_t ToE8M0(float pow2) {
   return static_cast<uint8_t>(e - 1 + 127);
 }
 
-// Loads 4 consecutive elements of row r starting at column c (zeros past
-// the edge).
-__device__ __forceinline__ void Load4(const QuantizeArgs& a, bool vec_ok, int64_t r, int64_t c,
-                                      float (&v)[4]) {
-  const int64_t base = r * a.cols + c;
-  if (vec_ok && c + 3 < a.cols) {
-    if (a.x_type == static_cast<int>(ElemType::kFloat32)) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + base));
-      v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-    } else {
-      const uint2 raw =
-          __ldg(reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(a.x) + base));
-      const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
+__device__ __forceinline__ int64_t TileRow(int64_t r0, int warp, int i, int rr) {
+  return r0 + 4 * (warp + kWarps * i) + rr;
+}
+
+// Loads the thread's 64 elements. For a whole tile, all 16 vector loads are
+// issued before any of them is converted, so they are in flight together;
+// edge tiles take guarded scalar loads.
+template <typename T>
+__device__ __forceinline__ void LoadTile(const QuantizeArgs& a, bool whole, int64_t r0,
+                                         int64_t c, int warp, Tile& v) {
+  const T* x = static_cast<const T*>(a.x);
+  if (whole) {
+    using Raw = typename std::conditional<sizeof(T) == 4, float4, uint2>::type;
+    Raw raw[4][4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = __bfloat162float(e[j]);
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int rr = 0; rr < 4; ++rr) {
+        raw[i][rr] = __ldg(reinterpret_cast<const Raw*>(x + TileRow(r0, warp, i, rr) * a.cols + c));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int rr = 0; rr < 4; ++rr) {
+        if constexpr (sizeof(T) == 4) {
+          const float4 f = raw[i][rr];
+          v[i][rr][0] = f.x, v[i][rr][1] = f.y, v[i][rr][2] = f.z, v[i][rr][3] = f.w;
+        } else {
+          const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[i][rr]);
+          const float2 lo = __bfloat1622float2(h[0]), hi = __bfloat1622float2(h[1]);
+          v[i][rr][0] = lo.x, v[i][rr][1] = lo.y, v[i][rr][2] = hi.x, v[i][rr][3] = hi.y;
+        }
+      }
     }
     return;
   }
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    v[j] = c + j < a.cols ? LoadF(a.x, ElemType(a.x_type), base + j) : 0.0f;
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      const int64_t r = TileRow(r0, warp, i, rr);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[i][rr][j] =
+            r < a.rows && c + j < a.cols ? cuda_util::ToFloat(x[r * a.cols + c + j]) : 0.0f;
+      }
+    }
   }
 }
 
-// One tile of TR rows x 128 columns of x per block. Thread (warp w, lane l)
-// holds rows w + 8i and columns 4l..4l+3. (XR, XC) is the scale block in
-// x's orientation; the amax reduction follows its shape.
-template <int XR, int XC, bool kT>
-__global__ void __launch_bounds__(TileShape<XR>::kThreads)
-    QuantizeKernel(QuantizeArgs a, bool vec_ok) {
-  constexpr int TR = TileShape<XR>::kRows;
-  constexpr int kWarps = TileShape<XR>::kWarps;
-  constexpr int RPT = TileShape<XR>::kRowsPerThread;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // Column tiles vary fastest across consecutive blocks, so blocks running
-  // together read whole rows (DRAM-page friendly) rather than a column slab.
-  const int64_t col_tiles = (a.cols + kTileCols - 1) / kTileCols;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_tiles * TR;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) % col_tiles * kTileCols;
-  const int64_t cl = c0 + lane * 4;  // this thread's first column
-  float v[RPT][4];
-#pragma unroll
-  for (int i = 0; i < RPT; ++i) {
-    const int64_t r = r0 + warp + kWarps * i;
-    if (r < a.rows) {
-      Load4(a, vec_ok, r, cl, v[i]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[i][j] = 0.0f;
-    }
+// Dequantization scales of the thread's elements for x-oriented blocks of
+// XR x XC (1x128: one per row; 128x1: one per column; 128x128: one; 32x32:
+// one per row group i). Every thread of the block must call it.
+template <int XR, int XC>
+struct TileScales {
+  static constexpr int kCount = XR == 1 ? 16 : (XC == 1 ? 4 : (XR == 32 ? 4 : 1));
+  float s[kCount];
+  __device__ __forceinline__ static int Index(int i, int rr, int j) {
+    if constexpr (XR == 1) return i * 4 + rr;
+    if constexpr (XC == 1) return j;
+    if constexpr (XR == 32) return i;
+    return 0;
   }
-  const minifloat::Spec spec = a.format == 2 ? minifloat::E5M2() : minifloat::E4M3();
-  const float fmax = a.format == 2 ? 57344.0f : 448.0f;
-
-  // scale[i][j]: the scale of element (i, j) of this thread.
-  float scale[XR == 1 ? RPT : 1][XC == 1 ? 4 : 1];
-  __shared__ float red[kWarps][kTileCols];
-  if constexpr (XR == 1) {
-    // One block per row (1 x 128): a warp reduction per row.
+  __device__ __forceinline__ void Compute(const Tile& v, float (*red)[kTile], float fmax,
+                                          bool pow2, int warp, int lane) {
+    if constexpr (XR == 1) {
 #pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-      float m = 0.0f;
+      for (int i = 0; i < 4; ++i) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) m = fmaxf(m, fabsf(v[i][j]));
-      scale[i][0] = minifloat::BlockScale(cuda_util::WarpMax(m), fmax, a.pow2);
-    }
-  } else if constexpr (XC == 1) {
-    // One block per column over TR rows: per-thread, then across warps.
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float m = 0.0f;
-#pragma unroll
-      for (int i = 0; i < RPT; ++i) m = fmaxf(m, fabsf(v[i][j]));
-      red[warp][lane * 4 + j] = m;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float m = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w][lane * 4 + j]);
-      scale[0][j] = minifloat::BlockScale(m, fmax, a.pow2);
-    }
-  } else {
-    // Square blocks (XR = TR rows, XC columns = XC / 4 lanes).
-    float m = 0.0f;
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) m = fmaxf(m, fabsf(v[i][j]));
-    }
-#pragma unroll
-    for (int o = 1; o < XC / 4; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    red[warp][lane] = m;
-    __syncthreads();
-    float t = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) t = fmaxf(t, red[w][lane]);
-    scale[0][0] = minifloat::BlockScale(t, fmax, a.pow2);
-  }
-
-  // Scale outputs, one writer per block, in q's orientation.
-  auto write_scale = [&](int64_t xr, int64_t xc, float s) {
-    const int64_t bi = kT ? xc / XC : xr / XR, bj = kT ? xr / XR : xc / XC;
-    const int64_t idx = bi * a.scale_stride_row + bj * a.scale_stride_col;
-    if (a.e8m0 != nullptr) {
-      a.e8m0[idx] = ToE8M0(s);
-    } else {
-      a.scales[idx] = s;
-    }
-  };
-  if constexpr (XR == 1) {
-    if (lane == 0) {
-#pragma unroll
-      for (int i = 0; i < RPT; ++i) {
-        const int64_t r = r0 + warp + kWarps * i;
-        if (r < a.rows) write_scale(r, c0, scale[i][0]);
+        for (int rr = 0; rr < 4; ++rr) {
+          float m = fmaxf(fmaxf(fabsf(v[i][rr][0]), fabsf(v[i][rr][1])),
+                          fmaxf(fabsf(v[i][rr][2]), fabsf(v[i][rr][3])));
+          s[i * 4 + rr] = minifloat::BlockScale(cuda_util::WarpMax(m), fmax, pow2);
+        }
       }
-    }
-  } else if constexpr (XC == 1) {
-    if (warp == 0) {
+    } else if constexpr (XC == 1) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        if (cl + j < a.cols) write_scale(r0, cl + j, scale[0][j]);
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int rr = 0; rr < 4; ++rr) m = fmaxf(m, fabsf(v[i][rr][j]));
+        }
+        red[warp][lane * 4 + j] = m;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float m = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w][lane * 4 + j]);
+        s[j] = minifloat::BlockScale(m, fmax, pow2);
+      }
+    } else {
+      // Square blocks: XR = 128 (one per tile) or 32 (row block i, column
+      // block lane / 8; lanes of one column block differ in bits 0-2).
+      constexpr int kGroups = XR == 32 ? 4 : 1;
+      float m[kGroups];
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) m[g] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int rr = 0; rr < 4; ++rr) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) m[XR == 32 ? i : 0] = fmaxf(m[XR == 32 ? i : 0], fabsf(v[i][rr][j]));
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+        for (int o = 1; o < (XR == 32 ? 8 : 32); o <<= 1) {
+          m[g] = fmaxf(m[g], __shfl_xor_sync(0xffffffffu, m[g], o));
+        }
+        red[warp][g * 4 + lane / 8] = m[g];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        float t = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) t = fmaxf(t, red[w][g * 4 + (XR == 32 ? lane / 8 : 0)]);
+        s[g] = minifloat::BlockScale(t, fmax, pow2);
       }
     }
+  }
+};
+
+// Writes the scale of q-block (bi, bj) of one output.
+__device__ __forceinline__ void WriteScale(const QuantizeTarget& t, int64_t bi, int64_t bj,
+                                           float s) {
+  const int64_t idx = bi * t.scale_stride_row + bj * t.scale_stride_col;
+  if (t.e8m0 != nullptr) {
+    t.e8m0[idx] = ToE8M0(s);
   } else {
-    if (warp == 0 && lane % (XC / 4) == 0 && cl < a.cols) write_scale(r0, cl, scale[0][0]);
+    t.scales[idx] = s;
   }
+}
 
-  // Encode.
-  uint8_t q[RPT][4];
+// Encodes the thread's elements for one output: word[i][rr] holds the four
+// bytes of row (i, rr), column j in byte j. Stochastic rounding draws from
+// the element's index in that output (x's for direct, x^T's for transposed),
+// as the CPU reference does.
+template <int XR, int XC, bool kT, bool kSR>
+__device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarget& t,
+                                       const Tile& v, const TileScales<XR, XC>& sc, int64_t r0,
+                                       int64_t c, int warp, uint32_t (&word)[4][4]) {
+  const minifloat::Spec spec = a.format == 2 ? minifloat::E5M2() : minifloat::E4M3();
+  float inv[TileScales<XR, XC>::kCount];
 #pragma unroll
-  for (int i = 0; i < RPT; ++i) {
-    const int64_t r = r0 + warp + kWarps * i;
+  for (int k = 0; k < TileScales<XR, XC>::kCount; ++k) {
+    inv[k] = __frcp_rn(sc.s[k]);  // correctly rounded, as minifloat::Reciprocal on the host
+  }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float x = v[i][j] * minifloat::Reciprocal(scale[XR == 1 ? i : 0][XC == 1 ? j : 0]);
-      if (a.stochastic) {
-        const int64_t c = cl + j;
-        const uint64_t k = kT ? static_cast<uint64_t>(c * a.rows + r)
-                              : static_cast<uint64_t>(r * a.cols + c);
-        q[i][j] = minifloat::EncodeStochastic(spec, x, minifloat::UniformFromCounter(a.seed, k));
-      } else {
-        q[i][j] = minifloat::Encode(spec, x);
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      uint32_t w = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float x = v[i][rr][j] * inv[TileScales<XR, XC>::Index(i, rr, j)];
+        uint32_t b;
+        if (kSR && t.stochastic) {
+          const int64_t r = TileRow(r0, warp, i, rr), cc = c + j;
+          const uint64_t k = kT ? static_cast<uint64_t>(cc * a.rows + r)
+                                : static_cast<uint64_t>(r * a.cols + cc);
+          b = minifloat::EncodeStochastic(spec, x, minifloat::UniformFromCounter(t.seed, k));
+        } else {
+          b = minifloat::Encode(spec, x);
+        }
+        w |= b << (8 * j);
       }
+      word[i][rr] = w;
     }
   }
+}
 
-  if constexpr (!kT) {
+__device__ __forceinline__ void StoreDirect(const QuantizeArgs& a, const QuantizeTarget& t,
+                                            const uint32_t (&word)[4][4], int64_t r0, int64_t c,
+                                            int warp) {
 #pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-      const int64_t r = r0 + warp + kWarps * i;
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      const int64_t r = TileRow(r0, warp, i, rr);
       if (r >= a.rows) continue;
-      uint8_t* out = a.q + r * a.cols + cl;
-      if (a.cols % 4 == 0 && cl + 3 < a.cols) {
-        *reinterpret_cast<uint32_t*>(out) = q[i][0] | (q[i][1] << 8) | (q[i][2] << 16) |
-                                            (static_cast<uint32_t>(q[i][3]) << 24);
+      uint8_t* out = t.q + r * a.cols + c;
+      if (a.cols % 4 == 0 && c + 3 < a.cols) {
+        *reinterpret_cast<uint32_t*>(out) = word[i][rr];
       } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          if (cl + j < a.cols) out[j] = q[i][j];
+          if (c + j < a.cols) out[j] = static_cast<uint8_t>(word[i][rr] >> (8 * j));
         }
-      }
-    }
-  } else {
-    // Transpose through shared memory: q row = x column, TR bytes each.
-    // Odd pitch: the 32 lanes' byte writes land in 32 different banks.
-    constexpr int kPitch = TR + 1;
-    __shared__ uint8_t tile[kTileCols * kPitch];
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) tile[(lane * 4 + j) * kPitch + warp + kWarps * i] = q[i][j];
-    }
-    __syncthreads();
-    constexpr int kWordsPerRow = TR / 4;
-    for (int w = threadIdx.x; w < kTileCols * kWordsPerRow; w += TileShape<XR>::kThreads) {
-      const int cc = w / kWordsPerRow, rr = (w % kWordsPerRow) * 4;
-      const int64_t qr = c0 + cc, qc = r0 + rr;  // q coordinates
-      if (qr >= a.cols || qc >= a.rows) continue;
-      uint8_t* out = a.q + qr * a.rows + qc;
-      const uint8_t* src = tile + cc * kPitch + rr;
-      if (a.rows % 4 == 0) {
-        *reinterpret_cast<uint32_t*>(out) = src[0] | (src[1] << 8) | (src[2] << 16) |
-                                            (static_cast<uint32_t>(src[3]) << 24);
-      } else {
-        for (int j = 0; j < 4 && qc + j < a.rows; ++j) out[j] = src[j];
       }
     }
   }
 }
 
-template <int XR, int XC, bool kT>
-cudaError_t Launch(const QuantizeArgs& a, cudaStream_t s) {
-  constexpr int TR = TileShape<XR>::kRows;
+// Transposed store through shared memory: each thread turns its 4 x 4 byte
+// blocks around in registers and writes 32-bit words of q^T rows (4 x rows
+// each) into a 128 x 32-word tile, swizzled (word index XOR the writer's
+// lane) so that both the writes and the row-wise reads hit 32 distinct
+// banks; each warp then writes whole 128-byte rows of q.
+__device__ __forceinline__ void StoreTransposed(const QuantizeArgs& a, const QuantizeTarget& t,
+                                                const uint32_t (&word)[4][4], uint32_t* sm,
+                                                int64_t r0, int64_t c0, int warp, int lane) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t t0 = __byte_perm(word[i][0], word[i][1], 0x5140);
+    const uint32_t t1 = __byte_perm(word[i][2], word[i][3], 0x5140);
+    const uint32_t t2 = __byte_perm(word[i][0], word[i][1], 0x7362);
+    const uint32_t t3 = __byte_perm(word[i][2], word[i][3], 0x7362);
+    const uint32_t col[4] = {__byte_perm(t0, t1, 0x5410), __byte_perm(t0, t1, 0x7632),
+                             __byte_perm(t2, t3, 0x5410), __byte_perm(t2, t3, 0x7632)};
+    const int g = warp + kWarps * i;  // word index within a q row
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sm[(lane * 4 + j) * 32 + (g ^ lane)] = col[j];
+  }
+  __syncthreads();
+#pragma unroll 4
+  for (int k = 0; k < kTile / kWarps; ++k) {
+    const int cc = warp * (kTile / kWarps) + k;  // tile column = q row
+    const int64_t qr = c0 + cc, qc = r0 + 4 * lane;
+    if (qr >= a.cols || qc >= a.rows) continue;
+    const uint32_t w = sm[cc * 32 + (lane ^ (cc >> 2))];
+    uint8_t* out = t.q + qr * a.rows + qc;
+    if (a.rows % 4 == 0) {
+      *reinterpret_cast<uint32_t*>(out) = w;
+    } else {
+      for (int b = 0; b < 4 && qc + b < a.rows; ++b) out[b] = static_cast<uint8_t>(w >> (8 * b));
+    }
+  }
+}
+
+// In-place random Hadamard transform of the tile over its 128 rows (signs
+// from the global row index): butterflies over the row bits a thread holds
+// (rows within a group, groups) in registers, over the warp bits through
+// shared memory (`hs`, 128 x 128 floats).
+__device__ __forceinline__ void HadamardRows(Tile& v, float* hs, uint64_t seed, int64_t r0,
+                                             int warp, int lane) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      const float sg = minifloat::RandomSign(seed, TileRow(r0, warp, i, rr));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[i][rr][j] *= sg;
+    }
+  }
+  auto butterfly = [](float& p, float& q) {
+    const float u = p, w = q;
+    p = u + w;
+    q = u - w;
+  };
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      butterfly(v[i][0][j], v[i][1][j]);
+      butterfly(v[i][2][j], v[i][3][j]);
+      butterfly(v[i][0][j], v[i][2][j]);
+      butterfly(v[i][1][j], v[i][3][j]);
+    }
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      butterfly(v[0][rr][j], v[1][rr][j]);
+      butterfly(v[2][rr][j], v[3][rr][j]);
+      butterfly(v[0][rr][j], v[2][rr][j]);
+      butterfly(v[1][rr][j], v[3][rr][j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      const int row = 4 * (warp + kWarps * i) + rr;
+      *reinterpret_cast<float4*>(hs + row * kTile + lane * 4) =
+          make_float4(v[i][rr][0], v[i][rr][1], v[i][rr][2], v[i][rr][3]);
+    }
+  }
+  __syncthreads();
+  // 8-point transforms across the warps: 2048 (group, row, column) lines.
+  for (int line = threadIdx.x; line < 16 * kTile; line += kTileThreads) {
+    const int col = line % kTile, i = line / kTile / 4, rr = line / kTile % 4;
+    float u[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) u[w] = hs[(4 * (w + kWarps * i) + rr) * kTile + col];
+#pragma unroll
+    for (int h = 1; h < kWarps; h <<= 1) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        if ((w & h) == 0) butterfly(u[w], u[w + h]);
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) hs[(4 * (w + kWarps * i) + rr) * kTile + col] = u[w];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      const int row = 4 * (warp + kWarps * i) + rr;
+      const float4 f = *reinterpret_cast<const float4*>(hs + row * kTile + lane * 4);
+      v[i][rr][0] = f.x * kHadamardNorm128, v[i][rr][1] = f.y * kHadamardNorm128;
+      v[i][rr][2] = f.z * kHadamardNorm128, v[i][rr][3] = f.w * kHadamardNorm128;
+    }
+  }
+}
+
+// (BR, BC): the block in q's orientation (1x128, 128x128 or 32x32). kDirect
+// writes quantize(x) with x-blocks BR x BC, kT quantize(x^T) with x-blocks
+// BC x BR, kHad transforms the data of the transposed output first. kSR
+// compiles the stochastic-rounding encoder in: unrolled over 64 elements it
+// is large, and round-to-nearest kernels that carried it ran at half speed
+// (likely instruction-cache misses, judging by code size), so they are
+// built without.
+template <int BR, int BC, bool kDirect, bool kT, bool kHad, bool kSR>
+__global__ void __launch_bounds__(kTileThreads, 2)
+    QuantizeTileKernel(QuantizeArgs a, bool vec_ok) {
+  extern __shared__ float4 dyn_smem[];
+  __shared__ float red[kWarps][kTile];
+  __shared__ uint32_t tsm[kT ? kTile * 32 : 1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Column tiles vary fastest across consecutive blocks, so blocks running
+  // together read whole rows (DRAM-page friendly) rather than a column slab.
+  const int64_t col_tiles = (a.cols + kTile - 1) / kTile;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_tiles * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) % col_tiles * kTile;
+  const int64_t c = c0 + lane * 4;
+  Tile v;
+  const bool whole = vec_ok && r0 + kTile <= a.rows && c0 + kTile <= a.cols;
+  if (a.x_type == static_cast<int>(ElemType::kFloat32)) {
+    LoadTile<float>(a, whole, r0, c, warp, v);
+  } else {
+    LoadTile<__nv_bfloat16>(a, whole, r0, c, warp, v);
+  }
+  const float fmax = a.format == 2 ? 57344.0f : 448.0f;
+  constexpr bool kSquare = BR == BC;
+  uint32_t word[4][4];
+
+  if constexpr (kDirect) {
+    TileScales<BR, BC> sc;
+    sc.Compute(v, red, fmax, a.pow2, warp, lane);
+    const QuantizeTarget& t = a.direct;
+    if constexpr (BR == 1) {
+      if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int rr = 0; rr < 4; ++rr) {
+            const int64_t r = TileRow(r0, warp, i, rr);
+            if (r < a.rows) WriteScale(t, r, c0 / kTile, sc.s[i * 4 + rr]);
+          }
+        }
+      }
+    } else if constexpr (BR == 128) {
+      if (threadIdx.x == 0) WriteScale(t, r0 / kTile, c0 / kTile, sc.s[0]);
+    } else {
+      if (warp == 0 && lane % 8 == 0 && c < a.cols) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (r0 + 32 * i < a.rows) WriteScale(t, r0 / 32 + i, c / 32, sc.s[i]);
+        }
+      }
+    }
+    Encode<BR, BC, false, kSR>(a, t, v, sc, r0, c, warp, word);
+    StoreDirect(a, t, word, r0, c, warp);
+    if constexpr (kT && kSquare && !kHad) {
+      // Square blocks are transpose-invariant: same scales, and with
+      // round-to-nearest the same bytes.
+      const QuantizeTarget& tt = a.transposed;
+      if (BR == 128 && threadIdx.x == 0) WriteScale(tt, c0 / kTile, r0 / kTile, sc.s[0]);
+      if (BR == 32 && warp == 0 && lane % 8 == 0 && c < a.cols) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (r0 + 32 * i < a.rows) WriteScale(tt, c / 32, r0 / 32 + i, sc.s[i]);
+        }
+      }
+      if (kSR && tt.stochastic) Encode<BR, BC, true, kSR>(a, tt, v, sc, r0, c, warp, word);
+      StoreTransposed(a, tt, word, tsm, r0, c0, warp, lane);
+      return;
+    }
+  }
+  if constexpr (kT && !(kDirect && kSquare && !kHad)) {
+    const QuantizeTarget& t = a.transposed;
+    if constexpr (kHad) {
+      HadamardRows(v, reinterpret_cast<float*>(dyn_smem), a.hadamard_seed, r0, warp, lane);
+    }
+    TileScales<BC, BR> sc;
+    sc.Compute(v, red, fmax, a.pow2, warp, lane);
+    if constexpr (BR == 1) {
+      if (warp == 0) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (c + j < a.cols) WriteScale(t, c + j, r0 / kTile, sc.s[j]);
+        }
+      }
+    } else if constexpr (BR == 128) {
+      if (threadIdx.x == 0) WriteScale(t, c0 / kTile, r0 / kTile, sc.s[0]);
+    } else {
+      if (warp == 0 && lane % 8 == 0 && c < a.cols) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (r0 + 32 * i < a.rows) WriteScale(t, c / 32, r0 / 32 + i, sc.s[i]);
+        }
+      }
+    }
+    Encode<BC, BR, true, kSR>(a, t, v, sc, r0, c, warp, word);
+    StoreTransposed(a, t, word, tsm, r0, c0, warp, lane);
+  }
+}
+
+template <int BR, int BC, bool kDirect, bool kT, bool kHad, bool kSR>
+cudaError_t LaunchTiles(const QuantizeArgs& a, cudaStream_t s) {
   const bool vec_ok = a.cols % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(a.x) % (a.x_type == 0 ? 16 : 8) == 0;
-  const int64_t blocks = static_cast<int64_t>(cuda_util::GridFor(a.rows, TR)) *
-                         cuda_util::GridFor(a.cols, kTileCols);
+  const int64_t blocks = static_cast<int64_t>(cuda_util::GridFor(a.rows, kTile)) *
+                         cuda_util::GridFor(a.cols, kTile);
   if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
-  const unsigned grid = static_cast<unsigned>(blocks);
-  QuantizeKernel<XR, XC, kT><<<grid, TileShape<XR>::kThreads, 0, s>>>(a, vec_ok);
+  const size_t dyn = kHad ? kTile * kTile * sizeof(float) : 0;
+  if (kHad) {
+    const cudaError_t e = cudaFuncSetAttribute(QuantizeTileKernel<BR, BC, kDirect, kT, kHad, kSR>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(dyn));
+    if (e != cudaSuccess) return e;
+  }
+  QuantizeTileKernel<BR, BC, kDirect, kT, kHad, kSR>
+      <<<static_cast<unsigned>(blocks), kTileThreads, dyn, s>>>(a, vec_ok);
   return cudaGetLastError();
+}
+
+template <int BR, int BC, bool kDirect, bool kT, bool kHad>
+cudaError_t Launch(const QuantizeArgs& a, cudaStream_t s) {
+  const bool sr = (kDirect && a.direct.stochastic) || (kT && a.transposed.stochastic);
+  return sr ? LaunchTiles<BR, BC, kDirect, kT, kHad, true>(a, s)
+            : LaunchTiles<BR, BC, kDirect, kT, kHad, false>(a, s);
 }
 
 __global__ void DequantizeKernel(const uint8_t* __restrict__ q, int format,
@@ -299,12 +537,26 @@ __global__ void FromE8M0Kernel(const uint8_t* __restrict__ in, float* __restrict
 cudaError_t Quantize(const QuantizeArgs& a, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (a.rows == 0 || a.cols == 0) return cudaSuccess;
+  const bool d = a.direct.q != nullptr, t = a.transposed.q != nullptr;
+  if (!d && !t) return cudaErrorInvalidValue;
   const int br = a.block_rows, bc = a.block_cols;
-  if (br == 1 && bc == 128) return a.transpose ? Launch<128, 1, true>(a, s) : Launch<1, 128, false>(a, s);
-  if (br == 128 && bc == 128) {
-    return a.transpose ? Launch<128, 128, true>(a, s) : Launch<128, 128, false>(a, s);
+  if (br == 1 && bc == 128) {
+    if (a.hadamard_transposed) {
+      if (!t) return cudaErrorInvalidValue;
+      return d ? Launch<1, 128, true, true, true>(a, s) : Launch<1, 128, false, true, true>(a, s);
+    }
+    if (d && t) return Launch<1, 128, true, true, false>(a, s);
+    return d ? Launch<1, 128, true, false, false>(a, s) : Launch<1, 128, false, true, false>(a, s);
   }
-  if (br == 32 && bc == 32) return a.transpose ? Launch<32, 32, true>(a, s) : Launch<32, 32, false>(a, s);
+  if (a.hadamard_transposed) return cudaErrorInvalidValue;
+  if (br == 128 && bc == 128) {
+    if (d && t) return Launch<128, 128, true, true, false>(a, s);
+    return d ? Launch<128, 128, true, false, false>(a, s) : Launch<128, 128, false, true, false>(a, s);
+  }
+  if (br == 32 && bc == 32) {
+    if (d && t) return Launch<32, 32, true, true, false>(a, s);
+    return d ? Launch<32, 32, true, false, false>(a, s) : Launch<32, 32, false, true, false>(a, s);
+  }
   return cudaErrorInvalidValue;
 }
 

@@ -12,22 +12,34 @@
 
 namespace recfleet::quant_cuda {
 
-struct QuantizeArgs {
-  const void* x = nullptr;
-  int x_type = 0;
-  int64_t rows = 0, cols = 0;  // x's shape
-  bool transpose = false;      // q = quantize(x^T)
-  int block_rows = 1, block_cols = 128;  // in q's orientation: 1x128, 128x128 or 32x32
-  bool pow2 = false;                     // E8M0-representable scales
-  int format = 1;
-  bool stochastic = false;
-  uint64_t seed = 0;
-  uint8_t* q = nullptr;
+// One FP8 output of a quantization pass.
+struct QuantizeTarget {
+  uint8_t* q = nullptr;  // null: this output is not written
   // Scale of q-block (bi, bj) goes to scales[bi * stride_row + bj * stride_col]
   // (fp32), or as an E8M0 byte to e8m0[...] when e8m0 is set.
   float* scales = nullptr;
   uint8_t* e8m0 = nullptr;
   int64_t scale_stride_row = 0, scale_stride_col = 1;
+  bool stochastic = false;
+  uint64_t seed = 0;
+};
+
+// One pass over x [rows, cols] writes quantize(x) (`direct`) and/or
+// quantize(x^T) (`transposed`), each with blocks of block_rows x block_cols
+// in its own orientation (1x128, 128x128 or 32x32), reading x once.
+struct QuantizeArgs {
+  const void* x = nullptr;
+  int x_type = 0;
+  int64_t rows = 0, cols = 0;  // x's shape
+  int block_rows = 1, block_cols = 128;
+  bool pow2 = false;  // E8M0-representable scales
+  int format = 1;
+  QuantizeTarget direct, transposed;
+  // 1x128 blocks only: the transposed output quantizes H D x^T instead, the
+  // 128-point random Hadamard transform along x's rows (in aligned groups of
+  // 128 rows; D = random signs per row index, RandomSign(hadamard_seed, row)).
+  bool hadamard_transposed = false;
+  uint64_t hadamard_seed = 0;
 };
 
 cudaError_t Quantize(const QuantizeArgs& a, void* stream);
