@@ -62,7 +62,26 @@ std::vector<int64_t> UniformOffsets(int64_t batch, int64_t per_sample) {
   return off;
 }
 
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 }  // namespace
+
+double InitialTableValue(const GemLiteConfig& config, int table, int64_t row, int64_t col) {
+  // Box-Muller on two uniforms hashed from (seed, table, row, col): a
+  // counter-based draw, so any rank can produce any element on its own.
+  const uint64_t key = SplitMix64(SplitMix64(SplitMix64(config.seed ^ (0x7461626cull << 32 | static_cast<uint64_t>(table))) ^
+                                             static_cast<uint64_t>(row)) ^
+                                  static_cast<uint64_t>(col));
+  const uint64_t k2 = SplitMix64(key);
+  const double u1 = (static_cast<double>(key >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(k2 >> 11) * 0x1.0p-53;           // [0, 1)
+  return config.embedding_init_std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
 
 template <typename T>
 struct GemLite<T>::Impl {
@@ -107,6 +126,7 @@ struct GemLite<T>::Impl {
 
   GemLiteConfig config;
   FeatureSchema schema;
+  TableStorage storage = TableStorage::kInternal;
   int64_t num_tokens = 0;  // F: one per id-list feature (+1 for numeric features).
   int64_t interaction_dim = 0;
   std::vector<Param> params;
@@ -141,6 +161,10 @@ struct GemLite<T>::Impl {
   TowerActs tower_acts[kNumHeads];
   double fwd_linear_flops = 0;
   double fwd_attention_flops = 0;
+  // External tables: the pooled rows of the current forward, and the
+  // gradients of the last backward w.r.t. them.
+  absl::Span<const TensorView> ext_pooled;
+  std::vector<std::vector<T>> ext_grads;
 
   std::mt19937_64 rng;
 
@@ -176,12 +200,15 @@ struct GemLite<T>::Impl {
     rng.seed(config.seed);
     const int64_t d = config.dim;
     for (const FeatureSchema::Table& t : schema.tables) {
+      if (storage == TableStorage::kExternal) break;
+      const int index = static_cast<int>(tables.size());
       TableState s;
       s.value = Tensor::HostZeros(kDType<T>, {t.rows, d});
       s.momentum = Tensor::HostZeros(kDType<T>, {t.rows});
-      std::normal_distribution<double> normal(0.0, config.embedding_init_std);
       T* v = s.value.template data<T>();
-      for (int64_t i = 0; i < s.value.numel(); ++i) v[i] = static_cast<T>(normal(rng));
+      for (int64_t r = 0; r < t.rows; ++r) {
+        for (int64_t c = 0; c < d; ++c) v[r * d + c] = static_cast<T>(InitialTableValue(config, index, r, c));
+      }
       tables.push_back(std::move(s));
     }
     num_tokens = static_cast<int64_t>(schema.id_lists.size()) + (schema.num_dense > 0 ? 1 : 0);
@@ -408,8 +435,58 @@ struct GemLite<T>::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status Forward(const Batch& b) {
+  // Where each feature's bags sit in its table's lookups (TableLookupsOf).
+  struct BagLayout {
+    std::vector<int64_t> feature_base;   // Per id-list feature.
+    std::vector<int64_t> sequence_base;  // Per sequence field.
+    std::vector<int64_t> bags;           // Per table.
+  };
+  BagLayout Bags(int64_t batch_size, int64_t tokens) const {
+    BagLayout l;
+    l.bags.assign(schema.tables.size(), 0);
+    for (const auto& f : schema.id_lists) {
+      l.feature_base.push_back(l.bags[f.table]);
+      l.bags[f.table] += batch_size;
+    }
+    for (const auto& f : schema.sequence_fields) {
+      l.sequence_base.push_back(l.bags[f.table]);
+      l.bags[f.table] += tokens;
+    }
+    return l;
+  }
+
+  absl::Status CheckPooled(const Batch& b, absl::Span<const TensorView> pooled_in) const {
+    if (storage != TableStorage::kExternal) {
+      return absl::FailedPreconditionError("pooled rows given to a model that holds its own tables");
+    }
+    if (pooled_in.size() != schema.tables.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("pooled: ", pooled_in.size(), " tensors for ",
+                                                     schema.tables.size(), " tables"));
+    }
+    const BagLayout l = Bags(b.size, b.sequence.empty() ? 0 : b.sequence[0].offsets.back());
+    for (size_t t = 0; t < pooled_in.size(); ++t) {
+      const TensorView& v = pooled_in[t];
+      if (v.dtype != kDType<T> || v.device != Device::kCpu || v.shape.size() != 2 ||
+          v.shape[0] != l.bags[t] || v.shape[1] != config.dim || (v.data == nullptr && l.bags[t] > 0)) {
+        return absl::InvalidArgumentError(absl::StrCat("pooled[", t, "] (table ", schema.tables[t].name,
+                                                       ") must be CPU [", l.bags[t], ", ", config.dim,
+                                                       "] of the model's dtype"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Row `bag` of pooled[t].
+  const T* PooledRow(int table, int64_t bag) const {
+    return static_cast<const T*>(ext_pooled[table].data) + bag * config.dim;
+  }
+
+  absl::Status Forward(const Batch& b, absl::Span<const TensorView> pooled_in = {}) {
     RECFLEET_RETURN_IF_ERROR(CheckBatch(b));
+    if (storage == TableStorage::kExternal || !pooled_in.empty()) {
+      RECFLEET_RETURN_IF_ERROR(CheckPooled(b, pooled_in));
+    }
+    ext_pooled = pooled_in;
     fwd_linear_flops = 0;
     fwd_attention_flops = 0;
     const int64_t d = config.dim, B = b.size, F = num_tokens;
@@ -420,16 +497,27 @@ struct GemLite<T>::Impl {
     pma_off = UniformOffsets(B, config.pma_queries);
 
     // Sparse part: pooled id lists -> one token each.
+    const BagLayout bags = Bags(B, total_len);
     pooled.resize(schema.id_lists.size());
     Resize(x_tokens, B * F * d);
     for (size_t f = 0; f < schema.id_lists.size(); ++f) {
       const FeatureSchema::IdListFeature& feat = schema.id_lists[f];
       Resize(pooled[f], B * d);
-      JaggedView ids{MakeView(const_cast<int64_t*>(b.id_lists[f].ids.data()), DType::kInt64,
-                              {static_cast<int64_t>(b.id_lists[f].ids.size())}),
-                     OffsetsView(b.id_lists[f].offsets)};
-      RECFLEET_RETURN_IF_ERROR(EmbeddingBagForward(tables[feat.table].value.view(), ids,
-                                                   feat.pooling, View(pooled[f], {B, d})));
+      if (storage == TableStorage::kExternal) {
+        const std::vector<int64_t>& off = b.id_lists[f].offsets;
+        for (int64_t s = 0; s < B; ++s) {
+          const int64_t n = off[s + 1] - off[s];
+          const T scale = feat.pooling == Pooling::kMean && n > 0 ? T(1) / T(n) : T(1);
+          const T* row = PooledRow(feat.table, bags.feature_base[f] + s);
+          for (int64_t c = 0; c < d; ++c) pooled[f][s * d + c] = row[c] * scale;
+        }
+      } else {
+        JaggedView ids{MakeView(const_cast<int64_t*>(b.id_lists[f].ids.data()), DType::kInt64,
+                                {static_cast<int64_t>(b.id_lists[f].ids.size())}),
+                       OffsetsView(b.id_lists[f].offsets)};
+        RECFLEET_RETURN_IF_ERROR(EmbeddingBagForward(tables[feat.table].value.view(), ids,
+                                                     feat.pooling, View(pooled[f], {B, d})));
+      }
       for (int64_t s = 0; s < B; ++s) {
         std::copy_n(&pooled[f][s * d], d, &x_tokens[(s * F + f) * d]);
       }
@@ -450,10 +538,15 @@ struct GemLite<T>::Impl {
     Resize(field, total_len * d);
     for (size_t f = 0; f < schema.sequence_fields.size() && total_len > 0; ++f) {
       const IdList& l = b.sequence[f];
-      RECFLEET_RETURN_IF_ERROR(EmbeddingSequenceForward(
-          tables[schema.sequence_fields[f].table].value.view(),
-          MakeView(const_cast<int64_t*>(l.ids.data()), DType::kInt64, {total_len}),
-          View(field, {total_len, d})));
+      const int table = schema.sequence_fields[f].table;
+      if (storage == TableStorage::kExternal) {
+        std::copy_n(PooledRow(table, bags.sequence_base[f]), total_len * d, field.begin());
+      } else {
+        RECFLEET_RETURN_IF_ERROR(EmbeddingSequenceForward(
+            tables[table].value.view(),
+            MakeView(const_cast<int64_t*>(l.ids.data()), DType::kInt64, {total_len}),
+            View(field, {total_len, d})));
+      }
       AddInto(h, field);
     }
 
@@ -706,6 +799,10 @@ struct GemLite<T>::Impl {
   void CollectTableGradients(const Batch& b, const std::vector<T>& dtokens,
                              const std::vector<T>& dh) {
     const int64_t d = config.dim, F = num_tokens;
+    if (storage == TableStorage::kExternal) {
+      CollectPooledGradients(b, dtokens, dh);
+      return;
+    }
     for (TableState& t : tables) {
       t.grad_ids.clear();
       t.grad_rows.clear();
@@ -728,6 +825,31 @@ struct GemLite<T>::Impl {
       const IdList& l = b.sequence[f];
       t.grad_ids.insert(t.grad_ids.end(), l.ids.begin(), l.ids.end());
       t.grad_rows.insert(t.grad_rows.end(), dh.begin(), dh.begin() + total_len * d);
+    }
+  }
+
+  // External tables: one gradient row per looked-up bag, in TableLookupsOf
+  // order (a mean-pooled bag's row sum was scaled by 1 / length forward, so
+  // its gradient is too).
+  void CollectPooledGradients(const Batch& b, const std::vector<T>& dtokens, const std::vector<T>& dh) {
+    const int64_t d = config.dim, F = num_tokens;
+    const BagLayout bags = Bags(b.size, total_len);
+    ext_grads.resize(schema.tables.size());
+    for (size_t t = 0; t < schema.tables.size(); ++t) Resize(ext_grads[t], bags.bags[t] * d);
+    for (size_t f = 0; f < schema.id_lists.size(); ++f) {
+      const int table = schema.id_lists[f].table;
+      const std::vector<int64_t>& off = b.id_lists[f].offsets;
+      for (int64_t s = 0; s < b.size; ++s) {
+        const int64_t n = off[s + 1] - off[s];
+        const T scale = schema.id_lists[f].pooling == Pooling::kMean && n > 0 ? T(1) / T(n) : T(1);
+        const T* g = &dtokens[(s * F + f) * d];
+        T* out = &ext_grads[table][(bags.feature_base[f] + s) * d];
+        for (int64_t c = 0; c < d; ++c) out[c] = g[c] * scale;
+      }
+    }
+    for (size_t f = 0; f < schema.sequence_fields.size(); ++f) {
+      const int table = schema.sequence_fields[f].table;
+      std::copy_n(dh.begin(), total_len * d, ext_grads[table].begin() + bags.sequence_base[f] * d);
     }
   }
 
@@ -768,7 +890,8 @@ GemLite<T>::~GemLite() = default;
 
 template <typename T>
 absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConfig& config,
-                                                               const FeatureSchema& schema) {
+                                                               const FeatureSchema& schema,
+                                                               TableStorage storage) {
   RECFLEET_RETURN_IF_ERROR(config.Validate());
   if (schema.sequence_fields.empty()) {
     return absl::InvalidArgumentError("schema needs at least one sequence field (the history)");
@@ -791,14 +914,21 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->schema = schema;
+  impl->storage = storage;
   impl->Build();
   return std::unique_ptr<GemLite<T>>(new GemLite<T>(std::move(impl)));
 }
 
 template <typename T>
 absl::StatusOr<StepResult> GemLite<T>::ForwardBackward(const Batch& batch) {
+  return ForwardBackward(batch, {});
+}
+
+template <typename T>
+absl::StatusOr<StepResult> GemLite<T>::ForwardBackward(const Batch& batch,
+                                                       absl::Span<const TensorView> pooled) {
   Impl& m = *impl_;
-  RECFLEET_RETURN_IF_ERROR(m.Forward(batch));
+  RECFLEET_RETURN_IF_ERROR(m.Forward(batch, pooled));
   StepResult r;
   std::vector<T> dlogits[kNumHeads];
   bool has_head[kNumHeads];
@@ -824,7 +954,7 @@ absl::Status GemLite<T>::ApplyUpdates() {
 
 template <typename T>
 absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Clone() const {
-  absl::StatusOr<std::unique_ptr<GemLite<T>>> copy = Create(impl_->config, impl_->schema);
+  absl::StatusOr<std::unique_ptr<GemLite<T>>> copy = Create(impl_->config, impl_->schema, impl_->storage);
   if (!copy.ok()) return copy.status();
   RECFLEET_RETURN_IF_ERROR((*copy)->CopyParametersFrom(*this));
   return copy;
@@ -877,6 +1007,46 @@ absl::Status GemLite<T>::CopyParametersFrom(const GemLite& primary) {
                 impl_->tables[k].value.template data<T>());
   }
   return absl::OkStatus();
+}
+
+template <typename T>
+absl::StatusOr<std::vector<TableLookups>> GemLite<T>::TableLookupsOf(const Batch& batch) const {
+  const Impl& m = *impl_;
+  RECFLEET_RETURN_IF_ERROR(m.CheckBatch(batch));
+  const int64_t tokens = batch.sequence[0].offsets.back();
+  std::vector<TableLookups> out(m.schema.tables.size());
+  for (TableLookups& l : out) l.offsets.push_back(0);
+  for (size_t f = 0; f < m.schema.id_lists.size(); ++f) {
+    TableLookups& l = out[m.schema.id_lists[f].table];
+    const IdList& list = batch.id_lists[f];
+    const int64_t base = static_cast<int64_t>(l.ids.size());
+    l.ids.insert(l.ids.end(), list.ids.begin(), list.ids.end());
+    for (int64_t s = 1; s <= batch.size; ++s) l.offsets.push_back(base + list.offsets[s]);
+  }
+  for (size_t f = 0; f < m.schema.sequence_fields.size(); ++f) {
+    TableLookups& l = out[m.schema.sequence_fields[f].table];
+    const IdList& list = batch.sequence[f];
+    l.ids.insert(l.ids.end(), list.ids.begin(), list.ids.begin() + tokens);
+    for (int64_t i = 0; i < tokens; ++i) l.offsets.push_back(l.offsets.back() + 1);
+  }
+  return out;
+}
+
+template <typename T>
+std::vector<TensorView> GemLite<T>::PooledGradients() {
+  std::vector<TensorView> out;
+  for (const std::vector<T>& g : impl_->ext_grads) {
+    out.push_back(View(g, {static_cast<int64_t>(g.size()) / impl_->config.dim, impl_->config.dim}));
+  }
+  return out;
+}
+
+template <typename T>
+absl::StatusOr<std::vector<double>> GemLite<T>::Predict(const Batch& batch, Head head,
+                                                        absl::Span<const TensorView> pooled) {
+  RECFLEET_RETURN_IF_ERROR(impl_->Forward(batch, pooled));
+  const std::vector<T>& z = impl_->tower_acts[static_cast<int>(head)].logit;
+  return std::vector<double>(z.begin(), z.begin() + batch.size);
 }
 
 template <typename T>

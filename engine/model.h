@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "engine/batch.h"
 #include "engine/model_config.h"
 #include "engine/tensor.h"
@@ -32,6 +33,22 @@
 namespace recfleet::engine {
 
 enum class Head { kCtr = 0, kCvr = 1 };
+
+// Where the embedding tables live.
+enum class TableStorage {
+  kInternal,  // In the model: lookups and rowwise-Adagrad updates inside.
+  // Outside (e.g. sharded over ranks, worker/dist): the caller looks up the
+  // bags TableLookupsOf names, passes their row sums to ForwardBackward /
+  // Predict, and applies PooledGradients to its tables itself. The model
+  // holds no table memory and ApplyUpdates steps the dense parameters only.
+  kExternal,
+};
+
+// One table's lookups for a batch: a jagged list of bags of row ids.
+struct TableLookups {
+  std::vector<int64_t> ids;
+  std::vector<int64_t> offsets;  // Bags + 1 entries, from 0 to ids.size().
+};
 
 struct StepResult {
   // Mean BCE of each head that had labels (0 for a head without labels).
@@ -44,11 +61,18 @@ struct StepResult {
   double flops = 0;
 };
 
+// The initial value of element (row, col) of the schema's table `table`: a
+// N(0, config.embedding_init_std) draw that depends only on (config.seed,
+// table, row, col), so tables split over any number of ranks start exactly
+// as one rank's would.
+double InitialTableValue(const GemLiteConfig& config, int table, int64_t row, int64_t col);
+
 template <typename T>
 class GemLite {
  public:
-  static absl::StatusOr<std::unique_ptr<GemLite>> Create(const GemLiteConfig& config,
-                                                         const FeatureSchema& schema);
+  static absl::StatusOr<std::unique_ptr<GemLite>> Create(
+      const GemLiteConfig& config, const FeatureSchema& schema,
+      TableStorage storage = TableStorage::kInternal);
   ~GemLite();
 
   // Forward and backward on `batch`; keeps the gradients for ApplyUpdates.
@@ -59,6 +83,20 @@ class GemLite {
   absl::Status ApplyUpdates();
   // Logits of one head, [batch.size].
   absl::StatusOr<std::vector<double>> Predict(const Batch& batch, Head head);
+
+  // External tables. Per table of the schema, the bags `batch` looks up,
+  // in this order: for every id-list feature on the table (schema order) one
+  // bag per sample, then for every sequence field on it one single-id bag
+  // per history token. The caller returns each bag's row *sum* (mean-pooled
+  // features are divided by their length inside the model), as pooled[t]
+  // [bags of table t, dim]. InvalidArgument on a malformed batch.
+  absl::StatusOr<std::vector<TableLookups>> TableLookupsOf(const Batch& batch) const;
+  absl::StatusOr<StepResult> ForwardBackward(const Batch& batch, absl::Span<const TensorView> pooled);
+  absl::StatusOr<std::vector<double>> Predict(const Batch& batch, Head head,
+                                              absl::Span<const TensorView> pooled);
+  // After ForwardBackward(batch, pooled): the gradient of the loss w.r.t.
+  // pooled[t], [bags, dim] per table. Valid until the next forward.
+  std::vector<TensorView> PooledGradients();
 
   // The loss ForwardBackward would report (sum over labelled heads), without
   // touching the stored gradients: the function a gradient check differences.
@@ -83,6 +121,8 @@ class GemLite {
   std::vector<std::string> DenseParameterNames() const;
   TensorView DenseParameter(const std::string& name);
   TensorView DenseGradient(const std::string& name);
+  // Tables the model holds: the schema's with internal storage, 0 with
+  // external storage.
   int num_tables() const;
   TensorView Table(int table);
   absl::StatusOr<Tensor> DenseTableGradient(int table);

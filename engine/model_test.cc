@@ -10,6 +10,7 @@
 #include "engine/movielens.h"
 #include "engine/synthetic.h"
 #include "gtest/gtest.h"
+#include "kernels/embedding/embedding.h"
 
 namespace recfleet::engine {
 namespace {
@@ -194,6 +195,112 @@ TEST(GemLiteTest, DeterministicGivenSeedAndBatches) {
     predictions.push_back(*(*model)->Predict(data.MakeBatch(true, {0, 1, 2}), Head::kCtr));
   }
   EXPECT_EQ(predictions[0], predictions[1]);
+}
+
+// Tables held by the caller (as worker/dist shards them): the bags from
+// TableLookupsOf, their row sums in, PooledGradients applied with rowwise
+// Adagrad out. Must train exactly like the model's own tables.
+class CallerTables {
+ public:
+  CallerTables(const GemLiteConfig& config, const FeatureSchema& schema) : dim_(config.dim) {
+    for (size_t t = 0; t < schema.tables.size(); ++t) {
+      values_.emplace_back(schema.tables[t].rows * dim_);
+      momenta_.emplace_back(schema.tables[t].rows, 0.0);
+      for (int64_t r = 0; r < schema.tables[t].rows; ++r) {
+        for (int64_t c = 0; c < dim_; ++c) {
+          values_[t][r * dim_ + c] = InitialTableValue(config, static_cast<int>(t), r, c);
+        }
+      }
+    }
+    config_.learning_rate = static_cast<float>(config.adagrad_learning_rate);
+  }
+
+  std::vector<TensorView> Lookup(const std::vector<TableLookups>& lookups) {
+    lookups_ = lookups;
+    pooled_.assign(lookups.size(), {});
+    std::vector<TensorView> out;
+    for (size_t t = 0; t < lookups.size(); ++t) {
+      const int64_t bags = static_cast<int64_t>(lookups[t].offsets.size()) - 1;
+      pooled_[t].assign(bags * dim_ + 1, 0.0);
+      out.push_back(MakeView(pooled_[t].data(), DType::kFloat64, {bags, dim_}));
+      if (bags == 0) continue;
+      EXPECT_TRUE(EmbeddingBagForward(Table(t), Ids(t), Pooling::kSum, out.back()).ok());
+    }
+    return out;
+  }
+
+  void Update(const std::vector<TensorView>& grads) {
+    for (size_t t = 0; t < grads.size(); ++t) {
+      if (grads[t].dim(0) == 0) continue;
+      EXPECT_TRUE(EmbeddingBagBackwardAdagrad(
+                      grads[t], Ids(t), Pooling::kSum, config_, Table(t),
+                      MakeView(momenta_[t].data(), DType::kFloat64, {static_cast<int64_t>(momenta_[t].size())}))
+                      .ok());
+    }
+  }
+
+  const std::vector<double>& values(int t) const { return values_[t]; }
+
+ private:
+  TensorView Table(size_t t) {
+    return MakeView(values_[t].data(), DType::kFloat64, {static_cast<int64_t>(values_[t].size()) / dim_, dim_});
+  }
+  JaggedView Ids(size_t t) {
+    TableLookups& l = lookups_[t];
+    return {MakeView(l.ids.data(), DType::kInt64, {static_cast<int64_t>(l.ids.size())}),
+            MakeView(l.offsets.data(), DType::kInt64, {static_cast<int64_t>(l.offsets.size())})};
+  }
+
+  int64_t dim_;
+  RowwiseAdagradConfig config_;
+  std::vector<std::vector<double>> values_, momenta_, pooled_;
+  std::vector<TableLookups> lookups_;
+};
+
+TEST(GemLiteTest, ExternalTablesTrainLikeInternalOnes) {
+  const MovieLensCtr data = SmallData(6);
+  GemLiteConfig config = TinyConfig();
+  config.cross_attention = true;
+  auto internal = GemLite<double>::Create(config, data.schema());
+  auto external = GemLite<double>::Create(config, data.schema(), TableStorage::kExternal);
+  ASSERT_TRUE(internal.ok() && external.ok());
+  EXPECT_EQ((*external)->num_tables(), 0);
+  bool has_mean = false;
+  for (const auto& f : data.schema().id_lists) has_mean |= f.pooling == Pooling::kMean;
+  EXPECT_TRUE(has_mean) << "the test should cover mean pooling";
+  CallerTables tables(config, data.schema());
+  for (int step = 0; step < 4; ++step) {
+    const Batch batch = data.MakeBatch(false, {step, step + 4, step + 7, 11});
+    auto a = (*internal)->ForwardBackward(batch);
+    auto lookups = (*external)->TableLookupsOf(batch);
+    ASSERT_TRUE(a.ok() && lookups.ok());
+    auto b = (*external)->ForwardBackward(batch, tables.Lookup(*lookups));
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_NEAR(a->ctr_loss, b->ctr_loss, 1e-12);
+    EXPECT_EQ(a->flops, b->flops);
+    ASSERT_TRUE((*internal)->ApplyUpdates().ok());
+    ASSERT_TRUE((*external)->ApplyUpdates().ok());
+    tables.Update((*external)->PooledGradients());
+  }
+  for (int t = 0; t < (*internal)->num_tables(); ++t) {
+    const TensorView v = (*internal)->Table(t);
+    for (int64_t i = 0; i < v.numel(); ++i) {
+      ASSERT_NEAR(v.as<double>()[i], tables.values(t)[i], 1e-12) << "table " << t << " element " << i;
+    }
+  }
+  for (const std::string& name : (*internal)->DenseParameterNames()) {
+    const TensorView x = (*internal)->DenseParameter(name), y = (*external)->DenseParameter(name);
+    for (int64_t i = 0; i < x.numel(); ++i) ASSERT_NEAR(x.as<double>()[i], y.as<double>()[i], 1e-12) << name;
+  }
+  const Batch eval = data.MakeBatch(true, {0, 1, 2});
+  auto p = (*internal)->Predict(eval, Head::kCtr);
+  auto q = (*external)->Predict(eval, Head::kCtr, tables.Lookup(*(*external)->TableLookupsOf(eval)));
+  ASSERT_TRUE(p.ok() && q.ok());
+  for (size_t i = 0; i < p->size(); ++i) EXPECT_NEAR((*p)[i], (*q)[i], 1e-12);
+  // Pooled rows of the wrong shape, or given to a model with its own tables.
+  EXPECT_EQ((*external)->ForwardBackward(eval).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*internal)->ForwardBackward(eval, tables.Lookup(*(*external)->TableLookupsOf(eval))).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(GemLiteTest, RejectsMismatchedBatchAndConfig) {

@@ -17,13 +17,14 @@
 #include "absl/strings/str_join.h"
 #include "data/dataset_file.h"
 #include "engine/metrics.h"
-#include "engine/model.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/loader_rank_data.h"
 #include "worker/rank_data.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/grpc_kv_store.h"
+#include "worker/distributed_model.h"
+#include "worker/dist/layout.h"
 #include "worker/job_model.h"
 
 namespace recfleet::worker {
@@ -84,57 +85,6 @@ std::string JobId(const std::string& job_name) {
   return absl::StartsWith(job_name, "jobs/") ? job_name.substr(5) : job_name;
 }
 
-// Every trainable tensor of the model in a fixed order (dense parameters by
-// name, then the tables), seen as one flat vector for checkpoints.
-struct ParameterLayout {
-  std::vector<std::string> names;
-  std::vector<TensorView> views;
-  int64_t dense_numel = 0;
-  int64_t total_numel = 0;
-  std::vector<TensorView> dense_grads;
-
-  std::string Fingerprint() const {
-    std::string out;
-    for (size_t i = 0; i < names.size(); ++i) absl::StrAppend(&out, names[i], ":", views[i].numel(), ";");
-    return out;
-  }
-};
-
-ParameterLayout LayoutOf(engine::GemLite<float>& model) {
-  ParameterLayout p;
-  for (const std::string& name : model.DenseParameterNames()) {
-    p.names.push_back(name);
-    p.views.push_back(model.DenseParameter(name));
-    p.dense_grads.push_back(model.DenseGradient(name));
-    p.dense_numel += p.views.back().numel();
-  }
-  for (int t = 0; t < model.num_tables(); ++t) {
-    p.names.push_back(absl::StrCat("table.", t));
-    p.views.push_back(model.Table(t));
-  }
-  for (const TensorView& v : p.views) p.total_numel += v.numel();
-  return p;
-}
-
-// Copies between a list of fp32 views and one flat buffer.
-void Gather(const std::vector<TensorView>& views, std::vector<float>* flat, size_t offset = 0) {
-  for (const TensorView& v : views) {
-    std::memcpy(flat->data() + offset, v.data, v.nbytes());
-    offset += v.numel();
-  }
-}
-void Scatter(const std::vector<float>& flat, const std::vector<TensorView>& views, size_t offset = 0) {
-  for (const TensorView& v : views) {
-    std::memcpy(v.data, flat.data() + offset, v.nbytes());
-    offset += v.numel();
-  }
-}
-
-// The slice [begin, end) of the flat parameters rank `rank` stores.
-std::pair<int64_t, int64_t> ShardRange(int64_t n, int rank, int world) {
-  return {n * rank / world, n * (rank + 1) / world};
-}
-
 // Sends batched step reports; stops the task on a fencing error.
 class Reporter {
  public:
@@ -179,25 +129,6 @@ class Reporter {
   Clock::time_point last_ = Clock::now();
 };
 
-absl::StatusOr<engine::BinaryMetrics> Evaluate(engine::GemLite<float>& model, const BatchConverter& conv,
-                                               const data::Batch& rows, int64_t batch_size) {
-  std::vector<double> logits, labels;
-  std::vector<int64_t> idx;
-  const int64_t n = static_cast<int64_t>(rows.num_rows());
-  for (int64_t start = 0; start < n; start += batch_size) {
-    idx.resize(std::min(batch_size, n - start));
-    std::iota(idx.begin(), idx.end(), start);
-    const engine::Batch batch = conv.Convert(rows, idx);
-    const bool ctr = !batch.ctr_labels.empty();
-    absl::StatusOr<std::vector<double>> z = model.Predict(batch, ctr ? engine::Head::kCtr : engine::Head::kCvr);
-    if (!z.ok()) return z.status();
-    logits.insert(logits.end(), z->begin(), z->end());
-    const std::vector<float>& l = ctr ? batch.ctr_labels : batch.cvr_labels;
-    labels.insert(labels.end(), l.begin(), l.end());
-  }
-  return engine::ComputeBinaryMetrics(logits, labels);
-}
-
 // Everything one attempt at a rank holds.
 class RankRun {
  public:
@@ -219,12 +150,25 @@ class RankRun {
   absl::Status Run();
 
  private:
+  // The communicators of one attempt; shared with the stop callback, which
+  // may run after the attempt has ended.
+  struct Comms {
+    std::unique_ptr<comm::Communicator> world;
+    std::optional<dist::TrainingGroups> groups;
+    void Abort(absl::string_view reason) {
+      if (world != nullptr) world->Abort(reason);
+      if (!groups.has_value()) return;
+      for (comm::Communicator* c : {groups->fsdp(), groups->replica(), groups->tables(), groups->table_replica()}) {
+        if (c != nullptr) c->Abort(reason);
+      }
+    }
+  };
+
   absl::Status Setup();
   absl::Status Connect();
   absl::StatusOr<int64_t> AgreeOnResumeStep();
   absl::Status Restore(int64_t step);
   absl::Status Step(int64_t step);
-  absl::Status SyncAndApply(StepTimes* times);
   absl::Status Checkpoint(int64_t step);
   absl::Status EvaluateAndReport(int64_t step);
   void LogSamples(int64_t step, const data::Batch& source, const std::vector<int64_t>& rows);
@@ -240,19 +184,18 @@ class RankRun {
 
   JobModel job_model_;
   std::unique_ptr<RankData> train_;
+  // This rank's slice of the eval set (every rank evaluates its part).
   std::optional<data::Batch> eval_rows_;
+  int64_t eval_first_ = 0, eval_end_ = 0;
+  bool has_eval_ = false;
   std::optional<BatchConverter> converter_;
-  std::unique_ptr<engine::GemLite<float>> model_;
-  ParameterLayout layout_;
-  std::shared_ptr<comm::Communicator> comm_;  // Null when world_size == 1.
+  std::shared_ptr<Comms> comms_;
+  std::unique_ptr<DistributedModel> model_;
   std::string checkpoint_dir_;
   std::FILE* sample_log_ = nullptr;
   int64_t samples_done_ = 0;
   double loss_sum_ = 0;
   int64_t loss_steps_ = 0;
-  // Scratch buffers for the per-step all-reduces.
-  std::vector<float> grads_, tables_before_, tables_delta_;
-  std::vector<TensorView> table_views_;
 };
 
 absl::Status RankRun::Setup() {
@@ -269,21 +212,19 @@ absl::Status RankRun::Setup() {
   absl::StatusOr<BatchConverter> conv = BatchConverter::Create(job_model_, train_->schema());
   if (!conv.ok()) return conv.status();
   converter_.emplace(std::move(*conv));
-  if (!files->eval.empty() && a_.rank() == 0) {
+  has_eval_ = !files->eval.empty();
+  if (has_eval_) {
     absl::StatusOr<data::Batch> eval = data::ReadAll(files->eval);
     if (!eval.ok()) return eval.status();
     if (!(eval->schema() == train_->schema())) {
       return absl::FailedPreconditionError(
           absl::StrCat(files->eval, " has another schema than the training data"));
     }
+    const int64_t n = static_cast<int64_t>(eval->num_rows());
+    eval_first_ = n * a_.rank() / a_.world_size();
+    eval_end_ = n * (a_.rank() + 1) / a_.world_size();
     eval_rows_ = std::move(*eval);
   }
-  absl::StatusOr<std::unique_ptr<engine::GemLite<float>>> model =
-      engine::GemLite<float>::Create(job_model_.config, job_model_.schema);
-  if (!model.ok()) return model.status();
-  model_ = std::move(*model);
-  layout_ = LayoutOf(*model_);
-  table_views_.assign(layout_.views.begin() + layout_.dense_grads.size(), layout_.views.end());
   checkpoint_dir_ = spec_.training().checkpoint_dir().empty()
                         ? absl::StrCat(options_.checkpoint_root, "/", JobId(a_.job()))
                         : StripScheme(spec_.training().checkpoint_dir());
@@ -297,18 +238,43 @@ absl::Status RankRun::Setup() {
 }
 
 absl::Status RankRun::Connect() {
-  if (a_.world_size() == 1) return absl::OkStatus();
   comm::GrpcKvStore store(shared_stub_, a_.job(), a_.restart_epoch(), absl::Seconds(10), options_.auth_token);
   absl::StatusOr<std::shared_ptr<comm::GlooTransport>> transport = comm::GlooTransport::Create(options_.gloo_host);
   if (!transport.ok()) return transport.status();
   comm::CommOptions comm_options;
   comm_options.timeout = options_.comm_timeout;
-  absl::StatusOr<std::unique_ptr<comm::Communicator>> comm =
+  comms_ = std::make_shared<Comms>();
+  std::shared_ptr<Comms> comms = comms_;
+  control_.OnStop([comms] { comms->Abort("task stopped by the worker (abort or shutdown)"); });
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> world =
       comm::ConnectGloo(store, a_.rank(), a_.world_size(), *transport, comm_options);
-  if (!comm.ok()) return comm.status();
-  comm_ = std::move(*comm);
-  std::shared_ptr<comm::Communicator> c = comm_;
-  control_.OnStop([c] { c->Abort("task stopped by the worker (abort or shutdown)"); });
+  if (!world.ok()) return world.status();
+  comms_->world = std::move(*world);
+
+  // The plan's groups (or the spec's hints) decide the dense and sparse
+  // layouts.
+  std::vector<dist::NamedGroup> plan_groups;
+  for (const v1::ProcessGroup& g : a_.groups()) plan_groups.push_back({g.name(), {g.ranks().begin(), g.ranks().end()}});
+  const v1::ParallelismHints& h = spec_.parallelism();
+  absl::StatusOr<std::vector<comm::ProcessGroupSpec>> specs = dist::TrainingGroupSpecs(
+      a_.rank(), a_.world_size(), plan_groups, {h.fsdp_group_size(), h.replicas(), h.table_sharding_group_size()});
+  if (!specs.ok()) return specs.status();
+  const comm::CommFactory factory = [&](comm::KvStore& s, int rank, int size) {
+    return comm::ConnectGloo(s, rank, size, *transport, comm_options);
+  };
+  absl::StatusOr<dist::TrainingGroups> groups = dist::TrainingGroups::BuildFromSpecs(a_.rank(), *specs, store, factory);
+  if (!groups.ok()) return groups.status();
+  comms_->groups.emplace(*std::move(groups));
+  if (control_.stop_requested()) comms_->Abort("task stopped while connecting");
+  if (a_.rank() == 0) {
+    std::fprintf(stderr, "worker: %s layout: FSDP groups of %d x %d replicas, tables over %d x %d copies\n",
+                 Describe().c_str(), comms_->groups->fsdp()->size(), comms_->groups->replica()->size(),
+                 comms_->groups->tables()->size(), comms_->groups->table_replica()->size());
+  }
+  absl::StatusOr<std::unique_ptr<DistributedModel>> model = DistributedModel::Create(
+      job_model_.config, job_model_.schema, &*comms_->groups, comms_->world.get());
+  if (!model.ok()) return model.status();
+  model_ = *std::move(model);
   return absl::OkStatus();
 }
 
@@ -329,54 +295,38 @@ absl::StatusOr<int64_t> RankRun::AgreeOnResumeStep() {
                    Describe().c_str(), static_cast<long long>(a_.resume_step()), static_cast<long long>(step));
     }
   }
-  if (comm_ != nullptr) {
-    if (absl::Status s = comm_->Broadcast(MakeView(&step, DType::kInt64, {1}), 0); !s.ok()) return s;
-  }
+  if (absl::Status s = comms_->world->Broadcast(MakeView(&step, DType::kInt64, {1}), 0); !s.ok()) return s;
   return step;
 }
 
 absl::Status RankRun::Restore(int64_t step) {
-  std::vector<float> flat(layout_.total_numel);
+  std::vector<CheckpointShard> shards;
   for (int r = 0; r < a_.world_size(); ++r) {
     absl::StatusOr<CheckpointShard> shard = ReadCheckpointShard(checkpoint_dir_, step, r, a_.world_size());
     if (!shard.ok()) return shard.status();
-    if ((*shard)["layout"] != layout_.Fingerprint()) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint step ", step, " in ", checkpoint_dir_,
-                                                        " holds another model's parameters"));
-    }
-    const auto [begin, end] = ShardRange(layout_.total_numel, r, a_.world_size());
-    const std::string& values = (*shard)["params"];
-    if (values.size() != static_cast<size_t>(end - begin) * sizeof(float)) {
-      return absl::DataLossError(absl::StrCat("checkpoint step ", step, " shard ", r, " has ", values.size(),
-                                              " parameter bytes, expected ", (end - begin) * sizeof(float)));
-    }
-    std::memcpy(flat.data() + begin, values.data(), values.size());
-    if (r == a_.rank() && !absl::SimpleAtoi((*shard)["samples"], &samples_done_)) {
-      return absl::DataLossError(absl::StrCat("checkpoint step ", step, " shard ", r, " has no sample count"));
-    }
+    shards.push_back(*std::move(shard));
   }
-  Scatter(flat, layout_.views);
-  std::fprintf(stderr, "worker: %s resumed from checkpoint step %lld in %s\n", Describe().c_str(),
-               static_cast<long long>(step), checkpoint_dir_.c_str());
+  if (absl::Status s = model_->Restore(shards); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("checkpoint step ", step, " in ", checkpoint_dir_, ": ", s.message()));
+  }
+  if (!absl::SimpleAtoi(shards[a_.rank()]["samples"], &samples_done_)) {
+    return absl::DataLossError(absl::StrCat("checkpoint step ", step, " shard ", a_.rank(), " has no sample count"));
+  }
+  std::fprintf(stderr, "worker: %s resumed from checkpoint step %lld in %s (optimizer state included)\n",
+               Describe().c_str(), static_cast<long long>(step), checkpoint_dir_.c_str());
   return absl::OkStatus();
 }
 
 absl::Status RankRun::Checkpoint(int64_t step) {
   const Clock::time_point start = Clock::now();
-  std::vector<float> flat(layout_.total_numel);
-  Gather(layout_.views, &flat);
-  const auto [begin, end] = ShardRange(layout_.total_numel, a_.rank(), a_.world_size());
   CheckpointShard shard;
-  shard["layout"] = layout_.Fingerprint();
-  shard["params"].assign(reinterpret_cast<const char*>(flat.data() + begin), (end - begin) * sizeof(float));
+  model_->Save(&shard);
   shard["samples"] = absl::StrCat(samples_done_);
   shard["step"] = absl::StrCat(step);
   if (absl::Status s = WriteCheckpointShard(checkpoint_dir_, step, a_.rank(), a_.world_size(), shard); !s.ok()) {
     return s;
   }
-  if (comm_ != nullptr) {
-    if (absl::Status s = comm_->Barrier(); !s.ok()) return s;
-  }
+  if (absl::Status s = comms_->world->Barrier(); !s.ok()) return s;
   if (a_.rank() == 0) {
     if (absl::Status s = CommitCheckpoint(checkpoint_dir_, step, a_.world_size()); !s.ok()) return s;
     if (absl::Status s = PruneCheckpoints(checkpoint_dir_, a_.world_size(), options_.keep_checkpoints); !s.ok()) {
@@ -384,50 +334,6 @@ absl::Status RankRun::Checkpoint(int64_t step) {
     }
   }
   metrics_->RecordCheckpoint(Since(start));
-  return absl::OkStatus();
-}
-
-absl::Status RankRun::SyncAndApply(StepTimes* times) {
-  if (comm_ == nullptr) {
-    Clock::time_point t = Clock::now();
-    absl::Status s = model_->ApplyUpdates();
-    times->compute_seconds += Since(t);
-    return s;
-  }
-  // Dense gradients: one averaging all-reduce over the flattened gradients.
-  Clock::time_point t = Clock::now();
-  grads_.resize(layout_.dense_numel);
-  Gather(layout_.dense_grads, &grads_);
-  tables_before_.resize(layout_.total_numel - layout_.dense_numel);
-  Gather(table_views_, &tables_before_);
-  times->compute_seconds += Since(t);
-  t = Clock::now();
-  if (absl::Status s = comm_->AllReduce(MakeView(grads_.data(), DType::kFloat32, {layout_.dense_numel}),
-                                        comm::ReduceOp::kAvg);
-      !s.ok()) {
-    return s;
-  }
-  times->comm_seconds += Since(t);
-  t = Clock::now();
-  Scatter(grads_, layout_.dense_grads);
-  if (absl::Status s = model_->ApplyUpdates(); !s.ok()) return s;
-  // Tables: average every rank's local rowwise-Adagrad update.
-  tables_delta_.resize(tables_before_.size());
-  Gather(table_views_, &tables_delta_);
-  for (size_t i = 0; i < tables_delta_.size(); ++i) tables_delta_[i] -= tables_before_[i];
-  times->compute_seconds += Since(t);
-  t = Clock::now();
-  if (absl::Status s = comm_->AllReduce(
-          MakeView(tables_delta_.data(), DType::kFloat32, {static_cast<int64_t>(tables_delta_.size())}),
-          comm::ReduceOp::kAvg);
-      !s.ok()) {
-    return s;
-  }
-  times->comm_seconds += Since(t);
-  t = Clock::now();
-  for (size_t i = 0; i < tables_delta_.size(); ++i) tables_delta_[i] += tables_before_[i];
-  Scatter(tables_delta_, table_views_);
-  times->compute_seconds += Since(t);
   return absl::OkStatus();
 }
 
@@ -452,11 +358,11 @@ absl::Status RankRun::Step(int64_t step) {
   if (!source.ok()) return source.status();
   const engine::Batch batch = converter_->Convert(**source, rows);
   times.data_wait_seconds = Since(start);
-  Clock::time_point t = Clock::now();
-  absl::StatusOr<engine::StepResult> result = model_->ForwardBackward(batch);
+  DistributedModel::Times split;
+  absl::StatusOr<engine::StepResult> result = model_->TrainStep(batch, &split);
   if (!result.ok()) return result.status();
-  times.compute_seconds = Since(t);
-  if (absl::Status s = SyncAndApply(&times); !s.ok()) return s;
+  times.compute_seconds = split.compute_seconds;
+  times.comm_seconds = split.comm_seconds;
   times.step_seconds = Since(start);
   LogSamples(step, **source, rows);
   samples_done_ += batch.size;
@@ -488,11 +394,50 @@ absl::Status RankRun::Step(int64_t step) {
 }
 
 absl::Status RankRun::EvaluateAndReport(int64_t step) {
-  // Rank 0 evaluates the (identical) replica on the whole eval set; the
-  // others wait at their next collective.
-  if (a_.rank() != 0 || !eval_rows_.has_value()) return absl::OkStatus();
+  // Every rank scores its slice of the eval set (the tables are sharded, so
+  // every rank serves lookups in every round); rank 0 gathers the logits.
+  if (!has_eval_) return absl::OkStatus();
+  if (absl::Status s = model_->GatherDense(); !s.ok()) return s;
   const int64_t bs = spec_.data().eval_batch_size() > 0 ? spec_.data().eval_batch_size() : 1024;
-  absl::StatusOr<engine::BinaryMetrics> m = Evaluate(*model_, *converter_, *eval_rows_, bs);
+  const int64_t total = static_cast<int64_t>(eval_rows_->num_rows());
+  const int64_t per_rank = (total + a_.world_size() - 1) / a_.world_size();  // >= every rank's slice.
+  const bool ctr = !job_model_.ctr_label.empty();
+  // (logit, label) pairs, label -1 past this rank's slice.
+  std::vector<double> mine(2 * per_rank, -1.0);
+  std::vector<int64_t> idx;
+  for (int64_t round = 0; round * bs < per_rank; ++round) {
+    const int64_t first = eval_first_ + round * bs;
+    const int64_t end = std::min(eval_end_, first + bs);
+    std::optional<engine::Batch> batch;
+    if (first < end) {
+      idx.resize(end - first);
+      std::iota(idx.begin(), idx.end(), first);
+      batch = converter_->Convert(*eval_rows_, idx);
+    }
+    absl::StatusOr<std::vector<double>> z =
+        model_->Predict(batch ? &*batch : nullptr, ctr ? engine::Head::kCtr : engine::Head::kCvr);
+    if (!z.ok()) return z.status();
+    if (!batch) continue;
+    const std::vector<float>& labels = ctr ? batch->ctr_labels : batch->cvr_labels;
+    for (size_t i = 0; i < z->size(); ++i) {
+      mine[2 * (first - eval_first_ + i)] = (*z)[i];
+      mine[2 * (first - eval_first_ + i) + 1] = labels[i];
+    }
+  }
+  std::vector<double> all(mine.size() * a_.world_size());
+  if (absl::Status s = comms_->world->AllGather(MakeView(mine.data(), DType::kFloat64, {2 * per_rank}),
+                                                MakeView(all.data(), DType::kFloat64, {2 * per_rank * a_.world_size()}));
+      !s.ok()) {
+    return s;
+  }
+  if (a_.rank() != 0) return absl::OkStatus();
+  std::vector<double> logits, labels;
+  for (size_t i = 0; i < all.size(); i += 2) {
+    if (all[i + 1] < 0) continue;
+    logits.push_back(all[i]);
+    labels.push_back(all[i + 1]);
+  }
+  absl::StatusOr<engine::BinaryMetrics> m = engine::ComputeBinaryMetrics(logits, labels);
   if (!m.ok()) return m.status();
   metrics_->RecordEval(m->auc, m->normalized_entropy);
   v1::EvalStats eval;

@@ -9,26 +9,25 @@
 //     (seed, epoch, step), so every rank of every attempt agrees on which
 //     samples each step holds.
 //  2. Joins the job's collectives (Gloo) through the coordinator's
-//     rendezvous store for the assignment's restart epoch; an Abort or a
-//     stop request aborts the communicator so no collective waits out its
-//     timeout.
-//  3. Resumes from the newest complete checkpoint (or the assignment's
-//     resume_step): parameters and the data position (the step) come back
-//     exactly, so no sample is skipped or trained twice.
-//  4. Trains synchronously, data parallel: every rank holds the parameters;
-//     dense gradients are averaged with one all-reduce per step; embedding
-//     rows are updated by each rank's rowwise Adagrad on its own batch and
-//     the updates averaged (one all-reduce of the table deltas), keeping
-//     every replica identical.
+//     rendezvous store for the assignment's restart epoch: the world, and
+//     the four training groups (FSDP, replica, tables, table replica) from
+//     the plan's groups in the assignment, or from the spec's parallelism
+//     hints when it carries none. An Abort or a stop request aborts every
+//     communicator so no collective waits out its timeout.
+//  3. Resumes from the newest complete checkpoint: parameters, optimizer
+//     state (AdamW moments, Adagrad accumulators) and the data position
+//     (the step) come back exactly, so no sample is skipped or trained
+//     twice.
+//  4. Trains synchronously with DistributedModel: dense parameters sharded
+//     FSDP-style inside the FSDP group and replicated across groups,
+//     embedding tables sharded over the table group (all-to-all lookups
+//     and updates); the same parameters as one rank on the global batch.
 //  5. Reports StepStats (step time split into data wait / compute / comm)
-//     and rank 0's EvalStats to the coordinator, updates /metrics, and
-//     every spec.training.checkpoint_every steps writes a sharded
-//     checkpoint (each rank its slice of the parameters; rank 0 commits the
-//     manifest after a barrier).
-//
-// Optimizer state (AdamW moments, Adagrad accumulators) lives inside the
-// engine and is not part of a checkpoint; a resumed run restarts it from
-// zero.
+//     and EvalStats (every rank scores its slice of the eval set, rank 0
+//     reports) to the coordinator, updates /metrics, and every
+//     spec.training.checkpoint_every steps writes a sharded checkpoint
+//     (each rank the shards it owns; rank 0 commits the manifest after a
+//     barrier).
 
 #include <memory>
 #include <string>

@@ -1,5 +1,10 @@
 #include "worker/dist/layout.h"
 
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace recfleet {
@@ -57,6 +62,114 @@ absl::StatusOr<TrainingGroups> TrainingGroups::Build(const ParallelLayout& layou
   if (!dense.ok()) return dense.status();
   absl::StatusOr<comm::ProcessGroups> sparse =
       comm::ProcessGroups::Build(*sparse_mesh, rank, {{"tables"}, {"table_replica"}}, store, factory);
+  if (!sparse.ok()) return sparse.status();
+  return TrainingGroups{*std::move(dense), *std::move(sparse)};
+}
+
+namespace {
+
+// Groups named "<prefix><index>", by index; they must split the world into
+// groups of one size.
+absl::StatusOr<std::map<int, std::vector<int>>> GroupsWithPrefix(const std::vector<NamedGroup>& groups,
+                                                                 absl::string_view prefix, int world_size) {
+  std::map<int, std::vector<int>> out;
+  for (const NamedGroup& g : groups) {
+    if (!absl::StartsWith(g.name, prefix)) continue;
+    int index = 0;
+    if (!absl::SimpleAtoi(g.name.substr(prefix.size()), &index) || index < 0 || out.count(index) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("plan group \"", g.name, "\": expected a unique \"", prefix,
+                                                     "<index>\""));
+    }
+    out[index] = g.ranks;
+  }
+  if (out.empty()) return out;
+  std::vector<int> seen(world_size, 0);
+  const size_t size = out.begin()->second.size();
+  for (const auto& [index, ranks] : out) {
+    if (ranks.size() != size) {
+      return absl::InvalidArgumentError(absl::StrCat("plan groups ", prefix, "*: sizes differ (", size, " and ",
+                                                     ranks.size(), ")"));
+    }
+    for (int r : ranks) {
+      if (r < 0 || r >= world_size || seen[r]++ > 0) {
+        return absl::InvalidArgumentError(absl::StrCat("plan groups ", prefix, "*: rank ", r,
+                                                       " is out of range or in two groups of world ", world_size));
+      }
+    }
+  }
+  if (size * out.size() != static_cast<size_t>(world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("plan groups ", prefix, "*: ", out.size(), " groups of ", size,
+                                                   " do not cover the world of ", world_size));
+  }
+  return out;
+}
+
+// `rank`'s group among `groups` (named `name`), and the group of the ranks
+// at its position in every group (named `across`).
+absl::Status AppendGroupAndAcross(int rank, const std::map<int, std::vector<int>>& groups, const std::string& name,
+                                  const std::string& across, std::vector<comm::ProcessGroupSpec>* out) {
+  for (const auto& [index, ranks] : groups) {
+    auto it = std::find(ranks.begin(), ranks.end(), rank);
+    if (it == ranks.end()) continue;
+    const int position = static_cast<int>(it - ranks.begin());
+    comm::ProcessGroupSpec across_spec{across, position, {}};
+    for (const auto& [other_index, other] : groups) across_spec.ranks.push_back(other[position]);
+    out->push_back(comm::ProcessGroupSpec{name, index, ranks});
+    out->push_back(std::move(across_spec));
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is in no ", name, " group of the plan"));
+}
+
+std::map<int, std::vector<int>> Consecutive(int world_size, int group_size) {
+  std::map<int, std::vector<int>> out;
+  for (int r = 0; r < world_size; ++r) out[r / group_size].push_back(r);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank, int world_size,
+                                                                       const std::vector<NamedGroup>& plan_groups,
+                                                                       const ParallelismHints& hints) {
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside the world of ", world_size));
+  }
+  absl::StatusOr<std::map<int, std::vector<int>>> fsdp = GroupsWithPrefix(plan_groups, "fsdp/", world_size);
+  if (!fsdp.ok()) return fsdp.status();
+  absl::StatusOr<std::map<int, std::vector<int>>> tables = GroupsWithPrefix(plan_groups, "tables/", world_size);
+  if (!tables.ok()) return tables.status();
+  for (const NamedGroup& g : plan_groups) {
+    if (absl::StartsWith(g.name, "table_shards/")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan group ", g.name, ": tables sharded across table groups (V3) cannot be trained yet; "
+          "set spec.parallelism.table_sharding_group_size so the tables fit one group"));
+    }
+  }
+  if (fsdp->empty()) {
+    absl::StatusOr<ParallelLayout> layout = ParallelLayout::FromHints(world_size, hints);
+    if (!layout.ok()) return layout.status();
+    *fsdp = Consecutive(world_size, layout->fsdp_group_size);
+    *tables = Consecutive(world_size, layout->table_group_size);
+  } else if (tables->empty()) {
+    *tables = *fsdp;
+  }
+  std::vector<comm::ProcessGroupSpec> specs;
+  if (absl::Status s = AppendGroupAndAcross(rank, *fsdp, "fsdp", "replica", &specs); !s.ok()) return s;
+  if (absl::Status s = AppendGroupAndAcross(rank, *tables, "tables", "table_replica", &specs); !s.ok()) return s;
+  return specs;
+}
+
+absl::StatusOr<TrainingGroups> TrainingGroups::BuildFromSpecs(int rank, const std::vector<comm::ProcessGroupSpec>& specs,
+                                                              comm::KvStore& store, const comm::CommFactory& factory) {
+  if (specs.size() != 4) {
+    return absl::InvalidArgumentError(absl::StrCat("training groups: 4 specs expected, got ", specs.size()));
+  }
+  absl::StatusOr<comm::ProcessGroups> dense =
+      comm::ProcessGroups::BuildFromSpecs(rank, {specs[0], specs[1]}, store, factory);
+  if (!dense.ok()) return dense.status();
+  absl::StatusOr<comm::ProcessGroups> sparse =
+      comm::ProcessGroups::BuildFromSpecs(rank, {specs[2], specs[3]}, store, factory);
   if (!sparse.ok()) return sparse.status();
   return TrainingGroups{*std::move(dense), *std::move(sparse)};
 }

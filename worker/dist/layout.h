@@ -10,6 +10,8 @@
 // Pure arithmetic plus one ProcessGroups::Build per mesh.
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/comm/process_groups.h"
@@ -38,6 +40,30 @@ struct ParallelLayout {
   absl::StatusOr<comm::DeviceMesh> SparseMesh() const;
 };
 
+// A named group of world ranks as a coordinator assignment lists it
+// ("fsdp/0", "replica/1", "tables/0", ...; recfleet.v1.ProcessGroup).
+struct NamedGroup {
+  std::string name;
+  std::vector<int> ranks;
+};
+
+// The four groups rank `rank` trains with, in the order fsdp, replica,
+// tables, table_replica (names without the index, as TrainingGroups wants
+// them), taken from a plan's groups:
+//   fsdp           the "fsdp/<i>" group holding `rank`;
+//   tables         the "tables/<i>" group holding it (the FSDP group when
+//                  the plan has no "tables/" groups);
+//   replica, table_replica
+//                  the ranks at `rank`'s position in every fsdp (tables)
+//                  group, in group-index order: those holding the same shard.
+// Without any "fsdp/" group the layout comes from `hints` (FromHints).
+// InvalidArgument when a prefix's groups do not split the world into
+// equal-size groups, or the plan has V3 "table_shards/" groups (sharding
+// tables across table groups is not executable here yet).
+absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank, int world_size,
+                                                                       const std::vector<NamedGroup>& plan_groups,
+                                                                       const ParallelismHints& hints);
+
 // The communicators of one rank: "fsdp" and "replica" (dense), "tables" and
 // "table_replica" (sparse).
 struct TrainingGroups {
@@ -52,6 +78,9 @@ struct TrainingGroups {
   // Every rank calls this with the same layout and store namespace.
   static absl::StatusOr<TrainingGroups> Build(const ParallelLayout& layout, int rank, comm::KvStore& store,
                                               const comm::CommFactory& factory);
+  // The same from explicit specs (TrainingGroupSpecs' order).
+  static absl::StatusOr<TrainingGroups> BuildFromSpecs(int rank, const std::vector<comm::ProcessGroupSpec>& specs,
+                                                       comm::KvStore& store, const comm::CommFactory& factory);
 };
 
 }  // namespace dist

@@ -31,6 +31,53 @@ TEST(ParallelLayoutTest, RejectsSizesThatDoNotDivideTheWorld) {
   EXPECT_FALSE(ParallelLayout::FromHints(0, {}).ok());
 }
 
+std::vector<int> Ranks(const comm::ProcessGroupSpec& s) { return s.ranks; }
+
+TEST(TrainingGroupSpecsTest, TakesThePlanGroupsAndDerivesTheReplicas) {
+  // 8 ranks: FSDP groups of 4, tables over strided pairs {0,4}, {1,5}, ...
+  std::vector<NamedGroup> plan = {{"world", {0, 1, 2, 3, 4, 5, 6, 7}}, {"fsdp/0", {0, 1, 2, 3}},
+                                  {"fsdp/1", {4, 5, 6, 7}},           {"replica/0", {0, 4}},
+                                  {"tables/0", {0, 4}},               {"tables/1", {1, 5}},
+                                  {"tables/2", {2, 6}},               {"tables/3", {3, 7}}};
+  auto specs = TrainingGroupSpecs(5, 8, plan, {});
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  ASSERT_EQ(specs->size(), 4u);
+  EXPECT_EQ((*specs)[0].name, "fsdp");
+  EXPECT_EQ((*specs)[0].index, 1);
+  EXPECT_EQ(Ranks((*specs)[0]), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ((*specs)[1].name, "replica");
+  EXPECT_EQ(Ranks((*specs)[1]), (std::vector<int>{1, 5}));
+  EXPECT_EQ((*specs)[2].name, "tables");
+  EXPECT_EQ((*specs)[2].index, 1);
+  EXPECT_EQ(Ranks((*specs)[2]), (std::vector<int>{1, 5}));
+  EXPECT_EQ((*specs)[3].name, "table_replica");
+  EXPECT_EQ((*specs)[3].index, 1);
+  EXPECT_EQ(Ranks((*specs)[3]), (std::vector<int>{4, 5, 6, 7}));
+}
+
+TEST(TrainingGroupSpecsTest, FallsBackToHintsAndToTheFsdpGroupForTables) {
+  auto specs = TrainingGroupSpecs(3, 4, {{"world", {0, 1, 2, 3}}}, {2, 0, 0});
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  EXPECT_EQ(Ranks((*specs)[0]), (std::vector<int>{2, 3}));
+  EXPECT_EQ(Ranks((*specs)[1]), (std::vector<int>{1, 3}));
+  EXPECT_EQ(Ranks((*specs)[2]), (std::vector<int>{2, 3}));
+  EXPECT_EQ(Ranks((*specs)[3]), (std::vector<int>{1, 3}));
+  specs = TrainingGroupSpecs(0, 2, {{"fsdp/0", {0, 1}}}, {});
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  EXPECT_EQ(Ranks((*specs)[2]), (std::vector<int>{0, 1}));
+  EXPECT_EQ(Ranks((*specs)[3]), (std::vector<int>{0}));
+}
+
+TEST(TrainingGroupSpecsTest, RejectsBrokenPlans) {
+  EXPECT_FALSE(TrainingGroupSpecs(0, 4, {{"fsdp/0", {0, 1}}, {"fsdp/1", {2}}}, {}).ok());          // Sizes.
+  EXPECT_FALSE(TrainingGroupSpecs(0, 4, {{"fsdp/0", {0, 1}}, {"fsdp/1", {1, 2}}}, {}).ok());       // Overlap.
+  EXPECT_FALSE(TrainingGroupSpecs(0, 4, {{"fsdp/0", {0, 1}}}, {}).ok());                           // Coverage.
+  EXPECT_FALSE(TrainingGroupSpecs(0, 2, {{"fsdp/x", {0, 1}}}, {}).ok());                           // Name.
+  EXPECT_FALSE(TrainingGroupSpecs(0, 2, {{"fsdp/0", {0, 1}}, {"table_shards/0", {0, 1}}}, {}).ok());  // V3.
+  EXPECT_FALSE(TrainingGroupSpecs(0, 4, {}, {3, 0, 0}).ok());                                      // Hints.
+  EXPECT_FALSE(TrainingGroupSpecs(4, 4, {}, {}).ok());                                             // Rank.
+}
+
 // 4 ranks, FSDP 2 x replicas 2, tables over 4: the groups hold the expected
 // members (checked by an OR-reduction of rank bits).
 TEST(TrainingGroupsTest, BuildsDenseAndSparseGroups) {

@@ -65,6 +65,33 @@ int64_t Sum(const std::vector<int64_t>& v) {
 
 }  // namespace
 
+std::vector<TablePlacement> BalancedTablePlacements(const std::vector<EmbeddingTableConfig>& tables, int group_size) {
+  std::vector<TablePlacement> out(tables.size());
+  if (group_size <= 1) return out;
+  double total = 0;
+  for (const EmbeddingTableConfig& t : tables) total += static_cast<double>(t.rows) * t.dim;
+  std::vector<double> load(group_size, 0.0);
+  std::vector<size_t> order;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const double bytes = static_cast<double>(tables[t].rows) * tables[t].dim;
+    if (bytes > total / group_size) {
+      out[t].sharding = TableSharding::kRowWise;
+      for (double& l : load) l += bytes / group_size;
+    } else {
+      order.push_back(t);
+    }
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return tables[a].rows * tables[a].dim > tables[b].rows * tables[b].dim;
+  });
+  for (size_t t : order) {
+    const int owner = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    out[t] = {TableSharding::kTableWise, owner};
+    load[owner] += static_cast<double>(tables[t].rows) * tables[t].dim;
+  }
+  return out;
+}
+
 absl::StatusOr<EmbeddingShardingPlan> EmbeddingShardingPlan::Create(std::vector<EmbeddingTableConfig> tables,
                                                                     std::vector<TablePlacement> placements,
                                                                     int group_size) {

@@ -69,6 +69,12 @@ struct TablePlacement {
   int owner = 0;  // kTableWise only.
 };
 
+// A placement balanced by bytes when no plan gives one: a table larger than
+// an even share of all tables (total / group_size) is split row-wise; the
+// others go whole, largest first, to the rank holding the fewest bytes
+// (ties: the lowest rank). Deterministic, so every rank computes the same.
+std::vector<TablePlacement> BalancedTablePlacements(const std::vector<EmbeddingTableConfig>& tables, int group_size);
+
 // Where every row of every table lives in a group of `group_size` ranks.
 // Immutable; thread-safe.
 class EmbeddingShardingPlan {

@@ -63,6 +63,22 @@ TEST(ShardedEmbeddingCollectionTest, ThreeRanksMatchWholeTables) {
   CheckAgainstWholeTables(3, m, GlooConnector());
 }
 
+TEST(BalancedTablePlacementsTest, SplitsLargeTablesAndSpreadsTheRest) {
+  const std::vector<EmbeddingTableConfig> tables = {
+      {"big", 1000, 8, Pooling::kSum}, {"a", 100, 8, Pooling::kSum}, {"b", 300, 8, Pooling::kSum},
+      {"c", 200, 8, Pooling::kSum}};
+  const std::vector<TablePlacement> p = BalancedTablePlacements(tables, 2);
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_EQ(p[0].sharding, TableSharding::kRowWise);  // 8000 of 12800 > half.
+  // The rest largest first onto the lighter rank: b -> 0, c -> 1, a -> 1.
+  EXPECT_EQ(p[2].sharding, TableSharding::kTableWise);
+  EXPECT_EQ(p[2].owner, 0);
+  EXPECT_EQ(p[3].owner, 1);
+  EXPECT_EQ(p[1].owner, 1);
+  for (const TablePlacement& one : BalancedTablePlacements(tables, 1)) EXPECT_EQ(one.owner, 0);
+  EXPECT_TRUE(EmbeddingShardingPlan::Create(tables, p, 2).ok());
+}
+
 }  // namespace
 }  // namespace dist
 }  // namespace recfleet

@@ -1,0 +1,111 @@
+#ifndef RECFLEET_WORKER_DISTRIBUTED_MODEL_H_
+#define RECFLEET_WORKER_DISTRIBUTED_MODEL_H_
+
+// GEM-lite trained by one rank of a job, with the parallelism of
+// ../DESIGN section 3 on CPU ranks:
+//   dense   every dense parameter in one flat buffer, sharded over the
+//           rank's FSDP group (all-gathered before each forward, gradients
+//           reduce-scattered), replicated across the replica group (shard
+//           gradients all-reduced); AdamW steps the local shard only, and
+//           the shard is all the optimizer state this rank holds;
+//   sparse  the embedding tables sharded over the table group (table-wise
+//           or row-wise, worker/dist/sharded_embedding.h), replicated
+//           across the table-replica group; lookups and rowwise-Adagrad
+//           updates go through all-to-alls to the owning ranks.
+// Every rank's loss is the mean over its own samples; gradients are
+// weighted by each rank's share of the global batch, so N ranks train
+// exactly like one rank on the concatenated batch (up to float summation
+// order), with any local batch sizes.
+//
+// Checkpoints are layout-independent: each shard's owner (replica 0 of it)
+// records its element or row range with values and optimizer state, and a
+// restore copies whatever overlaps the restoring rank's ranges, so a
+// checkpoint can be resumed under another FSDP or table layout.
+//
+// Not thread-safe; every rank of the job calls TrainStep / Predict /
+// GatherDense together (they run collectives).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
+#include "worker/checkpoint.h"
+#include "worker/comm/communicator.h"
+#include "worker/dist/fsdp.h"
+#include "worker/dist/layout.h"
+#include "worker/dist/sharded_embedding.h"
+
+namespace recfleet::worker {
+
+class DistributedModel {
+ public:
+  // `groups` (the rank's four training groups) and `world` (every rank of
+  // the job) are not owned and must outlive the model.
+  static absl::StatusOr<std::unique_ptr<DistributedModel>> Create(const engine::GemLiteConfig& config,
+                                                                  const engine::FeatureSchema& schema,
+                                                                  const dist::TrainingGroups* groups,
+                                                                  comm::Communicator* world);
+
+  struct Times {
+    double compute_seconds = 0;
+    double comm_seconds = 0;  // Collectives, embedding all-to-alls included.
+  };
+  // One synchronous training step on this rank's `batch` (>= 1 sample).
+  absl::StatusOr<engine::StepResult> TrainStep(const engine::Batch& batch, Times* times);
+
+  // Logits of `head` for `batch`; nullptr when this rank has no samples in
+  // this round (it still serves the other ranks' lookups). Every rank calls
+  // it the same number of times.
+  absl::StatusOr<std::vector<double>> Predict(const engine::Batch* batch, engine::Head head);
+
+  // All-gathers the current dense parameters into the engine model (done by
+  // TrainStep itself; call it before Predict after the last TrainStep).
+  absl::Status GatherDense();
+
+  // This rank's part of a checkpoint: the records of the shards it owns.
+  void Save(CheckpointShard* shard) const;
+  // Restores this rank's shards from every rank's records of a checkpoint.
+  // DataLoss when the records do not cover them or belong to another model.
+  absl::Status Restore(const std::vector<CheckpointShard>& shards);
+
+  // Names and sizes of the dense parameters and the tables' shapes.
+  const std::string& fingerprint() const { return fingerprint_; }
+  engine::GemLite<float>& engine_model() { return *model_; }
+  const dist::ShardedEmbeddingCollection& tables() const { return *tables_; }
+  int64_t adam_step() const { return adam_step_; }
+
+ private:
+  DistributedModel() = default;
+  // The dense parameters' range [first, second) of the flat buffer this
+  // rank's shard holds, clipped to the unpadded size.
+  std::pair<int64_t, int64_t> DenseRange() const;
+  // Writes pooled rows of the tables for `lookups` (empty bags when null).
+  absl::Status Lookup(const std::vector<engine::TableLookups>* lookups);
+
+  engine::GemLiteConfig config_;
+  std::unique_ptr<engine::GemLite<float>> model_;
+  const dist::TrainingGroups* groups_ = nullptr;
+  comm::Communicator* world_ = nullptr;
+  std::optional<dist::FsdpFlatParameter> dense_;
+  std::unique_ptr<dist::ShardedEmbeddingCollection> tables_;
+  std::vector<TensorView> dense_params_, dense_grads_;
+  int64_t dense_numel_ = 0;
+  // Local shard of the flat dense parameters and its AdamW moments.
+  std::vector<float> shard_, adam_m_, adam_v_, shard_grad_;
+  int64_t adam_step_ = 0;
+  std::vector<float> full_, full_grad_;
+  // Per table: this step's lookups, pooled rows and their gradients.
+  std::vector<engine::TableLookups> lookups_;
+  std::vector<std::vector<float>> pooled_;
+  std::vector<TensorView> pooled_views_;
+  std::string fingerprint_;
+};
+
+}  // namespace recfleet::worker
+
+#endif  // RECFLEET_WORKER_DISTRIBUTED_MODEL_H_

@@ -1,0 +1,204 @@
+#include "worker/distributed_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "engine/movielens.h"
+#include "engine/synthetic.h"
+#include "gtest/gtest.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/kv_store.h"
+#include "worker/comm/testing.h"
+
+namespace recfleet::worker {
+namespace {
+
+constexpr int kWorld = 4;
+constexpr int kSteps = 20;
+
+engine::MovieLensCtr Data() {
+  engine::SyntheticOptions s;
+  s.num_users = 40;
+  s.num_items = 60;
+  s.min_events = 4;
+  s.mean_extra_events = 10;
+  engine::CtrOptions o;
+  o.max_history = 6;
+  return *engine::MovieLensCtr::Create(engine::SyntheticMovieLens(s), o);
+}
+
+engine::GemLiteConfig Config() {
+  engine::GemLiteConfig c;
+  c.dim = 8;
+  c.heads = 2;
+  c.seq_layers = 1;
+  c.pma_queries = 2;
+  c.dcn_layers = 1;
+  c.num_experts = 2;
+  c.expert_hidden = 8;
+  c.expert_out = 6;
+  c.tower_hidden = 4;
+  return c;
+}
+
+// Rank r's samples of step s: 2 + (r + s) % 3 of them (uneven on purpose),
+// after the lower ranks' in one global order.
+std::vector<int64_t> Samples(const engine::MovieLensCtr& data, int step, int rank) {
+  std::vector<int64_t> out;
+  int64_t next = static_cast<int64_t>(step) * 17;
+  for (int r = 0; r <= rank; ++r) {
+    const int n = 2 + (r + step) % 3;
+    for (int i = 0; i < n; ++i, ++next) {
+      if (r == rank) out.push_back(next % data.num_train());
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> GlobalSamples(const engine::MovieLensCtr& data, int step, int world) {
+  std::vector<int64_t> all;
+  for (int r = 0; r < world; ++r) {
+    std::vector<int64_t> part = Samples(data, step, r);
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  return all;
+}
+
+struct Reference {
+  std::vector<float> dense;
+  std::vector<std::vector<float>> tables;
+};
+
+// One rank holding everything, on the concatenated batches of steps
+// [0, steps).
+Reference TrainOneRank(const engine::MovieLensCtr& data, int steps) {
+  auto model = engine::GemLite<float>::Create(Config(), data.schema());
+  EXPECT_TRUE(model.ok());
+  for (int step = 0; step < steps; ++step) {
+    EXPECT_TRUE((*model)->ForwardBackward(data.MakeBatch(false, GlobalSamples(data, step, kWorld))).ok());
+    EXPECT_TRUE((*model)->ApplyUpdates().ok());
+  }
+  Reference r;
+  for (const std::string& name : (*model)->DenseParameterNames()) {
+    const TensorView v = (*model)->DenseParameter(name);
+    r.dense.insert(r.dense.end(), v.as<float>(), v.as<float>() + v.numel());
+  }
+  for (int t = 0; t < (*model)->num_tables(); ++t) {
+    const TensorView v = (*model)->Table(t);
+    r.tables.emplace_back(v.as<float>(), v.as<float>() + v.numel());
+  }
+  return r;
+}
+
+double RelativeError(const float* a, const float* b, int64_t n) {
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    norm = std::max(norm, std::abs(static_cast<double>(b[i])));
+  }
+  return diff / std::max(norm, 1e-30);
+}
+
+// Every rank's dense parameters and table rows against the reference.
+void ExpectMatches(DistributedModel& m, const Reference& ref, int rank) {
+  ASSERT_TRUE(m.GatherDense().ok());
+  std::vector<float> dense;
+  engine::GemLite<float>& e = m.engine_model();
+  for (const std::string& name : e.DenseParameterNames()) {
+    const TensorView v = e.DenseParameter(name);
+    dense.insert(dense.end(), v.as<float>(), v.as<float>() + v.numel());
+  }
+  ASSERT_EQ(dense.size(), ref.dense.size());
+  const double dense_error = RelativeError(dense.data(), ref.dense.data(), dense.size());
+  EXPECT_LT(dense_error, 1e-5) << "rank " << rank << " dense";
+  if (rank == 0) std::printf("rank 0: dense parameters' max relative error %.2e\n", dense_error);
+  const dist::EmbeddingShardingPlan& plan = m.tables().plan();
+  auto& tables = const_cast<dist::ShardedEmbeddingCollection&>(m.tables());
+  const int table_rank = rank % plan.group_size();  // Consecutive table groups.
+  for (int t : plan.TablesOn(table_rank)) {
+    const auto [first, end] = plan.RowRange(t, table_rank);
+    const int64_t dim = plan.table(t).dim;
+    EXPECT_LT(RelativeError(tables.shard(t).as<float>(), ref.tables[t].data() + first * dim, (end - first) * dim), 1e-5)
+        << "rank " << rank << " table " << t;
+  }
+}
+
+// Runs `fn(rank, groups, world)` on kWorld Gloo ranks laid out by `hints`.
+void OnRanks(const dist::ParallelismHints& hints,
+             const std::function<void(int, const dist::TrainingGroups&, comm::Communicator&)>& fn) {
+  comm::InProcessKvStore store;
+  comm::CommOptions options;
+  options.timeout = absl::Seconds(60);
+  comm::RunOnThreads(kWorld, [&](int rank) {
+    auto transport = comm::GlooTransport::Create("127.0.0.1");
+    ASSERT_TRUE(transport.ok());
+    const comm::CommFactory factory = [&](comm::KvStore& s, int r, int n) {
+      return comm::ConnectGloo(s, r, n, *transport, options);
+    };
+    comm::PrefixKvStore world_store(&store, "world/");
+    auto world = factory(world_store, rank, kWorld);
+    ASSERT_TRUE(world.ok()) << world.status();
+    auto specs = dist::TrainingGroupSpecs(rank, kWorld, {}, hints);
+    ASSERT_TRUE(specs.ok()) << specs.status();
+    auto groups = dist::TrainingGroups::BuildFromSpecs(rank, *specs, store, factory);
+    ASSERT_TRUE(groups.ok()) << groups.status();
+    fn(rank, *groups, **world);
+  });
+}
+
+void Train(DistributedModel& m, const engine::MovieLensCtr& data, int rank, int from, int to) {
+  for (int step = from; step < to; ++step) {
+    DistributedModel::Times times;
+    auto r = m.TrainStep(data.MakeBatch(false, Samples(data, step, rank)), &times);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+}
+
+// The acceptance layout: FSDP 2 x replicas 2, tables sharded over 2 (and
+// replicated twice), 20 steps, against one rank on the same global batches.
+TEST(DistributedModelTest, FourRanksTrainLikeOne) {
+  const engine::MovieLensCtr data = Data();
+  const Reference ref = TrainOneRank(data, kSteps);
+  OnRanks({2, 2, 2}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world);
+    ASSERT_TRUE(m.ok()) << m.status();
+    Train(**m, data, rank, 0, kSteps);
+    ExpectMatches(**m, ref, rank);
+  });
+}
+
+// A checkpoint written under one layout resumes under another, optimizer
+// state included: the run still ends where one rank does.
+TEST(DistributedModelTest, CheckpointResumesUnderAnotherLayout) {
+  const engine::MovieLensCtr data = Data();
+  const Reference ref = TrainOneRank(data, kSteps);
+  std::vector<CheckpointShard> saved(kWorld);
+  OnRanks({2, 2, 2}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world);
+    ASSERT_TRUE(m.ok()) << m.status();
+    Train(**m, data, rank, 0, kSteps / 2);
+    (*m)->Save(&saved[rank]);
+  });
+  OnRanks({4, 1, 4}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE((*m)->Restore(saved).ok());
+    EXPECT_EQ((*m)->adam_step(), kSteps / 2);
+    Train(**m, data, rank, kSteps / 2, kSteps);
+    ExpectMatches(**m, ref, rank);
+  });
+  // Records that do not cover a rank's shard are refused.
+  std::vector<CheckpointShard> partial = {saved[1]};
+  OnRanks({4, 1, 4}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world);
+    ASSERT_TRUE(m.ok());
+    if (rank == 0) {
+      EXPECT_EQ((*m)->Restore(partial).code(), absl::StatusCode::kDataLoss);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace recfleet::worker
