@@ -249,6 +249,11 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
     request.model.modules.push_back(m);
   }
 
+  const v1::ParallelismHints& hints = spec.parallelism();
+  request.hints.fsdp_group_size = hints.fsdp_group_size();
+  request.hints.replicas = hints.replicas();
+  request.hints.table_sharding_group_size = hints.table_sharding_group_size();
+
   if (absl::Status s = planner::ValidateRequest(request); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec as a plan request: ", s.message()));
   }

@@ -169,7 +169,8 @@ void ScheduleStep(const Context& c, const DenseOption& d, const SparseOption& s,
   }
 }
 
-// Charges what each window cannot hide and enforces the cross-zone rule.
+// Charges what each window cannot hide (everything when collectives do not
+// overlap compute) and enforces the cross-zone rule.
 void ApplyOverlap(const Context& c, Evaluation* ev) {
   std::vector<double> load(ev->windows.size(), 0);
   for (const Op& o : ev->ops) {
@@ -177,7 +178,7 @@ void ApplyOverlap(const Context& c, Evaluation* ev) {
   }
   for (Op& o : ev->ops) {
     double share = 1;
-    if (o.window >= 0) {
+    if (o.window >= 0 && c.req.options.overlap_collectives) {
       const double total = load[o.window];
       share = total > 0 ? std::max(0.0, total - ev->windows[o.window].compute_s) / total : 0;
     }
@@ -210,7 +211,7 @@ Context MakeContext(const Topology& t, const PlanRequest& r) {
     }
     const double flops = model.ForwardFlopsPerSample(m) * b;
     c.model_flops += 3 * flops;
-    c.fwd_s.push_back(ComputeSeconds(flops, t.peak_flops_per_gpu, eff));
+    c.fwd_s.push_back(ComputeSeconds(flops, t.peak_flops_per_gpu * t.ComputeShare(), eff));
     auto [it, fresh] = region_index.emplace(m.RegionName(), c.regions.size());
     if (fresh) {
       c.regions.push_back({m.RegionName()});
@@ -256,7 +257,7 @@ Evaluation Evaluate(const Context& c, const DenseOption& d, const SparseOption& 
   st.recompute_s = recompute;
   st.total_s = st.ComputeS() + st.recompute_s + st.ExposedS();
   st.model_flops = c.model_flops;
-  const double peak = c.topo.peak_flops_per_gpu;
+  const double peak = c.topo.peak_flops_per_gpu * c.topo.ComputeShare();
   st.local_mfu = st.ComputeS() > 0 ? c.model_flops / (st.ComputeS() * peak) : 0;
   st.e2e_mfu = st.total_s > 0 ? c.model_flops / (st.total_s * peak) : 0;
   st.scaling_ratio = st.total_s > 0 ? st.ComputeS() / st.total_s : 1;

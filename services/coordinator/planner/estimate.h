@@ -19,7 +19,8 @@
 //     behind the dense backward;
 //   - EP activation collectives, embedding all-to-alls, the V3
 //     reduce-scatter and the table-copy sync are on the critical path.
-// Collectives sharing a window run back to back; whatever exceeds the
+// With options.overlap_collectives false, every collective is on the
+// critical path. Collectives sharing a window run back to back; whatever exceeds the
 // window's compute is exposed, charged to each collective (and link level)
 // in proportion to its time.
 

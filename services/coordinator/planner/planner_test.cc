@@ -354,3 +354,39 @@ TEST(PlannerPropertyTest, NeverOverHbmDeterministicAndMonotoneInBandwidth) {
 
 }  // namespace
 }  // namespace recfleet::planner
+
+namespace recfleet::planner {
+namespace {
+
+// Synchronous collectives (Gloo CPU workers): nothing hides, so the step is
+// compute plus every collective's full alpha-beta time. Four ranks sharing
+// two cores compute at half the per-core rate.
+TEST(PlannerTest, SynchronousCollectivesAndSharedCores) {
+  Topology t = MakeTopology(1, 4, 1, 16);
+  PlanRequest r = Request(64);
+  r.model.modules.push_back(Mlp("a", 1e6, 2e6));
+  r.model.modules.push_back(Mlp("b", 1e6, 2e6));
+  r.model.tables.push_back(MakeTable("t", 1e4, 16, 2));
+  absl::StatusOr<Plan> overlapped = MakePlan(t, r);
+  ASSERT_TRUE(overlapped.ok()) << overlapped.status();
+  r.options.overlap_collectives = false;
+  absl::StatusOr<Plan> plan = MakePlan(t, r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  double comm = 0;
+  for (const CommOp& op : plan->comm) {
+    EXPECT_DOUBLE_EQ(op.exposed_s, op.cost.seconds) << op.name;
+    comm += op.cost.seconds;
+  }
+  EXPECT_GT(comm, 0);
+  EXPECT_NEAR(plan->step.total_s, plan->step.ComputeS() + plan->step.recompute_s + comm, 1e-12);
+  EXPECT_GE(plan->step.total_s, overlapped->step.total_s);
+
+  t.cpu_cores_per_node = 2;
+  absl::StatusOr<Plan> shared = MakePlan(t, r);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_NEAR(shared->step.dense_compute_s, 2 * plan->step.dense_compute_s, 1e-15);
+  EXPECT_NEAR(shared->step.sparse_compute_s, 2 * plan->step.sparse_compute_s, 1e-15);
+}
+
+}  // namespace
+}  // namespace recfleet::planner
