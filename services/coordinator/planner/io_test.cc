@@ -89,7 +89,7 @@ TEST(YamlTest, ParsesHintsOverlapAndCpuCores) {
       "links: {nvlink: {bandwidth_gbps: 1, latency_us: 40}}\n",
       "cpu.yaml");
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  EXPECT_EQ(cpu->cpu_cores_per_node, 2);
+  EXPECT_DOUBLE_EQ(cpu->cpu_cores_per_node, 2);
   EXPECT_DOUBLE_EQ(cpu->ComputeShare(), 0.5);
   cpu->gpus_per_node = 2;
   EXPECT_DOUBLE_EQ(cpu->ComputeShare(), 1.0);

@@ -42,9 +42,10 @@ struct Topology {
   double hbm_bandwidth_bytes_per_s = 0;   // Bounds embedding lookups.
   std::array<LinkSpec, kNumLevels> links;  // Indexed by LinkLevel.
   // CPU fleets: cores a node's ranks share (the "GPU" figures above are then
-  // one core's). 0: every rank has its own device. With more ranks than
-  // cores, each rank computes at cores / ranks of the per-core rates.
-  int cpu_cores_per_node = 0;
+  // one core's); fractional on a shared machine whose other users take part
+  // of them. 0: every rank has its own device. With more ranks than cores,
+  // each rank computes at cores / ranks of the per-core rates.
+  double cpu_cores_per_node = 0;
 
   int WorldSize() const { return num_nodes * gpus_per_node; }
   int NvlinkDomainSize() const { return nodes_per_nvlink_domain * gpus_per_node; }
@@ -54,7 +55,7 @@ struct Topology {
   // cpu_cores_per_node / gpus_per_node on an oversubscribed CPU node.
   double ComputeShare() const {
     return cpu_cores_per_node > 0 && cpu_cores_per_node < gpus_per_node
-               ? static_cast<double>(cpu_cores_per_node) / gpus_per_node
+               ? cpu_cores_per_node / gpus_per_node
                : 1.0;
   }
   // Ranks in one domain of `level`: NVLink domain, zone, or the whole world.

@@ -142,7 +142,7 @@ absl::StatusOr<Topology> TopologyFrom(const YAML::Node& root, const std::string&
   RETURN_IF_ERROR(r.Integer("nodes_per_nvlink_domain", &t.nodes_per_nvlink_domain));
   t.nodes_per_zone = t.num_nodes;
   RETURN_IF_ERROR(r.Integer("nodes_per_zone", &t.nodes_per_zone));
-  RETURN_IF_ERROR(r.Integer("cpu_cores_per_node", &t.cpu_cores_per_node));
+  RETURN_IF_ERROR(r.Number("cpu_cores_per_node", &t.cpu_cores_per_node));
   if (!r.Has("gpu")) return r.Error("gpu", "a mapping with hbm_gib, peak_tflops, hbm_bandwidth_gbps");
   Reader gpu(r.Child("gpu"), "gpu", source);
   RETURN_IF_ERROR(gpu.CheckMap());
