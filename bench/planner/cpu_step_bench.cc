@@ -3,20 +3,28 @@
 // distributed training steps on this machine.
 //
 //   bazel build //bench/planner:cpu_step_bench
-//   bazel-bin/bench/planner/cpu_step_bench --topology_out=bench/planner/cpu_topology.yaml
-//   bazel-bin/bench/planner/cpu_step_bench --topology=bench/planner/cpu_topology.yaml
+//   B=bazel-bin/bench/planner/cpu_step_bench D=bench/planner
+//   $B --write_topology=$D/cpu_topology.yaml --write_job=$D/cpu_job.yaml   # calibrate + run
+//   $B --topology=$D/cpu_topology.yaml --job=$D/cpu_job.yaml               # run only
 //
-// 1. Calibration (skipped with --topology): one thread measures
+// 1. Calibration (skipped when --topology and --job are given): one thread
+//    per core, all at once (so caches and memory bandwidth are shared as in
+//    training), measures in seconds of its own CPU time (whatever else the
+//    machine runs)
 //    - the CPU GEMM rate of kernels/gemm (the engine's CPU GEMM) on the
 //      model's own layers at the local batch, forward and both backward
 //      GEMMs: the topology's peak, with efficiency.gemm = 1;
+//    - the memory rate an Adam step streams (kernels/ops, 28 bytes per
+//      parameter): the topology's memory bandwidth, with
+//      efficiency.elementwise = 1;
 //    - the embedding kernels' lookup rate (pooled forward plus the fused
-//      rowwise-Adagrad backward) in the planner's bytes: the topology's
-//      memory bandwidth, with efficiency.embedding = 1;
-//    - Gloo's loopback alpha and beta: two ranks all-gather 4 KiB .. 8 MiB;
-//      a least-squares line through time vs bytes sent per rank.
-//    The result is written as a planner topology (--topology_out): one node
-//    whose ranks share cpu_cores_per_node cores.
+//      rowwise-Adagrad backward) in the planner's bytes: efficiency.embedding
+//      is its fraction of that bandwidth;
+//    and Gloo's loopback latency and bandwidth from two-rank all-gathers of
+//    4 KiB .. 8 MiB. The results are written as a planner topology (one node
+//    whose ranks share cpu_cores_per_node cores) and a planner job file for
+//    the model, so `recfleet plan cpu_job.yaml --topology cpu_topology.yaml`
+//    prints the same prediction.
 // 2. For each configuration, the planner plans the model with the
 //    configuration's parallelism hints on that node (ranks = world), with
 //    synchronous collectives (planner.overlap_collectives: false): the
@@ -43,6 +51,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <sys/resource.h>
 #include <time.h>
 #include <memory>
@@ -73,7 +82,9 @@
 #include "worker/dist/sharded_embedding.h"
 
 ABSL_FLAG(std::string, topology, "", "calibrated CPU topology YAML; empty: calibrate now");
-ABSL_FLAG(std::string, topology_out, "", "where to write the calibrated topology");
+ABSL_FLAG(std::string, job, "", "the model as a planner job YAML, with calibrated efficiencies");
+ABSL_FLAG(std::string, write_topology, "/tmp/cpu_topology.yaml", "where calibration writes the topology");
+ABSL_FLAG(std::string, write_job, "/tmp/cpu_job.yaml", "where calibration writes the job");
 ABSL_FLAG(int, batch, 4, "samples per rank per step");
 ABSL_FLAG(std::string, hidden, "1024,1024", "MLP hidden widths");
 ABSL_FLAG(int, table_rows, 100000, "rows of each table");
@@ -119,6 +130,13 @@ T Median(std::vector<T> v) {
   return v[v.size() / 2];
 }
 
+std::string Today() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d", std::gmtime(&now));
+  return buf;
+}
+
 std::string LoadAverage() {
   std::ifstream in("/proc/loadavg");
   std::string one, five, fifteen;
@@ -155,7 +173,7 @@ struct ModelShape {
 // The planner's view of the model: one dense module (the MLP is one flat
 // FSDP parameter, so one all-gather and one gradient reduction per step),
 // fp32 everywhere (Gloo moves fp32), no overlap.
-planner::PlanRequest Describe(const ModelShape& m) {
+planner::PlanRequest Describe(const ModelShape& m, double embedding_efficiency) {
   planner::PlanRequest r;
   r.model.name = "cpu-mlp";
   r.local_batch = m.batch;
@@ -170,7 +188,7 @@ planner::PlanRequest Describe(const ModelShape& m) {
   r.model.modules.push_back(mlp);
   for (int t = 0; t < kTables; ++t) {
     planner::Table table;
-    table.name = absl::StrCat("t", t);
+    table.name = absl::StrCat("t_", t);
     table.rows = m.rows;
     table.dim = kDim;
     table.pooling_factor = kBag;
@@ -180,11 +198,38 @@ planner::PlanRequest Describe(const ModelShape& m) {
   p.weight_gather_bytes = 4;
   p.gradient_reduce_bytes = 4;
   p.embedding_comm_bytes = 4;
-  r.efficiency.gemm = 1;       // The topology's peak is this GEMM's measured rate.
-  r.efficiency.embedding = 1;  // Its bandwidth is the lookups' measured rate.
+  r.efficiency.gemm = 1;         // The topology's peak is this GEMM's measured rate,
+  r.efficiency.elementwise = 1;  // its bandwidth what Adam streams.
+  r.efficiency.embedding = embedding_efficiency;
   r.options.hbm_reserve_fraction = 0;
   r.options.overlap_collectives = false;
   return r;
+}
+
+// `request` (from Describe) in the planner's job format.
+std::string JobYaml(const planner::PlanRequest& r) {
+  const planner::DenseModule& mlp = r.model.modules[0];
+  const planner::Table& t = r.model.tables[0];
+  return absl::StrFormat(
+      "# The cpu_step_bench model as the planner sees it, written by the bench's\n"
+      "# calibration on %s (see bench/planner/cpu_step_bench.cc): efficiencies are\n"
+      "# fractions of cpu_topology.yaml's measured rates.\n"
+      "name: %s\n"
+      "batch: {local: %d}\n"
+      "precision: {weights: fp32, gradients: fp32, embedding: fp32, embedding_comm: fp32}\n"
+      "efficiency: {gemm: %.6g, elementwise: %.6g, embedding: %.6g}\n"
+      "planner: {hbm_reserve: 0, overlap_collectives: false}\n"
+      "model:\n"
+      "  dense:\n"
+      "    - {name: %s, params: %lld, flops_per_sample: %.10g,\n"
+      "       activation_bytes_per_sample: %.10g, io_bytes_per_sample: %.10g}\n"
+      "  tables:\n"
+      "    - {name: t, count: %d, rows: %lld, dim: %d, pooling_factor: %.10g}\n",
+      Today(), r.model.name, r.local_batch, r.efficiency.gemm, r.efficiency.elementwise,
+      r.efficiency.embedding, mlp.name, static_cast<long long>(mlp.params), mlp.flops_per_sample,
+      mlp.activation_bytes_per_sample, mlp.io_bytes_per_sample,
+      static_cast<int>(r.model.tables.size()), static_cast<long long>(t.rows), t.dim,
+      t.pooling_factor);
 }
 
 TensorView View(std::vector<float>& v, Shape shape) {
@@ -300,8 +345,21 @@ Batch MakeBatch(const ModelShape& m, int rank, int step) {
 // ---------------------------------------------------------------------------
 // Calibration.
 
+// Runs `measure` (which returns rates) on every core of the node at once,
+// each thread on its own data, and returns the median rate: the per-core
+// rate while all cores train, sharing caches and memory bandwidth.
+double OnEveryCore(const std::function<std::vector<double>()>& measure) {
+  std::vector<std::vector<double>> per_thread(kCores);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kCores; ++c) threads.emplace_back([&, c] { per_thread[c] = measure(); });
+  for (std::thread& t : threads) t.join();
+  std::vector<double> all;
+  for (const auto& r : per_thread) all.insert(all.end(), r.begin(), r.end());
+  return Median(all);
+}
+
 // FLOP/s of the MLP's GEMMs (forward + both backward) at the local batch.
-double MeasureGemm(const ModelShape& m) {
+std::vector<double> MeasureGemm(const ModelShape& m) {
   Mlp mlp(m);
   std::vector<float> params(m.Params(), 0.01f), grad(m.Params()), dx;
   const Batch b = MakeBatch(m, 0, 0);
@@ -313,12 +371,27 @@ double MeasureGemm(const ModelShape& m) {
     Check(mlp.Step(x, labels, params, grad, dx), "gemm");
     rates.push_back(3 * m.ForwardFlopsPerSample() * m.batch / (ThreadCpuSeconds() - t0));
   }
-  return Median(rates);
+  return rates;
+}
+
+// Bytes per second an Adam step streams (fp32 master weights, gradient,
+// m and v read; weights, m and v written: 28 bytes per parameter).
+std::vector<double> MeasureAdam(const ModelShape& m) {
+  const int64_t n = m.Params();
+  std::vector<float> p(n, 0.01f), g(n, 0.001f), mm(n, 0.0f), vv(n, 0.0f);
+  std::vector<double> rates;
+  for (int i = 0; i < 5; ++i) {
+    const double t0 = ThreadCpuSeconds();
+    Check(AdamStep(AdamConfig{}, i + 1, View(p, {n}), View(g, {n}), View(mm, {n}), View(vv, {n})),
+          "adam");
+    rates.push_back(28.0 * n / (ThreadCpuSeconds() - t0));
+  }
+  return rates;
 }
 
 // The lookup rate in the planner's units: 4 passes (forward read, backward
 // read-modify-write and its optimizer row) of dim x 4 bytes per looked-up id.
-double MeasureLookups(const ModelShape& m) {
+std::vector<double> MeasureLookups(const ModelShape& m) {
   std::vector<float> table(m.rows * kDim, 0.01f), momentum(m.rows, 0.0f);
   std::vector<float> out(m.batch * kDim), grad(m.batch * kDim, 0.001f);
   const TensorView tv = View(table, {m.rows, kDim});
@@ -336,7 +409,7 @@ double MeasureLookups(const ModelShape& m) {
     const double bytes = 4.0 * kTables * m.batch * kBag * kDim * 4;
     if (i > 0) rates.push_back(bytes / (ThreadCpuSeconds() - t0));
   }
-  return Median(rates);
+  return rates;
 }
 
 // `world` Gloo ranks as threads, each with its own transport and store view.
@@ -413,14 +486,7 @@ AlphaBeta MeasureLoopback() {
   return ab;
 }
 
-std::string Today() {
-  const std::time_t now = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%d", std::gmtime(&now));
-  return buf;
-}
-
-std::string TopologyYaml(double gemm_flops, double lookup_bytes, const AlphaBeta& ab) {
+std::string TopologyYaml(double gemm_flops, double stream_bytes, const AlphaBeta& ab) {
   std::string points;
   for (const auto& [bytes, s] : ab.points) {
     absl::StrAppendFormat(&points, "#   %9.0f bytes per rank: %9.1f us\n", bytes, s * 1e6);
@@ -428,9 +494,9 @@ std::string TopologyYaml(double gemm_flops, double lookup_bytes, const AlphaBeta
   return absl::StrFormat(
       "# This machine as the planner sees it, measured by bench/planner/cpu_step_bench\n"
       "# on %s: peak_tflops is kernels/gemm's fp32 CPU rate on the bench model's\n"
-      "# layers (use efficiency.gemm: 1) and hbm_bandwidth_gbps the embedding kernels'\n"
-      "# lookup rate in the planner's bytes (efficiency.embedding: 1), both per second\n"
-      "# of one thread's CPU time (a core of its own); the link is Gloo over loopback,\n"
+      "# layers and hbm_bandwidth_gbps what an Adam step streams (kernels/ops), both\n"
+      "# per second of a thread's CPU time with every core busy; the link is Gloo over\n"
+      "# loopback,\n"
       "# two-rank all-gathers (fastest of 30 calls; latency = the smallest, bandwidth =\n"
       "# the slope between the two largest):\n%s"
       "# gpus_per_node is the number of ranks; the bench sets it per configuration.\n"
@@ -441,7 +507,7 @@ std::string TopologyYaml(double gemm_flops, double lookup_bytes, const AlphaBeta
       "gpu: {hbm_gib: 16, peak_tflops: %.6g, hbm_bandwidth_gbps: %.4g}\n"
       "links:\n"
       "  nvlink: {bandwidth_gbps: %.4g, latency_us: %.4g}\n",
-      Today(), points, kCores, kCores, gemm_flops / 1e12, lookup_bytes / 1e9, ab.beta_bytes_per_s / 1e9,
+      Today(), points, kCores, kCores, gemm_flops / 1e12, stream_bytes / 1e9, ab.beta_bytes_per_s / 1e9,
       ab.alpha_s * 1e6);
 }
 
@@ -491,6 +557,7 @@ absl::StatusOr<dist::EmbeddingShardingPlan> Placement(const planner::Plan& plan,
 struct Measured {
   double step_s = 0;  // The slowest rank's mean step.
   double cores = 0;   // CPU seconds this process got per wall second meanwhile.
+  double rank_cpu_s = 0;  // CPU seconds of a rank's own thread per step, mean over ranks.
 };
 
 absl::StatusOr<Measured> Measure(const Config& cfg, const planner::Plan& plan, const ModelShape& m,
@@ -500,7 +567,7 @@ absl::StatusOr<Measured> Measure(const Config& cfg, const planner::Plan& plan, c
   absl::StatusOr<dist::ParallelLayout> layout = dist::ParallelLayout::FromHints(
       cfg.world, {cfg.hints.fsdp_group_size, cfg.hints.replicas, cfg.hints.table_sharding_group_size});
   if (!layout.ok()) return layout.status();
-  std::vector<double> step_s(cfg.world);
+  std::vector<double> step_s(cfg.world), rank_cpu_s(cfg.world);
   double cpu_start = 0, cpu_end = 0;
   ThreadedRanks ranks;
   absl::Status s = ranks.Run(cfg.world, [&](int rank, comm::KvStore& store,
@@ -539,9 +606,11 @@ absl::StatusOr<Measured> Measure(const Config& cfg, const planner::Plan& plan, c
     std::vector<float> x(m.batch * m.widths[0]), dx;
     const AdamConfig adam{1e-3, 0.9, 0.999, 1e-8, 0.0, true};
     Clock::time_point start;
+    double thread_cpu_start = 0;
     for (int k = 0; k < warmup + steps; ++k) {
       if (k == warmup) {
         start = Clock::now();
+        thread_cpu_start = ThreadCpuSeconds();
         if (rank == 0) cpu_start = ProcessCpuSeconds();
       }
       const Batch& b = batches[k];
@@ -573,6 +642,7 @@ absl::StatusOr<Measured> Measure(const Config& cfg, const planner::Plan& plan, c
       if (!st.ok()) return st;
     }
     step_s[rank] = Seconds(start, Clock::now()) / steps;
+    rank_cpu_s[rank] = (ThreadCpuSeconds() - thread_cpu_start) / steps;
     if (rank == 0) cpu_end = ProcessCpuSeconds();
     return absl::OkStatus();
   });
@@ -580,6 +650,7 @@ absl::StatusOr<Measured> Measure(const Config& cfg, const planner::Plan& plan, c
   Measured out;
   out.step_s = *std::max_element(step_s.begin(), step_s.end());
   out.cores = (cpu_end - cpu_start) / (step_s[0] * steps);
+  for (double c : rank_cpu_s) out.rank_cpu_s += c / cfg.world;
   return out;
 }
 
@@ -626,21 +697,40 @@ int Main() {
               static_cast<long long>(m.Params()), m.ForwardFlopsPerSample(), m.batch);
 
   std::string topo_path = absl::GetFlag(FLAGS_topology);
-  if (topo_path.empty()) {
-    const double gemm = MeasureGemm(m);
-    const double lookups = MeasureLookups(m);
+  std::string job_path = absl::GetFlag(FLAGS_job);
+  if (topo_path.empty() || job_path.empty()) {
+    const double gemm = OnEveryCore([&] { return MeasureGemm(m); });
+    const double stream = OnEveryCore([&] { return MeasureAdam(m); });
+    const double lookups = OnEveryCore([&] { return MeasureLookups(m); });
     const AlphaBeta ab = MeasureLoopback();
-    std::printf("calibration: GEMM %.3f GFLOP/s, lookups %.3f GB/s, loopback alpha %.1f us, "
-                "beta %.3f GB/s\n",
-                gemm / 1e9, lookups / 1e9, ab.alpha_s * 1e6, ab.beta_bytes_per_s / 1e9);
-    topo_path = absl::GetFlag(FLAGS_topology_out);
-    if (topo_path.empty()) topo_path = "/tmp/cpu_topology.yaml";
-    std::ofstream(topo_path) << TopologyYaml(gemm, lookups, ab);
-    std::printf("wrote %s\n", topo_path.c_str());
+    std::printf(
+        "calibration: GEMM %.3f GFLOP/s; Adam streams %.3f GB/s (%.1f ms for all parameters); "
+        "lookups %.3f GB/s (efficiency %.3f); loopback latency %.1f us, bandwidth %.3f GB/s\n",
+        gemm / 1e9, stream / 1e9, 28.0 * m.Params() / stream * 1e3, lookups / 1e9,
+        lookups / stream, ab.alpha_s * 1e6, ab.beta_bytes_per_s / 1e9);
+    topo_path = absl::GetFlag(FLAGS_write_topology);
+    job_path = absl::GetFlag(FLAGS_write_job);
+    std::ofstream(topo_path) << TopologyYaml(gemm, stream, ab);
+    std::ofstream(job_path) << JobYaml(Describe(m, std::min(1.0, lookups / stream)));
+    std::printf("wrote %s and %s\n", topo_path.c_str(), job_path.c_str());
   }
   absl::StatusOr<planner::Topology> topo = planner::LoadTopologyYaml(topo_path);
   if (!topo.ok()) {
     std::fprintf(stderr, "%s\n", std::string(topo.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<planner::PlanRequest> job = planner::LoadJobYaml(job_path);
+  if (!job.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(job.status().message()).c_str());
+    return 2;
+  }
+  if (job->local_batch != m.batch || job->model.modules.size() != 1 ||
+      job->model.modules[0].params != m.Params() || job->model.tables.size() != kTables ||
+      job->model.tables[0].rows != m.rows) {
+    std::fprintf(stderr,
+                 "%s describes another model than --batch, --hidden and --table_rows; "
+                 "calibrate again without --topology and --job\n",
+                 job_path.c_str());
     return 2;
   }
   // Plan every configuration, then measure them in interleaved rounds so a
@@ -650,7 +740,7 @@ int Main() {
   for (const Config& cfg : *configs) {
     planner::Topology t = *topo;
     t.gpus_per_node = cfg.world;
-    planner::PlanRequest request = Describe(m);
+    planner::PlanRequest request = *job;
     request.hints = cfg.hints;
     absl::StatusOr<planner::Plan> plan = planner::MakePlan(t, request);
     if (!plan.ok()) {
@@ -672,8 +762,9 @@ int Main() {
                      std::string(measured.status().message()).c_str());
         return 1;
       }
-      std::printf("round %d, %s: %.1f ms per step, %.2f cores\n", round,
-                  (*configs)[c].Label().c_str(), measured->step_s * 1e3, measured->cores);
+      std::printf("round %d, %s: %.1f ms per step, %.2f cores, %.1f ms CPU per rank and step\n",
+                  round, (*configs)[c].Label().c_str(), measured->step_s * 1e3, measured->cores,
+                  measured->rank_cpu_s * 1e3);
       std::fflush(stdout);
       rounds[c].push_back(*measured);
     }
@@ -683,7 +774,7 @@ int Main() {
   std::printf(
       "\n| configuration | planner's mesh and layout | predicted ms (compute + exposed comm) | "
       "measured ms (fastest round; all rounds) | error | cores obtained | predicted ms with "
-      "the cores obtained | error |\n|---|---|---|---|---|---|---|---|\n");
+      "the cores obtained | error | rank CPU ms per step |\n|---|---|---|---|---|---|---|---|---|\n");
   for (size_t c = 0; c < configs->size(); ++c) {
     const Config& cfg = (*configs)[c];
     const planner::Plan& plan = plans[c];
@@ -701,7 +792,7 @@ int Main() {
     // process was given during its fastest round.
     planner::Topology shared = plan.topology;
     shared.cpu_cores_per_node = std::min(best.cores, shared.cpu_cores_per_node);
-    planner::PlanRequest request = Describe(m);
+    planner::PlanRequest request = *job;
     request.hints = cfg.hints;
     absl::StatusOr<planner::Plan> on_shared = planner::MakePlan(shared, request);
     if (!on_shared.ok()) {
@@ -711,13 +802,13 @@ int Main() {
     const planner::StepTime& st = plan.step;
     std::printf(
         "| %s | FSDP %d x %d, %s groups of %d (%s) | %.1f (%.1f + %.1f) | %.1f (%s) | %+.1f%% | "
-        "%.2f | %.1f | %+.1f%% |\n",
+        "%.2f | %.1f | %+.1f%% | %.1f |\n",
         cfg.Label().c_str(), plan.dense.fsdp_group, plan.dense.replicas,
         planner::SparseSchemeName(plan.sparse.scheme), plan.sparse.mp_group, tables.c_str(),
         st.total_s * 1e3, (st.ComputeS() + st.recompute_s) * 1e3, st.ExposedS() * 1e3,
         best.step_s * 1e3, all.c_str(), 100 * (st.total_s - best.step_s) / best.step_s,
         best.cores, on_shared->step.total_s * 1e3,
-        100 * (on_shared->step.total_s - best.step_s) / best.step_s);
+        100 * (on_shared->step.total_s - best.step_s) / best.step_s, best.rank_cpu_s * 1e3);
   }
   std::printf("\nerror = (predicted - measured) / measured\n");
   return 0;

@@ -383,6 +383,7 @@ v1::Plan PlanToProto(const planner::Plan& plan) {
   step->set_sparse_compute_seconds(plan.step.sparse_compute_s);
   step->set_dense_compute_seconds(plan.step.dense_compute_s);
   step->set_recompute_seconds(plan.step.recompute_s);
+  step->set_optimizer_seconds(plan.step.optimizer_s);
   for (double e : plan.step.exposed_s) step->add_exposed_seconds(e);
   step->set_total_seconds(plan.step.total_s);
   step->set_model_flops(plan.step.model_flops);

@@ -254,6 +254,18 @@ Evaluation Evaluate(const Context& c, const DenseOption& d, const SparseOption& 
   for (double f : c.fwd_s) dense_fwd += f;
   st.sparse_compute_s = s.compute_max;
   st.dense_compute_s = 3 * dense_fwd;
+  // Read master weights, shard gradient and optimizer state; write weights
+  // and state back.
+  const PrecisionRecipe& p = c.req.precision;
+  const double bytes_per_param =
+      2.0 * p.master_weight_bytes + p.gradient_shard_bytes + 2.0 * p.optimizer_bytes_per_param;
+  double shard_params = 0;
+  for (const DenseModule& m : c.req.model.modules) {
+    shard_params += static_cast<double>(m.params) / d.fsdp_group;
+  }
+  st.optimizer_s = shard_params * bytes_per_param /
+                   (c.topo.hbm_bandwidth_bytes_per_s * c.topo.ComputeShare() *
+                    c.req.efficiency.elementwise);
   st.recompute_s = recompute;
   st.total_s = st.ComputeS() + st.recompute_s + st.ExposedS();
   st.model_flops = c.model_flops;

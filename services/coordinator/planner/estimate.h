@@ -7,7 +7,9 @@
 // time. Internal to the planner (planner.h is the public entry point).
 //
 // The step, per GPU, in order: sparse forward lookups, dense forward
-// (module by module), dense backward (in reverse), sparse backward. Overlap
+// (module by module), dense backward (in reverse), sparse backward, the
+// dense optimizer step on the rank's shards (memory-bound: elementwise
+// efficiency of HBM bandwidth). Overlap
 // rules:
 //   - module i's FSDP all-gather is prefetched behind the forward of module
 //     i-1 (the sparse lookups for i = 0) and, for backward, behind the
