@@ -304,5 +304,55 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
   EXPECT_NE(r.output.find(second), std::string::npos) << r.output;
 }
 
+// `recfleet plan --coordinator` asks the running coordinator's planner
+// (JobService.PlanJob) on the workers registered now, with the same flags
+// as the job commands.
+TEST_F(CoordinatorCliTest, PlanOnTheCoordinator) {
+  const std::string example = Runfile("deploy/examples/job-gemlite.yaml");
+  const std::string flags = absl::StrCat(" --coordinator ", coordinator_->address());
+  Result r = Cli("plan " + example + flags, /*with_token=*/false);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("UNAUTHENTICATED"), std::string::npos) << r.output;
+
+  // No workers yet: the coordinator says what is missing.
+  r = Cli("plan " + example + flags + " --auth_token_file " + token_file_, false);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("spec.resources.workers"), std::string::npos) << r.output;
+
+  auto stub = WorkerStub();
+  for (const char* host : {"host-a", "host-b"}) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer t0ken");
+    v1::RegisterWorkerRequest req;
+    req.set_host(host);
+    v1::RegisterWorkerResponse resp;
+    ASSERT_TRUE(stub->RegisterWorker(&ctx, req, &resp).ok());
+  }
+  r = Cli("plan " + example + flags + " --auth_token_file " + token_file_, false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("on 2 worker(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dense mesh (2D FSDP)"), std::string::npos) << r.output;
+  r = Cli("plan " + example + flags + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("{", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("\"decisions\""), std::string::npos) << r.output;
+
+  // Hints reach the coordinator's planner; impossible ones name the field.
+  std::string hinted = TmpDir() + "/hinted.yaml";
+  std::string text = ReadFile(example);
+  text.replace(text.find("parallelism: {}"), 15, "parallelism: {fsdp_group_size: 1}");
+  std::ofstream(hinted, std::ios::trunc) << text;
+  r = Cli("plan " + hinted + flags);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("set by the job's hints (parallelism.fsdp_group_size = 1)"),
+            std::string::npos)
+      << r.output;
+  text.replace(text.find("fsdp_group_size: 1"), 18, "fsdp_group_size: 3");
+  std::ofstream(hinted, std::ios::trunc) << text;
+  r = Cli("plan " + hinted + flags);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("spec.parallelism.fsdp_group_size"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace recfleet

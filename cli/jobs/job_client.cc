@@ -101,6 +101,16 @@ absl::StatusOr<Job> JobClient::CancelJob(const std::string& name, const std::str
   return job;
 }
 
+absl::StatusOr<::recfleet::v1::PlanJobResponse> JobClient::PlanJob(
+    const ::recfleet::v1::PlanJobRequest& request) {
+  grpc::ClientContext context;
+  Prepare(&context, true);
+  ::recfleet::v1::PlanJobResponse response;
+  grpc::Status s = stub_->PlanJob(&context, request, &response);
+  if (!s.ok()) return Annotate(s, address_);
+  return response;
+}
+
 absl::Status JobClient::WatchJob(
     const std::string& name, bool include_progress,
     const std::function<void(const ::recfleet::v1::WatchJobResponse&)>& on_event) {

@@ -30,6 +30,9 @@ class JobClient {
   absl::StatusOr<::recfleet::v1::ListJobsResponse> ListJobs(
       const ::recfleet::v1::ListJobsRequest& request);
   absl::StatusOr<::recfleet::v1::Job> CancelJob(const std::string& name, const std::string& reason);
+  // A dry-run plan of `request.spec` on the workers registered now.
+  absl::StatusOr<::recfleet::v1::PlanJobResponse> PlanJob(
+      const ::recfleet::v1::PlanJobRequest& request);
   // Calls `on_event` for every message until the stream ends; returns the
   // stream's status (OK when the job reached a terminal state).
   absl::Status WatchJob(const std::string& name, bool include_progress,

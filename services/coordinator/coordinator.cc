@@ -441,6 +441,7 @@ absl::StatusOr<::recfleet::v1::PlanJobResponse> Coordinator::PlanJob(
                                       w.topology.nvlink_domain(), "/", w.topology.node(), ")"));
   }
   response.set_report(planner::FormatText(*plan));
+  response.set_report_json(planner::FormatJson(*plan));
   return response;
 }
 

@@ -249,6 +249,11 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
     request.model.modules.push_back(m);
   }
 
+  const v1::ParallelismHints& hints = spec.parallelism();
+  request.hints.fsdp_group_size = hints.fsdp_group_size();
+  request.hints.replicas = hints.replicas();
+  request.hints.table_sharding_group_size = hints.table_sharding_group_size();
+
   if (absl::Status s = planner::ValidateRequest(request); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec as a plan request: ", s.message()));
   }
@@ -378,6 +383,7 @@ v1::Plan PlanToProto(const planner::Plan& plan) {
   step->set_sparse_compute_seconds(plan.step.sparse_compute_s);
   step->set_dense_compute_seconds(plan.step.dense_compute_s);
   step->set_recompute_seconds(plan.step.recompute_s);
+  step->set_optimizer_seconds(plan.step.optimizer_s);
   for (double e : plan.step.exposed_s) step->add_exposed_seconds(e);
   step->set_total_seconds(plan.step.total_s);
   step->set_model_flops(plan.step.model_flops);

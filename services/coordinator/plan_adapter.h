@@ -51,8 +51,10 @@
 //  * Precision: the planner's default recipe (bf16 compute and gathers,
 //    fp32 master weights, Adam, fp32 tables); the spec has no precision
 //    field yet.
-//  * Parallelism hints are not passed on: the planner has no inputs for
-//    them yet.
+//  * Parallelism hints (spec.parallelism: fsdp_group_size, replicas,
+//    table_sharding_group_size) are passed on as constraints; the plan
+//    explains what they cost against the planner's own choice.
+//    expert_parallel is not: the planner decides EP per expert module.
 //
 // Hardware numbers (HBM, peak FLOP/s, link speeds) are not in the worker
 // labels; they come from a template Topology (DefaultHardware() or a
@@ -107,9 +109,10 @@ std::string PlanSummary(const planner::Plan& plan);
 // The plan as the API message (recfleet/v1/plan.proto).
 ::recfleet::v1::Plan PlanToProto(const planner::Plan& plan);
 
-// Plans `spec` on `placement`. Errors: INVALID_ARGUMENT (spec or labels the
-// adapter cannot use), FAILED_PRECONDITION with the planner's message when
-// nothing fits.
+// Plans `spec` on `placement`. Errors: INVALID_ARGUMENT (spec, hints or
+// labels the adapter cannot use; a hint the fleet cannot form names its
+// spec.parallelism field), FAILED_PRECONDITION with the planner's message
+// when nothing fits.
 absl::StatusOr<planner::Plan> PlanPlacement(const ::recfleet::v1::JobSpec& spec,
                                             const Placement& placement,
                                             const planner::Topology& hardware);

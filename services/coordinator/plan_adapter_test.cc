@@ -188,6 +188,40 @@ TEST(PlanAdapterTest, SmallCpuGangsOfAnySizePlan) {
   }
 }
 
+TEST(PlanAdapterTest, ParallelismHintsConstrainThePlan) {
+  Placement p;
+  p.ranks_per_worker = 8;
+  p.workers = {Worker("a", "n1", "n1", "z1"), Worker("b", "n2", "n2", "z1")};
+  auto spec = ValidSpec(2);
+  spec.mutable_resources()->set_gpus_per_worker(8);
+  spec.mutable_parallelism()->set_fsdp_group_size(2);
+  spec.mutable_parallelism()->set_table_sharding_group_size(4);
+  auto plan = PlanPlacement(spec, p, DefaultHardware());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->dense.fsdp_group, 2);
+  EXPECT_EQ(plan->dense.replicas, 8);
+  EXPECT_EQ(plan->sparse.mp_group, 4);
+  int fsdp_groups = 0;
+  for (const auto& g : PlanGroups(*plan)) fsdp_groups += g.name().rfind("fsdp/", 0) == 0;
+  EXPECT_EQ(fsdp_groups, 8);
+  bool explained = false;
+  const ::recfleet::v1::Plan proto = PlanToProto(*plan);
+  for (const auto& d : proto.decisions()) {
+    explained |= d.dimension() == "parallelism hints";
+  }
+  EXPECT_TRUE(explained);
+
+  // 12 divides no 16-rank fleet: the error names the spec field.
+  spec.mutable_parallelism()->set_fsdp_group_size(0);
+  spec.mutable_parallelism()->set_table_sharding_group_size(12);
+  plan = PlanPlacement(spec, p, DefaultHardware());
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("parallelism.table_sharding_group_size"),
+            std::string::npos)
+      << plan.status();
+}
+
 TEST(PlanAdapterTest, TablesThatCannotFitFailWithThePlannersReason) {
   auto spec = ValidSpec(2);
   // 4e9 rows x 512 fp32 = 8 TB: beyond two 141 GB CPU ranks in any layout.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 
@@ -53,42 +54,50 @@ std::vector<int> GroupSizes(const Topology& t, int max_size) {
   return out;
 }
 
+std::vector<DenseOption> EnumerateDenseGroup(const Topology& t, const Model& model, int g) {
+  std::vector<DenseOption> out;
+  std::vector<std::vector<int>> choices(model.modules.size(), std::vector<int>{1});
+  int64_t combos = 1;
+  for (size_t i = 0; i < model.modules.size(); ++i) {
+    const DenseModule& m = model.modules[i];
+    if (!m.is_expert()) continue;
+    for (int e = 2; e <= std::min(t.NvlinkDomainSize(), g); e *= 2) {
+      if (m.num_experts % e == 0 && g % e == 0) choices[i].push_back(e);
+    }
+    combos *= static_cast<int64_t>(choices[i].size());
+  }
+  if (combos <= kMaxEpCombinations) {
+    // Odometer over the per-module choices.
+    std::vector<size_t> idx(model.modules.size(), 0);
+    while (true) {
+      DenseOption d{g, std::vector<int>(model.modules.size(), 1)};
+      for (size_t i = 0; i < idx.size(); ++i) d.ep[i] = choices[i][idx[i]];
+      out.push_back(std::move(d));
+      size_t k = 0;
+      while (k < idx.size() && ++idx[k] == choices[k].size()) idx[k++] = 0;
+      if (k == idx.size()) break;
+    }
+  } else {
+    for (int e = 1; e <= std::min(t.NvlinkDomainSize(), g); e *= 2) {
+      DenseOption d{g, std::vector<int>(model.modules.size(), 1)};
+      for (size_t i = 0; i < model.modules.size(); ++i) {
+        const auto& c = choices[i];
+        if (std::find(c.begin(), c.end(), e) != c.end()) d.ep[i] = e;
+      }
+      out.push_back(std::move(d));
+    }
+  }
+  return out;
+}
+
 std::vector<DenseOption> EnumerateDense(const Topology& t, const Model& model,
                                         const PlannerOptions& opt) {
   std::vector<DenseOption> out;
   const int max_group = opt.allow_cross_zone_non_gradient ? t.WorldSize() : t.ZoneSize();
   for (int g : GroupSizes(t, max_group)) {
-    std::vector<std::vector<int>> choices(model.modules.size(), std::vector<int>{1});
-    int64_t combos = 1;
-    for (size_t i = 0; i < model.modules.size(); ++i) {
-      const DenseModule& m = model.modules[i];
-      if (!m.is_expert()) continue;
-      for (int e = 2; e <= std::min(t.NvlinkDomainSize(), g); e *= 2) {
-        if (m.num_experts % e == 0 && g % e == 0) choices[i].push_back(e);
-      }
-      combos *= static_cast<int64_t>(choices[i].size());
-    }
-    if (combos <= kMaxEpCombinations) {
-      // Odometer over the per-module choices.
-      std::vector<size_t> idx(model.modules.size(), 0);
-      while (true) {
-        DenseOption d{g, std::vector<int>(model.modules.size(), 1)};
-        for (size_t i = 0; i < idx.size(); ++i) d.ep[i] = choices[i][idx[i]];
-        out.push_back(std::move(d));
-        size_t k = 0;
-        while (k < idx.size() && ++idx[k] == choices[k].size()) idx[k++] = 0;
-        if (k == idx.size()) break;
-      }
-    } else {
-      for (int e = 1; e <= std::min(t.NvlinkDomainSize(), g); e *= 2) {
-        DenseOption d{g, std::vector<int>(model.modules.size(), 1)};
-        for (size_t i = 0; i < model.modules.size(); ++i) {
-          const auto& c = choices[i];
-          if (std::find(c.begin(), c.end(), e) != c.end()) d.ep[i] = e;
-        }
-        out.push_back(std::move(d));
-      }
-    }
+    std::vector<DenseOption> group = EnumerateDenseGroup(t, model, g);
+    out.insert(out.end(), std::make_move_iterator(group.begin()),
+               std::make_move_iterator(group.end()));
   }
   return out;
 }

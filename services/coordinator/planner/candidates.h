@@ -49,6 +49,9 @@ std::vector<int> GroupSizes(const Topology& topology, int max_size);
 // expert modules take the same degree.
 std::vector<DenseOption> EnumerateDense(const Topology& topology, const Model& model,
                                         const PlannerOptions& options);
+// The options of one FSDP group size (which must be one of GroupSizes).
+std::vector<DenseOption> EnumerateDenseGroup(const Topology& topology, const Model& model,
+                                             int fsdp_group);
 
 // V2 groups up to options.max_model_parallel_group, V1 over the fleet, and
 // V3 with shard degrees inside an NVLink domain. Not yet sharded.

@@ -7,6 +7,9 @@ void AddLevel(const Topology& t, int level, double messages, double bytes, CommC
   const LinkSpec& link = t.links[level];
   double s = messages * link.latency_s;
   if (bytes > 0) s += bytes / link.bandwidth_bytes_per_s;
+  // Inside a CPU node the "link" is the cores copying through loopback:
+  // ranks sharing fewer cores than they are share its speed too.
+  if (level == kNvlink) s /= t.ComputeShare();
   cost->seconds_per_level[level] += s;
   cost->bytes_per_level[level] += bytes;
   cost->seconds += s;

@@ -17,6 +17,9 @@
 // M / size to every peer; the peers first reached at level l number
 // p_l = f_0*..*f_l - f_0*..*f_(l-1), each one a message paying alpha_l:
 //     time = sum_l p_l * alpha_l + (M * p_l / size) / beta_l.
+// On a CPU node whose ranks outnumber its cores (Topology::ComputeShare),
+// the innermost level's time grows by ranks / cores: loopback copies are
+// work for the same cores.
 // Levels are charged one after another (no overlap between levels), which
 // keeps every formula monotone: more bandwidth or less latency on any level
 // never makes a collective slower.

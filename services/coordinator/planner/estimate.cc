@@ -169,7 +169,8 @@ void ScheduleStep(const Context& c, const DenseOption& d, const SparseOption& s,
   }
 }
 
-// Charges what each window cannot hide and enforces the cross-zone rule.
+// Charges what each window cannot hide (everything when collectives do not
+// overlap compute) and enforces the cross-zone rule.
 void ApplyOverlap(const Context& c, Evaluation* ev) {
   std::vector<double> load(ev->windows.size(), 0);
   for (const Op& o : ev->ops) {
@@ -177,7 +178,7 @@ void ApplyOverlap(const Context& c, Evaluation* ev) {
   }
   for (Op& o : ev->ops) {
     double share = 1;
-    if (o.window >= 0) {
+    if (o.window >= 0 && c.req.options.overlap_collectives) {
       const double total = load[o.window];
       share = total > 0 ? std::max(0.0, total - ev->windows[o.window].compute_s) / total : 0;
     }
@@ -210,7 +211,7 @@ Context MakeContext(const Topology& t, const PlanRequest& r) {
     }
     const double flops = model.ForwardFlopsPerSample(m) * b;
     c.model_flops += 3 * flops;
-    c.fwd_s.push_back(ComputeSeconds(flops, t.peak_flops_per_gpu, eff));
+    c.fwd_s.push_back(ComputeSeconds(flops, t.peak_flops_per_gpu * t.ComputeShare(), eff));
     auto [it, fresh] = region_index.emplace(m.RegionName(), c.regions.size());
     if (fresh) {
       c.regions.push_back({m.RegionName()});
@@ -253,10 +254,22 @@ Evaluation Evaluate(const Context& c, const DenseOption& d, const SparseOption& 
   for (double f : c.fwd_s) dense_fwd += f;
   st.sparse_compute_s = s.compute_max;
   st.dense_compute_s = 3 * dense_fwd;
+  // Read master weights, shard gradient and optimizer state; write weights
+  // and state back.
+  const PrecisionRecipe& p = c.req.precision;
+  const double bytes_per_param =
+      2.0 * p.master_weight_bytes + p.gradient_shard_bytes + 2.0 * p.optimizer_bytes_per_param;
+  double shard_params = 0;
+  for (const DenseModule& m : c.req.model.modules) {
+    shard_params += static_cast<double>(m.params) / d.fsdp_group;
+  }
+  st.optimizer_s = shard_params * bytes_per_param /
+                   (c.topo.hbm_bandwidth_bytes_per_s * c.topo.ComputeShare() *
+                    c.req.efficiency.elementwise);
   st.recompute_s = recompute;
   st.total_s = st.ComputeS() + st.recompute_s + st.ExposedS();
   st.model_flops = c.model_flops;
-  const double peak = c.topo.peak_flops_per_gpu;
+  const double peak = c.topo.peak_flops_per_gpu * c.topo.ComputeShare();
   st.local_mfu = st.ComputeS() > 0 ? c.model_flops / (st.ComputeS() * peak) : 0;
   st.e2e_mfu = st.total_s > 0 ? c.model_flops / (st.total_s * peak) : 0;
   st.scaling_ratio = st.total_s > 0 ? st.ComputeS() / st.total_s : 1;

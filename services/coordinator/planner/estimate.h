@@ -7,7 +7,9 @@
 // time. Internal to the planner (planner.h is the public entry point).
 //
 // The step, per GPU, in order: sparse forward lookups, dense forward
-// (module by module), dense backward (in reverse), sparse backward. Overlap
+// (module by module), dense backward (in reverse), sparse backward, the
+// dense optimizer step on the rank's shards (memory-bound: elementwise
+// efficiency of HBM bandwidth). Overlap
 // rules:
 //   - module i's FSDP all-gather is prefetched behind the forward of module
 //     i-1 (the sparse lookups for i = 0) and, for backward, behind the
@@ -19,7 +21,8 @@
 //     behind the dense backward;
 //   - EP activation collectives, embedding all-to-alls, the V3
 //     reduce-scatter and the table-copy sync are on the critical path.
-// Collectives sharing a window run back to back; whatever exceeds the
+// With options.overlap_collectives false, every collective is on the
+// critical path. Collectives sharing a window run back to back; whatever exceeds the
 // window's compute is exposed, charged to each collective (and link level)
 // in proportion to its time.
 

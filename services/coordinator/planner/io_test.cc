@@ -69,6 +69,32 @@ TEST(YamlTest, ParsesJobAndExpandsTableFamilies) {
   EXPECT_EQ(r->options.max_model_parallel_group, 8);
 }
 
+TEST(YamlTest, ParsesHintsOverlapAndCpuCores) {
+  auto r = ParseJobYaml(std::string(kJob) +
+                            "parallelism: {fsdp_group_size: 2, replicas: 8, "
+                            "table_sharding_group_size: 4}\n",
+                        "job.yaml");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->hints.fsdp_group_size, 2);
+  EXPECT_EQ(r->hints.replicas, 8);
+  EXPECT_EQ(r->hints.table_sharding_group_size, 4);
+  EXPECT_TRUE(r->options.overlap_collectives);
+  auto bad = ParseJobYaml(std::string(kJob) + "parallelism: {fsdp: 2}\n", "job.yaml");
+  EXPECT_NE(bad.status().message().find("unknown key 'parallelism.fsdp'"), std::string::npos)
+      << bad.status();
+
+  auto cpu = ParseTopologyYaml(
+      "nodes: 1\ngpus_per_node: 4\ncpu_cores_per_node: 2\n"
+      "gpu: {hbm_gib: 8, peak_tflops: 0.05, hbm_bandwidth_gbps: 5}\n"
+      "links: {nvlink: {bandwidth_gbps: 1, latency_us: 40}}\n",
+      "cpu.yaml");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_DOUBLE_EQ(cpu->cpu_cores_per_node, 2);
+  EXPECT_DOUBLE_EQ(cpu->ComputeShare(), 0.5);
+  cpu->gpus_per_node = 2;
+  EXPECT_DOUBLE_EQ(cpu->ComputeShare(), 1.0);
+}
+
 TEST(YamlTest, ErrorsNameTheKeyAndTheExpectedForm) {
   auto topo = ParseTopologyYaml("nodes: 2\ngpus_per_node: 8\ngpu: {hbm_gib: x}\n", "t.yaml");
   ASSERT_FALSE(topo.ok());

@@ -123,6 +123,14 @@ absl::Status ValidateRequest(const PlanRequest& r) {
   if (r.options.embedding_sync_interval < 1) {
     return absl::InvalidArgumentError("planner.embedding_sync_interval must be >= 1");
   }
+  for (auto [field, v] : {std::pair<const char*, int>{"fsdp_group_size", r.hints.fsdp_group_size},
+                          {"replicas", r.hints.replicas},
+                          {"table_sharding_group_size", r.hints.table_sharding_group_size}}) {
+    if (v < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallelism.", field, " must be >= 0 (0: the planner decides), got ", v));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -121,6 +121,25 @@ struct PlannerOptions {
   int max_model_parallel_group = 256;
   // Narrowest column shard of a column-wise sharded table.
   int min_column_shard_dim = 32;
+  // Whether collectives run beside compute (prefetched all-gathers, gradient
+  // reduction behind backward; estimate.h lists the windows). False puts
+  // every collective on the critical path: a runtime whose collectives are
+  // synchronous calls between compute, as the Gloo CPU workers are.
+  bool overlap_collectives = true;
+};
+
+// The job's parallelism hints (recfleet.v1.ParallelismHints; the same
+// names under `parallelism:` in a job file). 0 means "not set: the planner
+// decides". A set hint is a constraint: the plan uses exactly that size, and
+// explains what it costs against the planner's own best.
+struct ParallelismHints {
+  int fsdp_group_size = 0;            // Ranks sharding one dense replica.
+  int replicas = 0;                   // world / fsdp_group_size.
+  // Ranks of one model-parallel (all-to-all) group of consecutive ranks,
+  // the tables replicated across groups (V2; V1 when it is the world).
+  int table_sharding_group_size = 0;
+
+  bool Any() const { return fsdp_group_size > 0 || replicas > 0 || table_sharding_group_size > 0; }
 };
 
 struct PlanRequest {
@@ -129,6 +148,7 @@ struct PlanRequest {
   PrecisionRecipe precision;
   Efficiencies efficiency;
   PlannerOptions options;
+  ParallelismHints hints;
 };
 
 // Checks names are unique and non-empty and every count, size and fraction

@@ -2,18 +2,26 @@
 // plans a job offline (a dry run; nothing is scheduled) and prints why.
 // JOB.yaml is either the planner's own model format or a JobSpec file (what
 // `recfleet submit` takes), which goes through the coordinator's adapter.
+// `recfleet plan JOB.yaml --coordinator HOST:PORT [--json]` asks a running
+// coordinator instead (JobService.PlanJob): the plan on the workers it would
+// pick now, printed the same way.
 
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/time.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "yaml-cpp/yaml.h"
 #include "cli/command.h"
+#include "cli/jobs/job_client.h"
 #include "cli/jobs/spec_file.h"
+#include "services/common/flags.h"
 #include "services/coordinator/plan_adapter.h"
 #include "services/coordinator/spec_validation.h"
 #include "services/coordinator/planner/planner.h"
@@ -26,21 +34,33 @@ namespace {
 constexpr char kUsage[] =
     "usage: recfleet plan JOB.yaml --topology TOPO.yaml [--json] [--html OUT.html] "
     "[--max-rows N]\n"
+    "       recfleet plan JOB.yaml --coordinator HOST:PORT [--auth_token_file FILE] "
+    "[--timeout S] [--json]\n"
     "\n"
     "Plans how the job spreads over the fleet (FSDP group, expert parallelism, V1/V2/V3\n"
     "embedding layout, table sharding, rank placement, activation checkpointing) and\n"
     "predicts per-GPU memory and step time, with the reason for every choice.\n"
     "JOB.yaml is a job file as `recfleet submit` takes (YAML or JSON; parameters and\n"
     "FLOPs are estimated from its dims) or the planner's model format\n"
-    "(deploy/examples/plan-model-*.yaml, with explicit counts).\n"
+    "(deploy/examples/plan-model-*.yaml, with explicit counts). The job's parallelism\n"
+    "hints (fsdp_group_size, replicas, table_sharding_group_size) are honored, and the\n"
+    "plan says what they cost against the planner's own choice.\n"
     "\n"
-    "  --topology FILE  the fleet (see deploy/examples/topology-*.yaml)\n"
-    "  --json           print the plan as JSON instead of tables\n"
-    "  --html FILE      also write a one-page HTML report (memory bars, traffic per level)\n"
-    "  --max-rows N     rows per table in the text output (default 40)\n"
+    "  --topology FILE          the fleet (see deploy/examples/topology-*.yaml)\n"
+    "  --coordinator HOST:PORT  plan on a running coordinator instead, on the workers it\n"
+    "                           would pick now (JOB.yaml must be a job file); default\n"
+    "                           without --topology: $RECFLEET_COORDINATOR\n"
+    "  --auth_token_file FILE   bearer token file (default: $RECFLEET_AUTH_TOKEN)\n"
+    "  --timeout SECONDS        deadline of the call (default 10)\n"
+    "  --json                   print the plan as JSON instead of tables\n"
+    "  --html FILE              also write a one-page HTML report (memory bars, traffic\n"
+    "                           per level; --topology only)\n"
+    "  --max-rows N             rows per table in the text output (default 40; --topology\n"
+    "                           only)\n"
     "\n"
     "Exit codes: 0 planned, 1 nothing fits (the message says what is over and how to fix\n"
-    "it), 2 bad arguments or input files.";
+    "it) or the coordinator refused, 2 bad arguments or input files, 3 coordinator\n"
+    "unreachable.";
 
 // JobSpec files carry top-level keys the planner's own format does not.
 bool IsJobSpecFile(const std::string& path) {
@@ -72,8 +92,52 @@ int Usage(const std::string& problem) {
   return cli::kExitUsage;
 }
 
+// Plans on the coordinator at `address` (JobService.PlanJob).
+int RunRemote(const std::string& job_path, const std::string& address,
+              const std::string& token_file, const std::string& timeout_text, bool json) {
+  if (!IsJobSpecFile(job_path)) {
+    return Usage("--coordinator plans job files (what `recfleet submit` takes); '" + job_path +
+                 "' is in the planner's own format: plan it with --topology");
+  }
+  double timeout = 10;
+  if (!timeout_text.empty() && (!absl::SimpleAtod(timeout_text, &timeout) || timeout <= 0)) {
+    return Usage("--timeout must be a number of seconds > 0, got '" + timeout_text + "'");
+  }
+  absl::StatusOr<std::string> token =
+      LoadAuthToken(token_file, std::getenv("RECFLEET_AUTH_TOKEN"));
+  if (!token.ok()) return Usage(std::string(token.status().message()));
+  absl::StatusOr<::recfleet::v1::JobSpec> spec = cli::LoadJobSpec(job_path);
+  if (!spec.ok()) return Usage(std::string(spec.status().message()));
+  absl::StatusOr<std::unique_ptr<cli::JobClient>> client =
+      cli::JobClient::Connect(address, *token, absl::Seconds(timeout));
+  if (!client.ok()) return Usage(std::string(client.status().message()));
+  ::recfleet::v1::PlanJobRequest request;
+  *request.mutable_spec() = *std::move(spec);
+  absl::StatusOr<::recfleet::v1::PlanJobResponse> response = (*client)->PlanJob(request);
+  if (!response.ok()) {
+    const absl::Status& s = response.status();
+    std::fprintf(stderr, "recfleet plan: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
+                 std::string(s.message()).c_str());
+    if (absl::IsUnauthenticated(s)) {
+      std::fprintf(stderr, "hint: set RECFLEET_AUTH_TOKEN or pass --auth_token_file\n");
+    }
+    return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ? cli::kExitUnavailable
+                                                                 : cli::kExitFailure;
+  }
+  if (json) {
+    std::fwrite(response->report_json().data(), 1, response->report_json().size(), stdout);
+    return cli::kExitOk;
+  }
+  std::printf("planned by the coordinator at %s on %d worker(s):\n", address.c_str(),
+              response->workers_size());
+  for (const std::string& w : response->workers()) std::printf("  %s\n", w.c_str());
+  std::printf("\n");
+  std::fwrite(response->report().data(), 1, response->report().size(), stdout);
+  return cli::kExitOk;
+}
+
 int Run(const std::vector<std::string>& args) {
-  std::string job_path, topology_path, html_path;
+  std::string job_path, topology_path, html_path, coordinator, token_file, timeout, rows_flag;
   bool json = false;
   TextOptions text;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -90,15 +154,16 @@ int Run(const std::vector<std::string>& args) {
       }
       return false;
     };
-    std::string rows;
     if (a == "--json") {
       json = true;
     } else if (a == "--help" || a == "-h") {
       std::printf("%s\n", kUsage);
       return cli::kExitOk;
-    } else if (value("--topology", &topology_path) || value("--html", &html_path)) {
-    } else if (value("--max-rows", &rows)) {
-      if (!absl::SimpleAtoi(rows, &text.max_rows) || text.max_rows < 1) {
+    } else if (value("--topology", &topology_path) || value("--html", &html_path) ||
+               value("--coordinator", &coordinator) ||
+               value("--auth_token_file", &token_file) || value("--timeout", &timeout)) {
+    } else if (value("--max-rows", &rows_flag)) {
+      if (!absl::SimpleAtoi(rows_flag, &text.max_rows) || text.max_rows < 1) {
         return Usage("--max-rows takes a whole number >= 1");
       }
     } else if (absl::StartsWith(a, "-")) {
@@ -110,7 +175,22 @@ int Run(const std::vector<std::string>& args) {
     }
   }
   if (job_path.empty()) return Usage("missing JOB.yaml");
-  if (topology_path.empty()) return Usage("missing --topology TOPO.yaml");
+  if (!topology_path.empty() && !coordinator.empty()) {
+    return Usage("--topology (plan here) and --coordinator (plan there) exclude each other");
+  }
+  if (topology_path.empty() && coordinator.empty()) {
+    const char* env = std::getenv("RECFLEET_COORDINATOR");
+    if (env == nullptr || *env == '\0') {
+      return Usage("missing --topology TOPO.yaml or --coordinator HOST:PORT");
+    }
+    coordinator = env;
+  }
+  if (!coordinator.empty()) {
+    if (!html_path.empty() || !rows_flag.empty()) {
+      return Usage("--html and --max-rows need --topology (the coordinator returns the report)");
+    }
+    return RunRemote(job_path, coordinator, token_file, timeout, json);
+  }
 
   absl::StatusOr<Topology> topology = LoadTopologyYaml(topology_path);
   if (!topology.ok()) return Usage(std::string(topology.status().message()));

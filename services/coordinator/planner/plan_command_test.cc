@@ -104,5 +104,49 @@ training: {steps: 1, dense_learning_rate: 0.001, sparse_learning_rate: 0.01}
   EXPECT_EQ(plan->run({bad, "--topology", topo}), cli::kExitUsage);
 }
 
+TEST(PlanCommandTest, JobHintsAreHonoredAndExplained) {
+  const cli::Command* plan = PlanCommand();
+  ASSERT_NE(plan, nullptr);
+  std::ifstream in("deploy/examples/job-gemlite.yaml");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  const size_t at = text.find("parallelism: {}");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 15, "parallelism: {fsdp_group_size: 1}");
+  const std::string job = Write("hinted.yaml", text);
+  ::testing::internal::CaptureStdout();
+  const int code = plan->run({job, "--topology", "deploy/examples/topology-small.yaml"});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(code, cli::kExitOk) << out;
+  EXPECT_NE(out.find("set by the job's hints (parallelism.fsdp_group_size = 1)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("parallelism hints"), std::string::npos) << out;
+}
+
+TEST(PlanCommandTest, CoordinatorFlagsAreChecked) {
+  const cli::Command* plan = PlanCommand();
+  ASSERT_NE(plan, nullptr);
+  const std::string spec = "deploy/examples/job-gemlite.yaml";
+  const std::string own = Write("own-format.yaml", kJob);
+  // The planner's own format cannot travel as a JobSpec.
+  EXPECT_EQ(plan->run({own, "--coordinator", "127.0.0.1:1"}), cli::kExitUsage);
+  EXPECT_EQ(plan->run({spec, "--coordinator", "127.0.0.1:1", "--topology",
+                       "deploy/examples/topology-small.yaml"}),
+            cli::kExitUsage);
+  EXPECT_EQ(plan->run({spec, "--coordinator", "127.0.0.1:1", "--html", TempPath("x.html")}),
+            cli::kExitUsage);
+  EXPECT_EQ(plan->run({spec, "--coordinator", "not-an-address"}), cli::kExitUsage);
+  EXPECT_EQ(plan->run({spec, "--coordinator", "127.0.0.1:1", "--timeout", "-1"}),
+            cli::kExitUsage);
+  EXPECT_EQ(plan->run({spec, "--coordinator", "127.0.0.1:1", "--auth_token_file",
+                       TempPath("no-such-token")}),
+            cli::kExitUsage);
+  // Nothing listens on port 1.
+  EXPECT_EQ(plan->run({spec, "--coordinator", "127.0.0.1:1", "--timeout", "2"}),
+            cli::kExitUnavailable);
+}
+
 }  // namespace
 }  // namespace recfleet::planner

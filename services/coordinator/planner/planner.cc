@@ -267,17 +267,112 @@ std::vector<std::string> Placement(const Topology& t, const Plan& plan, int sync
   return out;
 }
 
+// The sizes the job's hints fix (0: the planner decides), with the hint
+// that fixed each, as explanations and errors quote it.
+struct FixedSizes {
+  int fsdp_group = 0;
+  std::string fsdp_source;
+  int table_group = 0;
+  std::string table_source;
+};
+
+absl::StatusOr<FixedSizes> ResolveHints(const Topology& t, const ParallelismHints& h) {
+  FixedSizes fixed;
+  const int n = t.WorldSize();
+  const std::vector<int> sizes = GroupSizes(t, n);
+  auto divides = [&](const char* field, int v) -> absl::Status {
+    if (n % v == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("parallelism.", field, ": ", v,
+                                                   " does not divide the world size (", n,
+                                                   " ranks)"));
+  };
+  // A size the planner cannot form as a group of consecutive ranks.
+  auto nests = [&](const char* field, int group, const std::string& valid) -> absl::Status {
+    if (std::find(sizes.begin(), sizes.end(), group) != sizes.end()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "parallelism.%s: a group of %d ranks does not nest with the fleet (%d nodes of %d "
+        "ranks, NVLink domains of %d, zones of %d); a group must divide the NVLink domain or be "
+        "whole domains inside a zone, or whole zones. Valid values: %s",
+        field, group, t.num_nodes, t.gpus_per_node, t.NvlinkDomainSize(), t.ZoneSize(), valid));
+  };
+  std::vector<int> replicas;
+  for (int g : sizes) replicas.insert(replicas.begin(), n / g);
+  const std::string valid_groups = absl::StrJoin(sizes, ", ");
+  if (h.fsdp_group_size > 0) {
+    if (auto s = divides("fsdp_group_size", h.fsdp_group_size); !s.ok()) return s;
+    if (auto s = nests("fsdp_group_size", h.fsdp_group_size, valid_groups); !s.ok()) return s;
+    fixed.fsdp_group = h.fsdp_group_size;
+    fixed.fsdp_source = absl::StrCat("parallelism.fsdp_group_size = ", h.fsdp_group_size);
+  }
+  if (h.replicas > 0) {
+    if (auto s = divides("replicas", h.replicas); !s.ok()) return s;
+    const int g = n / h.replicas;
+    if (fixed.fsdp_group > 0 && fixed.fsdp_group != g) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parallelism.fsdp_group_size (", h.fsdp_group_size, ") x parallelism.replicas (",
+          h.replicas, ") must equal the world size (", n, "), got ",
+          h.fsdp_group_size * h.replicas));
+    }
+    if (fixed.fsdp_group == 0) {
+      if (auto s = nests("replicas", g, absl::StrJoin(replicas, ", ")); !s.ok()) return s;
+      fixed.fsdp_group = g;
+      fixed.fsdp_source =
+          absl::StrCat("parallelism.replicas = ", h.replicas, " (FSDP groups of ", g, ")");
+    }
+  }
+  if (h.table_sharding_group_size > 0) {
+    const int m = h.table_sharding_group_size;
+    if (auto s = divides("table_sharding_group_size", m); !s.ok()) return s;
+    if (auto s = nests("table_sharding_group_size", m, valid_groups); !s.ok()) return s;
+    fixed.table_group = m;
+    fixed.table_source = absl::StrCat("parallelism.table_sharding_group_size = ", m);
+  }
+  return fixed;
+}
+
+// "set by the job's hints (...)"; empty when `source` is.
+std::string HintPrefix(const std::string& source) {
+  return source.empty() ? "" : absl::StrCat("set by the job's hints (", source, "); ");
+}
+
 }  // namespace
 
 absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& request) {
   if (auto s = ValidateTopology(topology); !s.ok()) return s;
   if (auto s = ValidateRequest(request); !s.ok()) return s;
+  absl::StatusOr<FixedSizes> fixed = ResolveHints(topology, request.hints);
+  if (!fixed.ok()) return fixed.status();
   const Model& model = request.model;
   const Context ctx = MakeContext(topology, request);
 
-  // Stages 1-2: options, and the tables sharded for each sparse layout.
-  const std::vector<DenseOption> dense = EnumerateDense(topology, model, request.options);
+  // Stages 1-2: options, and the tables sharded for each sparse layout. A
+  // hinted size the planner would not consider itself (a group crossing
+  // zones, a table group above planner.max_model_parallel_group) is added
+  // as an option of its own, which the planner's own choice never takes.
+  std::vector<DenseOption> dense = EnumerateDense(topology, model, request.options);
+  const size_t own_dense = dense.size();
   std::vector<SparseOption> sparse = EnumerateSparse(topology, request.options);
+  const size_t own_sparse = sparse.size();
+  const int n = ctx.world;
+  auto dense_fits_hint = [&](const DenseOption& d) {
+    return fixed->fsdp_group == 0 || d.fsdp_group == fixed->fsdp_group;
+  };
+  // A table group of consecutive ranks with the tables replicated across
+  // groups: V2, or V1 over the whole fleet.
+  auto sparse_fits_hint = [&](const SparseOption& s) {
+    return fixed->table_group == 0 ||
+           (s.m == fixed->table_group && s.s == 1 &&
+            s.scheme == (s.m == n && n > 1 ? SparseScheme::kV1 : SparseScheme::kV2));
+  };
+  if (fixed->fsdp_group > 0 && std::none_of(dense.begin(), dense.end(), dense_fits_hint)) {
+    for (DenseOption& d : EnumerateDenseGroup(topology, model, fixed->fsdp_group)) {
+      dense.push_back(std::move(d));
+    }
+  }
+  if (fixed->table_group > 0 && std::none_of(sparse.begin(), sparse.end(), sparse_fits_hint)) {
+    const int m = fixed->table_group;
+    sparse.push_back({m == n && n > 1 ? SparseScheme::kV1 : SparseScheme::kV2, m, 1});
+  }
   for (SparseOption& s : sparse) {
     ShardingInput in{&model, &topology, &request.precision, &request.efficiency,
                      &request.options, MakeGroup(topology, s.m, s.s), request.local_batch,
@@ -285,19 +380,41 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
     s.sharding = ShardTables(in);
     if (s.sharding.ok()) s.Summarize();
   }
+  if (fixed->table_group > 0) {
+    const auto hinted = std::find_if(sparse.begin(), sparse.end(), sparse_fits_hint);
+    if (!hinted->sharding.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          fixed->table_source, ": the tables do not fit a group of ", fixed->table_group, ": ",
+          hinted->sharding.status().message(),
+          ". Fix: a larger parallelism.table_sharding_group_size, or leave it unset (0) for the "
+          "planner to choose"));
+    }
+  }
 
-  // Stage 3: estimate every pair; remember the best per dimension value.
-  std::optional<Candidate> best, closest;
+  // Stage 3: estimate every pair; remember the best per dimension value,
+  // under the job's hints, and the planner's own best without them.
+  std::optional<Candidate> best, closest, own_best;
   DimensionTable by_group, by_layout;
   int evaluated = 0;
   bool fits_if_crossing_zones = false;
-  for (const SparseOption& s : sparse) {
+  for (size_t si = 0; si < sparse.size(); ++si) {
+    const SparseOption& s = sparse[si];
     if (!s.sharding.ok()) continue;
-    for (const DenseOption& d : dense) {
+    const bool sparse_hinted = sparse_fits_hint(s);
+    for (size_t di = 0; di < dense.size(); ++di) {
+      const DenseOption& d = dense[di];
+      const bool dense_hinted = dense_fits_hint(d);
+      const bool own = si < own_sparse && di < own_dense;
+      if (!(dense_hinted && sparse_hinted) && !own) continue;
       Evaluation ev = Evaluate(ctx, d, s);
       ++evaluated;
-      by_group.Offer(absl::StrCat("FSDP group ", d.fsdp_group), ev);
-      by_layout.Offer(s.Label(), ev);
+      if (own && ev.feasible && (!own_best || Better(ev, own_best->eval))) {
+        own_best = Candidate{&d, &s, ev};
+      }
+      // Each dimension's alternatives keep the other dimension's hint.
+      if (sparse_hinted) by_group.Offer(absl::StrCat("FSDP group ", d.fsdp_group), ev);
+      if (dense_hinted) by_layout.Offer(s.Label(), ev);
+      if (!(dense_hinted && sparse_hinted)) continue;
       if (ev.feasible) {
         if (!best || Better(ev, best->eval)) best = Candidate{&d, &s, std::move(ev)};
       } else if (ev.memory_ok) {
@@ -307,19 +424,36 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
       }
     }
   }
+  std::vector<std::string> hint_sources;
+  for (const std::string* h : {&fixed->fsdp_source, &fixed->table_source}) {
+    if (!h->empty()) hint_sources.push_back(*h);
+  }
+  const std::string hints_text = absl::StrJoin(hint_sources, "; ");
   if (!best) {
+    const std::string under_hints =
+        hints_text.empty() ? "" : absl::StrCat("with the job's hints (", hints_text, "): ");
     if (!closest && fits_if_crossing_zones) {
-      return absl::FailedPreconditionError(
+      return absl::FailedPreconditionError(absl::StrCat(
+          under_hints,
           "every layout that fits puts an all-gather or all-to-all on cross-zone links; set "
-          "planner.allow_cross_zone_non_gradient: true or use fewer zones");
+          "planner.allow_cross_zone_non_gradient: true, use fewer zones",
+          hints_text.empty() ? ""
+                             : absl::StrCat(", or hinted groups of at most a zone (",
+                                            topology.ZoneSize(), " ranks)")));
     }
     absl::Status error = NothingFits(ctx, sparse, closest ? &*closest : nullptr);
+    std::string message = absl::StrCat(under_hints, error.message());
     if (fits_if_crossing_zones) {
-      error = absl::ResourceExhaustedError(absl::StrCat(
-          error.message(), "; or allow all-to-alls and all-gathers across zones "
-                           "(planner.allow_cross_zone_non_gradient: true), which some layouts fit"));
+      absl::StrAppend(&message, "; or allow all-to-alls and all-gathers across zones "
+                                "(planner.allow_cross_zone_non_gradient: true), which some "
+                                "layouts fit");
     }
-    return error;
+    if (!hints_text.empty() && own_best) {
+      absl::StrAppend(&message, "; or drop the hints: the planner's own choice (",
+                      DenseLabel(model, *own_best->dense), " + ", own_best->sparse->Label(),
+                      ") fits");
+    }
+    return absl::Status(error.code(), message);
   }
 
   // Stage 4: the plan and its explanations.
@@ -380,12 +514,13 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
   {
     std::string levels = DescribeGroup(MakeGroup(topology, bd.fsdp_group, 1));
     std::string reason = absl::StrFormat(
-        "fastest feasible step (%s, peak %s of %s usable); the FSDP group spans %s and its "
+        "%s (%s, peak %s of %s usable); the FSDP group spans %s and its "
         "%d replicas exchange only shard gradients (%s)",
-        MsText(ev.step.total_s), GiBText(ev.peak.Total()), usable, levels, plan.dense.replicas,
+        fixed->fsdp_group > 0 ? "step" : "fastest feasible step", MsText(ev.step.total_s), GiBText(ev.peak.Total()), usable, levels, plan.dense.replicas,
         DescribeGroup(MakeGroup(topology, plan.dense.replicas, bd.fsdp_group)));
-    plan.decisions.push_back(by_group.Explain(
-        "dense mesh (2D FSDP)", absl::StrCat("FSDP group ", bd.fsdp_group), reason, ev));
+    plan.decisions.push_back(by_group.Explain("dense mesh (2D FSDP)",
+                                              absl::StrCat("FSDP group ", bd.fsdp_group),
+                                              HintPrefix(fixed->fsdp_source) + reason, ev));
   }
   // Expert parallelism, one decision per expert module.
   for (size_t i = 0; i < model.modules.size(); ++i) {
@@ -418,14 +553,14 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
   {
     const auto& sh = sp.sharding;
     std::string reason = absl::StrFormat(
-        "fastest feasible layout: embedding shards %s on the fullest rank, lookup imbalance "
-        "%.2fx, all-to-alls span %s",
-        GiBText(bs.emb_max), sh.compute_imbalance, DescribeGroup(MakeGroup(topology, bs.m, bs.s)));
+        "%s: embedding shards %s on the fullest rank, lookup imbalance %.2fx, all-to-alls span %s",
+        fixed->table_group > 0 ? "tables" : "fastest feasible layout", GiBText(bs.emb_max), sh.compute_imbalance, DescribeGroup(MakeGroup(topology, bs.m, bs.s)));
     if (bs.scheme == SparseScheme::kV3) {
       absl::StrAppend(&reason, absl::StrFormat("; the shards are split %d-way over %s", bs.s,
                                                DescribeGroup(MakeGroup(topology, bs.s, 1))));
     }
-    Decision dec = by_layout.Explain("sparse layout (2D model parallelism)", bs.Label(), reason, ev);
+    Decision dec = by_layout.Explain("sparse layout (2D model parallelism)", bs.Label(),
+                                     HintPrefix(fixed->table_source) + reason, ev);
     for (const SparseOption& s : sparse) {
       if (!s.sharding.ok()) {
         dec.alternatives.push_back(
@@ -466,6 +601,40 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
                                     "first, costing %s of recompute",
                                     GiBText(full), GiBText(ctx.usable - other), GiBText(other),
                                     MsText(ev.step.recompute_s))});
+  }
+  // What the hints cost against the planner's own best.
+  if (!hints_text.empty()) {
+    Decision dec{"parallelism hints", hints_text};
+    const std::string hinted = absl::StrCat(DenseLabel(model, bd), " + ", bs.Label());
+    if (!own_best) {
+      dec.reason = absl::StrFormat(
+          "the hinted plan (%s) predicts %s per step; without the hints no plan the planner "
+          "forms itself fits",
+          hinted, MsText(ev.step.total_s));
+    } else {
+      const Evaluation& own = own_best->eval;
+      const std::string own_label =
+          absl::StrCat(DenseLabel(model, *own_best->dense), " + ", own_best->sparse->Label());
+      const double cost = ev.step.total_s - own.step.total_s;
+      if (own_best->dense == best->dense && own_best->sparse == best->sparse) {
+        dec.reason = absl::StrFormat(
+            "the hints match the planner's own choice (%s, %s per step, peak %s)", hinted,
+            MsText(ev.step.total_s), GiBText(ev.peak.Total()));
+      } else {
+        dec.reason = absl::StrFormat(
+            "the hinted plan (%s) predicts %s per step, peak %s; the planner's own best (%s) "
+            "predicts %s, peak %s: the hints cost %s per step (%+.1f%%)",
+            hinted, MsText(ev.step.total_s), GiBText(ev.peak.Total()), own_label,
+            MsText(own.step.total_s), GiBText(own.peak.Total()), MsText(cost),
+            100 * cost / own.step.total_s);
+        Alternative a{absl::StrCat("planner's own choice: ", own_label), true, own.step.total_s,
+                      own.peak.Total()};
+        a.note = cost >= 0 ? absl::StrCat(MsText(cost), " faster than the hinted plan")
+                           : absl::StrCat(MsText(-cost), " slower, less memory");
+        dec.alternatives.push_back(std::move(a));
+      }
+    }
+    plan.decisions.push_back(std::move(dec));
   }
   // Closest contenders first: feasible by step time, then the infeasible.
   for (Decision& d : plan.decisions) {

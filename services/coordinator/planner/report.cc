@@ -268,16 +268,19 @@ std::string TrafficSvg(const Plan& plan) {
 
 std::string StepSvg(const Plan& plan) {
   const StepTime& st = plan.step;
-  const double parts[] = {st.sparse_compute_s, st.dense_compute_s, st.recompute_s,
-                          st.exposed_s[kNvlink], st.exposed_s[kZone], st.exposed_s[kCrossZone]};
-  const char* names[] = {"sparse lookups",   "dense compute",  "recompute",
-                         "exposed nvlink",   "exposed zone",   "exposed cross-zone"};
-  const char* colors[] = {"#4e79a7", "#59a14f", "#edc948", "#f28e2b", "#e15759", "#b07aa1"};
+  const double parts[] = {st.sparse_compute_s,     st.dense_compute_s, st.optimizer_s,
+                          st.recompute_s,          st.exposed_s[kNvlink], st.exposed_s[kZone],
+                          st.exposed_s[kCrossZone]};
+  const char* names[] = {"sparse lookups", "dense compute", "optimizer",         "recompute",
+                         "exposed nvlink", "exposed zone",  "exposed cross-zone"};
+  const char* colors[] = {"#4e79a7", "#59a14f", "#76b7b2", "#edc948",
+                          "#f28e2b", "#e15759", "#b07aa1"};
   const int width = 900;
   std::string s = absl::StrFormat("<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='84'>",
                                   width);
   double x = 10;
-  for (int i = 0; i < 6; ++i) {
+  constexpr int kParts = sizeof(parts) / sizeof(parts[0]);
+  for (int i = 0; i < kParts; ++i) {
     const double w = st.total_s > 0 ? parts[i] / st.total_s * (width - 20) : 0;
     absl::StrAppend(&s, absl::StrFormat("<rect x='%.1f' y='4' width='%.1f' height='24' fill='%s'>"
                                         "<title>%s %s ms</title></rect>",
@@ -285,12 +288,12 @@ std::string StepSvg(const Plan& plan) {
     x += w;
   }
   std::string legend;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < kParts; ++i) {
     absl::StrAppend(&legend,
                     absl::StrFormat("<rect x='%d' y='%d' width='12' height='12' fill='%s'/>"
                                     "<text x='%d' y='%d' font-size='11'>%s %s ms</text>",
-                                    10 + (i % 3) * 300, 38 + (i / 3) * 20, colors[i],
-                                    26 + (i % 3) * 300, 49 + (i / 3) * 20, names[i], Ms(parts[i])));
+                                    10 + (i % 4) * 225, 38 + (i / 4) * 20, colors[i],
+                                    26 + (i % 4) * 225, 49 + (i / 4) * 20, names[i], Ms(parts[i])));
   }
   return s + legend + "</svg>";
 }
@@ -316,6 +319,7 @@ std::string FormatText(const Plan& plan, const TextOptions& options) {
   };
   step.Add({"sparse lookups (busiest rank)", Ms(st.sparse_compute_s), share(st.sparse_compute_s)});
   step.Add({"dense compute (fwd+bwd)", Ms(st.dense_compute_s), share(st.dense_compute_s)});
+  step.Add({"dense optimizer (shards)", Ms(st.optimizer_s), share(st.optimizer_s)});
   step.Add({"recompute (checkpointing)", Ms(st.recompute_s), share(st.recompute_s)});
   for (int l = 0; l < kNumLevels; ++l) {
     step.Add({absl::StrCat("exposed comm: ", LinkLevelName(l)), Ms(st.exposed_s[l]),
@@ -546,6 +550,7 @@ std::string FormatJson(const Plan& plan) {
                               .N("total_s", st.total_s)
                               .N("sparse_compute_s", st.sparse_compute_s)
                               .N("dense_compute_s", st.dense_compute_s)
+                              .N("optimizer_s", st.optimizer_s)
                               .N("recompute_s", st.recompute_s)
                               .Raw("exposed_comm_s", LevelsJson(st.exposed_s))
                               .N("model_flops", st.model_flops)

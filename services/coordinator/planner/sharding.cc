@@ -40,7 +40,8 @@ Option MakeOption(const ShardingInput& in, const Table& t, ShardingType type, in
              static_cast<double>(o.rows) * p.embedding_optimizer_bytes_per_row) /
             in.storage_divisor;
   o.compute_s = kLookupPasses * lookups * o.cols * p.embedding_bytes /
-                (in.topology->hbm_bandwidth_bytes_per_s * in.efficiency->embedding);
+                (in.topology->hbm_bandwidth_bytes_per_s * in.topology->ComputeShare() *
+                 in.efficiency->embedding);
   // A row shard of a pooled table returns a partial sum for every sample.
   o.out_bytes = (t.pooled ? samples : lookups) * o.cols * p.embedding_comm_bytes;
   o.id_bytes = lookups * kIdBytes;

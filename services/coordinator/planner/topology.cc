@@ -43,6 +43,11 @@ absl::Status ValidateTopology(const Topology& t) {
                  positive("gpu.hbm_bandwidth_gbps", t.hbm_bandwidth_bytes_per_s)}) {
     if (!s.ok()) return s;
   }
+  if (t.cpu_cores_per_node < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topology: 'cpu_cores_per_node' must be >= 0 (0: one device per rank), got ",
+        t.cpu_cores_per_node));
+  }
   if (t.nodes_per_zone % t.nodes_per_nvlink_domain != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "topology: 'nodes_per_zone' (", t.nodes_per_zone,

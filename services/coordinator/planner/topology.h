@@ -41,11 +41,23 @@ struct Topology {
   double peak_flops_per_gpu = 0;          // Dense bf16 peak used for compute time and MFU.
   double hbm_bandwidth_bytes_per_s = 0;   // Bounds embedding lookups.
   std::array<LinkSpec, kNumLevels> links;  // Indexed by LinkLevel.
+  // CPU fleets: cores a node's ranks share (the "GPU" figures above are then
+  // one core's); fractional on a shared machine whose other users take part
+  // of them. 0: every rank has its own device. With more ranks than cores,
+  // each rank computes at cores / ranks of the per-core rates.
+  double cpu_cores_per_node = 0;
 
   int WorldSize() const { return num_nodes * gpus_per_node; }
   int NvlinkDomainSize() const { return nodes_per_nvlink_domain * gpus_per_node; }
   int ZoneSize() const { return nodes_per_zone * gpus_per_node; }
   int NumZones() const { return num_nodes / nodes_per_zone; }
+  // Fraction of a device (or core) one rank computes with: 1, or
+  // cpu_cores_per_node / gpus_per_node on an oversubscribed CPU node.
+  double ComputeShare() const {
+    return cpu_cores_per_node > 0 && cpu_cores_per_node < gpus_per_node
+               ? cpu_cores_per_node / gpus_per_node
+               : 1.0;
+  }
   // Ranks in one domain of `level`: NVLink domain, zone, or the whole world.
   int DomainSize(int level) const;
 };

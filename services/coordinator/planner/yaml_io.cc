@@ -142,6 +142,7 @@ absl::StatusOr<Topology> TopologyFrom(const YAML::Node& root, const std::string&
   RETURN_IF_ERROR(r.Integer("nodes_per_nvlink_domain", &t.nodes_per_nvlink_domain));
   t.nodes_per_zone = t.num_nodes;
   RETURN_IF_ERROR(r.Integer("nodes_per_zone", &t.nodes_per_zone));
+  RETURN_IF_ERROR(r.Number("cpu_cores_per_node", &t.cpu_cores_per_node));
   if (!r.Has("gpu")) return r.Error("gpu", "a mapping with hbm_gib, peak_tflops, hbm_bandwidth_gbps");
   Reader gpu(r.Child("gpu"), "gpu", source);
   RETURN_IF_ERROR(gpu.CheckMap());
@@ -307,7 +308,17 @@ absl::StatusOr<PlanRequest> JobFrom(const YAML::Node& root, const std::string& s
     RETURN_IF_ERROR(o.Integer("min_column_shard_dim", &req.options.min_column_shard_dim));
     RETURN_IF_ERROR(
         o.Integer("max_model_parallel_group", &req.options.max_model_parallel_group));
+    RETURN_IF_ERROR(o.Bool("overlap_collectives", &req.options.overlap_collectives));
     RETURN_IF_ERROR(o.NoUnknownKeys());
+  }
+  if (r.Has("parallelism")) {
+    Reader h(r.Child("parallelism"), "parallelism", source);
+    RETURN_IF_ERROR(h.CheckMap());
+    RETURN_IF_ERROR(h.Integer("fsdp_group_size", &req.hints.fsdp_group_size));
+    RETURN_IF_ERROR(h.Integer("replicas", &req.hints.replicas));
+    RETURN_IF_ERROR(
+        h.Integer("table_sharding_group_size", &req.hints.table_sharding_group_size));
+    RETURN_IF_ERROR(h.NoUnknownKeys());
   }
   RETURN_IF_ERROR(r.NoUnknownKeys());
   if (auto s = ValidateRequest(req); !s.ok()) {
