@@ -123,8 +123,9 @@ def wgmma_no_turns(fn):
 def wgmma_variants(workload, impl, flops, fn, switches=()):
     """Forward rows of the Hopper kernel's variants and the mma.sync kernel;
     `switches` adds a row with RECFLEET_ATTENTION_WGMMA_<name>=0 for each
-    name (CHAIN: a query tile's last P V issued with the next tile's first
-    S; OVERLAP: SiLU's activation overlapping the warpgroup's own P V)."""
+    name (SiLU only: CHAIN, a query tile's last P V issued with the next
+    tile's first S; OVERLAP, the activation overlapping the warpgroup's own
+    P V)."""
     for name in switches:
         record(workload, f"{impl}, wgmma no {name.lower()}", "fwd", flops,
                with_env(fn, f"RECFLEET_ATTENTION_WGMMA_{name}", "0"))
@@ -294,7 +295,7 @@ def jagged_self(lib, d, dev, lens, with_flex):
     flops = ours.flops
     record(name, "recfleet JFA", "fwd", flops, ours.fwd)
     if d == 128:  # the Hopper forward's head dim
-        wgmma_variants(name, "recfleet JFA", flops, ours.fwd, ("CHAIN",))
+        wgmma_variants(name, "recfleet JFA", flops, ours.fwd)
     record(name, "recfleet JFA", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
     record(name, "recfleet JFA, atomic dQ", "fwd+bwd", 3.5 * flops, atomic_dq(ours.fwd_bwd))
     cu = torch.tensor(offsets(lens), device=dev, dtype=torch.int32)
@@ -336,7 +337,7 @@ def sliding_window(lib, dev, lens, with_flex):
     ours = Ours(lib, q, k, v, lens, lens, "softmax", "window", window=w)
     flops = ours.flops
     record(name, "recfleet JFA window", "fwd", flops, ours.fwd)
-    wgmma_variants(name, "recfleet JFA window", flops, ours.fwd, ("CHAIN",))
+    wgmma_variants(name, "recfleet JFA window", flops, ours.fwd)
     record(name, "recfleet JFA window", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
     record(name, "recfleet JFA window, atomic dQ", "fwd+bwd", 3.5 * flops,
            atomic_dq(ours.fwd_bwd))
@@ -371,7 +372,7 @@ def gdpa_cross(lib, dev, with_compile):
         ours = Ours(lib, q, k, v, q_lens, k_lens, act, "none")
         record(f"{name} {act}", "recfleet GDPA", "fwd", ours.flops, ours.fwd)
         wgmma_variants(f"{name} {act}", "recfleet GDPA", ours.flops, ours.fwd,
-                       ("CHAIN", "OVERLAP") if act == "silu" else ("CHAIN",))
+                       ("CHAIN", "OVERLAP") if act == "silu" else ())
         record(f"{name} {act}", "recfleet GDPA", "fwd+bwd", 3.5 * ours.flops, ours.fwd_bwd)
         record(f"{name} {act}", "recfleet GDPA, atomic dQ", "fwd+bwd", 3.5 * ours.flops,
                atomic_dq(ours.fwd_bwd))

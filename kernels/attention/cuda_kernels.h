@@ -85,9 +85,10 @@ struct KernelParams {
   // Hopper forward, SiLU: the activation of S_n overlaps the warpgroup's
   // own P_{n-1} V_{n-1}; off, it waits for it (as GELU always does).
   bool wgmma_overlap = true;
-  // Hopper forward: a query tile's last P V is issued together with the
-  // next query tile's first S (the GEMM chain runs across tiles and items);
-  // off, it is issued on its own before the tile's O is stored.
+  // Hopper forward, SiLU: a query tile's last P V is issued together with
+  // the next query tile's first S (the GEMM chain runs across tiles and
+  // items); off, every tile ends with a step of its own for it (and starts
+  // with a discarded P V).
   bool wgmma_chain = true;
   int64_t q_rows = 0;   // rows of q (the Hopper forward's tensor maps)
   int64_t kv_rows = 0;  // rows of k and v
