@@ -103,9 +103,9 @@ def mma_forward(fn):
 
 
 def wgmma_plain(fn):
-    """fn with the Hopper forward's turn-taking, TMA loads and query-tile
-    grouping switched off."""
-    for name in ("TURNS", "TMA", "GROUP"):
+    """fn with the Hopper forward's turn-taking, TMA loads, query-tile
+    grouping, SiLU overlap and cross-tile chaining switched off."""
+    for name in ("TURNS", "TMA", "GROUP", "OVERLAP", "CHAIN"):
         fn = with_env(fn, f"RECFLEET_ATTENTION_WGMMA_{name}", "0")
     return fn
 
@@ -120,8 +120,15 @@ def wgmma_no_turns(fn):
     return with_env(fn, "RECFLEET_ATTENTION_WGMMA_TURNS", "0")
 
 
-def wgmma_variants(workload, impl, flops, fn):
-    """Forward rows of the Hopper kernel's variants and the mma.sync kernel."""
+def wgmma_variants(workload, impl, flops, fn, switches=()):
+    """Forward rows of the Hopper kernel's variants and the mma.sync kernel;
+    `switches` adds a row with RECFLEET_ATTENTION_WGMMA_<name>=0 for each
+    name (SiLU only: CHAIN, a query tile's last P V issued with the next
+    tile's first S; OVERLAP, the activation overlapping the warpgroup's own
+    P V)."""
+    for name in switches:
+        record(workload, f"{impl}, wgmma no {name.lower()}", "fwd", flops,
+               with_env(fn, f"RECFLEET_ATTENTION_WGMMA_{name}", "0"))
     record(workload, f"{impl}, wgmma no grouping", "fwd", flops, wgmma_no_group(fn))
     record(workload, f"{impl}, wgmma no turns", "fwd", flops, wgmma_no_turns(fn))
     record(workload, f"{impl}, wgmma no turns/TMA/grouping", "fwd", flops, wgmma_plain(fn))
@@ -318,7 +325,8 @@ def jagged_self(lib, d, dev, lens, with_flex):
     silu = Ours(lib, q, k, v, lens, lens, "silu", "causal")
     record(f"{name} SiLU causal", "recfleet GDPA", "fwd", silu.flops, silu.fwd)
     if d == 128:
-        wgmma_variants(f"{name} SiLU causal", "recfleet GDPA", silu.flops, silu.fwd)
+        wgmma_variants(f"{name} SiLU causal", "recfleet GDPA", silu.flops, silu.fwd,
+                       ("CHAIN", "OVERLAP"))
     record(f"{name} SiLU causal", "recfleet GDPA", "fwd+bwd", 3.5 * silu.flops, silu.fwd_bwd)
 
 
@@ -363,7 +371,8 @@ def gdpa_cross(lib, dev, with_compile):
     for act in ("silu", "gelu", "softmax"):
         ours = Ours(lib, q, k, v, q_lens, k_lens, act, "none")
         record(f"{name} {act}", "recfleet GDPA", "fwd", ours.flops, ours.fwd)
-        wgmma_variants(f"{name} {act}", "recfleet GDPA", ours.flops, ours.fwd)
+        wgmma_variants(f"{name} {act}", "recfleet GDPA", ours.flops, ours.fwd,
+                       ("CHAIN", "OVERLAP") if act == "silu" else ())
         record(f"{name} {act}", "recfleet GDPA", "fwd+bwd", 3.5 * ours.flops, ours.fwd_bwd)
         record(f"{name} {act}", "recfleet GDPA, atomic dQ", "fwd+bwd", 3.5 * ours.flops,
                atomic_dq(ours.fwd_bwd))

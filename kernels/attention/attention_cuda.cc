@@ -385,9 +385,10 @@ bool UseWgmmaForward(const KernelParams& p) {
   return mode == nullptr || std::string(mode) != "mma";
 }
 
-// Switches of the Hopper forward (KernelParams::wgmma_turns, wgmma_tma, and
-// whether it runs the grouped tiles), on unless the environment variable is
-// "0", kept selectable so the choices can be re-measured (bench/attention).
+// Switches of the Hopper forward (KernelParams::wgmma_turns, wgmma_tma,
+// wgmma_overlap, wgmma_chain, and whether it runs the grouped tiles), on unless the
+// environment variable is "0", kept selectable so the choices can be
+// re-measured (bench/attention).
 bool EnvFlag(const char* name) {
   const char* mode = std::getenv(name);
   return mode == nullptr || std::string(mode) != "0";
@@ -439,6 +440,8 @@ absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& o, T
     }
     p.wgmma_turns = EnvFlag("RECFLEET_ATTENTION_WGMMA_TURNS");
     p.wgmma_tma = EnvFlag("RECFLEET_ATTENTION_WGMMA_TMA");
+    p.wgmma_overlap = EnvFlag("RECFLEET_ATTENTION_WGMMA_OVERLAP");
+    p.wgmma_chain = EnvFlag("RECFLEET_ATTENTION_WGMMA_CHAIN");
     p.q_rows = in.q.values.dim(0);
     p.kv_rows = in.k.values.dim(0);
     return CudaCheck(cuda_impl::LaunchJaggedForwardWgmma(p, sms, stream),

@@ -283,7 +283,7 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
   struct Variant {
     const char* name;
     const char* fwd;
-    const char* switches;  // RECFLEET_ATTENTION_WGMMA_TURNS, _TMA and _GROUP
+    const char* switches;  // RECFLEET_ATTENTION_WGMMA_TURNS, _TMA, _GROUP, _OVERLAP, _CHAIN
   };
   uint64_t seed = 400;
   for (const Variant& var : {Variant{"wgmma", "wgmma", "1"}, Variant{"wgmma plain", "wgmma", "0"},
@@ -292,6 +292,8 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
     setenv("RECFLEET_ATTENTION_WGMMA_TURNS", var.switches, 1);
     setenv("RECFLEET_ATTENTION_WGMMA_TMA", var.switches, 1);
     setenv("RECFLEET_ATTENTION_WGMMA_GROUP", var.switches, 1);
+    setenv("RECFLEET_ATTENTION_WGMMA_CHAIN", var.switches, 1);
+    setenv("RECFLEET_ATTENTION_WGMMA_OVERLAP", var.switches, 1);
     const bool plain = std::string(var.switches) == "0";
     for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
       for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
@@ -346,6 +348,8 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
   unsetenv("RECFLEET_ATTENTION_WGMMA_TURNS");
   unsetenv("RECFLEET_ATTENTION_WGMMA_TMA");
   unsetenv("RECFLEET_ATTENTION_WGMMA_GROUP");
+  unsetenv("RECFLEET_ATTENTION_WGMMA_CHAIN");
+  unsetenv("RECFLEET_ATTENTION_WGMMA_OVERLAP");
 }
 
 // The backward's dQ through fp32 atomics in the dK/dV pass instead of the

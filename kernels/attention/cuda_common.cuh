@@ -262,6 +262,10 @@ __device__ __forceinline__ void GeluPoly(float x, float& phi, float& dphi) {
   dphi = (fabsf(x) < 4.f) ? fmaf(2.f * t, dp, pp) : 0.f;
 }
 
+// SiLU of x = 2h: x sigmoid(x) = x (1 + tanh(x / 2)) / 2 = h + h tanh(h), one
+// special-function call and one FMA (callers fold the 1/2 into their scale).
+__device__ __forceinline__ float SiluOfHalf(float h) { return fmaf(h, Tanh(h), h); }
+
 template <int A>
 __device__ __forceinline__ float Act(float x) {
   if constexpr (A == kActGelu) {
@@ -269,7 +273,7 @@ __device__ __forceinline__ float Act(float x) {
     GeluPoly(x, phi, dphi);
     return x * phi;
   } else {
-    return x * fmaf(0.5f, Tanh(0.5f * x), 0.5f);  // sigmoid via one tanh
+    return SiluOfHalf(0.5f * x);
   }
 }
 template <int A>

@@ -82,6 +82,14 @@ struct KernelParams {
   // through the tensor memory accelerator (TMA); off, or where the tensor
   // maps cannot be made, every tile loads with cp.async.
   bool wgmma_tma = true;
+  // Hopper forward, SiLU: the activation of S_n overlaps the warpgroup's
+  // own P_{n-1} V_{n-1}; off, it waits for it (as GELU always does).
+  bool wgmma_overlap = true;
+  // Hopper forward, SiLU: a query tile's last P V is issued together with
+  // the next query tile's first S (the GEMM chain runs across tiles and
+  // items); off, every tile ends with a step of its own for it (and starts
+  // with a discarded P V).
+  bool wgmma_chain = true;
   int64_t q_rows = 0;   // rows of q (the Hopper forward's tensor maps)
   int64_t kv_rows = 0;  // rows of k and v
 };

@@ -157,19 +157,22 @@ __device__ __forceinline__ uint32_t SwzOffset(int row, int col) {
 
 // Starts copying rows [row0, row0 + 128) of one head into a swizzled tile;
 // rows outside [0, len) are zero-filled. Called by the 128 producer threads.
-// Not unrolled: the producer runs on 40 registers, and this path only
-// serves tiles that cross a sequence end (TMA takes the others).
+// Thread tid copies the 16-byte chunk tid % 16 of rows tid / 16 + 8 i: its
+// rows share row % 8, hence the swizzled chunk, so source and destination
+// step by constants (the producer runs on 40 registers; this path serves
+// the tiles that cross a sequence end, TMA the others).
 __device__ __forceinline__ void LoadTile(uint32_t s, const bf16* g, int64_t start, int row0,
                                          int len, int head, int heads, int tid) {
-#pragma unroll 1
-  for (int idx = tid; idx < 128 * (kD / 8); idx += kWgThreads) {
-    const int r = idx >> 4, c = (idx & 15) * 8;
-    const int row = row0 + r;
+  const int r0 = tid >> 4, c = (tid & 15) * 8;
+  const uint32_t dst = s + SwzOffset<128>(r0, c);
+  const int64_t step = 8ll * heads * kD;
+  const bf16* src = g + ((start + row0 + r0) * heads + head) * kD + c;
+#pragma unroll 4
+  for (int i = 0; i < 16; ++i) {
+    const int row = row0 + r0 + 8 * i;
     const bool ok = row >= 0 && row < len;
-    const bf16* src = ok ? g + ((start + row) * heads + head) * kD + c : g;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     s + SwzOffset<128>(r, c)),
-                 "l"(src), "r"(ok ? 16 : 0));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + i * 1024),
+                 "l"(ok ? src + i * step : g), "r"(ok ? 16 : 0));
   }
 }
 
@@ -252,6 +255,8 @@ __device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkI
       for (int e = 0; e < 4; ++e) {
         if constexpr (A == kActSoftmax) {
           sc[nt][e] *= p.scale * kLog2e;
+        } else if constexpr (A == kActSilu) {
+          sc[nt][e] = SiluOfHalf(sc[nt][e] * (0.5f * p.scale));
         } else {
           sc[nt][e] = Act<A>(sc[nt][e] * p.scale);
         }
@@ -333,7 +338,44 @@ __device__ __forceinline__ void IssuePv(float (&o)[16][4], const uint32_t (&pa)[
   WgCommit();
 }
 
+// Softmax: the thread's two rows' output scales (1 / sum) and their
+// log-sum-exp, written by the quad's first thread. Other activations keep
+// mul as it is.
 template <int A>
+__device__ __forceinline__ void FinishRows(const KernelParams& p, const WorkItem& it, int row0,
+                                           int t, const float (&m)[2], const float (&l)[2],
+                                           float (&mul)[2]) {
+  if constexpr (A == kActSoftmax) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float sum = QuadSum(l[r]);
+      mul[r] = sum > 0.f ? 1.f / sum : 0.f;
+      const int i = row0 + 8 * r;
+      if (t == 0 && i < it.q_len) {
+        p.lse[(it.q_start + i) * p.heads + it.head] =
+            sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
+      }
+    }
+  }
+}
+
+// Writes a thread's two rows of O (the first `rows` of them: row, then
+// 8 rows on), each scaled by its mul, as bf16.
+__device__ __forceinline__ void StoreOut(const float (&o)[16][4], bf16* row, int rows, int heads,
+                                         const float (&mul)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (r >= rows) break;
+    bf16* out = row + static_cast<int64_t>(r) * 8 * heads * kD;
+#pragma unroll
+    for (int dt = 0; dt < 16; ++dt) {
+      *reinterpret_cast<__nv_bfloat162*>(out + dt * 8) =
+          __floats2bfloat162_rn(o[dt][2 * r] * mul[r], o[dt][2 * r + 1] * mul[r]);
+    }
+  }
+}
+
+template <int A, bool kOverlapOwnPv>
 __global__ void __launch_bounds__(kCtaThreads, 1)
     WgmmaForwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap q_map,
                        const __grid_constant__ CUtensorMap k_map,
@@ -400,119 +442,257 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   // from S_n while the other warpgroup's GEMMs run (FlashAttention-3's
   // ping-pong with the intra-warpgroup overlap).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  // Softmax turns S_n into P_n while this warpgroup's own P_{n-1} V_{n-1}
-  // still runs. GELU and SiLU wait for it first: their activations keep
-  // each score and its special-function result live together, which with
-  // O and P_{n-1} pinned by the running wgmma exceeds the register budget
-  // (ptxas then serializes every wgmma). They still overlap with the other
-  // warpgroup's GEMMs.
-  constexpr bool kOverlapOwnPv = A == kActSoftmax;
+  // kOverlapOwnPv: S_n turns into P_n while this warpgroup's own
+  // P_{n-1} V_{n-1} still runs (softmax and SiLU; SiLU's one-tanh form fits
+  // the registers). Without it the warpgroup waits for its P V first (GELU,
+  // whose polynomial spills with O and P_{n-1} pinned by the running wgmma)
+  // and overlaps only with the other warpgroup's GEMMs.
+  // kChain (SiLU): the steps run across query tiles and items, a query
+  // tile's last P V issued with the next tile's S_0 and its O stored after
+  // that (KernelParams::wgmma_chain), so short K/V ranges need no GEMM step
+  // of their own for the last P V: +9.5% on the short-K/V cross shape, none
+  // on causal SiLU. Softmax and GELU keep one query tile at a time, which
+  // measured 5% faster for them on H200 (bench/RESULTS.md, attention).
+  constexpr bool kChain = A == kActSilu;
   const int c = wg;  // rows [64 c, 64 c + 64) of the query tile
   const int my_turn = 1 + c, other_turn = 2 - c;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int row_in_tile = c * 64 + warp * 16 + g;  // and + 8
   if (c == 1) TurnPass(p, 1);  // warpgroup 0 issues first
-  int kv_iter = 0, q_iter = 0;
-  for (int w = blockIdx.x; w < total; w += gridDim.x) {
-    WorkItem it = ItemAt(p, w);
-    const int n_tiles = (it.inner_end - it.inner_begin + kRowsKv - 1) / kRowsKv;
-    // The query tiles of a grouped item share its resident K/V tiles (their
-    // full barriers stay complete), which only the last one releases.
-    const int kv_first = kv_iter;
-    for (int j = 0; j < it.q_tiles; ++j, ++q_iter, it.tile_row += kRowsQ) {
-      const bool release = j + 1 == it.q_tiles;
-      kv_iter = kv_first;
-      const int row0 = it.tile_row + row_in_tile;
-      float o[16][4], sc[16][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
-      uint32_t pa[8][4];
+  if constexpr (kChain) {
+    float o[16][4], sc[16][4], m[2], l[2], corr[2];
+    uint32_t pa[8][4];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < 16; ++i) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
+      for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pa[i][e] = 0u;
+    }
+    // The P V not yet issued, packed into one register (its state lives
+    // across tiles, next to O, P and S): P in pa, V in stage pv_stage, its
+    // full-barrier parity, and whether it releases V. Then where the query
+    // tile it completes goes: this thread's first output row (the second is
+    // 8 rows on), how many of the two lie in the sequence, and their scales.
+    constexpr int kPvPending = 1, kPvRelease = 2, kPvStage = 4, kPvParity = 8;
+    int pv = 0;
+    bf16* out_row = nullptr;
+    int out_rows = 0;
+    float out_mul[2] = {1.f, 1.f};
+    int kv_iter = 0, q_iter = 0;
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+      WorkItem it = ItemAt(p, w);
+      const int n_tiles = (it.inner_end - it.inner_begin + kRowsKv - 1) / kRowsKv;
+      // Whether the query tile after this item's last one has K/V tiles, so
+      // that the last P V can wait for its S_0.
+      bool next_has_tiles = false;
+      if (p.wgmma_chain && w + static_cast<int>(gridDim.x) < total) {
+        const WorkItem& nx = p.items[(w + gridDim.x) / p.heads];
+        next_has_tiles = nx.inner_end > nx.inner_begin;
       }
-      const int qs = q_iter & 1;
-      BarWait(q_full + 8 * qs, (q_iter >> 1) & 1);
-      const uint32_t q_rows = q_s + qs * kTileBytes + c * 64 * 128;  // this warpgroup's rows
-      if (n_tiles > 0) {
-        // Tile 0: S_0 alone.
-        int s = kv_iter & 1;
-        BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
-        TurnWait(p, my_turn);
-        WgFence();
-        IssueS(sc, q_rows, k_s + s * kTileBytes);
-        TurnPass(p, other_turn);
-        WgWait0();
-        FenceRegs(sc);
-        if (release) BarArrive(k_empty + 8 * s);
-        ScoresToProbs<A>(p, it, sc, row0, it.inner_begin, t, m, l, corr);
-        PackProbs(sc, pa);
-        for (int n = 1; n < n_tiles; ++n) {
-          const int prev = s, prev_parity = (kv_iter >> 1) & 1;
-          ++kv_iter;
-          s = kv_iter & 1;
-          BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
-          BarWait(v_full + 8 * prev, prev_parity);
+      // The query tiles of a grouped item share its resident K/V tiles (their
+      // full barriers stay complete), which only the last one releases.
+      const int kv_first = kv_iter;
+      for (int j = 0; j < it.q_tiles; ++j, ++q_iter, it.tile_row += kRowsQ) {
+        const bool release = j + 1 == it.q_tiles;
+        kv_iter = kv_first;
+        const int row0 = it.tile_row + row_in_tile;
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.f;
+        const int qs = q_iter & 1;
+        const uint32_t q_tile = q_s + qs * kTileBytes;
+        const uint32_t q_rows = q_tile + c * 64 * 128;  // this warpgroup's rows
+        BarWait(q_full + 8 * qs, (q_iter >> 1) & 1);
+        // The tile's last P V waits for the next query tile's S_0 if that has
+        // K/V tiles; otherwise a last step issues it (with S on the query
+        // tile itself, discarded).
+        const bool flush = n_tiles > 0 && !(j + 1 < it.q_tiles ? p.wgmma_chain : next_has_tiles);
+        const int steps = n_tiles + flush;
+        for (int n = 0; n < steps; ++n) {
+          // Step n: S_n with the pending P V (the previous K/V tile's, or at
+          // n = 0 the previous query tile's last one). Without one pending
+          // (n = 0 after a tile that flushed), the step still issues a P V,
+          // on the query tile, whose result n = 0 discards. One code path
+          // with no branch around any wgmma: two would merge versions of
+          // O's registers with moves, and ptxas would serialize the wgmma
+          // pipeline (C7520) and spill.
+          const bool real = n < n_tiles;
+          const int s = kv_iter & 1, parity = (kv_iter >> 1) & 1;
+          const int col0 = it.inner_begin + n * kRowsKv;
+          const bool pv_pending = pv & kPvPending;
+          const int pv_stage = (pv & kPvStage) != 0;
+          if (real) BarWait(k_full + 8 * s, parity);
+          if (pv_pending) BarWait(v_full + 8 * pv_stage, (pv & kPvParity) != 0);
+          const uint32_t kb = real ? k_s + s * kTileBytes : q_tile;
+          const uint32_t vb = pv_pending ? v_s + pv_stage * kTileBytes : q_tile;
           TurnWait(p, my_turn);
           FenceRegs(pa);
           FenceRegs(o);
           WgFence();
-          IssueS(sc, q_rows, k_s + s * kTileBytes);
-          IssuePv(o, pa, v_s + prev * kTileBytes);
+          IssueS(sc, q_rows, kb);
+          IssuePv(o, pa, vb);
           TurnPass(p, other_turn);
-          const int col0 = it.inner_begin + n * kRowsKv;
           if constexpr (kOverlapOwnPv) {
             WgWait1();
             FenceRegs(sc);
-            if (release) BarArrive(k_empty + 8 * s);
-            ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+            if (real) {
+              if (release) BarArrive(k_empty + 8 * s);
+              ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+            }
           }
           WgWait0();
           FenceRegs(o);
           FenceRegs(pa);
           FenceRegs(sc);
-          if (release) {
-            if constexpr (!kOverlapOwnPv) BarArrive(k_empty + 8 * s);
-            BarArrive(v_empty + 8 * prev);
+          if (n + 1 == steps) BarArrive(q_empty + 8 * qs);
+          if (pv_pending && (pv & kPvRelease)) BarArrive(v_empty + 8 * pv_stage);
+          if constexpr (!kOverlapOwnPv) {
+            if (real) {
+              if (release) BarArrive(k_empty + 8 * s);
+              ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+            }
           }
-          if constexpr (!kOverlapOwnPv) ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
-          if constexpr (A == kActSoftmax) {
+          if (real) PackProbs(sc, pa);
+          if (n == 0) {
+            // The previous query tile's O is complete (if its last P V waited).
+            // Pinned here, so that its conversion is not hoisted into the
+            // activation above (where it would hold 32 more registers).
+            FenceRegs(pa);
+            FenceRegs(o);
+            if (pv_pending) StoreOut(o, out_row, out_rows, p.heads, out_mul);
 #pragma unroll
             for (int dt = 0; dt < 16; ++dt) {
 #pragma unroll
-              for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e >> 1];
+              for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+            }
+          } else if constexpr (A == kActSoftmax) {
+            if (real) {
+#pragma unroll
+              for (int dt = 0; dt < 16; ++dt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e >> 1];
+              }
             }
           }
-          PackProbs(sc, pa);
+          pv = real ? kPvPending | (release ? kPvRelease : 0) | (s ? kPvStage : 0) |
+                          (parity ? kPvParity : 0)
+                    : 0;
+          if (real) ++kv_iter;
         }
-        // The last tile's P V.
-        BarWait(v_full + 8 * s, (kv_iter >> 1) & 1);
-        TurnWait(p, my_turn);
-        FenceRegs(pa);
-        FenceRegs(o);
-        WgFence();
-        IssuePv(o, pa, v_s + s * kTileBytes);
-        TurnPass(p, other_turn);
-        WgWait0();
-        FenceRegs(o);
-        if (release) BarArrive(v_empty + 8 * s);
-        ++kv_iter;
-      }
-      BarArrive(q_empty + 8 * qs);
+        if (n_tiles == 0) BarArrive(q_empty + 8 * qs);
 
-      float mul[2] = {1.f, 1.f};
-      if constexpr (A == kActSoftmax) {
+        // The tile's normalization (and log-sum-exp) are known now.
+        out_row = static_cast<bf16*>(p.o) + ((it.q_start + row0) * p.heads + it.head) * kD + 2 * t;
+        out_rows = (row0 < it.q_len) + (row0 + 8 < it.q_len);
+        FinishRows<A>(p, it, row0, t, m, l, out_mul);
+        // O is complete unless its last P V is pending (zero if no K/V).
+        if (pv == 0) {
+          StoreOut(o, out_row, out_rows, p.heads, out_mul);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float sum = QuadSum(l[r]);
-          mul[r] = sum > 0.f ? 1.f / sum : 0.f;
-          const int i = row0 + 8 * r;
-          if (t == 0 && i < it.q_len) {
-            p.lse[(it.q_start + i) * p.heads + it.head] =
-                sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
+          for (int dt = 0; dt < 16; ++dt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
           }
         }
       }
-      StoreRows<kD>(p.o, o, it.q_start, row0, it.q_len, it.head, p.heads, mul);
+    }
+  } else {
+    // The loop of one query tile at a time: S_0 alone, S_n with
+    // P_{n-1} V_{n-1}, the last P V alone, then O.
+    int kv_iter = 0, q_iter = 0;
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+      WorkItem it = ItemAt(p, w);
+      const int n_tiles = (it.inner_end - it.inner_begin + kRowsKv - 1) / kRowsKv;
+      // The query tiles of a grouped item share its resident K/V tiles (their
+      // full barriers stay complete), which only the last one releases.
+      const int kv_first = kv_iter;
+      for (int j = 0; j < it.q_tiles; ++j, ++q_iter, it.tile_row += kRowsQ) {
+        const bool release = j + 1 == it.q_tiles;
+        kv_iter = kv_first;
+        const int row0 = it.tile_row + row_in_tile;
+        float o[16][4], sc[16][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
+        uint32_t pa[8][4];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
+        }
+        const int qs = q_iter & 1;
+        BarWait(q_full + 8 * qs, (q_iter >> 1) & 1);
+        const uint32_t q_rows = q_s + qs * kTileBytes + c * 64 * 128;  // this warpgroup's rows
+        if (n_tiles > 0) {
+          // Tile 0: S_0 alone.
+          int s = kv_iter & 1;
+          BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
+          TurnWait(p, my_turn);
+          WgFence();
+          IssueS(sc, q_rows, k_s + s * kTileBytes);
+          TurnPass(p, other_turn);
+          WgWait0();
+          FenceRegs(sc);
+          if (release) BarArrive(k_empty + 8 * s);
+          ScoresToProbs<A>(p, it, sc, row0, it.inner_begin, t, m, l, corr);
+          PackProbs(sc, pa);
+          for (int n = 1; n < n_tiles; ++n) {
+            const int prev = s, prev_parity = (kv_iter >> 1) & 1;
+            ++kv_iter;
+            s = kv_iter & 1;
+            BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
+            BarWait(v_full + 8 * prev, prev_parity);
+            TurnWait(p, my_turn);
+            FenceRegs(pa);
+            FenceRegs(o);
+            WgFence();
+            IssueS(sc, q_rows, k_s + s * kTileBytes);
+            IssuePv(o, pa, v_s + prev * kTileBytes);
+            TurnPass(p, other_turn);
+            const int col0 = it.inner_begin + n * kRowsKv;
+            if constexpr (kOverlapOwnPv) {
+              WgWait1();
+              FenceRegs(sc);
+              if (release) BarArrive(k_empty + 8 * s);
+              ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+            }
+            WgWait0();
+            FenceRegs(o);
+            FenceRegs(pa);
+            FenceRegs(sc);
+            if (release) {
+              if constexpr (!kOverlapOwnPv) BarArrive(k_empty + 8 * s);
+              BarArrive(v_empty + 8 * prev);
+            }
+            if constexpr (!kOverlapOwnPv) ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+            if constexpr (A == kActSoftmax) {
+#pragma unroll
+              for (int dt = 0; dt < 16; ++dt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e >> 1];
+              }
+            }
+            PackProbs(sc, pa);
+          }
+          // The last tile's P V.
+          BarWait(v_full + 8 * s, (kv_iter >> 1) & 1);
+          TurnWait(p, my_turn);
+          FenceRegs(pa);
+          FenceRegs(o);
+          WgFence();
+          IssuePv(o, pa, v_s + s * kTileBytes);
+          TurnPass(p, other_turn);
+          WgWait0();
+          FenceRegs(o);
+          if (release) BarArrive(v_empty + 8 * s);
+          ++kv_iter;
+        }
+        BarArrive(q_empty + 8 * qs);
+
+        float mul[2] = {1.f, 1.f};
+        FinishRows<A>(p, it, row0, t, m, l, mul);
+        StoreRows<kD>(p.o, o, it.q_start, row0, it.q_len, it.head, p.heads, mul);
+      }
     }
   }
   // Warpgroup 1 passed the turn once more than warpgroup 0 took it.
@@ -555,7 +735,7 @@ bool MakeTileMap(CUtensorMap* map, const void* base, int64_t rows, int heads) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int A>
+template <int A, bool kOverlapOwnPv>
 int LaunchWgmma(const KernelParams& p, int sms, void* stream) {
   const int total = p.num_items * p.heads;
   if (total == 0) return 0;
@@ -563,7 +743,7 @@ int LaunchWgmma(const KernelParams& p, int sms, void* stream) {
   const bool tma = p.wgmma_tma && MakeTileMap(&q_map, p.q, p.q_rows, p.heads) &&
                    MakeTileMap(&k_map, p.k, p.kv_rows, p.heads) &&
                    MakeTileMap(&v_map, p.v, p.kv_rows, p.heads);
-  auto kernel = WgmmaForwardKernel<A>;
+  auto kernel = WgmmaForwardKernel<A, kOverlapOwnPv>;
   cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (e != cudaSuccess) return e;
@@ -579,9 +759,10 @@ bool WgmmaForwardSupports(const KernelParams& p) {
 }
 
 int LaunchJaggedForwardWgmma(const KernelParams& p, int sms, void* stream) {
-  if (p.activation == kActSoftmax) return LaunchWgmma<kActSoftmax>(p, sms, stream);
-  if (p.activation == kActGelu) return LaunchWgmma<kActGelu>(p, sms, stream);
-  return LaunchWgmma<kActSilu>(p, sms, stream);
+  if (p.activation == kActSoftmax) return LaunchWgmma<kActSoftmax, true>(p, sms, stream);
+  if (p.activation == kActGelu) return LaunchWgmma<kActGelu, false>(p, sms, stream);
+  if (p.wgmma_overlap) return LaunchWgmma<kActSilu, true>(p, sms, stream);
+  return LaunchWgmma<kActSilu, false>(p, sms, stream);
 }
 
 }  // namespace recfleet::attention::cuda_impl
