@@ -69,11 +69,15 @@ rows() { "$recfleet" data info --dataset "$tmp/data/train.rfd" | sed -n "s/^# ta
 best_auc=""
 if [[ -z $movielens ]]; then
   step "dataset: recfleet data synth"
-  out=$("$recfleet" data synth --out "$tmp/data" --samples 60000 --items 500 --users 2000 --clusters 8 \
+  # 200k samples, so 1200 steps of 2 x 128 see each training sample about
+  # twice (the model overfits a smaller set long before it learns the
+  # planted model), and 500 users, each seen often enough to learn.
+  out=$("$recfleet" data synth --out "$tmp/data" --samples 200000 --items 500 --users 500 --clusters 8 \
     --dense 4 --lengths "lognormal:mean=20,sigma=0.8,min=1,max=64" --eval-fraction 0.15 --seed 1)
   echo "$out"
   best_auc=$(echo "$out" | sed -n 's/.*AUC on eval: \([0-9.]*\).*/\1/p')
-  : "${steps:=600}"
+  : "${steps:=1200}"
+  dense_lr=0.003 sparse_lr=0.1
   cat >"$tmp/job.yaml" <<EOF
 display_name: demo-gemlite-synthetic
 model:
@@ -106,6 +110,7 @@ else
   "$recfleet" data ingest --input "$movielens/$name.inter" "${side[@]}" --label-threshold 4 \
     --split time --eval-fraction 0.2 --max-history 50 --out "$tmp/data"
   : "${steps:=600}"
+  dense_lr=0.002 sparse_lr=0.05
   {
     cat <<EOF
 display_name: demo-gemlite-$name
@@ -151,8 +156,8 @@ training:
   eval_every: $((steps / 2))
   checkpoint_every: $((steps / 4))
   checkpoint_dir: $tmp/checkpoints
-  dense_learning_rate: 0.002
-  sparse_learning_rate: 0.05
+  dense_learning_rate: $dense_lr
+  sparse_learning_rate: $sparse_lr
   seed: 1
 EOF
 

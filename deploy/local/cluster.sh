@@ -4,9 +4,12 @@
 # server on a port the OS picks, state and logs in one directory.
 #
 #   deploy/local/cluster.sh start DIR [--workers N] [--lease SECONDS] [--bin BINDIR]
-#                                     [--loader DATASET --batch-size B]
+#                                     [--loader DATASET --batch-size B] [--topology FILE]
 #   deploy/local/cluster.sh stop DIR
 #
+# The coordinator plans jobs with FILE's hardware numbers (a planner
+# topology; default bench/planner/cpu_topology.yaml, a 2-core machine as
+# measured by bench/planner/cpu_step_bench, which re-measures yours).
 # The loader deals DATASET's samples to N ranks, B per rank and step (a job's
 # spec.data.local_batch_size must equal B).
 # `start` prints the coordinator address and the /metrics addresses, and
@@ -15,7 +18,7 @@
 # Binaries come from --bin (default: the repository's bazel-bin).
 set -euo pipefail
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 2 ]] || usage
 cmd=$1 dir=$2
 shift 2
@@ -26,6 +29,7 @@ workers=2
 lease=10
 loader_dataset=""
 batch=128
+topology="$root/bench/planner/cpu_topology.yaml"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --loader) loader_dataset=$2; shift 2 ;;
@@ -33,6 +37,7 @@ while [[ $# -gt 0 ]]; do
     --workers) workers=$2; shift 2 ;;
     --lease) lease=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
+    --topology) topology=$2; shift 2 ;;
     *) echo "cluster.sh: unknown flag $1" >&2; usage ;;
   esac
 done
@@ -78,7 +83,8 @@ start() {
     echo "loader ${loader_metrics%%)*}" >>"$dir/metrics.txt"
   fi
   "$coordinator_bin" --listen=127.0.0.1:0 --db="$dir/coordinator.db" --lease_seconds="$lease" \
-    --loader_address="$loader_address" --metrics_address=127.0.0.1:0 >"$dir/coordinator.log" 2>&1 &
+    --loader_address="$loader_address" --metrics_address=127.0.0.1:0 \
+    ${topology:+--hardware_topology="$topology"} >"$dir/coordinator.log" 2>&1 &
   pid=$!
   echo "$pid" >>"$dir/pids"
   local address

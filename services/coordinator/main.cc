@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "services/common/flags.h"
+#include "services/coordinator/planner/yaml_io.h"
 #include "services/coordinator/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
@@ -21,6 +22,9 @@ ABSL_FLAG(std::string, db, "recfleet-coordinator.db",
 ABSL_FLAG(double, lease_seconds, 10, "Workers whose heartbeats stop for this long are lost");
 ABSL_FLAG(std::string, loader_address, "",
           "Data-loader host:port handed to workers in assignments (empty = none)");
+ABSL_FLAG(std::string, hardware_topology, "",
+          "Planner topology YAML whose GPU and link numbers describe the workers' hardware "
+          "(e.g. a calibrated CPU cluster); default: H200 nodes");
 ABSL_FLAG(std::string, address_file, "",
           "If set, the bound gRPC address is written to this file once serving (for scripts)");
 
@@ -46,6 +50,15 @@ int main(int argc, char** argv) {
   }
   options.coordinator.lease = absl::Seconds(lease);
   options.coordinator.loader_address = absl::GetFlag(FLAGS_loader_address);
+  if (const std::string topology = absl::GetFlag(FLAGS_hardware_topology); !topology.empty()) {
+    absl::StatusOr<recfleet::planner::Topology> hardware = recfleet::planner::LoadTopologyYaml(topology);
+    if (!hardware.ok()) {
+      std::fprintf(stderr, "recfleet-coordinator: --hardware_topology: %s\n",
+                   std::string(hardware.status().message()).c_str());
+      return 2;
+    }
+    options.coordinator.planner_hardware = *std::move(hardware);
+  }
   absl::StatusOr<std::string> token = recfleet::LoadAuthToken();
   if (!token.ok()) {
     std::fprintf(stderr, "recfleet-coordinator: %s\n", std::string(token.status().message()).c_str());

@@ -1,4 +1,5 @@
-// SIGKILL a worker mid-training (batches streamed by a data-loader): the coordinator notices within 10 s,
+// SIGKILL a worker mid-training (batches streamed by a data-loader; FSDP and
+// tables sharded over both ranks): the coordinator notices within 10 s,
 // restarts the job with a new epoch on the surviving worker and a
 // replacement, every rank resumes from the last complete checkpoint, the
 // job finishes, and the sample ids each rank trained (from the workers'
@@ -33,6 +34,11 @@ TEST(KillRestartTest, JobSurvivesASigkilledWorkerWithoutSkippingOrRepeatingSampl
 
   v1::CreateJobRequest create;
   *create.mutable_spec() = SmallJobSpec(dir + "/data", dir + "/ckpt", kSteps, kCheckpointEvery, 2, kBatch);
+  // Dense parameters sharded over both ranks and tables split between them,
+  // so the restart restores FSDP shards and table shards with their
+  // optimizer state.
+  create.mutable_spec()->mutable_parallelism()->set_fsdp_group_size(2);
+  create.mutable_spec()->mutable_parallelism()->set_table_sharding_group_size(2);
   v1::Job job;
   {
     grpc::ClientContext ctx;
@@ -60,6 +66,7 @@ TEST(KillRestartTest, JobSurvivesASigkilledWorkerWithoutSkippingOrRepeatingSampl
       absl::Seconds(80));
   ASSERT_TRUE(done.ok()) << done.status() << c.DumpLogs();
   ASSERT_EQ(done->status().state(), v1::JobStatus::SUCCEEDED) << done->DebugString() << c.DumpLogs();
+  EXPECT_NE(done->status().plan_summary().find("FSDP 2 x 1"), std::string::npos) << done->status().plan_summary();
   std::printf("killed worker 1 at step %lld; restart noticed after %.2f s; finished at restart epoch %lld\n",
               static_cast<long long>(running->status().progress().step()), detect_s,
               static_cast<long long>(done->status().restart_epoch()));
