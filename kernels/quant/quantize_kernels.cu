@@ -38,39 +38,28 @@ __device__ __forceinline__ int64_t TileRow(int64_t r0, int warp, int i, int rr) 
   return r0 + 4 * (warp + kWarps * i) + rr;
 }
 
-// Loads the thread's 64 elements. For a whole tile, all 16 vector loads are
-// issued before any of them is converted, so they are in flight together;
-// edge tiles take guarded scalar loads.
+// Raw vector of 4 consecutive elements of x (as staged in shared memory)
+// and its widening to fp32.
 template <typename T>
-__device__ __forceinline__ void LoadTile(const QuantizeArgs& a, bool whole, int64_t r0,
-                                         int64_t c, int warp, Tile& v) {
-  const T* x = static_cast<const T*>(a.x);
-  if (whole) {
-    using Raw = typename std::conditional<sizeof(T) == 4, float4, uint2>::type;
-    Raw raw[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int rr = 0; rr < 4; ++rr) {
-        raw[i][rr] = __ldg(reinterpret_cast<const Raw*>(x + TileRow(r0, warp, i, rr) * a.cols + c));
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int rr = 0; rr < 4; ++rr) {
-        if constexpr (sizeof(T) == 4) {
-          const float4 f = raw[i][rr];
-          v[i][rr][0] = f.x, v[i][rr][1] = f.y, v[i][rr][2] = f.z, v[i][rr][3] = f.w;
-        } else {
-          const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[i][rr]);
-          const float2 lo = __bfloat1622float2(h[0]), hi = __bfloat1622float2(h[1]);
-          v[i][rr][0] = lo.x, v[i][rr][1] = lo.y, v[i][rr][2] = hi.x, v[i][rr][3] = hi.y;
-        }
-      }
-    }
-    return;
+using Raw4 = typename std::conditional<sizeof(T) == 4, float4, uint2>::type;
+
+template <typename T>
+__device__ __forceinline__ void Widen4(const Raw4<T>& raw, float (&out)[4]) {
+  if constexpr (sizeof(T) == 4) {
+    out[0] = raw.x, out[1] = raw.y, out[2] = raw.z, out[3] = raw.w;
+  } else {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float2 lo = __bfloat1622float2(h[0]), hi = __bfloat1622float2(h[1]);
+    out[0] = lo.x, out[1] = lo.y, out[2] = hi.x, out[3] = hi.y;
   }
+}
+
+// Loads the thread's 64 elements straight from global memory with guarded
+// scalar loads: the path of matrices whose rows are not 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ void LoadTile(const QuantizeArgs& a, int64_t r0, int64_t c, int warp,
+                                         Tile& v) {
+  const T* x = static_cast<const T*>(a.x);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -85,13 +74,79 @@ __device__ __forceinline__ void LoadTile(const QuantizeArgs& a, bool whole, int6
   }
 }
 
+// 16-byte asynchronous copy global -> shared; with `valid` false it writes
+// zeros and reads nothing (`src` must still be a mapped address).
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+// Starts copying the tile at (r0, c0) into `stage` (row-major, 128 elements
+// per row; rows and columns outside x read as zeros). Needs 16-byte aligned
+// rows. Each thread copies kTile * sizeof(T) / 16 / 2 chunks of 16 bytes.
+template <typename T>
+__device__ __forceinline__ void IssueTileCopy(const QuantizeArgs& a, int64_t r0, int64_t c0,
+                                              char* stage) {
+  constexpr int kChunksPerRow = kTile * static_cast<int>(sizeof(T)) / 16;
+  constexpr int kElemsPerChunk = 16 / static_cast<int>(sizeof(T));
+  const T* x = static_cast<const T*>(a.x);
+#pragma unroll
+  for (int i = 0; i < kTile * kChunksPerRow / kTileThreads; ++i) {
+    const int k = threadIdx.x + i * kTileThreads;
+    const int64_t r = r0 + k / kChunksPerRow, c = c0 + (k % kChunksPerRow) * kElemsPerChunk;
+    const bool valid = r < a.rows && c < a.cols;
+    CpAsync16(stage + k * 16, valid ? x + r * a.cols + c : x, valid);
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Waits for this thread's tile copies; the caller then synchronizes the
+// block before reading the stage.
+__device__ __forceinline__ void WaitTileCopies() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// The thread's 64 elements from a staged tile. A warp reads one 128-element
+// row per access (256 or 512 contiguous bytes: no bank conflicts).
+template <typename T>
+__device__ __forceinline__ void LoadStagedTile(const char* stage, int warp, int lane, Tile& v) {
+  const Raw4<T>* s = reinterpret_cast<const Raw4<T>*>(stage);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      Widen4<T>(s[(4 * (warp + kWarps * i) + rr) * (kTile / 4) + lane], v[i][rr]);
+    }
+  }
+}
+
+// One step of the transposing max-reduction in TileScales<1, 128>: the lane
+// keeps rows [0, N) or [N, 2N) of m[0, 2N) (by its bit N * 2) and takes the
+// max with the same rows of the lane 2N away, into m[0, N).
+template <int N>
+__device__ __forceinline__ void TradeHalves(float (&m)[16], int lane) {
+  const bool upper = (lane & (2 * N)) != 0;
+#pragma unroll
+  for (int h = 0; h < N; ++h) {
+    const float send = upper ? m[h] : m[h + N];
+    const float keep = upper ? m[h + N] : m[h];
+    m[h] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 2 * N));
+  }
+}
+
 // Dequantization scales of the thread's elements for x-oriented blocks of
 // XR x XC (1x128: one per row; 128x1: one per column; 128x128: one; 32x32:
-// one per row group i). Every thread of the block must call it.
+// one per row group i), and their correctly rounded reciprocals (as
+// minifloat::Reciprocal on the host), which Encode multiplies by. For 1x128,
+// s[0] is the scale of the thread's own row k = lane >> 1 of its 16 (see
+// Compute); the others hold all of theirs. Every thread of the block must
+// call Compute.
 template <int XR, int XC>
 struct TileScales {
   static constexpr int kCount = XR == 1 ? 16 : (XC == 1 ? 4 : (XR == 32 ? 4 : 1));
-  float s[kCount];
+  float s[XR == 1 ? 1 : kCount];
+  float inv[kCount];
   __device__ __forceinline__ static int Index(int i, int rr, int j) {
     if constexpr (XR == 1) return i * 4 + rr;
     if constexpr (XC == 1) return j;
@@ -101,16 +156,37 @@ struct TileScales {
   __device__ __forceinline__ void Compute(const Tile& v, float (*red)[kTile], float fmax,
                                           bool pow2, int warp, int lane) {
     if constexpr (XR == 1) {
+      // Transposing reduction of the 16 row maxima over the warp: at each
+      // step a lane keeps half of its rows and trades the other half with
+      // the lane `o` away, so 8 + 4 + 2 + 1 shuffles leave lane l with row
+      // (l >> 1) over 16 lanes, and one more over all 32 (16 shuffles and
+      // one division per lane, instead of 80 and 16).
+      float m[16];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int rr = 0; rr < 4; ++rr) {
-          float m = fmaxf(fmaxf(fabsf(v[i][rr][0]), fabsf(v[i][rr][1])),
-                          fmaxf(fabsf(v[i][rr][2]), fabsf(v[i][rr][3])));
-          s[i * 4 + rr] = minifloat::BlockScale(cuda_util::WarpMax(m), fmax, pow2);
-        }
+      for (int k = 0; k < 16; ++k) {
+        const float* e = v[k / 4][k % 4];
+        m[k] = fmaxf(fmaxf(fabsf(e[0]), fabsf(e[1])), fmaxf(fabsf(e[2]), fabsf(e[3])));
       }
-    } else if constexpr (XC == 1) {
+      TradeHalves<8>(m, lane);
+      TradeHalves<4>(m, lane);
+      TradeHalves<2>(m, lane);
+      TradeHalves<1>(m, lane);
+      m[0] = fmaxf(m[0], __shfl_xor_sync(0xffffffffu, m[0], 1));
+      s[0] = minifloat::BlockScale(m[0], fmax, pow2);
+      const float own_inv = __frcp_rn(s[0]);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) inv[k] = __shfl_sync(0xffffffffu, own_inv, 2 * k);
+    } else {
+      ComputeShared(v, red, fmax, pow2, warp, lane);
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) inv[k] = __frcp_rn(s[k]);
+    }
+  }
+
+  // Column (128x1) and square blocks: reductions across warps through `red`.
+  __device__ __forceinline__ void ComputeShared(const Tile& v, float (*red)[kTile], float fmax,
+                                                bool pow2, int warp, int lane) {
+    if constexpr (XC == 1) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         float m = 0.0f;
@@ -184,11 +260,6 @@ __device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarg
                                        const Tile& v, const TileScales<XR, XC>& sc, int64_t r0,
                                        int64_t c, int warp, uint32_t (&word)[4][4]) {
   const minifloat::Spec spec = a.format == 2 ? minifloat::E5M2() : minifloat::E4M3();
-  float inv[TileScales<XR, XC>::kCount];
-#pragma unroll
-  for (int k = 0; k < TileScales<XR, XC>::kCount; ++k) {
-    inv[k] = __frcp_rn(sc.s[k]);  // correctly rounded, as minifloat::Reciprocal on the host
-  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -196,7 +267,7 @@ __device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarg
       uint32_t w = 0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float x = v[i][rr][j] * inv[TileScales<XR, XC>::Index(i, rr, j)];
+        const float x = v[i][rr][j] * sc.inv[TileScales<XR, XC>::Index(i, rr, j)];
         uint32_t b;
         if (kSR && t.stochastic) {
           const int64_t r = TileRow(r0, warp, i, rr), cc = c + j;
@@ -354,118 +425,175 @@ __device__ __forceinline__ void HadamardRows(Tile& v, float* hs, uint64_t seed, 
 // is large, and round-to-nearest kernels that carried it ran at half speed
 // (likely instruction-cache misses, judging by code size), so they are
 // built without.
+//
+// Persistent blocks walk the tiles with a stride of the grid. With `staged`
+// (16-byte aligned rows) the next tile is copied into shared memory
+// (cp.async) while the current one is reduced, encoded and stored, so each
+// block keeps a whole tile of reads in flight at all times; a block that
+// loaded, computed and stored in sequence left the memory idle during the
+// second half of its life.
 template <int BR, int BC, bool kDirect, bool kT, bool kHad, bool kSR>
 __global__ void __launch_bounds__(kTileThreads, 2)
-    QuantizeTileKernel(QuantizeArgs a, bool vec_ok) {
+    QuantizeTileKernel(QuantizeArgs a, bool staged, int64_t tiles) {
   extern __shared__ float4 dyn_smem[];
   __shared__ float red[kWarps][kTile];
   __shared__ uint32_t tsm[kT ? kTile * 32 : 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // Column tiles vary fastest across consecutive blocks, so blocks running
+  const bool fp32 = a.x_type == static_cast<int>(ElemType::kFloat32);
+  char* stage = reinterpret_cast<char*>(dyn_smem) + (kHad ? kTile * kTile * sizeof(float) : 0);
+  // Column tiles vary fastest across consecutive tiles, so blocks running
   // together read whole rows (DRAM-page friendly) rather than a column slab.
   const int64_t col_tiles = (a.cols + kTile - 1) / kTile;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_tiles * kTile;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) % col_tiles * kTile;
-  const int64_t c = c0 + lane * 4;
-  Tile v;
-  const bool whole = vec_ok && r0 + kTile <= a.rows && c0 + kTile <= a.cols;
-  if (a.x_type == static_cast<int>(ElemType::kFloat32)) {
-    LoadTile<float>(a, whole, r0, c, warp, v);
-  } else {
-    LoadTile<__nv_bfloat16>(a, whole, r0, c, warp, v);
-  }
+  auto origin = [&](int64_t tile, int64_t& r0, int64_t& c0) {
+    r0 = tile / col_tiles * kTile;
+    c0 = tile % col_tiles * kTile;
+  };
+  auto issue = [&](int64_t tile) {
+    int64_t r0, c0;
+    origin(tile, r0, c0);
+    if (fp32) {
+      IssueTileCopy<float>(a, r0, c0, stage);
+    } else {
+      IssueTileCopy<__nv_bfloat16>(a, r0, c0, stage);
+    }
+  };
+  if (staged && blockIdx.x < tiles) issue(blockIdx.x);
   const float fmax = a.format == 2 ? 57344.0f : 448.0f;
   constexpr bool kSquare = BR == BC;
-  uint32_t word[4][4];
 
-  if constexpr (kDirect) {
-    TileScales<BR, BC> sc;
-    sc.Compute(v, red, fmax, a.pow2, warp, lane);
-    const QuantizeTarget& t = a.direct;
-    if constexpr (BR == 1) {
-      if (lane == 0) {
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    int64_t r0, c0;
+    origin(tile, r0, c0);
+    const int64_t c = c0 + lane * 4;
+    Tile v;
+    if (staged) {
+      WaitTileCopies();
+      // Also orders the previous tile's reads of red / tsm before this
+      // tile's writes.
+      __syncthreads();
+      if (fp32) {
+        LoadStagedTile<float>(stage, warp, lane, v);
+      } else {
+        LoadStagedTile<__nv_bfloat16>(stage, warp, lane, v);
+      }
+      __syncthreads();
+      if (tile + gridDim.x < tiles) issue(tile + gridDim.x);
+    } else {
+      __syncthreads();
+      if (fp32) {
+        LoadTile<float>(a, r0, c, warp, v);
+      } else {
+        LoadTile<__nv_bfloat16>(a, r0, c, warp, v);
+      }
+    }
+    uint32_t word[4][4];
+
+    if constexpr (kDirect) {
+      TileScales<BR, BC> sc;
+      sc.Compute(v, red, fmax, a.pow2, warp, lane);
+      const QuantizeTarget& t = a.direct;
+      if constexpr (BR == 1) {
+        // Lane 2k holds row k's scale.
+        const int k = lane >> 1;
+        const int64_t r = TileRow(r0, warp, k / 4, k % 4);
+        if ((lane & 1) == 0 && r < a.rows) WriteScale(t, r, c0 / kTile, sc.s[0]);
+      } else if constexpr (BR == 128) {
+        if (threadIdx.x == 0) WriteScale(t, r0 / kTile, c0 / kTile, sc.s[0]);
+      } else {
+        if (warp == 0 && lane % 8 == 0 && c < a.cols) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-          for (int rr = 0; rr < 4; ++rr) {
-            const int64_t r = TileRow(r0, warp, i, rr);
-            if (r < a.rows) WriteScale(t, r, c0 / kTile, sc.s[i * 4 + rr]);
+          for (int i = 0; i < 4; ++i) {
+            if (r0 + 32 * i < a.rows) WriteScale(t, r0 / 32 + i, c / 32, sc.s[i]);
           }
         }
       }
-    } else if constexpr (BR == 128) {
-      if (threadIdx.x == 0) WriteScale(t, r0 / kTile, c0 / kTile, sc.s[0]);
-    } else {
-      if (warp == 0 && lane % 8 == 0 && c < a.cols) {
+      Encode<BR, BC, false, kSR>(a, t, v, sc, r0, c, warp, word);
+      StoreDirect(a, t, word, r0, c, warp);
+      if constexpr (kT && kSquare && !kHad) {
+        // Square blocks are transpose-invariant: same scales, and with
+        // round-to-nearest the same bytes.
+        const QuantizeTarget& tt = a.transposed;
+        if (BR == 128 && threadIdx.x == 0) WriteScale(tt, c0 / kTile, r0 / kTile, sc.s[0]);
+        if (BR == 32 && warp == 0 && lane % 8 == 0 && c < a.cols) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (r0 + 32 * i < a.rows) WriteScale(t, r0 / 32 + i, c / 32, sc.s[i]);
+          for (int i = 0; i < 4; ++i) {
+            if (r0 + 32 * i < a.rows) WriteScale(tt, c / 32, r0 / 32 + i, sc.s[i]);
+          }
         }
+        if (kSR && tt.stochastic) Encode<BR, BC, true, kSR>(a, tt, v, sc, r0, c, warp, word);
+        StoreTransposed(a, tt, word, tsm, r0, c0, warp, lane);
+        continue;
       }
     }
-    Encode<BR, BC, false, kSR>(a, t, v, sc, r0, c, warp, word);
-    StoreDirect(a, t, word, r0, c, warp);
-    if constexpr (kT && kSquare && !kHad) {
-      // Square blocks are transpose-invariant: same scales, and with
-      // round-to-nearest the same bytes.
-      const QuantizeTarget& tt = a.transposed;
-      if (BR == 128 && threadIdx.x == 0) WriteScale(tt, c0 / kTile, r0 / kTile, sc.s[0]);
-      if (BR == 32 && warp == 0 && lane % 8 == 0 && c < a.cols) {
+    if constexpr (kT && !(kDirect && kSquare && !kHad)) {
+      const QuantizeTarget& t = a.transposed;
+      if constexpr (kHad) {
+        HadamardRows(v, reinterpret_cast<float*>(dyn_smem), a.hadamard_seed, r0, warp, lane);
+      }
+      TileScales<BC, BR> sc;
+      sc.Compute(v, red, fmax, a.pow2, warp, lane);
+      if constexpr (BR == 1) {
+        if (warp == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (r0 + 32 * i < a.rows) WriteScale(tt, c / 32, r0 / 32 + i, sc.s[i]);
+          for (int j = 0; j < 4; ++j) {
+            if (c + j < a.cols) WriteScale(t, c + j, r0 / kTile, sc.s[j]);
+          }
+        }
+      } else if constexpr (BR == 128) {
+        if (threadIdx.x == 0) WriteScale(t, c0 / kTile, r0 / kTile, sc.s[0]);
+      } else {
+        if (warp == 0 && lane % 8 == 0 && c < a.cols) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (r0 + 32 * i < a.rows) WriteScale(t, c / 32, r0 / 32 + i, sc.s[i]);
+          }
         }
       }
-      if (kSR && tt.stochastic) Encode<BR, BC, true, kSR>(a, tt, v, sc, r0, c, warp, word);
-      StoreTransposed(a, tt, word, tsm, r0, c0, warp, lane);
-      return;
+      Encode<BC, BR, true, kSR>(a, t, v, sc, r0, c, warp, word);
+      StoreTransposed(a, t, word, tsm, r0, c0, warp, lane);
     }
   }
-  if constexpr (kT && !(kDirect && kSquare && !kHad)) {
-    const QuantizeTarget& t = a.transposed;
-    if constexpr (kHad) {
-      HadamardRows(v, reinterpret_cast<float*>(dyn_smem), a.hadamard_seed, r0, warp, lane);
-    }
-    TileScales<BC, BR> sc;
-    sc.Compute(v, red, fmax, a.pow2, warp, lane);
-    if constexpr (BR == 1) {
-      if (warp == 0) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (c + j < a.cols) WriteScale(t, c + j, r0 / kTile, sc.s[j]);
-        }
-      }
-    } else if constexpr (BR == 128) {
-      if (threadIdx.x == 0) WriteScale(t, c0 / kTile, r0 / kTile, sc.s[0]);
-    } else {
-      if (warp == 0 && lane % 8 == 0 && c < a.cols) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (r0 + 32 * i < a.rows) WriteScale(t, c / 32, r0 / 32 + i, sc.s[i]);
-        }
-      }
-    }
-    Encode<BC, BR, true, kSR>(a, t, v, sc, r0, c, warp, word);
-    StoreTransposed(a, t, word, tsm, r0, c0, warp, lane);
+}
+
+// Persistent grid of a kernel: as many blocks as fit on the device at once
+// (the driver's occupancy calculation for this kernel and shared memory),
+// capped by the work.
+template <typename Kernel>
+cudaError_t ResidentBlocks(Kernel kernel, int threads, size_t dyn, int64_t work, unsigned& grid) {
+  int device = 0, sms = 0, per_sm = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) {
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dyn);
   }
+  if (e != cudaSuccess) return e;
+  grid = static_cast<unsigned>(std::max<int64_t>(
+      1, std::min<int64_t>(work, static_cast<int64_t>(std::max(per_sm, 1)) * sms)));
+  return cudaSuccess;
 }
 
 template <int BR, int BC, bool kDirect, bool kT, bool kHad, bool kSR>
 cudaError_t LaunchTiles(const QuantizeArgs& a, cudaStream_t s) {
-  const bool vec_ok = a.cols % 4 == 0 &&
-                      reinterpret_cast<uintptr_t>(a.x) % (a.x_type == 0 ? 16 : 8) == 0;
-  const int64_t blocks = static_cast<int64_t>(cuda_util::GridFor(a.rows, kTile)) *
-                         cuda_util::GridFor(a.cols, kTile);
-  if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
-  const size_t dyn = kHad ? kTile * kTile * sizeof(float) : 0;
-  if (kHad) {
-    const cudaError_t e = cudaFuncSetAttribute(QuantizeTileKernel<BR, BC, kDirect, kT, kHad, kSR>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(dyn));
+  const size_t esize = a.x_type == 0 ? 4 : 2;
+  const uintptr_t xa = reinterpret_cast<uintptr_t>(a.x);
+  const bool staged = (a.cols * esize) % 16 == 0 && xa % 16 == 0;
+  const int64_t tiles = static_cast<int64_t>(cuda_util::GridFor(a.rows, kTile)) *
+                        cuda_util::GridFor(a.cols, kTile);
+  const size_t dyn = (kHad ? kTile * kTile * sizeof(float) : 0) +
+                     (staged ? kTile * kTile * esize : 0);
+  auto* kernel = QuantizeTileKernel<BR, BC, kDirect, kT, kHad, kSR>;
+  if (dyn > 0) {
+    // Static and dynamic shared memory together pass 48 KB (bf16 stage:
+    // 32 KB + 20 KB), which needs the opt-in for every size, not only for
+    // dynamic parts over 48 KB.
+    const cudaError_t e = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn));
     if (e != cudaSuccess) return e;
   }
-  QuantizeTileKernel<BR, BC, kDirect, kT, kHad, kSR>
-      <<<static_cast<unsigned>(blocks), kTileThreads, dyn, s>>>(a, vec_ok);
+  unsigned grid = 0;
+  const cudaError_t e = ResidentBlocks(kernel, kTileThreads, dyn, tiles, grid);
+  if (e != cudaSuccess) return e;
+  kernel<<<grid, kTileThreads, dyn, s>>>(a, staged, tiles);
   return cudaGetLastError();
 }
 
@@ -474,6 +602,161 @@ cudaError_t Launch(const QuantizeArgs& a, cudaStream_t s) {
   const bool sr = (kDirect && a.direct.stochastic) || (kT && a.transposed.stochastic);
   return sr ? LaunchTiles<BR, BC, kDirect, kT, kHad, true>(a, s)
             : LaunchTiles<BR, BC, kDirect, kT, kHad, false>(a, s);
+}
+
+// 1x128 blocks of x itself, the activation path, as a plain streaming
+// kernel: a half-warp covers one 128-element block, each lane 8 consecutive
+// elements (one 16-byte load for bf16, two for fp32), amax by 4 shuffles,
+// FP8 through the packed cvt.rn.satfinite (two elements per instruction)
+// and one 8-byte store per lane. Every thread issues the loads of its
+// kRowSlots blocks before converting any. Needs cols % 128 == 0 (blocks
+// never straddle rows, so element i of x is element i of the flat array),
+// 16-byte aligned x and 8-byte aligned q.
+constexpr int kRowThreads = 256;
+constexpr int kRowSlots = 4;
+
+template <typename T>
+struct Raw8 {
+  // 8 consecutive elements: one uint4 of bf16 or two float4 of fp32.
+  using Vec = typename std::conditional<sizeof(T) == 4, float4, uint4>::type;
+  Vec p[sizeof(T) / 2];
+};
+
+template <typename T>
+__device__ __forceinline__ void Widen8(const Raw8<T>& raw, float (&out)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 a = raw.p[0], b = raw.p[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw.p[0]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(h[k]);
+      out[2 * k] = f.x, out[2 * k + 1] = f.y;
+    }
+  }
+}
+
+// Four round-to-nearest FP8 codes, byte j from y[j], by two packed
+// conversions (the same cvt.rn.satfinite as minifloat::Encode).
+__device__ __forceinline__ uint32_t EncodeNearest4(const float* y, bool e5m2) {
+  const __nv_fp8_interpretation_t f = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(y[0], y[1]), __NV_SATFINITE, f);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(y[2], y[3]), __NV_SATFINITE, f);
+  return lo | hi << 16;
+}
+
+template <typename T, bool kSR>
+__global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a) {
+  const QuantizeTarget& t = a.direct;
+  const T* x = static_cast<const T*>(a.x);
+  const int64_t slots = a.rows * a.cols / 8;  // 8-element slots
+  const uint32_t blocks_per_row = static_cast<uint32_t>(a.cols / 128);
+  const float fmax = a.format == 2 ? 57344.0f : 448.0f;
+  const bool e5m2 = a.format == 2;
+  const minifloat::Spec spec = e5m2 ? minifloat::E5M2() : minifloat::E4M3();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowThreads * kRowSlots;
+  // The loop condition is uniform over the block: every lane takes part in
+  // the shuffles, also where its slots lie past the end of x.
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kRowThreads * kRowSlots; first < slots;
+       first += stride) {
+    const int64_t base = first + threadIdx.x;
+    Raw8<T> raw[kRowSlots];
+#pragma unroll
+    for (int u = 0; u < kRowSlots; ++u) {
+      const int64_t slot = base + u * kRowThreads;
+#pragma unroll
+      for (int k = 0; k < static_cast<int>(sizeof(T)) / 2; ++k) {
+        using Vec = typename Raw8<T>::Vec;
+        raw[u].p[k] = slot < slots ? __ldg(reinterpret_cast<const Vec*>(x + slot * 8) + k) : Vec{};
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowSlots; ++u) {
+      // Slots of one half-warp are all inside or all outside x (slots is a
+      // multiple of 16).
+      const int64_t slot = base + u * kRowThreads;
+      float v[8];
+      Widen8<T>(raw[u], v);
+      float m = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
+#pragma unroll
+      for (int o = 1; o < 16; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      if (slot >= slots) continue;
+      const float s = minifloat::BlockScale(m, fmax, a.pow2);
+      if ((threadIdx.x & 15) == 0) {
+        const uint32_t block = static_cast<uint32_t>(slot / 16);
+        const uint32_t r = block / blocks_per_row;
+        WriteScale(t, r, block - r * blocks_per_row, s);
+      }
+      const float inv = __frcp_rn(s);  // correctly rounded, as minifloat::Reciprocal
+      float y[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[j] = v[j] * inv;
+      uint32_t w[2];
+      if (kSR && t.stochastic) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          w[h] = 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint64_t k = static_cast<uint64_t>(slot * 8 + 4 * h + j);
+            w[h] |= static_cast<uint32_t>(minifloat::EncodeStochastic(
+                        spec, y[4 * h + j], minifloat::UniformFromCounter(t.seed, k)))
+                    << (8 * j);
+          }
+        }
+      } else {
+        // y * 0 is NaN only for a NaN or infinite y; those (rare) take the
+        // scalar encoder, whose NaN code the packed conversion need not
+        // reproduce.
+        float probe = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) probe = fmaf(y[j], 0.0f, probe);
+        if (probe == 0.0f) {
+          w[0] = EncodeNearest4(y, e5m2);
+          w[1] = EncodeNearest4(y + 4, e5m2);
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            w[h] = 0;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              w[h] |= static_cast<uint32_t>(minifloat::Encode(spec, y[4 * h + j])) << (8 * j);
+            }
+          }
+        }
+      }
+      *reinterpret_cast<uint2*>(t.q + slot * 8) = make_uint2(w[0], w[1]);
+    }
+  }
+}
+
+// The row kernel when its layout conditions hold (see QuantizeRowsKernel);
+// false: use the tile kernel.
+bool RowKernelFits(const QuantizeArgs& a) {
+  return a.cols % 128 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(a.direct.q) % 8 == 0 &&
+         a.rows * (a.cols / 128) <= static_cast<int64_t>(UINT32_MAX);
+}
+
+template <typename T, bool kSR>
+cudaError_t LaunchRowsAs(const QuantizeArgs& a, cudaStream_t s) {
+  const int64_t per_block = static_cast<int64_t>(kRowThreads) * kRowSlots * 8;
+  const int64_t blocks = (a.rows * a.cols + per_block - 1) / per_block;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, INT32_MAX));
+  QuantizeRowsKernel<T, kSR><<<grid, kRowThreads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRows(const QuantizeArgs& a, cudaStream_t s) {
+  const bool sr = a.direct.stochastic;
+  if (a.x_type == static_cast<int>(ElemType::kFloat32)) {
+    return sr ? LaunchRowsAs<float, true>(a, s) : LaunchRowsAs<float, false>(a, s);
+  }
+  return sr ? LaunchRowsAs<__nv_bfloat16, true>(a, s) : LaunchRowsAs<__nv_bfloat16, false>(a, s);
 }
 
 __global__ void DequantizeKernel(const uint8_t* __restrict__ q, int format,
@@ -546,7 +829,8 @@ cudaError_t Quantize(const QuantizeArgs& a, void* stream) {
       return d ? Launch<1, 128, true, true, true>(a, s) : Launch<1, 128, false, true, true>(a, s);
     }
     if (d && t) return Launch<1, 128, true, true, false>(a, s);
-    return d ? Launch<1, 128, true, false, false>(a, s) : Launch<1, 128, false, true, false>(a, s);
+    if (d) return RowKernelFits(a) ? LaunchRows(a, s) : Launch<1, 128, true, false, false>(a, s);
+    return Launch<1, 128, false, true, false>(a, s);
   }
   if (a.hadamard_transposed) return cudaErrorInvalidValue;
   if (br == 128 && bc == 128) {
