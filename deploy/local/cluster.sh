@@ -8,7 +8,7 @@
 #   deploy/local/cluster.sh stop DIR
 #
 # The coordinator plans jobs with FILE's hardware numbers (a planner
-# topology; default bench/planner/cpu_topology.yaml, a 2-core machine as
+# topology; default deploy/local/cpu-topology.yaml, a 2-core machine as
 # measured by bench/planner/cpu_step_bench, which re-measures yours).
 # The loader deals DATASET's samples to N ranks, B per rank and step (a job's
 # spec.data.local_batch_size must equal B).
@@ -29,7 +29,7 @@ workers=2
 lease=10
 loader_dataset=""
 batch=128
-topology="$root/bench/planner/cpu_topology.yaml"
+topology="$root/deploy/local/cpu-topology.yaml"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --loader) loader_dataset=$2; shift 2 ;;
