@@ -240,6 +240,15 @@ struct TileScales {
   }
 };
 
+// Four round-to-nearest FP8 codes, byte j from y[j], by two packed
+// conversions (the same cvt.rn.satfinite as minifloat::Encode).
+__device__ __forceinline__ uint32_t EncodeNearest4(const float* y, bool e5m2) {
+  const __nv_fp8_interpretation_t f = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(y[0], y[1]), __NV_SATFINITE, f);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(y[2], y[3]), __NV_SATFINITE, f);
+  return lo | hi << 16;
+}
+
 // Writes the scale of q-block (bi, bj) of one output.
 __device__ __forceinline__ void WriteScale(const QuantizeTarget& t, int64_t bi, int64_t bj,
                                            float s) {
@@ -259,7 +268,39 @@ template <int XR, int XC, bool kT, bool kSR>
 __device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarget& t,
                                        const Tile& v, const TileScales<XR, XC>& sc, int64_t r0,
                                        int64_t c, int warp, uint32_t (&word)[4][4]) {
-  const minifloat::Spec spec = a.format == 2 ? minifloat::E5M2() : minifloat::E4M3();
+  const bool e5m2 = a.format == 2;
+  const minifloat::Spec spec = e5m2 ? minifloat::E5M2() : minifloat::E4M3();
+  if constexpr (!kSR) {
+    // Round-to-nearest kernels: four codes by two packed conversions (as
+    // the row kernel), which cut the tile kernels' time by 6-26% against
+    // the scalar encoder. A row whose y holds a NaN or an infinity (y * 0 is
+    // then NaN) takes the scalar encoder, whose NaN code the packed one need
+    // not reproduce. Kernels with stochastic rounding keep the scalar code
+    // below: the packed path there added register spills and cost time.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int rr = 0; rr < 4; ++rr) {
+        float y[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          y[j] = v[i][rr][j] * sc.inv[TileScales<XR, XC>::Index(i, rr, j)];
+        }
+        const float probe = fmaf(y[0], 0.0f, fmaf(y[1], 0.0f, fmaf(y[2], 0.0f, y[3] * 0.0f)));
+        if (probe == 0.0f) {
+          word[i][rr] = EncodeNearest4(y, e5m2);
+        } else {
+          uint32_t w = 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            w |= static_cast<uint32_t>(minifloat::Encode(spec, y[j])) << (8 * j);
+          }
+          word[i][rr] = w;
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -636,15 +677,6 @@ __device__ __forceinline__ void Widen8(const Raw8<T>& raw, float (&out)[8]) {
       out[2 * k] = f.x, out[2 * k + 1] = f.y;
     }
   }
-}
-
-// Four round-to-nearest FP8 codes, byte j from y[j], by two packed
-// conversions (the same cvt.rn.satfinite as minifloat::Encode).
-__device__ __forceinline__ uint32_t EncodeNearest4(const float* y, bool e5m2) {
-  const __nv_fp8_interpretation_t f = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(y[0], y[1]), __NV_SATFINITE, f);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(y[2], y[3]), __NV_SATFINITE, f);
-  return lo | hi << 16;
 }
 
 template <typename T, bool kSR>
