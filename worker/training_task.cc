@@ -244,8 +244,6 @@ absl::Status RankRun::Connect() {
   comm::CommOptions comm_options;
   comm_options.timeout = options_.comm_timeout;
   comms_ = std::make_shared<Comms>();
-  std::shared_ptr<Comms> comms = comms_;
-  control_.OnStop([comms] { comms->Abort("task stopped by the worker (abort or shutdown)"); });
   absl::StatusOr<std::unique_ptr<comm::Communicator>> world =
       comm::ConnectGloo(store, a_.rank(), a_.world_size(), *transport, comm_options);
   if (!world.ok()) return world.status();
@@ -265,7 +263,10 @@ absl::Status RankRun::Connect() {
   absl::StatusOr<dist::TrainingGroups> groups = dist::TrainingGroups::BuildFromSpecs(a_.rank(), *specs, store, factory);
   if (!groups.ok()) return groups.status();
   comms_->groups.emplace(*std::move(groups));
-  if (control_.stop_requested()) comms_->Abort("task stopped while connecting");
+  // Registered once every communicator exists (the callback may run on
+  // another thread at any time after this; at once if a stop came already).
+  std::shared_ptr<Comms> comms = comms_;
+  control_.OnStop([comms] { comms->Abort("task stopped by the worker (abort or shutdown)"); });
   if (a_.rank() == 0) {
     std::fprintf(stderr, "worker: %s layout: FSDP groups of %d x %d replicas, tables over %d x %d copies\n",
                  Describe().c_str(), comms_->groups->fsdp()->size(), comms_->groups->replica()->size(),
