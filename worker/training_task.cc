@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <numeric>
 #include <optional>
 #include <vector>
@@ -14,7 +13,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "data/dataset_file.h"
 #include "engine/metrics.h"
 #include "grpcpp/grpcpp.h"

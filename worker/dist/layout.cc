@@ -10,62 +10,6 @@
 namespace recfleet {
 namespace dist {
 
-absl::StatusOr<ParallelLayout> ParallelLayout::FromHints(int world_size, const ParallelismHints& hints) {
-  if (world_size < 1) return absl::InvalidArgumentError(absl::StrCat("layout: world_size ", world_size, " < 1"));
-  if (hints.fsdp_group_size < 0 || hints.replicas < 0 || hints.table_group_size < 0) {
-    return absl::InvalidArgumentError("layout: parallelism hints must be >= 0 (0 = unset)");
-  }
-  ParallelLayout l;
-  if (hints.fsdp_group_size > 0 && hints.replicas > 0) {
-    l.fsdp_group_size = hints.fsdp_group_size;
-    l.replicas = hints.replicas;
-  } else if (hints.fsdp_group_size > 0) {
-    l.fsdp_group_size = hints.fsdp_group_size;
-    l.replicas = world_size / hints.fsdp_group_size;
-  } else if (hints.replicas > 0) {
-    l.replicas = hints.replicas;
-    l.fsdp_group_size = world_size / hints.replicas;
-  } else {
-    l.fsdp_group_size = world_size;
-  }
-  if (l.fsdp_group_size * l.replicas != world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("layout: fsdp_group_size ", l.fsdp_group_size, " x replicas ",
-                                                   l.replicas, " must equal the world size ", world_size));
-  }
-  l.table_group_size = hints.table_group_size > 0 ? hints.table_group_size : l.fsdp_group_size;
-  if (world_size % l.table_group_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("layout: table_group_size ", l.table_group_size,
-                                                   " does not divide the world size ", world_size));
-  }
-  return l;
-}
-
-absl::StatusOr<comm::DeviceMesh> ParallelLayout::DenseMesh() const {
-  return comm::DeviceMesh::Create(fsdp_group_size * replicas, {{"replica", replicas}, {"fsdp", fsdp_group_size}});
-}
-
-absl::StatusOr<comm::DeviceMesh> ParallelLayout::SparseMesh() const {
-  const int world = fsdp_group_size * replicas;
-  return comm::DeviceMesh::Create(world, {{"table_replica", world / table_group_size}, {"tables", table_group_size}});
-}
-
-absl::StatusOr<TrainingGroups> TrainingGroups::Build(const ParallelLayout& layout, int rank, comm::KvStore& store,
-                                                     const comm::CommFactory& factory) {
-  absl::StatusOr<comm::DeviceMesh> dense_mesh = layout.DenseMesh();
-  if (!dense_mesh.ok()) return dense_mesh.status();
-  absl::StatusOr<comm::DeviceMesh> sparse_mesh = layout.SparseMesh();
-  if (!sparse_mesh.ok()) return sparse_mesh.status();
-  // The two meshes' dimension names differ, so their groups' rendezvous
-  // namespaces cannot collide in the shared store.
-  absl::StatusOr<comm::ProcessGroups> dense =
-      comm::ProcessGroups::Build(*dense_mesh, rank, {{"fsdp"}, {"replica"}}, store, factory);
-  if (!dense.ok()) return dense.status();
-  absl::StatusOr<comm::ProcessGroups> sparse =
-      comm::ProcessGroups::Build(*sparse_mesh, rank, {{"tables"}, {"table_replica"}}, store, factory);
-  if (!sparse.ok()) return sparse.status();
-  return TrainingGroups{*std::move(dense), *std::move(sparse)};
-}
-
 namespace {
 
 // Groups named "<prefix><index>", by index; they must split the world into
@@ -129,6 +73,54 @@ std::map<int, std::vector<int>> Consecutive(int world_size, int group_size) {
 
 }  // namespace
 
+absl::StatusOr<ParallelLayout> ParallelLayout::FromHints(int world_size, const ParallelismHints& hints) {
+  if (world_size < 1) return absl::InvalidArgumentError(absl::StrCat("layout: world_size ", world_size, " < 1"));
+  if (hints.fsdp_group_size < 0 || hints.replicas < 0 || hints.table_group_size < 0) {
+    return absl::InvalidArgumentError("layout: parallelism hints must be >= 0 (0 = unset)");
+  }
+  ParallelLayout l;
+  if (hints.fsdp_group_size > 0 && hints.replicas > 0) {
+    l.fsdp_group_size = hints.fsdp_group_size;
+    l.replicas = hints.replicas;
+  } else if (hints.fsdp_group_size > 0) {
+    l.fsdp_group_size = hints.fsdp_group_size;
+    l.replicas = world_size / hints.fsdp_group_size;
+  } else if (hints.replicas > 0) {
+    l.replicas = hints.replicas;
+    l.fsdp_group_size = world_size / hints.replicas;
+  } else {
+    l.fsdp_group_size = world_size;
+  }
+  if (l.fsdp_group_size * l.replicas != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("layout: fsdp_group_size ", l.fsdp_group_size, " x replicas ",
+                                                   l.replicas, " must equal the world size ", world_size));
+  }
+  l.table_group_size = hints.table_group_size > 0 ? hints.table_group_size : l.fsdp_group_size;
+  if (world_size % l.table_group_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("layout: table_group_size ", l.table_group_size,
+                                                   " does not divide the world size ", world_size));
+  }
+  return l;
+}
+
+absl::StatusOr<std::vector<comm::ProcessGroupSpec>> ParallelLayout::GroupSpecs(int rank) const {
+  const int world_size = fsdp_group_size * replicas;
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside the world of ", world_size));
+  }
+  std::vector<comm::ProcessGroupSpec> specs;
+  if (absl::Status s = AppendGroupAndAcross(rank, Consecutive(world_size, fsdp_group_size), "fsdp", "replica", &specs);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          AppendGroupAndAcross(rank, Consecutive(world_size, table_group_size), "tables", "table_replica", &specs);
+      !s.ok()) {
+    return s;
+  }
+  return specs;
+}
+
 absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank, int world_size,
                                                                        const std::vector<NamedGroup>& plan_groups,
                                                                        const ParallelismHints& hints) {
@@ -149,15 +141,22 @@ absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank,
   if (fsdp->empty()) {
     absl::StatusOr<ParallelLayout> layout = ParallelLayout::FromHints(world_size, hints);
     if (!layout.ok()) return layout.status();
-    *fsdp = Consecutive(world_size, layout->fsdp_group_size);
-    *tables = Consecutive(world_size, layout->table_group_size);
-  } else if (tables->empty()) {
+    return layout->GroupSpecs(rank);
+  }
+  if (tables->empty()) {
     *tables = *fsdp;
   }
   std::vector<comm::ProcessGroupSpec> specs;
   if (absl::Status s = AppendGroupAndAcross(rank, *fsdp, "fsdp", "replica", &specs); !s.ok()) return s;
   if (absl::Status s = AppendGroupAndAcross(rank, *tables, "tables", "table_replica", &specs); !s.ok()) return s;
   return specs;
+}
+
+absl::StatusOr<TrainingGroups> TrainingGroups::Build(const ParallelLayout& layout, int rank, comm::KvStore& store,
+                                                     const comm::CommFactory& factory) {
+  absl::StatusOr<std::vector<comm::ProcessGroupSpec>> specs = layout.GroupSpecs(rank);
+  if (!specs.ok()) return specs.status();
+  return BuildFromSpecs(rank, *specs, store, factory);
 }
 
 absl::StatusOr<TrainingGroups> TrainingGroups::BuildFromSpecs(int rank, const std::vector<comm::ProcessGroupSpec>& specs,

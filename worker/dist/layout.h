@@ -7,7 +7,8 @@
 //           across them;
 //   sparse  mesh {table_replica, tables}: embedding tables sharded over
 //           groups of consecutive ranks, replicated across them.
-// Pure arithmetic plus one ProcessGroups::Build per mesh.
+// Pure arithmetic down to group specs, then one
+// ProcessGroups::BuildFromSpecs per side (dense, sparse).
 
 #include <memory>
 #include <string>
@@ -36,8 +37,10 @@ struct ParallelLayout {
   // not divide the world.
   static absl::StatusOr<ParallelLayout> FromHints(int world_size, const ParallelismHints& hints);
 
-  absl::StatusOr<comm::DeviceMesh> DenseMesh() const;
-  absl::StatusOr<comm::DeviceMesh> SparseMesh() const;
+  // Rank `rank`'s four groups (fsdp, replica, tables, table_replica; the
+  // order TrainingGroups::BuildFromSpecs takes): FSDP and table groups of
+  // consecutive ranks, replicas across them.
+  absl::StatusOr<std::vector<comm::ProcessGroupSpec>> GroupSpecs(int rank) const;
 };
 
 // A named group of world ranks as a coordinator assignment lists it
