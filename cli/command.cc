@@ -26,4 +26,11 @@ std::vector<const Command*> AllCommands() {
   return out;
 }
 
+const Command* FindCommand(const std::string& name) {
+  for (const Command* c : AllCommands()) {
+    if (c->name == name) return c;
+  }
+  return nullptr;
+}
+
 }  // namespace recfleet::cli

@@ -37,6 +37,9 @@ bool RegisterCommand(Command command);
 // All registered commands, sorted by name.
 std::vector<const Command*> AllCommands();
 
+// The command named `name` ("data ingest"), or nullptr.
+const Command* FindCommand(const std::string& name);
+
 }  // namespace recfleet::cli
 
 #define RECFLEET_CLI_CONCAT_INNER(a, b) a##b

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/movielens.h"
-#include "engine/synthetic.h"
+#include "engine/testing/movielens.h"
+#include "engine/testing/synthetic.h"
 #include "gtest/gtest.h"
 #include "kernels/embedding/embedding.h"
 

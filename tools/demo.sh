@@ -98,7 +98,7 @@ model:
   cross: {num_cross_layers: 1, pma_queries: 2, num_heads: 2}
   dense:
     - dcn: {num_layers: 1}
-    - moe: {num_experts: 2, top_k: 1, expert_hidden_dims: [64, 32]}
+    - moe: {num_experts: 2, top_k: 2, expert_hidden_dims: [64, 32]}
   heads:
     - {kind: CTR, label: label, hidden_dims: [16]}
 EOF
@@ -140,7 +140,7 @@ EOF
   cross: {num_cross_layers: 1, pma_queries: 2, num_heads: 2}
   dense:
     - dcn: {num_layers: 1}
-    - moe: {num_experts: 2, top_k: 1, expert_hidden_dims: [64, 32]}
+    - moe: {num_experts: 2, top_k: 2, expert_hidden_dims: [64, 32]}
   heads:
     - {kind: CTR, label: label, hidden_dims: [16]}
 EOF
@@ -150,6 +150,7 @@ cat >>"$tmp/job.yaml" <<EOF
 data:
   dataset: $tmp/data
   local_batch_size: 128
+  bbs: {enabled: true, cost_weights: {linear: 1}}
 resources: {workers: 2}
 training:
   steps: $steps
@@ -162,7 +163,7 @@ training:
 EOF
 
 step "local cluster: coordinator, data-loader and 2 CPU workers on 127.0.0.1"
-deploy/local/cluster.sh start "$cluster" --workers 2 --bin "$bin" --loader "$tmp/data/train.rfd" --batch-size 128
+deploy/local/cluster.sh start "$cluster" --workers 2 --bin "$bin" --loader
 coordinator=$(cat "$cluster/coordinator.address")
 export RECFLEET_COORDINATOR=$coordinator
 

@@ -51,10 +51,13 @@ class TaskControl {
   // The worker id to put in ReportStep calls.
   const std::string& worker_id() const { return worker_id_; }
 
- private:
-  friend class Agent;
+  // The Agent makes one per assignment; a run outside a daemon (`recfleet
+  // train --local`) makes its own, and may stop it with RequestStop.
   explicit TaskControl(std::string worker_id) : worker_id_(std::move(worker_id)) {}
   void RequestStop();
+
+ private:
+  friend class Agent;
 
   const std::string worker_id_;
   absl::Notification stop_;

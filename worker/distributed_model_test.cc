@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "engine/movielens.h"
-#include "engine/synthetic.h"
+#include "engine/testing/movielens.h"
+#include "engine/testing/synthetic.h"
 #include "gtest/gtest.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/kv_store.h"

@@ -36,6 +36,11 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "worker of a job shares. Default: <work_dir>/checkpoints, which only single-worker jobs can share.");
 ABSL_FLAG(std::string, sample_log_dir, "",
           "If set, append every trained step's sample ids to per-rank logs here (audit of exactly-once training).");
+ABSL_FLAG(std::string, data_root, "",
+          "Relative dataset paths of jobs this worker reads itself (no data-loader) are taken from here; default: the "
+          "working directory.");
+ABSL_FLAG(std::string, synthetic_cache_dir, "",
+          "Where synthetic:// datasets are generated; default: $TMPDIR/recfleet-synthetic.");
 ABSL_FLAG(double, comm_timeout, 60, "Seconds any collective (and the rendezvous) may take before failing.");
 
 namespace {
@@ -100,6 +105,8 @@ int main(int argc, char** argv) {
   training.checkpoint_root =
       absl::GetFlag(FLAGS_checkpoint_root).empty() ? work_dir + "/checkpoints" : absl::GetFlag(FLAGS_checkpoint_root);
   training.gloo_host = absl::GetFlag(FLAGS_host);
+  training.datasets.root = absl::GetFlag(FLAGS_data_root);
+  training.datasets.cache_dir = absl::GetFlag(FLAGS_synthetic_cache_dir);
   training.sample_log_dir = absl::GetFlag(FLAGS_sample_log_dir);
   training.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));
   training.auth_token = token;

@@ -1,7 +1,5 @@
 #include "worker/training_task.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,17 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "data/dataset_file.h"
-#include "engine/metrics.h"
 #include "grpcpp/grpcpp.h"
-#include "worker/loader_rank_data.h"
-#include "worker/rank_data.h"
-#include "worker/checkpoint.h"
-#include "worker/comm/gloo_communicator.h"
 #include "worker/comm/grpc_kv_store.h"
-#include "worker/distributed_model.h"
-#include "worker/dist/layout.h"
-#include "worker/job_model.h"
 
 namespace recfleet::worker {
 namespace {
@@ -32,59 +21,8 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-std::string StripScheme(const std::string& location) {
-  return absl::StartsWith(location, "file://") ? location.substr(7) : location;
-}
-
-// spec.data.dataset / eval_dataset: a .rfd file, or a directory holding
-// train.rfd and eval.rfd (what `recfleet data synth` and `ingest` write).
-struct DataFiles {
-  std::string train;
-  std::string eval;  // "" = no evaluation.
-};
-
-absl::StatusOr<DataFiles> ResolveData(const v1::DataSpec& data) {
-  DataFiles files;
-  const std::string train = StripScheme(data.dataset());
-  if (train.empty()) return absl::InvalidArgumentError("spec.data.dataset is empty; expected a .rfd file or directory");
-  files.train = IsDirectory(train) ? train + "/train.rfd" : train;
-  const std::string eval = StripScheme(data.eval_dataset());
-  if (!eval.empty()) {
-    files.eval = IsDirectory(eval) ? eval + "/eval.rfd" : eval;
-  } else if (IsDirectory(train) && Exists(train + "/eval.rfd")) {
-    files.eval = train + "/eval.rfd";
-  }
-  return files;
-}
-
-// The rank's training data: streamed by the job's data-loader, or read from
-// the dataset file when the assignment names no loader.
-absl::StatusOr<std::unique_ptr<RankData>> OpenRankData(const std::string& loader_address,
-                                                       const std::string& train_file, int rank, int world_size,
-                                                       int64_t local_batch, uint64_t seed) {
-  if (!loader_address.empty()) return OpenLoaderRankData(loader_address, rank, local_batch);
-  if (!Exists(train_file)) {
-    return absl::NotFoundError(absl::StrCat("spec.data.dataset: ", train_file, " does not exist on this worker"));
-  }
-  return OpenDatasetRankData(train_file, rank, world_size, local_batch, seed);
-}
-
-std::string JobId(const std::string& job_name) {
-  return absl::StartsWith(job_name, "jobs/") ? job_name.substr(5) : job_name;
-}
-
 // Sends batched step reports; stops the task on a fencing error.
-class Reporter {
+class Reporter : public ProgressSink {
  public:
   Reporter(v1::WorkerService::StubInterface* stub, const v1::Assignment& a, const std::string& worker_id,
            const std::string& token)
@@ -94,11 +32,11 @@ class Reporter {
     pending_.set_restart_epoch(a.restart_epoch());
     pending_.set_rank(a.rank());
   }
-  void AddStep(const v1::StepStats& s) { *pending_.add_steps() = s; }
-  void SetEval(const v1::EvalStats& e) { *pending_.mutable_eval() = e; }
+  void ReportStep(const v1::StepStats& s) override { *pending_.add_steps() = s; }
+  void ReportEval(const v1::EvalStats& e) override { *pending_.mutable_eval() = e; }
 
   // Sends what is pending if `force` or half a second has passed.
-  absl::Status Flush(bool force) {
+  absl::Status Flush(bool force) override {
     if (pending_.steps_size() == 0 && !pending_.has_eval()) return absl::OkStatus();
     if (!force && Since(last_) < 0.5) return absl::OkStatus();
     grpc::ClientContext ctx;
@@ -127,360 +65,6 @@ class Reporter {
   Clock::time_point last_ = Clock::now();
 };
 
-// Everything one attempt at a rank holds.
-class RankRun {
- public:
-  RankRun(const v1::Assignment& a, TaskControl& control, const TrainingOptions& options,
-          v1::WorkerService::StubInterface* stub, std::shared_ptr<v1::WorkerService::StubInterface> shared_stub,
-          WorkerMetrics* metrics)
-      : a_(a),
-        spec_(a.spec()),
-        control_(control),
-        options_(options),
-        shared_stub_(std::move(shared_stub)),
-        metrics_(metrics),
-        reporter_(stub, a, control.worker_id(), options.auth_token) {}
-
-  ~RankRun() {
-    if (sample_log_ != nullptr) std::fclose(sample_log_);
-  }
-
-  absl::Status Run();
-
- private:
-  // The communicators of one attempt; shared with the stop callback, which
-  // may run after the attempt has ended.
-  struct Comms {
-    std::unique_ptr<comm::Communicator> world;
-    std::optional<dist::TrainingGroups> groups;
-    void Abort(absl::string_view reason) {
-      if (world != nullptr) world->Abort(reason);
-      if (!groups.has_value()) return;
-      for (comm::Communicator* c : {groups->fsdp(), groups->replica(), groups->tables(), groups->table_replica()}) {
-        if (c != nullptr) c->Abort(reason);
-      }
-    }
-  };
-
-  absl::Status Setup();
-  absl::Status Connect();
-  absl::StatusOr<int64_t> AgreeOnResumeStep();
-  absl::Status Restore(int64_t step);
-  absl::Status Step(int64_t step);
-  absl::Status Checkpoint(int64_t step);
-  absl::Status EvaluateAndReport(int64_t step);
-  void LogSamples(int64_t step, const data::Batch& source, const std::vector<int64_t>& rows);
-  std::string Describe() const { return absl::StrCat(a_.job(), " rank ", a_.rank(), "/", a_.world_size()); }
-
-  const v1::Assignment& a_;
-  const v1::JobSpec& spec_;
-  TaskControl& control_;
-  const TrainingOptions& options_;
-  std::shared_ptr<v1::WorkerService::StubInterface> shared_stub_;
-  WorkerMetrics* metrics_;
-  Reporter reporter_;
-
-  JobModel job_model_;
-  std::unique_ptr<RankData> train_;
-  // This rank's slice of the eval set (every rank evaluates its part).
-  std::optional<data::Batch> eval_rows_;
-  int64_t eval_first_ = 0, eval_end_ = 0;
-  bool has_eval_ = false;
-  std::optional<BatchConverter> converter_;
-  std::shared_ptr<Comms> comms_;
-  std::unique_ptr<DistributedModel> model_;
-  std::string checkpoint_dir_;
-  std::FILE* sample_log_ = nullptr;
-  int64_t samples_done_ = 0;
-  double loss_sum_ = 0;
-  int64_t loss_steps_ = 0;
-};
-
-absl::Status RankRun::Setup() {
-  absl::StatusOr<JobModel> jm = JobModelFromSpec(spec_);
-  if (!jm.ok()) return jm.status();
-  job_model_ = std::move(*jm);
-  absl::StatusOr<DataFiles> files = ResolveData(spec_.data());
-  if (!files.ok()) return files.status();
-  absl::StatusOr<std::unique_ptr<RankData>> train =
-      OpenRankData(a_.loader_address(), files->train, a_.rank(), a_.world_size(), spec_.data().local_batch_size(),
-                   spec_.training().seed());
-  if (!train.ok()) return train.status();
-  train_ = std::move(*train);
-  absl::StatusOr<BatchConverter> conv = BatchConverter::Create(job_model_, train_->schema());
-  if (!conv.ok()) return conv.status();
-  converter_.emplace(std::move(*conv));
-  has_eval_ = !files->eval.empty();
-  if (has_eval_) {
-    absl::StatusOr<data::Batch> eval = data::ReadAll(files->eval);
-    if (!eval.ok()) return eval.status();
-    if (!(eval->schema() == train_->schema())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(files->eval, " has another schema than the training data"));
-    }
-    const int64_t n = static_cast<int64_t>(eval->num_rows());
-    eval_first_ = n * a_.rank() / a_.world_size();
-    eval_end_ = n * (a_.rank() + 1) / a_.world_size();
-    eval_rows_ = std::move(*eval);
-  }
-  checkpoint_dir_ = spec_.training().checkpoint_dir().empty()
-                        ? absl::StrCat(options_.checkpoint_root, "/", JobId(a_.job()))
-                        : StripScheme(spec_.training().checkpoint_dir());
-  if (!options_.sample_log_dir.empty()) {
-    const std::string path = absl::StrFormat("%s/%s.rank-%d.epoch-%d.log", options_.sample_log_dir, JobId(a_.job()),
-                                             a_.rank(), a_.restart_epoch());
-    sample_log_ = std::fopen(path.c_str(), "a");
-    if (sample_log_ == nullptr) return absl::InternalError(absl::StrCat("cannot open sample log ", path));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RankRun::Connect() {
-  comm::GrpcKvStore store(shared_stub_, a_.job(), a_.restart_epoch(), absl::Seconds(10), options_.auth_token);
-  absl::StatusOr<std::shared_ptr<comm::GlooTransport>> transport = comm::GlooTransport::Create(options_.gloo_host);
-  if (!transport.ok()) return transport.status();
-  comm::CommOptions comm_options;
-  comm_options.timeout = options_.comm_timeout;
-  comms_ = std::make_shared<Comms>();
-  absl::StatusOr<std::unique_ptr<comm::Communicator>> world =
-      comm::ConnectGloo(store, a_.rank(), a_.world_size(), *transport, comm_options);
-  if (!world.ok()) return world.status();
-  comms_->world = std::move(*world);
-
-  // The plan's groups (or the spec's hints) decide the dense and sparse
-  // layouts.
-  std::vector<dist::NamedGroup> plan_groups;
-  for (const v1::ProcessGroup& g : a_.groups()) plan_groups.push_back({g.name(), {g.ranks().begin(), g.ranks().end()}});
-  const v1::ParallelismHints& h = spec_.parallelism();
-  absl::StatusOr<std::vector<comm::ProcessGroupSpec>> specs = dist::TrainingGroupSpecs(
-      a_.rank(), a_.world_size(), plan_groups, {h.fsdp_group_size(), h.replicas(), h.table_sharding_group_size()});
-  if (!specs.ok()) return specs.status();
-  const comm::CommFactory factory = [&](comm::KvStore& s, int rank, int size) {
-    return comm::ConnectGloo(s, rank, size, *transport, comm_options);
-  };
-  absl::StatusOr<dist::TrainingGroups> groups = dist::TrainingGroups::BuildFromSpecs(a_.rank(), *specs, store, factory);
-  if (!groups.ok()) return groups.status();
-  comms_->groups.emplace(*std::move(groups));
-  // Registered once every communicator exists (the callback may run on
-  // another thread at any time after this; at once if a stop came already).
-  std::shared_ptr<Comms> comms = comms_;
-  control_.OnStop([comms] { comms->Abort("task stopped by the worker (abort or shutdown)"); });
-  if (a_.rank() == 0) {
-    std::fprintf(stderr, "worker: %s layout: FSDP groups of %d x %d replicas, tables over %d x %d copies\n",
-                 Describe().c_str(), comms_->groups->fsdp()->size(), comms_->groups->replica()->size(),
-                 comms_->groups->tables()->size(), comms_->groups->table_replica()->size());
-  }
-  absl::StatusOr<std::unique_ptr<DistributedModel>> model = DistributedModel::Create(
-      job_model_.config, job_model_.schema, &*comms_->groups, comms_->world.get());
-  if (!model.ok()) return model.status();
-  model_ = *std::move(model);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<int64_t> RankRun::AgreeOnResumeStep() {
-  // Rank 0 decides, so every rank restores the same checkpoint even if one
-  // is being pruned or written as they look. The assignment's resume_step
-  // is the coordinator's estimate from reported progress, which can run
-  // ahead of the last committed checkpoint (a rank killed between reporting
-  // a step and committing its checkpoint), so the newest complete
-  // checkpoint on disk wins.
-  int64_t step = 0;
-  if (a_.rank() == 0) {
-    absl::StatusOr<std::optional<int64_t>> latest = LatestCompleteCheckpoint(checkpoint_dir_, a_.world_size());
-    if (!latest.ok()) return latest.status();
-    step = latest->value_or(0);
-    if (step != a_.resume_step()) {
-      std::fprintf(stderr, "worker: %s: assignment says resume at step %lld, newest complete checkpoint is %lld\n",
-                   Describe().c_str(), static_cast<long long>(a_.resume_step()), static_cast<long long>(step));
-    }
-  }
-  if (absl::Status s = comms_->world->Broadcast(MakeView(&step, DType::kInt64, {1}), 0); !s.ok()) return s;
-  return step;
-}
-
-absl::Status RankRun::Restore(int64_t step) {
-  std::vector<CheckpointShard> shards;
-  for (int r = 0; r < a_.world_size(); ++r) {
-    absl::StatusOr<CheckpointShard> shard = ReadCheckpointShard(checkpoint_dir_, step, r, a_.world_size());
-    if (!shard.ok()) return shard.status();
-    shards.push_back(*std::move(shard));
-  }
-  if (absl::Status s = model_->Restore(shards); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("checkpoint step ", step, " in ", checkpoint_dir_, ": ", s.message()));
-  }
-  if (!absl::SimpleAtoi(shards[a_.rank()]["samples"], &samples_done_)) {
-    return absl::DataLossError(absl::StrCat("checkpoint step ", step, " shard ", a_.rank(), " has no sample count"));
-  }
-  std::fprintf(stderr, "worker: %s resumed from checkpoint step %lld in %s (optimizer state included)\n",
-               Describe().c_str(), static_cast<long long>(step), checkpoint_dir_.c_str());
-  return absl::OkStatus();
-}
-
-absl::Status RankRun::Checkpoint(int64_t step) {
-  const Clock::time_point start = Clock::now();
-  CheckpointShard shard;
-  model_->Save(&shard);
-  shard["samples"] = absl::StrCat(samples_done_);
-  shard["step"] = absl::StrCat(step);
-  if (absl::Status s = WriteCheckpointShard(checkpoint_dir_, step, a_.rank(), a_.world_size(), shard); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = comms_->world->Barrier(); !s.ok()) return s;
-  if (a_.rank() == 0) {
-    if (absl::Status s = CommitCheckpoint(checkpoint_dir_, step, a_.world_size()); !s.ok()) return s;
-    if (absl::Status s = PruneCheckpoints(checkpoint_dir_, a_.world_size(), options_.keep_checkpoints); !s.ok()) {
-      return s;
-    }
-  }
-  metrics_->RecordCheckpoint(Since(start));
-  return absl::OkStatus();
-}
-
-void RankRun::LogSamples(int64_t step, const data::Batch& source, const std::vector<int64_t>& rows) {
-  if (sample_log_ == nullptr) return;
-  std::string line = absl::StrCat(step);
-  for (int64_t row : rows) {
-    const int64_t id = converter_->SampleId(source, row);
-    absl::StrAppend(&line, " ", id >= 0 ? id : row);
-  }
-  line += "\n";
-  std::fwrite(line.data(), 1, line.size(), sample_log_);
-  // Into the kernel at once: a SIGKILL right after must not lose the line.
-  std::fflush(sample_log_);
-}
-
-absl::Status RankRun::Step(int64_t step) {
-  StepTimes times;
-  const Clock::time_point start = Clock::now();
-  std::vector<int64_t> rows;
-  absl::StatusOr<const data::Batch*> source = train_->Step(step, &rows);
-  if (!source.ok()) return source.status();
-  const engine::Batch batch = converter_->Convert(**source, rows);
-  times.data_wait_seconds = Since(start);
-  DistributedModel::Times split;
-  absl::StatusOr<engine::StepResult> result = model_->TrainStep(batch, &split);
-  if (!result.ok()) return result.status();
-  times.compute_seconds = split.compute_seconds;
-  times.comm_seconds = split.comm_seconds;
-  times.step_seconds = Since(start);
-  LogSamples(step, **source, rows);
-  samples_done_ += batch.size;
-  const double loss = result->ctr_loss + result->cvr_loss;
-  loss_sum_ += loss;
-  ++loss_steps_;
-  metrics_->RecordStep(step, batch.size, result->flops, loss, times);
-  v1::StepStats stats;
-  stats.set_step(step);
-  stats.set_samples(batch.size);
-  stats.set_step_seconds(times.step_seconds);
-  stats.set_data_wait_seconds(times.data_wait_seconds);
-  stats.set_compute_seconds(times.compute_seconds);
-  stats.set_comm_seconds(times.comm_seconds);
-  stats.set_loss(loss);
-  reporter_.AddStep(stats);
-  if (options_.log_every > 0 && step % options_.log_every == 0) {
-    std::fprintf(stderr,
-                 "worker: %s step %lld/%lld loss %.4f | %.0f samples/s, %.2f useful GFLOP/s | step %.1f ms "
-                 "(data %.1f, compute %.1f, comm %.1f)\n",
-                 Describe().c_str(), static_cast<long long>(step), static_cast<long long>(spec_.training().steps()),
-                 loss_sum_ / loss_steps_, metrics_->samples_per_second(), metrics_->useful_tflops() * 1e3,
-                 times.step_seconds * 1e3, times.data_wait_seconds * 1e3, times.compute_seconds * 1e3,
-                 times.comm_seconds * 1e3);
-    loss_sum_ = 0;
-    loss_steps_ = 0;
-  }
-  return reporter_.Flush(/*force=*/false);
-}
-
-absl::Status RankRun::EvaluateAndReport(int64_t step) {
-  // Every rank scores its slice of the eval set (the tables are sharded, so
-  // every rank serves lookups in every round); rank 0 gathers the logits.
-  if (!has_eval_) return absl::OkStatus();
-  if (absl::Status s = model_->GatherDense(); !s.ok()) return s;
-  const int64_t bs = spec_.data().eval_batch_size() > 0 ? spec_.data().eval_batch_size() : 1024;
-  const int64_t total = static_cast<int64_t>(eval_rows_->num_rows());
-  const int64_t per_rank = (total + a_.world_size() - 1) / a_.world_size();  // >= every rank's slice.
-  const bool ctr = !job_model_.ctr_label.empty();
-  // (logit, label) pairs, label -1 past this rank's slice.
-  std::vector<double> mine(2 * per_rank, -1.0);
-  std::vector<int64_t> idx;
-  for (int64_t round = 0; round * bs < per_rank; ++round) {
-    const int64_t first = eval_first_ + round * bs;
-    const int64_t end = std::min(eval_end_, first + bs);
-    std::optional<engine::Batch> batch;
-    if (first < end) {
-      idx.resize(end - first);
-      std::iota(idx.begin(), idx.end(), first);
-      batch = converter_->Convert(*eval_rows_, idx);
-    }
-    absl::StatusOr<std::vector<double>> z =
-        model_->Predict(batch ? &*batch : nullptr, ctr ? engine::Head::kCtr : engine::Head::kCvr);
-    if (!z.ok()) return z.status();
-    if (!batch) continue;
-    const std::vector<float>& labels = ctr ? batch->ctr_labels : batch->cvr_labels;
-    for (size_t i = 0; i < z->size(); ++i) {
-      mine[2 * (first - eval_first_ + i)] = (*z)[i];
-      mine[2 * (first - eval_first_ + i) + 1] = labels[i];
-    }
-  }
-  std::vector<double> all(mine.size() * a_.world_size());
-  if (absl::Status s = comms_->world->AllGather(MakeView(mine.data(), DType::kFloat64, {2 * per_rank}),
-                                                MakeView(all.data(), DType::kFloat64, {2 * per_rank * a_.world_size()}));
-      !s.ok()) {
-    return s;
-  }
-  if (a_.rank() != 0) return absl::OkStatus();
-  std::vector<double> logits, labels;
-  for (size_t i = 0; i < all.size(); i += 2) {
-    if (all[i + 1] < 0) continue;
-    logits.push_back(all[i]);
-    labels.push_back(all[i + 1]);
-  }
-  absl::StatusOr<engine::BinaryMetrics> m = engine::ComputeBinaryMetrics(logits, labels);
-  if (!m.ok()) return m.status();
-  metrics_->RecordEval(m->auc, m->normalized_entropy);
-  v1::EvalStats eval;
-  eval.set_step(step);
-  eval.set_auc(m->auc);
-  eval.set_ne(m->normalized_entropy);
-  reporter_.SetEval(eval);
-  std::fprintf(stderr, "worker: %s eval at step %lld: AUC %.4f NE %.4f log loss %.4f (%lld samples)\n",
-               Describe().c_str(), static_cast<long long>(step), m->auc, m->normalized_entropy, m->log_loss,
-               static_cast<long long>(m->count));
-  return reporter_.Flush(/*force=*/true);
-}
-
-absl::Status RankRun::Run() {
-  metrics_->StartTask(a_.job(), a_.rank(), a_.world_size());
-  if (absl::Status s = Setup(); !s.ok()) return s;
-  if (absl::Status s = Connect(); !s.ok()) return s;
-  absl::StatusOr<int64_t> resume = AgreeOnResumeStep();
-  if (!resume.ok()) return resume.status();
-  if (*resume > 0) {
-    if (absl::Status s = Restore(*resume); !s.ok()) return s;
-  }
-  control_.SetRunning();
-  const int64_t steps = spec_.training().steps();
-  const int64_t ckpt_every = spec_.training().checkpoint_every();
-  const int64_t eval_every = spec_.training().eval_every();
-  std::fprintf(stderr, "worker: %s training steps %lld..%lld, %lld samples per rank-step, checkpoints in %s\n",
-               Describe().c_str(), static_cast<long long>(*resume + 1), static_cast<long long>(steps),
-               static_cast<long long>(spec_.data().local_batch_size()), checkpoint_dir_.c_str());
-  for (int64_t step = *resume + 1; step <= steps; ++step) {
-    if (control_.stop_requested()) return absl::CancelledError(absl::StrCat(Describe(), " stopped at step ", step));
-    if (absl::Status s = Step(step); !s.ok()) return s;
-    if (ckpt_every > 0 && step % ckpt_every == 0 && step < steps) {
-      if (absl::Status s = Checkpoint(step); !s.ok()) return s;
-    }
-    if (eval_every > 0 && step % eval_every == 0 && step < steps) {
-      if (absl::Status s = EvaluateAndReport(step); !s.ok()) return s;
-    }
-  }
-  if (absl::Status s = Checkpoint(steps); !s.ok()) return s;
-  if (absl::Status s = EvaluateAndReport(steps); !s.ok()) return s;
-  return reporter_.Flush(/*force=*/true);
-}
-
 }  // namespace
 
 TrainingTask::TrainingTask(std::shared_ptr<v1::WorkerService::StubInterface> stub, TrainingOptions options,
@@ -488,8 +72,9 @@ TrainingTask::TrainingTask(std::shared_ptr<v1::WorkerService::StubInterface> stu
     : stub_(std::move(stub)), options_(std::move(options)), metrics_(metrics) {}
 
 absl::Status TrainingTask::Run(const v1::Assignment& assignment, TaskControl& control) {
-  RankRun run(assignment, control, options_, stub_.get(), stub_, metrics_);
-  absl::Status s = run.Run();
+  Reporter reporter(stub_.get(), assignment, control.worker_id(), options_.auth_token);
+  comm::GrpcKvStore store(stub_, assignment.job(), assignment.restart_epoch(), absl::Seconds(10), options_.auth_token);
+  absl::Status s = RunRank(assignment, control, store, reporter, options_, metrics_);
   if (!s.ok() && control.stop_requested()) {
     return absl::CancelledError(absl::StrCat("stopped: ", s.message()));
   }

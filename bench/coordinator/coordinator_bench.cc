@@ -149,7 +149,7 @@ void CreateGetPhase(const Coordinator& c) {
   auto channel = grpc::CreateChannel(c.address, grpc::InsecureChannelCredentials());
   auto stub = v1::JobService::NewStub(channel);
   v1::CreateJobRequest request;
-  *request.mutable_spec() = coordinator::ValidSpec(100000);  // Never placed: no workers that many.
+  *request.mutable_spec() = coordinator::BuildableSpec(100000);  // Never placed: no workers that many.
   absl::Mutex mu;
   std::vector<double> create_lat, get_lat;
   std::atomic<int64_t> errors{0};
@@ -387,7 +387,7 @@ void InProcessHeartbeats() {
   }
   // One running job on 64 of the workers, so some heartbeats carry a task.
   v1::CreateJobRequest create;
-  *create.mutable_spec() = coordinator::ValidSpec(64);
+  *create.mutable_spec() = coordinator::BuildableSpec(64);
   const std::string job = (*c)->CreateJob(create)->name();
   std::vector<v1::HeartbeatRequest> requests(workers);
   for (int i = 0; i < workers; ++i) {

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "engine/job_model.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/spec_validation.h"
 
@@ -19,13 +20,15 @@ std::string Write(const std::string& name, const std::string& text) {
 TEST(SpecFileTest, ExampleJobLoadsAndIsValid) {
   absl::StatusOr<::recfleet::v1::JobSpec> spec = LoadJobSpec("deploy/examples/job-gemlite.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->display_name(), "gemlite-demo");
+  EXPECT_EQ(spec->display_name(), "gemlite-example");
   EXPECT_EQ(spec->model().tables_size(), 3);
   EXPECT_EQ(spec->model().sequence().attention().kind(), ::recfleet::v1::AttentionSpec::BLOCK);
-  EXPECT_EQ(spec->model().dense(1).moe().top_k(), 2);
-  EXPECT_EQ(spec->labels().at("owner"), "demo");
-  EXPECT_DOUBLE_EQ(spec->model().heads(1).loss_weight(), 0.5);
+  EXPECT_EQ(spec->model().dense(1).moe().num_experts(), 4);
+  EXPECT_EQ(spec->labels().at("owner"), "example");
+  EXPECT_EQ(spec->data().dataset().rfind("synthetic://gemlite?", 0), 0u);
   EXPECT_TRUE(coordinator::ValidateJobSpec(*spec).ok()) << coordinator::ValidateJobSpec(*spec);
+  // What CreateJob checks on top: the example builds.
+  EXPECT_TRUE(engine::CheckBuildable(*spec).ok()) << engine::CheckBuildable(*spec);
 }
 
 TEST(SpecFileTest, JsonAndCamelCaseAreAccepted) {

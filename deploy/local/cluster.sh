@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # A local recfleet cluster on 127.0.0.1: one coordinator and N CPU worker
-# daemons, plus a data-loader serving DATASET when --loader is given, every
-# server on a port the OS picks, state and logs in one directory.
+# daemons, plus a data-loader when --loader is given, every server on a port
+# the OS picks, state and logs in one directory.
 #
 #   deploy/local/cluster.sh start DIR [--workers N] [--lease SECONDS] [--bin BINDIR]
-#                                     [--loader DATASET --batch-size B] [--topology FILE]
+#                                     [--loader] [--data-root DIR] [--topology FILE]
 #   deploy/local/cluster.sh stop DIR
 #
 # The coordinator plans jobs with FILE's hardware numbers (a planner
 # topology; default deploy/local/cpu-topology.yaml, a 2-core machine as
 # measured by bench/planner/cpu_step_bench, which re-measures yours).
-# The loader deals DATASET's samples to N ranks, B per rank and step (a job's
-# spec.data.local_batch_size must equal B).
+# The loader serves every job its own data: the dataset, ranks, batch sizes
+# and BBS policy come from each job's spec (relative dataset paths from
+# --data-root, default the directory the cluster was started from); without
+# a loader each worker reads and deals its job's data itself, the same way.
 # `start` prints the coordinator address and the /metrics addresses, and
 # writes them to DIR/coordinator.address and DIR/metrics.txt; the processes'
 # ids go to DIR/pids (what `stop` signals) and their logs to DIR/*.log.
@@ -27,13 +29,13 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 bin="$root/bazel-bin"
 workers=2
 lease=10
-loader_dataset=""
-batch=128
+loader=0
+data_root=$(pwd)
 topology="$root/deploy/local/cpu-topology.yaml"
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --loader) loader_dataset=$2; shift 2 ;;
-    --batch-size) batch=$2; shift 2 ;;
+    --loader) loader=1; shift ;;
+    --data-root) data_root=$(cd "$2" && pwd); shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --lease) lease=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
@@ -70,15 +72,14 @@ start() {
   : > "$dir/pids"
   : > "$dir/metrics.txt"
   local pid loader_address=""
-  if [[ -n $loader_dataset ]]; then
-    "$cli_bin" data serve --dataset "$loader_dataset" --ranks "$workers" --batch-size "$batch" \
-      --base-batch "$batch" --port 0 --metrics-port 0 >"$dir/loader.log" 2>&1 &
+  if [[ $loader == 1 ]]; then
+    "$cli_bin" data serve --data-root "$data_root" --cache-dir "$dir/synthetic" --port 0 --metrics-port 0 \
+      >"$dir/loader.log" 2>&1 &
     pid=$!
     echo "$pid" >>"$dir/pids"
     local serving
-    serving=$(wait_line "$dir/loader.log" "data loader serving ranks " "$pid")
-    loader_address=${serving#* on }
-    loader_address=${loader_address%% *}
+    serving=$(wait_line "$dir/loader.log" "data loader on " "$pid")
+    loader_address=${serving%% *}
     local loader_metrics=${serving#*metrics: }
     echo "loader ${loader_metrics%%)*}" >>"$dir/metrics.txt"
   fi
@@ -95,7 +96,7 @@ start() {
   for ((i = 0; i < workers; i++)); do
     mkdir -p "$dir/worker$i"
     "$worker_bin" --coordinator="$address" --host=127.0.0.1 --node="node$i" --zone=local \
-      --work_dir="$dir/worker$i" --checkpoint_root="$dir/checkpoints" --metrics_address=127.0.0.1:0 >"$dir/worker$i.log" 2>&1 &
+      --data_root="$data_root" --work_dir="$dir/worker$i" --checkpoint_root="$dir/checkpoints" --metrics_address=127.0.0.1:0 >"$dir/worker$i.log" 2>&1 &
     pid=$!
     echo "$pid" >>"$dir/pids"
     echo "worker$i $(wait_line "$dir/worker$i.log" "worker metrics: " "$pid")" >>"$dir/metrics.txt"

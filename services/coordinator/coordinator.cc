@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/job_model.h"
 #include "services/coordinator/job_state.h"
 #include "services/coordinator/planner/report.h"
 #include "services/coordinator/spec_validation.h"
@@ -215,6 +216,20 @@ void Coordinator::FailAttemptLocked(ActiveJob& aj, const std::string& reason,
   const JobState state = aj.job.status().state();
   absl::Status s;
   if (state == JobStatus::SCHEDULING) {
+    if (reason == "WorkerFailed") {
+      // The job itself failed to start (missing dataset, unreachable
+      // loader, ...): that counts against its restart budget, and it waits
+      // before the next try, so a job that cannot start ends FAILED in
+      // bounded time with the worker's reason instead of cycling.
+      if (aj.restarts >= MaxRestarts(aj)) {
+        s = EndJobLocked(aj, JobStatus::FAILED, "StartFailed",
+                         absl::StrCat("failed to start ", aj.restarts + 1, " times; last failure: ", message));
+        if (!s.ok()) std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+        return;  // `aj` is gone.
+      }
+      ++aj.restarts;
+      aj.not_before = options_.clock() + std::min(absl::Seconds(30), absl::Seconds(1) * (1 << (aj.restarts - 1)));
+    }
     s = TransitionLocked(aj, JobStatus::QUEUED, reason, message, nullptr);
   } else if (state == JobStatus::RUNNING && aj.restarts < MaxRestarts(aj)) {
     ComputeProgressLocked(aj);
@@ -256,6 +271,10 @@ void Coordinator::ScheduleLocked() {
   // from waiting_, which the loop has already stepped past.
   for (auto it = waiting_.begin(); it != waiting_.end() && !idle.empty();) {
     ActiveJob* aj = &jobs_.at((it++)->second);
+    if (aj->not_before > options_.clock()) {
+      schedule_dirty_ = true;  // Backing off after a failed start: retry on a later tick.
+      continue;
+    }
     if (static_cast<size_t>(aj->job.spec().resources().workers()) > idle.size()) continue;
     std::optional<Placement> p = PlaceGang(aj->job.spec(), idle);
     if (!p) continue;
@@ -318,6 +337,12 @@ Assignment Coordinator::AssignmentLocked(const WorkerRecord& w, const ActiveJob&
   a.set_world_size(static_cast<int32_t>(WorldSize(aj.job.spec())));
   for (const auto& g : aj.groups) *a.add_groups() = g;
   a.set_loader_address(options_.loader_address);
+  // The job's data configuration, derived from its spec here so every rank
+  // (and the loader it asks) deals by the same rules. CreateJob checked the
+  // spec builds.
+  absl::StatusOr<::recfleet::v1::DataConfig> data =
+      engine::BuildDataConfig(aj.job.spec(), aj.job.name(), a.world_size());
+  if (data.ok()) *a.mutable_data() = *std::move(data);
   a.set_restart_epoch(w.epoch);
   const int64_t every = aj.job.spec().training().checkpoint_every();
   const int64_t step = aj.job.status().progress().step();
@@ -334,6 +359,9 @@ absl::StatusOr<Job> Coordinator::CreateJob(const ::recfleet::v1::CreateJobReques
     return absl::InvalidArgumentError("spec is required (the JobSpec to run)");
   }
   if (absl::Status s = ValidateJobSpec(request.spec()); !s.ok()) return s;
+  // A well-formed spec must also be one recfleet builds: a field nothing
+  // honors is rejected here, never dropped or failed at worker start.
+  if (absl::Status s = engine::CheckBuildable(request.spec()); !s.ok()) return s;
   const std::string& rid = request.request_id();
   if (rid.size() > 128 || rid.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
                                                 "0123456789._-") != std::string::npos) {

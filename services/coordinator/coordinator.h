@@ -145,7 +145,10 @@ class Coordinator {
     std::vector<::recfleet::v1::ProcessGroup> groups;
     std::set<std::string> started;  // Workers that reported RUNNING this epoch.
     std::vector<RankStats> ranks;
+    // Restarts and failed starts so far (spec.training.max_restarts bounds
+    // both), and no new placement before `not_before` after a failed start.
     int restarts = 0;
+    absl::Time not_before = absl::InfinitePast();
     bool progress_dirty = false;
     absl::Time last_publish = absl::InfinitePast();
     // After a coordinator restart: workers must re-register before this.

@@ -66,7 +66,7 @@ class CoordinatorTest : public ::testing::Test {
 
   Job Submit(int workers, const std::string& request_id = "") {
     ::recfleet::v1::CreateJobRequest r;
-    *r.mutable_spec() = ValidSpec(workers);
+    *r.mutable_spec() = BuildableSpec(workers);
     r.set_request_id(request_id);
     absl::StatusOr<Job> job = coordinator_->CreateJob(r);
     EXPECT_TRUE(job.ok()) << job.status();
@@ -139,14 +139,14 @@ TEST_F(CoordinatorTest, CreateJobWithSameRequestIdYieldsOneJob) {
   ::recfleet::v1::ListJobsRequest list;
   EXPECT_EQ(coordinator_->ListJobs(list)->jobs_size(), 1);
   ::recfleet::v1::CreateJobRequest different;
-  *different.mutable_spec() = ValidSpec(3);
+  *different.mutable_spec() = BuildableSpec(3);
   different.set_request_id("retry-me");
   EXPECT_EQ(coordinator_->CreateJob(different).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
 TEST_F(CoordinatorTest, BadSpecIsRejectedWithFieldPath) {
   ::recfleet::v1::CreateJobRequest r;
-  *r.mutable_spec() = ValidSpec();
+  *r.mutable_spec() = BuildableSpec();
   r.mutable_spec()->mutable_model()->mutable_tables(1)->set_dim(0);
   absl::StatusOr<Job> job = coordinator_->CreateJob(r);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
@@ -179,10 +179,9 @@ TEST_F(CoordinatorTest, SchedulerAssignsThePlansGroupsAndRecordsItsSummary) {
 
 TEST_F(CoordinatorTest, JobWhoseTablesCannotFitFailsWithThePlannersReason) {
   ::recfleet::v1::CreateJobRequest r;
-  *r.mutable_spec() = ValidSpec(2);
-  // 4e9 rows x 512 fp32 = 8 TB: more than two ranks hold in any layout.
-  r.mutable_spec()->mutable_model()->mutable_tables(1)->set_rows(4000000000);
-  r.mutable_spec()->mutable_model()->mutable_tables(1)->set_dim(512);
+  *r.mutable_spec() = BuildableSpec(2);
+  // 4e10 rows x 32 fp32 = 5 TB: more than two ranks hold in any layout.
+  r.mutable_spec()->mutable_model()->mutable_tables(1)->set_rows(40000000000);
   absl::StatusOr<Job> job = coordinator_->CreateJob(r);
   ASSERT_TRUE(job.ok()) << job.status();
   std::string w0 = Register("host-a"), w1 = Register("host-b");
@@ -198,7 +197,7 @@ TEST_F(CoordinatorTest, JobWhoseTablesCannotFitFailsWithThePlannersReason) {
 
 TEST_F(CoordinatorTest, PlanJobNeedsEnoughRegisteredWorkers) {
   ::recfleet::v1::PlanJobRequest r;
-  *r.mutable_spec() = ValidSpec(2);
+  *r.mutable_spec() = BuildableSpec(2);
   Register("host-a");
   auto none = coordinator_->PlanJob(r);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -329,7 +328,7 @@ TEST_F(CoordinatorTest, ExpiredLeaseIsNoticedAndTheJobRestarts) {
 
 TEST_F(CoordinatorTest, RestartBudgetEndsInFailure) {
   ::recfleet::v1::CreateJobRequest r;
-  *r.mutable_spec() = ValidSpec(1);
+  *r.mutable_spec() = BuildableSpec(1);
   r.mutable_spec()->mutable_training()->set_max_restarts(1);
   Job job = *coordinator_->CreateJob(r);
   std::string w = Register("host-a");

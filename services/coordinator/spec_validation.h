@@ -18,6 +18,9 @@ namespace recfleet::coordinator {
 std::vector<std::string> SpecViolations(const ::recfleet::v1::JobSpec& spec);
 
 // OK, or INVALID_ARGUMENT whose message lists the violations ("; "-joined).
+// Structural only: what recfleet does not build yet (engine::CheckBuildable)
+// is checked on top of it where a job is to run (CreateJob, train --local);
+// a dry-run plan (PlanJob, `recfleet plan`) accepts any well-formed spec.
 absl::Status ValidateJobSpec(const ::recfleet::v1::JobSpec& spec);
 
 // World size the spec asks for: workers * max(gpus_per_worker, 1).

@@ -58,4 +58,17 @@ namespace recfleet::coordinator {
   return spec;
 }
 
+::recfleet::v1::JobSpec BuildableSpec(int workers) {
+  ::recfleet::v1::JobSpec spec = ValidSpec(workers);
+  auto* m = spec.mutable_model();
+  m->mutable_tables(1)->set_dim(32);
+  m->mutable_sequence()->set_model_dim(32);
+  m->mutable_dense(0)->mutable_dcn()->set_low_rank(0);
+  auto* moe = m->mutable_dense(1)->mutable_moe();
+  moe->set_top_k(4);
+  moe->add_expert_hidden_dims(64);
+  spec.mutable_data()->mutable_bbs()->set_window(2);
+  return spec;
+}
+
 }  // namespace recfleet::coordinator

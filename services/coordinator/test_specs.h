@@ -8,8 +8,15 @@
 
 namespace recfleet::coordinator {
 
-// `workers` CPU workers (gpus_per_worker 0).
+// `workers` CPU workers (gpus_per_worker 0). Structurally valid (what the
+// planner plans); GEM-lite does not build all of it (two table widths,
+// low-rank DCN, top-2 routing), so CreateJob refuses it.
 ::recfleet::v1::JobSpec ValidSpec(int workers = 2);
+
+// ValidSpec narrowed to what GEM-lite builds: one embedding width 32,
+// full-rank DCN, every expert gated, two-layer experts, a one-step BBS
+// window. CreateJob accepts it.
+::recfleet::v1::JobSpec BuildableSpec(int workers = 2);
 
 }  // namespace recfleet::coordinator
 

@@ -1,5 +1,7 @@
 #include "services/dataloader/client.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "services/dataloader/convert.h"
 
@@ -30,7 +32,7 @@ absl::StatusOr<bool> BatchStream::Next(data::RankBatch* out) {
 }
 
 absl::StatusOr<std::unique_ptr<DataLoaderClient>> DataLoaderClient::Connect(
-    const std::string& target, absl::Duration timeout) {
+    const std::string& target, const recfleet::v1::DataConfig& config, absl::Duration timeout) {
   grpc::ChannelArguments args;
   // A rank batch of long histories is tens of MB.
   args.SetMaxReceiveMessageSize(-1);
@@ -41,9 +43,14 @@ absl::StatusOr<std::unique_ptr<DataLoaderClient>> DataLoaderClient::Connect(
                                                absl::FormatDuration(timeout)));
   }
   c->stub_ = recfleet::v1::DataLoader::NewStub(c->channel_);
+  c->config_ = config;
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  if (auto st = c->stub_->GetInfo(&ctx, recfleet::v1::GetInfoRequest(), &c->info_); !st.ok()) {
+  // The first request of a job opens its dataset (and may generate a
+  // synthetic one), which can take longer than connecting.
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::max(timeout, absl::Minutes(5))));
+  recfleet::v1::GetInfoRequest info_request;
+  *info_request.mutable_config() = config;
+  if (auto st = c->stub_->GetInfo(&ctx, info_request, &c->info_); !st.ok()) {
     return FromGrpc(st);
   }
   auto schema = SchemaFromProto(c->info_);
@@ -58,6 +65,7 @@ absl::StatusOr<std::unique_ptr<BatchStream>> DataLoaderClient::StreamBatches(int
                                                                              int64_t end_step) {
   std::unique_ptr<BatchStream> s(new BatchStream(schema_));
   recfleet::v1::StreamBatchesRequest req;
+  *req.mutable_config() = config_;
   req.set_rank(rank);
   req.set_epoch(epoch);
   req.set_start_step(start_step);

@@ -3,7 +3,7 @@
 
 // DataLoaderClient: what a worker uses to pull its batches.
 //
-//   auto client = DataLoaderClient::Connect("127.0.0.1:7000");
+//   auto client = DataLoaderClient::Connect("127.0.0.1:7000", job_data_config);
 //   auto stream = (*client)->StreamBatches(rank, epoch, /*start_step=*/0);
 //   data::RankBatch batch;
 //   while (true) {
@@ -47,10 +47,13 @@ class BatchStream {
 
 class DataLoaderClient {
  public:
-  // Connects to `target` ("host:port"), waiting up to `timeout`; fetches
-  // the loader's info (schema, ranks, steps).
+  // Connects to `target` ("host:port"), waiting up to `timeout`, and opens
+  // the job `config` describes there; fetches its info (schema, ranks,
+  // steps). Errors: the loader's (NOT_FOUND for a missing dataset, naming
+  // the path; FAILED_PRECONDITION for a job open with another config).
   static absl::StatusOr<std::unique_ptr<DataLoaderClient>> Connect(
-      const std::string& target, absl::Duration timeout = absl::Seconds(10));
+      const std::string& target, const recfleet::v1::DataConfig& config,
+      absl::Duration timeout = absl::Seconds(10));
 
   const recfleet::v1::LoaderInfo& info() const { return info_; }
   const std::shared_ptr<const data::Schema>& schema() const { return schema_; }
@@ -65,6 +68,7 @@ class DataLoaderClient {
   DataLoaderClient() = default;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<recfleet::v1::DataLoader::Stub> stub_;
+  recfleet::v1::DataConfig config_;
   recfleet::v1::LoaderInfo info_;
   std::shared_ptr<const data::Schema> schema_;
 };

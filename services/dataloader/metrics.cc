@@ -24,9 +24,9 @@ double LoaderMetrics::Rate::PerSecond(int64_t now_s) const {
 
 LoaderMetrics::LoaderMetrics()
     : samples_(registry_.AddCounter("recfleet_dataloader_samples_total",
-                                    "Samples sent to workers.", {"rank"})),
+                                    "Samples sent to workers.", {"recfleet_job", "rank"})),
       bytes_(registry_.AddCounter("recfleet_dataloader_bytes_total",
-                                  "Bytes of sample data sent to workers.", {"rank"})),
+                                  "Bytes of sample data sent to workers.", {"recfleet_job", "rank"})),
       samples_per_second_(registry_
                               .AddGauge("recfleet_dataloader_samples_per_second",
                                         "Samples sent per second over the last 10 s.")
@@ -39,7 +39,7 @@ LoaderMetrics::LoaderMetrics()
       gap_(registry_.AddGauge(
           "recfleet_dataloader_straggler_gap",
           "Last step's max rank cost / mean - 1, before (naive) and after (policy) dealing.",
-          {"dealing"})),
+          {"recfleet_job", "dealing"})),
       gap_sum_(registry_.AddCounter("recfleet_dataloader_straggler_gap_sum",
                                     "Sum of per-step straggler gaps.", {"dealing"})),
       gap_count_(registry_
@@ -48,7 +48,8 @@ LoaderMetrics::LoaderMetrics()
                      .Get()),
       queue_depth_(registry_.AddGauge("recfleet_dataloader_queue_depth",
                                       "Prefetched batches waiting to be sent, per rank.",
-                                      {"rank"})),
+                                      {"recfleet_job", "rank"})),
+      open_jobs_(registry_.AddGauge("recfleet_dataloader_open_jobs", "Jobs whose data this loader has open.").Get()),
       start_(std::chrono::steady_clock::now()) {
   registry_.AddCollector([this] {
     int64_t now = Now();
@@ -65,27 +66,29 @@ int64_t LoaderMetrics::Now() const {
                  .count();
 }
 
-void LoaderMetrics::RecordStep(double policy_gap, double naive_gap) {
+void LoaderMetrics::RecordStep(const std::string& job, double policy_gap, double naive_gap) {
   steps_.Increment();
-  gap_.WithLabels({"naive"}).Set(naive_gap);
-  gap_.WithLabels({"policy"}).Set(policy_gap);
+  gap_.WithLabels({job, "naive"}).Set(naive_gap);
+  gap_.WithLabels({job, "policy"}).Set(policy_gap);
   gap_sum_.WithLabels({"naive"}).Increment(naive_gap);
   gap_sum_.WithLabels({"policy"}).Increment(policy_gap);
   gap_count_.Increment();
 }
 
-void LoaderMetrics::RecordSent(int rank, int64_t samples, int64_t bytes) {
+void LoaderMetrics::RecordSent(const std::string& job, int rank, int64_t samples, int64_t bytes) {
   std::string r = absl::StrCat(rank);
-  samples_.WithLabels({r}).Increment(static_cast<double>(samples));
-  bytes_.WithLabels({r}).Increment(static_cast<double>(bytes));
+  samples_.WithLabels({job, r}).Increment(static_cast<double>(samples));
+  bytes_.WithLabels({job, r}).Increment(static_cast<double>(bytes));
   int64_t now = Now();
   absl::MutexLock l(&mu_);
   sample_rate_.Add(now, static_cast<double>(samples));
   byte_rate_.Add(now, static_cast<double>(bytes));
 }
 
-void LoaderMetrics::SetQueueDepth(int rank, int depth) {
-  queue_depth_.WithLabels({absl::StrCat(rank)}).Set(depth);
+void LoaderMetrics::SetQueueDepth(const std::string& job, int rank, int depth) {
+  queue_depth_.WithLabels({job, absl::StrCat(rank)}).Set(depth);
 }
+
+void LoaderMetrics::SetOpenJobs(int jobs) { open_jobs_.Set(jobs); }
 
 }  // namespace recfleet::dataloader

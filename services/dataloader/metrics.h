@@ -26,9 +26,11 @@ class LoaderMetrics {
  public:
   LoaderMetrics();
 
-  void RecordStep(double policy_gap, double naive_gap);
-  void RecordSent(int rank, int64_t samples, int64_t bytes);
-  void SetQueueDepth(int rank, int depth);
+  // Per job (label recfleet_job: Prometheus reserves "job" for the target).
+  void RecordStep(const std::string& job, double policy_gap, double naive_gap);
+  void RecordSent(const std::string& job, int rank, int64_t samples, int64_t bytes);
+  void SetQueueDepth(const std::string& job, int rank, int depth);
+  void SetOpenJobs(int jobs);
 
   const metrics::MetricRegistry& registry() const { return registry_; }
   std::string PrometheusText() const { return registry_.Render(); }
@@ -54,6 +56,7 @@ class LoaderMetrics {
   metrics::Family<metrics::Counter>& gap_sum_;
   metrics::Counter& gap_count_;
   metrics::Family<metrics::Gauge>& queue_depth_;
+  metrics::Gauge& open_jobs_;
 
   const std::chrono::steady_clock::time_point start_;
   mutable absl::Mutex mu_;

@@ -7,22 +7,22 @@ namespace {
 
 TEST(LoaderMetricsTest, ExposesCountersGapsAndDepths) {
   LoaderMetrics m;
-  m.RecordSent(3, 100, 4000);
-  m.RecordSent(3, 28, 1000);
-  m.RecordStep(0.001, 0.25);
-  m.RecordStep(0.003, 0.5);
-  m.SetQueueDepth(3, 2);
+  m.RecordSent("jobs/a", 3, 100, 4000);
+  m.RecordSent("jobs/a", 3, 28, 1000);
+  m.RecordStep("jobs/a", 0.001, 0.25);
+  m.RecordStep("jobs/a", 0.003, 0.5);
+  m.SetQueueDepth("jobs/a", 3, 2);
   std::string t = m.PrometheusText();
-  EXPECT_NE(t.find("recfleet_dataloader_samples_total{rank=\"3\"} 128\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("recfleet_dataloader_bytes_total{rank=\"3\"} 5000\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("recfleet_dataloader_straggler_gap{dealing=\"naive\"} 0.5\n"),
+  EXPECT_NE(t.find("recfleet_dataloader_samples_total{recfleet_job=\"jobs/a\",rank=\"3\"} 128\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("recfleet_dataloader_bytes_total{recfleet_job=\"jobs/a\",rank=\"3\"} 5000\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("recfleet_dataloader_straggler_gap{recfleet_job=\"jobs/a\",dealing=\"naive\"} 0.5\n"),
             std::string::npos);
-  EXPECT_NE(t.find("recfleet_dataloader_straggler_gap{dealing=\"policy\"} 0.003\n"),
+  EXPECT_NE(t.find("recfleet_dataloader_straggler_gap{recfleet_job=\"jobs/a\",dealing=\"policy\"} 0.003\n"),
             std::string::npos);
   EXPECT_NE(t.find("recfleet_dataloader_straggler_gap_sum{dealing=\"naive\"} 0.75\n"),
             std::string::npos);
   EXPECT_NE(t.find("recfleet_dataloader_straggler_gap_count 2\n"), std::string::npos);
-  EXPECT_NE(t.find("recfleet_dataloader_queue_depth{rank=\"3\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("recfleet_dataloader_queue_depth{recfleet_job=\"jobs/a\",rank=\"3\"} 2\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE recfleet_dataloader_samples_total counter"), std::string::npos);
 }
 

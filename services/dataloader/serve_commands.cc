@@ -16,7 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "cli/command.h"
 #include "cli/flags.h"
-#include "data/loader.h"
 #include "services/dataloader/client.h"
 #include "services/dataloader/server.h"
 
@@ -41,51 +40,16 @@ int Fail(const absl::Status& s, const char* cmd) {
 }
 
 int RunServe(const std::vector<std::string>& args) {
-  auto f = Flags::Parse(
-      args, {"dataset", "ranks", "batch-size", "base-batch", "micro-batches", "cost", "policy",
-             "seed", "shuffle-blocks", "instance", "num-instances", "first-rank", "host", "port",
-             "metrics-port", "prefetch", "length-feature", "drop-remainder"});
+  auto f = Flags::Parse(args, {"data-root", "cache-dir", "host", "port", "metrics-port", "prefetch"});
   if (!f.ok()) return Fail(f.status(), "serve");
-  data::LoaderOptions lo;
   ServerOptions so;
-  int batch = 1024, micro = 1;
-  for (auto [name, ptr] :
-       std::vector<std::pair<const char*, int*>>{{"ranks", &lo.deal.ranks},
-                                                 {"batch-size", &batch},
-                                                 {"base-batch", &lo.deal.base_batch},
-                                                 {"micro-batches", &micro},
-                                                 {"shuffle-blocks", &lo.shuffle_blocks},
-                                                 {"instance", &lo.instance},
-                                                 {"num-instances", &lo.num_instances},
-                                                 {"first-rank", &lo.first_rank},
-                                                 {"port", &so.port},
-                                                 {"metrics-port", &so.metrics_port},
-                                                 {"prefetch", &so.service.prefetch}}) {
+  for (auto [name, ptr] : std::vector<std::pair<const char*, int*>>{
+           {"port", &so.port}, {"metrics-port", &so.metrics_port}, {"prefetch", &so.service.prefetch}}) {
     if (auto st = f->Get(name, ptr); !st.ok()) return Fail(st, "serve");
   }
-  if (auto st = f->Get("seed", &lo.seed); !st.ok()) return Fail(st, "serve");
-  if (lo.deal.base_batch < 1 || batch % lo.deal.base_batch != 0 || micro < 1 ||
-      (batch / lo.deal.base_batch) % micro != 0) {
-    return Fail(absl::InvalidArgumentError("--batch-size must be a multiple of --base-batch, and "
-                                           "its base batches divisible into --micro-batches"),
-                "serve");
-  }
-  lo.deal.base_batches_per_rank = batch / lo.deal.base_batch;
-  lo.deal.micro_batch_base_batches = lo.deal.base_batches_per_rank / micro;
   if (f->Has("host")) so.host = f->Str("host");
-  if (f->Has("length-feature")) lo.length_feature = f->Str("length-feature");
-  lo.drop_remainder = f->Str("drop-remainder") == "yes";
-  auto cost = data::CostModel::Parse(f->Str("cost", "linear"));
-  if (!cost.ok()) return Fail(cost.status(), "serve");
-  lo.cost = *cost;
-  auto policy = data::ParsePolicy(f->Str("policy", "recfleet"));
-  if (!policy.ok()) return Fail(policy.status(), "serve");
-  lo.policy = *policy;
-  if (!f->Has("dataset"))
-    return Fail(absl::InvalidArgumentError("--dataset is required"), "serve");
-  auto files = data::ExpandDatasetPaths(f->Str("dataset"));
-  if (!files.ok()) return Fail(files.status(), "serve");
-  lo.files = *files;
+  so.datasets.root = f->Str("data-root", "");
+  so.datasets.cache_dir = f->Str("cache-dir", "");
 
   // Block the stop signals before any thread starts, then wait for them on
   // a dedicated thread.
@@ -94,19 +58,12 @@ int RunServe(const std::vector<std::string>& args) {
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  auto server = LoaderServer::Start(lo, so);
+  auto server = LoaderServer::Start(so);
   if (!server.ok()) return Fail(server.status(), "serve");
-  auto loader_info = DataLoaderClient::Connect((*server)->address(), absl::Seconds(5));
-  if (loader_info.ok()) {
-    const auto& i = (*loader_info)->info();
-    std::printf(
-        "data loader serving ranks %d..%d on %s (metrics: http://%s:%d/metrics): "
-        "%lld samples, %lld steps per epoch, policy %s\n",
-        i.first_rank(), i.first_rank() + i.num_ranks() - 1, (*server)->address().c_str(),
-        so.host.c_str(), (*server)->metrics_port(), static_cast<long long>(i.samples_per_epoch()),
-        static_cast<long long>(i.steps_per_epoch()), i.policy().c_str());
-    std::fflush(stdout);
-  }
+  std::printf("data loader on %s (metrics: http://%s:%d/metrics), serving every job that asks; datasets from %s\n",
+              (*server)->address().c_str(), so.host.c_str(), (*server)->metrics_port(),
+              so.datasets.root.empty() ? "the working directory" : so.datasets.root.c_str());
+  std::fflush(stdout);
   LoaderServer* s = server->get();
   std::thread waiter([s, stop] {
     int sig;
@@ -119,8 +76,27 @@ int RunServe(const std::vector<std::string>& args) {
 }
 
 int RunFetch(const std::vector<std::string>& args) {
-  auto f = Flags::Parse(args, {"server", "rank", "epoch", "start-step", "end-step"});
+  auto f = Flags::Parse(args, {"server", "dataset", "job", "ranks", "batch-size", "base-batch", "policy", "cost",
+                               "seed", "rank", "epoch", "start-step", "end-step"});
   if (!f.ok()) return Fail(f.status(), "fetch");
+  // The job's data configuration, as the coordinator would derive it.
+  v1::DataConfig config;
+  config.set_job(f->Str("job", "fetch"));
+  config.set_dataset(f->Str("dataset", ""));
+  int ranks = 1, batch_size = 1024, base = 128;
+  uint64_t seed = 1;
+  if (auto st = f->Get("ranks", &ranks); !st.ok()) return Fail(st, "fetch");
+  if (auto st = f->Get("batch-size", &batch_size); !st.ok()) return Fail(st, "fetch");
+  if (auto st = f->Get("base-batch", &base); !st.ok()) return Fail(st, "fetch");
+  if (auto st = f->Get("seed", &seed); !st.ok()) return Fail(st, "fetch");
+  config.set_num_ranks(ranks);
+  config.set_local_batch_size(batch_size);
+  config.set_base_batch_size(base);
+  config.set_micro_batches(1);
+  config.set_policy(f->Str("policy", "recfleet"));
+  config.set_cost_model(f->Str("cost", "linear"));
+  config.set_seed(seed);
+  if (config.dataset().empty()) return Fail(absl::InvalidArgumentError("--dataset is required"), "fetch");
   int rank = 0;
   int64_t epoch = 0, start = 0, end = 0;
   if (auto st = f->Get("rank", &rank); !st.ok()) return Fail(st, "fetch");
@@ -128,7 +104,7 @@ int RunFetch(const std::vector<std::string>& args) {
   if (auto st = f->Get("start-step", &start); !st.ok()) return Fail(st, "fetch");
   if (auto st = f->Get("end-step", &end); !st.ok()) return Fail(st, "fetch");
   if (!f->Has("server")) return Fail(absl::InvalidArgumentError("--server is required"), "fetch");
-  auto client = DataLoaderClient::Connect(f->Str("server"));
+  auto client = DataLoaderClient::Connect(f->Str("server"), config);
   if (!client.ok()) return Fail(client.status(), "fetch");
   auto stream = (*client)->StreamBatches(rank, epoch, start, end);
   if (!stream.ok()) return Fail(stream.status(), "fetch");
@@ -154,13 +130,12 @@ int RunFetch(const std::vector<std::string>& args) {
 
 RECFLEET_REGISTER_COMMAND({
     "data serve",
-    "Run a data-loader instance: BBS-dealt rank batches over gRPC, /metrics",
-    "recfleet data serve --dataset FILES|DIR --ranks R --batch-size B\n"
-    "  [--base-batch 128] [--micro-batches 1] [--cost linear|quadratic|...]\n"
-    "  [--policy recfleet|sort-interleave|naive] [--seed 1] [--shuffle-blocks 16]\n"
-    "  [--instance 0 --num-instances 1 --first-rank 0] [--prefetch 4]\n"
+    "Run a data-loader instance: BBS-dealt rank batches of any number of jobs over gRPC, /metrics",
+    "recfleet data serve [--data-root DIR] [--cache-dir DIR] [--prefetch 4]\n"
     "  [--host 127.0.0.1] [--port 0] [--metrics-port 0 (-1: none)]\n"
-    "  [--length-feature history_items] [--drop-remainder no]\n"
+    "Each job's dataset, ranks, batch sizes and BBS policy come with its requests (the job's\n"
+    "DataConfig, set by the coordinator from the JobSpec); relative dataset paths are taken\n"
+    "from --data-root, synthetic:// datasets are generated into --cache-dir.\n"
     "Serves until SIGINT/SIGTERM.",
     RunServe,
 });
@@ -168,8 +143,9 @@ RECFLEET_REGISTER_COMMAND({
 RECFLEET_REGISTER_COMMAND({
     "data fetch",
     "Stream one rank's batches from a data loader and report throughput",
-    "recfleet data fetch --server HOST:PORT [--rank 0] [--epoch 0] [--start-step 0] "
-    "[--end-step 0 (= end of epoch)]",
+    "recfleet data fetch --server HOST:PORT --dataset LOCATION [--ranks 1] [--batch-size 1024]\n"
+    "  [--base-batch 128] [--policy recfleet|sort-interleave|naive] [--cost linear] [--seed 1]\n"
+    "  [--job NAME] [--rank 0] [--epoch 0] [--start-step 0] [--end-step 0 (= end of epoch)]",
     RunFetch,
 });
 

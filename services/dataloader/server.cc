@@ -6,14 +6,11 @@
 
 namespace recfleet::dataloader {
 
-absl::StatusOr<std::unique_ptr<LoaderServer>> LoaderServer::Start(
-    const data::LoaderOptions& loader_options, const ServerOptions& options) {
-  auto loader = data::Loader::Open(loader_options);
-  if (!loader.ok()) return loader.status();
+absl::StatusOr<std::unique_ptr<LoaderServer>> LoaderServer::Start(const ServerOptions& options) {
   std::unique_ptr<LoaderServer> s(new LoaderServer());
   s->host_ = options.host;
   s->metrics_data_ = std::make_unique<LoaderMetrics>();
-  s->service_ = std::make_unique<DataLoaderService>(*std::move(loader), options.service,
+  s->service_ = std::make_unique<DataLoaderService>(options.datasets, options.service,
                                                     s->metrics_data_.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),

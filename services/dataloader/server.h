@@ -1,8 +1,8 @@
 #ifndef RECFLEET_SERVICES_DATALOADER_SERVER_H_
 #define RECFLEET_SERVICES_DATALOADER_SERVER_H_
 
-// LoaderServer: a running data-loader instance: the loader, its gRPC
-// DataLoader service and its /metrics endpoint. Used by
+// LoaderServer: a running data-loader instance: its gRPC DataLoader service
+// (serving every job that asks, job_loader.h) and its /metrics endpoint. Used by
 // `recfleet data serve` and by tests (port 0 binds an OS-chosen port).
 
 #include <atomic>
@@ -10,7 +10,6 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "data/loader.h"
 #include "grpcpp/grpcpp.h"
 #include "services/common/http_server.h"
 #include "services/dataloader/metrics.h"
@@ -22,13 +21,14 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;
   int metrics_port = 0;  // -1: no metrics endpoint.
+  // Where jobs' relative dataset paths and synthetic datasets live.
+  DatasetOptions datasets;
   ServiceOptions service;
 };
 
 class LoaderServer {
  public:
-  static absl::StatusOr<std::unique_ptr<LoaderServer>> Start(const data::LoaderOptions& loader,
-                                                             const ServerOptions& options);
+  static absl::StatusOr<std::unique_ptr<LoaderServer>> Start(const ServerOptions& options);
   ~LoaderServer();  // Shuts down.
 
   int port() const { return port_; }

@@ -11,6 +11,7 @@
 #include "data/synth.h"
 #include "gtest/gtest.h"
 #include "services/dataloader/client.h"
+#include "services/dataloader/job_loader.h"
 #include "services/dataloader/server.h"
 
 namespace recfleet::dataloader {
@@ -29,21 +30,34 @@ class ServiceTest : public testing::Test {
     ASSERT_TRUE(data::GenerateSynthetic(o, *dir_).ok());
   }
 
-  data::LoaderOptions Options() const {
-    data::LoaderOptions o;
-    o.files = {*dir_ + "/train.rfd"};
-    o.deal.ranks = 2;
-    o.deal.base_batch = 16;
-    o.deal.base_batches_per_rank = 2;
-    o.shuffle_blocks = 4;
-    o.seed = 3;
-    return o;
+  // A job's data configuration, as the coordinator derives it.
+  static v1::DataConfig Config(const std::string& job = "jobs/a", int ranks = 2, int batch = 32, int base = 16) {
+    v1::DataConfig c;
+    c.set_job(job);
+    c.set_dataset(*dir_);
+    c.set_num_ranks(ranks);
+    c.set_local_batch_size(batch);
+    c.set_base_batch_size(base);
+    c.set_micro_batches(1);
+    c.set_policy("recfleet");
+    c.set_cost_model("linear=1");
+    c.set_seed(3);
+    return c;
   }
 
-  std::unique_ptr<LoaderServer> Start(const data::LoaderOptions& o) {
+  // The library loader the service must match for `c`.
+  static std::unique_ptr<data::Loader> Library(const v1::DataConfig& c) {
+    auto o = LoaderOptionsFor(c, *dir_ + "/train.rfd");
+    EXPECT_TRUE(o.ok()) << o.status();
+    auto l = data::Loader::Open(*o);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? *std::move(l) : nullptr;
+  }
+
+  std::unique_ptr<LoaderServer> Start() {
     ServerOptions so;
     so.service.prefetch = 2;
-    auto s = LoaderServer::Start(o, so);
+    auto s = LoaderServer::Start(so);
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *std::move(s) : nullptr;
   }
@@ -51,8 +65,8 @@ class ServiceTest : public testing::Test {
   // Streams `rank`'s steps [from, to) and counts sample ids into `seen`.
   static absl::Status Pull(const std::string& address, int rank, int64_t from, int64_t to,
                            std::map<int64_t, int>* seen, std::mutex* mu,
-                           std::vector<data::RankBatch>* keep = nullptr) {
-    auto client = DataLoaderClient::Connect(address);
+                           std::vector<data::RankBatch>* keep = nullptr, const v1::DataConfig& config = Config()) {
+    auto client = DataLoaderClient::Connect(address, config);
     if (!client.ok()) return client.status();
     auto stream = (*client)->StreamBatches(rank, 0, from, to);
     if (!stream.ok()) return stream.status();
@@ -87,7 +101,7 @@ class ServiceTest : public testing::Test {
 std::string* ServiceTest::dir_ = nullptr;
 
 TEST_F(ServiceTest, TwoRanksStreamAnEpochExactlyOnceAndMatchTheLoader) {
-  auto server = Start(Options());
+  auto server = Start();
   ASSERT_NE(server, nullptr);
   std::map<int64_t, int> seen;
   std::mutex mu;
@@ -101,11 +115,11 @@ TEST_F(ServiceTest, TwoRanksStreamAnEpochExactlyOnceAndMatchTheLoader) {
   ASSERT_TRUE(st[1].ok()) << st[1];
   ExpectExactlyOnce(seen);
   // The wire changes nothing: same batches as the library computes.
-  auto loader = data::Loader::Open(Options());
-  ASSERT_TRUE(loader.ok());
-  ASSERT_EQ(static_cast<int64_t>(got[0].size()), (*loader)->steps_per_epoch());
-  for (int64_t s : {int64_t{0}, (*loader)->steps_per_epoch() - 1}) {
-    auto step = (*loader)->Step(0, s);
+  auto loader = Library(Config());
+  ASSERT_NE(loader, nullptr);
+  ASSERT_EQ(static_cast<int64_t>(got[0].size()), loader->steps_per_epoch());
+  for (int64_t s : {int64_t{0}, loader->steps_per_epoch() - 1}) {
+    auto step = loader->Step(0, s);
     ASSERT_TRUE(step.ok());
     for (int r = 0; r < 2; ++r) {
       EXPECT_TRUE(step->ranks[r].samples == got[r][s].samples) << "step " << s << " rank " << r;
@@ -119,62 +133,89 @@ TEST_F(ServiceTest, LoaderRestartMidEpochDeliversEachSampleOnce) {
   std::mutex mu;
   int64_t steps;
   {
-    auto first = Start(Options());
+    auto first = Start();
     ASSERT_NE(first, nullptr);
-    steps = data::Loader::Open(Options()).value()->steps_per_epoch();
+    steps = Library(Config())->steps_per_epoch();
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(Pull(first->address(), r, 0, steps / 2, &seen, &mu).ok());
     }
   }  // The loader process goes away; a new one resumes at steps / 2.
-  auto second = Start(Options());
+  auto second = Start();
   ASSERT_NE(second, nullptr);
   for (int r = 0; r < 2; ++r)
     ASSERT_TRUE(Pull(second->address(), r, steps / 2, 0, &seen, &mu).ok());
   ExpectExactlyOnce(seen);
 }
 
-TEST_F(ServiceTest, TwoLoaderInstancesSplitTheDataset) {
-  std::map<int64_t, int> seen;
+// One loader serves two jobs of different shapes at once; every rank of
+// each job gets exactly the samples its job's own dealing gives it, and each
+// job sees every sample once per epoch.
+TEST_F(ServiceTest, OneLoaderServesTwoJobsEachExactlyOnce) {
+  auto server = Start();
+  ASSERT_NE(server, nullptr);
+  const v1::DataConfig a = Config("jobs/a", 4, 64, 16);
+  const v1::DataConfig b = Config("jobs/b", 2, 128, 16);
+  std::map<int64_t, int> seen_a, seen_b;
   std::mutex mu;
-  std::vector<std::unique_ptr<LoaderServer>> servers;
-  for (int i = 0; i < 2; ++i) {
-    data::LoaderOptions o = Options();
-    o.instance = i;
-    o.num_instances = 2;
-    o.first_rank = 2 * i;
-    servers.push_back(Start(o));
-    ASSERT_NE(servers.back(), nullptr);
-  }
+  std::vector<std::vector<data::RankBatch>> got_a(4), got_b(2);
+  std::vector<absl::Status> st(6);
   std::vector<std::thread> threads;
-  std::vector<absl::Status> st(4);
-  for (int rank = 0; rank < 4; ++rank) {
-    threads.emplace_back(
-        [&, rank] { st[rank] = Pull(servers[rank / 2]->address(), rank, 0, 0, &seen, &mu); });
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] { st[r] = Pull(server->address(), r, 0, 0, &seen_a, &mu, &got_a[r], a); });
+  }
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] { st[4 + r] = Pull(server->address(), r, 0, 0, &seen_b, &mu, &got_b[r], b); });
   }
   for (auto& t : threads) t.join();
   for (const auto& s : st) ASSERT_TRUE(s.ok()) << s;
-  ExpectExactlyOnce(seen);
+  ExpectExactlyOnce(seen_a);
+  ExpectExactlyOnce(seen_b);
+  for (const auto& [config, got] : {std::make_pair(a, &got_a), std::make_pair(b, &got_b)}) {
+    auto loader = Library(config);
+    ASSERT_NE(loader, nullptr);
+    for (int r = 0; r < config.num_ranks(); ++r) {
+      ASSERT_EQ(static_cast<int64_t>((*got)[r].size()), loader->steps_per_epoch()) << config.job();
+      for (int64_t s = 0; s < loader->steps_per_epoch(); ++s) {
+        auto step = loader->Step(0, s);
+        ASSERT_TRUE(step.ok());
+        ASSERT_TRUE(step->ranks[r].samples == (*got)[r][s].samples) << config.job() << " rank " << r << " step " << s;
+        if (s + 1 < loader->steps_per_epoch()) {
+          EXPECT_EQ(static_cast<int>((*got)[r][s].samples.num_rows()), config.local_batch_size());
+        }
+      }
+    }
+  }
+  // The same job asked for with another shape is refused, not re-dealt.
+  std::map<int64_t, int> ignored;
+  const absl::Status clash = Pull(server->address(), 0, 0, 1, &ignored, &mu, nullptr, Config("jobs/a", 2, 64, 16));
+  EXPECT_EQ(clash.code(), absl::StatusCode::kFailedPrecondition) << clash;
 }
 
 TEST_F(ServiceTest, BadRequestsGetClearErrors) {
-  auto server = Start(Options());
+  auto server = Start();
   ASSERT_NE(server, nullptr);
   std::map<int64_t, int> seen;
   std::mutex mu;
   absl::Status wrong_rank = Pull(server->address(), 7, 0, 0, &seen, &mu);
   EXPECT_EQ(wrong_rank.code(), absl::StatusCode::kInvalidArgument) << wrong_rank;
-  EXPECT_NE(wrong_rank.message().find("serves ranks 0..1"), std::string::npos) << wrong_rank;
+  EXPECT_NE(wrong_rank.message().find("not a rank of jobs/a (2 ranks)"), std::string::npos) << wrong_rank;
   EXPECT_EQ(Pull(server->address(), 0, 100000, 0, &seen, &mu).code(),
             absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(DataLoaderClient::Connect("127.0.0.1:1", absl::Milliseconds(300)).status().code(),
+  EXPECT_EQ(DataLoaderClient::Connect("127.0.0.1:1", Config(), absl::Milliseconds(300)).status().code(),
             absl::StatusCode::kUnavailable);
+  // A job naming a dataset that does not exist gets the path back.
+  v1::DataConfig missing = Config("jobs/missing");
+  missing.set_dataset(*dir_ + "/no-such-dataset");
+  absl::Status not_found = DataLoaderClient::Connect(server->address(), missing).status();
+  EXPECT_EQ(not_found.code(), absl::StatusCode::kNotFound) << not_found;
+  EXPECT_NE(not_found.message().find("no-such-dataset"), std::string::npos) << not_found;
 }
 
 TEST_F(ServiceTest, AbandonedStreamDoesNotBlockTheServer) {
-  auto server = Start(Options());
+  auto server = Start();
   ASSERT_NE(server, nullptr);
   {
-    auto client = DataLoaderClient::Connect(server->address());
+    auto client = DataLoaderClient::Connect(server->address(), Config());
     ASSERT_TRUE(client.ok());
     auto stream = (*client)->StreamBatches(0, 0, 0);
     ASSERT_TRUE(stream.ok());
@@ -207,7 +248,7 @@ std::string HttpGet(int port, const std::string& path) {
 }
 
 TEST_F(ServiceTest, MetricsEndpointReportsTrafficGapsAndQueues) {
-  auto server = Start(Options());
+  auto server = Start();
   ASSERT_NE(server, nullptr);
   std::map<int64_t, int> seen;
   std::mutex mu;
@@ -216,12 +257,12 @@ TEST_F(ServiceTest, MetricsEndpointReportsTrafficGapsAndQueues) {
   EXPECT_NE(text.find("200 OK"), std::string::npos) << text;
   size_t samples = 0;
   for (const auto& [id, n] : seen) samples += n;
-  EXPECT_NE(text.find("recfleet_dataloader_samples_total{rank=\"1\"} " + std::to_string(samples)),
+  EXPECT_NE(text.find("recfleet_dataloader_samples_total{recfleet_job=\"jobs/a\",rank=\"1\"} " + std::to_string(samples)),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("recfleet_dataloader_queue_depth{rank=\"0\"} 0"), std::string::npos) << text;
-  EXPECT_NE(text.find("recfleet_dataloader_straggler_gap{dealing=\"naive\"}"), std::string::npos);
-  EXPECT_NE(text.find("recfleet_dataloader_straggler_gap{dealing=\"policy\"}"), std::string::npos);
+  EXPECT_NE(text.find("recfleet_dataloader_queue_depth{recfleet_job=\"jobs/a\",rank=\"1\"} 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("recfleet_dataloader_straggler_gap{recfleet_job=\"jobs/a\",dealing=\"naive\"}"), std::string::npos);
+  EXPECT_NE(text.find("recfleet_dataloader_straggler_gap{recfleet_job=\"jobs/a\",dealing=\"policy\"}"), std::string::npos);
   EXPECT_NE(text.find("recfleet_dataloader_bytes_per_second"), std::string::npos);
   EXPECT_NE(HttpGet(server->metrics_port(), "/other").find("404"), std::string::npos);
 }

@@ -26,8 +26,7 @@ TEST(KillRestartTest, JobSurvivesASigkilledWorkerWithoutSkippingOrRepeatingSampl
   ClusterOptions options;
   options.dir = dir + "/cluster";
   options.lease_seconds = 3;
-  options.loader_dataset = dir + "/data";
-  options.loader_batch = kBatch;
+  options.loader = true;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;

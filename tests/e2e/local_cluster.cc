@@ -89,18 +89,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   std::unique_ptr<LocalCluster> c(new LocalCluster(options));
   ::mkdir(options.dir.c_str(), 0755);
   ::mkdir(c->sample_log_dir().c_str(), 0755);
-  if (!options.loader_dataset.empty()) {
+  if (options.loader) {
     absl::StatusOr<std::unique_ptr<Process>> loader = Process::Start(
-        {RunfilesPath("cli/recfleet"), "data", "serve", "--dataset", options.loader_dataset + "/train.rfd",
-         "--ranks", absl::StrCat(options.loader_ranks), "--batch-size", absl::StrCat(options.loader_batch),
-         "--base-batch", absl::StrCat(options.loader_batch), "--seed", "7", "--port", "0", "--metrics-port", "0"},
+        {RunfilesPath("cli/recfleet"), "data", "serve", "--cache-dir", options.dir + "/synthetic", "--port", "0",
+         "--metrics-port", "0"},
         options.dir + "/loader.log");
     if (!loader.ok()) return loader.status();
     c->loader_ = std::move(*loader);
-    absl::StatusOr<std::string> serving = c->loader_->WaitForLine("data loader serving ranks ", absl::Seconds(20));
+    absl::StatusOr<std::string> serving = c->loader_->WaitForLine("data loader on ", absl::Seconds(20));
     if (!serving.ok()) return serving.status();
-    const size_t on = serving->find(" on ");
-    c->loader_address_ = serving->substr(on + 4, serving->find(' ', on + 4) - on - 4);
+    c->loader_address_ = serving->substr(0, serving->find(' '));
   }
   const std::string address_file = options.dir + "/coordinator.address";
   absl::StatusOr<std::unique_ptr<Process>> coord = Process::Start(
@@ -248,7 +246,7 @@ v1::JobSpec SmallJobSpec(const std::string& dataset_dir, const std::string& chec
   m->add_dense()->mutable_dcn()->set_num_layers(1);
   v1::MoeSpec* moe = m->add_dense()->mutable_moe();
   moe->set_num_experts(2);
-  moe->set_top_k(1);
+  moe->set_top_k(2);
   moe->add_expert_hidden_dims(16);
   moe->add_expert_hidden_dims(8);
   v1::Head* head = m->add_heads();
@@ -257,6 +255,9 @@ v1::JobSpec SmallJobSpec(const std::string& dataset_dir, const std::string& chec
   head->add_hidden_dims(8);
   spec.mutable_data()->set_dataset(dataset_dir);
   spec.mutable_data()->set_local_batch_size(local_batch);
+  spec.mutable_data()->mutable_bbs()->set_enabled(true);
+  spec.mutable_data()->mutable_bbs()->set_base_batch_size(local_batch % 16 == 0 ? 16 : local_batch);
+  spec.mutable_data()->mutable_bbs()->mutable_cost_weights()->set_linear(1);
   spec.mutable_resources()->set_workers(workers);
   v1::TrainingSpec* t = spec.mutable_training();
   t->set_steps(steps);

@@ -56,12 +56,10 @@ struct ClusterOptions {
   int workers = 2;
   // Passed to every worker: per-rank logs of trained sample ids.
   bool sample_logs = true;
-  // When set: a data-loader (`recfleet data serve`) streams this dataset
-  // directory's train.rfd to `loader_ranks` ranks, `loader_batch` samples
-  // per rank-step, and the coordinator hands its address to the workers.
-  std::string loader_dataset;
-  int loader_ranks = 2;
-  int loader_batch = 32;
+  // When set: a data-loader (`recfleet data serve`) serves every job its
+  // data, and the coordinator hands its address to the workers; otherwise
+  // the workers read and deal their jobs' data themselves.
+  bool loader = false;
 };
 
 class LocalCluster {

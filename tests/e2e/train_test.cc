@@ -45,8 +45,7 @@ TEST_P(EndToEndTest, TwoWorkersTrainASmallJob) {
   ClusterOptions options;
   options.dir = dir + "/cluster";
   if (with_loader) {
-    options.loader_dataset = dir + "/data";
-    options.loader_batch = kBatch;
+    options.loader = true;
   }
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();

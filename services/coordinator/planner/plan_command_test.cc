@@ -77,7 +77,7 @@ TEST(PlanCommandTest, PlansAJobSpecFileThroughTheAdapter) {
   const std::string out = ::testing::internal::GetCapturedStdout();
   ASSERT_EQ(code, cli::kExitOk);
   // The adapter's modules and the spec's tables reach the plan.
-  EXPECT_NE(out.find("categories"), std::string::npos);
+  EXPECT_NE(out.find("item_category"), std::string::npos);
   EXPECT_NE(out.find("moe1"), std::string::npos);
   EXPECT_NE(out.find("\"sequence\""), std::string::npos);
 

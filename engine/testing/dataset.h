@@ -1,5 +1,5 @@
-#ifndef RECFLEET_ENGINE_DATASET_H_
-#define RECFLEET_ENGINE_DATASET_H_
+#ifndef RECFLEET_ENGINE_TESTING_DATASET_H_
+#define RECFLEET_ENGINE_TESTING_DATASET_H_
 
 // What the trainer reads: a fixed training set and evaluation set in one
 // feature schema, materialized into batches on demand. Implementations must
@@ -25,4 +25,4 @@ class Dataset {
 
 }  // namespace recfleet::engine
 
-#endif  // RECFLEET_ENGINE_DATASET_H_
+#endif  // RECFLEET_ENGINE_TESTING_DATASET_H_

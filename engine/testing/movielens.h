@@ -1,7 +1,12 @@
-#ifndef RECFLEET_ENGINE_MOVIELENS_H_
-#define RECFLEET_ENGINE_MOVIELENS_H_
+#ifndef RECFLEET_ENGINE_TESTING_MOVIELENS_H_
+#define RECFLEET_ENGINE_TESTING_MOVIELENS_H_
 
-// MovieLens-format ratings as a CTR task for the local trainer.
+// Test fixture: MovieLens-shaped CTR samples held in memory, the batch
+// source of the model's own tests (engine/model_test, the distributed
+// equivalence tests), which need many small, exactly reproducible batches
+// without a dataset file. Not a data path: every run of recfleet reads
+// `.rfd` datasets through the data loader (`recfleet data ingest` turns
+// MovieLens files into one).
 //
 // ReadMovieLens parses the tab-separated "atomic files" of a dataset folder
 // NAME/: NAME.inter (user_id, item_id, rating, timestamp; required) and the
@@ -30,7 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/batch.h"
-#include "engine/dataset.h"
+#include "engine/testing/dataset.h"
 
 namespace recfleet::engine {
 
@@ -106,4 +111,4 @@ class MovieLensCtr final : public Dataset {
 
 }  // namespace recfleet::engine
 
-#endif  // RECFLEET_ENGINE_MOVIELENS_H_
+#endif  // RECFLEET_ENGINE_TESTING_MOVIELENS_H_

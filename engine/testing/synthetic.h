@@ -1,5 +1,5 @@
-#ifndef RECFLEET_ENGINE_SYNTHETIC_H_
-#define RECFLEET_ENGINE_SYNTHETIC_H_
+#ifndef RECFLEET_ENGINE_TESTING_SYNTHETIC_H_
+#define RECFLEET_ENGINE_TESTING_SYNTHETIC_H_
 
 // A synthetic MovieLens-shaped dataset with a planted, learnable signal, so
 // tests and demos train the real pipeline without any downloaded data.
@@ -8,10 +8,12 @@
 // its genres and each user's by their attributes; items are drawn with
 // Zipf-like popularity and timestamps increase per user. Deterministic in
 // the seed.
+//
+// Test fixture (see movielens.h beside it): not a data path.
 
 #include <cstdint>
 
-#include "engine/movielens.h"
+#include "engine/testing/movielens.h"
 
 namespace recfleet::engine {
 
@@ -27,4 +29,4 @@ MovieLensData SyntheticMovieLens(const SyntheticOptions& options);
 
 }  // namespace recfleet::engine
 
-#endif  // RECFLEET_ENGINE_SYNTHETIC_H_
+#endif  // RECFLEET_ENGINE_TESTING_SYNTHETIC_H_

@@ -1,4 +1,4 @@
-#include "engine/movielens.h"
+#include "engine/testing/movielens.h"
 
 #include <algorithm>
 #include <cmath>

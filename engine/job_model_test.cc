@@ -1,6 +1,8 @@
-#include "worker/job_model.h"
+#include "engine/job_model.h"
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "data/synth.h"
 #include "data/dataset_file.h"
@@ -8,7 +10,7 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
-namespace recfleet::worker {
+namespace recfleet::engine {
 namespace {
 
 // A GEM-lite job over the columns `recfleet data synth` writes.
@@ -26,7 +28,7 @@ constexpr char kSynthSpec[] = R"pb(
     sequence { features: "history_items" num_layers: 1 model_dim: 8 num_heads: 2 attention { kind: FULL rope: true } }
     cross { num_cross_layers: 1 pma_queries: 2 num_heads: 2 }
     dense { dcn { num_layers: 1 } }
-    dense { moe { num_experts: 2 top_k: 1 expert_hidden_dims: [ 16, 8 ] } }
+    dense { moe { num_experts: 2 top_k: 2 expert_hidden_dims: [ 16, 8 ] } }
     heads { kind: CTR label: "label" hidden_dims: 8 }
   }
   data { dataset: "unused" local_batch_size: 16 }
@@ -41,7 +43,7 @@ v1::JobSpec Spec(const std::string& text = kSynthSpec) {
 }
 
 TEST(JobModelTest, MapsTheSpecOntoGemLite) {
-  absl::StatusOr<JobModel> m = JobModelFromSpec(Spec());
+  absl::StatusOr<JobModel> m = BuildJobModel(Spec());
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->schema.tables.size(), 3u);
   EXPECT_EQ(m->schema.id_lists.size(), 3u);
@@ -62,13 +64,73 @@ TEST(JobModelTest, MapsTheSpecOntoGemLite) {
 TEST(JobModelTest, RejectsSpecsGemLiteCannotBuildNamingTheField) {
   v1::JobSpec spec = Spec();
   spec.mutable_model()->mutable_tables(1)->set_dim(16);
-  EXPECT_NE(JobModelFromSpec(spec).status().message().find("spec.model.tables[1].dim"), std::string::npos);
+  EXPECT_NE(BuildJobModel(spec).status().message().find("spec.model.tables[1].dim"), std::string::npos);
   spec = Spec();
   spec.mutable_model()->mutable_features(0)->set_table("nope");
-  EXPECT_NE(JobModelFromSpec(spec).status().message().find("spec.model.features[0].table"), std::string::npos);
+  EXPECT_NE(BuildJobModel(spec).status().message().find("spec.model.features[0].table"), std::string::npos);
   spec = Spec();
   spec.mutable_model()->mutable_features()->DeleteSubrange(3, 1);
-  EXPECT_NE(JobModelFromSpec(spec).status().message().find("SEQUENCE"), std::string::npos);
+  EXPECT_NE(BuildJobModel(spec).status().message().find("SEQUENCE"), std::string::npos);
+}
+
+// Fields GEM-lite does not build are rejected by path, never dropped.
+TEST(JobModelTest, RejectsWhatGemLiteDoesNotBuildYet) {
+  struct Case {
+    std::function<void(v1::JobSpec&)> change;
+    std::string path;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::JobSpec& s) { s.mutable_model()->mutable_dense(1)->mutable_moe()->set_top_k(1); },
+       "spec.model.dense[1].moe.top_k: not supported yet"},
+      {[](v1::JobSpec& s) { s.mutable_model()->mutable_dense(0)->mutable_dcn()->set_low_rank(4); },
+       "spec.model.dense[0].dcn.low_rank: not supported yet"},
+      {[](v1::JobSpec& s) { s.mutable_model()->mutable_heads(0)->set_loss_weight(0.5); },
+       "spec.model.heads[0].loss_weight: not supported yet"},
+      {[](v1::JobSpec& s) { s.mutable_model()->mutable_heads(0)->add_hidden_dims(4); },
+       "spec.model.heads[0].hidden_dims: not supported yet"},
+      {[](v1::JobSpec& s) { s.mutable_model()->mutable_sequence()->mutable_attention()->set_bias(true); },
+       "spec.model.sequence.attention.bias: not supported yet"},
+      {[](v1::JobSpec& s) { s.mutable_model()->mutable_cross()->mutable_attention()->set_activation(v1::AttentionSpec::GELU); },
+       "spec.model.cross.attention.activation: not supported yet"},
+      {[](v1::JobSpec& s) { s.mutable_model()->mutable_tables(0)->set_learning_rate(0.1); },
+       "spec.model.tables[0].learning_rate: not supported yet"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec spec = Spec();
+    c.change(spec);
+    const absl::Status s = BuildJobModel(spec).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.path;
+    EXPECT_NE(s.message().find(c.path), std::string::npos) << s.message();
+    EXPECT_NE(CheckBuildable(spec).message().find(c.path), std::string::npos) << c.path;
+  }
+  v1::JobSpec spec = Spec();
+  spec.mutable_data()->set_micro_batches(2);
+  EXPECT_NE(CheckBuildable(spec).message().find("spec.data.micro_batches: not supported yet"), std::string::npos);
+  spec = Spec();
+  spec.mutable_parallelism()->set_expert_parallel(true);
+  EXPECT_NE(CheckBuildable(spec).message().find("spec.parallelism.expert_parallel: not supported yet"),
+            std::string::npos);
+  EXPECT_TRUE(CheckBuildable(Spec()).ok()) << CheckBuildable(Spec());
+}
+
+TEST(JobModelTest, DataConfigComesFromTheSpec) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_data()->set_local_batch_size(256);
+  spec.mutable_data()->mutable_bbs()->set_enabled(true);
+  spec.mutable_data()->mutable_bbs()->set_base_batch_size(64);
+  spec.mutable_data()->mutable_bbs()->mutable_cost_weights()->set_quadratic(0.5);
+  absl::StatusOr<v1::DataConfig> c = BuildDataConfig(spec, "jobs/a", 4);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->job(), "jobs/a");
+  EXPECT_EQ(c->dataset(), "unused");
+  EXPECT_EQ(c->num_ranks(), 4);
+  EXPECT_EQ(c->local_batch_size(), 256);
+  EXPECT_EQ(c->base_batch_size(), 64);
+  EXPECT_EQ(c->policy(), "recfleet");
+  EXPECT_NE(c->cost_model().find("quadratic=0.5"), std::string::npos) << c->cost_model();
+  EXPECT_EQ(c->seed(), 3u);
+  spec.mutable_data()->mutable_bbs()->set_enabled(false);
+  EXPECT_EQ(BuildDataConfig(spec, "jobs/a", 4)->policy(), "naive");
 }
 
 TEST(JobModelTest, ConvertsSyntheticRowsIntoBatchesTheModelTrainsOn) {
@@ -83,7 +145,7 @@ TEST(JobModelTest, ConvertsSyntheticRowsIntoBatchesTheModelTrainsOn) {
   ASSERT_TRUE(data::GenerateSynthetic(o, dir).ok());
   absl::StatusOr<data::Batch> rows = data::ReadAll(dir + "/train.rfd");
   ASSERT_TRUE(rows.ok()) << rows.status();
-  absl::StatusOr<JobModel> m = JobModelFromSpec(Spec());
+  absl::StatusOr<JobModel> m = BuildJobModel(Spec());
   ASSERT_TRUE(m.ok());
   absl::StatusOr<BatchConverter> conv = BatchConverter::Create(*m, rows->schema());
   ASSERT_TRUE(conv.ok()) << conv.status();
@@ -111,7 +173,7 @@ TEST(JobModelTest, ConvertsSyntheticRowsIntoBatchesTheModelTrainsOn) {
 TEST(JobModelTest, MissingColumnIsNamed) {
   v1::JobSpec spec = Spec();
   spec.mutable_model()->mutable_features(4)->set_name("dense_9");
-  absl::StatusOr<JobModel> m = JobModelFromSpec(spec);
+  absl::StatusOr<JobModel> m = BuildJobModel(spec);
   ASSERT_TRUE(m.ok());
   data::Schema schema;
   schema.features = {{"user_id", data::DType::kInt64, data::Layout::kScalar, "user"}};
@@ -121,4 +183,4 @@ TEST(JobModelTest, MissingColumnIsNamed) {
 }
 
 }  // namespace
-}  // namespace recfleet::worker
+}  // namespace recfleet::engine

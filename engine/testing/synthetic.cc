@@ -1,4 +1,4 @@
-#include "engine/synthetic.h"
+#include "engine/testing/synthetic.h"
 
 #include <algorithm>
 #include <array>

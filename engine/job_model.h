@@ -1,0 +1,123 @@
+#ifndef RECFLEET_ENGINE_JOB_MODEL_H_
+#define RECFLEET_ENGINE_JOB_MODEL_H_
+
+// The one path from a JobSpec to what is trained: the model (GEM-lite's
+// config and feature schema, with the dataset columns it reads), the data
+// configuration (what the loader deals to every rank) and the conversion of
+// dataset rows into engine batches. The coordinator's CreateJob, the planner
+// adapter, the worker daemon and `recfleet train --local` all go through
+// here, so a spec means the same thing everywhere.
+//
+// Every JobSpec field is either honored or rejected: a field GEM-lite does
+// not build yet fails with "spec.<path>: not supported yet (...)" rather than
+// being dropped. Structural rules (positive sizes, names that resolve) are
+// services/coordinator/spec_validation.h's; BuildJobModel assumes them but
+// never crashes on a spec that breaks them.
+//
+// The mapping: tables become the feature schema's tables (ids taken modulo
+// rows); ID_LIST and CANDIDATE features become pooled id-list tokens;
+// SEQUENCE features become the fields of the history events (one token per
+// event, the sum of its fields' embeddings); NUMERIC features feed the dense
+// input; the sequence / cross / dense / head sub-specs set the network's
+// sizes. GEM-lite's dense part is an optional DCN module followed by one
+// MoE (every expert gated) or one MLP (a single expert) of exactly two
+// layers [hidden, out], then one tower per head of one hidden layer.
+//
+// Pure functions and immutable objects; thread-safe.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "data/batch.h"
+#include "data/schema.h"
+#include "engine/batch.h"
+#include "engine/model_config.h"
+#include "recfleet/v1/dataloader.pb.h"
+#include "recfleet/v1/job.pb.h"
+
+namespace recfleet::engine {
+
+struct JobModel {
+  FeatureSchema schema;
+  GemLiteConfig config;
+  // Dataset column of each schema.id_lists / schema.sequence_fields entry.
+  std::vector<std::string> id_list_columns;
+  std::vector<std::string> sequence_columns;
+  // Events beyond this many (the most recent kept) are dropped; 0 = all.
+  std::vector<int> sequence_max_length;
+  // NUMERIC features and their widths, in spec order.
+  std::vector<std::pair<std::string, int>> numeric_columns;
+  // Label columns of the CTR and CVR heads ("" when the head is absent).
+  std::string ctr_label;
+  std::string cvr_label;
+
+  // Every derived setting, one per line: what tests compare to see whether
+  // a spec field changed the model.
+  std::string DebugString() const;
+};
+
+// The model `spec` trains. InvalidArgument listing every field GEM-lite
+// does not build ("spec.model.dense[1].moe.top_k: not supported yet ..."),
+// "; "-joined.
+absl::StatusOr<JobModel> BuildJobModel(const v1::JobSpec& spec);
+
+// The data configuration of `spec` for a job named `job` on `world_size`
+// ranks. InvalidArgument for data settings that are not supported yet
+// (micro-batches, multi-step BBS windows).
+absl::StatusOr<v1::DataConfig> BuildDataConfig(const v1::JobSpec& spec, const std::string& job, int world_size);
+
+// Everything the spec asks that nothing builds yet, beyond the model and
+// data: BuildJobModel's and BuildDataConfig's errors plus the spec's other
+// sections (e.g. parallelism.expert_parallel). OK when the spec is
+// buildable. What CreateJob calls after structural validation.
+absl::Status CheckBuildable(const v1::JobSpec& spec);
+
+// Binds the model's feature and label names to a dataset's columns
+// (data/schema.h) and turns dataset rows into engine batches: a scalar int64
+// column is a one-id list, a jagged int64 column a list; ids are taken
+// modulo the table's rows; a NUMERIC feature of width 1 reads a scalar
+// float column and of width w a jagged float column of w values per row.
+class BatchConverter {
+ public:
+  // FailedPrecondition naming the missing column and its required form when
+  // `dataset` lacks a column the model reads.
+  static absl::StatusOr<BatchConverter> Create(const JobModel& model, const data::Schema& dataset);
+
+  // Rows `rows` of `source` (same schema as at Create) as one engine batch.
+  Batch Convert(const data::Batch& source, absl::Span<const int64_t> rows) const;
+  // Every row of `source`.
+  Batch ConvertAll(const data::Batch& source) const;
+
+  // The sample id of row `row`: the "sample_id" column when the dataset has
+  // one, else -1.
+  int64_t SampleId(const data::Batch& source, int64_t row) const;
+
+ private:
+  struct IdColumn {
+    int column = -1;
+    bool jagged = false;
+    int64_t rows = 1;    // Table rows: ids are taken modulo this.
+    int max_length = 0;  // Sequence fields: keep the most recent events.
+  };
+  struct NumericColumn {
+    int column = -1;
+    int width = 1;
+  };
+
+  std::vector<IdColumn> id_lists_;
+  std::vector<IdColumn> sequence_;
+  std::vector<NumericColumn> numeric_;
+  int num_dense_ = 0;
+  int ctr_label_ = -1;
+  int cvr_label_ = -1;
+  int sample_id_ = -1;
+};
+
+}  // namespace recfleet::engine
+
+#endif  // RECFLEET_ENGINE_JOB_MODEL_H_

@@ -1,0 +1,90 @@
+#ifndef RECFLEET_WORKER_RANK_RUN_H_
+#define RECFLEET_WORKER_RANK_RUN_H_
+
+// One attempt at one rank of a training job, free of transport: the step
+// code every run of recfleet goes through, whether the worker daemon runs
+// it for an Assignment (training_task.h: gRPC reports, the coordinator's
+// key-value store) or `recfleet train --local` runs it with a world of one
+// (printed reports, an in-process store).
+//
+//  1. Builds the model from the spec (engine/job_model.h) and opens its
+//     rank's data from the job's DataConfig: streamed by the assignment's
+//     data-loader, or dealt in-process by the same loader code.
+//  2. Joins the job's collectives (Gloo) through `store`: the world, and
+//     the four training groups (FSDP, replica, tables, table replica) from
+//     the plan's groups in the assignment, or from the spec's parallelism
+//     hints when it carries none. A stop request aborts every communicator
+//     so no collective waits out its timeout.
+//  3. Resumes from the newest complete checkpoint: parameters, optimizer
+//     state (AdamW moments, Adagrad accumulators) and the data position
+//     (the step) come back exactly, so no sample is skipped or trained
+//     twice.
+//  4. Trains synchronously with DistributedModel: dense parameters sharded
+//     FSDP-style inside the FSDP group and replicated across groups,
+//     embedding tables sharded over the table group (all-to-all lookups
+//     and updates); the same parameters as one rank on the global batch.
+//  5. Reports StepStats (step time split into data wait / compute / comm)
+//     and EvalStats (every rank scores its slice of the eval set, rank 0
+//     reports) to `sink`, updates `metrics`, and every
+//     spec.training.checkpoint_every steps writes a sharded checkpoint
+//     (each rank the shards it owns; rank 0 commits the manifest after a
+//     barrier).
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "recfleet/v1/worker_service.pb.h"
+#include "services/dataloader/job_loader.h"
+#include "worker/agent.h"
+#include "worker/comm/kv_store.h"
+#include "worker/worker_metrics.h"
+
+namespace recfleet::worker {
+
+struct TrainingOptions {
+  // Checkpoints go to spec.training.checkpoint_dir, or
+  // <checkpoint_root>/<job id> when the spec leaves it empty. Every rank of
+  // a job must see the same directory (shared storage; on one host any
+  // directory), since rank 0 verifies all shards before committing.
+  std::string checkpoint_root;
+  // Address other ranks reach this worker's Gloo transport on.
+  std::string gloo_host = "127.0.0.1";
+  // Bearer token for coordinator calls ("" = none).
+  std::string auth_token;
+  // Bound on every collective and on the rendezvous.
+  absl::Duration comm_timeout = absl::Seconds(60);
+  // When non-empty: append "<step> <sample_id>..." for every trained step
+  // to <sample_log_dir>/<job id>.rank-<r>.epoch-<restart epoch>.log, an
+  // audit trail of exactly which samples each attempt trained.
+  std::string sample_log_dir;
+  // Complete checkpoints kept per job.
+  int keep_checkpoints = 2;
+  // Progress line on stderr every this many steps (0 = none).
+  int64_t log_every = 20;
+  // Where datasets are found when the rank reads its data itself (no
+  // data-loader in the assignment), and the eval set.
+  dataloader::DatasetOptions datasets;
+};
+
+// Where a rank's progress goes. Called from the training thread only.
+class ProgressSink {
+ public:
+  virtual ~ProgressSink() = default;
+  virtual void ReportStep(const v1::StepStats& step) = 0;
+  virtual void ReportEval(const v1::EvalStats& eval) = 0;
+  // Delivers what is pending (when `force`, or when the sink chooses to).
+  // An error stops the run (e.g. the coordinator fenced this attempt off).
+  virtual absl::Status Flush(bool force) = 0;
+};
+
+// Runs `assignment` to its end on the calling thread: OK when every step is
+// trained, checkpointed and evaluated. Returns promptly after a stop
+// request on `control`.
+absl::Status RunRank(const v1::Assignment& assignment, TaskControl& control, comm::KvStore& store, ProgressSink& sink,
+                     const TrainingOptions& options, WorkerMetrics* metrics);
+
+}  // namespace recfleet::worker
+
+#endif  // RECFLEET_WORKER_RANK_RUN_H_
