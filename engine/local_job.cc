@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
 namespace recfleet::engine {
@@ -56,27 +57,20 @@ class Section {
   std::set<std::string> used_;
 };
 
-#define RETURN_IF_ERROR(expr)                 \
-  do {                                        \
-    if (absl::Status s_ = (expr); !s_.ok()) { \
-      return s_;                              \
-    }                                         \
-  } while (false)
-
 absl::Status ParseDataset(const YAML::Node& node, DatasetSpec* d) {
   Section s(node, "dataset");
-  RETURN_IF_ERROR(s.Check());
-  RETURN_IF_ERROR(s.Get("format", &d->format));
-  RETURN_IF_ERROR(s.Get("path", &d->path));
-  RETURN_IF_ERROR(s.Get("positive_rating", &d->ctr.positive_rating));
-  RETURN_IF_ERROR(s.Get("eval_fraction", &d->ctr.eval_fraction));
-  RETURN_IF_ERROR(s.Get("max_history", &d->ctr.max_history));
-  RETURN_IF_ERROR(s.Get("synthetic_users", &d->synthetic.num_users));
-  RETURN_IF_ERROR(s.Get("synthetic_items", &d->synthetic.num_items));
-  RETURN_IF_ERROR(s.Get("synthetic_min_events", &d->synthetic.min_events));
-  RETURN_IF_ERROR(s.Get("synthetic_mean_extra_events", &d->synthetic.mean_extra_events));
-  RETURN_IF_ERROR(s.Get("synthetic_seed", &d->synthetic.seed));
-  RETURN_IF_ERROR(s.Unknown());
+  RECFLEET_RETURN_IF_ERROR(s.Check());
+  RECFLEET_RETURN_IF_ERROR(s.Get("format", &d->format));
+  RECFLEET_RETURN_IF_ERROR(s.Get("path", &d->path));
+  RECFLEET_RETURN_IF_ERROR(s.Get("positive_rating", &d->ctr.positive_rating));
+  RECFLEET_RETURN_IF_ERROR(s.Get("eval_fraction", &d->ctr.eval_fraction));
+  RECFLEET_RETURN_IF_ERROR(s.Get("max_history", &d->ctr.max_history));
+  RECFLEET_RETURN_IF_ERROR(s.Get("synthetic_users", &d->synthetic.num_users));
+  RECFLEET_RETURN_IF_ERROR(s.Get("synthetic_items", &d->synthetic.num_items));
+  RECFLEET_RETURN_IF_ERROR(s.Get("synthetic_min_events", &d->synthetic.min_events));
+  RECFLEET_RETURN_IF_ERROR(s.Get("synthetic_mean_extra_events", &d->synthetic.mean_extra_events));
+  RECFLEET_RETURN_IF_ERROR(s.Get("synthetic_seed", &d->synthetic.seed));
+  RECFLEET_RETURN_IF_ERROR(s.Unknown());
   if (d->format != "movielens" && d->format != "synthetic") {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.format must be movielens or synthetic, got '", d->format, "'"));
@@ -89,31 +83,31 @@ absl::Status ParseDataset(const YAML::Node& node, DatasetSpec* d) {
 
 absl::Status ParseModel(const YAML::Node& node, GemLiteConfig* m) {
   Section s(node, "model");
-  RETURN_IF_ERROR(s.Check());
+  RECFLEET_RETURN_IF_ERROR(s.Check());
   std::string mask = "full", seq_act = "softmax";
   std::string mlp_act(ActivationName(m->mlp_activation));
-  RETURN_IF_ERROR(s.Get("dim", &m->dim));
-  RETURN_IF_ERROR(s.Get("heads", &m->heads));
-  RETURN_IF_ERROR(s.Get("seq_layers", &m->seq_layers));
-  RETURN_IF_ERROR(s.Get("seq_mask", &mask));
-  RETURN_IF_ERROR(s.Get("seq_window", &m->seq_window));
-  RETURN_IF_ERROR(s.Get("seq_activation", &seq_act));
-  RETURN_IF_ERROR(s.Get("rope", &m->rope));
-  RETURN_IF_ERROR(s.Get("qk_norm", &m->qk_norm));
-  RETURN_IF_ERROR(s.Get("cross_attention", &m->cross_attention));
-  RETURN_IF_ERROR(s.Get("pma_queries", &m->pma_queries));
-  RETURN_IF_ERROR(s.Get("dcn_layers", &m->dcn_layers));
-  RETURN_IF_ERROR(s.Get("num_experts", &m->num_experts));
-  RETURN_IF_ERROR(s.Get("expert_hidden", &m->expert_hidden));
-  RETURN_IF_ERROR(s.Get("expert_out", &m->expert_out));
-  RETURN_IF_ERROR(s.Get("tower_hidden", &m->tower_hidden));
-  RETURN_IF_ERROR(s.Get("mlp_activation", &mlp_act));
-  RETURN_IF_ERROR(s.Get("learning_rate", &m->learning_rate));
-  RETURN_IF_ERROR(s.Get("weight_decay", &m->weight_decay));
-  RETURN_IF_ERROR(s.Get("adagrad_learning_rate", &m->adagrad_learning_rate));
-  RETURN_IF_ERROR(s.Get("embedding_init_std", &m->embedding_init_std));
-  RETURN_IF_ERROR(s.Get("seed", &m->seed));
-  RETURN_IF_ERROR(s.Unknown());
+  RECFLEET_RETURN_IF_ERROR(s.Get("dim", &m->dim));
+  RECFLEET_RETURN_IF_ERROR(s.Get("heads", &m->heads));
+  RECFLEET_RETURN_IF_ERROR(s.Get("seq_layers", &m->seq_layers));
+  RECFLEET_RETURN_IF_ERROR(s.Get("seq_mask", &mask));
+  RECFLEET_RETURN_IF_ERROR(s.Get("seq_window", &m->seq_window));
+  RECFLEET_RETURN_IF_ERROR(s.Get("seq_activation", &seq_act));
+  RECFLEET_RETURN_IF_ERROR(s.Get("rope", &m->rope));
+  RECFLEET_RETURN_IF_ERROR(s.Get("qk_norm", &m->qk_norm));
+  RECFLEET_RETURN_IF_ERROR(s.Get("cross_attention", &m->cross_attention));
+  RECFLEET_RETURN_IF_ERROR(s.Get("pma_queries", &m->pma_queries));
+  RECFLEET_RETURN_IF_ERROR(s.Get("dcn_layers", &m->dcn_layers));
+  RECFLEET_RETURN_IF_ERROR(s.Get("num_experts", &m->num_experts));
+  RECFLEET_RETURN_IF_ERROR(s.Get("expert_hidden", &m->expert_hidden));
+  RECFLEET_RETURN_IF_ERROR(s.Get("expert_out", &m->expert_out));
+  RECFLEET_RETURN_IF_ERROR(s.Get("tower_hidden", &m->tower_hidden));
+  RECFLEET_RETURN_IF_ERROR(s.Get("mlp_activation", &mlp_act));
+  RECFLEET_RETURN_IF_ERROR(s.Get("learning_rate", &m->learning_rate));
+  RECFLEET_RETURN_IF_ERROR(s.Get("weight_decay", &m->weight_decay));
+  RECFLEET_RETURN_IF_ERROR(s.Get("adagrad_learning_rate", &m->adagrad_learning_rate));
+  RECFLEET_RETURN_IF_ERROR(s.Get("embedding_init_std", &m->embedding_init_std));
+  RECFLEET_RETURN_IF_ERROR(s.Get("seed", &m->seed));
+  RECFLEET_RETURN_IF_ERROR(s.Unknown());
   absl::StatusOr<attention::Mask> parsed_mask = ParseMask(mask);
   if (!parsed_mask.ok()) return absl::InvalidArgumentError(absl::StrCat("model.seq_mask: ", parsed_mask.status().message()));
   m->seq_mask = *parsed_mask;
@@ -128,16 +122,16 @@ absl::Status ParseModel(const YAML::Node& node, GemLiteConfig* m) {
 
 absl::Status ParseTrain(const YAML::Node& node, TrainerOptions* t) {
   Section s(node, "train");
-  RETURN_IF_ERROR(s.Check());
-  RETURN_IF_ERROR(s.Get("batch_size", &t->batch_size));
-  RETURN_IF_ERROR(s.Get("epochs", &t->epochs));
-  RETURN_IF_ERROR(s.Get("max_steps", &t->max_steps));
-  RETURN_IF_ERROR(s.Get("time_budget_s", &t->time_budget_s));
-  RETURN_IF_ERROR(s.Get("log_every", &t->log_every));
-  RETURN_IF_ERROR(s.Get("seed", &t->seed));
-  RETURN_IF_ERROR(s.Get("eval_batch_size", &t->eval_batch_size));
-  RETURN_IF_ERROR(s.Get("threads", &t->threads));
-  RETURN_IF_ERROR(s.Unknown());
+  RECFLEET_RETURN_IF_ERROR(s.Check());
+  RECFLEET_RETURN_IF_ERROR(s.Get("batch_size", &t->batch_size));
+  RECFLEET_RETURN_IF_ERROR(s.Get("epochs", &t->epochs));
+  RECFLEET_RETURN_IF_ERROR(s.Get("max_steps", &t->max_steps));
+  RECFLEET_RETURN_IF_ERROR(s.Get("time_budget_s", &t->time_budget_s));
+  RECFLEET_RETURN_IF_ERROR(s.Get("log_every", &t->log_every));
+  RECFLEET_RETURN_IF_ERROR(s.Get("seed", &t->seed));
+  RECFLEET_RETURN_IF_ERROR(s.Get("eval_batch_size", &t->eval_batch_size));
+  RECFLEET_RETURN_IF_ERROR(s.Get("threads", &t->threads));
+  RECFLEET_RETURN_IF_ERROR(s.Unknown());
   if (t->batch_size < 1) return absl::InvalidArgumentError("train.batch_size must be >= 1");
   if (t->epochs < 1) return absl::InvalidArgumentError("train.epochs must be >= 1");
   if (t->threads < 1) return absl::InvalidArgumentError("train.threads must be >= 1");
@@ -163,9 +157,9 @@ absl::StatusOr<LocalJob> ParseLocalJob(const std::string& yaml_text) {
           absl::StrCat("unknown top-level key '", key, "' (expected dataset, model, train)"));
     }
   }
-  RETURN_IF_ERROR(ParseDataset(root["dataset"], &job.dataset));
-  RETURN_IF_ERROR(ParseModel(root["model"], &job.model));
-  RETURN_IF_ERROR(ParseTrain(root["train"], &job.train));
+  RECFLEET_RETURN_IF_ERROR(ParseDataset(root["dataset"], &job.dataset));
+  RECFLEET_RETURN_IF_ERROR(ParseModel(root["model"], &job.model));
+  RECFLEET_RETURN_IF_ERROR(ParseTrain(root["train"], &job.train));
   return job;
 }
 

@@ -4,7 +4,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/quant/checks.h"
+#include "common/status_macros.h"
 
 namespace recfleet::engine {
 namespace {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
 namespace recfleet::planner {
@@ -113,20 +114,14 @@ class Reader {
   std::set<std::string> seen_;
 };
 
-#define RETURN_IF_ERROR(expr)          \
-  do {                                 \
-    absl::Status _s = (expr);          \
-    if (!_s.ok()) return _s;           \
-  } while (0)
-
 absl::Status ReadLink(Reader& parent, const char* key, const std::string& source, LinkSpec* link) {
   if (!parent.Has(key)) return absl::OkStatus();
   Reader r(parent.Child(key), parent.ChildPath(key), source);
-  RETURN_IF_ERROR(r.CheckMap());
+  RECFLEET_RETURN_IF_ERROR(r.CheckMap());
   double gbps = 0, us = 0;
-  RETURN_IF_ERROR(r.Number("bandwidth_gbps", &gbps, true));
-  RETURN_IF_ERROR(r.Number("latency_us", &us));
-  RETURN_IF_ERROR(r.NoUnknownKeys());
+  RECFLEET_RETURN_IF_ERROR(r.Number("bandwidth_gbps", &gbps, true));
+  RECFLEET_RETURN_IF_ERROR(r.Number("latency_us", &us));
+  RECFLEET_RETURN_IF_ERROR(r.NoUnknownKeys());
   link->bandwidth_bytes_per_s = gbps * 1e9;
   link->latency_s = us * 1e-6;
   return absl::OkStatus();
@@ -135,34 +130,34 @@ absl::Status ReadLink(Reader& parent, const char* key, const std::string& source
 absl::StatusOr<Topology> TopologyFrom(const YAML::Node& root, const std::string& source) {
   Topology t;
   Reader r(root, "", source);
-  RETURN_IF_ERROR(r.CheckMap());
-  RETURN_IF_ERROR(r.String("name", &t.name));
-  RETURN_IF_ERROR(r.Integer("nodes", &t.num_nodes, true));
-  RETURN_IF_ERROR(r.Integer("gpus_per_node", &t.gpus_per_node, true));
-  RETURN_IF_ERROR(r.Integer("nodes_per_nvlink_domain", &t.nodes_per_nvlink_domain));
+  RECFLEET_RETURN_IF_ERROR(r.CheckMap());
+  RECFLEET_RETURN_IF_ERROR(r.String("name", &t.name));
+  RECFLEET_RETURN_IF_ERROR(r.Integer("nodes", &t.num_nodes, true));
+  RECFLEET_RETURN_IF_ERROR(r.Integer("gpus_per_node", &t.gpus_per_node, true));
+  RECFLEET_RETURN_IF_ERROR(r.Integer("nodes_per_nvlink_domain", &t.nodes_per_nvlink_domain));
   t.nodes_per_zone = t.num_nodes;
-  RETURN_IF_ERROR(r.Integer("nodes_per_zone", &t.nodes_per_zone));
-  RETURN_IF_ERROR(r.Number("cpu_cores_per_node", &t.cpu_cores_per_node));
+  RECFLEET_RETURN_IF_ERROR(r.Integer("nodes_per_zone", &t.nodes_per_zone));
+  RECFLEET_RETURN_IF_ERROR(r.Number("cpu_cores_per_node", &t.cpu_cores_per_node));
   if (!r.Has("gpu")) return r.Error("gpu", "a mapping with hbm_gib, peak_tflops, hbm_bandwidth_gbps");
   Reader gpu(r.Child("gpu"), "gpu", source);
-  RETURN_IF_ERROR(gpu.CheckMap());
+  RECFLEET_RETURN_IF_ERROR(gpu.CheckMap());
   double hbm = 0, tflops = 0, hbm_bw = 0;
-  RETURN_IF_ERROR(gpu.Number("hbm_gib", &hbm, true));
-  RETURN_IF_ERROR(gpu.Number("peak_tflops", &tflops, true));
-  RETURN_IF_ERROR(gpu.Number("hbm_bandwidth_gbps", &hbm_bw, true));
-  RETURN_IF_ERROR(gpu.NoUnknownKeys());
+  RECFLEET_RETURN_IF_ERROR(gpu.Number("hbm_gib", &hbm, true));
+  RECFLEET_RETURN_IF_ERROR(gpu.Number("peak_tflops", &tflops, true));
+  RECFLEET_RETURN_IF_ERROR(gpu.Number("hbm_bandwidth_gbps", &hbm_bw, true));
+  RECFLEET_RETURN_IF_ERROR(gpu.NoUnknownKeys());
   t.hbm_bytes_per_gpu = hbm * kGiB;
   t.peak_flops_per_gpu = tflops * 1e12;
   t.hbm_bandwidth_bytes_per_s = hbm_bw * 1e9;
   if (r.Has("links")) {
     Reader links(r.Child("links"), "links", source);
-    RETURN_IF_ERROR(links.CheckMap());
-    RETURN_IF_ERROR(ReadLink(links, "nvlink", source, &t.links[kNvlink]));
-    RETURN_IF_ERROR(ReadLink(links, "zone", source, &t.links[kZone]));
-    RETURN_IF_ERROR(ReadLink(links, "cross_zone", source, &t.links[kCrossZone]));
-    RETURN_IF_ERROR(links.NoUnknownKeys());
+    RECFLEET_RETURN_IF_ERROR(links.CheckMap());
+    RECFLEET_RETURN_IF_ERROR(ReadLink(links, "nvlink", source, &t.links[kNvlink]));
+    RECFLEET_RETURN_IF_ERROR(ReadLink(links, "zone", source, &t.links[kZone]));
+    RECFLEET_RETURN_IF_ERROR(ReadLink(links, "cross_zone", source, &t.links[kCrossZone]));
+    RECFLEET_RETURN_IF_ERROR(links.NoUnknownKeys());
   }
-  RETURN_IF_ERROR(r.NoUnknownKeys());
+  RECFLEET_RETURN_IF_ERROR(r.NoUnknownKeys());
   if (auto s = ValidateTopology(t); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   }
@@ -175,22 +170,23 @@ const std::vector<std::pair<std::string, int>> kFloatBytes = {
 absl::Status ReadModule(const YAML::Node& node, const std::string& path, const std::string& source,
                         DenseModule* m) {
   Reader r(node, path, source);
-  RETURN_IF_ERROR(r.CheckMap());
-  RETURN_IF_ERROR(r.String("name", &m->name, true));
-  RETURN_IF_ERROR(r.String("region", &m->region));
-  RETURN_IF_ERROR(r.Enum<OpKind>("op",
+  RECFLEET_RETURN_IF_ERROR(r.CheckMap());
+  RECFLEET_RETURN_IF_ERROR(r.String("name", &m->name, true));
+  RECFLEET_RETURN_IF_ERROR(r.String("region", &m->region));
+  RECFLEET_RETURN_IF_ERROR(r.Enum<OpKind>("op",
                                  {{"gemm", OpKind::kGemm},
                                   {"attention", OpKind::kAttention},
                                   {"elementwise", OpKind::kElementwise}},
                                  &m->op));
-  RETURN_IF_ERROR(r.Integer("params", &m->params, true));
-  RETURN_IF_ERROR(r.Integer("experts", &m->num_experts));
-  RETURN_IF_ERROR(r.Number("flops_per_sample", &m->flops_per_sample));
-  RETURN_IF_ERROR(r.Number("flops_per_token", &m->flops_per_token));
-  RETURN_IF_ERROR(r.Number("flops_per_token_sq", &m->flops_per_token_sq));
-  RETURN_IF_ERROR(r.Number("activation_bytes_per_sample", &m->activation_bytes_per_sample));
-  RETURN_IF_ERROR(r.Number("activation_bytes_per_token", &m->activation_bytes_per_token));
-  RETURN_IF_ERROR(r.Number("io_bytes_per_sample", &m->io_bytes_per_sample));
+  RECFLEET_RETURN_IF_ERROR(r.Integer("params", &m->params, true));
+  RECFLEET_RETURN_IF_ERROR(r.Integer("experts", &m->num_experts));
+  RECFLEET_RETURN_IF_ERROR(r.Number("flops_per_sample", &m->flops_per_sample));
+  RECFLEET_RETURN_IF_ERROR(r.Number("flops_per_token", &m->flops_per_token));
+  RECFLEET_RETURN_IF_ERROR(r.Number("flops_per_token_sq", &m->flops_per_token_sq));
+  RECFLEET_RETURN_IF_ERROR(
+      r.Number("activation_bytes_per_sample", &m->activation_bytes_per_sample));
+  RECFLEET_RETURN_IF_ERROR(r.Number("activation_bytes_per_token", &m->activation_bytes_per_token));
+  RECFLEET_RETURN_IF_ERROR(r.Number("io_bytes_per_sample", &m->io_bytes_per_sample));
   return r.NoUnknownKeys();
 }
 
@@ -199,17 +195,17 @@ absl::Status ReadModule(const YAML::Node& node, const std::string& path, const s
 absl::Status ReadTables(const YAML::Node& node, const std::string& path, const std::string& source,
                         std::vector<Table>* tables) {
   Reader r(node, path, source);
-  RETURN_IF_ERROR(r.CheckMap());
+  RECFLEET_RETURN_IF_ERROR(r.CheckMap());
   Table t;
   int count = 1;
-  RETURN_IF_ERROR(r.String("name", &t.name, true));
-  RETURN_IF_ERROR(r.Integer("rows", &t.rows, true));
-  RETURN_IF_ERROR(r.Integer("dim", &t.dim, true));
-  RETURN_IF_ERROR(r.Number("pooling_factor", &t.pooling_factor));
-  RETURN_IF_ERROR(r.Number("access_frequency", &t.access_frequency));
-  RETURN_IF_ERROR(r.Bool("pooled", &t.pooled));
-  RETURN_IF_ERROR(r.Integer("count", &count));
-  RETURN_IF_ERROR(r.NoUnknownKeys());
+  RECFLEET_RETURN_IF_ERROR(r.String("name", &t.name, true));
+  RECFLEET_RETURN_IF_ERROR(r.Integer("rows", &t.rows, true));
+  RECFLEET_RETURN_IF_ERROR(r.Integer("dim", &t.dim, true));
+  RECFLEET_RETURN_IF_ERROR(r.Number("pooling_factor", &t.pooling_factor));
+  RECFLEET_RETURN_IF_ERROR(r.Number("access_frequency", &t.access_frequency));
+  RECFLEET_RETURN_IF_ERROR(r.Bool("pooled", &t.pooled));
+  RECFLEET_RETURN_IF_ERROR(r.Integer("count", &count));
+  RECFLEET_RETURN_IF_ERROR(r.NoUnknownKeys());
   if (count < 1) return r.Error(path + ".count", "a whole number >= 1");
   if (count == 1) {
     tables->push_back(t);
@@ -225,102 +221,104 @@ absl::Status ReadTables(const YAML::Node& node, const std::string& path, const s
 absl::Status ReadModel(Reader& parent, const std::string& source, Model* model) {
   if (!parent.Has("model")) return parent.Error("model", "a mapping (required)");
   Reader r(parent.Child("model"), "model", source);
-  RETURN_IF_ERROR(r.CheckMap());
-  RETURN_IF_ERROR(r.String("name", &model->name));
+  RECFLEET_RETURN_IF_ERROR(r.CheckMap());
+  RECFLEET_RETURN_IF_ERROR(r.String("name", &model->name));
   auto list = [&](const char* key, auto&& each) -> absl::Status {
     if (!r.Has(key)) return absl::OkStatus();
     YAML::Node seq = r.Child(key);
     if (!seq.IsSequence()) return r.Error(r.ChildPath(key), "a list");
     for (size_t i = 0; i < seq.size(); ++i) {
-      RETURN_IF_ERROR(each(seq[i], absl::StrCat(r.ChildPath(key), "[", i, "]")));
+      RECFLEET_RETURN_IF_ERROR(each(seq[i], absl::StrCat(r.ChildPath(key), "[", i, "]")));
     }
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(list("dense", [&](const YAML::Node& n, const std::string& path) {
+  RECFLEET_RETURN_IF_ERROR(list("dense", [&](const YAML::Node& n, const std::string& path) {
     model->modules.emplace_back();
     return ReadModule(n, path, source, &model->modules.back());
   }));
-  RETURN_IF_ERROR(list("tables", [&](const YAML::Node& n, const std::string& path) {
+  RECFLEET_RETURN_IF_ERROR(list("tables", [&](const YAML::Node& n, const std::string& path) {
     return ReadTables(n, path, source, &model->tables);
   }));
-  RETURN_IF_ERROR(list("sequence_lengths", [&](const YAML::Node& n, const std::string& path) {
-    Reader b(n, path, source);
-    RETURN_IF_ERROR(b.CheckMap());
-    SeqLengthBucket bucket;
-    RETURN_IF_ERROR(b.Number("length", &bucket.length, true));
-    RETURN_IF_ERROR(b.Number("fraction", &bucket.fraction, true));
-    RETURN_IF_ERROR(b.NoUnknownKeys());
-    model->sequence_lengths.push_back(bucket);
-    return absl::OkStatus();
-  }));
+  RECFLEET_RETURN_IF_ERROR(
+      list("sequence_lengths", [&](const YAML::Node& n, const std::string& path) {
+        Reader b(n, path, source);
+        RECFLEET_RETURN_IF_ERROR(b.CheckMap());
+        SeqLengthBucket bucket;
+        RECFLEET_RETURN_IF_ERROR(b.Number("length", &bucket.length, true));
+        RECFLEET_RETURN_IF_ERROR(b.Number("fraction", &bucket.fraction, true));
+        RECFLEET_RETURN_IF_ERROR(b.NoUnknownKeys());
+        model->sequence_lengths.push_back(bucket);
+        return absl::OkStatus();
+      }));
   return r.NoUnknownKeys();
 }
 
 absl::StatusOr<PlanRequest> JobFrom(const YAML::Node& root, const std::string& source) {
   PlanRequest req;
   Reader r(root, "", source);
-  RETURN_IF_ERROR(r.CheckMap());
+  RECFLEET_RETURN_IF_ERROR(r.CheckMap());
   std::string name;
-  RETURN_IF_ERROR(r.String("name", &name));
+  RECFLEET_RETURN_IF_ERROR(r.String("name", &name));
   if (!r.Has("batch")) return r.Error("batch", "a mapping with 'local' (samples per GPU)");
   {
     Reader b(r.Child("batch"), "batch", source);
-    RETURN_IF_ERROR(b.CheckMap());
-    RETURN_IF_ERROR(b.Integer("local", &req.local_batch, true));
-    RETURN_IF_ERROR(b.NoUnknownKeys());
+    RECFLEET_RETURN_IF_ERROR(b.CheckMap());
+    RECFLEET_RETURN_IF_ERROR(b.Integer("local", &req.local_batch, true));
+    RECFLEET_RETURN_IF_ERROR(b.NoUnknownKeys());
   }
-  RETURN_IF_ERROR(ReadModel(r, source, &req.model));
+  RECFLEET_RETURN_IF_ERROR(ReadModel(r, source, &req.model));
   if (req.model.name.empty()) req.model.name = name;
   if (r.Has("precision")) {
     Reader p(r.Child("precision"), "precision", source);
     PrecisionRecipe& pr = req.precision;
-    RETURN_IF_ERROR(p.CheckMap());
-    RETURN_IF_ERROR(p.Enum("weights", kFloatBytes, &pr.weight_gather_bytes));
-    RETURN_IF_ERROR(p.Enum("gradients", kFloatBytes, &pr.gradient_reduce_bytes));
-    RETURN_IF_ERROR(p.Enum("embedding", kFloatBytes, &pr.embedding_bytes));
-    RETURN_IF_ERROR(p.Enum("embedding_comm", kFloatBytes, &pr.embedding_comm_bytes));
-    RETURN_IF_ERROR(p.Enum<bool>("kept_activations", {{"bf16", false}, {"fp8", true}},
+    RECFLEET_RETURN_IF_ERROR(p.CheckMap());
+    RECFLEET_RETURN_IF_ERROR(p.Enum("weights", kFloatBytes, &pr.weight_gather_bytes));
+    RECFLEET_RETURN_IF_ERROR(p.Enum("gradients", kFloatBytes, &pr.gradient_reduce_bytes));
+    RECFLEET_RETURN_IF_ERROR(p.Enum("embedding", kFloatBytes, &pr.embedding_bytes));
+    RECFLEET_RETURN_IF_ERROR(p.Enum("embedding_comm", kFloatBytes, &pr.embedding_comm_bytes));
+    RECFLEET_RETURN_IF_ERROR(p.Enum<bool>("kept_activations", {{"bf16", false}, {"fp8", true}},
                                  &pr.fp8_kept_activations));
-    RETURN_IF_ERROR(p.Number("fp8_speedup", &pr.fp8_speedup));
+    RECFLEET_RETURN_IF_ERROR(p.Number("fp8_speedup", &pr.fp8_speedup));
     if (p.Has("fp8_modules")) {
       YAML::Node seq = p.Child("fp8_modules");
       if (!seq.IsSequence()) return p.Error("precision.fp8_modules", "a list of module names");
       for (const auto& n : seq) pr.fp8_modules.insert(n.as<std::string>());
     }
-    RETURN_IF_ERROR(p.NoUnknownKeys());
+    RECFLEET_RETURN_IF_ERROR(p.NoUnknownKeys());
   }
   if (r.Has("efficiency")) {
     Reader e(r.Child("efficiency"), "efficiency", source);
-    RETURN_IF_ERROR(e.CheckMap());
-    RETURN_IF_ERROR(e.Number("gemm", &req.efficiency.gemm));
-    RETURN_IF_ERROR(e.Number("attention", &req.efficiency.attention));
-    RETURN_IF_ERROR(e.Number("elementwise", &req.efficiency.elementwise));
-    RETURN_IF_ERROR(e.Number("embedding", &req.efficiency.embedding));
-    RETURN_IF_ERROR(e.NoUnknownKeys());
+    RECFLEET_RETURN_IF_ERROR(e.CheckMap());
+    RECFLEET_RETURN_IF_ERROR(e.Number("gemm", &req.efficiency.gemm));
+    RECFLEET_RETURN_IF_ERROR(e.Number("attention", &req.efficiency.attention));
+    RECFLEET_RETURN_IF_ERROR(e.Number("elementwise", &req.efficiency.elementwise));
+    RECFLEET_RETURN_IF_ERROR(e.Number("embedding", &req.efficiency.embedding));
+    RECFLEET_RETURN_IF_ERROR(e.NoUnknownKeys());
   }
   if (r.Has("planner")) {
     Reader o(r.Child("planner"), "planner", source);
-    RETURN_IF_ERROR(o.CheckMap());
-    RETURN_IF_ERROR(o.Number("hbm_reserve", &req.options.hbm_reserve_fraction));
-    RETURN_IF_ERROR(o.Bool("allow_cross_zone_non_gradient",
+    RECFLEET_RETURN_IF_ERROR(o.CheckMap());
+    RECFLEET_RETURN_IF_ERROR(o.Number("hbm_reserve", &req.options.hbm_reserve_fraction));
+    RECFLEET_RETURN_IF_ERROR(o.Bool("allow_cross_zone_non_gradient",
                            &req.options.allow_cross_zone_non_gradient));
-    RETURN_IF_ERROR(o.Integer("embedding_sync_interval", &req.options.embedding_sync_interval));
-    RETURN_IF_ERROR(o.Integer("min_column_shard_dim", &req.options.min_column_shard_dim));
-    RETURN_IF_ERROR(
+    RECFLEET_RETURN_IF_ERROR(
+        o.Integer("embedding_sync_interval", &req.options.embedding_sync_interval));
+    RECFLEET_RETURN_IF_ERROR(o.Integer("min_column_shard_dim", &req.options.min_column_shard_dim));
+    RECFLEET_RETURN_IF_ERROR(
         o.Integer("max_model_parallel_group", &req.options.max_model_parallel_group));
-    RETURN_IF_ERROR(o.Bool("overlap_collectives", &req.options.overlap_collectives));
-    RETURN_IF_ERROR(o.NoUnknownKeys());
+    RECFLEET_RETURN_IF_ERROR(o.Bool("overlap_collectives", &req.options.overlap_collectives));
+    RECFLEET_RETURN_IF_ERROR(o.NoUnknownKeys());
   }
   if (r.Has("parallelism")) {
     Reader h(r.Child("parallelism"), "parallelism", source);
-    RETURN_IF_ERROR(h.CheckMap());
-    RETURN_IF_ERROR(h.Integer("fsdp_group_size", &req.hints.fsdp_group_size));
-    RETURN_IF_ERROR(h.Integer("replicas", &req.hints.replicas));
-    RETURN_IF_ERROR(
+    RECFLEET_RETURN_IF_ERROR(h.CheckMap());
+    RECFLEET_RETURN_IF_ERROR(h.Integer("fsdp_group_size", &req.hints.fsdp_group_size));
+    RECFLEET_RETURN_IF_ERROR(h.Integer("replicas", &req.hints.replicas));
+    RECFLEET_RETURN_IF_ERROR(
         h.Integer("table_sharding_group_size", &req.hints.table_sharding_group_size));
-    RETURN_IF_ERROR(h.NoUnknownKeys());
+    RECFLEET_RETURN_IF_ERROR(h.NoUnknownKeys());
   }
-  RETURN_IF_ERROR(r.NoUnknownKeys());
+  RECFLEET_RETURN_IF_ERROR(r.NoUnknownKeys());
   if (auto s = ValidateRequest(req); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   }

@@ -1,5 +1,5 @@
-#ifndef RECFLEET_KERNELS_QUANT_CUDA_UTIL_H_
-#define RECFLEET_KERNELS_QUANT_CUDA_UTIL_H_
+#ifndef RECFLEET_KERNELS_BASE_CUDA_UTIL_H_
+#define RECFLEET_KERNELS_BASE_CUDA_UTIL_H_
 
 // Small device helpers shared by the CUDA kernels of embedding, norm, gemm
 // and quant: element loads/stores that widen to fp32 and round once on the
@@ -94,4 +94,4 @@ inline unsigned GridFor(int64_t work, int64_t per_block) {
 
 }  // namespace recfleet::cuda_util
 
-#endif  // RECFLEET_KERNELS_QUANT_CUDA_UTIL_H_
+#endif  // RECFLEET_KERNELS_BASE_CUDA_UTIL_H_

@@ -1,5 +1,5 @@
-#ifndef RECFLEET_KERNELS_QUANT_MINIFLOAT_H_
-#define RECFLEET_KERNELS_QUANT_MINIFLOAT_H_
+#ifndef RECFLEET_KERNELS_BASE_MINIFLOAT_H_
+#define RECFLEET_KERNELS_BASE_MINIFLOAT_H_
 
 // FP8 encoding shared by the CPU references and the CUDA kernels (every
 // function is __host__ __device__ under nvcc), so both devices produce the
@@ -157,4 +157,4 @@ RECFLEET_HD float Reciprocal(float scale) { return 1.0f / scale; }
 
 }  // namespace recfleet::minifloat
 
-#endif  // RECFLEET_KERNELS_QUANT_MINIFLOAT_H_
+#endif  // RECFLEET_KERNELS_BASE_MINIFLOAT_H_

@@ -1,9 +1,9 @@
-#include "kernels/quant/formats.h"
+#include "kernels/base/formats.h"
 
 #include <cmath>
 #include <cstring>
 
-#include "kernels/quant/minifloat.h"
+#include "kernels/base/minifloat.h"
 
 namespace recfleet {
 

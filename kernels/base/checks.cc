@@ -1,4 +1,4 @@
-#include "kernels/quant/checks.h"
+#include "kernels/base/checks.h"
 
 #include "absl/strings/str_cat.h"
 

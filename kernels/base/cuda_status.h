@@ -1,5 +1,5 @@
-#ifndef RECFLEET_KERNELS_QUANT_CUDA_STATUS_H_
-#define RECFLEET_KERNELS_QUANT_CUDA_STATUS_H_
+#ifndef RECFLEET_KERNELS_BASE_CUDA_STATUS_H_
+#define RECFLEET_KERNELS_BASE_CUDA_STATUS_H_
 
 // Turns CUDA runtime results into absl::Status for the launchers (plain
 // C++; the kernels themselves return cudaError_t).
@@ -16,4 +16,4 @@ absl::Status CudaStatus(cudaError_t err, absl::string_view what);
 
 }  // namespace recfleet
 
-#endif  // RECFLEET_KERNELS_QUANT_CUDA_STATUS_H_
+#endif  // RECFLEET_KERNELS_BASE_CUDA_STATUS_H_

@@ -1,5 +1,5 @@
-#ifndef RECFLEET_KERNELS_QUANT_DEVICE_BUFFER_H_
-#define RECFLEET_KERNELS_QUANT_DEVICE_BUFFER_H_
+#ifndef RECFLEET_KERNELS_BASE_DEVICE_BUFFER_H_
+#define RECFLEET_KERNELS_BASE_DEVICE_BUFFER_H_
 
 // An owning device allocation for tests and benchmarks that move host data
 // to the GPU and back. Aborts on CUDA errors (test code only).
@@ -55,4 +55,4 @@ class DeviceBuffer {
 
 }  // namespace recfleet
 
-#endif  // RECFLEET_KERNELS_QUANT_DEVICE_BUFFER_H_
+#endif  // RECFLEET_KERNELS_BASE_DEVICE_BUFFER_H_

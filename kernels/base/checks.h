@@ -1,20 +1,14 @@
-#ifndef RECFLEET_KERNELS_QUANT_CHECKS_H_
-#define RECFLEET_KERNELS_QUANT_CHECKS_H_
+#ifndef RECFLEET_KERNELS_BASE_CHECKS_H_
+#define RECFLEET_KERNELS_BASE_CHECKS_H_
 
 // Validation shared by the kernel launchers of embedding, norm, gemm and
-// quant, on top of the Check* helpers of kernels/tensor.h.
+// quant, on top of the Check* helpers of kernels/tensor.h. Launchers chain
+// these checks with RECFLEET_RETURN_IF_ERROR, so this header brings it.
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "kernels/tensor.h"
-
-// RECFLEET_RETURN_IF_ERROR(expr): returns the absl::Status `expr` from the
-// enclosing function when it is not OK.
-#define RECFLEET_RETURN_IF_ERROR(expr)         \
-  do {                                         \
-    const absl::Status _recfleet_s = (expr);   \
-    if (!_recfleet_s.ok()) return _recfleet_s; \
-  } while (0)
 
 namespace recfleet {
 
@@ -28,4 +22,4 @@ absl::Status CheckSameShape(const TensorView& t, absl::string_view what, const T
 
 }  // namespace recfleet
 
-#endif  // RECFLEET_KERNELS_QUANT_CHECKS_H_
+#endif  // RECFLEET_KERNELS_BASE_CHECKS_H_

@@ -1,5 +1,5 @@
-#ifndef RECFLEET_KERNELS_QUANT_FORMATS_H_
-#define RECFLEET_KERNELS_QUANT_FORMATS_H_
+#ifndef RECFLEET_KERNELS_BASE_FORMATS_H_
+#define RECFLEET_KERNELS_BASE_FORMATS_H_
 
 // Host-side scalar number formats shared by the CPU reference kernels:
 // bf16 and the two OCP FP8 formats (E4M3 "fn" with max 448, E5M2 with max
@@ -42,4 +42,4 @@ bool IsFloating(DType dtype);
 
 }  // namespace recfleet
 
-#endif  // RECFLEET_KERNELS_QUANT_FORMATS_H_
+#endif  // RECFLEET_KERNELS_BASE_FORMATS_H_

@@ -1,4 +1,4 @@
-#include "kernels/quant/cuda_status.h"
+#include "kernels/base/cuda_status.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,4 +1,4 @@
-#include "kernels/quant/test_random.h"
+#include "kernels/base/test_random.h"
 
 #include <cstdio>
 #include <cstdlib>

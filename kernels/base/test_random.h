@@ -1,5 +1,5 @@
-#ifndef RECFLEET_KERNELS_QUANT_TEST_RANDOM_H_
-#define RECFLEET_KERNELS_QUANT_TEST_RANDOM_H_
+#ifndef RECFLEET_KERNELS_BASE_TEST_RANDOM_H_
+#define RECFLEET_KERNELS_BASE_TEST_RANDOM_H_
 
 // Fresh random test data for the kernel tests. The generator is seeded from
 // std::random_device once per process (or from RECFLEET_TEST_SEED when set)
@@ -19,4 +19,4 @@ std::vector<double> RandomDoubles(int64_t n, double lo = -1.0, double hi = 1.0);
 
 }  // namespace recfleet
 
-#endif  // RECFLEET_KERNELS_QUANT_TEST_RANDOM_H_
+#endif  // RECFLEET_KERNELS_BASE_TEST_RANDOM_H_
