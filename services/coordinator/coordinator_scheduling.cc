@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "services/coordinator/planner/report.h"
+#include "planner/report.h"
 #include "services/coordinator/spec_validation.h"
 
 namespace recfleet::coordinator {

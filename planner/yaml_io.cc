@@ -1,4 +1,4 @@
-#include "services/coordinator/planner/yaml_io.h"
+#include "planner/yaml_io.h"
 
 #include <cmath>
 #include <fstream>

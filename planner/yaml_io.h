@@ -1,5 +1,5 @@
-#ifndef RECFLEET_SERVICES_COORDINATOR_PLANNER_YAML_IO_H_
-#define RECFLEET_SERVICES_COORDINATOR_PLANNER_YAML_IO_H_
+#ifndef RECFLEET_PLANNER_YAML_IO_H_
+#define RECFLEET_PLANNER_YAML_IO_H_
 
 // YAML front end of the planner: a topology file and a job file (model,
 // batch, precision recipe, efficiencies, planner knobs). Formats are shown
@@ -13,8 +13,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "services/coordinator/planner/model.h"
-#include "services/coordinator/planner/topology.h"
+#include "planner/model.h"
+#include "planner/topology.h"
 
 namespace recfleet::planner {
 
@@ -27,4 +27,4 @@ absl::StatusOr<PlanRequest> LoadJobYaml(const std::string& path);
 
 }  // namespace recfleet::planner
 
-#endif  // RECFLEET_SERVICES_COORDINATOR_PLANNER_YAML_IO_H_
+#endif  // RECFLEET_PLANNER_YAML_IO_H_

@@ -1,4 +1,4 @@
-#include "services/coordinator/planner/sharding.h"
+#include "planner/sharding.h"
 
 #include <algorithm>
 #include <set>

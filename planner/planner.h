@@ -1,5 +1,5 @@
-#ifndef RECFLEET_SERVICES_COORDINATOR_PLANNER_PLANNER_H_
-#define RECFLEET_SERVICES_COORDINATOR_PLANNER_PLANNER_H_
+#ifndef RECFLEET_PLANNER_PLANNER_H_
+#define RECFLEET_PLANNER_PLANNER_H_
 
 // The planner: decides how a job spreads over the fleet (2D FSDP + expert
 // parallelism for dense modules, 2D model parallelism V1/V2/V3 for
@@ -26,9 +26,9 @@
 // Stateless and thread-safe.
 
 #include "absl/status/statusor.h"
-#include "services/coordinator/planner/model.h"
-#include "services/coordinator/planner/plan.h"
-#include "services/coordinator/planner/topology.h"
+#include "planner/model.h"
+#include "planner/plan.h"
+#include "planner/topology.h"
 
 namespace recfleet::planner {
 
@@ -36,4 +36,4 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
 
 }  // namespace recfleet::planner
 
-#endif  // RECFLEET_SERVICES_COORDINATOR_PLANNER_PLANNER_H_
+#endif  // RECFLEET_PLANNER_PLANNER_H_

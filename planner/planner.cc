@@ -1,4 +1,4 @@
-#include "services/coordinator/planner/planner.h"
+#include "planner/planner.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "services/coordinator/planner/candidates.h"
-#include "services/coordinator/planner/estimate.h"
-#include "services/coordinator/planner/units.h"
+#include "planner/candidates.h"
+#include "planner/estimate.h"
+#include "planner/units.h"
 
 namespace recfleet::planner {
 namespace {

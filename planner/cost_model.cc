@@ -1,4 +1,4 @@
-#include "services/coordinator/planner/cost_model.h"
+#include "planner/cost_model.h"
 
 namespace recfleet::planner {
 namespace {

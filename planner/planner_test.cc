@@ -1,10 +1,10 @@
-#include "services/coordinator/planner/planner.h"
+#include "planner/planner.h"
 
 #include <random>
 #include <string>
 
 #include "gtest/gtest.h"
-#include "services/coordinator/planner/report.h"
+#include "planner/report.h"
 
 namespace recfleet::planner {
 namespace {

@@ -1,5 +1,5 @@
-#ifndef RECFLEET_SERVICES_COORDINATOR_PLANNER_TOPOLOGY_H_
-#define RECFLEET_SERVICES_COORDINATOR_PLANNER_TOPOLOGY_H_
+#ifndef RECFLEET_PLANNER_TOPOLOGY_H_
+#define RECFLEET_PLANNER_TOPOLOGY_H_
 
 // The fleet as the planner sees it: nodes of GPUs, NVLink domains of one or
 // more nodes, zones of nodes joined by RoCE, and oversubscribed links between
@@ -98,4 +98,4 @@ RankLocation LocateRank(const Topology& topology, int rank);
 
 }  // namespace recfleet::planner
 
-#endif  // RECFLEET_SERVICES_COORDINATOR_PLANNER_TOPOLOGY_H_
+#endif  // RECFLEET_PLANNER_TOPOLOGY_H_

@@ -1,5 +1,5 @@
-#ifndef RECFLEET_SERVICES_COORDINATOR_PLANNER_MODEL_H_
-#define RECFLEET_SERVICES_COORDINATOR_PLANNER_MODEL_H_
+#ifndef RECFLEET_PLANNER_MODEL_H_
+#define RECFLEET_PLANNER_MODEL_H_
 
 // What the planner needs to know about a training job: the model as data
 // (dense modules, expert modules, embedding tables, the sequence-length
@@ -157,4 +157,4 @@ absl::Status ValidateRequest(const PlanRequest& request);
 
 }  // namespace recfleet::planner
 
-#endif  // RECFLEET_SERVICES_COORDINATOR_PLANNER_MODEL_H_
+#endif  // RECFLEET_PLANNER_MODEL_H_

@@ -1,4 +1,4 @@
-#include "services/coordinator/planner/model.h"
+#include "planner/model.h"
 
 #include <set>
 

@@ -1,10 +1,10 @@
-#include "services/coordinator/planner/estimate.h"
+#include "planner/estimate.h"
 
 #include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "services/coordinator/planner/units.h"
+#include "planner/units.h"
 
 namespace recfleet::planner {
 namespace {

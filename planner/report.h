@@ -1,5 +1,5 @@
-#ifndef RECFLEET_SERVICES_COORDINATOR_PLANNER_REPORT_H_
-#define RECFLEET_SERVICES_COORDINATOR_PLANNER_REPORT_H_
+#ifndef RECFLEET_PLANNER_REPORT_H_
+#define RECFLEET_PLANNER_REPORT_H_
 
 // Renders a Plan for people and programs: readable tables for a terminal,
 // JSON with every field, and a self-contained one-page HTML report with SVG
@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "services/coordinator/planner/plan.h"
+#include "planner/plan.h"
 
 namespace recfleet::planner {
 
@@ -24,4 +24,4 @@ std::string FormatHtml(const Plan& plan);
 
 }  // namespace recfleet::planner
 
-#endif  // RECFLEET_SERVICES_COORDINATOR_PLANNER_REPORT_H_
+#endif  // RECFLEET_PLANNER_REPORT_H_

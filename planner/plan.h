@@ -1,5 +1,5 @@
-#ifndef RECFLEET_SERVICES_COORDINATOR_PLANNER_PLAN_H_
-#define RECFLEET_SERVICES_COORDINATOR_PLANNER_PLAN_H_
+#ifndef RECFLEET_PLANNER_PLAN_H_
+#define RECFLEET_PLANNER_PLAN_H_
 
 // The planner's output: how a job spreads over the fleet, what it costs in
 // memory and time, and why. Every number the report prints is a field here,
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "services/coordinator/planner/cost_model.h"
-#include "services/coordinator/planner/sharding.h"
-#include "services/coordinator/planner/topology.h"
+#include "planner/cost_model.h"
+#include "planner/sharding.h"
+#include "planner/topology.h"
 
 namespace recfleet::planner {
 
@@ -136,4 +136,4 @@ struct Plan {
 
 }  // namespace recfleet::planner
 
-#endif  // RECFLEET_SERVICES_COORDINATOR_PLANNER_PLAN_H_
+#endif  // RECFLEET_PLANNER_PLAN_H_

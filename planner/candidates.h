@@ -1,5 +1,5 @@
-#ifndef RECFLEET_SERVICES_COORDINATOR_PLANNER_CANDIDATES_H_
-#define RECFLEET_SERVICES_COORDINATOR_PLANNER_CANDIDATES_H_
+#ifndef RECFLEET_PLANNER_CANDIDATES_H_
+#define RECFLEET_PLANNER_CANDIDATES_H_
 
 // Planner stage 1: the dense meshes and sparse layouts worth costing.
 // Internal to the planner (planner.h is the public entry point).
@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/coordinator/planner/model.h"
-#include "services/coordinator/planner/plan.h"
-#include "services/coordinator/planner/sharding.h"
-#include "services/coordinator/planner/topology.h"
+#include "planner/model.h"
+#include "planner/plan.h"
+#include "planner/sharding.h"
+#include "planner/topology.h"
 
 namespace recfleet::planner {
 
@@ -59,4 +59,4 @@ std::vector<SparseOption> EnumerateSparse(const Topology& topology, const Planne
 
 }  // namespace recfleet::planner
 
-#endif  // RECFLEET_SERVICES_COORDINATOR_PLANNER_CANDIDATES_H_
+#endif  // RECFLEET_PLANNER_CANDIDATES_H_

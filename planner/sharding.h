@@ -1,5 +1,5 @@
-#ifndef RECFLEET_SERVICES_COORDINATOR_PLANNER_SHARDING_H_
-#define RECFLEET_SERVICES_COORDINATOR_PLANNER_SHARDING_H_
+#ifndef RECFLEET_PLANNER_SHARDING_H_
+#define RECFLEET_PLANNER_SHARDING_H_
 
 // Embedding-table sharding inside one model-parallel group: enumerate each
 // table's sharding options, pick one per table, and place the shards on the
@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/coordinator/planner/model.h"
-#include "services/coordinator/planner/topology.h"
+#include "planner/model.h"
+#include "planner/topology.h"
 
 namespace recfleet::planner {
 
@@ -84,4 +84,4 @@ absl::StatusOr<ShardingResult> ShardTables(const ShardingInput& input);
 
 }  // namespace recfleet::planner
 
-#endif  // RECFLEET_SERVICES_COORDINATOR_PLANNER_SHARDING_H_
+#endif  // RECFLEET_PLANNER_SHARDING_H_

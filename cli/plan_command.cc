@@ -14,19 +14,19 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/time/time.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
-#include "yaml-cpp/yaml.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "cli/command.h"
 #include "cli/jobs/job_client.h"
 #include "cli/jobs/spec_file.h"
+#include "planner/planner.h"
+#include "planner/report.h"
+#include "planner/yaml_io.h"
 #include "services/common/flags.h"
 #include "services/coordinator/plan_adapter.h"
 #include "services/coordinator/spec_validation.h"
-#include "services/coordinator/planner/planner.h"
-#include "services/coordinator/planner/report.h"
-#include "services/coordinator/planner/yaml_io.h"
+#include "yaml-cpp/yaml.h"
 
 namespace recfleet::planner {
 namespace {

@@ -1,5 +1,5 @@
-#ifndef RECFLEET_SERVICES_COORDINATOR_PLANNER_UNITS_H_
-#define RECFLEET_SERVICES_COORDINATOR_PLANNER_UNITS_H_
+#ifndef RECFLEET_PLANNER_UNITS_H_
+#define RECFLEET_PLANNER_UNITS_H_
 
 // How the planner prints quantities in explanations and reports.
 
@@ -18,4 +18,4 @@ inline std::string MsText(double seconds) { return absl::StrFormat("%.3f ms", se
 
 }  // namespace recfleet::planner
 
-#endif  // RECFLEET_SERVICES_COORDINATOR_PLANNER_UNITS_H_
+#endif  // RECFLEET_PLANNER_UNITS_H_

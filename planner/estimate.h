@@ -1,5 +1,5 @@
-#ifndef RECFLEET_SERVICES_COORDINATOR_PLANNER_ESTIMATE_H_
-#define RECFLEET_SERVICES_COORDINATOR_PLANNER_ESTIMATE_H_
+#ifndef RECFLEET_PLANNER_ESTIMATE_H_
+#define RECFLEET_PLANNER_ESTIMATE_H_
 
 // Planner stage 3: estimate one (dense mesh, sparse layout) pair: per-GPU
 // memory, the activation-checkpoint budget per region, the collectives of
@@ -30,11 +30,11 @@
 #include <string>
 #include <vector>
 
-#include "services/coordinator/planner/candidates.h"
-#include "services/coordinator/planner/cost_model.h"
-#include "services/coordinator/planner/model.h"
-#include "services/coordinator/planner/plan.h"
-#include "services/coordinator/planner/topology.h"
+#include "planner/candidates.h"
+#include "planner/cost_model.h"
+#include "planner/model.h"
+#include "planner/plan.h"
+#include "planner/topology.h"
 
 namespace recfleet::planner {
 
@@ -98,4 +98,4 @@ Evaluation Evaluate(const Context& context, const DenseOption& dense, const Spar
 
 }  // namespace recfleet::planner
 
-#endif  // RECFLEET_SERVICES_COORDINATOR_PLANNER_ESTIMATE_H_
+#endif  // RECFLEET_PLANNER_ESTIMATE_H_

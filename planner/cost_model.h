@@ -1,5 +1,5 @@
-#ifndef RECFLEET_SERVICES_COORDINATOR_PLANNER_COST_MODEL_H_
-#define RECFLEET_SERVICES_COORDINATOR_PLANNER_COST_MODEL_H_
+#ifndef RECFLEET_PLANNER_COST_MODEL_H_
+#define RECFLEET_PLANNER_COST_MODEL_H_
 
 // Alpha-beta cost of the collectives the planner schedules, level by level.
 //
@@ -28,7 +28,7 @@
 
 #include <array>
 
-#include "services/coordinator/planner/topology.h"
+#include "planner/topology.h"
 
 namespace recfleet::planner {
 
@@ -52,4 +52,4 @@ double ComputeSeconds(double flops, double peak_flops, double efficiency);
 
 }  // namespace recfleet::planner
 
-#endif  // RECFLEET_SERVICES_COORDINATOR_PLANNER_COST_MODEL_H_
+#endif  // RECFLEET_PLANNER_COST_MODEL_H_

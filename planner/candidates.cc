@@ -1,4 +1,4 @@
-#include "services/coordinator/planner/candidates.h"
+#include "planner/candidates.h"
 
 #include <algorithm>
 #include <cstdint>

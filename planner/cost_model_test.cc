@@ -1,7 +1,7 @@
-#include "services/coordinator/planner/cost_model.h"
+#include "planner/cost_model.h"
 
 #include "gtest/gtest.h"
-#include "services/coordinator/planner/topology.h"
+#include "planner/topology.h"
 
 namespace recfleet::planner {
 namespace {

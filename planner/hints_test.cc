@@ -5,7 +5,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "services/coordinator/planner/planner.h"
+#include "planner/planner.h"
 
 namespace recfleet::planner {
 namespace {

@@ -1,4 +1,4 @@
-#include "services/coordinator/planner/topology.h"
+#include "planner/topology.h"
 
 #include <algorithm>
 

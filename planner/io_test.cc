@@ -3,9 +3,9 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "services/coordinator/planner/planner.h"
-#include "services/coordinator/planner/report.h"
-#include "services/coordinator/planner/yaml_io.h"
+#include "planner/planner.h"
+#include "planner/report.h"
+#include "planner/yaml_io.h"
 
 namespace recfleet::planner {
 namespace {

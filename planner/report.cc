@@ -1,4 +1,4 @@
-#include "services/coordinator/planner/report.h"
+#include "planner/report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "services/coordinator/planner/units.h"
+#include "planner/units.h"
 
 namespace recfleet::planner {
 namespace {
