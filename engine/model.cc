@@ -8,13 +8,13 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/attention/attention.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/gemm/linear.h"
 #include "kernels/norm/norm.h"
 #include "kernels/ops/adam.h"
 #include "kernels/ops/bce.h"
-#include "kernels/quant/checks.h"
 
 namespace recfleet::engine {
 namespace {

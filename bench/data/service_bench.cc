@@ -1,6 +1,6 @@
 // End-to-end data-loader throughput over gRPC on loopback: one in-process
 // LoaderServer, one client thread per rank streaming an epoch.
-// `service_bench --dataset FILES|DIR [--ranks 8 --batch-size 1024 --cost linear
+// `service_bench --dataset FILE|DIR [--ranks 8 --batch-size 1024 --cost linear
 // --epochs 2]`. Reports wall-clock samples/s and samples per CPU-second of
 // the whole process (server and clients together: an upper bound on the
 // loader's CPU cost).
@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 #include "cli/flags.h"
-#include "data/loader.h"
+#include "data/cost_model.h"
 #include "services/dataloader/client.h"
 #include "services/dataloader/server.h"
 
@@ -48,9 +48,8 @@ int main(int argc, char** argv) {
   }
   dataset = flags->Str("dataset");
   cost_spec = flags->Str("cost", cost_spec);
-  auto files = recfleet::data::ExpandDatasetPaths(dataset);
   auto cost = recfleet::data::CostModel::Parse(cost_spec);
-  if (!files.ok() || !cost.ok() || batch % 128 != 0) {
+  if (dataset.empty() || !cost.ok() || batch % 128 != 0) {
     std::fprintf(stderr,
                  "usage: service_bench --dataset FILES|DIR [--ranks R --batch-size B "
                  "(multiple of 128) --cost C --epochs N]\n");
@@ -58,14 +57,20 @@ int main(int argc, char** argv) {
   }
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  recfleet::data::LoaderOptions o;
-  o.files = *files;
-  o.deal.ranks = ranks;
-  o.deal.base_batches_per_rank = batch / 128;
-  o.cost = *cost;
+  // The job's data configuration, as the coordinator derives it from a spec.
+  recfleet::v1::DataConfig config;
+  config.set_job("jobs/bench");
+  config.set_dataset(dataset);
+  config.set_num_ranks(ranks);
+  config.set_local_batch_size(batch);
+  config.set_base_batch_size(128);
+  config.set_micro_batches(1);
+  config.set_policy("recfleet");
+  config.set_cost_model(cost->ToString());
+  config.set_seed(1);
   recfleet::dataloader::ServerOptions so;
   so.metrics_port = -1;
-  auto server = recfleet::dataloader::LoaderServer::Start(o, so);
+  auto server = recfleet::dataloader::LoaderServer::Start(so);
   if (!server.ok()) {
     std::fprintf(stderr, "service_bench: %s\n", std::string(server.status().message()).c_str());
     return 1;
@@ -77,7 +82,7 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
-      auto client = recfleet::dataloader::DataLoaderClient::Connect((*server)->address());
+      auto client = recfleet::dataloader::DataLoaderClient::Connect((*server)->address(), config);
       if (!client.ok()) {
         failed = true;
         return;

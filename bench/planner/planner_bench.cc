@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "services/coordinator/planner/planner.h"
-#include "services/coordinator/planner/sharding.h"
-#include "services/coordinator/planner/yaml_io.h"
+#include "planner/planner.h"
+#include "planner/sharding.h"
+#include "planner/yaml_io.h"
 
 namespace recfleet::planner {
 namespace {

@@ -1,8 +1,8 @@
 #include "kernels/embedding/embedding.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/checks.h"
 #include "kernels/embedding/embedding_internal.h"
-#include "kernels/quant/checks.h"
 
 namespace recfleet {
 namespace {

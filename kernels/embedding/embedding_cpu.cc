@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/formats.h"
 #include "kernels/embedding/embedding_internal.h"
-#include "kernels/quant/formats.h"
 
 namespace recfleet::embedding_internal {
 namespace {

@@ -1,8 +1,8 @@
 // CUDA side of embedding.h: maps validated views onto the kernels.
 
+#include "kernels/base/cuda_status.h"
 #include "kernels/embedding/embedding_internal.h"
 #include "kernels/embedding/embedding_kernels.h"
-#include "kernels/quant/cuda_status.h"
 
 namespace recfleet::embedding_internal {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <cub/cub.cuh>
 
-#include "kernels/quant/cuda_util.h"
+#include "kernels/base/cuda_util.h"
 
 namespace recfleet::embedding_cuda {
 namespace {

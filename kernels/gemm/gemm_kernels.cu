@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "kernels/quant/cuda_util.h"
+#include "kernels/base/cuda_util.h"
 
 namespace recfleet::gemm_cuda {
 namespace {

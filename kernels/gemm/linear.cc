@@ -1,8 +1,8 @@
 #include "kernels/gemm/linear.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/checks.h"
 #include "kernels/gemm/linear_internal.h"
-#include "kernels/quant/checks.h"
 
 namespace recfleet {
 namespace {

@@ -4,9 +4,9 @@
 
 #include <vector>
 
+#include "kernels/base/checks.h"
+#include "kernels/base/formats.h"
 #include "kernels/gemm/linear_internal.h"
-#include "kernels/quant/checks.h"
-#include "kernels/quant/formats.h"
 
 namespace recfleet::linear_internal {
 namespace {

@@ -11,10 +11,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/base/checks.h"
+#include "kernels/base/cuda_status.h"
 #include "kernels/gemm/gemm_kernels.h"
 #include "kernels/gemm/linear_internal.h"
-#include "kernels/quant/checks.h"
-#include "kernels/quant/cuda_status.h"
 #include "kernels/quant/quantize_kernels.h"
 
 namespace recfleet::linear_internal {

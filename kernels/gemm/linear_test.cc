@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/quant/formats.h"
-#include "kernels/quant/test_random.h"
+#include "kernels/base/formats.h"
+#include "kernels/base/test_random.h"
 
 namespace recfleet {
 namespace {

@@ -1,8 +1,8 @@
 #include "kernels/norm/norm.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/checks.h"
 #include "kernels/norm/norm_internal.h"
-#include "kernels/quant/checks.h"
 #include "kernels/quant/quantize.h"
 
 namespace recfleet {

@@ -3,8 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/base/formats.h"
 #include "kernels/norm/norm_internal.h"
-#include "kernels/quant/formats.h"
 #include "kernels/quant/quantize.h"
 
 namespace recfleet::norm_internal {

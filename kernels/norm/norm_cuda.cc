@@ -1,8 +1,8 @@
 // CUDA side of norm.h: maps validated views onto the kernels.
 
+#include "kernels/base/cuda_status.h"
 #include "kernels/norm/norm_internal.h"
 #include "kernels/norm/norm_kernels.h"
-#include "kernels/quant/cuda_status.h"
 
 namespace recfleet::norm_internal {
 namespace {

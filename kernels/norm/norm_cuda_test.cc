@@ -4,10 +4,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/base/device_buffer.h"
+#include "kernels/base/formats.h"
+#include "kernels/base/test_random.h"
 #include "kernels/norm/norm.h"
-#include "kernels/quant/device_buffer.h"
-#include "kernels/quant/formats.h"
-#include "kernels/quant/test_random.h"
 
 namespace recfleet {
 namespace {

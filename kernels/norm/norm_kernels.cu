@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "kernels/quant/cuda_util.h"
-#include "kernels/quant/minifloat.h"
+#include "kernels/base/cuda_util.h"
+#include "kernels/base/minifloat.h"
 
 namespace recfleet::norm_cuda {
 namespace {

@@ -2,11 +2,11 @@
 #define RECFLEET_KERNELS_OPS_CHECK_H_
 
 // Validation shared by the launchers of kernels/ops (internal), on top of
-// kernels/quant/checks.h.
+// kernels/base/checks.h.
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "kernels/quant/checks.h"
+#include "kernels/base/checks.h"
 #include "kernels/tensor.h"
 
 namespace recfleet {

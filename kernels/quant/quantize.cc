@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/quant/checks.h"
+#include "kernels/base/checks.h"
 #include "kernels/quant/quantize_internal.h"
 
 namespace recfleet {

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/quant/formats.h"
-#include "kernels/quant/minifloat.h"
+#include "kernels/base/formats.h"
+#include "kernels/base/minifloat.h"
 #include "kernels/quant/quantize_internal.h"
 
 namespace recfleet::quant_internal {

@@ -1,7 +1,7 @@
 // CUDA side of quantize.h: maps validated views onto the kernels.
 
-#include "kernels/quant/checks.h"
-#include "kernels/quant/cuda_status.h"
+#include "kernels/base/checks.h"
+#include "kernels/base/cuda_status.h"
 #include "kernels/quant/quantize_internal.h"
 #include "kernels/quant/quantize_kernels.h"
 

@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/quant/device_buffer.h"
-#include "kernels/quant/formats.h"
-#include "kernels/quant/minifloat.h"
+#include "kernels/base/device_buffer.h"
+#include "kernels/base/formats.h"
+#include "kernels/base/minifloat.h"
+#include "kernels/base/test_random.h"
 #include "kernels/quant/quantize.h"
 #include "kernels/quant/quantize_kernels.h"
-#include "kernels/quant/test_random.h"
 
 namespace recfleet {
 namespace {

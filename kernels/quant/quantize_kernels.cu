@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "kernels/quant/cuda_util.h"
-#include "kernels/quant/minifloat.h"
+#include "kernels/base/cuda_util.h"
+#include "kernels/base/minifloat.h"
 
 namespace recfleet::quant_cuda {
 namespace {

@@ -13,9 +13,18 @@
 //
 // Thread-safe: one mutex serializes the domain state; store writes happen
 // under it, so transitions are recorded in the order they occur.
+//
+// The implementation is split by concern, all over the same state:
+//   coordinator.cc             construction, recovery, metrics, control loop
+//   coordinator_jobs.cc        job lifecycle: create/get/list/cancel and state
+//                              transitions, attempt failure and restarts
+//   coordinator_scheduling.cc  gang scheduling, placement, assignments, PlanJob
+//   coordinator_workers.cc     register, heartbeat, task reports
+//   coordinator_progress.cc    step reports -> JobProgress (ProgressAggregator)
+//   coordinator_watch.cc       the WatchJob event stream (JobEventLog)
+//   coordinator_rendezvous.cc  the rendezvous key-value API
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -33,8 +42,10 @@
 #include "recfleet/v1/worker_service.pb.h"
 #include "services/common/metrics.h"
 #include "services/coordinator/gang_scheduler.h"
+#include "services/coordinator/job_event_log.h"
 #include "services/coordinator/job_store.h"
 #include "services/coordinator/plan_adapter.h"
+#include "services/coordinator/progress_aggregator.h"
 #include "services/coordinator/rendezvous.h"
 #include "services/coordinator/worker_registry.h"
 
@@ -99,7 +110,7 @@ class Coordinator {
   // returns none). A caller that fell more than watch_buffer events behind
   // gets one SNAPSHOT event instead of the missed ones. UNAVAILABLE once
   // Shutdown() has been called.
-  using JobEvent = std::pair<int64_t, ::recfleet::v1::WatchJobResponse>;
+  using JobEvent = JobEventLog::Event;
   absl::StatusOr<JobEvent> WatchSnapshot(const std::string& name);
   absl::StatusOr<std::vector<JobEvent>> WaitJobEvents(const std::string& name, int64_t after,
                                                       absl::Time deadline);
@@ -128,14 +139,6 @@ class Coordinator {
   int64_t expired_leases() const;
 
  private:
-  // Per-rank step statistics for progress aggregation.
-  struct RankStats {
-    int64_t step = 0;
-    int64_t samples = 0;
-    double loss = 0;
-    bool reported = false;
-    std::deque<::recfleet::v1::StepStats> recent;  // Newest last.
-  };
   // A job that is not terminal.
   struct ActiveJob {
     std::string id;
@@ -144,7 +147,7 @@ class Coordinator {
     int ranks_per_worker = 1;
     std::vector<::recfleet::v1::ProcessGroup> groups;
     std::set<std::string> started;  // Workers that reported RUNNING this epoch.
-    std::vector<RankStats> ranks;
+    ProgressAggregator progress;  // This attempt's step reports.
     // Restarts and failed starts so far (spec.training.max_restarts bounds
     // both), and no new placement before `not_before` after a failed start.
     int restarts = 0;
@@ -153,11 +156,6 @@ class Coordinator {
     absl::Time last_publish = absl::InfinitePast();
     // After a coordinator restart: workers must re-register before this.
     absl::Time relink_deadline = absl::InfinitePast();
-  };
-  struct EventLog {
-    int64_t last_seq = 0;
-    std::deque<JobEvent> events;
-    absl::Time ended = absl::InfiniteFuture();
   };
 
   Coordinator(std::unique_ptr<JobStore> store, CoordinatorOptions options,
@@ -201,7 +199,7 @@ class Coordinator {
   std::map<std::string, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);
   // QUEUED and RESTARTING jobs as (order, id): the scheduler's queue.
   std::set<std::pair<uint64_t, std::string>> waiting_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, EventLog> events_ ABSL_GUARDED_BY(mu_);
+  JobEventLog events_ ABSL_GUARDED_BY(mu_);
   // Worker id -> job id, for RUNNING jobs recovered after a restart whose
   // workers have not re-registered yet.
   std::map<std::string, std::string> pending_relink_ ABSL_GUARDED_BY(mu_);

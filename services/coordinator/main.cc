@@ -11,8 +11,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "planner/yaml_io.h"
 #include "services/common/flags.h"
-#include "services/coordinator/planner/yaml_io.h"
 #include "services/coordinator/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",

@@ -8,7 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "services/coordinator/planner/planner.h"
+#include "planner/planner.h"
 
 namespace recfleet::coordinator {
 

@@ -64,13 +64,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/model.h"
+#include "planner/plan.h"
+#include "planner/topology.h"
 #include "recfleet/v1/job.pb.h"
 #include "recfleet/v1/plan.pb.h"
 #include "recfleet/v1/worker_service.pb.h"
 #include "services/coordinator/gang_scheduler.h"
-#include "services/coordinator/planner/model.h"
-#include "services/coordinator/planner/plan.h"
-#include "services/coordinator/planner/topology.h"
 
 namespace recfleet::coordinator {
 

@@ -3,7 +3,7 @@
 #include <set>
 
 #include "gtest/gtest.h"
-#include "services/coordinator/planner/planner.h"
+#include "planner/planner.h"
 #include "services/coordinator/test_specs.h"
 
 namespace recfleet::coordinator {

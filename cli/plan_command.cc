@@ -1,0 +1,223 @@
+// `recfleet plan JOB.yaml --topology TOPO.yaml [--json] [--html OUT.html]`:
+// plans a job offline (a dry run; nothing is scheduled) and prints why.
+// JOB.yaml is either the planner's own model format or a JobSpec file (what
+// `recfleet submit` takes), which goes through the coordinator's adapter.
+// `recfleet plan JOB.yaml --coordinator HOST:PORT [--json]` asks a running
+// coordinator instead (JobService.PlanJob): the plan on the workers it would
+// pick now, printed the same way.
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "cli/command.h"
+#include "cli/jobs/job_client.h"
+#include "cli/jobs/spec_file.h"
+#include "planner/planner.h"
+#include "planner/report.h"
+#include "planner/yaml_io.h"
+#include "services/common/flags.h"
+#include "services/coordinator/plan_adapter.h"
+#include "services/coordinator/spec_validation.h"
+#include "yaml-cpp/yaml.h"
+
+namespace recfleet::planner {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: recfleet plan JOB.yaml --topology TOPO.yaml [--json] [--html OUT.html] "
+    "[--max-rows N]\n"
+    "       recfleet plan JOB.yaml --coordinator HOST:PORT [--auth_token_file FILE] "
+    "[--timeout S] [--json]\n"
+    "\n"
+    "Plans how the job spreads over the fleet (FSDP group, expert parallelism, V1/V2/V3\n"
+    "embedding layout, table sharding, rank placement, activation checkpointing) and\n"
+    "predicts per-GPU memory and step time, with the reason for every choice.\n"
+    "JOB.yaml is a job file as `recfleet submit` takes (YAML or JSON; parameters and\n"
+    "FLOPs are estimated from its dims) or the planner's model format\n"
+    "(deploy/examples/plan-model-*.yaml, with explicit counts). The job's parallelism\n"
+    "hints (fsdp_group_size, replicas, table_sharding_group_size) are honored, and the\n"
+    "plan says what they cost against the planner's own choice.\n"
+    "\n"
+    "  --topology FILE          the fleet (see deploy/examples/topology-*.yaml)\n"
+    "  --coordinator HOST:PORT  plan on a running coordinator instead, on the workers it\n"
+    "                           would pick now (JOB.yaml must be a job file); default\n"
+    "                           without --topology: $RECFLEET_COORDINATOR\n"
+    "  --auth_token_file FILE   bearer token file (default: $RECFLEET_AUTH_TOKEN)\n"
+    "  --timeout SECONDS        deadline of the call (default 10)\n"
+    "  --json                   print the plan as JSON instead of tables\n"
+    "  --html FILE              also write a one-page HTML report (memory bars, traffic\n"
+    "                           per level; --topology only)\n"
+    "  --max-rows N             rows per table in the text output (default 40; --topology\n"
+    "                           only)\n"
+    "\n"
+    "Exit codes: 0 planned, 1 nothing fits (the message says what is over and how to fix\n"
+    "it) or the coordinator refused, 2 bad arguments or input files, 3 coordinator\n"
+    "unreachable.";
+
+// JobSpec files carry top-level keys the planner's own format does not.
+bool IsJobSpecFile(const std::string& path) {
+  if (absl::EndsWith(path, ".json")) return true;
+  try {
+    YAML::Node root = YAML::LoadFile(path);
+    if (!root.IsMap()) return false;
+    for (const char* key : {"display_name", "data", "resources", "parallelism", "training"}) {
+      if (root[key]) return true;
+    }
+  } catch (const YAML::Exception&) {
+    // Not readable as YAML: the planner's loader reports why.
+  }
+  return false;
+}
+
+absl::StatusOr<PlanRequest> LoadJob(const std::string& path) {
+  if (!IsJobSpecFile(path)) return LoadJobYaml(path);
+  absl::StatusOr<::recfleet::v1::JobSpec> spec = cli::LoadJobSpec(path);
+  if (!spec.ok()) return spec.status();
+  if (absl::Status s = coordinator::ValidateJobSpec(*spec); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  return coordinator::PlanRequestFromSpec(*spec);
+}
+
+int Usage(const std::string& problem) {
+  std::fprintf(stderr, "recfleet plan: %s\n\n%s\n", problem.c_str(), kUsage);
+  return cli::kExitUsage;
+}
+
+// Plans on the coordinator at `address` (JobService.PlanJob).
+int RunRemote(const std::string& job_path, const std::string& address,
+              const std::string& token_file, const std::string& timeout_text, bool json) {
+  if (!IsJobSpecFile(job_path)) {
+    return Usage("--coordinator plans job files (what `recfleet submit` takes); '" + job_path +
+                 "' is in the planner's own format: plan it with --topology");
+  }
+  double timeout = 10;
+  if (!timeout_text.empty() && (!absl::SimpleAtod(timeout_text, &timeout) || timeout <= 0)) {
+    return Usage("--timeout must be a number of seconds > 0, got '" + timeout_text + "'");
+  }
+  absl::StatusOr<std::string> token =
+      LoadAuthToken(token_file, std::getenv("RECFLEET_AUTH_TOKEN"));
+  if (!token.ok()) return Usage(std::string(token.status().message()));
+  absl::StatusOr<::recfleet::v1::JobSpec> spec = cli::LoadJobSpec(job_path);
+  if (!spec.ok()) return Usage(std::string(spec.status().message()));
+  absl::StatusOr<std::unique_ptr<cli::JobClient>> client =
+      cli::JobClient::Connect(address, *token, absl::Seconds(timeout));
+  if (!client.ok()) return Usage(std::string(client.status().message()));
+  ::recfleet::v1::PlanJobRequest request;
+  *request.mutable_spec() = *std::move(spec);
+  absl::StatusOr<::recfleet::v1::PlanJobResponse> response = (*client)->PlanJob(request);
+  if (!response.ok()) {
+    const absl::Status& s = response.status();
+    std::fprintf(stderr, "recfleet plan: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
+                 std::string(s.message()).c_str());
+    if (absl::IsUnauthenticated(s)) {
+      std::fprintf(stderr, "hint: set RECFLEET_AUTH_TOKEN or pass --auth_token_file\n");
+    }
+    return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ? cli::kExitUnavailable
+                                                                 : cli::kExitFailure;
+  }
+  if (json) {
+    std::fwrite(response->report_json().data(), 1, response->report_json().size(), stdout);
+    return cli::kExitOk;
+  }
+  std::printf("planned by the coordinator at %s on %d worker(s):\n", address.c_str(),
+              response->workers_size());
+  for (const std::string& w : response->workers()) std::printf("  %s\n", w.c_str());
+  std::printf("\n");
+  std::fwrite(response->report().data(), 1, response->report().size(), stdout);
+  return cli::kExitOk;
+}
+
+int Run(const std::vector<std::string>& args) {
+  std::string job_path, topology_path, html_path, coordinator, token_file, timeout, rows_flag;
+  bool json = false;
+  TextOptions text;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag, std::string* out) {
+      const std::string eq = std::string(flag) + "=";
+      if (absl::StartsWith(a, eq)) {
+        *out = a.substr(eq.size());
+        return true;
+      }
+      if (a == flag && i + 1 < args.size()) {
+        *out = args[++i];
+        return true;
+      }
+      return false;
+    };
+    if (a == "--json") {
+      json = true;
+    } else if (a == "--help" || a == "-h") {
+      std::printf("%s\n", kUsage);
+      return cli::kExitOk;
+    } else if (value("--topology", &topology_path) || value("--html", &html_path) ||
+               value("--coordinator", &coordinator) ||
+               value("--auth_token_file", &token_file) || value("--timeout", &timeout)) {
+    } else if (value("--max-rows", &rows_flag)) {
+      if (!absl::SimpleAtoi(rows_flag, &text.max_rows) || text.max_rows < 1) {
+        return Usage("--max-rows takes a whole number >= 1");
+      }
+    } else if (absl::StartsWith(a, "-")) {
+      return Usage("unknown or incomplete flag '" + a + "'");
+    } else if (job_path.empty()) {
+      job_path = a;
+    } else {
+      return Usage("one job file only; got '" + job_path + "' and '" + a + "'");
+    }
+  }
+  if (job_path.empty()) return Usage("missing JOB.yaml");
+  if (!topology_path.empty() && !coordinator.empty()) {
+    return Usage("--topology (plan here) and --coordinator (plan there) exclude each other");
+  }
+  if (topology_path.empty() && coordinator.empty()) {
+    const char* env = std::getenv("RECFLEET_COORDINATOR");
+    if (env == nullptr || *env == '\0') {
+      return Usage("missing --topology TOPO.yaml or --coordinator HOST:PORT");
+    }
+    coordinator = env;
+  }
+  if (!coordinator.empty()) {
+    if (!html_path.empty() || !rows_flag.empty()) {
+      return Usage("--html and --max-rows need --topology (the coordinator returns the report)");
+    }
+    return RunRemote(job_path, coordinator, token_file, timeout, json);
+  }
+
+  absl::StatusOr<Topology> topology = LoadTopologyYaml(topology_path);
+  if (!topology.ok()) return Usage(std::string(topology.status().message()));
+  absl::StatusOr<PlanRequest> request = LoadJob(job_path);
+  if (!request.ok()) return Usage(std::string(request.status().message()));
+  absl::StatusOr<Plan> plan = MakePlan(*topology, *request);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "recfleet plan: %s\n", std::string(plan.status().message()).c_str());
+    return cli::kExitFailure;
+  }
+  const std::string out = json ? FormatJson(*plan) : FormatText(*plan, text);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  if (!html_path.empty()) {
+    std::ofstream html(html_path);
+    html << FormatHtml(*plan);
+    if (!html.good()) {
+      std::fprintf(stderr, "recfleet plan: cannot write '%s'\n", html_path.c_str());
+      return cli::kExitFailure;
+    }
+    std::fprintf(stderr, "wrote %s\n", html_path.c_str());
+  }
+  return cli::kExitOk;
+}
+
+}  // namespace
+
+RECFLEET_REGISTER_COMMAND({"plan", "plan a job's parallelism, memory and step time (dry run)",
+                           kUsage, Run});
+
+}  // namespace recfleet::planner

@@ -1,0 +1,243 @@
+#include "services/coordinator/coordinator.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "engine/job_model.h"
+#include "services/coordinator/job_state.h"
+#include "services/coordinator/spec_validation.h"
+#include "services/coordinator/time_util.h"
+
+namespace recfleet::coordinator {
+
+using ::recfleet::v1::Job;
+using ::recfleet::v1::JobStatus;
+using ::recfleet::v1::JobTransition;
+using ::recfleet::v1::WatchJobResponse;
+
+// ---------------------------------------------------------------------------
+// State changes
+// ---------------------------------------------------------------------------
+
+absl::Status Coordinator::TransitionLocked(ActiveJob& aj, JobState to, const std::string& reason,
+                                           const std::string& message,
+                                           const std::function<void(JobStatus&)>& mutate) {
+  const absl::Time now = options_.clock();
+  JobStatus next = aj.job.status();
+  next.set_state(to);
+  next.set_reason(reason);
+  next.set_message(message);
+  ToProto(now, next.mutable_update_time());
+  if (mutate) mutate(next);
+  JobTransition t;
+  t.set_from(aj.job.status().state());
+  t.set_to(to);
+  t.set_reason(reason);
+  t.set_message(message);
+  t.set_restart_epoch(next.restart_epoch());
+  ToProto(now, t.mutable_time());
+  if (absl::Status s = store_->RecordTransition(aj.id, next, t); !s.ok()) return s;
+  *aj.job.mutable_status() = std::move(next);
+  if (to == JobStatus::QUEUED || to == JobStatus::RESTARTING) {
+    waiting_.insert({aj.order, aj.id});
+  } else {
+    waiting_.erase({aj.order, aj.id});
+  }
+  transitions_->WithLabels({StateName(to)}).Increment();
+  WatchJobResponse event;
+  event.set_kind(WatchJobResponse::STATE_CHANGE);
+  *event.mutable_job() = aj.job;
+  *event.mutable_transition() = std::move(t);
+  EmitLocked(aj.id, std::move(event));
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::EndJobLocked(ActiveJob& aj, JobState to, const std::string& reason,
+                                       const std::string& message) {
+  ComputeProgressLocked(aj);
+  absl::Status s = TransitionLocked(aj, to, reason, message, [&](JobStatus& st) {
+    ToProto(options_.clock(), st.mutable_end_time());
+  });
+  if (!s.ok()) return s;
+  ReleaseWorkersLocked(aj);
+  rendezvous_.Close(aj.job.name());
+  events_.MarkEnded(aj.id, options_.clock());
+  for (const std::string& w : aj.job.status().workers()) pending_relink_.erase(w);
+  waiting_.erase({aj.order, aj.id});
+  jobs_.erase(aj.id);
+  schedule_dirty_ = true;
+  return absl::OkStatus();
+}
+
+void Coordinator::ReleaseWorkersLocked(ActiveJob& aj) {
+  for (const std::string& id : aj.job.status().workers()) {
+    WorkerRecord* w = registry_.Find(id);
+    if (w != nullptr && w->job_id == aj.id) {
+      w->job_id.clear();
+      w->rank = -1;
+      w->epoch = 0;
+    }
+  }
+  aj.started.clear();
+  schedule_dirty_ = true;
+}
+
+int Coordinator::MaxRestarts(const ActiveJob& aj) const {
+  int n = aj.job.spec().training().max_restarts();
+  return n > 0 ? n : options_.default_max_restarts;
+}
+
+void Coordinator::FailAttemptLocked(ActiveJob& aj, const std::string& reason,
+                                    const std::string& message) {
+  const JobState state = aj.job.status().state();
+  absl::Status s;
+  if (state == JobStatus::SCHEDULING) {
+    if (reason == "WorkerFailed") {
+      // The job itself failed to start (missing dataset, unreachable
+      // loader, ...): that counts against its restart budget, and it waits
+      // before the next try, so a job that cannot start ends FAILED in
+      // bounded time with the worker's reason instead of cycling.
+      if (aj.restarts >= MaxRestarts(aj)) {
+        s = EndJobLocked(aj, JobStatus::FAILED, "StartFailed",
+                         absl::StrCat("failed to start ", aj.restarts + 1, " times; last failure: ", message));
+        if (!s.ok()) std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+        return;  // `aj` is gone.
+      }
+      ++aj.restarts;
+      aj.not_before = options_.clock() + std::min(absl::Seconds(30), absl::Seconds(1) * (1 << (aj.restarts - 1)));
+    }
+    s = TransitionLocked(aj, JobStatus::QUEUED, reason, message, nullptr);
+  } else if (state == JobStatus::RUNNING && aj.restarts < MaxRestarts(aj)) {
+    ComputeProgressLocked(aj);
+    s = TransitionLocked(aj, JobStatus::RESTARTING, reason, message, nullptr);
+    if (s.ok()) ++aj.restarts;
+  } else if (state == JobStatus::RUNNING) {
+    s = EndJobLocked(aj, JobStatus::FAILED, "RestartBudgetExhausted",
+                     absl::StrCat("gave up after ", aj.restarts, " restarts; last failure: ",
+                                  reason, ": ", message));
+    if (!s.ok()) std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+    return;  // `aj` is gone.
+  } else {
+    return;  // QUEUED / RESTARTING hold no workers.
+  }
+  if (!s.ok()) {
+    // The store refused the write; the job keeps its state and the next
+    // failure report or lease sweep retries.
+    std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+    return;
+  }
+  ReleaseWorkersLocked(aj);
+  rendezvous_.Close(aj.job.name());
+}
+
+// ---------------------------------------------------------------------------
+// JobService
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<Job> Coordinator::CreateJob(const ::recfleet::v1::CreateJobRequest& request) {
+  if (!request.has_spec()) {
+    return absl::InvalidArgumentError("spec is required (the JobSpec to run)");
+  }
+  if (absl::Status s = ValidateJobSpec(request.spec()); !s.ok()) return s;
+  // A well-formed spec must also be one recfleet builds: a field nothing
+  // honors is rejected here, never dropped or failed at worker start.
+  if (absl::Status s = engine::CheckBuildable(request.spec()); !s.ok()) return s;
+  const std::string& rid = request.request_id();
+  if (rid.size() > 128 || rid.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                "0123456789._-") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request_id must be at most 128 characters of [A-Za-z0-9._-], got \"", rid, "\""));
+  }
+  absl::MutexLock lock(&mu_);
+  bool created = false;
+  absl::StatusOr<Job> job = store_->Create(request.spec(), rid, options_.clock(), &created);
+  if (!job.ok()) return job.status();
+  if (!created) {
+    auto it = jobs_.find(*ParseJobName(job->name(), "name"));
+    return it != jobs_.end() ? it->second.job : *job;
+  }
+  jobs_created_->Increment();
+  transitions_->WithLabels({StateName(JobStatus::QUEUED)}).Increment();
+  const std::string id = *ParseJobName(job->name(), "name");
+  ActiveJob& aj = jobs_[id];
+  aj.id = id;
+  aj.order = next_order_++;
+  aj.job = *job;
+  waiting_.insert({aj.order, id});
+  WatchJobResponse event;
+  event.set_kind(WatchJobResponse::STATE_CHANGE);
+  *event.mutable_job() = aj.job;
+  event.mutable_transition()->set_to(JobStatus::QUEUED);
+  event.mutable_transition()->set_reason("Submitted");
+  *event.mutable_transition()->mutable_time() = aj.job.status().create_time();
+  EmitLocked(id, std::move(event));
+  schedule_dirty_ = true;
+  ScheduleLocked();
+  auto it = jobs_.find(id);
+  return it != jobs_.end() ? it->second.job : *job;
+}
+
+absl::StatusOr<Job> Coordinator::LoadJobLocked(const std::string& id) {
+  auto it = jobs_.find(id);
+  if (it != jobs_.end()) return it->second.job;
+  return store_->Get(id);
+}
+
+absl::StatusOr<Job> Coordinator::GetJob(const ::recfleet::v1::GetJobRequest& request) {
+  absl::StatusOr<std::string> id = ParseJobName(request.name(), "name");
+  if (!id.ok()) return id.status();
+  absl::MutexLock lock(&mu_);
+  return LoadJobLocked(*id);
+}
+
+absl::StatusOr<::recfleet::v1::ListJobsResponse> Coordinator::ListJobs(
+    const ::recfleet::v1::ListJobsRequest& request) {
+  if (request.page_size() < 0 || request.page_size() > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size must be 0..1000 (0 = 50), got ", request.page_size()));
+  }
+  std::set<JobState> states;
+  for (int s : request.states()) {
+    if (s == JobStatus::STATE_UNSPECIFIED || !JobStatus::State_IsValid(s)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("states must name real job states (QUEUED ... CANCELLED), got ", s));
+    }
+    states.insert(static_cast<JobState>(s));
+  }
+  absl::StatusOr<JobStore::Page> page = store_->List(
+      request.page_size() == 0 ? 50 : request.page_size(), request.page_token(), states);
+  if (!page.ok()) return page.status();
+  ::recfleet::v1::ListJobsResponse out;
+  absl::MutexLock lock(&mu_);
+  for (Job& job : page->jobs) {
+    // Active jobs: the in-memory status carries the freshest progress.
+    auto it = jobs_.find(job.name().substr(5));
+    *out.add_jobs() = it != jobs_.end() ? it->second.job : std::move(job);
+  }
+  out.set_next_page_token(page->next_page_token);
+  return out;
+}
+
+absl::StatusOr<Job> Coordinator::CancelJob(const ::recfleet::v1::CancelJobRequest& request) {
+  absl::StatusOr<std::string> id = ParseJobName(request.name(), "name");
+  if (!id.ok()) return id.status();
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(*id);
+  if (it == jobs_.end()) {
+    absl::StatusOr<Job> job = store_->Get(*id);
+    if (!job.ok()) return job.status();
+    if (job->status().state() == JobStatus::CANCELLED) return job;
+    return absl::FailedPreconditionError(
+        absl::StrCat(job->name(), " already ", StateName(job->status().state()),
+                     "; only QUEUED, SCHEDULING, RUNNING or RESTARTING jobs can be cancelled"));
+  }
+  std::string message = request.reason().empty() ? "cancelled by user" : request.reason();
+  if (absl::Status s = EndJobLocked(it->second, JobStatus::CANCELLED, "CancelledByUser", message);
+      !s.ok()) {
+    return s;
+  }
+  return store_->Get(*id);
+}
+
+}  // namespace recfleet::coordinator

@@ -1,0 +1,143 @@
+#include "services/coordinator/coordinator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/job_model.h"
+#include "planner/report.h"
+#include "services/coordinator/spec_validation.h"
+
+namespace recfleet::coordinator {
+
+using ::recfleet::v1::Assignment;
+using ::recfleet::v1::JobStatus;
+
+// ---------------------------------------------------------------------------
+// Scheduling
+// ---------------------------------------------------------------------------
+
+void Coordinator::ScheduleLocked() {
+  if (!schedule_dirty_) return;
+  schedule_dirty_ = false;
+  if (waiting_.empty()) return;
+  std::vector<WorkerView> idle;
+  for (const auto& [id, w] : registry_.workers()) {
+    if (w.idle()) idle.push_back(WorkerView{id, w.gpu_count(), w.info.topology()});
+  }
+  // First fit in submission order: a job that does not fit yet does not
+  // block smaller jobs behind it. Placing a job removes only its own entry
+  // from waiting_, which the loop has already stepped past.
+  for (auto it = waiting_.begin(); it != waiting_.end() && !idle.empty();) {
+    ActiveJob* aj = &jobs_.at((it++)->second);
+    if (aj->not_before > options_.clock()) {
+      schedule_dirty_ = true;  // Backing off after a failed start: retry on a later tick.
+      continue;
+    }
+    if (static_cast<size_t>(aj->job.spec().resources().workers()) > idle.size()) continue;
+    std::optional<Placement> p = PlaceGang(aj->job.spec(), idle);
+    if (!p) continue;
+    std::set<std::string> taken;
+    for (const WorkerView& w : p->workers) taken.insert(w.id);
+    idle.erase(std::remove_if(idle.begin(), idle.end(),
+                              [&](const WorkerView& w) { return taken.count(w.id) > 0; }),
+               idle.end());
+    PlaceLocked(*aj, *p);
+  }
+}
+
+void Coordinator::PlaceLocked(ActiveJob& aj, const Placement& placement) {
+  const int64_t epoch = aj.job.status().restart_epoch() + 1;
+  const int64_t step = aj.job.status().progress().step();
+  absl::StatusOr<GroupPlan> groups = options_.group_planner(aj.job.spec(), placement);
+  std::vector<std::string> ids;
+  for (const WorkerView& w : placement.workers) ids.push_back(w.id);
+  absl::Status s = TransitionLocked(aj, JobStatus::SCHEDULING, "GangPlaced",
+                                    absl::StrCat(ids.size(), " worker(s), epoch ", epoch,
+                                                 groups.ok() ? "; " + groups->summary : ""),
+                                    [&](JobStatus& st) {
+                                      st.set_restart_epoch(epoch);
+                                      if (groups.ok()) st.set_plan_summary(groups->summary);
+                                      st.clear_workers();
+                                      for (const std::string& id : ids) st.add_workers(id);
+                                    });
+  if (!s.ok()) {
+    std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+    return;
+  }
+  if (!groups.ok()) {
+    EndJobLocked(aj, JobStatus::FAILED, "PlanFailed", std::string(groups.status().message()))
+        .IgnoreError();
+    return;
+  }
+  aj.groups = std::move(groups->groups);
+  aj.ranks_per_worker = placement.ranks_per_worker;
+  aj.started.clear();
+  // Ranks resume from the last checkpoint every rank had reached.
+  const int64_t every = aj.job.spec().training().checkpoint_every();
+  aj.progress.Reset(WorldSize(aj.job.spec()), every > 0 ? step / every * every : 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    WorkerRecord* w = registry_.Find(ids[i]);
+    w->job_id = aj.id;
+    w->rank = static_cast<int>(i) * placement.ranks_per_worker;
+    w->epoch = epoch;
+  }
+  rendezvous_.Open(aj.job.name(), epoch);
+}
+
+Assignment Coordinator::AssignmentLocked(const WorkerRecord& w, const ActiveJob& aj) const {
+  Assignment a;
+  a.set_job(aj.job.name());
+  *a.mutable_spec() = aj.job.spec();
+  a.set_rank(w.rank);
+  a.set_world_size(static_cast<int32_t>(WorldSize(aj.job.spec())));
+  for (const auto& g : aj.groups) *a.add_groups() = g;
+  a.set_loader_address(options_.loader_address);
+  // The job's data configuration, derived from its spec here so every rank
+  // (and the loader it asks) deals by the same rules. CreateJob checked the
+  // spec builds.
+  absl::StatusOr<::recfleet::v1::DataConfig> data =
+      engine::BuildDataConfig(aj.job.spec(), aj.job.name(), a.world_size());
+  if (data.ok()) *a.mutable_data() = *std::move(data);
+  a.set_restart_epoch(w.epoch);
+  const int64_t every = aj.job.spec().training().checkpoint_every();
+  const int64_t step = aj.job.status().progress().step();
+  a.set_resume_step(every > 0 ? step / every * every : 0);
+  return a;
+}
+
+absl::StatusOr<::recfleet::v1::PlanJobResponse> Coordinator::PlanJob(
+    const ::recfleet::v1::PlanJobRequest& request) {
+  if (!request.has_spec()) {
+    return absl::InvalidArgumentError("spec is required (the JobSpec to plan)");
+  }
+  const ::recfleet::v1::JobSpec& spec = request.spec();
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  std::vector<WorkerView> live;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, w] : registry_.workers()) {
+      live.push_back(WorkerView{id, w.gpu_count(), w.info.topology()});
+    }
+  }
+  const size_t registered = live.size();
+  std::optional<Placement> placement = PlaceGang(spec, std::move(live));
+  if (!placement) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec.resources.workers: the job needs ", spec.resources().workers(),
+        " worker(s) with at least ", spec.resources().gpus_per_worker(), " GPU(s) each; ",
+        registered, " worker(s) are registered"));
+  }
+  absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, *placement, options_.planner_hardware);
+  if (!plan.ok()) return plan.status();
+  ::recfleet::v1::PlanJobResponse response;
+  *response.mutable_plan() = PlanToProto(*plan);
+  for (const WorkerView& w : placement->workers) {
+    response.add_workers(absl::StrCat(w.id, " (", w.topology.zone(), "/",
+                                      w.topology.nvlink_domain(), "/", w.topology.node(), ")"));
+  }
+  response.set_report(planner::FormatText(*plan));
+  response.set_report_json(planner::FormatJson(*plan));
+  return response;
+}
+
+}  // namespace recfleet::coordinator
