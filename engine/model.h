@@ -1,12 +1,12 @@
 #ifndef RECFLEET_ENGINE_MODEL_H_
 #define RECFLEET_ENGINE_MODEL_H_
 
-// GEM-lite (DESIGN section 2) on the CPU reference kernels: sparse part,
-// sequence branch, cross branch, dense interaction with a mixture of expert
-// MLPs, CTR and CVR heads. Every layer is a call into the kernel API
-// (embedding, linear, norm, attention, ops); the glue between them
-// (residual adds, concatenation, DCN products, the expert gate) is plain
-// elementwise code here.
+// GEM-lite (DESIGN section 2): sparse part, sequence branch, cross branch,
+// dense interaction with a mixture of expert MLPs, CTR and CVR heads,
+// composed of the layers in engine/layers/ (each with its Forward and
+// Backward on tensor views; their compute is kernel-API calls and the glue
+// ops of engine/layers/ops.h). This class wires them together, keeps the
+// activations of a step, and owns the optimizer step and the batch checks.
 //
 // T is float (training) or double (exact gradient checks). One step:
 // ForwardBackward (loss, dense gradients, gradients of every embedding
@@ -27,28 +27,13 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/batch.h"
+#include "engine/layers/embeddings.h"  // TableStorage, TableLookups.
 #include "engine/model_config.h"
 #include "engine/tensor.h"
 
 namespace recfleet::engine {
 
 enum class Head { kCtr = 0, kCvr = 1 };
-
-// Where the embedding tables live.
-enum class TableStorage {
-  kInternal,  // In the model: lookups and rowwise-Adagrad updates inside.
-  // Outside (e.g. sharded over ranks, worker/dist): the caller looks up the
-  // bags TableLookupsOf names, passes their row sums to ForwardBackward /
-  // Predict, and applies PooledGradients to its tables itself. The model
-  // holds no table memory and ApplyUpdates steps the dense parameters only.
-  kExternal,
-};
-
-// One table's lookups for a batch: a jagged list of bags of row ids.
-struct TableLookups {
-  std::vector<int64_t> ids;
-  std::vector<int64_t> offsets;  // Bags + 1 entries, from 0 to ids.size().
-};
 
 struct StepResult {
   // Mean BCE of each head that had labels (0 for a head without labels).

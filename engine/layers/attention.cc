@@ -1,0 +1,202 @@
+#include "engine/layers/attention.h"
+
+#include <utility>
+
+#include "engine/layers/ops.h"
+#include "common/status_macros.h"
+
+namespace recfleet::engine::layers {
+namespace {
+
+// Cross-attention and PMA: softmax over the whole history, no positions.
+attention::AttentionOptions PoolingOptions() { return attention::AttentionOptions(); }
+
+}  // namespace
+
+absl::Status UniformOffsets(int64_t batch, int64_t per_sample, Tensor* offsets) {
+  if (offsets->empty() || offsets->dtype() != DType::kInt64 || offsets->numel() != batch + 1) {
+    absl::StatusOr<Tensor> t = Tensor::Empty(DType::kInt64, {batch + 1});
+    if (!t.ok()) return t.status();
+    *offsets = *std::move(t);
+  }
+  int64_t* o = offsets->data<int64_t>();
+  for (int64_t b = 0; b <= batch; ++b) o[b] = b * per_sample;
+  return absl::OkStatus();
+}
+
+// ---- JaggedAttention ---------------------------------------------------------
+
+JaggedAttention::JaggedAttention(const LayerContext& ctx, int64_t heads,
+                                 const attention::AttentionOptions& options)
+    : ctx_(ctx), heads_(heads), options_(options) {}
+
+attention::AttentionInputs JaggedAttention::Inputs() const {
+  const int64_t dim = q_.values.dim(1), dh = dim / heads_;
+  attention::AttentionInputs in;
+  in.q.values = Reshaped(q_.values, {q_.values.dim(0), heads_, dh});
+  in.q.offsets = q_.offsets;
+  in.k.values = Reshaped(k_.values, {k_.values.dim(0), heads_, dh});
+  in.k.offsets = k_.offsets;
+  in.v = Reshaped(v_, {v_.dim(0), heads_, dh});
+  return in;
+}
+
+absl::Status JaggedAttention::Forward(const JaggedView& q, const JaggedView& k,
+                                      const TensorView& v, Tensor* out) {
+  q_ = q;
+  k_ = k;
+  v_ = v;
+  const int64_t rows = q.values.dim(0), dim = q.values.dim(1), dh = dim / heads_;
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, dim}, out));
+  out_ = out->view();
+  if (rows == 0) return absl::OkStatus();
+  const attention::AttentionInputs in = Inputs();
+  TensorView lse;
+  if (options_.activation == attention::Activation::kSoftmax) {
+    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, heads_}, &lse_));
+    lse = lse_.view();
+  }
+  if (ctx_.flops != nullptr) {
+    ctx_.flops->attention += attention::AttentionForwardFlops(in.q, in.k, heads_, dh, options_);
+  }
+  return attention::AttentionForward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse);
+}
+
+absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView& dq,
+                                       const TensorView& dk, const TensorView& dv) {
+  const int64_t rows = q_.values.dim(0), dim = q_.values.dim(1), dh = dim / heads_;
+  if (rows == 0) {
+    // No query saw a key: the keys and values get no gradient.
+    RECFLEET_RETURN_IF_ERROR(ops::Zero(dk));
+    return ops::Zero(dv);
+  }
+  const attention::AttentionInputs in = Inputs();
+  attention::AttentionGrads g;
+  g.dq = Reshaped(dq, in.q.values.shape);
+  g.dk = Reshaped(dk, in.k.values.shape);
+  g.dv = Reshaped(dv, in.v.shape);
+  const TensorView lse =
+      options_.activation == attention::Activation::kSoftmax ? lse_.view() : TensorView();
+  return attention::AttentionBackward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse,
+                                      Reshaped(d_out, {rows, heads_, dh}), g);
+}
+
+// ---- SelfAttentionBlock ------------------------------------------------------
+
+SelfAttentionBlock::SelfAttentionBlock(const LayerContext& ctx, const std::string& name,
+                                       int64_t dim, int64_t heads,
+                                       const attention::AttentionOptions& options)
+    : ctx_(ctx),
+      dim_(dim),
+      norm_(ctx, name + ".norm", dim),
+      q_(ctx, name + ".q", dim, dim, false),
+      k_(ctx, name + ".k", dim, dim, false),
+      v_(ctx, name + ".v", dim, dim, false),
+      o_(ctx, name + ".o", dim, dim, true),
+      attention_(ctx, heads, options) {}
+
+absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
+  RECFLEET_RETURN_IF_ERROR(norm_.Forward(x.values, &normed_));
+  RECFLEET_RETURN_IF_ERROR(q_.Forward(normed_.view(), &q_out_));
+  RECFLEET_RETURN_IF_ERROR(k_.Forward(normed_.view(), &k_out_));
+  RECFLEET_RETURN_IF_ERROR(v_.Forward(normed_.view(), &v_out_));
+  RECFLEET_RETURN_IF_ERROR(attention_.Forward({q_out_.view(), x.offsets},
+                                              {k_out_.view(), x.offsets}, v_out_.view(),
+                                              &attn_out_));
+  RECFLEET_RETURN_IF_ERROR(o_.Forward(attn_out_.view(), &proj_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, x.values.shape, y));
+  return ops::Add(x.values, proj_.view(), y->view());
+}
+
+absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView& dx) {
+  const Shape shape = normed_.shape();
+  for (Tensor* t : {&d_attn_, &dq_, &dk_, &dv_, &d_normed_, &d_branch_}) {
+    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, shape, t));
+  }
+  RECFLEET_RETURN_IF_ERROR(o_.Backward(dy, d_attn_.view(), false));
+  RECFLEET_RETURN_IF_ERROR(attention_.Backward(d_attn_.view(), dq_.view(), dk_.view(), dv_.view()));
+  RECFLEET_RETURN_IF_ERROR(q_.Backward(dq_.view(), d_normed_.view(), false));
+  RECFLEET_RETURN_IF_ERROR(k_.Backward(dk_.view(), d_normed_.view(), true));
+  RECFLEET_RETURN_IF_ERROR(v_.Backward(dv_.view(), d_normed_.view(), true));
+  RECFLEET_RETURN_IF_ERROR(norm_.Backward(d_normed_.view(), d_branch_.view()));
+  return ops::Add(dy, d_branch_.view(), dx);
+}
+
+// ---- CrossAttention ----------------------------------------------------------
+
+CrossAttention::CrossAttention(const LayerContext& ctx, const std::string& name, int64_t dim,
+                               int64_t heads)
+    : ctx_(ctx),
+      dim_(dim),
+      q_(ctx, name + ".q", dim, dim, false),
+      k_(ctx, name + ".k", dim, dim, false),
+      v_(ctx, name + ".v", dim, dim, false),
+      o_(ctx, name + ".o", dim, dim, true),
+      attention_(ctx, heads, PoolingOptions()) {}
+
+absl::Status CrossAttention::Forward(const JaggedView& tokens, const JaggedView& history,
+                                     Tensor* y) {
+  RECFLEET_RETURN_IF_ERROR(q_.Forward(tokens.values, &q_out_));
+  RECFLEET_RETURN_IF_ERROR(k_.Forward(history.values, &k_out_));
+  RECFLEET_RETURN_IF_ERROR(v_.Forward(history.values, &v_out_));
+  RECFLEET_RETURN_IF_ERROR(attention_.Forward({q_out_.view(), tokens.offsets},
+                                              {k_out_.view(), history.offsets}, v_out_.view(),
+                                              &attn_out_));
+  RECFLEET_RETURN_IF_ERROR(o_.Forward(attn_out_.view(), &proj_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, tokens.values.shape, y));
+  return ops::Add(tokens.values, proj_.view(), y->view());
+}
+
+absl::Status CrossAttention::Backward(const TensorView& dy, const TensorView& dtokens,
+                                      const TensorView& dhistory) {
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, q_out_.shape(), &d_attn_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, q_out_.shape(), &dq_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, k_out_.shape(), &dk_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, v_out_.shape(), &dv_));
+  RECFLEET_RETURN_IF_ERROR(ops::Copy(dy, dtokens));  // The residual path.
+  RECFLEET_RETURN_IF_ERROR(o_.Backward(dy, d_attn_.view(), false));
+  RECFLEET_RETURN_IF_ERROR(attention_.Backward(d_attn_.view(), dq_.view(), dk_.view(), dv_.view()));
+  RECFLEET_RETURN_IF_ERROR(q_.Backward(dq_.view(), dtokens, true));
+  RECFLEET_RETURN_IF_ERROR(k_.Backward(dk_.view(), dhistory, true));
+  return v_.Backward(dv_.view(), dhistory, true);
+}
+
+// ---- Pma -------------------------------------------------------------------------
+
+Pma::Pma(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
+         int64_t queries)
+    : ctx_(ctx),
+      dim_(dim),
+      num_queries_(queries),
+      queries_(ctx.parameters, name + ".queries", {queries, dim}, ParameterInit{1.0, 0.0}),
+      k_(ctx, name + ".k", dim, dim, false),
+      v_(ctx, name + ".v", dim, dim, false),
+      o_(ctx, name + ".o", dim, dim, true),
+      attention_(ctx, heads, PoolingOptions()) {}
+
+absl::Status Pma::Forward(const JaggedView& history, Tensor* y) {
+  const int64_t batch = history.batch_size(), rows = batch * num_queries_;
+  RECFLEET_RETURN_IF_ERROR(UniformOffsets(batch, num_queries_, &query_offsets_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, dim_}, &q_));
+  RECFLEET_RETURN_IF_ERROR(ops::RepeatRows(queries_->value.view(), batch, q_.view()));
+  RECFLEET_RETURN_IF_ERROR(k_.Forward(history.values, &k_out_));
+  RECFLEET_RETURN_IF_ERROR(v_.Forward(history.values, &v_out_));
+  RECFLEET_RETURN_IF_ERROR(attention_.Forward({q_.view(), query_offsets_.view()},
+                                              {k_out_.view(), history.offsets}, v_out_.view(),
+                                              &attn_out_));
+  return o_.Forward(attn_out_.view(), y);
+}
+
+absl::Status Pma::Backward(const TensorView& dy, const TensorView& dhistory) {
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, q_.shape(), &d_attn_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, q_.shape(), &dq_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, k_out_.shape(), &dk_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, v_out_.shape(), &dv_));
+  RECFLEET_RETURN_IF_ERROR(o_.Backward(dy, d_attn_.view(), false));
+  RECFLEET_RETURN_IF_ERROR(attention_.Backward(d_attn_.view(), dq_.view(), dk_.view(), dv_.view()));
+  RECFLEET_RETURN_IF_ERROR(ops::AccumulateRepeats(dq_.view(), queries_->grad.view()));
+  RECFLEET_RETURN_IF_ERROR(k_.Backward(dk_.view(), dhistory, true));
+  return v_.Backward(dv_.view(), dhistory, true);
+}
+
+}  // namespace recfleet::engine::layers

@@ -1,0 +1,125 @@
+#ifndef RECFLEET_ENGINE_LAYERS_ATTENTION_H_
+#define RECFLEET_ENGINE_LAYERS_ATTENTION_H_
+
+// The attention layers of GEM-lite (DESIGN section 2), all on jagged
+// activations [rows, dim] whose rows follow host int64 offsets [B + 1]:
+//
+//   JaggedAttention     one kernel call (no parameters) with the tensors its
+//                       backward needs; the piece the others are made of.
+//   SelfAttentionBlock  the sequence branch's pre-norm block:
+//                       y = x + O(attn(Q n, K n, V n)), n = RmsNorm(x).
+//   CrossAttention      non-sequence tokens attend to the history:
+//                       y = t + O(attn(Q t, K h, V h)).
+//   Pma                 P learned queries per sample pool the history:
+//                       y = O(attn(queries, K h, V h)), [B * P, dim].
+//
+// Conventions of engine/layers/layer.h. Linear names follow the checkpoint
+// names: `name`.q/.k/.v (no bias), `name`.o (bias), `name`.norm, and
+// `name`.queries for PMA.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/layers/layer.h"
+#include "engine/layers/linear.h"
+#include "engine/layers/parameters.h"
+#include "engine/tensor.h"
+#include "kernels/attention/attention.h"
+
+namespace recfleet::engine::layers {
+
+class JaggedAttention {
+ public:
+  JaggedAttention(const LayerContext& ctx, int64_t heads, const attention::AttentionOptions& options);
+
+  // out [Lq, dim] = attention of q [Lq, dim] (rows by q_offsets) over k, v
+  // [Lk, dim] (rows by k_offsets); dim = heads * head_dim. Keeps the views
+  // of q, k, v, the offsets and out, and counts the kernel's FLOPs.
+  absl::Status Forward(const JaggedView& q, const JaggedView& k, const TensorView& v, Tensor* out);
+  // Overwrites dq, dk, dv (shapes of q, k, v) given d_out.
+  absl::Status Backward(const TensorView& d_out, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv);
+
+ private:
+  attention::AttentionInputs Inputs() const;
+
+  LayerContext ctx_;
+  int64_t heads_;
+  attention::AttentionOptions options_;
+  JaggedView q_, k_;
+  TensorView v_, out_;
+  Tensor lse_;
+};
+
+class SelfAttentionBlock {
+ public:
+  SelfAttentionBlock(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
+                     const attention::AttentionOptions& options);
+
+  absl::Status Forward(const JaggedView& x, Tensor* y);
+  // dx = dy + the gradient through the attention branch; dx may alias dy.
+  absl::Status Backward(const TensorView& dy, const TensorView& dx);
+
+ private:
+  LayerContext ctx_;
+  int64_t dim_;
+  RmsNorm norm_;
+  Linear q_, k_, v_, o_;
+  JaggedAttention attention_;
+  // Activations of the last forward.
+  Tensor normed_, q_out_, k_out_, v_out_, attn_out_, proj_;
+  // Backward scratch.
+  Tensor d_attn_, dq_, dk_, dv_, d_normed_, d_branch_;
+};
+
+class CrossAttention {
+ public:
+  CrossAttention(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads);
+
+  // tokens [T, dim] and history [L, dim] share the batch size; every token
+  // of sample b sees all of b's history (softmax, no positions).
+  absl::Status Forward(const JaggedView& tokens, const JaggedView& history, Tensor* y);
+  // dtokens (overwritten) = dy + the gradient through Q; dhistory
+  // [L, dim] gets the gradient through K and V *added*.
+  absl::Status Backward(const TensorView& dy, const TensorView& dtokens,
+                        const TensorView& dhistory);
+
+ private:
+  LayerContext ctx_;
+  int64_t dim_;
+  Linear q_, k_, v_, o_;
+  JaggedAttention attention_;
+  Tensor q_out_, k_out_, v_out_, attn_out_, proj_;
+  Tensor d_attn_, dq_, dk_, dv_;
+};
+
+class Pma {
+ public:
+  // Registers `name`.queries [queries, dim] (N(0, 1)) and the projections.
+  Pma(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
+      int64_t queries);
+
+  absl::Status Forward(const JaggedView& history, Tensor* y);
+  // dhistory [L, dim] gets the gradient through K and V *added*.
+  absl::Status Backward(const TensorView& dy, const TensorView& dhistory);
+
+  int64_t queries() const { return num_queries_; }
+
+ private:
+  LayerContext ctx_;
+  int64_t dim_, num_queries_;
+  RegisteredParameter queries_;
+  Linear k_, v_, o_;
+  JaggedAttention attention_;
+  Tensor query_offsets_;
+  Tensor q_, k_out_, v_out_, attn_out_;
+  Tensor d_attn_, dq_, dk_, dv_;
+};
+
+// Offsets [batch + 1] of `per_sample` rows per sample: 0, n, 2n, ...
+absl::Status UniformOffsets(int64_t batch, int64_t per_sample, Tensor* offsets);
+
+}  // namespace recfleet::engine::layers
+
+#endif  // RECFLEET_ENGINE_LAYERS_ATTENTION_H_

@@ -1,0 +1,355 @@
+#include "engine/layers/embeddings.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/layers/ops.h"
+#include "kernels/embedding/embedding.h"
+#include "common/status_macros.h"
+
+namespace recfleet::engine {
+namespace layers {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+TensorView HostIds(const std::vector<int64_t>& ids, int64_t n) {
+  return MakeView(const_cast<int64_t*>(ids.data()), DType::kInt64, {n});
+}
+
+TensorView HostOffsets(const std::vector<int64_t>& offsets) {
+  return HostIds(offsets, static_cast<int64_t>(offsets.size()));
+}
+
+absl::StatusOr<Tensor> HostTensor(DType dtype, Shape shape) { return Tensor::Empty(dtype, std::move(shape)); }
+
+// a followed by b (equal trailing dimensions, host memory).
+absl::StatusOr<Tensor> Concat(const Tensor& a, const Tensor& b) {
+  Shape shape = a.shape();
+  shape[0] += b.dim(0);
+  absl::StatusOr<Tensor> out = HostTensor(a.dtype(), shape);
+  if (!out.ok()) return out.status();
+  std::copy_n(static_cast<const char*>(a.view().data), a.nbytes(), static_cast<char*>(out->view().data));
+  std::copy_n(static_cast<const char*>(b.view().data), b.nbytes(),
+              static_cast<char*>(out->view().data) + a.nbytes());
+  return out;
+}
+
+template <typename T>
+void TableGradientFromStep(const Tensor& before, const Tensor& after, const Tensor& momentum,
+                           Tensor& grad) {
+  const int64_t rows = before.dim(0), d = before.dim(1);
+  const T* b = before.data<T>();
+  const T* a = after.data<T>();
+  const T* mom = momentum.data<T>();
+  T* g = grad.data<T>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const T denom = std::sqrt(mom[r]) + static_cast<T>(SparseEmbeddings::kAdagradEpsilon);
+    for (int64_t c = 0; c < d; ++c) g[r * d + c] = -(a[r * d + c] - b[r * d + c]) * denom;
+  }
+}
+
+}  // namespace
+
+double InitialTableValue(uint64_t seed, double stddev, int table, int64_t row, int64_t col) {
+  // Box-Muller on two uniforms hashed from (seed, table, row, col): a
+  // counter-based draw, so any rank can produce any element on its own.
+  const uint64_t key = SplitMix64(SplitMix64(SplitMix64(seed ^ (0x7461626cull << 32 | static_cast<uint64_t>(table))) ^
+                                             static_cast<uint64_t>(row)) ^
+                                  static_cast<uint64_t>(col));
+  const uint64_t k2 = SplitMix64(key);
+  const double u1 = (static_cast<double>(key >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(k2 >> 11) * 0x1.0p-53;           // [0, 1)
+  return stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+SparseEmbeddings::SparseEmbeddings(const LayerContext& ctx, const FeatureSchema& schema,
+                                   int64_t dim, TableStorage storage, uint64_t seed,
+                                   double init_stddev)
+    : ctx_(ctx), schema_(schema), dim_(dim), storage_(storage) {
+  if (storage == TableStorage::kExternal) return;
+  for (const FeatureSchema::Table& t : schema.tables) {
+    const int index = static_cast<int>(tables_.size());
+    Table s;
+    s.value = Tensor::HostZeros(ctx.dtype, {t.rows, dim});
+    s.momentum = Tensor::HostZeros(ctx.dtype, {t.rows});
+    s.grad_ids = Tensor::HostZeros(DType::kInt64, {0});
+    s.grad_rows = Tensor::HostZeros(ctx.dtype, {0, dim});
+    for (int64_t r = 0; r < t.rows; ++r) {
+      for (int64_t c = 0; c < dim; ++c) {
+        const double v = InitialTableValue(seed, init_stddev, index, r, c);
+        if (ctx.dtype == DType::kFloat64) {
+          s.value.data<double>()[r * dim + c] = v;
+        } else {
+          s.value.data<float>()[r * dim + c] = static_cast<float>(v);
+        }
+      }
+    }
+    tables_.push_back(std::move(s));
+  }
+}
+
+SparseEmbeddings::BagLayout SparseEmbeddings::Bags(int64_t batch_size, int64_t tokens) const {
+  BagLayout l;
+  l.bags.assign(schema_.tables.size(), 0);
+  for (const auto& f : schema_.id_lists) {
+    l.feature_base.push_back(l.bags[f.table]);
+    l.bags[f.table] += batch_size;
+  }
+  for (const auto& f : schema_.sequence_fields) {
+    l.sequence_base.push_back(l.bags[f.table]);
+    l.bags[f.table] += tokens;
+  }
+  return l;
+}
+
+std::vector<TableLookups> SparseEmbeddings::Lookups(const Batch& batch) const {
+  const int64_t tokens = batch.sequence[0].offsets.back();
+  std::vector<TableLookups> out(schema_.tables.size());
+  for (TableLookups& l : out) l.offsets.push_back(0);
+  for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
+    TableLookups& l = out[schema_.id_lists[f].table];
+    const IdList& list = batch.id_lists[f];
+    const int64_t base = static_cast<int64_t>(l.ids.size());
+    l.ids.insert(l.ids.end(), list.ids.begin(), list.ids.end());
+    for (int64_t s = 1; s <= batch.size; ++s) l.offsets.push_back(base + list.offsets[s]);
+  }
+  for (size_t f = 0; f < schema_.sequence_fields.size(); ++f) {
+    TableLookups& l = out[schema_.sequence_fields[f].table];
+    const IdList& list = batch.sequence[f];
+    l.ids.insert(l.ids.end(), list.ids.begin(), list.ids.begin() + tokens);
+    for (int64_t i = 0; i < tokens; ++i) l.offsets.push_back(l.offsets.back() + 1);
+  }
+  return out;
+}
+
+absl::Status SparseEmbeddings::CheckPooled(const Batch& batch,
+                                           absl::Span<const TensorView> pooled) const {
+  if (storage_ != TableStorage::kExternal) {
+    return absl::FailedPreconditionError("pooled rows given to a model that holds its own tables");
+  }
+  if (pooled.size() != schema_.tables.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("pooled: ", pooled.size(), " tensors for ",
+                                                   schema_.tables.size(), " tables"));
+  }
+  const BagLayout l = Bags(batch.size, batch.sequence.empty() ? 0 : batch.sequence[0].offsets.back());
+  for (size_t t = 0; t < pooled.size(); ++t) {
+    const TensorView& v = pooled[t];
+    if (v.dtype != ctx_.dtype || v.device != Device::kCpu || v.shape.size() != 2 ||
+        v.shape[0] != l.bags[t] || v.shape[1] != dim_ || (v.data == nullptr && l.bags[t] > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("pooled[", t, "] (table ", schema_.tables[t].name,
+                                                     ") must be CPU [", l.bags[t], ", ", dim_,
+                                                     "] of the model's dtype"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseEmbeddings::Forward(const Batch& batch, absl::Span<const TensorView> pooled,
+                                       std::vector<Tensor>* features, Tensor* history) {
+  const int64_t B = batch.size, L = batch.sequence[0].offsets.back();
+  const BagLayout bags = Bags(B, L);
+  features->resize(schema_.id_lists.size());
+  for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
+    const FeatureSchema::IdListFeature& feat = schema_.id_lists[f];
+    const IdList& list = batch.id_lists[f];
+    Tensor& out = (*features)[f];
+    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {B, dim_}, &out));
+    if (storage_ == TableStorage::kExternal) {
+      const int64_t base = bags.feature_base[f];
+      RECFLEET_RETURN_IF_ERROR(ops::ScaleBags(RowSlice(pooled[feat.table], base, base + B),
+                                              HostOffsets(list.offsets), feat.pooling, out.view()));
+    } else {
+      const JaggedView ids{HostIds(list.ids, static_cast<int64_t>(list.ids.size())),
+                           HostOffsets(list.offsets)};
+      RECFLEET_RETURN_IF_ERROR(
+          EmbeddingBagForward(tables_[feat.table].value.view(), ids, feat.pooling, out.view()));
+    }
+  }
+  // Sequence events -> tokens: the sum of their fields' embeddings.
+  RECFLEET_RETURN_IF_ERROR(AllocateZeros(ctx_, {L, dim_}, history));
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {L, dim_}, &field_));
+  for (size_t f = 0; f < schema_.sequence_fields.size() && L > 0; ++f) {
+    const int table = schema_.sequence_fields[f].table;
+    TensorView field = field_.view();
+    if (storage_ == TableStorage::kExternal) {
+      field = RowSlice(pooled[table], bags.sequence_base[f], bags.sequence_base[f] + L);
+    } else {
+      RECFLEET_RETURN_IF_ERROR(EmbeddingSequenceForward(
+          tables_[table].value.view(), HostIds(batch.sequence[f].ids, L), field));
+    }
+    RECFLEET_RETURN_IF_ERROR(ops::Add(history->view(), field, history->view()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseEmbeddings::Backward(const Batch& batch, absl::Span<const TensorView> dfeatures,
+                                        const TensorView& dhistory) {
+  if (storage_ == TableStorage::kExternal) {
+    return CollectPooledGradients(batch, dfeatures, dhistory);
+  }
+  return CollectTableGradients(batch, dfeatures, dhistory);
+}
+
+// One gradient row per use of a row: a pooled id's row is its bag's
+// gradient (divided by the bag size for mean pooling), a history token's
+// row its token's gradient.
+absl::Status SparseEmbeddings::CollectTableGradients(const Batch& batch,
+                                                     absl::Span<const TensorView> dfeatures,
+                                                     const TensorView& dhistory) {
+  const int64_t L = batch.sequence[0].offsets.back();
+  std::vector<int64_t> uses(tables_.size(), 0);
+  for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
+    uses[schema_.id_lists[f].table] += static_cast<int64_t>(batch.id_lists[f].ids.size());
+  }
+  for (const auto& f : schema_.sequence_fields) uses[f.table] += L;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    absl::StatusOr<Tensor> ids = HostTensor(DType::kInt64, {uses[t]});
+    if (!ids.ok()) return ids.status();
+    tables_[t].grad_ids = *std::move(ids);
+    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {uses[t], dim_}, &tables_[t].grad_rows));
+  }
+  std::vector<int64_t> filled(tables_.size(), 0);
+  for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
+    const int t = schema_.id_lists[f].table;
+    const IdList& list = batch.id_lists[f];
+    const int64_t n = static_cast<int64_t>(list.ids.size());
+    std::copy(list.ids.begin(), list.ids.end(), tables_[t].grad_ids.data<int64_t>() + filled[t]);
+    RECFLEET_RETURN_IF_ERROR(ops::ExpandBags(dfeatures[f], HostOffsets(list.offsets),
+                                             schema_.id_lists[f].pooling,
+                                             RowSlice(tables_[t].grad_rows.view(), filled[t], filled[t] + n)));
+    filled[t] += n;
+  }
+  for (size_t f = 0; f < schema_.sequence_fields.size() && L > 0; ++f) {
+    const int t = schema_.sequence_fields[f].table;
+    const IdList& list = batch.sequence[f];
+    std::copy_n(list.ids.begin(), L, tables_[t].grad_ids.data<int64_t>() + filled[t]);
+    RECFLEET_RETURN_IF_ERROR(
+        ops::Copy(dhistory, RowSlice(tables_[t].grad_rows.view(), filled[t], filled[t] + L)));
+    filled[t] += L;
+  }
+  return absl::OkStatus();
+}
+
+// One gradient row per looked-up bag, in Lookups' order (a mean-pooled
+// bag's row sum was scaled by 1 / length forward, so its gradient is too).
+absl::Status SparseEmbeddings::CollectPooledGradients(const Batch& batch,
+                                                      absl::Span<const TensorView> dfeatures,
+                                                      const TensorView& dhistory) {
+  const int64_t B = batch.size, L = batch.sequence[0].offsets.back();
+  const BagLayout bags = Bags(B, L);
+  pooled_grads_.resize(schema_.tables.size());
+  for (size_t t = 0; t < schema_.tables.size(); ++t) {
+    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {bags.bags[t], dim_}, &pooled_grads_[t]));
+  }
+  for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
+    const int t = schema_.id_lists[f].table;
+    const int64_t base = bags.feature_base[f];
+    RECFLEET_RETURN_IF_ERROR(ops::ScaleBags(dfeatures[f], HostOffsets(batch.id_lists[f].offsets),
+                                            schema_.id_lists[f].pooling,
+                                            RowSlice(pooled_grads_[t].view(), base, base + B)));
+  }
+  for (size_t f = 0; f < schema_.sequence_fields.size() && L > 0; ++f) {
+    const int t = schema_.sequence_fields[f].table;
+    const int64_t base = bags.sequence_base[f];
+    RECFLEET_RETURN_IF_ERROR(ops::Copy(dhistory, RowSlice(pooled_grads_[t].view(), base, base + L)));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<TensorView> SparseEmbeddings::PooledGradients() const {
+  std::vector<TensorView> out;
+  for (const Tensor& g : pooled_grads_) out.push_back(g.view());
+  return out;
+}
+
+absl::Status SparseEmbeddings::AdagradStep(const Table& t, const TensorView& value,
+                                           const TensorView& momentum, float learning_rate) const {
+  const int64_t n = t.grad_ids.numel();
+  if (n == 0) return absl::OkStatus();
+  RowwiseAdagradConfig config;
+  config.learning_rate = learning_rate;
+  config.eps = kAdagradEpsilon;
+  return EmbeddingSequenceBackwardAdagrad(t.grad_rows.view(), t.grad_ids.view(), config, value,
+                                          momentum);
+}
+
+absl::Status SparseEmbeddings::ApplyUpdates(float learning_rate) {
+  for (Table& t : tables_) {
+    RECFLEET_RETURN_IF_ERROR(AdagradStep(t, t.value.view(), t.momentum.view(), learning_rate));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseEmbeddings::ScaleGradients(double weight) {
+  for (Table& t : tables_) {
+    if (t.grad_rows.numel() > 0) RECFLEET_RETURN_IF_ERROR(ops::Scale(t.grad_rows.view(), weight));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseEmbeddings::AddGradients(const SparseEmbeddings& other, double weight) {
+  if (other.tables_.size() != tables_.size()) {
+    return absl::InvalidArgumentError("AddGradients: replica has a different architecture");
+  }
+  for (size_t k = 0; k < tables_.size(); ++k) {
+    Table& t = tables_[k];
+    const Table& o = other.tables_[k];
+    const int64_t mine = t.grad_ids.numel(), theirs = o.grad_ids.numel();
+    absl::StatusOr<Tensor> ids = Concat(t.grad_ids, o.grad_ids);
+    if (!ids.ok()) return ids.status();
+    absl::StatusOr<Tensor> rows = Concat(t.grad_rows, o.grad_rows);
+    if (!rows.ok()) return rows.status();
+    if (theirs > 0) {
+      RECFLEET_RETURN_IF_ERROR(ops::Scale(RowSlice(rows->view(), mine, mine + theirs), weight));
+    }
+    t.grad_ids = *std::move(ids);
+    t.grad_rows = *std::move(rows);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseEmbeddings::CopyTablesFrom(const SparseEmbeddings& other) {
+  if (other.tables_.size() != tables_.size()) {
+    return absl::InvalidArgumentError("CopyParametersFrom: different architecture");
+  }
+  for (size_t k = 0; k < tables_.size(); ++k) {
+    RECFLEET_RETURN_IF_ERROR(ops::Copy(other.tables_[k].value.view(), tables_[k].value.view()));
+  }
+  return absl::OkStatus();
+}
+
+int64_t SparseEmbeddings::num_parameters() const {
+  int64_t n = 0;
+  for (const Table& t : tables_) n += t.value.numel();
+  return n;
+}
+
+// One rowwise-Adagrad step with learning rate 1 from zero momentum moves a
+// touched row by -g / (sqrt(mean(g^2)) + eps) and leaves mean(g^2) in the
+// momentum, so g = -delta * (sqrt(momentum) + eps) exactly recovers the
+// summed gradient through the same kernel the training step uses.
+absl::StatusOr<Tensor> SparseEmbeddings::DenseTableGradient(int table) const {
+  const Table& t = tables_[table];
+  absl::StatusOr<Tensor> moved = t.value.Clone();
+  if (!moved.ok()) return moved.status();
+  Tensor momentum = Tensor::HostZeros(ctx_.dtype, {t.value.dim(0)});
+  RECFLEET_RETURN_IF_ERROR(AdagradStep(t, moved->view(), momentum.view(), 1.0f));
+  Tensor grad = Tensor::HostZeros(ctx_.dtype, t.value.shape());
+  if (ctx_.dtype == DType::kFloat64) {
+    TableGradientFromStep<double>(t.value, *moved, momentum, grad);
+  } else {
+    TableGradientFromStep<float>(t.value, *moved, momentum, grad);
+  }
+  return grad;
+}
+
+}  // namespace layers
+}  // namespace recfleet::engine

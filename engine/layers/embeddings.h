@@ -1,0 +1,132 @@
+#ifndef RECFLEET_ENGINE_LAYERS_EMBEDDINGS_H_
+#define RECFLEET_ENGINE_LAYERS_EMBEDDINGS_H_
+
+// The sparse part of GEM-lite (DESIGN section 2): the schema's embedding
+// tables, one pooled token per id-list feature and one token per history
+// event (the sum of its fields' embeddings), and the tables' rowwise-Adagrad
+// step. Tables live inside (TableStorage::kInternal: lookups, gradients and
+// updates here) or with the caller (kExternal: the caller looks up the bags
+// of Lookups() and passes their row sums; PooledGradients() is what it
+// applies). Batches are assumed to match the schema (the model checks them).
+// Not thread-safe.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/batch.h"
+#include "engine/layers/layer.h"
+#include "engine/tensor.h"
+
+namespace recfleet::engine {
+
+// Where the embedding tables live.
+enum class TableStorage {
+  kInternal,  // In the model: lookups and rowwise-Adagrad updates inside.
+  // Outside (e.g. sharded over ranks, worker/dist): the caller looks up the
+  // bags TableLookupsOf names, passes their row sums to ForwardBackward /
+  // Predict, and applies PooledGradients to its tables itself. The model
+  // holds no table memory and ApplyUpdates steps the dense parameters only.
+  kExternal,
+};
+
+// One table's lookups for a batch: a jagged list of bags of row ids.
+struct TableLookups {
+  std::vector<int64_t> ids;
+  std::vector<int64_t> offsets;  // Bags + 1 entries, from 0 to ids.size().
+};
+
+namespace layers {
+
+// The initial value of element (row, col) of table `table`: a N(0, stddev^2)
+// draw that depends only on (seed, table, row, col), so tables split over
+// any number of ranks start exactly as one rank's would.
+double InitialTableValue(uint64_t seed, double stddev, int table, int64_t row, int64_t col);
+
+class SparseEmbeddings {
+ public:
+  // With internal storage, allocates the schema's tables [rows, dim] (host
+  // memory, InitialTableValue(seed, init_stddev, ...)) and their momenta.
+  SparseEmbeddings(const LayerContext& ctx, const FeatureSchema& schema, int64_t dim,
+                   TableStorage storage, uint64_t seed, double init_stddev);
+  SparseEmbeddings(const SparseEmbeddings&) = delete;
+  SparseEmbeddings& operator=(const SparseEmbeddings&) = delete;
+
+  // Per table of the schema, the bags `batch` looks up, in this order: for
+  // every id-list feature on the table (schema order) one bag per sample,
+  // then for every sequence field on it one single-id bag per history token.
+  std::vector<TableLookups> Lookups(const Batch& batch) const;
+  // External storage: InvalidArgument unless pooled[t] is a host
+  // [bags of table t, dim] tensor of the model's dtype; FailedPrecondition
+  // with internal storage.
+  absl::Status CheckPooled(const Batch& batch, absl::Span<const TensorView> pooled) const;
+
+  // features: one [B, dim] token per id-list feature (sum or mean pooled);
+  // history [L, dim]: per event the sum of its fields' embeddings. With
+  // external storage `pooled` holds the row sums of Lookups' bags (checked
+  // with CheckPooled).
+  absl::Status Forward(const Batch& batch, absl::Span<const TensorView> pooled,
+                       std::vector<Tensor>* features, Tensor* history);
+  // Given the gradients of Forward's outputs, keeps the per-row gradients
+  // for ApplyUpdates (internal storage) or the gradients of the pooled row
+  // sums for PooledGradients (external).
+  absl::Status Backward(const Batch& batch, absl::Span<const TensorView> dfeatures,
+                        const TensorView& dhistory);
+  // External storage, after Backward: [bags, dim] per table, in Lookups'
+  // order. Valid until the next Backward.
+  std::vector<TensorView> PooledGradients() const;
+
+  // One rowwise-Adagrad step per table on the summed gradients of the last
+  // Backward (plus AddGradients'), one fused kernel call per table.
+  absl::Status ApplyUpdates(float learning_rate);
+  absl::Status ScaleGradients(double weight);
+  // Appends other's row gradients times weight (Adagrad sums them per row).
+  absl::Status AddGradients(const SparseEmbeddings& other, double weight);
+  absl::Status CopyTablesFrom(const SparseEmbeddings& other);
+
+  // Tables held here: the schema's with internal storage, none with external.
+  int num_tables() const { return static_cast<int>(tables_.size()); }
+  TensorView table(int t) const { return tables_[t].value.view(); }
+  int64_t num_parameters() const;
+  // The dense [rows, dim] gradient of table t, recovered through the same
+  // Adagrad kernel the step uses (exact, slow: for small test tables).
+  absl::StatusOr<Tensor> DenseTableGradient(int t) const;
+
+  static constexpr float kAdagradEpsilon = 1e-8f;
+
+ private:
+  struct Table {
+    Tensor value, momentum;
+    // Rows touched by the last backward and their gradients, one row per use.
+    Tensor grad_ids;  // int64 [n]
+    Tensor grad_rows;  // [n, dim]
+  };
+  // Where each feature's bags sit in its table's lookups.
+  struct BagLayout {
+    std::vector<int64_t> feature_base;   // Per id-list feature.
+    std::vector<int64_t> sequence_base;  // Per sequence field.
+    std::vector<int64_t> bags;           // Per table.
+  };
+  BagLayout Bags(int64_t batch_size, int64_t tokens) const;
+  absl::Status AdagradStep(const Table& t, const TensorView& value, const TensorView& momentum,
+                           float learning_rate) const;
+  absl::Status CollectTableGradients(const Batch& batch, absl::Span<const TensorView> dfeatures,
+                                     const TensorView& dhistory);
+  absl::Status CollectPooledGradients(const Batch& batch, absl::Span<const TensorView> dfeatures,
+                                      const TensorView& dhistory);
+
+  LayerContext ctx_;
+  FeatureSchema schema_;
+  int64_t dim_;
+  TableStorage storage_;
+  std::vector<Table> tables_;
+  std::vector<Tensor> pooled_grads_;
+  Tensor field_;
+};
+
+}  // namespace layers
+}  // namespace recfleet::engine
+
+#endif  // RECFLEET_ENGINE_LAYERS_EMBEDDINGS_H_

@@ -1,0 +1,151 @@
+#include "engine/layers/embeddings.h"
+
+#include <vector>
+
+#include "engine/layers/test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/embedding/embedding.h"
+
+namespace recfleet::engine::layers {
+namespace {
+
+constexpr int64_t kDim = 3;
+
+// Tables t0 (5 rows) and t1 (4 rows); f0 sums t0 rows, f1 averages t1 rows;
+// an event is an item (t0) plus a tag (t1).
+FeatureSchema Schema() {
+  FeatureSchema s;
+  s.tables = {{"t0", 5}, {"t1", 4}};
+  s.id_lists = {{"f0", 0, Pooling::kSum}, {"f1", 1, Pooling::kMean}};
+  s.sequence_fields = {{"item", 0}, {"tag", 1}};
+  return s;
+}
+
+IdList List(const std::vector<std::vector<int64_t>>& samples) {
+  IdList l;
+  for (const auto& s : samples) l.Append(s);
+  return l;
+}
+
+Batch TwoSamples() {
+  Batch b;
+  b.size = 2;
+  b.id_lists = {List({{1, 2}, {}}), List({{0}, {1, 3}})};
+  b.sequence = {List({{4, 0}, {1}}), List({{2, 2}, {3}})};
+  return b;
+}
+
+double Row(const TensorView& table, int64_t r, int64_t c) { return table.as<double>()[r * kDim + c]; }
+
+TEST(SparseEmbeddingsTest, ForwardPoolsAndSumsByHand) {
+  ParameterRegistry registry(DType::kFloat64, 1);
+  SparseEmbeddings e(Fp64Context(&registry), Schema(), kDim, TableStorage::kInternal, 7, 0.5);
+  ASSERT_EQ(e.num_tables(), 2);
+  EXPECT_EQ(e.num_parameters(), (5 + 4) * kDim);
+  EXPECT_EQ(Row(e.table(1), 2, 1), InitialTableValue(7, 0.5, 1, 2, 1));
+  std::vector<Tensor> features;
+  Tensor history;
+  ASSERT_TRUE(e.Forward(TwoSamples(), {}, &features, &history).ok());
+  ASSERT_EQ(features.size(), 2u);
+  const TensorView t0 = e.table(0), t1 = e.table(1);
+  for (int64_t c = 0; c < kDim; ++c) {
+    EXPECT_DOUBLE_EQ(features[0].data<double>()[c], Row(t0, 1, c) + Row(t0, 2, c));
+    EXPECT_EQ(features[0].data<double>()[kDim + c], 0);  // Empty bag.
+    EXPECT_DOUBLE_EQ(features[1].data<double>()[kDim + c], (Row(t1, 1, c) + Row(t1, 3, c)) / 2);
+    EXPECT_DOUBLE_EQ(history.data<double>()[c], Row(t0, 4, c) + Row(t1, 2, c));
+    EXPECT_DOUBLE_EQ(history.data<double>()[2 * kDim + c], Row(t0, 1, c) + Row(t1, 3, c));
+  }
+}
+
+TEST(SparseEmbeddingsTest, TableGradientsMatchFiniteDifferences) {
+  ParameterRegistry registry(DType::kFloat64, 1);
+  SparseEmbeddings e(Fp64Context(&registry), Schema(), kDim, TableStorage::kInternal, 7, 0.5);
+  const Batch batch = TwoSamples();
+  Tensor w0 = RandomTensor({2, kDim}, 1), w1 = RandomTensor({2, kDim}, 2);
+  Tensor wh = RandomTensor({3, kDim}, 3);
+  std::vector<Tensor> features;
+  Tensor history;
+  auto loss = [&] {
+    EXPECT_TRUE(e.Forward(batch, {}, &features, &history).ok());
+    return Dot(features[0].view(), w0.view()) + Dot(features[1].view(), w1.view()) +
+           Dot(history.view(), wh.view());
+  };
+  loss();
+  ASSERT_TRUE(e.Backward(batch, {w0.view(), w1.view()}, wh.view()).ok());
+  for (int t = 0; t < 2; ++t) {
+    absl::StatusOr<Tensor> g = e.DenseTableGradient(t);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ExpectGradient(loss, e.table(t), g->view(), "table " + std::to_string(t));
+  }
+
+  // Half of the gradient plus half of an identical replica's is the gradient.
+  ParameterRegistry other_registry(DType::kFloat64, 1);
+  SparseEmbeddings replica(Fp64Context(&other_registry), Schema(), kDim, TableStorage::kInternal,
+                           7, 0.5);
+  ASSERT_TRUE(replica.Forward(batch, {}, &features, &history).ok());
+  ASSERT_TRUE(replica.Backward(batch, {w0.view(), w1.view()}, wh.view()).ok());
+  const Tensor before = *e.DenseTableGradient(0);
+  ASSERT_TRUE(e.ScaleGradients(0.5).ok());
+  ASSERT_TRUE(e.AddGradients(replica, 0.5).ok());
+  const Tensor after = *e.DenseTableGradient(0);
+  for (int64_t i = 0; i < before.numel(); ++i) {
+    EXPECT_NEAR(after.data<double>()[i], before.data<double>()[i], 1e-12);
+  }
+
+  // The Adagrad step moves exactly the touched rows: t0 rows 0, 1, 2, 4.
+  const std::vector<double> old = Values(e.table(0));
+  ASSERT_TRUE(e.ApplyUpdates(0.1f).ok());
+  for (int64_t r = 0; r < 5; ++r) {
+    bool moved = false;
+    for (int64_t c = 0; c < kDim; ++c) moved |= Row(e.table(0), r, c) != old[r * kDim + c];
+    EXPECT_EQ(moved, r != 3) << "row " << r;
+  }
+}
+
+TEST(SparseEmbeddingsTest, ExternalTablesGetPooledGradients) {
+  ParameterRegistry registry(DType::kFloat64, 1);
+  SparseEmbeddings e(Fp64Context(&registry), Schema(), kDim, TableStorage::kExternal, 7, 0.5);
+  EXPECT_EQ(e.num_tables(), 0);
+  const Batch batch = TwoSamples();
+  const std::vector<TableLookups> lookups = e.Lookups(batch);
+  ASSERT_EQ(lookups.size(), 2u);
+  // t0: f0's two bags, then one single-id bag per event.
+  EXPECT_EQ(lookups[0].ids, (std::vector<int64_t>{1, 2, 4, 0, 1}));
+  EXPECT_EQ(lookups[0].offsets, (std::vector<int64_t>{0, 2, 2, 3, 4, 5}));
+  EXPECT_EQ(lookups[1].ids, (std::vector<int64_t>{0, 1, 3, 2, 2, 3}));
+
+  // The caller's row sums, [bags, dim] per table.
+  Tensor pooled0 = RandomTensor({5, kDim}, 1), pooled1 = RandomTensor({5, kDim}, 2);
+  const std::vector<TensorView> pooled = {pooled0.view(), pooled1.view()};
+  ASSERT_TRUE(e.CheckPooled(batch, pooled).ok());
+  Tensor short_rows = RandomTensor({4, kDim}, 1);
+  EXPECT_EQ(e.CheckPooled(batch, {pooled0.view(), short_rows.view()}).code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor w0 = RandomTensor({2, kDim}, 3), w1 = RandomTensor({2, kDim}, 4);
+  Tensor wh = RandomTensor({3, kDim}, 5);
+  std::vector<Tensor> features;
+  Tensor history;
+  auto loss = [&] {
+    EXPECT_TRUE(e.Forward(batch, pooled, &features, &history).ok());
+    return Dot(features[0].view(), w0.view()) + Dot(features[1].view(), w1.view()) +
+           Dot(history.view(), wh.view());
+  };
+  loss();
+  // f1 is mean-pooled: its second sample averages two rows.
+  for (int64_t c = 0; c < kDim; ++c) {
+    EXPECT_DOUBLE_EQ(features[1].data<double>()[kDim + c], pooled1.data<double>()[kDim + c] / 2);
+  }
+  ASSERT_TRUE(e.Backward(batch, {w0.view(), w1.view()}, wh.view()).ok());
+  const std::vector<TensorView> grads = e.PooledGradients();
+  ASSERT_EQ(grads.size(), 2u);
+  ExpectGradient(loss, pooled0.view(), grads[0], "pooled[0]");
+  ExpectGradient(loss, pooled1.view(), grads[1], "pooled[1]");
+
+  ParameterRegistry internal_registry(DType::kFloat64, 1);
+  SparseEmbeddings internal(Fp64Context(&internal_registry), Schema(), kDim,
+                            TableStorage::kInternal, 7, 0.5);
+  EXPECT_EQ(internal.CheckPooled(batch, pooled).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace recfleet::engine::layers

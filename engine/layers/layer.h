@@ -1,0 +1,67 @@
+#ifndef RECFLEET_ENGINE_LAYERS_LAYER_H_
+#define RECFLEET_ENGINE_LAYERS_LAYER_H_
+
+// What the layers of one model share, and the conventions every layer in
+// engine/layers/ follows:
+//
+//   Forward(inputs..., Tensor* output) computes on views and allocates its
+//   output through the context's allocator. It keeps the *views* of its
+//   inputs for Backward: the caller keeps those tensors alive and unchanged
+//   until Backward returns (the model holds every activation of a step).
+//   Backward(output gradients..., input gradients...) writes input gradients
+//   into caller-allocated views, overwriting them or, where the signature
+//   says `accumulate`, adding to them (fan-in without extra copies), and adds
+//   its parameters' gradients to Parameter::grad.
+//
+// Every computation goes through the kernel API (kernels/) or the glue ops
+// (engine/layers/ops.h), which dispatch on the tensors' device, so a layer
+// runs wherever its allocator puts its tensors. Layers are not thread-safe
+// and not movable (the parameter registry holds pointers into them).
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "engine/tensor.h"
+#include "kernels/gemm/linear.h"
+#include "kernels/tensor.h"
+
+namespace recfleet::engine::layers {
+
+class ParameterRegistry;
+
+// Model FLOPs of the current forward (DESIGN section 3): useful work only,
+// counted from the real jagged lengths.
+struct FlopCounter {
+  double linear = 0;     // 2 * M * N * K per linear layer.
+  double attention = 0;  // The attention kernels' own count of visible pairs.
+
+  void Reset() { linear = attention = 0; }
+  // Forward + backward: backward counted as 2x (linear) and 2.5x (attention)
+  // the forward.
+  double StepFlops() const { return 3.0 * linear + 3.5 * attention; }
+};
+
+struct LayerContext {
+  DType dtype = DType::kFloat32;  // Of parameters and activations.
+  Allocator* allocator = CpuAllocator();
+  ParameterRegistry* parameters = nullptr;  // Where layers register theirs.
+  FlopCounter* flops = nullptr;             // May be null: not counted.
+  // Precision of every linear layer's GEMMs. The CPU engine computes at the
+  // storage precision.
+  LinearRecipe recipe{GemmPrecision::kNative, GemmPrecision::kNative, GemmPrecision::kNative};
+};
+
+// `*t` becomes an uninitialized tensor of `shape` (storage reused when it
+// already has that shape and dtype). Never null storage, even when empty.
+absl::Status AllocateTensor(const LayerContext& ctx, Shape shape, Tensor* t);
+// Same, zero-filled.
+absl::Status AllocateZeros(const LayerContext& ctx, Shape shape, Tensor* t);
+
+// The same storage seen with another shape of equal numel.
+TensorView Reshaped(const TensorView& t, Shape shape);
+// Rows [begin, end) of a row-major tensor (first dimension sliced).
+TensorView RowSlice(const TensorView& t, int64_t begin, int64_t end);
+
+}  // namespace recfleet::engine::layers
+
+#endif  // RECFLEET_ENGINE_LAYERS_LAYER_H_

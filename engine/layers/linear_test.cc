@@ -1,0 +1,97 @@
+#include "engine/layers/linear.h"
+
+#include <cmath>
+
+#include "engine/layers/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace recfleet::engine::layers {
+namespace {
+
+using ::testing::ElementsAre;
+
+TEST(LinearTest, ForwardByHandAndRegistration) {
+  ParameterRegistry registry(DType::kFloat64, 1);
+  FlopCounter flops;
+  LayerContext ctx = Fp64Context(&registry);
+  ctx.flops = &flops;
+  Linear l(ctx, "proj", /*in=*/2, /*out=*/3, /*bias=*/true);
+  ASSERT_EQ(registry.all().size(), 2u);
+  EXPECT_EQ(registry.all()[0]->name, "proj.w");
+  EXPECT_EQ(registry.all()[1]->name, "proj.b");
+  EXPECT_THAT(Values(l.bias()->value.view()), ElementsAre(0, 0, 0));
+  const std::vector<double> w = {1, 0, 0, 1, 1, -1};  // rows: [1 0], [0 1], [1 -1]
+  std::copy(w.begin(), w.end(), l.weight().value.data<double>());
+  l.bias()->value.data<double>()[2] = 10;
+  Tensor x = TensorOf({2, 2}, {3, 4, 5, 7});
+  Tensor y;
+  ASSERT_TRUE(l.Forward(x.view(), &y).ok());
+  EXPECT_THAT(Values(y.view()), ElementsAre(3, 4, 9, 5, 7, 8));
+  EXPECT_EQ(flops.linear, 2.0 * 2 * 2 * 3);
+}
+
+TEST(LinearTest, BackwardMatchesFiniteDifferences) {
+  ParameterRegistry registry(DType::kFloat64, 2);
+  Linear l(Fp64Context(&registry), "proj", 4, 3, true);
+  Tensor x = RandomTensor({5, 4}, 3);
+  Tensor w = RandomTensor({5, 3}, 4);  // Loss weights: loss = <w, y>.
+  Tensor y;
+  auto loss = [&] {
+    EXPECT_TRUE(l.Forward(x.view(), &y).ok());
+    return Dot(y.view(), w.view());
+  };
+  loss();
+  ASSERT_TRUE(registry.ZeroGradients().ok());
+  Tensor dx = TensorOf({5, 4}, std::vector<double>(20, 0));
+  ASSERT_TRUE(l.Backward(w.view(), dx.view(), false).ok());
+  ExpectGradient(loss, x.view(), dx.view(), "x");
+  ExpectParameterGradients(loss, registry);
+
+  // accumulate adds dy W to what is there; overwrite replaces it.
+  Tensor acc = TensorOf({5, 4}, std::vector<double>(20, 1));
+  loss();
+  ASSERT_TRUE(l.Backward(w.view(), acc.view(), true).ok());
+  for (int i = 0; i < 20; ++i) EXPECT_NEAR(acc.data<double>()[i], dx.data<double>()[i] + 1, 1e-12);
+}
+
+TEST(LinearTest, ZeroRowsComputeNothing) {
+  ParameterRegistry registry(DType::kFloat64, 2);
+  Linear l(Fp64Context(&registry), "proj", 4, 3, false);
+  Tensor x = Tensor::HostZeros(DType::kFloat64, {0, 4});
+  Tensor y;
+  ASSERT_TRUE(l.Forward(x.view(), &y).ok());
+  EXPECT_EQ(y.shape(), (Shape{0, 3}));
+  EXPECT_TRUE(l.Backward(y.view(), x.view(), false).ok());
+}
+
+TEST(RmsNormTest, ForwardByHandAndBackward) {
+  ParameterRegistry registry(DType::kFloat64, 1);
+  RmsNorm norm(Fp64Context(&registry), "norm", 2);
+  EXPECT_THAT(Values(norm.gamma().value.view()), ElementsAre(1, 1));
+  // rms([3, 4]) = sqrt(12.5).
+  Tensor x = TensorOf({1, 2}, {3, 4});
+  Tensor y;
+  ASSERT_TRUE(norm.Forward(x.view(), &y).ok());
+  const double rms = std::sqrt(12.5 + RmsNorm::kEpsilon);
+  EXPECT_NEAR(y.data<double>()[0], 3 / rms, 1e-7);
+  EXPECT_NEAR(y.data<double>()[1], 4 / rms, 1e-7);
+
+  Tensor xs = RandomTensor({3, 4}, 5);
+  RmsNorm wide(Fp64Context(&registry), "wide", 4);
+  wide.gamma().value.data<double>()[1] = 0.5;
+  Tensor w = RandomTensor({3, 4}, 6);
+  auto loss = [&] {
+    EXPECT_TRUE(wide.Forward(xs.view(), &y).ok());
+    return Dot(y.view(), w.view());
+  };
+  loss();
+  ASSERT_TRUE(registry.ZeroGradients().ok());
+  Tensor dx = TensorOf({3, 4}, std::vector<double>(12, 0));
+  ASSERT_TRUE(wide.Backward(w.view(), dx.view()).ok());
+  ExpectGradient(loss, xs.view(), dx.view(), "x");
+  ExpectGradient(loss, wide.gamma().value.view(), wide.gamma().grad.view(), "gamma");
+}
+
+}  // namespace
+}  // namespace recfleet::engine::layers

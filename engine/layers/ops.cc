@@ -1,0 +1,411 @@
+#include "engine/layers/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace recfleet::engine::ops {
+namespace {
+
+// Every operand: on the host, fp32 or fp64, all of the first one's dtype.
+absl::Status CheckOperands(const char* op, std::initializer_list<std::pair<const char*, const TensorView*>> ts) {
+  const DType dtype = ts.begin()->second->dtype;
+  for (const auto& [what, t] : ts) {
+    if (t->device != Device::kCpu) {
+      return absl::UnimplementedError(absl::StrCat("ops::", op, ": ", what, " is ",
+                                                   t->DebugString(),
+                                                   "; only the CPU version exists so far"));
+    }
+    if (t->dtype != DType::kFloat32 && t->dtype != DType::kFloat64) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ops::", op, ": ", what, " must be fp32 or fp64, got ", t->DebugString()));
+    }
+    if (t->dtype != dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("ops::", op, ": ", what, " is ",
+                                                     t->DebugString(), ", expected dtype ",
+                                                     DTypeName(dtype)));
+    }
+    if (t->data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("ops::", op, ": ", what, " has no storage"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNumel(const char* op, const char* what, const TensorView& t, int64_t numel) {
+  if (t.numel() != numel) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::", op, ": ", what, " is ",
+                                                   t.DebugString(), ", expected ", numel,
+                                                   " elements"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMatrix(const char* op, const char* what, const TensorView& t, int64_t rows) {
+  if (t.rank() != 2 || t.dim(0) != rows) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::", op, ": ", what, " is ",
+                                                   t.DebugString(), ", expected [", rows,
+                                                   ", columns]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOffsets(const char* op, const TensorView& offsets, int64_t bags, int64_t ids) {
+  if (offsets.dtype != DType::kInt64 || offsets.device != Device::kCpu ||
+      offsets.numel() != bags + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::", op, ": offsets is ",
+                                                   offsets.DebugString(), ", expected host int64[",
+                                                   bags + 1, "]"));
+  }
+  const int64_t* o = offsets.as<int64_t>();
+  for (int64_t b = 0; b < bags; ++b) {
+    if (o[b + 1] < o[b]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ops::", op, ": offsets decrease at ", b + 1));
+    }
+  }
+  if (o[0] != 0 || (ids >= 0 && o[bags] != ids)) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::", op, ": offsets must run from 0 to ",
+                                                   ids, ", got ", o[0], "..", o[bags]));
+  }
+  return absl::OkStatus();
+}
+
+// Calls f(T{}) with T the C++ type of `dtype` (fp32 or fp64, already checked).
+template <typename F>
+absl::Status Dispatch(DType dtype, F&& f) {
+  if (dtype == DType::kFloat64) {
+    f(double{});
+  } else {
+    f(float{});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Add(const TensorView& a, const TensorView& b, const TensorView& out) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("Add", {{"a", &a}, {"b", &b}, {"out", &out}}));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "b", b, a.numel()));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "out", out, a.numel()));
+  return Dispatch(a.dtype, [&](auto t) {
+    using T = decltype(t);
+    const T *x = a.as<T>(), *y = b.as<T>();
+    T* o = out.as<T>();
+    for (int64_t i = 0, n = a.numel(); i < n; ++i) o[i] = x[i] + y[i];
+  });
+}
+
+absl::Status Mul(const TensorView& a, const TensorView& b, const TensorView& out) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("Mul", {{"a", &a}, {"b", &b}, {"out", &out}}));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("Mul", "b", b, a.numel()));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("Mul", "out", out, a.numel()));
+  return Dispatch(a.dtype, [&](auto t) {
+    using T = decltype(t);
+    const T *x = a.as<T>(), *y = b.as<T>();
+    T* o = out.as<T>();
+    for (int64_t i = 0, n = a.numel(); i < n; ++i) o[i] = x[i] * y[i];
+  });
+}
+
+absl::Status AddMul(const TensorView& a, const TensorView& b, const TensorView& acc) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("AddMul", {{"a", &a}, {"b", &b}, {"acc", &acc}}));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("AddMul", "b", b, a.numel()));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("AddMul", "acc", acc, a.numel()));
+  return Dispatch(a.dtype, [&](auto t) {
+    using T = decltype(t);
+    const T *x = a.as<T>(), *y = b.as<T>();
+    T* o = acc.as<T>();
+    for (int64_t i = 0, n = a.numel(); i < n; ++i) o[i] += x[i] * y[i];
+  });
+}
+
+absl::Status MulAdd(const TensorView& a, const TensorView& b, const TensorView& c,
+                    const TensorView& out) {
+  RECFLEET_RETURN_IF_ERROR(
+      CheckOperands("MulAdd", {{"a", &a}, {"b", &b}, {"c", &c}, {"out", &out}}));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("MulAdd", "b", b, a.numel()));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("MulAdd", "c", c, a.numel()));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("MulAdd", "out", out, a.numel()));
+  return Dispatch(a.dtype, [&](auto t) {
+    using T = decltype(t);
+    const T *x = a.as<T>(), *y = b.as<T>(), *z = c.as<T>();
+    T* o = out.as<T>();
+    for (int64_t i = 0, n = a.numel(); i < n; ++i) o[i] = x[i] * y[i] + z[i];
+  });
+}
+
+absl::Status Scale(const TensorView& x, double weight) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("Scale", {{"x", &x}}));
+  return Dispatch(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    const T w = static_cast<T>(weight);
+    T* v = x.as<T>();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) v[i] *= w;
+  });
+}
+
+absl::Status AddScaled(const TensorView& x, double weight, const TensorView& acc) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("AddScaled", {{"x", &x}, {"acc", &acc}}));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("AddScaled", "acc", acc, x.numel()));
+  return Dispatch(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    const T w = static_cast<T>(weight);
+    const T* v = x.as<T>();
+    T* o = acc.as<T>();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) o[i] += w * v[i];
+  });
+}
+
+absl::Status Copy(const TensorView& src, const TensorView& dst) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("Copy", {{"src", &src}, {"dst", &dst}}));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("Copy", "dst", dst, src.numel()));
+  return Dispatch(src.dtype, [&](auto t) {
+    using T = decltype(t);
+    std::copy_n(src.as<T>(), src.numel(), dst.as<T>());
+  });
+}
+
+absl::Status Zero(const TensorView& x) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("Zero", {{"x", &x}}));
+  return Dispatch(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    std::fill_n(x.as<T>(), x.numel(), T(0));
+  });
+}
+
+absl::Status FillMeanWeights(const TensorView& x) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("FillMeanWeights", {{"x", &x}}));
+  return Dispatch(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    std::fill_n(x.as<T>(), x.numel(), T(1) / static_cast<T>(x.numel()));
+  });
+}
+
+absl::Status ScatterColumns(const TensorView& src, int64_t col, const TensorView& dst) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("ScatterColumns", {{"src", &src}, {"dst", &dst}}));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("ScatterColumns", "src", src, src.dim(0)));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("ScatterColumns", "dst", dst, src.dim(0)));
+  const int64_t rows = src.dim(0), w = src.dim(1), W = dst.dim(1);
+  if (col < 0 || col + w > W) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::ScatterColumns: columns [", col, ", ",
+                                                   col + w, ") do not fit dst ", dst.DebugString()));
+  }
+  return Dispatch(src.dtype, [&](auto t) {
+    using T = decltype(t);
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(src.as<T>() + r * w, w, dst.as<T>() + r * W + col);
+  });
+}
+
+absl::Status GatherColumns(const TensorView& src, int64_t col, const TensorView& dst) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("GatherColumns", {{"src", &src}, {"dst", &dst}}));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("GatherColumns", "src", src, src.dim(0)));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("GatherColumns", "dst", dst, src.dim(0)));
+  const int64_t rows = src.dim(0), W = src.dim(1), w = dst.dim(1);
+  if (col < 0 || col + w > W) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::GatherColumns: columns [", col, ", ",
+                                                   col + w, ") do not fit src ", src.DebugString()));
+  }
+  return Dispatch(src.dtype, [&](auto t) {
+    using T = decltype(t);
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(src.as<T>() + r * W + col, w, dst.as<T>() + r * w);
+  });
+}
+
+absl::Status RepeatRows(const TensorView& x, int64_t times, const TensorView& out) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("RepeatRows", {{"x", &x}, {"out", &out}}));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("RepeatRows", "out", out, times * x.numel()));
+  return Dispatch(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    const int64_t n = x.numel();
+    for (int64_t s = 0; s < times; ++s) std::copy_n(x.as<T>(), n, out.as<T>() + s * n);
+  });
+}
+
+absl::Status AccumulateRepeats(const TensorView& dy, const TensorView& dx) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("AccumulateRepeats", {{"dy", &dy}, {"dx", &dx}}));
+  const int64_t n = dx.numel();
+  if (n == 0 ? dy.numel() != 0 : dy.numel() % n != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::AccumulateRepeats: dy ", dy.DebugString(),
+                                                   " is not whole repeats of dx ", dx.DebugString()));
+  }
+  return Dispatch(dx.dtype, [&](auto t) {
+    using T = decltype(t);
+    const T* g = dy.as<T>();
+    T* o = dx.as<T>();
+    for (int64_t s = 0, times = n == 0 ? 0 : dy.numel() / n; s < times; ++s) {
+      for (int64_t i = 0; i < n; ++i) o[i] += g[s * n + i];
+    }
+  });
+}
+
+absl::Status SoftmaxRows(const TensorView& x, const TensorView& y) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("SoftmaxRows", {{"x", &x}, {"y", &y}}));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("SoftmaxRows", "x", x, x.dim(0)));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("SoftmaxRows", "y", y, x.numel()));
+  return Dispatch(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    const int64_t rows = x.dim(0), cols = x.dim(1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* g = x.as<T>() + r * cols;
+      T* p = y.as<T>() + r * cols;
+      const T mx = *std::max_element(g, g + cols);
+      T sum = 0;
+      for (int64_t e = 0; e < cols; ++e) sum += p[e] = std::exp(g[e] - mx);
+      for (int64_t e = 0; e < cols; ++e) p[e] /= sum;
+    }
+  });
+}
+
+absl::Status SoftmaxRowsBackward(const TensorView& y, const TensorView& dy, const TensorView& dx) {
+  RECFLEET_RETURN_IF_ERROR(
+      CheckOperands("SoftmaxRowsBackward", {{"y", &y}, {"dy", &dy}, {"dx", &dx}}));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("SoftmaxRowsBackward", "y", y, y.dim(0)));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("SoftmaxRowsBackward", "dy", dy, y.numel()));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("SoftmaxRowsBackward", "dx", dx, y.numel()));
+  return Dispatch(y.dtype, [&](auto t) {
+    using T = decltype(t);
+    const int64_t rows = y.dim(0), cols = y.dim(1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* p = y.as<T>() + r * cols;
+      const T* g = dy.as<T>() + r * cols;
+      T* o = dx.as<T>() + r * cols;
+      T mean = 0;
+      for (int64_t e = 0; e < cols; ++e) mean += p[e] * g[e];
+      for (int64_t e = 0; e < cols; ++e) o[e] = p[e] * (g[e] - mean);
+    }
+  });
+}
+
+absl::Status AddGated(const TensorView& gate, int64_t column, const TensorView& x,
+                      const TensorView& acc) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("AddGated", {{"gate", &gate}, {"x", &x}, {"acc", &acc}}));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("AddGated", "gate", gate, gate.dim(0)));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("AddGated", "x", x, gate.dim(0)));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("AddGated", "acc", acc, x.numel()));
+  if (column < 0 || column >= gate.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::AddGated: column ", column,
+                                                   " outside gate ", gate.DebugString()));
+  }
+  return Dispatch(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    const int64_t rows = x.dim(0), n = x.dim(1), E = gate.dim(1);
+    const T *g = gate.as<T>(), *v = x.as<T>();
+    T* o = acc.as<T>();
+    for (int64_t s = 0; s < rows; ++s) {
+      for (int64_t j = 0; j < n; ++j) o[s * n + j] += g[s * E + column] * v[s * n + j];
+    }
+  });
+}
+
+absl::Status AddGatedBackward(const TensorView& gate, int64_t column, const TensorView& x,
+                              const TensorView& dacc, const TensorView& dx,
+                              const TensorView& dgate) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands(
+      "AddGatedBackward",
+      {{"gate", &gate}, {"x", &x}, {"dacc", &dacc}, {"dx", &dx}, {"dgate", &dgate}}));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("AddGatedBackward", "gate", gate, gate.dim(0)));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("AddGatedBackward", "x", x, gate.dim(0)));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("AddGatedBackward", "dacc", dacc, x.numel()));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("AddGatedBackward", "dx", dx, x.numel()));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("AddGatedBackward", "dgate", dgate, gate.numel()));
+  if (column < 0 || column >= gate.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::AddGatedBackward: column ", column,
+                                                   " outside gate ", gate.DebugString()));
+  }
+  return Dispatch(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    const int64_t rows = x.dim(0), n = x.dim(1), E = gate.dim(1);
+    const T *g = gate.as<T>(), *v = x.as<T>(), *d = dacc.as<T>();
+    T *o = dx.as<T>(), *dg = dgate.as<T>();
+    for (int64_t s = 0; s < rows; ++s) {
+      T dot = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        o[s * n + j] = g[s * E + column] * d[s * n + j];
+        dot += d[s * n + j] * v[s * n + j];
+      }
+      dg[s * E + column] = dot;
+    }
+  });
+}
+
+absl::Status ScaleBags(const TensorView& sums, const TensorView& offsets, Pooling pooling,
+                       const TensorView& out) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("ScaleBags", {{"sums", &sums}, {"out", &out}}));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("ScaleBags", "sums", sums, sums.dim(0)));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("ScaleBags", "out", out, sums.numel()));
+  RECFLEET_RETURN_IF_ERROR(CheckOffsets("ScaleBags", offsets, sums.dim(0), -1));
+  return Dispatch(sums.dtype, [&](auto t) {
+    using T = decltype(t);
+    const int64_t bags = sums.dim(0), d = sums.dim(1);
+    const int64_t* off = offsets.as<int64_t>();
+    for (int64_t s = 0; s < bags; ++s) {
+      const int64_t n = off[s + 1] - off[s];
+      const T scale = pooling == Pooling::kMean && n > 0 ? T(1) / T(n) : T(1);
+      const T* row = sums.as<T>() + s * d;
+      T* o = out.as<T>() + s * d;
+      for (int64_t c = 0; c < d; ++c) o[c] = row[c] * scale;
+    }
+  });
+}
+
+absl::Status ExpandBags(const TensorView& dpooled, const TensorView& offsets, Pooling pooling,
+                        const TensorView& out) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("ExpandBags", {{"dpooled", &dpooled}, {"out", &out}}));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("ExpandBags", "dpooled", dpooled, dpooled.dim(0)));
+  RECFLEET_RETURN_IF_ERROR(CheckOffsets("ExpandBags", offsets, dpooled.dim(0), out.rank() > 0 ? out.dim(0) : -1));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("ExpandBags", "out", out, out.dim(0)));
+  if (out.dim(1) != dpooled.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::ExpandBags: out ", out.DebugString(),
+                                                   " must have dpooled's width ", dpooled.dim(1)));
+  }
+  return Dispatch(dpooled.dtype, [&](auto t) {
+    using T = decltype(t);
+    const int64_t bags = dpooled.dim(0), d = dpooled.dim(1);
+    const int64_t* off = offsets.as<int64_t>();
+    for (int64_t s = 0; s < bags; ++s) {
+      const int64_t n = off[s + 1] - off[s];
+      const T scale = pooling == Pooling::kMean && n > 0 ? T(1) / T(n) : T(1);
+      const T* g = dpooled.as<T>() + s * d;
+      for (int64_t i = off[s]; i < off[s + 1]; ++i) {
+        T* o = out.as<T>() + i * d;
+        for (int64_t c = 0; c < d; ++c) o[c] = g[c] * scale;
+      }
+    }
+  });
+}
+
+absl::Status CopyFromHost(absl::Span<const float> src, const TensorView& dst) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("CopyFromHost", {{"dst", &dst}}));
+  RECFLEET_RETURN_IF_ERROR(CheckNumel("CopyFromHost", "dst", dst, static_cast<int64_t>(src.size())));
+  return Dispatch(dst.dtype, [&](auto t) {
+    using T = decltype(t);
+    std::copy(src.begin(), src.end(), dst.as<T>());
+  });
+}
+
+absl::StatusOr<std::vector<double>> CopyToHost(const TensorView& x) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("CopyToHost", {{"x", &x}}));
+  std::vector<double> out(x.numel());
+  RECFLEET_RETURN_IF_ERROR(Dispatch(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    std::copy_n(x.as<T>(), x.numel(), out.begin());
+  }));
+  return out;
+}
+
+absl::StatusOr<double> SumToHost(const TensorView& x) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("SumToHost", {{"x", &x}}));
+  double total = 0;
+  RECFLEET_RETURN_IF_ERROR(Dispatch(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    for (int64_t i = 0; i < x.numel(); ++i) total += x.as<T>()[i];
+  }));
+  return total;
+}
+
+}  // namespace recfleet::engine::ops

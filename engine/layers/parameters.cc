@@ -1,0 +1,106 @@
+#include "engine/layers/parameters.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/layers/ops.h"
+#include "common/status_macros.h"
+
+namespace recfleet::engine::layers {
+namespace {
+
+template <typename T>
+void Fill(Tensor& t, std::mt19937_64& rng, const ParameterInit& init) {
+  // One distribution per parameter: its cached second draw never leaks into
+  // the next parameter.
+  std::normal_distribution<double> normal(0.0, init.stddev);
+  T* v = t.data<T>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    v[i] = static_cast<T>(init.stddev > 0 ? normal(rng) : init.constant);
+  }
+}
+
+}  // namespace
+
+ParameterRegistry::ParameterRegistry(DType dtype, uint64_t seed) : dtype_(dtype), rng_(seed) {}
+
+void ParameterRegistry::Register(Parameter* p, const std::string& name, Shape shape,
+                                 ParameterInit init) {
+  p->name = name;
+  p->value = Tensor::HostZeros(dtype_, shape);
+  p->grad = Tensor::HostZeros(dtype_, shape);
+  p->m = Tensor::HostZeros(dtype_, shape);
+  p->v = Tensor::HostZeros(dtype_, shape);
+  if (dtype_ == DType::kFloat64) {
+    Fill<double>(p->value, rng_, init);
+  } else {
+    Fill<float>(p->value, rng_, init);
+  }
+  if (!by_name_.emplace(name, p).second) std::abort();  // Two layers chose one name.
+  params_.push_back(p);
+}
+
+Parameter* ParameterRegistry::Find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+int64_t ParameterRegistry::num_elements() const {
+  int64_t n = 0;
+  for (const Parameter* p : params_) n += p->value.numel();
+  return n;
+}
+
+absl::Status ParameterRegistry::ZeroGradients() {
+  for (Parameter* p : params_) RECFLEET_RETURN_IF_ERROR(p->grad.SetZero());
+  return absl::OkStatus();
+}
+
+absl::Status ParameterRegistry::ScaleGradients(double weight) {
+  for (Parameter* p : params_) RECFLEET_RETURN_IF_ERROR(ops::Scale(p->grad.view(), weight));
+  return absl::OkStatus();
+}
+
+absl::Status ParameterRegistry::CheckSameLayout(const ParameterRegistry& other,
+                                                const char* what) const {
+  if (other.params_.size() != params_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the other model has a different architecture (",
+                     other.params_.size(), " parameters, this one ", params_.size(), ")"));
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (other.params_[k]->value.shape() != params_[k]->value.shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": parameter ", params_[k]->name,
+                                                     " has another shape in the other model"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterRegistry::AddGradients(const ParameterRegistry& other, double weight) {
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(other, "AddGradients"));
+  for (size_t k = 0; k < params_.size(); ++k) {
+    RECFLEET_RETURN_IF_ERROR(
+        ops::AddScaled(other.params_[k]->grad.view(), weight, params_[k]->grad.view()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterRegistry::CopyValuesFrom(const ParameterRegistry& other) {
+  RECFLEET_RETURN_IF_ERROR(CheckSameLayout(other, "CopyParametersFrom"));
+  for (size_t k = 0; k < params_.size(); ++k) {
+    RECFLEET_RETURN_IF_ERROR(ops::Copy(other.params_[k]->value.view(), params_[k]->value.view()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterRegistry::AdamStep(const AdamConfig& config, int64_t step) {
+  for (Parameter* p : params_) {
+    RECFLEET_RETURN_IF_ERROR(
+        recfleet::AdamStep(config, step, p->value.view(), p->grad.view(), p->m.view(), p->v.view()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace recfleet::engine::layers

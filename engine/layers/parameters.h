@@ -1,0 +1,98 @@
+#ifndef RECFLEET_ENGINE_LAYERS_PARAMETERS_H_
+#define RECFLEET_ENGINE_LAYERS_PARAMETERS_H_
+
+// Dense parameters: each layer owns its Parameter objects and registers them
+// by name with the model's ParameterRegistry, which gives the model one
+// ordered, named list for checkpoints, gradient checks, data-parallel
+// gradient sums and the AdamW step.
+//
+// Initialization is part of registration: values are drawn from the
+// registry's random stream (seeded once) in registration order, so a model
+// built from the same config registers, and therefore initializes, the same
+// way every time. Not thread-safe.
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "engine/tensor.h"
+#include "kernels/ops/adam.h"
+
+namespace recfleet::engine::layers {
+
+struct Parameter {
+  std::string name;
+  Tensor value;
+  Tensor grad;  // Of the last backward; layers add to it.
+  Tensor m, v;  // AdamW moments.
+};
+
+// How a parameter starts: N(0, stddev^2) draws when stddev > 0, else every
+// element equals `constant`.
+struct ParameterInit {
+  double stddev = 0;
+  double constant = 0;
+};
+
+class ParameterRegistry {
+ public:
+  ParameterRegistry(DType dtype, uint64_t seed);
+  ParameterRegistry(const ParameterRegistry&) = delete;
+  ParameterRegistry& operator=(const ParameterRegistry&) = delete;
+
+  // Allocates p's value, gradient and moments (host memory, zero), fills the
+  // value per `init` and records `p` under `name`. `p` must outlive the
+  // registry. Names are unique (a second registration of a name aborts).
+  void Register(Parameter* p, const std::string& name, Shape shape, ParameterInit init);
+
+  // In registration order.
+  const std::vector<Parameter*>& all() const { return params_; }
+  // nullptr when no parameter has that name.
+  Parameter* Find(const std::string& name) const;
+  int64_t num_elements() const;
+
+  absl::Status ZeroGradients();
+  // grad *= weight for every parameter.
+  absl::Status ScaleGradients(double weight);
+  // grad += weight * other's grad, parameter by parameter; InvalidArgument
+  // when `other` holds a different list.
+  absl::Status AddGradients(const ParameterRegistry& other, double weight);
+  absl::Status CopyValuesFrom(const ParameterRegistry& other);
+  // One AdamW step on every parameter; `step` is 1-based.
+  absl::Status AdamStep(const AdamConfig& config, int64_t step);
+
+ private:
+  absl::Status CheckSameLayout(const ParameterRegistry& other, const char* what) const;
+
+  DType dtype_;
+  std::mt19937_64 rng_;
+  std::vector<Parameter*> params_;
+  absl::flat_hash_map<std::string, Parameter*> by_name_;
+};
+
+// A parameter that registers itself on construction. A layer whose own
+// parameter precedes its sub-layers' in registration order declares it
+// before them (members are constructed in declaration order).
+class RegisteredParameter {
+ public:
+  RegisteredParameter(ParameterRegistry* registry, const std::string& name, Shape shape,
+                      ParameterInit init) {
+    registry->Register(&p_, name, std::move(shape), init);
+  }
+  RegisteredParameter(const RegisteredParameter&) = delete;
+  RegisteredParameter& operator=(const RegisteredParameter&) = delete;
+
+  Parameter& operator*() { return p_; }
+  Parameter* operator->() { return &p_; }
+
+ private:
+  Parameter p_;
+};
+
+}  // namespace recfleet::engine::layers
+
+#endif  // RECFLEET_ENGINE_LAYERS_PARAMETERS_H_
