@@ -53,9 +53,10 @@ class LoaderRankData : public RankData {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RankData>> OpenLoaderRankData(const std::string& address, int rank,
-                                                             int64_t local_batch) {
+                                                             int64_t local_batch,
+                                                             const dataloader::ConnectOptions& connect) {
   absl::StatusOr<std::unique_ptr<dataloader::DataLoaderClient>> client =
-      dataloader::DataLoaderClient::Connect(address);
+      dataloader::DataLoaderClient::Connect(address, connect);
   if (!client.ok()) return client.status();
   const v1::LoaderInfo& info = (*client)->info();
   if (rank < info.first_rank() || rank >= info.first_rank() + info.num_ranks()) {

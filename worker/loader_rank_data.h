@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "services/dataloader/client.h"
 #include "worker/rank_data.h"
 
 namespace recfleet::worker {
@@ -18,7 +19,8 @@ namespace recfleet::worker {
 // FailedPrecondition when the loader does not serve `rank` or its batches
 // are not `local_batch` samples (the job's spec.data.local_batch_size).
 absl::StatusOr<std::unique_ptr<RankData>> OpenLoaderRankData(const std::string& address, int rank,
-                                                             int64_t local_batch);
+                                                             int64_t local_batch,
+                                                             const dataloader::ConnectOptions& connect);
 
 }  // namespace recfleet::worker
 

@@ -70,9 +70,14 @@ absl::StatusOr<DataFiles> ResolveData(const v1::DataSpec& data) {
 // The rank's training data: streamed by the job's data-loader, or read from
 // the dataset file when the assignment names no loader.
 absl::StatusOr<std::unique_ptr<RankData>> OpenRankData(const std::string& loader_address,
-                                                       const std::string& train_file, int rank, int world_size,
-                                                       int64_t local_batch, uint64_t seed) {
-  if (!loader_address.empty()) return OpenLoaderRankData(loader_address, rank, local_batch);
+                                                       const TrainingOptions& options, const std::string& train_file,
+                                                       int rank, int world_size, int64_t local_batch, uint64_t seed) {
+  if (!loader_address.empty()) {
+    dataloader::ConnectOptions connect;
+    connect.credentials = options.loader_credentials;
+    connect.auth_token = options.auth_token;
+    return OpenLoaderRankData(loader_address, rank, local_batch, connect);
+  }
   if (!Exists(train_file)) {
     return absl::NotFoundError(absl::StrCat("spec.data.dataset: ", train_file, " does not exist on this worker"));
   }
@@ -203,7 +208,7 @@ absl::Status RankRun::Setup() {
   absl::StatusOr<DataFiles> files = ResolveData(spec_.data());
   if (!files.ok()) return files.status();
   absl::StatusOr<std::unique_ptr<RankData>> train =
-      OpenRankData(a_.loader_address(), files->train, a_.rank(), a_.world_size(), spec_.data().local_batch_size(),
+      OpenRankData(a_.loader_address(), options_, files->train, a_.rank(), a_.world_size(), spec_.data().local_batch_size(),
                    spec_.training().seed());
   if (!train.ok()) return train.status();
   train_ = std::move(*train);

@@ -33,6 +33,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "recfleet/v1/worker_service.grpc.pb.h"
 #include "worker/agent.h"
 #include "worker/worker_metrics.h"
@@ -47,8 +48,11 @@ struct TrainingOptions {
   std::string checkpoint_root;
   // Address other ranks reach this worker's Gloo transport on.
   std::string gloo_host = "127.0.0.1";
-  // Bearer token for coordinator calls ("" = none).
+  // Bearer token for coordinator and data-loader calls ("" = none).
   std::string auth_token;
+  // Transport security of the data-loader channels (services/common/tls.h);
+  // null = plain text.
+  std::shared_ptr<grpc::ChannelCredentials> loader_credentials;
   // Bound on every collective and on the rendezvous.
   absl::Duration comm_timeout = absl::Seconds(60);
   // When non-empty: append "<step> <sample_id>..." for every trained step

@@ -21,6 +21,7 @@
 #include "cli/jobs/job_format.h"
 #include "cli/jobs/spec_file.h"
 #include "services/common/flags.h"
+#include "services/common/tls.h"
 
 namespace recfleet::cli {
 namespace {
@@ -31,6 +32,10 @@ using ::recfleet::v1::JobStatus;
 constexpr char kConnectionFlags[] =
     "  --coordinator HOST:PORT  coordinator address (default: $RECFLEET_COORDINATOR)\n"
     "  --auth_token_file FILE   bearer token file (default: $RECFLEET_AUTH_TOKEN)\n"
+    "  --tls_ca FILE            CA that verifies the coordinator; TLS on when set\n"
+    "                           (default: $RECFLEET_TLS_CA)\n"
+    "  --tls_cert FILE, --tls_key FILE  client certificate for mutual TLS\n"
+    "                           (default: $RECFLEET_TLS_CERT, $RECFLEET_TLS_KEY)\n"
     "  --timeout SECONDS        deadline of each call (default 10)\n"
     "  --json                   print JSON instead of text\n";
 
@@ -90,7 +95,7 @@ bool Parse(const std::string& command, const std::vector<std::string>& words,
 }
 
 std::set<std::string> WithConnection(std::set<std::string> flags) {
-  flags.insert({"coordinator", "auth_token_file", "timeout"});
+  flags.insert({"coordinator", "auth_token_file", "tls_ca", "tls_cert", "tls_key", "timeout"});
   return flags;
 }
 
@@ -146,8 +151,25 @@ std::unique_ptr<JobClient> Connect(const std::string& command, const Args& args,
     *exit_code = kExitUsage;
     return nullptr;
   }
+  // A flag wins over its environment variable.
+  auto flag_or_env = [&args](const char* flag, const char* env) {
+    if (args.Has(flag)) return args.Get(flag);
+    const char* value = std::getenv(env);
+    return std::string(value != nullptr ? value : "");
+  };
+  TlsOptions tls;
+  tls.ca_file = flag_or_env("tls_ca", "RECFLEET_TLS_CA");
+  tls.cert_file = flag_or_env("tls_cert", "RECFLEET_TLS_CERT");
+  tls.key_file = flag_or_env("tls_key", "RECFLEET_TLS_KEY");
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(tls);
+  if (!credentials.ok()) {
+    *exit_code = kExitUsage;
+    Fail(command, credentials.status());
+    return nullptr;
+  }
   absl::StatusOr<std::unique_ptr<JobClient>> client =
-      JobClient::Connect(address, *token, absl::Seconds(timeout));
+      JobClient::Connect(address, *token, absl::Seconds(timeout), *credentials);
   if (!client.ok()) {
     Fail(command, client.status());
     *exit_code = kExitUsage;

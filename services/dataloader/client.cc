@@ -1,6 +1,7 @@
 #include "services/dataloader/client.h"
 
 #include "absl/strings/str_cat.h"
+#include "services/common/bearer_auth.h"
 #include "services/dataloader/convert.h"
 
 namespace recfleet::dataloader {
@@ -30,12 +31,17 @@ absl::StatusOr<bool> BatchStream::Next(data::RankBatch* out) {
 }
 
 absl::StatusOr<std::unique_ptr<DataLoaderClient>> DataLoaderClient::Connect(
-    const std::string& target, absl::Duration timeout) {
+    const std::string& target, ConnectOptions options) {
+  const absl::Duration timeout = options.timeout;
   grpc::ChannelArguments args;
   // A rank batch of long histories is tens of MB.
   args.SetMaxReceiveMessageSize(-1);
   std::unique_ptr<DataLoaderClient> c(new DataLoaderClient());
-  c->channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  c->auth_token_ = std::move(options.auth_token);
+  c->channel_ = grpc::CreateCustomChannel(
+      target,
+      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials(),
+      args);
   if (!c->channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
     return absl::UnavailableError(absl::StrCat("data loader at ", target, " unreachable within ",
                                                absl::FormatDuration(timeout)));
@@ -43,6 +49,7 @@ absl::StatusOr<std::unique_ptr<DataLoaderClient>> DataLoaderClient::Connect(
   c->stub_ = recfleet::v1::DataLoader::NewStub(c->channel_);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  AttachBearerToken(c->auth_token_, &ctx);
   if (auto st = c->stub_->GetInfo(&ctx, recfleet::v1::GetInfoRequest(), &c->info_); !st.ok()) {
     return FromGrpc(st);
   }
@@ -62,6 +69,7 @@ absl::StatusOr<std::unique_ptr<BatchStream>> DataLoaderClient::StreamBatches(int
   req.set_epoch(epoch);
   req.set_start_step(start_step);
   req.set_end_step(end_step);
+  AttachBearerToken(auth_token_, &s->ctx_);
   s->reader_ = stub_->StreamBatches(&s->ctx_, req);
   return s;
 }

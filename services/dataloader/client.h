@@ -45,12 +45,28 @@ class BatchStream {
   bool done_ = false;
 };
 
+// How a client reaches a loader.
+struct ConnectOptions {
+  absl::Duration timeout = absl::Seconds(10);
+  // Transport security (services/common/tls.h); null = plain text.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Bearer token sent with every call ("" = none); the loader's
+  // --auth_token_file.
+  std::string auth_token;
+};
+
 class DataLoaderClient {
  public:
-  // Connects to `target` ("host:port"), waiting up to `timeout`; fetches
-  // the loader's info (schema, ranks, steps).
+  // Connects to `target` ("host:port"), waiting up to `options.timeout`;
+  // fetches the loader's info (schema, ranks, steps).
+  static absl::StatusOr<std::unique_ptr<DataLoaderClient>> Connect(const std::string& target,
+                                                                   ConnectOptions options);
   static absl::StatusOr<std::unique_ptr<DataLoaderClient>> Connect(
-      const std::string& target, absl::Duration timeout = absl::Seconds(10));
+      const std::string& target, absl::Duration timeout = absl::Seconds(10)) {
+    ConnectOptions options;
+    options.timeout = timeout;
+    return Connect(target, std::move(options));
+  }
 
   const recfleet::v1::LoaderInfo& info() const { return info_; }
   const std::shared_ptr<const data::Schema>& schema() const { return schema_; }
@@ -65,6 +81,7 @@ class DataLoaderClient {
   DataLoaderClient() = default;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<recfleet::v1::DataLoader::Stub> stub_;
+  std::string auth_token_;
   recfleet::v1::LoaderInfo info_;
   std::shared_ptr<const data::Schema> schema_;
 };

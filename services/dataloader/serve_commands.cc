@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -17,6 +18,8 @@
 #include "cli/command.h"
 #include "cli/flags.h"
 #include "data/loader.h"
+#include "services/common/flags.h"
+#include "services/common/tls.h"
 #include "services/dataloader/client.h"
 #include "services/dataloader/server.h"
 
@@ -40,11 +43,55 @@ int Fail(const absl::Status& s, const char* cmd) {
   }
 }
 
+// TLS and bearer token of the server from the security flags (spelled as
+// in every recfleet binary, services/common/tls.h); prints the plain-text
+// notice.
+absl::Status SecureServer(const Flags& f, ServerOptions* so) {
+  absl::StatusOr<std::string> token =
+      LoadAuthToken(f.Str("auth_token_file"), std::getenv("RECFLEET_AUTH_TOKEN"));
+  if (!token.ok()) return token.status();
+  so->auth_token = *token;
+  TlsOptions tls;
+  tls.cert_file = f.Str("tls_cert");
+  tls.key_file = f.Str("tls_key");
+  tls.client_ca_file = f.Str("tls_client_ca");
+  const std::string insecure = f.Str("insecure_plaintext", "no");
+  if (insecure != "yes" && insecure != "no") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--insecure_plaintext takes yes or no, got '", insecure, "'"));
+  }
+  tls.insecure_plaintext = insecure == "yes";
+  absl::StatusOr<ServerTransport> transport = MakeServerTransport(tls, so->host);
+  if (!transport.ok()) return transport.status();
+  if (!transport->tls) std::fprintf(stderr, "recfleet data serve: %s\n", transport->description.c_str());
+  so->credentials = transport->credentials;
+  return absl::OkStatus();
+}
+
+// The client side: TLS from --tls_ca/--tls_cert/--tls_key, the token from
+// --auth_token_file or $RECFLEET_AUTH_TOKEN.
+absl::StatusOr<ConnectOptions> SecureClient(const Flags& f) {
+  ConnectOptions connect;
+  absl::StatusOr<std::string> token =
+      LoadAuthToken(f.Str("auth_token_file"), std::getenv("RECFLEET_AUTH_TOKEN"));
+  if (!token.ok()) return token.status();
+  connect.auth_token = *token;
+  TlsOptions tls;
+  tls.ca_file = f.Str("tls_ca");
+  tls.cert_file = f.Str("tls_cert");
+  tls.key_file = f.Str("tls_key");
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = MakeChannelCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  connect.credentials = *credentials;
+  return connect;
+}
+
 int RunServe(const std::vector<std::string>& args) {
   auto f = Flags::Parse(
       args, {"dataset", "ranks", "batch-size", "base-batch", "micro-batches", "cost", "policy",
              "seed", "shuffle-blocks", "instance", "num-instances", "first-rank", "host", "port",
-             "metrics-port", "prefetch", "length-feature", "drop-remainder"});
+             "metrics-port", "prefetch", "length-feature", "drop-remainder", "auth_token_file",
+             "tls_cert", "tls_key", "tls_client_ca", "insecure_plaintext"});
   if (!f.ok()) return Fail(f.status(), "serve");
   data::LoaderOptions lo;
   ServerOptions so;
@@ -86,6 +133,7 @@ int RunServe(const std::vector<std::string>& args) {
   auto files = data::ExpandDatasetPaths(f->Str("dataset"));
   if (!files.ok()) return Fail(files.status(), "serve");
   lo.files = *files;
+  if (auto st = SecureServer(*f, &so); !st.ok()) return Fail(st, "serve");
 
   // Block the stop signals before any thread starts, then wait for them on
   // a dedicated thread.
@@ -96,9 +144,8 @@ int RunServe(const std::vector<std::string>& args) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   auto server = LoaderServer::Start(lo, so);
   if (!server.ok()) return Fail(server.status(), "serve");
-  auto loader_info = DataLoaderClient::Connect((*server)->address(), absl::Seconds(5));
-  if (loader_info.ok()) {
-    const auto& i = (*loader_info)->info();
+  {
+    const auto& i = (*server)->info();
     std::printf(
         "data loader serving ranks %d..%d on %s (metrics: http://%s:%d/metrics): "
         "%lld samples, %lld steps per epoch, policy %s\n",
@@ -119,7 +166,8 @@ int RunServe(const std::vector<std::string>& args) {
 }
 
 int RunFetch(const std::vector<std::string>& args) {
-  auto f = Flags::Parse(args, {"server", "rank", "epoch", "start-step", "end-step"});
+  auto f = Flags::Parse(args, {"server", "rank", "epoch", "start-step", "end-step",
+                               "auth_token_file", "tls_ca", "tls_cert", "tls_key"});
   if (!f.ok()) return Fail(f.status(), "fetch");
   int rank = 0;
   int64_t epoch = 0, start = 0, end = 0;
@@ -128,7 +176,9 @@ int RunFetch(const std::vector<std::string>& args) {
   if (auto st = f->Get("start-step", &start); !st.ok()) return Fail(st, "fetch");
   if (auto st = f->Get("end-step", &end); !st.ok()) return Fail(st, "fetch");
   if (!f->Has("server")) return Fail(absl::InvalidArgumentError("--server is required"), "fetch");
-  auto client = DataLoaderClient::Connect(f->Str("server"));
+  auto connect = SecureClient(*f);
+  if (!connect.ok()) return Fail(connect.status(), "fetch");
+  auto client = DataLoaderClient::Connect(f->Str("server"), *std::move(connect));
   if (!client.ok()) return Fail(client.status(), "fetch");
   auto stream = (*client)->StreamBatches(rank, epoch, start, end);
   if (!stream.ok()) return Fail(stream.status(), "fetch");
@@ -161,7 +211,10 @@ RECFLEET_REGISTER_COMMAND({
     "  [--instance 0 --num-instances 1 --first-rank 0] [--prefetch 4]\n"
     "  [--host 127.0.0.1] [--port 0] [--metrics-port 0 (-1: none)]\n"
     "  [--length-feature history_items] [--drop-remainder no]\n"
-    "Serves until SIGINT/SIGTERM.",
+    "  [--auth_token_file FILE (default $RECFLEET_AUTH_TOKEN)]\n"
+    "  [--tls_cert PEM --tls_key PEM [--tls_client_ca PEM]] [--insecure_plaintext no|yes]\n"
+    "Serves until SIGINT/SIGTERM. Without --tls_cert only a loopback --host may\n"
+    "serve plain text, unless --insecure_plaintext yes is given.",
     RunServe,
 });
 
@@ -169,7 +222,9 @@ RECFLEET_REGISTER_COMMAND({
     "data fetch",
     "Stream one rank's batches from a data loader and report throughput",
     "recfleet data fetch --server HOST:PORT [--rank 0] [--epoch 0] [--start-step 0] "
-    "[--end-step 0 (= end of epoch)]",
+    "[--end-step 0 (= end of epoch)]\n"
+    "  [--auth_token_file FILE (default $RECFLEET_AUTH_TOKEN)] [--tls_ca PEM "
+    "[--tls_cert PEM --tls_key PEM]]",
     RunFetch,
 });
 

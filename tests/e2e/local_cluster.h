@@ -62,6 +62,10 @@ struct ClusterOptions {
   std::string loader_dataset;
   int loader_ranks = 2;
   int loader_batch = 32;
+  // Every connection over TLS (deploy/tls/make-certs.sh certificates) and
+  // every service behind one bearer token, as a deployment runs; jobs()
+  // then carries the token.
+  bool tls = false;
 };
 
 class LocalCluster {
@@ -97,6 +101,7 @@ class LocalCluster {
   std::vector<std::string> metrics_addresses_;
   std::string coordinator_address_;
   std::string loader_address_;
+  std::vector<std::string> worker_security_;  // TLS and token flags.
   std::unique_ptr<v1::JobService::Stub> jobs_;
 };
 
