@@ -291,6 +291,9 @@ absl::StatusOr<int64_t> RankRun::AgreeOnResumeStep() {
   // checkpoint on disk wins.
   int64_t step = 0;
   if (a_.rank() == 0) {
+    // No rank of this attempt has written yet: any partial shard is left
+    // by a rank of an earlier attempt that died mid-write.
+    if (absl::Status s = RemovePartialCheckpointFiles(checkpoint_dir_); !s.ok()) return s;
     absl::StatusOr<std::optional<int64_t>> latest = LatestCompleteCheckpoint(checkpoint_dir_, a_.world_size());
     if (!latest.ok()) return latest.status();
     step = latest->value_or(0);
