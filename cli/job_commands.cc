@@ -1,6 +1,7 @@
 // `recfleet submit|get|list|cancel|watch`: the job commands, talking to the
 // coordinator's JobService. Registered into the recfleet command table.
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -16,11 +17,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cli/command.h"
 #include "cli/jobs/job_client.h"
 #include "cli/jobs/job_format.h"
 #include "cli/jobs/spec_file.h"
 #include "services/common/flags.h"
+#include "services/common/tls.h"
 
 namespace recfleet::cli {
 namespace {
@@ -31,8 +35,16 @@ using ::recfleet::v1::JobStatus;
 constexpr char kConnectionFlags[] =
     "  --coordinator HOST:PORT  coordinator address (default: $RECFLEET_COORDINATOR)\n"
     "  --auth_token_file FILE   bearer token file (default: $RECFLEET_AUTH_TOKEN)\n"
+    "  --tls_ca FILE            CA that verifies the coordinator; TLS on when set\n"
+    "                           (default: $RECFLEET_TLS_CA)\n"
+    "  --tls_cert FILE, --tls_key FILE  client certificate for mutual TLS\n"
+    "                           (default: $RECFLEET_TLS_CERT, $RECFLEET_TLS_KEY)\n"
     "  --timeout SECONDS        deadline of each call (default 10)\n"
     "  --json                   print JSON instead of text\n";
+
+// Reconnection backoff of `watch` after losing the coordinator.
+constexpr absl::Duration kWatchMinBackoff = absl::Milliseconds(250);
+constexpr absl::Duration kWatchMaxBackoff = absl::Seconds(8);
 
 // Parsed command line of one command: flags (--name value / --name=value /
 // --bool) and positional words.
@@ -90,7 +102,7 @@ bool Parse(const std::string& command, const std::vector<std::string>& words,
 }
 
 std::set<std::string> WithConnection(std::set<std::string> flags) {
-  flags.insert({"coordinator", "auth_token_file", "timeout"});
+  flags.insert({"coordinator", "auth_token_file", "tls_ca", "tls_cert", "tls_key", "timeout"});
   return flags;
 }
 
@@ -146,8 +158,25 @@ std::unique_ptr<JobClient> Connect(const std::string& command, const Args& args,
     *exit_code = kExitUsage;
     return nullptr;
   }
+  // A flag wins over its environment variable.
+  auto flag_or_env = [&args](const char* flag, const char* env) {
+    if (args.Has(flag)) return args.Get(flag);
+    const char* value = std::getenv(env);
+    return std::string(value != nullptr ? value : "");
+  };
+  TlsOptions tls;
+  tls.ca_file = flag_or_env("tls_ca", "RECFLEET_TLS_CA");
+  tls.cert_file = flag_or_env("tls_cert", "RECFLEET_TLS_CERT");
+  tls.key_file = flag_or_env("tls_key", "RECFLEET_TLS_KEY");
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(tls);
+  if (!credentials.ok()) {
+    *exit_code = kExitUsage;
+    Fail(command, credentials.status());
+    return nullptr;
+  }
   absl::StatusOr<std::unique_ptr<JobClient>> client =
-      JobClient::Connect(address, *token, absl::Seconds(timeout));
+      JobClient::Connect(address, *token, absl::Seconds(timeout), *credentials);
   if (!client.ok()) {
     Fail(command, client.status());
     *exit_code = kExitUsage;
@@ -168,14 +197,37 @@ bool OnePositional(const std::string& command, const Args& args, const char* wha
   return false;
 }
 
+// Follows the job until it ends. A coordinator that goes away after the
+// watch began (a restart) is reconnected to with backoff; the snapshot it
+// starts with is printed only when the state moved meanwhile. Failing to
+// reach it at the start is an error (exit 3), as for every command.
 int Watch(JobClient& client, const std::string& name, bool progress, bool json) {
   JobStatus::State last = JobStatus::STATE_UNSPECIFIED;
-  absl::Status s = client.WatchJob(name, progress, [&](const ::recfleet::v1::WatchJobResponse& e) {
-    last = e.job().status().state();
-    std::printf("%s\n", json ? ToJson(e, false).c_str() : FormatWatchEvent(e).c_str());
-    std::fflush(stdout);
-  });
-  if (!s.ok()) return Fail("watch", s);
+  bool seen = false;
+  absl::Duration backoff = kWatchMinBackoff;
+  while (true) {
+    bool fresh = false;
+    absl::Status s = client.WatchJob(name, progress, [&](const ::recfleet::v1::WatchJobResponse& e) {
+      const JobStatus::State state = e.job().status().state();
+      const bool repeat =
+          seen && e.kind() == ::recfleet::v1::WatchJobResponse::SNAPSHOT && state == last;
+      last = state;
+      seen = fresh = true;
+      if (repeat) return;
+      std::printf("%s\n", json ? ToJson(e, false).c_str() : FormatWatchEvent(e).c_str());
+      std::fflush(stdout);
+    });
+    if (last >= JobStatus::SUCCEEDED) break;  // Terminal.
+    const bool lost = s.ok() || s.code() == absl::StatusCode::kUnavailable ||
+                      s.code() == absl::StatusCode::kDeadlineExceeded;
+    if (!seen || !lost) return Fail("watch", s);
+    if (fresh) backoff = kWatchMinBackoff;
+    std::fprintf(stderr, "recfleet watch: lost the coordinator (%s); reconnecting in %s\n",
+                 s.ok() ? "stream ended" : std::string(s.message()).c_str(),
+                 absl::FormatDuration(backoff).c_str());
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, kWatchMaxBackoff);
+  }
   // The exit code tells scripts how the job ended.
   return last == JobStatus::SUCCEEDED ? kExitOk : kExitFailure;
 }
@@ -372,7 +424,8 @@ RECFLEET_REGISTER_COMMAND({
     "watch",
     "Follow a job's state changes (and progress) until it ends",
     absl::StrCat("usage: recfleet watch JOB [--progress]\n\nPrints one line per state change "
-                 "(JSON lines with --json)\nuntil the job ends.\n\nflags:\n",
+                 "(JSON lines with --json)\nuntil the job ends, reconnecting (with backoff) when "
+                 "the coordinator\nrestarts.\n\nflags:\n",
                  kConnectionFlags,
                  "  --progress               also print progress updates\n"
                  "\nexit codes: 0 the job SUCCEEDED, 1 it FAILED or was CANCELLED,\n"

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -16,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "services/common/flags.h"
+#include "services/common/tls.h"
 #include "services/dataloader/client.h"
 #include "services/dataloader/server.h"
 
@@ -39,8 +42,52 @@ int Fail(const absl::Status& s, const char* cmd) {
   }
 }
 
+// TLS and bearer token of the server from the security flags (spelled as
+// in every recfleet binary, services/common/tls.h); prints the plain-text
+// notice.
+absl::Status SecureServer(const Flags& f, ServerOptions* so) {
+  absl::StatusOr<std::string> token =
+      LoadAuthToken(f.Str("auth_token_file"), std::getenv("RECFLEET_AUTH_TOKEN"));
+  if (!token.ok()) return token.status();
+  so->auth_token = *token;
+  TlsOptions tls;
+  tls.cert_file = f.Str("tls_cert");
+  tls.key_file = f.Str("tls_key");
+  tls.client_ca_file = f.Str("tls_client_ca");
+  const std::string insecure = f.Str("insecure_plaintext", "no");
+  if (insecure != "yes" && insecure != "no") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--insecure_plaintext takes yes or no, got '", insecure, "'"));
+  }
+  tls.insecure_plaintext = insecure == "yes";
+  absl::StatusOr<ServerTransport> transport = MakeServerTransport(tls, so->host);
+  if (!transport.ok()) return transport.status();
+  if (!transport->tls) std::fprintf(stderr, "recfleet data serve: %s\n", transport->description.c_str());
+  so->credentials = transport->credentials;
+  return absl::OkStatus();
+}
+
+// The client side: TLS from --tls_ca/--tls_cert/--tls_key, the token from
+// --auth_token_file or $RECFLEET_AUTH_TOKEN.
+absl::StatusOr<ConnectOptions> SecureClient(const Flags& f) {
+  ConnectOptions connect;
+  absl::StatusOr<std::string> token =
+      LoadAuthToken(f.Str("auth_token_file"), std::getenv("RECFLEET_AUTH_TOKEN"));
+  if (!token.ok()) return token.status();
+  connect.auth_token = *token;
+  TlsOptions tls;
+  tls.ca_file = f.Str("tls_ca");
+  tls.cert_file = f.Str("tls_cert");
+  tls.key_file = f.Str("tls_key");
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = MakeChannelCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  connect.credentials = *credentials;
+  return connect;
+}
+
 int RunServe(const std::vector<std::string>& args) {
-  auto f = Flags::Parse(args, {"data-root", "cache-dir", "host", "port", "metrics-port", "prefetch"});
+  auto f = Flags::Parse(args, {"data-root", "cache-dir", "host", "port", "metrics-port", "prefetch", "auth_token_file",
+                               "tls_cert", "tls_key", "tls_client_ca", "insecure_plaintext"});
   if (!f.ok()) return Fail(f.status(), "serve");
   ServerOptions so;
   for (auto [name, ptr] : std::vector<std::pair<const char*, int*>>{
@@ -50,6 +97,7 @@ int RunServe(const std::vector<std::string>& args) {
   if (f->Has("host")) so.host = f->Str("host");
   so.datasets.root = f->Str("data-root", "");
   so.datasets.cache_dir = f->Str("cache-dir", "");
+  if (auto st = SecureServer(*f, &so); !st.ok()) return Fail(st, "serve");
 
   // Block the stop signals before any thread starts, then wait for them on
   // a dedicated thread.
@@ -77,7 +125,8 @@ int RunServe(const std::vector<std::string>& args) {
 
 int RunFetch(const std::vector<std::string>& args) {
   auto f = Flags::Parse(args, {"server", "dataset", "job", "ranks", "batch-size", "base-batch", "policy", "cost",
-                               "seed", "rank", "epoch", "start-step", "end-step"});
+                               "seed", "rank", "epoch", "start-step", "end-step", "auth_token_file", "tls_ca",
+                               "tls_cert", "tls_key"});
   if (!f.ok()) return Fail(f.status(), "fetch");
   // The job's data configuration, as the coordinator would derive it.
   v1::DataConfig config;
@@ -104,7 +153,9 @@ int RunFetch(const std::vector<std::string>& args) {
   if (auto st = f->Get("start-step", &start); !st.ok()) return Fail(st, "fetch");
   if (auto st = f->Get("end-step", &end); !st.ok()) return Fail(st, "fetch");
   if (!f->Has("server")) return Fail(absl::InvalidArgumentError("--server is required"), "fetch");
-  auto client = DataLoaderClient::Connect(f->Str("server"), config);
+  auto connect = SecureClient(*f);
+  if (!connect.ok()) return Fail(connect.status(), "fetch");
+  auto client = DataLoaderClient::Connect(f->Str("server"), config, *std::move(connect));
   if (!client.ok()) return Fail(client.status(), "fetch");
   auto stream = (*client)->StreamBatches(rank, epoch, start, end);
   if (!stream.ok()) return Fail(stream.status(), "fetch");
@@ -133,10 +184,13 @@ RECFLEET_REGISTER_COMMAND({
     "Run a data-loader instance: BBS-dealt rank batches of any number of jobs over gRPC, /metrics",
     "recfleet data serve [--data-root DIR] [--cache-dir DIR] [--prefetch 4]\n"
     "  [--host 127.0.0.1] [--port 0] [--metrics-port 0 (-1: none)]\n"
+    "  [--auth_token_file FILE (default $RECFLEET_AUTH_TOKEN)]\n"
+    "  [--tls_cert PEM --tls_key PEM [--tls_client_ca PEM]] [--insecure_plaintext no|yes]\n"
     "Each job's dataset, ranks, batch sizes and BBS policy come with its requests (the job's\n"
     "DataConfig, set by the coordinator from the JobSpec); relative dataset paths are taken\n"
     "from --data-root, synthetic:// datasets are generated into --cache-dir.\n"
-    "Serves until SIGINT/SIGTERM.",
+    "Serves until SIGINT/SIGTERM. Without --tls_cert only a loopback --host may\n"
+    "serve plain text, unless --insecure_plaintext yes is given.",
     RunServe,
 });
 
@@ -145,7 +199,8 @@ RECFLEET_REGISTER_COMMAND({
     "Stream one rank's batches from a data loader and report throughput",
     "recfleet data fetch --server HOST:PORT --dataset LOCATION [--ranks 1] [--batch-size 1024]\n"
     "  [--base-batch 128] [--policy recfleet|sort-interleave|naive] [--cost linear] [--seed 1]\n"
-    "  [--job NAME] [--rank 0] [--epoch 0] [--start-step 0] [--end-step 0 (= end of epoch)]",
+    "  [--job NAME] [--rank 0] [--epoch 0] [--start-step 0] [--end-step 0 (= end of epoch)]\n"
+    "  [--auth_token_file FILE (default $RECFLEET_AUTH_TOKEN)] [--tls_ca PEM [--tls_cert PEM --tls_key PEM]]",
     RunFetch,
 });
 

@@ -99,15 +99,17 @@ void Batch::AppendRow(const BlockView& src, size_t row) {
       n = src.End(c, row) - b;
     }
     const uint8_t* from = src.values(c) + b * elem;
+    // memcpy's pointers must be valid even for 0 bytes, and an empty
+    // column's data() may be null (an empty row of a jagged column).
     if (f.dtype == DType::kInt64) {
       size_t old = d.i64.size();
       d.i64.resize(old + n);
-      std::memcpy(d.i64.data() + old, from, n * elem);
+      if (n > 0) std::memcpy(d.i64.data() + old, from, n * elem);
       if (f.layout == Layout::kJagged) d.offsets.push_back(d.i64.size());
     } else {
       size_t old = d.f32.size();
       d.f32.resize(old + n);
-      std::memcpy(d.f32.data() + old, from, n * elem);
+      if (n > 0) std::memcpy(d.f32.data() + old, from, n * elem);
       if (f.layout == Layout::kJagged) d.offsets.push_back(d.f32.size());
     }
   }

@@ -173,6 +173,9 @@ absl::Status DecodeBlock(const std::string& path, int64_t index, uint64_t offset
       col.offsets.resize(at.rows + 1);
       std::memcpy(col.offsets.data(), at.offsets[c], (at.rows + 1) * 8);
     }
+    // Emptied by Clear() above; an empty vector's data() may be null,
+    // which memcpy must not get even for 0 bytes.
+    if (at.num_values[c] == 0) continue;
     if (s.features[c].dtype == DType::kInt64) {
       col.i64.resize(at.num_values[c]);
       std::memcpy(col.i64.data(), at.values[c], at.num_values[c] * 8);

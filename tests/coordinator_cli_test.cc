@@ -57,7 +57,9 @@ Result RunShell(const std::string& command) {
 // A coordinator process; killed (SIGKILL) by Kill() or the destructor.
 class CoordinatorProcess {
  public:
-  explicit CoordinatorProcess(const std::string& token_file) {
+  // `listen` "127.0.0.1:0" picks a port; a restart passes the old address.
+  explicit CoordinatorProcess(const std::string& token_file,
+                              const std::string& listen = "127.0.0.1:0") {
     const std::string dir = TmpDir();
     std::remove((dir + "/address").c_str());
     log_ = dir + "/coordinator.log";
@@ -67,7 +69,7 @@ class CoordinatorProcess {
       (void)f;
       dup2(fileno(stdout), 2);
       execl(Runfile("services/coordinator/recfleet-coordinator").c_str(), "recfleet-coordinator",
-            "--listen=127.0.0.1:0", ("--db=" + dir + "/jobs.db").c_str(),
+            ("--listen=" + listen).c_str(), ("--db=" + dir + "/jobs.db").c_str(),
             "--metrics_address=127.0.0.1:0", ("--address_file=" + dir + "/address").c_str(),
             ("--auth_token_file=" + token_file).c_str(), "--lease_seconds=5", nullptr);
       _exit(127);
@@ -307,6 +309,49 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
 // `recfleet plan --coordinator` asks the running coordinator's planner
 // (JobService.PlanJob) on the workers registered now, with the same flags
 // as the job commands.
+// `recfleet watch` outlives a coordinator restart: it reconnects to the
+// restarted coordinator (same address, same database) and ends when the job
+// does, with the job's exit code.
+TEST_F(CoordinatorCliTest, WatchReconnectsAcrossACoordinatorRestart) {
+  Result r = Cli("submit " + Runfile("deploy/examples/job-gemlite.yaml"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string job = SubmittedName(r);
+  const std::string out = TmpDir() + "/watch.out";
+  std::remove(out.c_str());
+  const std::string address = coordinator_->address();
+  // In the background; its exit code is appended when it ends.
+  ASSERT_EQ(std::system(absl::StrCat("(RECFLEET_AUTH_TOKEN=t0ken RECFLEET_COORDINATOR=", address, " ",
+                                     Runfile("cli/recfleet"), " watch ", job, " >", out,
+                                     " 2>&1; echo \"exit=$?\" >>", out, ") &")
+                            .c_str()),
+            0);
+  auto wait_for = [&](const std::string& text) {
+    for (int i = 0; i < 400; ++i) {
+      if (ReadFile(out).find(text) != std::string::npos) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_for("QUEUED")) << ReadFile(out);
+
+  coordinator_->Kill();
+  absl::SleepFor(absl::Seconds(1.5));  // The watch notices and backs off.
+  coordinator_ = std::make_unique<CoordinatorProcess>(token_file_, address);
+  ASSERT_EQ(coordinator_->address(), address) << ReadFile(TmpDir() + "/coordinator.log");
+  ASSERT_TRUE(wait_for("reconnecting")) << ReadFile(out);
+  EXPECT_EQ(ReadFile(out).find("exit="), std::string::npos) << "watch ended at the restart:\n"
+                                                            << ReadFile(out);
+
+  r = Cli("cancel " + job + " --reason test");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(wait_for("exit=")) << ReadFile(out);
+  const std::string text = ReadFile(out);
+  EXPECT_NE(text.find("CANCELLED"), std::string::npos) << text;
+  EXPECT_NE(text.find("exit=1"), std::string::npos) << text;  // Cancelled: 1.
+  // The QUEUED snapshot after reconnecting is not printed again.
+  EXPECT_EQ(text.find("QUEUED"), text.rfind("QUEUED")) << text;
+}
+
 TEST_F(CoordinatorCliTest, PlanOnTheCoordinator) {
   const std::string example = Runfile("deploy/examples/job-gemlite.yaml");
   const std::string flags = absl::StrCat(" --coordinator ", coordinator_->address());

@@ -20,6 +20,13 @@ PINNED=(
   libsqlite3-dev=3.40.1-2+deb12u2
   libgloo-dev=0.0~git20220518.5b14351-3
   libyaml-cpp-dev=0.7.0+dfsg-8+b1
+  # deploy/tls/make-certs.sh (TLS tests and test clusters).
+  openssl=3.0.22-1~deb12u2
+  # fuzz/run_fuzzers.sh: clang with libFuzzer and the sanitizers; pkg-config
+  # for the system libraries' link flags.
+  clang-14=1:14.0.6-12
+  libclang-rt-14-dev=1:14.0.6-12
+  pkg-config=1.8.1-1
 )
 
 missing=()

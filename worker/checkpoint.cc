@@ -231,6 +231,18 @@ std::vector<int64_t> StepDirs(const std::string& dir) {
   return steps;
 }
 
+// Deletes the "*.tmp" files directly in `step_dir`.
+absl::Status RemoveTmpFiles(const std::string& step_dir) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(step_dir, ec)) {
+    if (!absl::EndsWith(e.path().filename().string(), ".tmp")) continue;
+    std::error_code rm;
+    fs::remove(e.path(), rm);
+    if (rm) return absl::InternalError(absl::StrCat("cannot remove ", e.path().string(), ": ", rm.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string CheckpointStepDir(const std::string& dir, int64_t step) {
@@ -292,10 +304,24 @@ absl::Status PruneCheckpoints(const std::string& dir, int world_size, int keep) 
     // Newer incomplete directories may be a checkpoint being written now.
     const bool remove = is_complete ? complete >= keep : complete > 0;
     if (is_complete) ++complete;
-    if (!remove) continue;
+    if (!remove) {
+      // A complete checkpoint has every shard: a .tmp beside them is left by
+      // a writer that died, never one at work.
+      if (is_complete) {
+        if (absl::Status s = RemoveTmpFiles(step_dir); !s.ok()) return s;
+      }
+      continue;
+    }
     std::error_code ec;
     fs::remove_all(step_dir, ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot remove ", step_dir, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemovePartialCheckpointFiles(const std::string& dir) {
+  for (int64_t step : StepDirs(dir)) {
+    if (absl::Status s = RemoveTmpFiles(CheckpointStepDir(dir, step)); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

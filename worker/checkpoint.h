@@ -58,9 +58,16 @@ absl::StatusOr<std::optional<int64_t>> LatestCompleteCheckpoint(const std::strin
 absl::StatusOr<CheckpointShard> ReadCheckpointShard(const std::string& dir, int64_t step, int rank,
                                                     int world_size);
 
-// Deletes complete checkpoints older than the newest `keep` (>= 1), and
-// incomplete step directories older than the newest complete one.
+// Deletes complete checkpoints older than the newest `keep` (>= 1),
+// incomplete step directories older than the newest complete one, and the
+// partial ("*.tmp") files that writers killed mid-write left in the kept
+// complete ones.
 absl::Status PruneCheckpoints(const std::string& dir, int world_size, int keep);
+
+// Deletes every partial ("*.tmp") file under `dir`'s step directories: what
+// ranks killed while writing left behind. Only safe while no rank writes,
+// i.e. when a job (re)starts, before its first checkpoint.
+absl::Status RemovePartialCheckpointFiles(const std::string& dir);
 
 }  // namespace recfleet::worker
 

@@ -105,5 +105,50 @@ TEST(CheckpointTest, PruneKeepsTheNewestCompleteAndInFlightSteps) {
   EXPECT_TRUE(fs::exists(CheckpointStepDir(dir, 40)));
 }
 
+// A rank killed while writing leaves "<shard>.tmp"; nothing ever renames it.
+void LeavePartialShard(const std::string& dir, int64_t step, int rank, int world) {
+  fs::create_directories(CheckpointStepDir(dir, step));
+  std::ofstream(CheckpointStepDir(dir, step) + "/shard-0000" + std::to_string(rank) + "-of-0000" +
+                std::to_string(world) + ".tmp")
+      << "half a shard";
+}
+
+int CountTmpFiles(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) n += e.path().extension() == ".tmp";
+  return n;
+}
+
+TEST(CheckpointTest, PruneRemovesPartialShardsOfCompleteCheckpoints) {
+  const std::string dir = TempDir("partial_prune");
+  // Step 10: rank 1 died mid-write in the first attempt (world of 3), then
+  // a world of 2 wrote and committed the step.
+  LeavePartialShard(dir, 10, 1, 3);
+  WriteAll(dir, 10, 2);
+  ASSERT_TRUE(CommitCheckpoint(dir, 10, 2).ok());
+  // Step 20 is being written right now.
+  LeavePartialShard(dir, 20, 0, 2);
+  ASSERT_TRUE(PruneCheckpoints(dir, 2, 2).ok());
+  EXPECT_FALSE(fs::exists(CheckpointStepDir(dir, 10) + "/shard-00001-of-00003.tmp"));
+  EXPECT_TRUE(fs::exists(CheckpointStepDir(dir, 20) + "/shard-00000-of-00002.tmp")) << "in flight";
+  EXPECT_TRUE(ReadCheckpointShard(dir, 10, 1, 2).ok());
+}
+
+TEST(CheckpointTest, RestartRemovesEveryPartialShard) {
+  const std::string dir = TempDir("partial_restart");
+  WriteAll(dir, 10, 2);
+  ASSERT_TRUE(CommitCheckpoint(dir, 10, 2).ok());
+  LeavePartialShard(dir, 10, 0, 2);
+  LeavePartialShard(dir, 20, 0, 2);
+  LeavePartialShard(dir, 20, 1, 2);
+  ASSERT_EQ(CountTmpFiles(dir), 3);
+  ASSERT_TRUE(RemovePartialCheckpointFiles(dir).ok());
+  EXPECT_EQ(CountTmpFiles(dir), 0);
+  auto latest = LatestCompleteCheckpoint(dir, 2);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->value_or(-1), 10);
+  EXPECT_TRUE(RemovePartialCheckpointFiles(dir + "/missing").ok());
+}
+
 }  // namespace
 }  // namespace recfleet::worker

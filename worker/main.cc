@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "services/common/client_tls_flags.h"
 #include "services/common/flags.h"
 #include "services/common/http_server.h"
 #include "worker/agent.h"
@@ -81,6 +82,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string token = *token_or;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials_or =
+      recfleet::MakeChannelCredentials(recfleet::ClientTlsOptionsFromFlags());
+  if (!credentials_or.ok()) {
+    std::fprintf(stderr, "recfleet-worker: %s\n", std::string(credentials_or.status().message()).c_str());
+    return 2;
+  }
+  // One set of credentials for the coordinator and every data loader: one
+  // cluster CA signs them all.
+  const std::shared_ptr<grpc::ChannelCredentials> credentials = *credentials_or;
+  if (absl::GetFlag(FLAGS_tls_ca).empty()) {
+    std::fprintf(stderr, "recfleet-worker: plain text gRPC to the coordinator and data loaders (no --tls_ca)\n");
+  }
 
   recfleet::worker::WorkerMetrics metrics;
   std::unique_ptr<recfleet::HttpServer> http;
@@ -96,10 +109,10 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
 
-  // Plaintext channel: the bearer token (if any) goes into each call's
-  // metadata, since gRPC attaches call credentials to secure channels only.
-  std::shared_ptr<recfleet::v1::WorkerService::StubInterface> stub = recfleet::v1::WorkerService::NewStub(
-      grpc::CreateChannel(absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials()));
+  // The bearer token (if any) goes into each call's metadata, so it works
+  // the same over TLS and over plain text on loopback.
+  std::shared_ptr<recfleet::v1::WorkerService::StubInterface> stub =
+      recfleet::v1::WorkerService::NewStub(grpc::CreateChannel(absl::GetFlag(FLAGS_coordinator), credentials));
 
   recfleet::worker::TrainingOptions training;
   training.checkpoint_root =
@@ -110,6 +123,7 @@ int main(int argc, char** argv) {
   training.sample_log_dir = absl::GetFlag(FLAGS_sample_log_dir);
   training.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));
   training.auth_token = token;
+  training.loader_credentials = credentials;
   recfleet::worker::TrainingTask task(stub, training, &metrics);
 
   recfleet::worker::AgentOptions options;

@@ -96,10 +96,11 @@ absl::Status CheckRank(const v1::DataConfig& config, int rank) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RankData>> OpenLoaderRankData(const std::string& address,
-                                                             const v1::DataConfig& config, int rank) {
+                                                             const v1::DataConfig& config, int rank,
+                                                             dataloader::ConnectOptions connect) {
   if (absl::Status s = CheckRank(config, rank); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<dataloader::DataLoaderClient>> client =
-      dataloader::DataLoaderClient::Connect(address, config);
+      dataloader::DataLoaderClient::Connect(address, config, std::move(connect));
   if (!client.ok()) {
     return absl::Status(client.status().code(),
                         absl::StrCat("data-loader ", address, ": ", client.status().message()));

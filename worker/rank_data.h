@@ -22,6 +22,7 @@
 #include "data/batch.h"
 #include "data/schema.h"
 #include "recfleet/v1/dataloader.pb.h"
+#include "services/dataloader/client.h"
 #include "services/dataloader/job_loader.h"
 
 namespace recfleet::worker {
@@ -40,7 +41,8 @@ class RankData {
 // Errors are the loader's: NotFound naming a missing dataset,
 // FailedPrecondition for a dataset smaller than one step.
 absl::StatusOr<std::unique_ptr<RankData>> OpenLoaderRankData(const std::string& address,
-                                                             const v1::DataConfig& config, int rank);
+                                                             const v1::DataConfig& config, int rank,
+                                                             dataloader::ConnectOptions connect = {});
 
 // Deals the job `config` in this process (every rank of the job computes
 // the same deal and takes its own part).

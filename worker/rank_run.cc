@@ -84,6 +84,12 @@ class RankRun {
   absl::Status EvaluateAndReport(int64_t step);
   void LogSamples(int64_t step, const data::Batch& source, const std::vector<int64_t>& rows);
   std::string Describe() const { return absl::StrCat(a_.job(), " rank ", a_.rank(), "/", a_.world_size()); }
+  dataloader::ConnectOptions LoaderConnect() const {
+    dataloader::ConnectOptions connect;
+    connect.credentials = options_.loader_credentials;
+    connect.auth_token = options_.auth_token;
+    return connect;
+  }
 
   const v1::Assignment& a_;
   const v1::JobSpec& spec_;
@@ -123,7 +129,7 @@ absl::Status RankRun::Setup() {
   }
   absl::StatusOr<std::unique_ptr<RankData>> train =
       a_.loader_address().empty() ? OpenLocalRankData(data, a_.rank(), options_.datasets)
-                                  : OpenLoaderRankData(a_.loader_address(), data, a_.rank());
+                                  : OpenLoaderRankData(a_.loader_address(), data, a_.rank(), LoaderConnect());
   if (!train.ok()) return train.status();
   train_ = std::move(*train);
   absl::StatusOr<engine::BatchConverter> conv = engine::BatchConverter::Create(job_model_, train_->schema());
@@ -216,6 +222,9 @@ absl::StatusOr<int64_t> RankRun::AgreeOnResumeStep() {
   // checkpoint on disk wins.
   int64_t step = 0;
   if (a_.rank() == 0) {
+    // No rank of this attempt has written yet: any partial shard is left
+    // by a rank of an earlier attempt that died mid-write.
+    if (absl::Status s = RemovePartialCheckpointFiles(checkpoint_dir_); !s.ok()) return s;
     absl::StatusOr<std::optional<int64_t>> latest = LatestCompleteCheckpoint(checkpoint_dir_, a_.world_size());
     if (!latest.ok()) return latest.status();
     step = latest->value_or(0);

@@ -31,10 +31,12 @@
 //     barrier).
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
 #include "recfleet/v1/worker_service.pb.h"
 #include "services/dataloader/job_loader.h"
 #include "worker/agent.h"
@@ -51,8 +53,11 @@ struct TrainingOptions {
   std::string checkpoint_root;
   // Address other ranks reach this worker's Gloo transport on.
   std::string gloo_host = "127.0.0.1";
-  // Bearer token for coordinator calls ("" = none).
+  // Bearer token for coordinator and data-loader calls ("" = none).
   std::string auth_token;
+  // Transport security of the data-loader channels (services/common/tls.h);
+  // null = plain text.
+  std::shared_ptr<grpc::ChannelCredentials> loader_credentials;
   // Bound on every collective and on the rendezvous.
   absl::Duration comm_timeout = absl::Seconds(60);
   // When non-empty: append "<step> <sample_id>..." for every trained step

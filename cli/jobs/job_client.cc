@@ -14,15 +14,16 @@ namespace recfleet::cli {
 
 using ::recfleet::v1::Job;
 
-JobClient::JobClient(std::string address, std::string token, absl::Duration timeout)
+JobClient::JobClient(std::string address, std::string token, absl::Duration timeout,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials)
     : address_(std::move(address)), token_(std::move(token)), timeout_(timeout) {
-  stub_ = ::recfleet::v1::JobService::NewStub(
-      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  stub_ = ::recfleet::v1::JobService::NewStub(grpc::CreateChannel(address_, credentials));
 }
 
-absl::StatusOr<std::unique_ptr<JobClient>> JobClient::Connect(const std::string& address,
-                                                              std::string token,
-                                                              absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<JobClient>> JobClient::Connect(
+    const std::string& address, std::string token, absl::Duration timeout,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   if (address.empty()) {
     return absl::InvalidArgumentError(
         "no coordinator address: pass --coordinator host:port or set RECFLEET_COORDINATOR");
@@ -30,7 +31,8 @@ absl::StatusOr<std::unique_ptr<JobClient>> JobClient::Connect(const std::string&
   if (absl::StatusOr<HostPort> hp = ParseHostPort(address, "--coordinator"); !hp.ok()) {
     return hp.status();
   }
-  return std::unique_ptr<JobClient>(new JobClient(address, std::move(token), timeout));
+  return std::unique_ptr<JobClient>(
+      new JobClient(address, std::move(token), timeout, std::move(credentials)));
 }
 
 void JobClient::Prepare(grpc::ClientContext* context, bool deadline) const {

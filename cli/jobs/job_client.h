@@ -3,8 +3,9 @@
 
 // The CLI's connection to the coordinator's JobService: address from
 // --coordinator or $RECFLEET_COORDINATOR, bearer token from
-// $RECFLEET_AUTH_TOKEN (or --auth_token_file), a deadline on every unary
-// call. Not thread-safe (one command, one client).
+// $RECFLEET_AUTH_TOKEN (or --auth_token_file), TLS from --tls_ca (or
+// $RECFLEET_TLS_CA), a deadline on every unary call. Not thread-safe (one
+// command, one client).
 
 #include <functional>
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "recfleet/v1/job_service.grpc.pb.h"
 
 namespace recfleet::cli {
@@ -19,9 +21,10 @@ namespace recfleet::cli {
 class JobClient {
  public:
   // Errors: INVALID_ARGUMENT when no address is given or it is not host:port.
-  static absl::StatusOr<std::unique_ptr<JobClient>> Connect(const std::string& address,
-                                                            std::string token,
-                                                            absl::Duration timeout);
+  // `credentials` null = plain text.
+  static absl::StatusOr<std::unique_ptr<JobClient>> Connect(
+      const std::string& address, std::string token, absl::Duration timeout,
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   // CreateJob, retried on UNAVAILABLE with the same request_id (so a retry
   // never creates a second job).
@@ -41,7 +44,8 @@ class JobClient {
   const std::string& address() const { return address_; }
 
  private:
-  JobClient(std::string address, std::string token, absl::Duration timeout);
+  JobClient(std::string address, std::string token, absl::Duration timeout,
+            std::shared_ptr<grpc::ChannelCredentials> credentials);
   void Prepare(grpc::ClientContext* context, bool deadline) const;
 
   std::string address_;

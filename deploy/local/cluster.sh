@@ -4,9 +4,12 @@
 # the OS picks, state and logs in one directory.
 #
 #   deploy/local/cluster.sh start DIR [--workers N] [--lease SECONDS] [--bin BINDIR]
-#                                     [--loader] [--data-root DIR] [--topology FILE]
+#                                     [--loader] [--data-root DIR] [--topology FILE] [--tls]
 #   deploy/local/cluster.sh stop DIR
 #
+# --tls: every gRPC connection over TLS (certificates from
+# deploy/tls/make-certs.sh in DIR/tls) and every service behind one bearer
+# token (DIR/token); without it the cluster speaks plain text on loopback.
 # The coordinator plans jobs with FILE's hardware numbers (a planner
 # topology; default deploy/local/cpu-topology.yaml, a 2-core machine as
 # measured by bench/planner/cpu_step_bench, which re-measures yours).
@@ -20,7 +23,7 @@
 # Binaries come from --bin (default: the repository's bazel-bin).
 set -euo pipefail
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 2 ]] || usage
 cmd=$1 dir=$2
 shift 2
@@ -32,6 +35,7 @@ lease=10
 loader=0
 data_root=$(pwd)
 topology="$root/deploy/local/cpu-topology.yaml"
+tls=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --loader) loader=1; shift ;;
@@ -40,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     --lease) lease=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --topology) topology=$2; shift 2 ;;
+    --tls) tls=1; shift ;;
     *) echo "cluster.sh: unknown flag $1" >&2; usage ;;
   esac
 done
@@ -72,8 +77,18 @@ start() {
   : > "$dir/pids"
   : > "$dir/metrics.txt"
   local pid loader_address=""
+  # Security flags of servers and of the workers (their client side).
+  local server_tls=() client_tls=()
+  if [[ $tls == 1 ]]; then
+    "$root/deploy/tls/make-certs.sh" "$dir/tls" >/dev/null
+    (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/token")
+    server_tls=(--tls_cert="$dir/tls/server.pem" --tls_key="$dir/tls/server.key"
+      --auth_token_file="$dir/token")
+    client_tls=(--tls_ca="$dir/tls/ca.pem" --auth_token_file="$dir/token")
+  fi
   if [[ $loader == 1 ]]; then
     "$cli_bin" data serve --data-root "$data_root" --cache-dir "$dir/synthetic" --port 0 --metrics-port 0 \
+      ${server_tls[@]+"${server_tls[@]}"} \
       >"$dir/loader.log" 2>&1 &
     pid=$!
     echo "$pid" >>"$dir/pids"
@@ -85,7 +100,8 @@ start() {
   fi
   "$coordinator_bin" --listen=127.0.0.1:0 --db="$dir/coordinator.db" --lease_seconds="$lease" \
     --loader_address="$loader_address" --metrics_address=127.0.0.1:0 \
-    ${topology:+--hardware_topology="$topology"} >"$dir/coordinator.log" 2>&1 &
+    ${topology:+--hardware_topology="$topology"} ${server_tls[@]+"${server_tls[@]}"} \
+    >"$dir/coordinator.log" 2>&1 &
   pid=$!
   echo "$pid" >>"$dir/pids"
   local address
@@ -96,13 +112,17 @@ start() {
   for ((i = 0; i < workers; i++)); do
     mkdir -p "$dir/worker$i"
     "$worker_bin" --coordinator="$address" --host=127.0.0.1 --node="node$i" --zone=local \
-      --data_root="$data_root" --work_dir="$dir/worker$i" --checkpoint_root="$dir/checkpoints" --metrics_address=127.0.0.1:0 >"$dir/worker$i.log" 2>&1 &
+      --data_root="$data_root" --work_dir="$dir/worker$i" --checkpoint_root="$dir/checkpoints" \
+      --metrics_address=127.0.0.1:0 ${client_tls[@]+"${client_tls[@]}"} >"$dir/worker$i.log" 2>&1 &
     pid=$!
     echo "$pid" >>"$dir/pids"
     echo "worker$i $(wait_line "$dir/worker$i.log" "worker metrics: " "$pid")" >>"$dir/metrics.txt"
   done
   echo "coordinator: $address (logs and state in $dir)"
   [[ -z $loader_address ]] || echo "data-loader: $loader_address"
+  if [[ $tls == 1 ]]; then
+    echo "TLS on; for the CLI: export RECFLEET_TLS_CA=$dir/tls/ca.pem RECFLEET_AUTH_TOKEN=\$(cat $dir/token)"
+  fi
   sed 's/^/metrics: /' "$dir/metrics.txt"
 }
 

@@ -12,7 +12,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "planner/yaml_io.h"
+#include "services/common/address.h"
 #include "services/common/flags.h"
+#include "services/common/server_tls_flags.h"
 #include "services/coordinator/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
@@ -65,6 +67,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.auth_token = *token;
+  absl::StatusOr<recfleet::HostPort> listen = recfleet::ParseHostPort(options.listen_address, "--listen");
+  if (!listen.ok()) {
+    std::fprintf(stderr, "recfleet-coordinator: %s\n", std::string(listen.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<recfleet::ServerTransport> transport =
+      recfleet::MakeServerTransport(recfleet::ServerTlsOptionsFromFlags(), listen->host);
+  if (!transport.ok()) {
+    std::fprintf(stderr, "recfleet-coordinator: %s\n", std::string(transport.status().message()).c_str());
+    return 2;
+  }
+  if (!transport->tls) std::fprintf(stderr, "recfleet-coordinator: %s\n", transport->description.c_str());
+  options.credentials = transport->credentials;
 
   absl::StatusOr<std::unique_ptr<recfleet::coordinator::CoordinatorServer>> server =
       recfleet::coordinator::CoordinatorServer::Start(options);
@@ -72,9 +87,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "recfleet-coordinator: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  std::printf("recfleet coordinator serving on %s (db %s, lease %gs, auth %s)\n",
+  std::printf("recfleet coordinator serving on %s (db %s, lease %gs, auth %s, %s)\n",
               (*server)->address().c_str(), options.db_path.c_str(), lease,
-              options.auth_token.empty() ? "off" : "bearer token");
+              options.auth_token.empty() ? "off" : "bearer token",
+              transport->tls ? transport->description.c_str() : "plain text");
   if (!(*server)->metrics_address().empty()) {
     std::printf("metrics on http://%s/metrics\n", (*server)->metrics_address().c_str());
   }

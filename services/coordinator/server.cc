@@ -39,7 +39,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(
+      options.listen_address,
+      options.credentials != nullptr ? options.credentials : grpc::InsecureServerCredentials(),
+      &port);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->worker_service_.get());
   s->server_ = builder.BuildAndStart();

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "services/common/bearer_auth.h"
 #include "services/common/http_server.h"
@@ -34,6 +35,9 @@ struct ServerOptions {
   // Bearer token every RPC must carry (health and reflection excepted);
   // empty = no authentication.
   std::string auth_token;
+  // Transport security of the gRPC port (services/common/tls.h); null =
+  // plain text.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
   CoordinatorOptions coordinator;
   // Period of the control loop (lease sweep, scheduling, progress flush);
   // zero = min(lease / 4, 1 s).

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/bearer_auth.h"
 #include "services/dataloader/convert.h"
 
 namespace recfleet::dataloader {
@@ -32,12 +33,15 @@ absl::StatusOr<bool> BatchStream::Next(data::RankBatch* out) {
 }
 
 absl::StatusOr<std::unique_ptr<DataLoaderClient>> DataLoaderClient::Connect(
-    const std::string& target, const recfleet::v1::DataConfig& config, absl::Duration timeout) {
+    const std::string& target, const recfleet::v1::DataConfig& config, ConnectOptions options) {
+  const absl::Duration timeout = options.timeout;
   grpc::ChannelArguments args;
   // A rank batch of long histories is tens of MB.
   args.SetMaxReceiveMessageSize(-1);
   std::unique_ptr<DataLoaderClient> c(new DataLoaderClient());
-  c->channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  c->auth_token_ = std::move(options.auth_token);
+  c->channel_ = grpc::CreateCustomChannel(
+      target, options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials(), args);
   if (!c->channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
     return absl::UnavailableError(absl::StrCat("data loader at ", target, " unreachable within ",
                                                absl::FormatDuration(timeout)));
@@ -48,6 +52,7 @@ absl::StatusOr<std::unique_ptr<DataLoaderClient>> DataLoaderClient::Connect(
   // The first request of a job opens its dataset (and may generate a
   // synthetic one), which can take longer than connecting.
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::max(timeout, absl::Minutes(5))));
+  AttachBearerToken(c->auth_token_, &ctx);
   recfleet::v1::GetInfoRequest info_request;
   *info_request.mutable_config() = config;
   if (auto st = c->stub_->GetInfo(&ctx, info_request, &c->info_); !st.ok()) {
@@ -70,6 +75,7 @@ absl::StatusOr<std::unique_ptr<BatchStream>> DataLoaderClient::StreamBatches(int
   req.set_epoch(epoch);
   req.set_start_step(start_step);
   req.set_end_step(end_step);
+  AttachBearerToken(auth_token_, &s->ctx_);
   s->reader_ = stub_->StreamBatches(&s->ctx_, req);
   return s;
 }

@@ -45,15 +45,33 @@ class BatchStream {
   bool done_ = false;
 };
 
+// How a client reaches a loader.
+struct ConnectOptions {
+  absl::Duration timeout = absl::Seconds(10);
+  // Transport security (services/common/tls.h); null = plain text.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Bearer token sent with every call ("" = none); the loader's
+  // --auth_token_file.
+  std::string auth_token;
+};
+
 class DataLoaderClient {
  public:
-  // Connects to `target` ("host:port"), waiting up to `timeout`, and opens
-  // the job `config` describes there; fetches its info (schema, ranks,
-  // steps). Errors: the loader's (NOT_FOUND for a missing dataset, naming
-  // the path; FAILED_PRECONDITION for a job open with another config).
+  // Connects to `target` ("host:port"), waiting up to `options.timeout`,
+  // and opens the job `config` describes there; fetches its info (schema,
+  // ranks, steps). Errors: the loader's (NOT_FOUND for a missing dataset,
+  // naming the path; FAILED_PRECONDITION for a job open with another
+  // config; UNAUTHENTICATED without the loader's token).
+  static absl::StatusOr<std::unique_ptr<DataLoaderClient>> Connect(const std::string& target,
+                                                                   const recfleet::v1::DataConfig& config,
+                                                                   ConnectOptions options);
   static absl::StatusOr<std::unique_ptr<DataLoaderClient>> Connect(
       const std::string& target, const recfleet::v1::DataConfig& config,
-      absl::Duration timeout = absl::Seconds(10));
+      absl::Duration timeout = absl::Seconds(10)) {
+    ConnectOptions options;
+    options.timeout = timeout;
+    return Connect(target, config, std::move(options));
+  }
 
   const recfleet::v1::LoaderInfo& info() const { return info_; }
   const std::shared_ptr<const data::Schema>& schema() const { return schema_; }
@@ -68,6 +86,7 @@ class DataLoaderClient {
   DataLoaderClient() = default;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<recfleet::v1::DataLoader::Stub> stub_;
+  std::string auth_token_;
   recfleet::v1::DataConfig config_;
   recfleet::v1::LoaderInfo info_;
   std::shared_ptr<const data::Schema> schema_;

@@ -4,6 +4,7 @@
 // LoaderServer: a running data-loader instance: its gRPC DataLoader service
 // (serving every job that asks, job_loader.h) and its /metrics endpoint. Used by
 // `recfleet data serve` and by tests (port 0 binds an OS-chosen port).
+// With an auth token, every DataLoader call without it is UNAUTHENTICATED.
 
 #include <atomic>
 #include <memory>
@@ -11,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "services/common/bearer_auth.h"
 #include "services/common/http_server.h"
 #include "services/dataloader/metrics.h"
 #include "services/dataloader/service.h"
@@ -24,6 +26,12 @@ struct ServerOptions {
   // Where jobs' relative dataset paths and synthetic datasets live.
   DatasetOptions datasets;
   ServiceOptions service;
+  // Transport security of the gRPC port (services/common/tls.h); null =
+  // plain text.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Bearer token every call must carry (services/common/bearer_auth.h);
+  // empty = no authentication.
+  std::string auth_token;
 };
 
 class LoaderServer {
@@ -35,6 +43,7 @@ class LoaderServer {
   int metrics_port() const { return metrics_ ? metrics_->port() : -1; }
   std::string address() const;
   const LoaderMetrics& metrics() const { return *metrics_data_; }
+  // What GetInfo answers (schema, ranks, steps), fetched at start.
 
   // Blocks until Shutdown() is called from another thread.
   void Wait();
@@ -47,6 +56,9 @@ class LoaderServer {
   int port_ = 0;
   std::unique_ptr<LoaderMetrics> metrics_data_;
   std::unique_ptr<DataLoaderService> service_;
+  std::unique_ptr<BearerAuth> auth_;
+  // service_ behind the bearer-token check; what the gRPC server serves.
+  std::unique_ptr<recfleet::v1::DataLoader::Service> authenticated_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HttpServer> metrics_;
   std::atomic<bool> shut_down_{false};

@@ -89,11 +89,30 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   std::unique_ptr<LocalCluster> c(new LocalCluster(options));
   ::mkdir(options.dir.c_str(), 0755);
   ::mkdir(c->sample_log_dir().c_str(), 0755);
+  std::vector<std::string> server_security;
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls) {
+    const std::string tls = options.dir + "/tls";
+    const std::string command = absl::StrCat(RunfilesPath("deploy/tls/make-certs.sh"), " '", tls, "' >/dev/null");
+    if (std::system(command.c_str()) != 0) return absl::InternalError(absl::StrCat("`", command, "` failed"));
+    constexpr char kToken[] = "e2e-cluster-token";
+    std::ofstream(options.dir + "/token") << kToken << "\n";
+    server_security = {"--tls_cert=" + tls + "/server.pem", "--tls_key=" + tls + "/server.key",
+                       "--auth_token_file=" + options.dir + "/token"};
+    c->worker_security_ = {"--tls_ca=" + tls + "/ca.pem", "--auth_token_file=" + options.dir + "/token"};
+    std::ifstream ca_in(tls + "/ca.pem");
+    std::stringstream ca;
+    ca << ca_in.rdbuf();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ca.str();
+    // Adds "authorization: Bearer <token>" to every call.
+    credentials = grpc::CompositeChannelCredentials(grpc::SslCredentials(ssl), grpc::AccessTokenCredentials(kToken));
+  }
   if (options.loader) {
-    absl::StatusOr<std::unique_ptr<Process>> loader = Process::Start(
-        {RunfilesPath("cli/recfleet"), "data", "serve", "--cache-dir", options.dir + "/synthetic", "--port", "0",
-         "--metrics-port", "0"},
-        options.dir + "/loader.log");
+    std::vector<std::string> argv = {RunfilesPath("cli/recfleet"), "data", "serve", "--cache-dir",
+                                     options.dir + "/synthetic", "--port", "0", "--metrics-port", "0"};
+    argv.insert(argv.end(), server_security.begin(), server_security.end());
+    absl::StatusOr<std::unique_ptr<Process>> loader = Process::Start(argv, options.dir + "/loader.log");
     if (!loader.ok()) return loader.status();
     c->loader_ = std::move(*loader);
     absl::StatusOr<std::string> serving = c->loader_->WaitForLine("data loader on ", absl::Seconds(20));
@@ -101,19 +120,19 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
     c->loader_address_ = serving->substr(0, serving->find(' '));
   }
   const std::string address_file = options.dir + "/coordinator.address";
-  absl::StatusOr<std::unique_ptr<Process>> coord = Process::Start(
-      {RunfilesPath("services/coordinator/recfleet-coordinator"), "--listen=127.0.0.1:0",
-       "--db=" + options.dir + "/coordinator.db", absl::StrCat("--lease_seconds=", options.lease_seconds),
-       "--address_file=" + address_file, "--metrics_address=127.0.0.1:0",
-       "--loader_address=" + c->loader_address_},
-      options.dir + "/coordinator.log");
+  std::vector<std::string> coordinator_argv = {
+      RunfilesPath("services/coordinator/recfleet-coordinator"), "--listen=127.0.0.1:0",
+      "--db=" + options.dir + "/coordinator.db", absl::StrCat("--lease_seconds=", options.lease_seconds),
+      "--address_file=" + address_file, "--metrics_address=127.0.0.1:0",
+      "--loader_address=" + c->loader_address_};
+  coordinator_argv.insert(coordinator_argv.end(), server_security.begin(), server_security.end());
+  absl::StatusOr<std::unique_ptr<Process>> coord = Process::Start(coordinator_argv, options.dir + "/coordinator.log");
   if (!coord.ok()) return coord.status();
   c->coordinator_ = std::move(*coord);
   absl::StatusOr<std::string> serving = c->coordinator_->WaitForLine("recfleet coordinator serving on ", absl::Seconds(20));
   if (!serving.ok()) return serving.status();
   c->coordinator_address_ = serving->substr(0, serving->find(' '));
-  c->jobs_ = v1::JobService::NewStub(
-      grpc::CreateChannel(c->coordinator_address_, grpc::InsecureChannelCredentials()));
+  c->jobs_ = v1::JobService::NewStub(grpc::CreateChannel(c->coordinator_address_, credentials));
   for (int i = 0; i < options.workers; ++i) {
     if (absl::Status s = c->AddWorker(); !s.ok()) return s;
   }
@@ -139,6 +158,7 @@ absl::Status LocalCluster::AddWorker() {
                                    "--metrics_address=127.0.0.1:0",
                                    "--comm_timeout=20"};
   if (options_.sample_logs) argv.push_back("--sample_log_dir=" + sample_log_dir());
+  argv.insert(argv.end(), worker_security_.begin(), worker_security_.end());
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(argv, work_dir + ".log");
   if (!p.ok()) return p.status();
   workers_.push_back(std::move(*p));

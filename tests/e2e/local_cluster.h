@@ -60,6 +60,10 @@ struct ClusterOptions {
   // data, and the coordinator hands its address to the workers; otherwise
   // the workers read and deal their jobs' data themselves.
   bool loader = false;
+  // Every connection over TLS (deploy/tls/make-certs.sh certificates) and
+  // every service behind one bearer token, as a deployment runs; jobs()
+  // then carries the token.
+  bool tls = false;
 };
 
 class LocalCluster {
@@ -95,6 +99,7 @@ class LocalCluster {
   std::vector<std::string> metrics_addresses_;
   std::string coordinator_address_;
   std::string loader_address_;
+  std::vector<std::string> worker_security_;  // TLS and token flags.
   std::unique_ptr<v1::JobService::Stub> jobs_;
 };
 

@@ -34,8 +34,9 @@ double MetricValue(const std::string& text, const std::string& name) {
   return -1;
 }
 
-// With a data-loader streaming the batches (the default deployment), and
-// with workers reading the dataset themselves.
+// With a data-loader streaming the batches (the default deployment, here
+// with TLS and bearer tokens on every connection, as a deployment runs),
+// and with workers reading the dataset themselves (plain text on loopback).
 class EndToEndTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(EndToEndTest, TwoWorkersTrainASmallJob) {
@@ -46,6 +47,7 @@ TEST_P(EndToEndTest, TwoWorkersTrainASmallJob) {
   options.dir = dir + "/cluster";
   if (with_loader) {
     options.loader = true;
+    options.tls = true;
   }
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();

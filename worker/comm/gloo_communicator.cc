@@ -1,8 +1,11 @@
 #include "worker/comm/gloo_communicator.h"
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <stdexcept>
@@ -18,6 +21,7 @@
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "worker/comm/host_reduce.h"
@@ -35,6 +39,41 @@ class StoreError : public std::runtime_error {
   absl::Status status;
 };
 
+// Gloo's serialized tcp::Address (what connectFullMesh publishes per peer):
+// a raw copy of {sockaddr_storage, sequence number}. The sockaddr_storage
+// comes from getsockname(), which fills only the address family's length;
+// the rest is whatever was on Gloo's stack.
+struct GlooAddressLayout : gloo::transport::tcp::Address {
+  static constexpr size_t kBytes = sizeof(Impl);
+  static_assert(sizeof(Impl) == sizeof(sockaddr_storage) + sizeof(gloo::transport::tcp::sequence_number_t),
+                "gloo's tcp::Address layout changed; revisit ZeroAddressPadding");
+};
+
+// Zeroes the bytes of every serialized address in `data` that lie beyond
+// its family's sockaddr, so no stale process memory reaches the rendezvous
+// store (the coordinator, readable by the other ranks). Values that are
+// not a list of IPv4/IPv6 addresses are left alone.
+void ZeroAddressPadding(std::vector<char>* data) {
+  constexpr size_t kBytes = GlooAddressLayout::kBytes;
+  if (data->empty() || data->size() % kBytes != 0) return;
+  std::vector<size_t> lengths;
+  for (size_t at = 0; at < data->size(); at += kBytes) {
+    sa_family_t family;
+    std::memcpy(&family, data->data() + at + offsetof(sockaddr_storage, ss_family), sizeof(family));
+    if (family == AF_INET) {
+      lengths.push_back(sizeof(sockaddr_in));
+    } else if (family == AF_INET6) {
+      lengths.push_back(sizeof(sockaddr_in6));
+    } else {
+      return;
+    }
+  }
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    char* address = data->data() + i * kBytes;
+    std::memset(address + lengths[i], 0, sizeof(sockaddr_storage) - lengths[i]);
+  }
+}
+
 // gloo::rendezvous::Store on top of our KvStore. Every wait is bounded: by
 // the caller's timeout, or by the communicator's when Gloo passes none.
 class GlooStoreAdapter : public gloo::rendezvous::Store {
@@ -42,7 +81,9 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   GlooStoreAdapter(KvStore* store, absl::Duration timeout) : store_(store), timeout_(timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
-    absl::Status s = store_->Set(key, absl::string_view(data.data(), data.size()));
+    std::vector<char> clean = data;
+    ZeroAddressPadding(&clean);
+    absl::Status s = store_->Set(key, absl::string_view(clean.data(), clean.size()));
     if (!s.ok()) throw StoreError(std::move(s));
   }
 
