@@ -97,6 +97,11 @@ def atomic_dq(fn):
     return with_env(fn, "RECFLEET_ATTENTION_DQ", "atomic")
 
 
+def mma_backward(fn):
+    """fn with the mma.sync backward passes where the launcher would pick wgmma."""
+    return with_env(fn, "RECFLEET_ATTENTION_BWD", "mma")
+
+
 def mma_forward(fn):
     """fn with the mma.sync forward wherever the launcher would pick wgmma."""
     return with_env(fn, "RECFLEET_ATTENTION_FWD", "mma")
@@ -297,6 +302,7 @@ def jagged_self(lib, d, dev, lens, with_flex):
     if d == 128:  # the Hopper forward's head dim
         wgmma_variants(name, "recfleet JFA", flops, ours.fwd)
     record(name, "recfleet JFA", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
+    record(name, "recfleet JFA, mma.sync bwd", "fwd+bwd", 3.5 * flops, mma_backward(ours.fwd_bwd))
     record(name, "recfleet JFA, atomic dQ", "fwd+bwd", 3.5 * flops, atomic_dq(ours.fwd_bwd))
     cu = torch.tensor(offsets(lens), device=dev, dtype=torch.int32)
     mx = max(lens)
@@ -328,6 +334,8 @@ def jagged_self(lib, d, dev, lens, with_flex):
         wgmma_variants(f"{name} SiLU causal", "recfleet GDPA", silu.flops, silu.fwd,
                        ("CHAIN", "OVERLAP"))
     record(f"{name} SiLU causal", "recfleet GDPA", "fwd+bwd", 3.5 * silu.flops, silu.fwd_bwd)
+    record(f"{name} SiLU causal", "recfleet GDPA, mma.sync bwd", "fwd+bwd", 3.5 * silu.flops,
+           mma_backward(silu.fwd_bwd))
 
 
 def sliding_window(lib, dev, lens, with_flex):
@@ -339,6 +347,8 @@ def sliding_window(lib, dev, lens, with_flex):
     record(name, "recfleet JFA window", "fwd", flops, ours.fwd)
     wgmma_variants(name, "recfleet JFA window", flops, ours.fwd)
     record(name, "recfleet JFA window", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
+    record(name, "recfleet JFA window, mma.sync bwd", "fwd+bwd", 3.5 * flops,
+           mma_backward(ours.fwd_bwd))
     record(name, "recfleet JFA window, atomic dQ", "fwd+bwd", 3.5 * flops,
            atomic_dq(ours.fwd_bwd))
     cu = torch.tensor(offsets(lens), device=dev, dtype=torch.int32)
@@ -374,6 +384,8 @@ def gdpa_cross(lib, dev, with_compile):
         wgmma_variants(f"{name} {act}", "recfleet GDPA", ours.flops, ours.fwd,
                        ("CHAIN", "OVERLAP") if act == "silu" else ())
         record(f"{name} {act}", "recfleet GDPA", "fwd+bwd", 3.5 * ours.flops, ours.fwd_bwd)
+        record(f"{name} {act}", "recfleet GDPA, mma.sync bwd", "fwd+bwd", 3.5 * ours.flops,
+               mma_backward(ours.fwd_bwd))
         record(f"{name} {act}", "recfleet GDPA, atomic dQ", "fwd+bwd", 3.5 * ours.flops,
                atomic_dq(ours.fwd_bwd))
     flops_jagged = ours.flops

@@ -352,6 +352,57 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
   unsetenv("RECFLEET_ATTENTION_WGMMA_OVERLAP");
 }
 
+// The Hopper backward (the default at d = 64 and 128): dQ over 128-query
+// tiles and dK/dV over 128-key tiles, each streaming 64-row tiles of the
+// other side through a three-stage ring in a persistent grid. Lengths
+// around both tile sizes, sequences long enough for the ring to wrap within
+// an item, more items than SMs (the stationary tiles reload), every
+// activation with each mask, bias (dbias), with and without TMA; then the
+// mma.sync backward (RECFLEET_ATTENTION_BWD=mma) on the same cases.
+TEST(AttentionCudaTest, HopperBackwardTileEdges) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<int64_t> lens = {0, 1, 63, 64, 65, 127, 128, 129, 191, 700};
+  const std::vector<int64_t> q_lens = {700, 1, 0, 129, 64, 5, 257, 1, 65};
+  const std::vector<int64_t> k_lens = {65, 129, 3, 0, 700, 256, 1, 300, 64};
+  std::mt19937_64 len_rng(7);
+  std::vector<int64_t> many(150);
+  for (int64_t& l : many) l = static_cast<int64_t>(len_rng() % 260);
+  uint64_t seed = 500;
+  for (const char* bwd : {"wgmma", "mma"}) {
+    setenv("RECFLEET_ATTENTION_BWD", bwd, 1);
+    for (const char* tma : {"1", "0"}) {
+      if (std::string(bwd) == "mma" && std::string(tma) == "0") continue;
+      setenv("RECFLEET_ATTENTION_WGMMA_TMA", tma, 1);
+      for (int64_t d : {64, 128}) {
+        for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+          for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
+            const std::string tag =
+                absl::StrCat(bwd, " tma=", tma, " d", d, " ", ActName(a), " ", MaskName(m));
+            Case self{absl::StrCat("backward self ", tag), lens, lens, 2, d};
+            self.opts.activation = a;
+            self.opts.mask = m;
+            self.opts.window = 150;
+            self.bias = m == Mask::kCausal;
+            RunCase(self, seed++);
+            Case cross{absl::StrCat("backward cross ", tag), q_lens, k_lens, 2, d};
+            cross.opts = self.opts;
+            cross.bias = m == Mask::kNone;
+            RunCase(cross, seed++);
+          }
+          Case lots{absl::StrCat("backward many items ", bwd, " tma=", tma, " d", d, " ",
+                                 ActName(a)),
+                    many, many, 2, d};
+          lots.opts.activation = a;
+          lots.opts.mask = Mask::kCausal;
+          RunCase(lots, seed++);
+        }
+      }
+    }
+  }
+  unsetenv("RECFLEET_ATTENTION_BWD");
+  unsetenv("RECFLEET_ATTENTION_WGMMA_TMA");
+}
+
 // The backward's dQ through fp32 atomics in the dK/dV pass instead of the
 // separate pass.
 TEST(AttentionCudaTest, AtomicDqMatchesReference) {

@@ -1,0 +1,321 @@
+// Hopper backward of the jagged attention (head dim 64 or 128, any
+// activation, mask and bias): two warp-specialized persistent passes
+// without atomics, built from the forward's pieces (cuda_wgmma.cuh).
+//
+// Both passes have one shape. A CTA owns a 128-row stationary tile pair
+// (X, Y) of one (sequence, head) and streams the 64-row tile pairs (A, B)
+// of the other side that see it:
+//   dK/dV pass: X = K, Y = V, A = Q, B = dO (items: 128-key tiles);
+//   dQ pass:    X = Q, Y = dO, A = K, B = V (items: 128-query tiles).
+// Warpgroup 2 is the producer (TMA where a tile lies inside its sequence,
+// cp.async with zero fill where it crosses the end; for the softmax dK/dV
+// pass also the streamed queries' log-sum-exp and rowsum(dO * O) into shared
+// memory). Warpgroups 0 and 1 each own 64 stationary rows. Per streamed
+// tile a consumer computes
+//   T1 = X A^T and T2 = Y B^T  (wgmma, both operands in shared memory),
+// which are S^T and dP^T in the dK/dV pass, S and dP in the dQ pass; turns
+// them into P and dS in registers (mask, bias, softmax from the saved
+// log-sum-exp, or GELU/SiLU and their derivatives; dbias in the dK/dV
+// pass, which visits every visible pair once); and accumulates
+//   dK += dS^T Q, dV += P^T dO   or   dQ += dS K
+// with the left operand from registers (the accumulator layout is the A
+// fragment layout) and the right one read transposed from the same
+// streamed tile in shared memory. The two consumers run unsynchronized, so
+// one's element-wise work overlaps the other's GEMMs. Streamed tiles pass
+// through a ring of BwdConfig::kStages stages; the stationary pair is
+// reloaded once both consumers finished an item.
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/attention/cuda_wgmma.cuh"
+
+namespace recfleet::attention::cuda_impl {
+namespace {
+
+// One pass's compile-time configuration: head dim, which side is
+// stationary, tile shapes, ring depth and the shared-memory layout.
+template <int kHeadDim, bool kKeysStationary>
+struct BwdConfig {
+  static constexpr int D = kHeadDim;
+  static constexpr bool kDkDv = kKeysStationary;
+  static constexpr int kStatRows = 128;   // 64 per consumer warpgroup
+  static constexpr int kStreamRows = 64;  // rows of a streamed tile
+  static constexpr int kStages = 3;
+  static constexpr int kStatBytes = kStatRows * D * 2;
+  static constexpr int kStreamBytes = kStreamRows * D * 2;
+  // Byte offsets from the 1024-aligned base: X, Y, the A and B rings, the
+  // streamed rows' statistics ([stage][lse2 | dsum][row] floats), barriers.
+  static constexpr int kX = 0;
+  static constexpr int kY = kStatBytes;
+  static constexpr int kA = 2 * kStatBytes;
+  static constexpr int kB = kA + kStages * kStreamBytes;
+  static constexpr int kStats = kB + kStages * kStreamBytes;
+  static constexpr int kBars = kStats + kStages * 2 * kStreamRows * 4;
+  static constexpr int kNumBars = 3 + 3 * kStages;
+  static constexpr int kSmemBytes = kBars + 8 * kNumBars + 1024;
+  static constexpr int kCtaThreads = 3 * kWgThreads;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+static_assert(kForwardTileRows == 128, "the dQ pass's items are the forward's query tiles");
+
+// Turns a consumer's T1 (scores) and T2 (dO V^T) tiles into P (in t1, dK/dV
+// pass only) and dS * scale (in t2). Rows are the thread's two stationary
+// rows row0 and row0 + 8, columns the streamed rows col0 + 8 nt + 2 t + e % 2;
+// [lo[r], hi[r]) are the streamed rows row r sees. Softmax statistics: per
+// row (dQ pass: lse2_r, dsum_r) or per column from shared memory (dK/dV).
+template <bool kDkDv, int A, int N>
+__device__ __forceinline__ void Grads(const KernelParams& p, const WorkItem& it,
+                                      float (&t1)[N / 8][4], float (&t2)[N / 8][4], int row0,
+                                      int col0, int t, bool full, const int (&lo)[2],
+                                      const int (&hi)[2], const float (&lse2_r)[2],
+                                      const float (&dsum_r)[2], const float* lse2_c,
+                                      const float* dsum_c) {
+  const float scale_log2 = p.scale * kLog2e;
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1, cl = nt * 8 + 2 * t + (e & 1);
+      float l2 = 0.f, dsm = 0.f;
+      if constexpr (A == kActSoftmax) {
+        l2 = kDkDv ? lse2_c[cl] : lse2_r[r];
+        dsm = kDkDv ? dsum_c[cl] : dsum_r[r];
+      }
+      float pr, ds;
+      if (full) {
+        if constexpr (A == kActSoftmax) {
+          pr = Exp2(fmaf(t1[nt][e], scale_log2, -l2));
+          ds = pr * (t2[nt][e] - dsm);
+        } else {
+          const float x = t1[nt][e] * p.scale;
+          pr = Act<A>(x);
+          ds = t2[nt][e] * ActGrad<A>(x);
+        }
+      } else {
+        const int col = col0 + cl, row = row0 + 8 * r;
+        const bool vis = col >= lo[r] && col < hi[r];
+        const int i = kDkDv ? col : row, j = kDkDv ? row : col;
+        float x = t1[nt][e] * p.scale;
+        if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
+        if constexpr (A == kActSoftmax) {
+          pr = vis ? Exp2(x * kLog2e - l2) : 0.f;
+          ds = pr * (t2[nt][e] - dsm);
+        } else {
+          pr = vis ? Act<A>(x) : 0.f;
+          ds = vis ? t2[nt][e] * ActGrad<A>(x) : 0.f;
+        }
+        if constexpr (kDkDv) {
+          if (p.dbias != nullptr && vis) StoreBias(p, it, i, j, ds);
+        }
+      }
+      t1[nt][e] = pr;
+      t2[nt][e] = ds * p.scale;
+    }
+  }
+}
+
+template <class C, int A>
+__global__ void __launch_bounds__(C::kCtaThreads, 1)
+    WgmmaBackwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap x_map,
+                        const __grid_constant__ CUtensorMap y_map,
+                        const __grid_constant__ CUtensorMap a_map,
+                        const __grid_constant__ CUtensorMap b_map, bool tma) {
+  constexpr int D = C::D, R = C::kStreamRows, kS = C::kStages;
+  constexpr bool kDkDv = C::kDkDv;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (raw + 1023) & ~1023u;
+  float* stats = reinterpret_cast<float*>(smem_raw + (base - raw) + C::kStats);
+  const uint32_t x_s = base + C::kX, y_s = base + C::kY, a_s = base + C::kA, b_s = base + C::kB;
+  // Barriers: the stationary pair landed (x_full, y_full) and released
+  // (stat_empty); per stage, A and B landed and the stage released.
+  const uint32_t bars = base + C::kBars;
+  const uint32_t x_full = bars, y_full = bars + 8, stat_empty = bars + 16;
+  const uint32_t a_full = bars + 24, b_full = a_full + 8 * kS, empty = b_full + 8 * kS;
+  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
+  const int total = p.num_items * p.heads;
+  const bf16* q = static_cast<const bf16*>(p.q);
+  const bf16* k = static_cast<const bf16*>(p.k);
+  const bf16* v = static_cast<const bf16*>(p.v);
+  const bf16* dout = static_cast<const bf16*>(p.dout);
+
+  if (threadIdx.x == 0) {
+    BarInit(x_full, kWgThreads);
+    BarInit(y_full, kWgThreads);
+    BarInit(stat_empty, 2 * kWgThreads);
+    for (int s = 0; s < kS; ++s) {
+      BarInit(a_full + 8 * s, kWgThreads);
+      BarInit(b_full + 8 * s, kWgThreads);
+      BarInit(empty + 8 * s, 2 * kWgThreads);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 2) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    const bf16* xg = kDkDv ? k : q;
+    const bf16* yg = kDkDv ? v : dout;
+    const bf16* ag = kDkDv ? q : k;
+    const bf16* bg = kDkDv ? dout : v;
+    int iter = 0, item = 0;
+    for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
+      const WorkItem it = ItemAt(p, w);
+      const int64_t x_start = kDkDv ? it.k_start : it.q_start;
+      const int64_t a_start = kDkDv ? it.q_start : it.k_start;
+      const int x_len = kDkDv ? it.k_len : it.q_len, a_len = kDkDv ? it.q_len : it.k_len;
+      const int n_tiles = (it.inner_end - it.inner_begin + R - 1) / R;
+      BarWait(stat_empty, (item & 1) ^ 1);
+      FillTile<D, C::kStatRows>(x_s, &x_map, tma, xg, x_start, it.tile_row, x_len, it.head,
+                                p.heads, tid, x_full);
+      FillTile<D, C::kStatRows>(y_s, &y_map, tma, yg, x_start, it.tile_row, x_len, it.head,
+                                p.heads, tid, y_full);
+      for (int n = 0; n < n_tiles; ++n, ++iter) {
+        const int s = iter % kS, parity = ((iter / kS) & 1) ^ 1;
+        const int row0 = it.inner_begin + n * R;
+        BarWait(empty + 8 * s, parity);
+        if constexpr (kDkDv && A == kActSoftmax) {
+          // Published by this thread's arrive on a_full (release).
+          if (tid < R) {
+            const int i = row0 + tid;
+            float l2 = 0.f, ds = 0.f;
+            if (i < it.q_len) {
+              const int64_t rh = (it.q_start + i) * p.heads + it.head;
+              l2 = Lse2(p, rh);
+              ds = p.dsum[rh];
+            }
+            stats[s * 2 * R + tid] = l2;
+            stats[s * 2 * R + R + tid] = ds;
+          }
+        }
+        FillTile<D, R>(a_s + s * C::kStreamBytes, &a_map, tma, ag, a_start, row0, a_len,
+                       it.head, p.heads, tid, a_full + 8 * s);
+        FillTile<D, R>(b_s + s * C::kStreamBytes, &b_map, tma, bg, a_start, row0, a_len,
+                       it.head, p.heads, tid, b_full + 8 * s);
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int c = wg;  // stationary rows [64 c, 64 c + 64) of the tile
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const uint32_t x_rows = x_s + c * 64 * 128, y_rows = y_s + c * 64 * 128;
+  int iter = 0, item = 0;
+  for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
+    const WorkItem it = ItemAt(p, w);
+    const int n_tiles = (it.inner_end - it.inner_begin + R - 1) / R;
+    const int wg_row0 = it.tile_row + c * 64;
+    const int row0 = wg_row0 + warp * 16 + g;  // and row0 + 8
+    int lo[2], hi[2];
+    float lse2_r[2] = {0.f, 0.f}, dsum_r[2] = {0.f, 0.f};
+    if constexpr (kDkDv) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) QueryRangeOf(p, it.q_len, it.k_len, row0 + 8 * r, lo[r], hi[r]);
+    } else {
+      RowKeyRanges(p, it.q_len, it.k_len, row0, lo, hi);
+      if constexpr (A == kActSoftmax) QueryRowStats(p, it, row0, lse2_r, dsum_r);
+    }
+    float o1[D / 8][4], o2[kDkDv ? D / 8 : 1][4];
+    Zero(o1);
+    Zero(o2);
+    BarWait(x_full, item & 1);
+    BarWait(y_full, item & 1);
+    for (int n = 0; n < n_tiles; ++n, ++iter) {
+      const int s = iter % kS, parity = (iter / kS) & 1;
+      const int col0 = it.inner_begin + n * R;
+      const uint32_t as = a_s + s * C::kStreamBytes, bs = b_s + s * C::kStreamBytes;
+      float t1[R / 8][4], t2[R / 8][4];
+      BarWait(a_full + 8 * s, parity);
+      BarWait(b_full + 8 * s, parity);
+      WgFence();
+      GemmSS<D, R, C::kStatRows>(t1, x_rows, as);
+      GemmSS<D, R, C::kStatRows>(t2, y_rows, bs);
+      WgCommit();
+      WgWait0();
+      FenceRegs(t1);
+      FenceRegs(t2);
+      const bool full =
+          p.bias == nullptr &&
+          (kDkDv ? TileFull(p, it.q_len, it.k_len, col0, R, wg_row0, 64)
+                 : TileFull(p, it.q_len, it.k_len, wg_row0, 64, col0, R));
+      Grads<kDkDv, A, R>(p, it, t1, t2, row0, col0, t, full, lo, hi, lse2_r, dsum_r,
+                         stats + s * 2 * R, stats + s * 2 * R + R);
+      uint32_t pds[R / 16][4], pp[kDkDv ? R / 16 : 1][4];
+      PackA<R>(t2, pds);
+      if constexpr (kDkDv) PackA<R>(t1, pp);
+      FenceRegs(pds);
+      FenceRegs(o1);
+      if constexpr (kDkDv) {
+        FenceRegs(pp);
+        FenceRegs(o2);
+      }
+      WgFence();
+      GemmRS<D, R>(o1, pds, as);  // dK += dS^T Q, or dQ += dS K
+      if constexpr (kDkDv) GemmRS<D, R>(o2, pp, bs);  // dV += P^T dO
+      WgCommit();
+      WgWait0();
+      FenceRegs(o1);
+      if constexpr (kDkDv) FenceRegs(o2);
+      BarArrive(empty + 8 * s);
+    }
+    BarArrive(stat_empty);
+    const float one[2] = {1.f, 1.f};
+    if constexpr (kDkDv) {
+      StoreRows<D>(p.dk, o1, it.k_start, row0, it.k_len, it.head, p.heads, one);
+      StoreRows<D>(p.dv, o2, it.k_start, row0, it.k_len, it.head, p.heads, one);
+    } else {
+      StoreRows<D>(p.dq, o1, it.q_start, row0, it.q_len, it.head, p.heads, one);
+    }
+  }
+}
+
+template <class C, int A>
+int LaunchBackward(const KernelParams& p, int sms, void* stream) {
+  const int total = p.num_items * p.heads;
+  if (total == 0) return 0;
+  const void* x = C::kDkDv ? p.k : p.q;
+  const void* y = C::kDkDv ? p.v : p.dout;
+  const void* a = C::kDkDv ? p.q : p.k;
+  const void* b = C::kDkDv ? p.dout : p.v;
+  const int64_t x_rows = C::kDkDv ? p.kv_rows : p.q_rows;
+  const int64_t a_rows = C::kDkDv ? p.q_rows : p.kv_rows;
+  CUtensorMap x_map{}, y_map{}, a_map{}, b_map{};
+  const bool tma =
+      p.wgmma_tma && MakeTileMap(&x_map, x, x_rows, p.heads, C::D, C::kStatRows) &&
+      MakeTileMap(&y_map, y, x_rows, p.heads, C::D, C::kStatRows) &&
+      MakeTileMap(&a_map, a, a_rows, p.heads, C::D, C::kStreamRows) &&
+      MakeTileMap(&b_map, b, a_rows, p.heads, C::D, C::kStreamRows);
+  auto kernel = WgmmaBackwardKernel<C, A>;
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  kernel<<<min(total, sms), C::kCtaThreads, C::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+      p, x_map, y_map, a_map, b_map, tma);
+  return cudaGetLastError();
+}
+
+template <bool kDkDv>
+int DispatchBackward(const KernelParams& p, int sms, void* stream) {
+  return DispatchKernel(p, [&](auto d, auto a) {
+    constexpr int D = decltype(d)::value, A = decltype(a)::value;
+    return LaunchBackward<BwdConfig<D, kDkDv>, A>(p, sms, stream);
+  });
+}
+
+}  // namespace
+
+bool WgmmaBackwardSupports(const KernelParams& p) {
+  return (p.head_dim == 64 || p.head_dim == 128) && !p.rope;
+}
+
+int LaunchJaggedBackwardDqWgmma(const KernelParams& p, int sms, void* stream) {
+  return DispatchBackward<false>(p, sms, stream);
+}
+
+int LaunchJaggedBackwardDkDvWgmma(const KernelParams& p, int sms, void* stream) {
+  return DispatchBackward<true>(p, sms, stream);
+}
+
+}  // namespace recfleet::attention::cuda_impl
