@@ -432,25 +432,62 @@ bool EnvFlag(const char* name) {
   return mode == nullptr || std::string(mode) != "0";
 }
 
-// The jagged backward's two Hopper passes (dQ, then dK/dV).
-absl::Status WgmmaBackward(const AttentionInputs& in, const DevicePlan& plan, KernelParams p,
+// A zeroed fp32 buffer of dQ's shape, into which a dK/dV pass adds dQ.
+absl::StatusOr<float*> ZeroedDqAccum(const AttentionGrads& grads, Workspace& ws,
+                                     cudaStream_t stream) {
+  const size_t bytes = grads.dq.numel() * sizeof(float);
+  auto acc = ws.Alloc(bytes);
+  if (!acc.ok()) return acc.status();
+  if (auto s = CudaCheck(cudaMemsetAsync(*acc, 0, bytes, stream), "cudaMemsetAsync(dq)");
+      !s.ok()) {
+    return s;
+  }
+  return static_cast<float*>(*acc);
+}
+
+// How the Hopper backward forms dQ: inside the dK/dV pass by TMA
+// reduce-add into an fp32 buffer (the default at d = 128, as measured on
+// H200, bench/RESULTS.md), or by a separate query-stationary pass
+// (RECFLEET_ATTENTION_WGMMA_DQ=pass; always at d = 64 and without TMA).
+bool WgmmaFusedDq(const KernelParams& p) {
+  if (!cuda_impl::WgmmaFusedDqSupports(p)) return false;
+  const char* mode = std::getenv("RECFLEET_ATTENTION_WGMMA_DQ");
+  return mode == nullptr || std::string(mode) != "pass";
+}
+
+// The jagged backward's Hopper passes: dK/dV with dQ fused, or dQ then dK/dV.
+absl::Status WgmmaBackward(const AttentionInputs& in, const DevicePlan& plan,
+                           const AttentionGrads& grads, Workspace& ws, KernelParams p,
                            cudaStream_t stream) {
   auto sms = SmCount();
   if (!sms.ok()) return sms.status();
   p.q_rows = in.q.values.dim(0);
   p.kv_rows = in.k.values.dim(0);
   p.wgmma_tma = EnvFlag("RECFLEET_ATTENTION_WGMMA_TMA");
-  p.items = plan.forward_tiles;
-  p.num_items = plan.num_forward_tiles;
-  if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDqWgmma(p, *sms, stream),
-                         "attention dQ (wgmma)");
-      !s.ok()) {
-    return s;
+  const bool fused = WgmmaFusedDq(p);
+  if (fused) {
+    auto acc = ZeroedDqAccum(grads, ws, stream);
+    if (!acc.ok()) return acc.status();
+    p.dq_accum = *acc;
+  } else {
+    p.items = plan.forward_tiles;
+    p.num_items = plan.num_forward_tiles;
+    if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDqWgmma(p, *sms, stream),
+                           "attention dQ (wgmma)");
+        !s.ok()) {
+      return s;
+    }
   }
   p.items = plan.wide_key_tiles;
   p.num_items = plan.num_wide_key_tiles;
-  return CudaCheck(cuda_impl::LaunchJaggedBackwardDkDvWgmma(p, *sms, stream),
-                   "attention dK/dV (wgmma)");
+  if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDkDvWgmma(p, *sms, stream),
+                         "attention dK/dV (wgmma)");
+      !s.ok()) {
+    return s;
+  }
+  if (!fused) return absl::OkStatus();
+  return CudaCheck(cuda_impl::LaunchFloatToBf16(p.dq_accum, p.dq, grads.dq.numel(), stream),
+                   "dQ to bf16");
 }
 
 // The jagged backward's mma.sync passes: dQ (or its fp32 atomics from the
@@ -459,14 +496,9 @@ absl::Status MmaBackward(const DevicePlan& plan, const AttentionGrads& grads, Wo
                          KernelParams p, cudaStream_t stream) {
   const bool atomic_dq = AtomicDq();
   if (atomic_dq) {
-    auto acc = ws.Alloc(grads.dq.numel() * sizeof(float));
+    auto acc = ZeroedDqAccum(grads, ws, stream);
     if (!acc.ok()) return acc.status();
-    p.dq_accum = static_cast<float*>(*acc);
-    if (auto s = CudaCheck(cudaMemsetAsync(*acc, 0, grads.dq.numel() * sizeof(float), stream),
-                           "cudaMemsetAsync(dq)");
-        !s.ok()) {
-      return s;
-    }
+    p.dq_accum = *acc;
   } else {
     p.items = plan.query_tiles;
     p.num_items = plan.num_query_tiles;
@@ -591,7 +623,7 @@ absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& o,
         return s;
       }
     }
-    const absl::Status s = UseWgmmaBackward(p) ? WgmmaBackward(in, plan, p, stream)
+    const absl::Status s = UseWgmmaBackward(p) ? WgmmaBackward(in, plan, grads, ws, p, stream)
                                                : MmaBackward(plan, grads, ws, p, stream);
     if (!s.ok()) return s;
   }

@@ -352,13 +352,15 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
   unsetenv("RECFLEET_ATTENTION_WGMMA_OVERLAP");
 }
 
-// The Hopper backward (the default at d = 64 and 128): dQ over 128-query
-// tiles and dK/dV over 128-key tiles, each streaming 64-row tiles of the
-// other side through a three-stage ring in a persistent grid. Lengths
-// around both tile sizes, sequences long enough for the ring to wrap within
-// an item, more items than SMs (the stationary tiles reload), every
-// activation with each mask, bias (dbias), with and without TMA; then the
-// mma.sync backward (RECFLEET_ATTENTION_BWD=mma) on the same cases.
+// The Hopper backward (the default at d = 64 and 128): dK/dV over 128-key
+// tiles streaming 64-query tiles through a three-stage ring in a persistent
+// grid, with dQ added by TMA reduce-add (d = 128 with TMA) or from a
+// separate pass over 128-query tiles (RECFLEET_ATTENTION_WGMMA_DQ=pass, and
+// always at d = 64 or without TMA). Lengths around both tile sizes,
+// sequences long enough for the ring to wrap within an item, more items
+// than SMs (the stationary tiles reload), every activation with each mask,
+// bias (dbias); then the mma.sync backward (RECFLEET_ATTENTION_BWD=mma) on
+// the same cases.
 TEST(AttentionCudaTest, HopperBackwardTileEdges) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   const std::vector<int64_t> lens = {0, 1, 63, 64, 65, 127, 128, 129, 191, 700};
@@ -368,10 +370,11 @@ TEST(AttentionCudaTest, HopperBackwardTileEdges) {
   std::vector<int64_t> many(150);
   for (int64_t& l : many) l = static_cast<int64_t>(len_rng() % 260);
   uint64_t seed = 500;
-  for (const char* bwd : {"wgmma", "mma"}) {
-    setenv("RECFLEET_ATTENTION_BWD", bwd, 1);
+  for (const char* bwd : {"wgmma", "wgmma-pass", "mma"}) {
+    setenv("RECFLEET_ATTENTION_BWD", std::string(bwd) == "mma" ? "mma" : "wgmma", 1);
+    setenv("RECFLEET_ATTENTION_WGMMA_DQ", std::string(bwd) == "wgmma-pass" ? "pass" : "fused", 1);
     for (const char* tma : {"1", "0"}) {
-      if (std::string(bwd) == "mma" && std::string(tma) == "0") continue;
+      if (std::string(bwd) != "wgmma" && std::string(tma) == "0") continue;
       setenv("RECFLEET_ATTENTION_WGMMA_TMA", tma, 1);
       for (int64_t d : {64, 128}) {
         for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
@@ -400,6 +403,7 @@ TEST(AttentionCudaTest, HopperBackwardTileEdges) {
     }
   }
   unsetenv("RECFLEET_ATTENTION_BWD");
+  unsetenv("RECFLEET_ATTENTION_WGMMA_DQ");
   unsetenv("RECFLEET_ATTENTION_WGMMA_TMA");
 }
 

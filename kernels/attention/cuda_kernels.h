@@ -65,7 +65,8 @@ struct KernelParams {
   void* dv = nullptr;
   void* dbias = nullptr;
   // When set, the dK/dV pass also accumulates dQ here ([rows, heads, d],
-  // zeroed by the caller) with atomics, and no dQ pass is needed.
+  // zeroed by the caller) with atomics (mma.sync: per element; Hopper: TMA
+  // reduce-add of fp32 blocks), and no dQ pass is needed.
   float* dq_accum = nullptr;
   const WorkItem* items = nullptr;
   int num_items = 0;  // the grid is num_items * heads CTAs
@@ -108,7 +109,10 @@ int LaunchJaggedForwardWgmma(const KernelParams& p, int sms, void* stream);
 // for the shapes WgmmaBackwardSupports accepts: the dQ pass over the
 // forward's query tiles (kForwardTileRows), the dK/dV pass over key tiles of
 // kWideKeyTileRows.
+// With dq_accum set (zeroed fp32, where WgmmaFusedDqSupports), the dK/dV
+// pass also adds dQ into it by TMA reduce-add and no dQ pass runs.
 bool WgmmaBackwardSupports(const KernelParams& p);
+bool WgmmaFusedDqSupports(const KernelParams& p);
 int LaunchJaggedBackwardDqWgmma(const KernelParams& p, int sms, void* stream);
 int LaunchJaggedBackwardDkDvWgmma(const KernelParams& p, int sms, void* stream);
 int LaunchBlockForward(const KernelParams& p, void* stream);

@@ -58,7 +58,7 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 }  // namespace
 
 bool MakeTileMap(CUtensorMap* map, const void* base, int64_t rows, int heads, int d,
-                 int box_rows) {
+                 int box_rows, bool f32) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr || rows <= 0 || rows > INT32_MAX || d % 64 != 0 ||
       reinterpret_cast<uintptr_t>(base) % 16 != 0) {
@@ -66,12 +66,15 @@ bool MakeTileMap(CUtensorMap* map, const void* base, int64_t rows, int heads, in
   }
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * 2,
-                                static_cast<cuuint64_t>(heads) * d * 2};
+  const cuuint64_t elem = f32 ? 4 : 2;
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * elem,
+                                static_cast<cuuint64_t>(heads) * d * elem};
   const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides,
-                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  return encode(map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                const_cast<void*>(base), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE,
+                f32 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }

@@ -46,6 +46,21 @@ __device__ __forceinline__ void BarWait(uint32_t bar, int parity) {
       : "memory");
 }
 
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads.
+__device__ __forceinline__ void NamedBarSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Arrives on named barrier `id` (of `threads` threads) without waiting for
+// the others, who sync there.
+__device__ __forceinline__ void NamedBarArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Makes this thread's generic-proxy shared-memory writes visible to the
+// async proxy (wgmma operands, TMA stores).
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // ---- wgmma. ----
 // Shared-memory matrix descriptor of a 128-byte-swizzled tile at byte address
 // `addr` (1024-aligned atoms): leading and stride byte offsets in 16 bytes.
@@ -102,8 +117,9 @@ __device__ __forceinline__ void FenceRegs(uint32_t (&r)[N][M]) {
   "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"   \
   "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 
-// acc[64 x N] (+)= A[64 x 16] * B[N x 16]^T, both K-major in shared memory.
-template <int N>
+// acc[64 x N] (+)= A[64 x 16] * B[16 x N], both in shared memory: K-major
+// (A[64 x 16], B^T[N x 16]) unless kTransA / kTransB say M- / N-major.
+template <int N, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void WgmmaSS(float (&acc)[N / 8][4], uint64_t a, uint64_t b,
                                         int accumulate) {
   static_assert(N == 64 || N == 128, "wgmma N");
@@ -111,18 +127,18 @@ __device__ __forceinline__ void WgmmaSS(float (&acc)[N / 8][4], uint64_t a, uint
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " RF_D64
-        ", %64, %65, p, 1, 1, 0, 0;\n"
+        ", %64, %65, p, 1, 1, %67, %68;\n"
         "}\n"
         : RF_ACC64(acc)
-        : "l"(a), "l"(b), "r"(accumulate));
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
   } else {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " RF_D32
-        ", %32, %33, p, 1, 1, 0, 0;\n"
+        ", %32, %33, p, 1, 1, %35, %36;\n"
         "}\n"
         : RF_ACC32(acc)
-        : "l"(a), "l"(b), "r"(accumulate));
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
   }
 }
 // acc[64 x N] += A[64 x 16] (registers) * B[16 x N], B N-major in shared
@@ -227,7 +243,7 @@ __device__ __forceinline__ void LoadTile(uint32_t s, const bf16* g, int64_t star
 // proxy, and arrives on `bar`.
 __device__ __forceinline__ void CopiesDone(uint32_t bar) {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  FenceProxyAsync();
   BarArrive(bar);
 }
 
@@ -240,6 +256,29 @@ __device__ __forceinline__ void TmaLoadBlock(uint32_t dst, const CUtensorMap* ma
       "{%2, %3, %4}], [%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(head), "r"(row), "r"(bar)
       : "memory");
+}
+
+// Adds the fp32 box at `src` (shared memory, the map's box in row-major
+// order) into global memory at (column, head, row) by TMA, as one bulk
+// group of this thread.
+__device__ __forceinline__ void TmaReduceAdd(const CUtensorMap* map, uint32_t src, int col,
+                                             int head, int row) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, "
+      "%3}], [%4];\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(col), "r"(head), "r"(row), "r"(src)
+      : "memory");
+}
+// Waits until this thread's bulk groups have read their shared memory
+// (kRead) or completed.
+template <bool kRead>
+__device__ __forceinline__ void BulkWait() {
+  if constexpr (kRead) {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  } else {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  }
 }
 
 // Fills the swizzled tile `s` with rows [row0, row0 + ROWS) of one head and
@@ -278,12 +317,13 @@ __device__ __forceinline__ WorkItem ItemAt(const KernelParams& p, int w) {
 }
 
 // ---- Host. ----
-// A tensor map over a bf16 [rows, heads, d] tensor whose boxes are 64-column
-// blocks of box_rows-row tiles of one head, 128-byte swizzled (the layout
-// LoadTile writes). False if the tensor does not qualify or the driver's
-// encoder is unavailable.
+// A tensor map over a [rows, heads, d] tensor whose boxes are 64-column
+// blocks of box_rows-row tiles of one head: bf16 and 128-byte swizzled (the
+// layout LoadTile writes), or with f32 fp32 and unswizzled (row-major
+// boxes). False if the tensor does not qualify or the driver's encoder is
+// unavailable.
 bool MakeTileMap(CUtensorMap* map, const void* base, int64_t rows, int heads, int d,
-                 int box_rows);
+                 int box_rows, bool f32 = false);
 
 }  // namespace recfleet::attention::cuda_impl
 

@@ -35,23 +35,35 @@ namespace {
 
 // One pass's compile-time configuration: head dim, which side is
 // stationary, tile shapes, ring depth and the shared-memory layout.
-template <int kHeadDim, bool kKeysStationary>
+template <int kHeadDim, bool kKeysStationary, bool kFusedDqAtomics = false>
 struct BwdConfig {
   static constexpr int D = kHeadDim;
   static constexpr bool kDkDv = kKeysStationary;
+  // dK/dV pass only: it also forms dQ = dS K per streamed query tile and adds
+  // it into KernelParams::dq_accum by TMA reduce-add (no dQ pass).
+  static constexpr bool kFusedDq = kFusedDqAtomics;
+  static_assert(!kFusedDq || (kDkDv && D == 128), "fused dQ: dK/dV pass at d = 128");
   static constexpr int kStatRows = 128;   // 64 per consumer warpgroup
   static constexpr int kStreamRows = 64;  // rows of a streamed tile
   static constexpr int kStages = 3;
   static constexpr int kStatBytes = kStatRows * D * 2;
   static constexpr int kStreamBytes = kStreamRows * D * 2;
-  // Byte offsets from the 1024-aligned base: X, Y, the A and B rings, the
-  // streamed rows' statistics ([stage][lse2 | dsum][row] floats), barriers.
+  // Byte offsets from the 1024-aligned base (swizzled tiles 1024-aligned):
+  // X, Y, the A and B rings; for the fused dQ, dS^T of the key tile x the
+  // streamed queries (bf16, swizzled, two buffers) and each consumer's fp32
+  // dQ block [kStreamRows][64]; the streamed rows' softmax statistics
+  // ([stage][lse2 | dsum][row] floats); the barriers.
   static constexpr int kX = 0;
   static constexpr int kY = kStatBytes;
   static constexpr int kA = 2 * kStatBytes;
   static constexpr int kB = kA + kStages * kStreamBytes;
-  static constexpr int kStats = kB + kStages * kStreamBytes;
+  static constexpr int kDsBytes = kStatRows * kStreamRows * 2;
+  static constexpr int kDqBlockBytes = kStreamRows * 64 * 4;
+  static constexpr int kDs = kB + kStages * kStreamBytes;
+  static constexpr int kDq = kDs + (kFusedDq ? 2 * kDsBytes : 0);
+  static constexpr int kStats = kDq + (kFusedDq ? 2 * kDqBlockBytes : 0);
   static constexpr int kBars = kStats + kStages * 2 * kStreamRows * 4;
+  static_assert(kDs % 1024 == 0 && kDsBytes % 1024 == 0, "swizzled tiles are 1024-aligned");
   static constexpr int kNumBars = 3 + 3 * kStages;
   static constexpr int kSmemBytes = kBars + 8 * kNumBars + 1024;
   static constexpr int kCtaThreads = 3 * kWgThreads;
@@ -59,59 +71,110 @@ struct BwdConfig {
 };
 static_assert(kForwardTileRows == 128, "the dQ pass's items are the forward's query tiles");
 
-// Turns a consumer's T1 (scores) and T2 (dO V^T) tiles into P (in t1, dK/dV
-// pass only) and dS * scale (in t2). Rows are the thread's two stationary
-// rows row0 and row0 + 8, columns the streamed rows col0 + 8 nt + 2 t + e % 2;
-// [lo[r], hi[r]) are the streamed rows row r sees. Softmax statistics: per
-// row (dQ pass: lse2_r, dsum_r) or per column from shared memory (dK/dV).
-template <bool kDkDv, int A, int N>
-__device__ __forceinline__ void Grads(const KernelParams& p, const WorkItem& it,
-                                      float (&t1)[N / 8][4], float (&t2)[N / 8][4], int row0,
-                                      int col0, int t, bool full, const int (&lo)[2],
-                                      const int (&hi)[2], const float (&lse2_r)[2],
-                                      const float (&dsum_r)[2], const float* lse2_c,
-                                      const float* dsum_c) {
+// Named barriers of the fused dQ: per consumer, its dQ block written (1, 2);
+// per step parity and consumer, its half of dS^T written (3..6).
+constexpr int kDqBar = 1;
+constexpr int kDsBar = 3;
+
+// Which part of Grads to run: everything once T1 and T2 are complete, or,
+// for softmax, P from T1 alone (while the T2 GEMM still runs) and then dS.
+enum GradsPart { kGradsAll, kGradsP, kGradsDs };
+
+// Turns a consumer's T1 (scores) and T2 (dO V^T) tiles into P (in t1) and
+// dS * scale (in t2). Rows are the thread's two stationary rows row0 and
+// row0 + 8, columns the streamed rows col0 + 8 nt + 2 t + e % 2; [lo[r],
+// hi[r]) are the streamed rows row r sees. Softmax statistics: per row (dQ
+// pass: lse2_r, dsum_r) or per column from shared memory (dK/dV pass).
+// kFull: every pair of the tile is visible and there is no bias.
+template <bool kDkDv, int A, int N, GradsPart kPart, bool kFull>
+__device__ __forceinline__ void GradsTile(const KernelParams& p, const WorkItem& it,
+                                          float (&t1)[N / 8][4], float (&t2)[N / 8][4], int row0,
+                                          int col0, int t, const int (&lo)[2], const int (&hi)[2],
+                                          const float (&lse2_r)[2], const float (&dsum_r)[2],
+                                          const float* lse2_c, const float* dsum_c) {
+  constexpr bool full = kFull;
+  static_assert(kPart == kGradsAll || A == kActSoftmax, "split parts: softmax only");
+  static_assert(N > 0, "tile");
+  constexpr bool kP = kPart != kGradsDs, kDs = kPart != kGradsP;
   const float scale_log2 = p.scale * kLog2e;
 #pragma unroll
   for (int nt = 0; nt < N / 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e >> 1, cl = nt * 8 + 2 * t + (e & 1);
-      float l2 = 0.f, dsm = 0.f;
+      const int col = col0 + cl, row = row0 + 8 * r;
+      const bool vis = full || (col >= lo[r] && col < hi[r]);
+      const int i = kDkDv ? col : row, j = kDkDv ? row : col;
+      float pr = t1[nt][e], ds;
       if constexpr (A == kActSoftmax) {
-        l2 = kDkDv ? lse2_c[cl] : lse2_r[r];
-        dsm = kDkDv ? dsum_c[cl] : dsum_r[r];
-      }
-      float pr, ds;
-      if (full) {
-        if constexpr (A == kActSoftmax) {
-          pr = Exp2(fmaf(t1[nt][e], scale_log2, -l2));
-          ds = pr * (t2[nt][e] - dsm);
-        } else {
-          const float x = t1[nt][e] * p.scale;
-          pr = Act<A>(x);
-          ds = t2[nt][e] * ActGrad<A>(x);
+        if constexpr (kP) {
+          const float l2 = kDkDv ? lse2_c[cl] : lse2_r[r];
+          if (full) {
+            pr = Exp2(fmaf(t1[nt][e], scale_log2, -l2));
+          } else {
+            float x = t1[nt][e] * p.scale;
+            if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
+            pr = vis ? Exp2(x * kLog2e - l2) : 0.f;
+          }
         }
+        if constexpr (kDs) ds = pr * (t2[nt][e] - (kDkDv ? dsum_c[cl] : dsum_r[r]));
       } else {
-        const int col = col0 + cl, row = row0 + 8 * r;
-        const bool vis = col >= lo[r] && col < hi[r];
-        const int i = kDkDv ? col : row, j = kDkDv ? row : col;
         float x = t1[nt][e] * p.scale;
-        if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
-        if constexpr (A == kActSoftmax) {
-          pr = vis ? Exp2(x * kLog2e - l2) : 0.f;
-          ds = pr * (t2[nt][e] - dsm);
-        } else {
-          pr = vis ? Act<A>(x) : 0.f;
-          ds = vis ? t2[nt][e] * ActGrad<A>(x) : 0.f;
-        }
-        if constexpr (kDkDv) {
-          if (p.dbias != nullptr && vis) StoreBias(p, it, i, j, ds);
-        }
+        if (!full && p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
+        pr = vis ? Act<A>(x) : 0.f;
+        ds = vis ? t2[nt][e] * ActGrad<A>(x) : 0.f;
       }
-      t1[nt][e] = pr;
-      t2[nt][e] = ds * p.scale;
+      if constexpr (kDs && kDkDv) {
+        if (!full && p.dbias != nullptr && vis) StoreBias(p, it, i, j, ds);
+      }
+      if constexpr (kP) t1[nt][e] = pr;
+      if constexpr (kDs) t2[nt][e] = ds * p.scale;
     }
+  }
+}
+
+template <bool kDkDv, int A, int N, GradsPart kPart>
+__device__ __forceinline__ void Grads(const KernelParams& p, const WorkItem& it,
+                                      float (&t1)[N / 8][4], float (&t2)[N / 8][4], int row0,
+                                      int col0, int t, bool full, const int (&lo)[2],
+                                      const int (&hi)[2], const float (&lse2_r)[2],
+                                      const float (&dsum_r)[2], const float* lse2_c,
+                                      const float* dsum_c) {
+  if (full) {
+    GradsTile<kDkDv, A, N, kPart, true>(p, it, t1, t2, row0, col0, t, lo, hi, lse2_r, dsum_r,
+                                        lse2_c, dsum_c);
+  } else {
+    GradsTile<kDkDv, A, N, kPart, false>(p, it, t1, t2, row0, col0, t, lo, hi, lse2_r, dsum_r,
+                                         lse2_c, dsum_c);
+  }
+}
+
+// Stores a consumer's dS^T (bf16 A fragments of its 64 key rows x N
+// streamed queries, first row `row`) into the swizzled [128 keys][N] tile
+// `ds`: the M-major A operand of dQ = dS K.
+template <int N>
+__device__ __forceinline__ void StoreDsT(uint32_t ds, const uint32_t (&pa)[N / 16][4], int row,
+                                         int t) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = row + 8 * (j & 1), col = kk * 16 + 8 * (j >> 1) + 2 * t;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds + SwzOffset<128>(r, col) + (col & 7) * 2),
+                   "r"(pa[kk][j])
+                   : "memory");
+    }
+  }
+}
+
+// dQ[64 queries x 64 columns] = dS[64 x 128 keys] K[128 keys x 64 columns]:
+// dS from the dS^T tile (M-major), K from the stationary tile's column block
+// at `kb` (N-major). Not committed.
+__device__ __forceinline__ void GemmDq(float (&dq)[8][4], uint32_t ds, uint32_t kb) {
+#pragma unroll
+  for (int kk = 0; kk < 128 / 16; ++kk) {
+    WgmmaSS<64, 1, 1>(dq, Desc(ds + kk * 16 * 128, 128 * 128, 1024),
+                      Desc(kb + kk * 16 * 128, 128 * 128, 1024), kk > 0);
   }
 }
 
@@ -120,7 +183,8 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
     WgmmaBackwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap x_map,
                         const __grid_constant__ CUtensorMap y_map,
                         const __grid_constant__ CUtensorMap a_map,
-                        const __grid_constant__ CUtensorMap b_map, bool tma) {
+                        const __grid_constant__ CUtensorMap b_map,
+                        const __grid_constant__ CUtensorMap dq_map, bool tma) {
   constexpr int D = C::D, R = C::kStreamRows, kS = C::kStages;
   constexpr bool kDkDv = C::kDkDv;
   extern __shared__ unsigned char smem_raw[];
@@ -231,20 +295,44 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
       BarWait(b_full + 8 * s, parity);
       WgFence();
       GemmSS<D, R, C::kStatRows>(t1, x_rows, as);
+      if constexpr (A == kActSoftmax) WgCommit();  // its own group: P starts first
       GemmSS<D, R, C::kStatRows>(t2, y_rows, bs);
       WgCommit();
-      WgWait0();
-      FenceRegs(t1);
-      FenceRegs(t2);
       const bool full =
           p.bias == nullptr &&
           (kDkDv ? TileFull(p, it.q_len, it.k_len, col0, R, wg_row0, 64)
                  : TileFull(p, it.q_len, it.k_len, wg_row0, 64, col0, R));
-      Grads<kDkDv, A, R>(p, it, t1, t2, row0, col0, t, full, lo, hi, lse2_r, dsum_r,
-                         stats + s * 2 * R, stats + s * 2 * R + R);
+      const float* lse2_c = stats + s * 2 * R;
+      const float* dsum_c = lse2_c + R;
+      if constexpr (A == kActSoftmax) {
+        // P while the dP GEMM runs.
+        WgWait1();
+        FenceRegs(t1);
+        Grads<kDkDv, A, R, kGradsP>(p, it, t1, t2, row0, col0, t, full, lo, hi, lse2_r, dsum_r,
+                                    lse2_c, dsum_c);
+        WgWait0();
+        FenceRegs(t2);
+        Grads<kDkDv, A, R, kGradsDs>(p, it, t1, t2, row0, col0, t, full, lo, hi, lse2_r, dsum_r,
+                                     lse2_c, dsum_c);
+      } else {
+        WgWait0();
+        FenceRegs(t1);
+        FenceRegs(t2);
+        Grads<kDkDv, A, R, kGradsAll>(p, it, t1, t2, row0, col0, t, full, lo, hi, lse2_r,
+                                      dsum_r, lse2_c, dsum_c);
+      }
       uint32_t pds[R / 16][4], pp[kDkDv ? R / 16 : 1][4];
       PackA<R>(t2, pds);
       if constexpr (kDkDv) PackA<R>(t1, pp);
+      const uint32_t ds_buf = base + C::kDs + (iter & 1) * C::kDsBytes;
+      if constexpr (C::kFusedDq) {
+        // dS^T to shared memory for dQ = dS K, which needs all 128 keys:
+        // both consumers' halves, hence the barrier. Two buffers, so that a
+        // consumer writing step n + 1's cannot meet the other's step n GEMM.
+        StoreDsT<R>(ds_buf, pds, c * 64 + warp * 16 + g, t);
+        FenceProxyAsync();
+        NamedBarArrive(kDsBar + 2 * (iter & 1) + c, 2 * kWgThreads);
+      }
       FenceRegs(pds);
       FenceRegs(o1);
       if constexpr (kDkDv) {
@@ -259,6 +347,43 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
       FenceRegs(o1);
       if constexpr (kDkDv) FenceRegs(o2);
       BarArrive(empty + 8 * s);
+      if constexpr (C::kFusedDq) {
+        // A GEMM step of its own: with dS and P still held by the one above,
+        // the registers would not suffice (ptxas serializes the chain).
+        float dq[8][4];
+        // The other consumer's half of dS^T (it arrives there after
+        // writing it; a consumer is at most one step ahead of the other, so
+        // two barriers per consumer, by step parity, keep the counts apart).
+        NamedBarSync(kDsBar + 2 * (iter & 1) + (1 - c), 2 * kWgThreads);
+        WgFence();
+        GemmDq(dq, ds_buf, x_s + c * C::kStatRows * 128);
+        WgCommit();
+        WgWait0();
+        FenceRegs(dq);
+        FenceRegs(o1);
+        FenceRegs(o2);
+        // This consumer's dQ block [64 queries][64 columns from 64 c] through
+        // shared memory into dq_accum; the previous block's reduce must have
+        // read the buffer first.
+        const uint32_t blk = base + C::kDq + c * C::kDqBlockBytes;
+        if (tid == 0) BulkWait<true>();
+        NamedBarSync(kDqBar + c, kWgThreads);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t at = blk + ((warp * 16 + g + 8 * r) * 64 + nt * 8 + 2 * t) * 4;
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[nt][2 * r]),
+                         "f"(dq[nt][2 * r + 1])
+                         : "memory");
+          }
+        }
+        FenceProxyAsync();
+        NamedBarSync(kDqBar + c, kWgThreads);
+        if (tid == 0) {
+          TmaReduceAdd(&dq_map, blk, 64 * c, it.head, static_cast<int>(it.q_start + col0));
+        }
+      }
     }
     BarArrive(stat_empty);
     const float one[2] = {1.f, 1.f};
@@ -268,6 +393,9 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
     } else {
       StoreRows<D>(p.dq, o1, it.q_start, row0, it.q_len, it.head, p.heads, one);
     }
+  }
+  if constexpr (C::kFusedDq) {
+    if (tid == 0) BulkWait<false>();
   }
 }
 
@@ -287,12 +415,18 @@ int LaunchBackward(const KernelParams& p, int sms, void* stream) {
       MakeTileMap(&y_map, y, x_rows, p.heads, C::D, C::kStatRows) &&
       MakeTileMap(&a_map, a, a_rows, p.heads, C::D, C::kStreamRows) &&
       MakeTileMap(&b_map, b, a_rows, p.heads, C::D, C::kStreamRows);
+  CUtensorMap dq_map{};
+  if (C::kFusedDq &&
+      !(tma && MakeTileMap(&dq_map, p.dq_accum, p.q_rows, p.heads, C::D, C::kStreamRows,
+                           /*f32=*/true))) {
+    return cudaErrorNotSupported;
+  }
   auto kernel = WgmmaBackwardKernel<C, A>;
   cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (e != cudaSuccess) return e;
   kernel<<<min(total, sms), C::kCtaThreads, C::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-      p, x_map, y_map, a_map, b_map, tma);
+      p, x_map, y_map, a_map, b_map, dq_map, tma);
   return cudaGetLastError();
 }
 
@@ -300,6 +434,9 @@ template <bool kDkDv>
 int DispatchBackward(const KernelParams& p, int sms, void* stream) {
   return DispatchKernel(p, [&](auto d, auto a) {
     constexpr int D = decltype(d)::value, A = decltype(a)::value;
+    if constexpr (kDkDv && D == 128) {
+      if (p.dq_accum != nullptr) return LaunchBackward<BwdConfig<D, true, true>, A>(p, sms, stream);
+    }
     return LaunchBackward<BwdConfig<D, kDkDv>, A>(p, sms, stream);
   });
 }
@@ -309,6 +446,8 @@ int DispatchBackward(const KernelParams& p, int sms, void* stream) {
 bool WgmmaBackwardSupports(const KernelParams& p) {
   return (p.head_dim == 64 || p.head_dim == 128) && !p.rope;
 }
+
+bool WgmmaFusedDqSupports(const KernelParams& p) { return p.head_dim == 128 && p.wgmma_tma; }
 
 int LaunchJaggedBackwardDqWgmma(const KernelParams& p, int sms, void* stream) {
   return DispatchBackward<false>(p, sms, stream);
