@@ -318,8 +318,10 @@ def jagged_self(lib, d, dev, lens, with_flex):
     ours = Ours(lib, q, k, v, lens, lens, "softmax", "none")
     flops = ours.flops
     record(name, "recfleet JFA", "fwd", flops, ours.fwd)
-    if d == 128:  # the Hopper forward's head dim
+    if d == 128:
         wgmma_variants(name, "recfleet JFA", flops, ours.fwd)
+    else:
+        record(name, "recfleet JFA, mma.sync fwd", "fwd", flops, mma_forward(ours.fwd))
     record(name, "recfleet JFA", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
     bwd_variants(name, "recfleet JFA", 3.5 * flops, ours.fwd_bwd)
     cu = torch.tensor(offsets(lens), device=dev, dtype=torch.int32)
@@ -351,6 +353,9 @@ def jagged_self(lib, d, dev, lens, with_flex):
     if d == 128:
         wgmma_variants(f"{name} SiLU causal", "recfleet GDPA", silu.flops, silu.fwd,
                        ("CHAIN", "OVERLAP"))
+    else:
+        record(f"{name} SiLU causal", "recfleet GDPA, mma.sync fwd", "fwd", silu.flops,
+               mma_forward(silu.fwd))
     record(f"{name} SiLU causal", "recfleet GDPA", "fwd+bwd", 3.5 * silu.flops, silu.fwd_bwd)
     bwd_variants(f"{name} SiLU causal", "recfleet GDPA", 3.5 * silu.flops, silu.fwd_bwd)
 

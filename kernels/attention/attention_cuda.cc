@@ -392,7 +392,7 @@ bool AtomicDq() {
 }
 
 // Which forward kernel runs where the Hopper (wgmma) one supports the shapes
-// (head dim 128, no fused RoPE): by default the Hopper kernel for every
+// (head dim 64 or 128, no fused RoPE): by default the Hopper kernel for every
 // activation, as measured on H200 (bench/attention). RECFLEET_ATTENTION_FWD
 // =mma forces the mma.sync kernel, so the choice can be re-measured.
 bool UseWgmmaForward(const KernelParams& p) {

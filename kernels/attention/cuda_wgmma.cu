@@ -1,4 +1,4 @@
-// Hopper forward of the jagged attention at head dim 128 (any activation,
+// Hopper forward of the jagged attention at head dim 64 or 128 (any activation,
 // mask and bias): warpgroup MMA (wgmma) from shared memory, warp-specialized.
 //
 // A persistent CTA has three warpgroups. Warpgroup 2 is the producer: it
@@ -81,13 +81,15 @@ bool MakeTileMap(CUtensorMap* map, const void* base, int64_t rows, int heads, in
 
 namespace {
 
-constexpr int kD = 128;
 constexpr int kRowsQ = 128;     // query rows per work item (kForwardTileRows)
 constexpr int kRowsKv = 128;    // keys per K/V tile
 constexpr int kCtaThreads = 3 * kWgThreads;
-constexpr int kTileBytes = 128 * kD * 2;  // one 128 x 128 bf16 tile
+// One 128-row tile at head dim D.
+template <int D>
+constexpr int kTileBytes = 128 * D * 2;
 // Two stages each of Q, K and V, the barriers; plus slack to align to 1024.
-constexpr int kSmemBytes = 6 * kTileBytes + 128 + 1024;
+template <int D>
+constexpr int kSmemBytes = 6 * kTileBytes<D> + 128 + 1024;
 static_assert(12 * 8 <= 128, "the barriers fit their 128 bytes");
 
 static_assert(kForwardTileRows == kRowsQ, "the planner's forward tiles must be 128 rows");
@@ -172,16 +174,18 @@ __device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkI
 
 // S = Q K^T for one K/V stage: Q (this warpgroup's 64 rows) and K both
 // from shared memory, eight k16 steps over the head dim.
+template <int D>
 __device__ __forceinline__ void IssueS(float (&sc)[16][4], uint32_t q_rows, uint32_t kb) {
-  GemmSS<kD, kRowsKv, kRowsQ>(sc, q_rows, kb);
+  GemmSS<D, kRowsKv, kRowsQ>(sc, q_rows, kb);
   WgCommit();
 }
 
 // O += P V for one K/V stage: P (64 x 128 keys) from registers, V from
 // shared memory.
-__device__ __forceinline__ void IssuePv(float (&o)[16][4], const uint32_t (&pa)[8][4],
+template <int D>
+__device__ __forceinline__ void IssuePv(float (&o)[D / 8][4], const uint32_t (&pa)[8][4],
                                         uint32_t vb) {
-  GemmRS<kD, kRowsKv>(o, pa, vb);
+  GemmRS<D, kRowsKv>(o, pa, vb);
   WgCommit();
 }
 
@@ -208,21 +212,22 @@ __device__ __forceinline__ void FinishRows(const KernelParams& p, const WorkItem
 
 // Writes a thread's two rows of O (the first `rows` of them: row, then
 // 8 rows on), each scaled by its mul, as bf16.
-__device__ __forceinline__ void StoreOut(const float (&o)[16][4], bf16* row, int rows, int heads,
+template <int D>
+__device__ __forceinline__ void StoreOut(const float (&o)[D / 8][4], bf16* row, int rows, int heads,
                                          const float (&mul)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (r >= rows) break;
-    bf16* out = row + static_cast<int64_t>(r) * 8 * heads * kD;
+    bf16* out = row + static_cast<int64_t>(r) * 8 * heads * D;
 #pragma unroll
-    for (int dt = 0; dt < 16; ++dt) {
+    for (int dt = 0; dt < D / 8; ++dt) {
       *reinterpret_cast<__nv_bfloat162*>(out + dt * 8) =
           __floats2bfloat162_rn(o[dt][2 * r] * mul[r], o[dt][2 * r + 1] * mul[r]);
     }
   }
 }
 
-template <int A, bool kOverlapOwnPv>
+template <int D, int A, bool kOverlapOwnPv>
 __global__ void __launch_bounds__(kCtaThreads, 1)
     WgmmaForwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap q_map,
                        const __grid_constant__ CUtensorMap k_map,
@@ -231,10 +236,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023) & ~1023u;
   const uint32_t q_s = base;                    // two stages
-  const uint32_t k_s = base + 2 * kTileBytes;   // two stages
-  const uint32_t v_s = base + 4 * kTileBytes;   // two stages
+  const uint32_t k_s = base + 2 * kTileBytes<D>;   // two stages
+  const uint32_t v_s = base + 4 * kTileBytes<D>;   // two stages
   // Barriers, two stages each: K, V and Q landed (full) and released (empty).
-  const uint32_t bars = base + 6 * kTileBytes;
+  const uint32_t bars = base + 6 * kTileBytes<D>;
   const uint32_t k_full = bars, v_full = bars + 16, q_full = bars + 32;
   const uint32_t k_empty = bars + 48, v_empty = bars + 64, q_empty = bars + 80;
   const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
@@ -264,7 +269,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
       for (int j = 0; j < it.q_tiles; ++j, ++q_iter) {
         const int qs = q_iter & 1;
         BarWait(q_empty + 8 * qs, ((q_iter >> 1) & 1) ^ 1);
-        FillTile<kD, kRowsQ>(q_s + qs * kTileBytes, &q_map, tma, q, it.q_start, it.tile_row + j * kRowsQ,
+        FillTile<D, kRowsQ>(q_s + qs * kTileBytes<D>, &q_map, tma, q, it.q_start, it.tile_row + j * kRowsQ,
                  it.q_len, it.head, p.heads, tid, q_full + 8 * qs);
         if (j > 0) continue;
         // K and V have barriers of their own: K_n is free once S_n is done,
@@ -273,10 +278,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
         const int s = kv_iter & 1, parity = ((kv_iter >> 1) & 1) ^ 1;
         const int row0 = it.inner_begin + n * kRowsKv;
         BarWait(k_empty + 8 * s, parity);
-        FillTile<kD, kRowsQ>(k_s + s * kTileBytes, &k_map, tma, k, it.k_start, row0, it.k_len, it.head,
+        FillTile<D, kRowsQ>(k_s + s * kTileBytes<D>, &k_map, tma, k, it.k_start, row0, it.k_len, it.head,
                  p.heads, tid, k_full + 8 * s);
         BarWait(v_empty + 8 * s, parity);
-        FillTile<kD, kRowsQ>(v_s + s * kTileBytes, &v_map, tma, v, it.k_start, row0, it.k_len, it.head,
+        FillTile<D, kRowsQ>(v_s + s * kTileBytes<D>, &v_map, tma, v, it.k_start, row0, it.k_len, it.head,
                  p.heads, tid, v_full + 8 * s);
         }
       }
@@ -307,10 +312,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   const int row_in_tile = c * 64 + warp * 16 + g;  // and + 8
   if (c == 1) TurnPass(p, 1);  // warpgroup 0 issues first
   if constexpr (kChain) {
-    float o[16][4], sc[16][4], m[2], l[2], corr[2];
+    float o[D / 8][4], sc[16][4], m[2], l[2], corr[2];
     uint32_t pa[8][4];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < D / 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
     }
@@ -350,7 +355,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
         const int qs = q_iter & 1;
-        const uint32_t q_tile = q_s + qs * kTileBytes;
+        const uint32_t q_tile = q_s + qs * kTileBytes<D>;
         const uint32_t q_rows = q_tile + c * 64 * 128;  // this warpgroup's rows
         BarWait(q_full + 8 * qs, (q_iter >> 1) & 1);
         // The tile's last P V waits for the next query tile's S_0 if that has
@@ -373,14 +378,14 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           const int pv_stage = (pv & kPvStage) != 0;
           if (real) BarWait(k_full + 8 * s, parity);
           if (pv_pending) BarWait(v_full + 8 * pv_stage, (pv & kPvParity) != 0);
-          const uint32_t kb = real ? k_s + s * kTileBytes : q_tile;
-          const uint32_t vb = pv_pending ? v_s + pv_stage * kTileBytes : q_tile;
+          const uint32_t kb = real ? k_s + s * kTileBytes<D> : q_tile;
+          const uint32_t vb = pv_pending ? v_s + pv_stage * kTileBytes<D> : q_tile;
           TurnWait(p, my_turn);
           FenceRegs(pa);
           FenceRegs(o);
           WgFence();
-          IssueS(sc, q_rows, kb);
-          IssuePv(o, pa, vb);
+          IssueS<D>(sc, q_rows, kb);
+          IssuePv<D>(o, pa, vb);
           TurnPass(p, other_turn);
           if constexpr (kOverlapOwnPv) {
             WgWait1();
@@ -409,16 +414,16 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             // activation above (where it would hold 32 more registers).
             FenceRegs(pa);
             FenceRegs(o);
-            if (pv_pending) StoreOut(o, out_row, out_rows, p.heads, out_mul);
+            if (pv_pending) StoreOut<D>(o, out_row, out_rows, p.heads, out_mul);
 #pragma unroll
-            for (int dt = 0; dt < 16; ++dt) {
+            for (int dt = 0; dt < D / 8; ++dt) {
 #pragma unroll
               for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
             }
           } else if constexpr (A == kActSoftmax) {
             if (real) {
 #pragma unroll
-              for (int dt = 0; dt < 16; ++dt) {
+              for (int dt = 0; dt < D / 8; ++dt) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e >> 1];
               }
@@ -432,14 +437,14 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
         if (n_tiles == 0) BarArrive(q_empty + 8 * qs);
 
         // The tile's normalization (and log-sum-exp) are known now.
-        out_row = static_cast<bf16*>(p.o) + ((it.q_start + row0) * p.heads + it.head) * kD + 2 * t;
+        out_row = static_cast<bf16*>(p.o) + ((it.q_start + row0) * p.heads + it.head) * D + 2 * t;
         out_rows = (row0 < it.q_len) + (row0 + 8 < it.q_len);
         FinishRows<A>(p, it, row0, t, m, l, out_mul);
         // O is complete unless its last P V is pending (zero if no K/V).
         if (pv == 0) {
-          StoreOut(o, out_row, out_rows, p.heads, out_mul);
+          StoreOut<D>(o, out_row, out_rows, p.heads, out_mul);
 #pragma unroll
-          for (int dt = 0; dt < 16; ++dt) {
+          for (int dt = 0; dt < D / 8; ++dt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
           }
@@ -460,23 +465,23 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
         const bool release = j + 1 == it.q_tiles;
         kv_iter = kv_first;
         const int row0 = it.tile_row + row_in_tile;
-        float o[16][4], sc[16][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
+        float o[D / 8][4], sc[16][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
         uint32_t pa[8][4];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
+        for (int i = 0; i < D / 8; ++i) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
         }
         const int qs = q_iter & 1;
         BarWait(q_full + 8 * qs, (q_iter >> 1) & 1);
-        const uint32_t q_rows = q_s + qs * kTileBytes + c * 64 * 128;  // this warpgroup's rows
+        const uint32_t q_rows = q_s + qs * kTileBytes<D> + c * 64 * 128;  // this warpgroup's rows
         if (n_tiles > 0) {
           // Tile 0: S_0 alone.
           int s = kv_iter & 1;
           BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
           TurnWait(p, my_turn);
           WgFence();
-          IssueS(sc, q_rows, k_s + s * kTileBytes);
+          IssueS<D>(sc, q_rows, k_s + s * kTileBytes<D>);
           TurnPass(p, other_turn);
           WgWait0();
           FenceRegs(sc);
@@ -493,8 +498,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             FenceRegs(pa);
             FenceRegs(o);
             WgFence();
-            IssueS(sc, q_rows, k_s + s * kTileBytes);
-            IssuePv(o, pa, v_s + prev * kTileBytes);
+            IssueS<D>(sc, q_rows, k_s + s * kTileBytes<D>);
+            IssuePv<D>(o, pa, v_s + prev * kTileBytes<D>);
             TurnPass(p, other_turn);
             const int col0 = it.inner_begin + n * kRowsKv;
             if constexpr (kOverlapOwnPv) {
@@ -514,7 +519,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             if constexpr (!kOverlapOwnPv) ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
             if constexpr (A == kActSoftmax) {
 #pragma unroll
-              for (int dt = 0; dt < 16; ++dt) {
+              for (int dt = 0; dt < D / 8; ++dt) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e >> 1];
               }
@@ -527,7 +532,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           FenceRegs(pa);
           FenceRegs(o);
           WgFence();
-          IssuePv(o, pa, v_s + s * kTileBytes);
+          IssuePv<D>(o, pa, v_s + s * kTileBytes<D>);
           TurnPass(p, other_turn);
           WgWait0();
           FenceRegs(o);
@@ -538,7 +543,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
 
         float mul[2] = {1.f, 1.f};
         FinishRows<A>(p, it, row0, t, m, l, mul);
-        StoreRows<kD>(p.o, o, it.q_start, row0, it.q_len, it.head, p.heads, mul);
+        StoreRows<D>(p.o, o, it.q_start, row0, it.q_len, it.head, p.heads, mul);
       }
     }
   }
@@ -546,19 +551,19 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   if (c == 0) TurnWait(p, my_turn);
 }
 
-template <int A, bool kOverlapOwnPv>
+template <int D, int A, bool kOverlapOwnPv>
 int LaunchWgmma(const KernelParams& p, int sms, void* stream) {
   const int total = p.num_items * p.heads;
   if (total == 0) return 0;
   CUtensorMap q_map{}, k_map{}, v_map{};
-  const bool tma = p.wgmma_tma && MakeTileMap(&q_map, p.q, p.q_rows, p.heads, kD, kRowsQ) &&
-                   MakeTileMap(&k_map, p.k, p.kv_rows, p.heads, kD, kRowsKv) &&
-                   MakeTileMap(&v_map, p.v, p.kv_rows, p.heads, kD, kRowsKv);
-  auto kernel = WgmmaForwardKernel<A, kOverlapOwnPv>;
+  const bool tma = p.wgmma_tma && MakeTileMap(&q_map, p.q, p.q_rows, p.heads, D, kRowsQ) &&
+                   MakeTileMap(&k_map, p.k, p.kv_rows, p.heads, D, kRowsKv) &&
+                   MakeTileMap(&v_map, p.v, p.kv_rows, p.heads, D, kRowsKv);
+  auto kernel = WgmmaForwardKernel<D, A, kOverlapOwnPv>;
   cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<D>);
   if (e != cudaSuccess) return e;
-  kernel<<<min(total, sms), kCtaThreads, kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+  kernel<<<min(total, sms), kCtaThreads, kSmemBytes<D>, static_cast<cudaStream_t>(stream)>>>(
       p, q_map, k_map, v_map, tma);
   return cudaGetLastError();
 }
@@ -566,14 +571,23 @@ int LaunchWgmma(const KernelParams& p, int sms, void* stream) {
 }  // namespace
 
 bool WgmmaForwardSupports(const KernelParams& p) {
-  return p.head_dim == kD && !p.rope;
+  return (p.head_dim == 64 || p.head_dim == 128) && !p.rope;
 }
 
 int LaunchJaggedForwardWgmma(const KernelParams& p, int sms, void* stream) {
-  if (p.activation == kActSoftmax) return LaunchWgmma<kActSoftmax, true>(p, sms, stream);
-  if (p.activation == kActGelu) return LaunchWgmma<kActGelu, false>(p, sms, stream);
-  if (p.wgmma_overlap) return LaunchWgmma<kActSilu, true>(p, sms, stream);
-  return LaunchWgmma<kActSilu, false>(p, sms, stream);
+  return DispatchKernel(p, [&](auto d, auto a) {
+    constexpr int D = decltype(d)::value, A = decltype(a)::value;
+    // GELU waits for its own P V before the activation (its polynomial would
+    // spill next to a running P V); SiLU overlaps unless switched off.
+    if constexpr (A == kActGelu) {
+      return LaunchWgmma<D, A, false>(p, sms, stream);
+    } else if constexpr (A == kActSilu) {
+      return p.wgmma_overlap ? LaunchWgmma<D, A, true>(p, sms, stream)
+                             : LaunchWgmma<D, A, false>(p, sms, stream);
+    } else {
+      return LaunchWgmma<D, A, true>(p, sms, stream);
+    }
+  });
 }
 
 }  // namespace recfleet::attention::cuda_impl
