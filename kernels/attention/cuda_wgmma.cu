@@ -69,12 +69,12 @@ bool MakeTileMap(CUtensorMap* map, const void* base, int64_t rows, int heads, in
   const cuuint64_t elem = f32 ? 4 : 2;
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * elem,
                                 static_cast<cuuint64_t>(heads) * d * elem};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
+  // 128-byte rows: 64 bf16 or 32 fp32 columns.
+  const cuuint32_t box[3] = {f32 ? 32u : 64u, 1, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return encode(map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
                 const_cast<void*>(base), dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE,
-                f32 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }

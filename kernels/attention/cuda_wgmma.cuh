@@ -258,8 +258,8 @@ __device__ __forceinline__ void TmaLoadBlock(uint32_t dst, const CUtensorMap* ma
       : "memory");
 }
 
-// Adds the fp32 box at `src` (shared memory, the map's box in row-major
-// order) into global memory at (column, head, row) by TMA, as one bulk
+// Adds the fp32 box at `src` (shared memory, in the map's layout) into
+// global memory at (column, head, row) by TMA, as one bulk
 // group of this thread.
 __device__ __forceinline__ void TmaReduceAdd(const CUtensorMap* map, uint32_t src, int col,
                                              int head, int row) {
@@ -317,11 +317,10 @@ __device__ __forceinline__ WorkItem ItemAt(const KernelParams& p, int w) {
 }
 
 // ---- Host. ----
-// A tensor map over a [rows, heads, d] tensor whose boxes are 64-column
-// blocks of box_rows-row tiles of one head: bf16 and 128-byte swizzled (the
-// layout LoadTile writes), or with f32 fp32 and unswizzled (row-major
-// boxes). False if the tensor does not qualify or the driver's encoder is
-// unavailable.
+// A tensor map over a [rows, heads, d] tensor whose boxes are 128-byte
+// column blocks (64 bf16 columns, or 32 fp32 with f32) of box_rows-row tiles
+// of one head, 128-byte swizzled (the layout LoadTile writes). False if the
+// tensor does not qualify or the driver's encoder is unavailable.
 bool MakeTileMap(CUtensorMap* map, const void* base, int64_t rows, int heads, int d,
                  int box_rows, bool f32 = false);
 

@@ -99,6 +99,13 @@ __device__ __forceinline__ void GradsTile(const KernelParams& p, const WorkItem&
   const float scale_log2 = p.scale * kLog2e;
 #pragma unroll
   for (int nt = 0; nt < N / 8; ++nt) {
+    // dK/dV pass: the statistics of this thread's two columns, one 8-byte
+    // shared-memory load each.
+    float2 lse2_cc = {0.f, 0.f}, dsum_cc = {0.f, 0.f};
+    if constexpr (kDkDv && A == kActSoftmax) {
+      if constexpr (kP) lse2_cc = *reinterpret_cast<const float2*>(lse2_c + nt * 8 + 2 * t);
+      if constexpr (kDs) dsum_cc = *reinterpret_cast<const float2*>(dsum_c + nt * 8 + 2 * t);
+    }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e >> 1, cl = nt * 8 + 2 * t + (e & 1);
@@ -108,7 +115,7 @@ __device__ __forceinline__ void GradsTile(const KernelParams& p, const WorkItem&
       float pr = t1[nt][e], ds;
       if constexpr (A == kActSoftmax) {
         if constexpr (kP) {
-          const float l2 = kDkDv ? lse2_c[cl] : lse2_r[r];
+          const float l2 = kDkDv ? ((e & 1) ? lse2_cc.y : lse2_cc.x) : lse2_r[r];
           if (full) {
             pr = Exp2(fmaf(t1[nt][e], scale_log2, -l2));
           } else {
@@ -117,7 +124,9 @@ __device__ __forceinline__ void GradsTile(const KernelParams& p, const WorkItem&
             pr = vis ? Exp2(x * kLog2e - l2) : 0.f;
           }
         }
-        if constexpr (kDs) ds = pr * (t2[nt][e] - (kDkDv ? dsum_c[cl] : dsum_r[r]));
+        if constexpr (kDs) {
+          ds = pr * (t2[nt][e] - (kDkDv ? ((e & 1) ? dsum_cc.y : dsum_cc.x) : dsum_r[r]));
+        }
       } else {
         float x = t1[nt][e] * p.scale;
         if (!full && p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
@@ -368,11 +377,16 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
         const uint32_t blk = base + C::kDq + c * C::kDqBlockBytes;
         if (tid == 0) BulkWait<true>();
         NamedBarSync(kDqBar + c, kWgThreads);
+        // Two 32-column halves [64 rows][128 bytes], 128-byte swizzled (the
+        // 16-byte chunk c of row r at c ^ (r & 7)), so that the quad-strided
+        // rows of a warp's stores hit distinct banks.
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            const uint32_t at = blk + ((warp * 16 + g + 8 * r) * 64 + nt * 8 + 2 * t) * 4;
+            const int row = warp * 16 + g + 8 * r, chunk = 2 * (nt & 3) + (t >> 1);
+            const uint32_t at = blk + (nt >> 2) * (64 * 128) + row * 128 +
+                                ((chunk ^ (row & 7)) << 4) + (t & 1) * 8;
             asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[nt][2 * r]),
                          "f"(dq[nt][2 * r + 1])
                          : "memory");
@@ -381,7 +395,11 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
         FenceProxyAsync();
         NamedBarSync(kDqBar + c, kWgThreads);
         if (tid == 0) {
-          TmaReduceAdd(&dq_map, blk, 64 * c, it.head, static_cast<int>(it.q_start + col0));
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            TmaReduceAdd(&dq_map, blk + h * 64 * 128, 64 * c + 32 * h, it.head,
+                         static_cast<int>(it.q_start + col0));
+          }
         }
       }
     }
