@@ -269,20 +269,21 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
       for (int j = 0; j < it.q_tiles; ++j, ++q_iter) {
         const int qs = q_iter & 1;
         BarWait(q_empty + 8 * qs, ((q_iter >> 1) & 1) ^ 1);
-        FillTile<D, kRowsQ>(q_s + qs * kTileBytes<D>, &q_map, tma, q, it.q_start, it.tile_row + j * kRowsQ,
-                 it.q_len, it.head, p.heads, tid, q_full + 8 * qs);
+        FillTile<D, kRowsQ>(q_s + qs * kTileBytes<D>, &q_map, tma, q, it.q_start,
+                            it.tile_row + j * kRowsQ, it.q_len, it.head, p.heads, tid,
+                            q_full + 8 * qs);
         if (j > 0) continue;
         // K and V have barriers of their own: K_n is free once S_n is done,
         // V_n only after P_n V_n, which the consumers issue one step later.
         for (int n = 0; n < n_tiles; ++n, ++kv_iter) {
-        const int s = kv_iter & 1, parity = ((kv_iter >> 1) & 1) ^ 1;
-        const int row0 = it.inner_begin + n * kRowsKv;
-        BarWait(k_empty + 8 * s, parity);
-        FillTile<D, kRowsQ>(k_s + s * kTileBytes<D>, &k_map, tma, k, it.k_start, row0, it.k_len, it.head,
-                 p.heads, tid, k_full + 8 * s);
-        BarWait(v_empty + 8 * s, parity);
-        FillTile<D, kRowsQ>(v_s + s * kTileBytes<D>, &v_map, tma, v, it.k_start, row0, it.k_len, it.head,
-                 p.heads, tid, v_full + 8 * s);
+          const int s = kv_iter & 1, parity = ((kv_iter >> 1) & 1) ^ 1;
+          const int row0 = it.inner_begin + n * kRowsKv;
+          BarWait(k_empty + 8 * s, parity);
+          FillTile<D, kRowsKv>(k_s + s * kTileBytes<D>, &k_map, tma, k, it.k_start, row0,
+                               it.k_len, it.head, p.heads, tid, k_full + 8 * s);
+          BarWait(v_empty + 8 * s, parity);
+          FillTile<D, kRowsKv>(v_s + s * kTileBytes<D>, &v_map, tma, v, it.k_start, row0,
+                               it.k_len, it.head, p.heads, tid, v_full + 8 * s);
         }
       }
     }

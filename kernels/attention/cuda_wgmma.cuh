@@ -297,7 +297,9 @@ __device__ __forceinline__ void FillTile(uint32_t s, const CUtensorMap* map, boo
                    : "memory");
       const int row = static_cast<int>(start + row0);
 #pragma unroll
-      for (int b = 0; b < D / 64; ++b) TmaLoadBlock(s + b * ROWS * 128, map, 64 * b, head, row, bar);
+      for (int b = 0; b < D / 64; ++b) {
+        TmaLoadBlock(s + b * ROWS * 128, map, 64 * b, head, row, bar);
+      }
     } else {
       BarArrive(bar);
     }
