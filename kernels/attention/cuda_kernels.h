@@ -83,7 +83,8 @@ struct KernelParams {
   bool wgmma_turns = true;
   // Hopper forward and backward: tiles that lie inside their sequence load
   // through the tensor memory accelerator (TMA); off, or where the tensor
-  // maps cannot be made, every tile loads with cp.async.
+  // maps cannot be made, every tile loads with cp.async (and the backward
+  // forms dQ in its separate pass: the fused dQ adds by TMA).
   bool wgmma_tma = true;
   // Hopper forward, SiLU: the activation of S_n overlaps the warpgroup's
   // own P_{n-1} V_{n-1}; off, it waits for it (as GELU always does).
