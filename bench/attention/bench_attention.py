@@ -97,6 +97,25 @@ def atomic_dq(fn):
     return with_env(fn, "RECFLEET_ATTENTION_DQ", "atomic")
 
 
+def mma_backward(fn):
+    """fn with the mma.sync backward passes where the launcher would pick wgmma."""
+    return with_env(fn, "RECFLEET_ATTENTION_BWD", "mma")
+
+
+def wgmma_dq_pass(fn):
+    """fn with the Hopper backward's dQ from a separate pass instead of the
+    TMA reduce-add inside the dK/dV pass."""
+    return with_env(fn, "RECFLEET_ATTENTION_WGMMA_DQ", "pass")
+
+
+def bwd_variants(workload, impl, flops, fn):
+    """fwd+bwd rows of the backward's alternatives: the Hopper backward with
+    a dQ pass, the mma.sync backward, the mma.sync backward's atomic dQ."""
+    record(workload, f"{impl}, wgmma bwd dQ pass", "fwd+bwd", flops, wgmma_dq_pass(fn))
+    record(workload, f"{impl}, mma.sync bwd", "fwd+bwd", flops, mma_backward(fn))
+    record(workload, f"{impl}, mma.sync bwd atomic dQ", "fwd+bwd", flops, atomic_dq(fn))
+
+
 def mma_forward(fn):
     """fn with the mma.sync forward wherever the launcher would pick wgmma."""
     return with_env(fn, "RECFLEET_ATTENTION_FWD", "mma")
@@ -120,12 +139,17 @@ def wgmma_no_turns(fn):
     return with_env(fn, "RECFLEET_ATTENTION_WGMMA_TURNS", "0")
 
 
+FWD_VARIANTS = [True]
+
+
 def wgmma_variants(workload, impl, flops, fn, switches=()):
     """Forward rows of the Hopper kernel's variants and the mma.sync kernel;
     `switches` adds a row with RECFLEET_ATTENTION_WGMMA_<name>=0 for each
     name (SiLU only: CHAIN, a query tile's last P V issued with the next
     tile's first S; OVERLAP, the activation overlapping the warpgroup's own
     P V)."""
+    if not FWD_VARIANTS[0]:
+        return
     for name in switches:
         record(workload, f"{impl}, wgmma no {name.lower()}", "fwd", flops,
                with_env(fn, f"RECFLEET_ATTENTION_WGMMA_{name}", "0"))
@@ -294,10 +318,12 @@ def jagged_self(lib, d, dev, lens, with_flex):
     ours = Ours(lib, q, k, v, lens, lens, "softmax", "none")
     flops = ours.flops
     record(name, "recfleet JFA", "fwd", flops, ours.fwd)
-    if d == 128:  # the Hopper forward's head dim
+    if d == 128:
         wgmma_variants(name, "recfleet JFA", flops, ours.fwd)
+    else:
+        record(name, "recfleet JFA, mma.sync fwd", "fwd", flops, mma_forward(ours.fwd))
     record(name, "recfleet JFA", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
-    record(name, "recfleet JFA, atomic dQ", "fwd+bwd", 3.5 * flops, atomic_dq(ours.fwd_bwd))
+    bwd_variants(name, "recfleet JFA", 3.5 * flops, ours.fwd_bwd)
     cu = torch.tensor(offsets(lens), device=dev, dtype=torch.int32)
     mx = max(lens)
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
@@ -327,7 +353,11 @@ def jagged_self(lib, d, dev, lens, with_flex):
     if d == 128:
         wgmma_variants(f"{name} SiLU causal", "recfleet GDPA", silu.flops, silu.fwd,
                        ("CHAIN", "OVERLAP"))
+    else:
+        record(f"{name} SiLU causal", "recfleet GDPA, mma.sync fwd", "fwd", silu.flops,
+               mma_forward(silu.fwd))
     record(f"{name} SiLU causal", "recfleet GDPA", "fwd+bwd", 3.5 * silu.flops, silu.fwd_bwd)
+    bwd_variants(f"{name} SiLU causal", "recfleet GDPA", 3.5 * silu.flops, silu.fwd_bwd)
 
 
 def sliding_window(lib, dev, lens, with_flex):
@@ -339,8 +369,7 @@ def sliding_window(lib, dev, lens, with_flex):
     record(name, "recfleet JFA window", "fwd", flops, ours.fwd)
     wgmma_variants(name, "recfleet JFA window", flops, ours.fwd)
     record(name, "recfleet JFA window", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
-    record(name, "recfleet JFA window, atomic dQ", "fwd+bwd", 3.5 * flops,
-           atomic_dq(ours.fwd_bwd))
+    bwd_variants(name, "recfleet JFA window", 3.5 * flops, ours.fwd_bwd)
     cu = torch.tensor(offsets(lens), device=dev, dtype=torch.int32)
     mx = max(lens)
     try:
@@ -374,8 +403,7 @@ def gdpa_cross(lib, dev, with_compile):
         wgmma_variants(f"{name} {act}", "recfleet GDPA", ours.flops, ours.fwd,
                        ("CHAIN", "OVERLAP") if act == "silu" else ())
         record(f"{name} {act}", "recfleet GDPA", "fwd+bwd", 3.5 * ours.flops, ours.fwd_bwd)
-        record(f"{name} {act}", "recfleet GDPA, atomic dQ", "fwd+bwd", 3.5 * ours.flops,
-               atomic_dq(ours.fwd_bwd))
+        bwd_variants(f"{name} {act}", "recfleet GDPA", 3.5 * ours.flops, ours.fwd_bwd)
     flops_jagged = ours.flops
     cq = torch.tensor(offsets(q_lens), device=dev, dtype=torch.int32)
     ck = torch.tensor(offsets(k_lens), device=dev, dtype=torch.int32)
@@ -493,10 +521,13 @@ def main():
     ap.add_argument("--no_compile", action="store_true")
     ap.add_argument("--sections", default="jagged128,gdpa,block,window,jagged64",
                     help="comma-separated subset of the workloads to run, in this order")
+    ap.add_argument("--no_fwd_variants", action="store_true",
+                    help="skip the rows of the Hopper forward's switched-off variants")
     ap.add_argument("--profile", action="store_true",
                     help="only run the kernels a few times (for ncu), no timing")
     args = ap.parse_args()
     DEADLINE[0] = time.time() + args.budget_s
+    FWD_VARIANTS[0] = not args.no_fwd_variants
     lib = ctypes.CDLL(args.lib)
     lib.rf_attention_forward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
     lib.rf_attention_backward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]

@@ -59,6 +59,7 @@ struct HostPlan {
   std::vector<WorkItem> grouped_tiles;  // the Hopper forward's (forward tiles grouped)
   std::vector<WorkItem> query_tiles;    // dQ
   std::vector<WorkItem> key_tiles;    // dK/dV
+  std::vector<WorkItem> wide_key_tiles;  // the Hopper dK/dV pass's
   std::vector<WorkItem> blocks;       // BlockAttention (empty if not applicable)
   bool block_kernel = false;
 };
@@ -76,6 +77,44 @@ void AddQueryTiles(const WorkItem& base, const AttentionOptions& o, int64_t rows
     const KeyRange last = VisibleKeys(o, lq, lk, std::min(lq, m0 + rows) - 1);
     it.inner_begin = static_cast<int>(first.begin);
     it.inner_end = static_cast<int>(std::max(first.begin, last.end));
+    out.push_back(it);
+  }
+}
+
+// Appends the key tiles of `rows` rows of one sequence (described by `base`)
+// with the queries that see them.
+void AddKeyTiles(const WorkItem& base, const AttentionOptions& o, int64_t rows,
+                 std::vector<WorkItem>& out) {
+  const int64_t lq = base.q_len, lk = base.k_len;
+  for (int64_t n0 = 0; n0 < lk; n0 += rows) {
+    WorkItem it = base;
+    it.tile_row = static_cast<int>(n0);
+    const int64_t n_last = std::min(lk, n0 + rows) - 1;
+    // First query whose range ends after n0, last whose range starts at or
+    // before n_last (both monotone): binary searches over [0, lq).
+    int64_t lo = 0, hi = lq;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (VisibleKeys(o, lq, lk, mid).end > n0) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    const int64_t first = lo;
+    lo = 0;
+    hi = lq;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (VisibleKeys(o, lq, lk, mid).begin <= n_last) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    const int64_t end = lo;
+    it.inner_begin = static_cast<int>(first);
+    it.inner_end = static_cast<int>(std::max(first, end));
     out.push_back(it);
   }
 }
@@ -126,42 +165,14 @@ HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
       blk.inner_end = static_cast<int>(std::min(lk, m0 + kTile));
       plan.blocks.push_back(blk);
     }
-    for (int64_t n0 = 0; n0 < lk; n0 += kTile) {
-      WorkItem it = base;
-      it.tile_row = static_cast<int>(n0);
-      const int64_t n_last = std::min(lk, n0 + kTile) - 1;
-      // First query whose range ends after n0, last whose range starts at or
-      // before n_last (both monotone): binary searches over [0, lq).
-      int64_t lo = 0, hi = lq;
-      while (lo < hi) {
-        const int64_t mid = (lo + hi) / 2;
-        if (VisibleKeys(o, lq, lk, mid).end > n0) {
-          hi = mid;
-        } else {
-          lo = mid + 1;
-        }
-      }
-      const int64_t first = lo;
-      lo = 0;
-      hi = lq;
-      while (lo < hi) {
-        const int64_t mid = (lo + hi) / 2;
-        if (VisibleKeys(o, lq, lk, mid).begin <= n_last) {
-          lo = mid + 1;
-        } else {
-          hi = mid;
-        }
-      }
-      const int64_t end = lo;
-      it.inner_begin = static_cast<int>(first);
-      it.inner_end = static_cast<int>(std::max(first, end));
-      plan.key_tiles.push_back(it);
-    }
+    AddKeyTiles(base, o, kTile, plan.key_tiles);
+    AddKeyTiles(base, o, cuda_impl::kWideKeyTileRows, plan.wide_key_tiles);
   }
   SortLongestFirst(plan.forward_tiles);
   SortLongestFirst(plan.grouped_tiles);
   SortLongestFirst(plan.query_tiles);
   SortLongestFirst(plan.key_tiles);
+  SortLongestFirst(plan.wide_key_tiles);
   if (!plan.block_kernel) plan.blocks.clear();
   return plan;
 }
@@ -172,17 +183,19 @@ struct DevicePlan {
   WorkItem* grouped_tiles = nullptr;
   WorkItem* query_tiles = nullptr;
   WorkItem* key_tiles = nullptr;
+  WorkItem* wide_key_tiles = nullptr;
   WorkItem* blocks = nullptr;
   int64_t* q_offsets = nullptr;
   int64_t* k_offsets = nullptr;
   int num_forward_tiles = 0, num_grouped_tiles = 0, num_query_tiles = 0, num_key_tiles = 0,
-      num_blocks = 0;
+      num_wide_key_tiles = 0, num_blocks = 0;
   bool block_kernel = false;
 
   ~DevicePlan() {
     for (void* p : {static_cast<void*>(forward_tiles), static_cast<void*>(grouped_tiles),
                     static_cast<void*>(query_tiles),
-                    static_cast<void*>(key_tiles), static_cast<void*>(blocks),
+                    static_cast<void*>(key_tiles), static_cast<void*>(wide_key_tiles),
+                    static_cast<void*>(blocks),
                     static_cast<void*>(q_offsets), static_cast<void*>(k_offsets)}) {
       if (p != nullptr) cudaFree(p);
     }
@@ -233,12 +246,15 @@ class PlanCache {
     plan->num_grouped_tiles = static_cast<int>(host.grouped_tiles.size());
     plan->num_query_tiles = static_cast<int>(host.query_tiles.size());
     plan->num_key_tiles = static_cast<int>(host.key_tiles.size());
+    plan->num_wide_key_tiles = static_cast<int>(host.wide_key_tiles.size());
     plan->num_blocks = static_cast<int>(host.blocks.size());
     plan->block_kernel = host.block_kernel;
     for (auto s : {Upload(host.forward_tiles, &plan->forward_tiles),
                    Upload(host.grouped_tiles, &plan->grouped_tiles),
                    Upload(host.query_tiles, &plan->query_tiles),
-                   Upload(host.key_tiles, &plan->key_tiles), Upload(host.blocks, &plan->blocks),
+                   Upload(host.key_tiles, &plan->key_tiles),
+                   Upload(host.wide_key_tiles, &plan->wide_key_tiles),
+                   Upload(host.blocks, &plan->blocks),
                    Upload(q_off, &plan->q_offsets), Upload(k_off, &plan->k_offsets)}) {
       if (!s.ok()) return s;
     }
@@ -376,13 +392,35 @@ bool AtomicDq() {
 }
 
 // Which forward kernel runs where the Hopper (wgmma) one supports the shapes
-// (head dim 128, no fused RoPE): by default the Hopper kernel for every
+// (head dim 64 or 128, no fused RoPE): by default the Hopper kernel for every
 // activation, as measured on H200 (bench/attention). RECFLEET_ATTENTION_FWD
 // =mma forces the mma.sync kernel, so the choice can be re-measured.
 bool UseWgmmaForward(const KernelParams& p) {
   if (!cuda_impl::WgmmaForwardSupports(p)) return false;
   const char* mode = std::getenv("RECFLEET_ATTENTION_FWD");
   return mode == nullptr || std::string(mode) != "mma";
+}
+
+// Which backward runs where the Hopper (wgmma) one supports the shapes: by
+// default the Hopper passes, unless RECFLEET_ATTENTION_BWD=mma or the atomic
+// dQ (an mma.sync dK/dV pass feature) is asked for, so the choice can be
+// re-measured.
+bool UseWgmmaBackward(const KernelParams& p) {
+  if (!cuda_impl::WgmmaBackwardSupports(p) || AtomicDq()) return false;
+  const char* mode = std::getenv("RECFLEET_ATTENTION_BWD");
+  return mode == nullptr || std::string(mode) != "mma";
+}
+
+// The current device's SM count (the persistent kernels' grid).
+absl::StatusOr<int> SmCount() {
+  int device = 0, sms = 0;
+  if (auto s = CudaCheck(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
+  if (auto s = CudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                         "cudaDeviceGetAttribute");
+      !s.ok()) {
+    return s;
+  }
+  return sms;
 }
 
 // Switches of the Hopper forward (KernelParams::wgmma_turns, wgmma_tma,
@@ -392,6 +430,92 @@ bool UseWgmmaForward(const KernelParams& p) {
 bool EnvFlag(const char* name) {
   const char* mode = std::getenv(name);
   return mode == nullptr || std::string(mode) != "0";
+}
+
+// A zeroed fp32 buffer of dQ's shape, into which a dK/dV pass adds dQ.
+absl::StatusOr<float*> ZeroedDqAccum(const AttentionGrads& grads, Workspace& ws,
+                                     cudaStream_t stream) {
+  const size_t bytes = grads.dq.numel() * sizeof(float);
+  auto acc = ws.Alloc(bytes);
+  if (!acc.ok()) return acc.status();
+  if (auto s = CudaCheck(cudaMemsetAsync(*acc, 0, bytes, stream), "cudaMemsetAsync(dq)");
+      !s.ok()) {
+    return s;
+  }
+  return static_cast<float*>(*acc);
+}
+
+// How the Hopper backward forms dQ: inside the dK/dV pass by TMA
+// reduce-add into an fp32 buffer (the default at d = 128, as measured on
+// H200, bench/RESULTS.md), or by a separate query-stationary pass
+// (RECFLEET_ATTENTION_WGMMA_DQ=pass; always at d = 64 and without TMA).
+bool WgmmaFusedDq(const KernelParams& p) {
+  if (!cuda_impl::WgmmaFusedDqSupports(p)) return false;
+  const char* mode = std::getenv("RECFLEET_ATTENTION_WGMMA_DQ");
+  return mode == nullptr || std::string(mode) != "pass";
+}
+
+// The jagged backward's Hopper passes: dK/dV with dQ fused, or dQ then dK/dV.
+absl::Status WgmmaBackward(const AttentionInputs& in, const DevicePlan& plan,
+                           const AttentionGrads& grads, Workspace& ws, KernelParams p,
+                           cudaStream_t stream) {
+  auto sms = SmCount();
+  if (!sms.ok()) return sms.status();
+  p.q_rows = in.q.values.dim(0);
+  p.kv_rows = in.k.values.dim(0);
+  p.wgmma_tma = EnvFlag("RECFLEET_ATTENTION_WGMMA_TMA");
+  const bool fused = WgmmaFusedDq(p);
+  if (fused) {
+    auto acc = ZeroedDqAccum(grads, ws, stream);
+    if (!acc.ok()) return acc.status();
+    p.dq_accum = *acc;
+  } else {
+    p.items = plan.forward_tiles;
+    p.num_items = plan.num_forward_tiles;
+    if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDqWgmma(p, *sms, stream),
+                           "attention dQ (wgmma)");
+        !s.ok()) {
+      return s;
+    }
+  }
+  p.items = plan.wide_key_tiles;
+  p.num_items = plan.num_wide_key_tiles;
+  if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDkDvWgmma(p, *sms, stream),
+                         "attention dK/dV (wgmma)");
+      !s.ok()) {
+    return s;
+  }
+  if (!fused) return absl::OkStatus();
+  return CudaCheck(cuda_impl::LaunchFloatToBf16(p.dq_accum, p.dq, grads.dq.numel(), stream),
+                   "dQ to bf16");
+}
+
+// The jagged backward's mma.sync passes: dQ (or its fp32 atomics from the
+// dK/dV pass), then dK/dV.
+absl::Status MmaBackward(const DevicePlan& plan, const AttentionGrads& grads, Workspace& ws,
+                         KernelParams p, cudaStream_t stream) {
+  const bool atomic_dq = AtomicDq();
+  if (atomic_dq) {
+    auto acc = ZeroedDqAccum(grads, ws, stream);
+    if (!acc.ok()) return acc.status();
+    p.dq_accum = *acc;
+  } else {
+    p.items = plan.query_tiles;
+    p.num_items = plan.num_query_tiles;
+    if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDq(p, stream), "attention dQ");
+        !s.ok()) {
+      return s;
+    }
+  }
+  p.items = plan.key_tiles;
+  p.num_items = plan.num_key_tiles;
+  if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDkDv(p, stream), "attention dK/dV");
+      !s.ok()) {
+    return s;
+  }
+  if (!atomic_dq) return absl::OkStatus();
+  return CudaCheck(cuda_impl::LaunchFloatToBf16(p.dq_accum, p.dq, grads.dq.numel(), stream),
+                   "dQ to bf16");
 }
 
 absl::Status CheckSizes(const AttentionInputs& in) {
@@ -427,13 +551,8 @@ absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& o, T
   p.items = (*plan)->forward_tiles;
   p.num_items = (*plan)->num_forward_tiles;
   if (UseWgmmaForward(p)) {
-    int device = 0, sms = 0;
-    if (auto s = CudaCheck(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
-    if (auto s = CudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                           "cudaDeviceGetAttribute");
-        !s.ok()) {
-      return s;
-    }
+    auto sms = SmCount();
+    if (!sms.ok()) return sms.status();
     if (EnvFlag("RECFLEET_ATTENTION_WGMMA_GROUP")) {
       p.items = (*plan)->grouped_tiles;
       p.num_items = (*plan)->num_grouped_tiles;
@@ -444,7 +563,7 @@ absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& o, T
     p.wgmma_chain = EnvFlag("RECFLEET_ATTENTION_WGMMA_CHAIN");
     p.q_rows = in.q.values.dim(0);
     p.kv_rows = in.k.values.dim(0);
-    return CudaCheck(cuda_impl::LaunchJaggedForwardWgmma(p, sms, stream),
+    return CudaCheck(cuda_impl::LaunchJaggedForwardWgmma(p, *sms, stream),
                      "jagged attention forward (wgmma)");
   }
   return CudaCheck(cuda_impl::LaunchJaggedForward(p, stream), "jagged attention forward");
@@ -504,38 +623,9 @@ absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& o,
         return s;
       }
     }
-    const bool atomic_dq = AtomicDq();
-    if (atomic_dq) {
-      auto acc = ws.Alloc(grads.dq.numel() * sizeof(float));
-      if (!acc.ok()) return acc.status();
-      p.dq_accum = static_cast<float*>(*acc);
-      if (auto s = CudaCheck(cudaMemsetAsync(*acc, 0, grads.dq.numel() * sizeof(float), stream),
-                             "cudaMemsetAsync(dq)");
-          !s.ok()) {
-        return s;
-      }
-    } else {
-      p.items = plan.query_tiles;
-      p.num_items = plan.num_query_tiles;
-      if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDq(p, stream), "attention dQ");
-          !s.ok()) {
-        return s;
-      }
-    }
-    p.items = plan.key_tiles;
-    p.num_items = plan.num_key_tiles;
-    if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardDkDv(p, stream), "attention dK/dV");
-        !s.ok()) {
-      return s;
-    }
-    if (atomic_dq) {
-      if (auto s = CudaCheck(cuda_impl::LaunchFloatToBf16(p.dq_accum, p.dq, grads.dq.numel(),
-                                                          stream),
-                             "dQ to bf16");
-          !s.ok()) {
-        return s;
-      }
-    }
+    const absl::Status s = UseWgmmaBackward(p) ? WgmmaBackward(in, plan, grads, ws, p, stream)
+                                               : MmaBackward(plan, grads, ws, p, stream);
+    if (!s.ok()) return s;
   }
   if (prep->transformed) {
     const bool pass_rope = o.rope && !plan.block_kernel;

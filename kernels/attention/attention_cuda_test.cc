@@ -267,14 +267,15 @@ TEST(AttentionCudaTest, BiasQkNormAndRope) {
   }
 }
 
-// The Hopper forward (d = 128, the default there) works on 128-row query
+// The Hopper forward (d = 64 and 128, the default there) works on 128-row query
 // tiles and 128-key tiles in a persistent grid whose two consumer
 // warpgroups take turns, loading tiles inside a sequence by TMA and the
 // others by cp.async, and runs of query tiles with the same short K/V range
 // as one item: lengths around both tile sizes, the longest sequence, empty
 // and single rows, bias, short-K/V runs longer than a group, more items
 // than SMs with mixed K/V tile counts (0, 1, 2, 3); the same without turns,
-// TMA and grouping, and the mma.sync kernel on the same cases.
+// TMA and grouping, and the mma.sync kernel on the same cases (the
+// variants and the grouped and many-item cases at d = 128).
 TEST(AttentionCudaTest, HopperForwardTileEdges) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   const std::vector<int64_t> lens = {0, 1, 127, 128, 129, 255, 257, 400};
@@ -295,26 +296,31 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
     setenv("RECFLEET_ATTENTION_WGMMA_CHAIN", var.switches, 1);
     setenv("RECFLEET_ATTENTION_WGMMA_OVERLAP", var.switches, 1);
     const bool plain = std::string(var.switches) == "0";
-    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
-      for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
-        if (plain && (a == Activation::kGelu || m == Mask::kSlidingWindow)) continue;
-        Case self{absl::StrCat("hopper self ", var.name, " ", ActName(a), " ", MaskName(m)), lens,
-                  lens, 2, 128};
-        self.opts.activation = a;
-        self.opts.mask = m;
-        self.opts.window = 200;
-        RunCase(self, seed++);
-        Case cross{absl::StrCat("hopper cross ", var.name, " ", ActName(a), " ", MaskName(m)),
-                   q_lens, k_lens, 2, 128};
-        cross.opts = self.opts;
-        RunCase(cross, seed++);
-        if (m == Mask::kCausal) {
-          self.name += " bias";
-          self.bias = true;
+    for (int64_t d : {128, 64}) {
+      for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+        for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
+          if (plain && (a == Activation::kGelu || m == Mask::kSlidingWindow)) continue;
+          if (d == 64 && std::string(var.name) != "wgmma") continue;
+          Case self{absl::StrCat("hopper self ", var.name, " d", d, " ", ActName(a), " ",
+                                 MaskName(m)),
+                    lens, lens, 2, d};
+          self.opts.activation = a;
+          self.opts.mask = m;
+          self.opts.window = 200;
           RunCase(self, seed++);
-          cross.name += " bias";
-          cross.bias = true;
+          Case cross{absl::StrCat("hopper cross ", var.name, " d", d, " ", ActName(a), " ",
+                                  MaskName(m)),
+                     q_lens, k_lens, 2, d};
+          cross.opts = self.opts;
           RunCase(cross, seed++);
+          if (m == Mask::kCausal) {
+            self.name += " bias";
+            self.bias = true;
+            RunCase(self, seed++);
+            cross.name += " bias";
+            cross.bias = true;
+            RunCase(cross, seed++);
+          }
         }
       }
     }
@@ -350,6 +356,61 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
   unsetenv("RECFLEET_ATTENTION_WGMMA_GROUP");
   unsetenv("RECFLEET_ATTENTION_WGMMA_CHAIN");
   unsetenv("RECFLEET_ATTENTION_WGMMA_OVERLAP");
+}
+
+// The Hopper backward (the default at d = 64 and 128): dK/dV over 128-key
+// tiles streaming 64-query tiles through a three-stage ring in a persistent
+// grid, with dQ added by TMA reduce-add (d = 128 with TMA) or from a
+// separate pass over 128-query tiles (RECFLEET_ATTENTION_WGMMA_DQ=pass, and
+// always at d = 64 or without TMA). Lengths around both tile sizes,
+// sequences long enough for the ring to wrap within an item, more items
+// than SMs (the stationary tiles reload), every activation with each mask,
+// bias (dbias); then the mma.sync backward (RECFLEET_ATTENTION_BWD=mma) on
+// the same cases.
+TEST(AttentionCudaTest, HopperBackwardTileEdges) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<int64_t> lens = {0, 1, 63, 64, 65, 127, 128, 129, 191, 700};
+  const std::vector<int64_t> q_lens = {700, 1, 0, 129, 64, 5, 257, 1, 65};
+  const std::vector<int64_t> k_lens = {65, 129, 3, 0, 700, 256, 1, 300, 64};
+  std::mt19937_64 len_rng(7);
+  std::vector<int64_t> many(150);
+  for (int64_t& l : many) l = static_cast<int64_t>(len_rng() % 260);
+  uint64_t seed = 500;
+  for (const char* bwd : {"wgmma", "wgmma-pass", "mma"}) {
+    setenv("RECFLEET_ATTENTION_BWD", std::string(bwd) == "mma" ? "mma" : "wgmma", 1);
+    setenv("RECFLEET_ATTENTION_WGMMA_DQ", std::string(bwd) == "wgmma-pass" ? "pass" : "fused", 1);
+    for (const char* tma : {"1", "0"}) {
+      if (std::string(bwd) != "wgmma" && std::string(tma) == "0") continue;
+      setenv("RECFLEET_ATTENTION_WGMMA_TMA", tma, 1);
+      for (int64_t d : {64, 128}) {
+        for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+          for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
+            const std::string tag =
+                absl::StrCat(bwd, " tma=", tma, " d", d, " ", ActName(a), " ", MaskName(m));
+            Case self{absl::StrCat("backward self ", tag), lens, lens, 2, d};
+            self.opts.activation = a;
+            self.opts.mask = m;
+            self.opts.window = 150;
+            self.bias = m == Mask::kCausal;
+            RunCase(self, seed++);
+            Case cross{absl::StrCat("backward cross ", tag), q_lens, k_lens, 2, d};
+            cross.opts = self.opts;
+            cross.bias = m == Mask::kNone;
+            RunCase(cross, seed++);
+          }
+          Case lots{absl::StrCat("backward many items ", bwd, " tma=", tma, " d", d, " ",
+                                 ActName(a)),
+                    many, many, 2, d};
+          lots.opts.activation = a;
+          lots.opts.mask = Mask::kCausal;
+          RunCase(lots, seed++);
+        }
+      }
+    }
+  }
+  unsetenv("RECFLEET_ATTENTION_BWD");
+  unsetenv("RECFLEET_ATTENTION_WGMMA_DQ");
+  unsetenv("RECFLEET_ATTENTION_WGMMA_TMA");
 }
 
 // The backward's dQ through fp32 atomics in the dK/dV pass instead of the

@@ -315,9 +315,32 @@ __device__ __forceinline__ WorkItem LoadItem(const KernelParams& p) {
 }
 
 // ---- Shared epilogue pieces. ----
+// log2-domain lse of a row (0 where the row sees no key: its scores are all
+// masked, so any finite value gives p = 0 instead of NaN).
+__device__ __forceinline__ float Lse2(const KernelParams& p, int64_t row_head) {
+  const float v = p.lse[row_head];
+  return isinf(v) ? 0.f : v * kLog2e;
+}
+
 __device__ __forceinline__ float BiasAt(const KernelParams& p, const WorkItem& it, int i, int j) {
   return __bfloat162float(
       static_cast<const bf16*>(p.bias)[it.bias_base + static_cast<int64_t>(i) * it.k_len + j]);
+}
+// The softmax backward's per-query statistics of a thread's two rows
+// (row_base and row_base + 8): log2-domain lse and rowsum(dO * O), zero past
+// the sequence end.
+__device__ __forceinline__ void QueryRowStats(const KernelParams& p, const WorkItem& it,
+                                              int row_base, float (&lse2)[2], float (&dsum)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = row_base + 8 * r;
+    lse2[r] = dsum[r] = 0.f;
+    if (i < it.q_len) {
+      const int64_t rh = (it.q_start + i) * p.heads + it.head;
+      lse2[r] = Lse2(p, rh);
+      dsum[r] = p.dsum[rh];
+    }
+  }
 }
 __device__ __forceinline__ void StoreBias(const KernelParams& p, const WorkItem& it, int i, int j,
                                           float v) {

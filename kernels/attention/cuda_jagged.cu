@@ -170,13 +170,6 @@ __global__ void __launch_bounds__(kThreads) JaggedForwardKernel(const KernelPara
   }
 }
 
-// log2-domain lse of a row (0 where the row sees no key: its scores are all
-// masked, so any finite value gives p = 0 instead of NaN).
-__device__ __forceinline__ float Lse2(const KernelParams& p, int64_t row_head) {
-  const float v = p.lse[row_head];
-  return isinf(v) ? 0.f : v * kLog2e;
-}
-
 template <int D, int A>
 __global__ void __launch_bounds__(kThreads) JaggedDqKernel(const KernelParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -197,17 +190,7 @@ __global__ void __launch_bounds__(kThreads) JaggedDqKernel(const KernelParams p)
 
   const int row_base = it.tile_row + warp * 16 + g;
   float lse2[2] = {0.f, 0.f}, dsum[2] = {0.f, 0.f};
-  if constexpr (A == kActSoftmax) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = row_base + 8 * r;
-      if (i < it.q_len) {
-        const int64_t rh = (it.q_start + i) * p.heads + it.head;
-        lse2[r] = Lse2(p, rh);
-        dsum[r] = p.dsum[rh];
-      }
-    }
-  }
+  if constexpr (A == kActSoftmax) QueryRowStats(p, it, row_base, lse2, dsum);
   const float scale_log2 = p.scale * kLog2e;
   int lo[2], hi[2];
   RowKeyRanges(p, it.q_len, it.k_len, row_base, lo, hi);

@@ -19,6 +19,8 @@ enum : int { kActSoftmax = 0, kActGelu = 1, kActSilu = 2 };
 inline constexpr int kForwardRowBlocks = 2;
 inline constexpr int kForwardTileRows = 64 * kForwardRowBlocks;
 inline constexpr int kTileRows = 64;
+// Key tiles of the Hopper dK/dV pass (64 keys per consumer warpgroup).
+inline constexpr int kWideKeyTileRows = 128;
 
 // One CTA's work: a tile of one (sequence, head) and the range of rows
 // of the other side its inner loop visits. For the forward and the dQ pass
@@ -63,7 +65,8 @@ struct KernelParams {
   void* dv = nullptr;
   void* dbias = nullptr;
   // When set, the dK/dV pass also accumulates dQ here ([rows, heads, d],
-  // zeroed by the caller) with atomics, and no dQ pass is needed.
+  // zeroed by the caller) with atomics (mma.sync: per element; Hopper: TMA
+  // reduce-add of fp32 blocks), and no dQ pass is needed.
   float* dq_accum = nullptr;
   const WorkItem* items = nullptr;
   int num_items = 0;  // the grid is num_items * heads CTAs
@@ -78,9 +81,10 @@ struct KernelParams {
   // Hopper forward: the two consumer warpgroups take turns issuing their
   // GEMMs (ping-pong); off, both issue as soon as their data is ready.
   bool wgmma_turns = true;
-  // Hopper forward: query/K/V tiles that lie inside their sequence load
+  // Hopper forward and backward: tiles that lie inside their sequence load
   // through the tensor memory accelerator (TMA); off, or where the tensor
-  // maps cannot be made, every tile loads with cp.async.
+  // maps cannot be made, every tile loads with cp.async (and the backward
+  // forms dQ in its separate pass: the fused dQ adds by TMA).
   bool wgmma_tma = true;
   // Hopper forward, SiLU: the activation of S_n overlaps the warpgroup's
   // own P_{n-1} V_{n-1}; off, it waits for it (as GELU always does).
@@ -90,7 +94,7 @@ struct KernelParams {
   // items); off, every tile ends with a step of its own for it (and starts
   // with a discarded P V).
   bool wgmma_chain = true;
-  int64_t q_rows = 0;   // rows of q (the Hopper forward's tensor maps)
+  int64_t q_rows = 0;   // rows of q and dout (the Hopper kernels' tensor maps)
   int64_t kv_rows = 0;  // rows of k and v
 };
 
@@ -102,6 +106,16 @@ int LaunchJaggedBackwardDkDv(const KernelParams& p, void* stream);
 // WgmmaForwardSupports accepts; `sms` is the device's SM count (the grid).
 bool WgmmaForwardSupports(const KernelParams& p);
 int LaunchJaggedForwardWgmma(const KernelParams& p, int sms, void* stream);
+// The Hopper backward (two warp-specialized persistent passes, no atomics)
+// for the shapes WgmmaBackwardSupports accepts: the dQ pass over the
+// forward's query tiles (kForwardTileRows), the dK/dV pass over key tiles of
+// kWideKeyTileRows.
+// With dq_accum set (zeroed fp32, where WgmmaFusedDqSupports), the dK/dV
+// pass also adds dQ into it by TMA reduce-add and no dQ pass runs.
+bool WgmmaBackwardSupports(const KernelParams& p);
+bool WgmmaFusedDqSupports(const KernelParams& p);
+int LaunchJaggedBackwardDqWgmma(const KernelParams& p, int sms, void* stream);
+int LaunchJaggedBackwardDkDvWgmma(const KernelParams& p, int sms, void* stream);
 int LaunchBlockForward(const KernelParams& p, void* stream);
 int LaunchBlockBackward(const KernelParams& p, void* stream);
 

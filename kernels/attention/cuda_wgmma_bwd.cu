@@ -1,0 +1,478 @@
+// Hopper backward of the jagged attention (head dim 64 or 128, any
+// activation, mask and bias): two warp-specialized persistent passes
+// without atomics, built from the forward's pieces (cuda_wgmma.cuh).
+//
+// Both passes have one shape. A CTA owns a 128-row stationary tile pair
+// (X, Y) of one (sequence, head) and streams the 64-row tile pairs (A, B)
+// of the other side that see it:
+//   dK/dV pass: X = K, Y = V, A = Q, B = dO (items: 128-key tiles);
+//   dQ pass:    X = Q, Y = dO, A = K, B = V (items: 128-query tiles).
+// Warpgroup 2 is the producer (TMA where a tile lies inside its sequence,
+// cp.async with zero fill where it crosses the end; for the softmax dK/dV
+// pass also the streamed queries' log-sum-exp and rowsum(dO * O) into shared
+// memory). Warpgroups 0 and 1 each own 64 stationary rows. Per streamed
+// tile a consumer computes
+//   T1 = X A^T and T2 = Y B^T  (wgmma, both operands in shared memory),
+// which are S^T and dP^T in the dK/dV pass, S and dP in the dQ pass; turns
+// them into P and dS in registers (mask, bias, softmax from the saved
+// log-sum-exp, or GELU/SiLU and their derivatives; dbias in the dK/dV
+// pass, which visits every visible pair once); and accumulates
+//   dK += dS^T Q, dV += P^T dO   or   dQ += dS K
+// with the left operand from registers (the accumulator layout is the A
+// fragment layout) and the right one read transposed from the same
+// streamed tile in shared memory. The two consumers run unsynchronized, so
+// one's element-wise work overlaps the other's GEMMs. Streamed tiles pass
+// through a ring of BwdConfig::kStages stages; the stationary pair is
+// reloaded once both consumers finished an item.
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/attention/cuda_wgmma.cuh"
+
+namespace recfleet::attention::cuda_impl {
+namespace {
+
+// One pass's compile-time configuration: head dim, which side is
+// stationary, tile shapes, ring depth and the shared-memory layout.
+template <int kHeadDim, bool kKeysStationary, bool kFusedDqAtomics = false>
+struct BwdConfig {
+  static constexpr int D = kHeadDim;
+  static constexpr bool kDkDv = kKeysStationary;
+  // dK/dV pass only: it also forms dQ = dS K per streamed query tile and adds
+  // it into KernelParams::dq_accum by TMA reduce-add (no dQ pass).
+  static constexpr bool kFusedDq = kFusedDqAtomics;
+  static_assert(!kFusedDq || (kDkDv && D == 128), "fused dQ: dK/dV pass at d = 128");
+  static constexpr int kStatRows = 128;   // 64 per consumer warpgroup
+  static constexpr int kStreamRows = 64;  // rows of a streamed tile
+  static constexpr int kStages = 3;
+  static constexpr int kStatBytes = kStatRows * D * 2;
+  static constexpr int kStreamBytes = kStreamRows * D * 2;
+  // Byte offsets from the 1024-aligned base (swizzled tiles 1024-aligned):
+  // X, Y, the A and B rings; for the fused dQ, dS^T of the key tile x the
+  // streamed queries (bf16, swizzled, two buffers) and each consumer's fp32
+  // dQ block [kStreamRows][64]; the streamed rows' softmax statistics
+  // ([stage][lse2 | dsum][row] floats); the barriers.
+  static constexpr int kX = 0;
+  static constexpr int kY = kStatBytes;
+  static constexpr int kA = 2 * kStatBytes;
+  static constexpr int kB = kA + kStages * kStreamBytes;
+  static constexpr int kDsBytes = kStatRows * kStreamRows * 2;
+  static constexpr int kDqBlockBytes = kStreamRows * 64 * 4;
+  static constexpr int kDs = kB + kStages * kStreamBytes;
+  static constexpr int kDq = kDs + (kFusedDq ? 2 * kDsBytes : 0);
+  static constexpr int kStats = kDq + (kFusedDq ? 2 * kDqBlockBytes : 0);
+  static constexpr int kBars = kStats + kStages * 2 * kStreamRows * 4;
+  static_assert(kDs % 1024 == 0 && kDsBytes % 1024 == 0, "swizzled tiles are 1024-aligned");
+  static constexpr int kNumBars = 3 + 3 * kStages;
+  static constexpr int kSmemBytes = kBars + 8 * kNumBars + 1024;
+  static constexpr int kCtaThreads = 3 * kWgThreads;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+static_assert(kForwardTileRows == 128, "the dQ pass's items are the forward's query tiles");
+
+// Named barriers of the fused dQ: per consumer, its dQ block written (1, 2);
+// per step parity and consumer, its half of dS^T written (3..6).
+constexpr int kDqBar = 1;
+constexpr int kDsBar = 3;
+
+// Which part of Grads to run: everything once T1 and T2 are complete, or,
+// for softmax, P from T1 alone (while the T2 GEMM still runs) and then dS.
+enum GradsPart { kGradsAll, kGradsP, kGradsDs };
+
+// Turns a consumer's T1 (scores) and T2 (dO V^T) tiles into P (in t1) and
+// dS * scale (in t2). Rows are the thread's two stationary rows row0 and
+// row0 + 8, columns the streamed rows col0 + 8 nt + 2 t + e % 2; [lo[r],
+// hi[r]) are the streamed rows row r sees. Softmax statistics: per row (dQ
+// pass: lse2_r, dsum_r) or per column from shared memory (dK/dV pass).
+// kFull: every pair of the tile is visible and there is no bias.
+template <bool kDkDv, int A, int N, GradsPart kPart, bool kFull>
+__device__ __forceinline__ void GradsTile(const KernelParams& p, const WorkItem& it,
+                                          float (&t1)[N / 8][4], float (&t2)[N / 8][4], int row0,
+                                          int col0, int t, const int (&lo)[2], const int (&hi)[2],
+                                          const float (&lse2_r)[2], const float (&dsum_r)[2],
+                                          const float* lse2_c, const float* dsum_c) {
+  constexpr bool full = kFull;
+  static_assert(kPart == kGradsAll || A == kActSoftmax, "split parts: softmax only");
+  static_assert(N > 0, "tile");
+  constexpr bool kP = kPart != kGradsDs, kDs = kPart != kGradsP;
+  const float scale_log2 = p.scale * kLog2e;
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt) {
+    // dK/dV pass: the statistics of this thread's two columns, one 8-byte
+    // shared-memory load each.
+    float2 lse2_cc = {0.f, 0.f}, dsum_cc = {0.f, 0.f};
+    if constexpr (kDkDv && A == kActSoftmax) {
+      if constexpr (kP) lse2_cc = *reinterpret_cast<const float2*>(lse2_c + nt * 8 + 2 * t);
+      if constexpr (kDs) dsum_cc = *reinterpret_cast<const float2*>(dsum_c + nt * 8 + 2 * t);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1, cl = nt * 8 + 2 * t + (e & 1);
+      const int col = col0 + cl, row = row0 + 8 * r;
+      const bool vis = full || (col >= lo[r] && col < hi[r]);
+      const int i = kDkDv ? col : row, j = kDkDv ? row : col;
+      float pr = t1[nt][e], ds;
+      if constexpr (A == kActSoftmax) {
+        if constexpr (kP) {
+          const float l2 = kDkDv ? ((e & 1) ? lse2_cc.y : lse2_cc.x) : lse2_r[r];
+          if (full) {
+            pr = Exp2(fmaf(t1[nt][e], scale_log2, -l2));
+          } else {
+            float x = t1[nt][e] * p.scale;
+            if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
+            pr = vis ? Exp2(x * kLog2e - l2) : 0.f;
+          }
+        }
+        if constexpr (kDs) {
+          ds = pr * (t2[nt][e] - (kDkDv ? ((e & 1) ? dsum_cc.y : dsum_cc.x) : dsum_r[r]));
+        }
+      } else {
+        float x = t1[nt][e] * p.scale;
+        if (!full && p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
+        pr = vis ? Act<A>(x) : 0.f;
+        ds = vis ? t2[nt][e] * ActGrad<A>(x) : 0.f;
+      }
+      if constexpr (kDs && kDkDv) {
+        if (!full && p.dbias != nullptr && vis) StoreBias(p, it, i, j, ds);
+      }
+      if constexpr (kP) t1[nt][e] = pr;
+      if constexpr (kDs) t2[nt][e] = ds * p.scale;
+    }
+  }
+}
+
+template <bool kDkDv, int A, int N, GradsPart kPart>
+__device__ __forceinline__ void Grads(const KernelParams& p, const WorkItem& it,
+                                      float (&t1)[N / 8][4], float (&t2)[N / 8][4], int row0,
+                                      int col0, int t, bool full, const int (&lo)[2],
+                                      const int (&hi)[2], const float (&lse2_r)[2],
+                                      const float (&dsum_r)[2], const float* lse2_c,
+                                      const float* dsum_c) {
+  if (full) {
+    GradsTile<kDkDv, A, N, kPart, true>(p, it, t1, t2, row0, col0, t, lo, hi, lse2_r, dsum_r,
+                                        lse2_c, dsum_c);
+  } else {
+    GradsTile<kDkDv, A, N, kPart, false>(p, it, t1, t2, row0, col0, t, lo, hi, lse2_r, dsum_r,
+                                         lse2_c, dsum_c);
+  }
+}
+
+// Stores a consumer's dS^T (bf16 A fragments of its 64 key rows x N
+// streamed queries, first row `row`) into the swizzled [128 keys][N] tile
+// `ds`: the M-major A operand of dQ = dS K.
+template <int N>
+__device__ __forceinline__ void StoreDsT(uint32_t ds, const uint32_t (&pa)[N / 16][4], int row,
+                                         int t) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = row + 8 * (j & 1), col = kk * 16 + 8 * (j >> 1) + 2 * t;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds + SwzOffset<128>(r, col) + (col & 7) * 2),
+                   "r"(pa[kk][j])
+                   : "memory");
+    }
+  }
+}
+
+// dQ[64 queries x 64 columns] = dS[64 x 128 keys] K[128 keys x 64 columns]:
+// dS from the dS^T tile (M-major), K from the stationary tile's column block
+// at `kb` (N-major). Not committed.
+__device__ __forceinline__ void GemmDq(float (&dq)[8][4], uint32_t ds, uint32_t kb) {
+#pragma unroll
+  for (int kk = 0; kk < 128 / 16; ++kk) {
+    WgmmaSS<64, 1, 1>(dq, Desc(ds + kk * 16 * 128, 128 * 128, 1024),
+                      Desc(kb + kk * 16 * 128, 128 * 128, 1024), kk > 0);
+  }
+}
+
+template <class C, int A>
+__global__ void __launch_bounds__(C::kCtaThreads, 1)
+    WgmmaBackwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap x_map,
+                        const __grid_constant__ CUtensorMap y_map,
+                        const __grid_constant__ CUtensorMap a_map,
+                        const __grid_constant__ CUtensorMap b_map,
+                        const __grid_constant__ CUtensorMap dq_map, bool tma) {
+  constexpr int D = C::D, R = C::kStreamRows, kS = C::kStages;
+  constexpr bool kDkDv = C::kDkDv;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (raw + 1023) & ~1023u;
+  float* stats = reinterpret_cast<float*>(smem_raw + (base - raw) + C::kStats);
+  const uint32_t x_s = base + C::kX, y_s = base + C::kY, a_s = base + C::kA, b_s = base + C::kB;
+  // Barriers: the stationary pair landed (x_full, y_full) and released
+  // (stat_empty); per stage, A and B landed and the stage released.
+  const uint32_t bars = base + C::kBars;
+  const uint32_t x_full = bars, y_full = bars + 8, stat_empty = bars + 16;
+  const uint32_t a_full = bars + 24, b_full = a_full + 8 * kS, empty = b_full + 8 * kS;
+  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
+  const int total = p.num_items * p.heads;
+  const bf16* q = static_cast<const bf16*>(p.q);
+  const bf16* k = static_cast<const bf16*>(p.k);
+  const bf16* v = static_cast<const bf16*>(p.v);
+  const bf16* dout = static_cast<const bf16*>(p.dout);
+
+  if (threadIdx.x == 0) {
+    BarInit(x_full, kWgThreads);
+    BarInit(y_full, kWgThreads);
+    BarInit(stat_empty, 2 * kWgThreads);
+    for (int s = 0; s < kS; ++s) {
+      BarInit(a_full + 8 * s, kWgThreads);
+      BarInit(b_full + 8 * s, kWgThreads);
+      BarInit(empty + 8 * s, 2 * kWgThreads);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 2) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    const bf16* xg = kDkDv ? k : q;
+    const bf16* yg = kDkDv ? v : dout;
+    const bf16* ag = kDkDv ? q : k;
+    const bf16* bg = kDkDv ? dout : v;
+    int iter = 0, item = 0;
+    for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
+      const WorkItem it = ItemAt(p, w);
+      const int64_t x_start = kDkDv ? it.k_start : it.q_start;
+      const int64_t a_start = kDkDv ? it.q_start : it.k_start;
+      const int x_len = kDkDv ? it.k_len : it.q_len, a_len = kDkDv ? it.q_len : it.k_len;
+      const int n_tiles = (it.inner_end - it.inner_begin + R - 1) / R;
+      BarWait(stat_empty, (item & 1) ^ 1);
+      FillTile<D, C::kStatRows>(x_s, &x_map, tma, xg, x_start, it.tile_row, x_len, it.head,
+                                p.heads, tid, x_full);
+      FillTile<D, C::kStatRows>(y_s, &y_map, tma, yg, x_start, it.tile_row, x_len, it.head,
+                                p.heads, tid, y_full);
+      for (int n = 0; n < n_tiles; ++n, ++iter) {
+        const int s = iter % kS, parity = ((iter / kS) & 1) ^ 1;
+        const int row0 = it.inner_begin + n * R;
+        BarWait(empty + 8 * s, parity);
+        if constexpr (kDkDv && A == kActSoftmax) {
+          // Published by this thread's arrive on a_full (release).
+          if (tid < R) {
+            const int i = row0 + tid;
+            float l2 = 0.f, ds = 0.f;
+            if (i < it.q_len) {
+              const int64_t rh = (it.q_start + i) * p.heads + it.head;
+              l2 = Lse2(p, rh);
+              ds = p.dsum[rh];
+            }
+            stats[s * 2 * R + tid] = l2;
+            stats[s * 2 * R + R + tid] = ds;
+          }
+        }
+        FillTile<D, R>(a_s + s * C::kStreamBytes, &a_map, tma, ag, a_start, row0, a_len,
+                       it.head, p.heads, tid, a_full + 8 * s);
+        FillTile<D, R>(b_s + s * C::kStreamBytes, &b_map, tma, bg, a_start, row0, a_len,
+                       it.head, p.heads, tid, b_full + 8 * s);
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int c = wg;  // stationary rows [64 c, 64 c + 64) of the tile
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const uint32_t x_rows = x_s + c * 64 * 128, y_rows = y_s + c * 64 * 128;
+  int iter = 0, item = 0;
+  for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
+    const WorkItem it = ItemAt(p, w);
+    const int n_tiles = (it.inner_end - it.inner_begin + R - 1) / R;
+    const int wg_row0 = it.tile_row + c * 64;
+    const int row0 = wg_row0 + warp * 16 + g;  // and row0 + 8
+    int lo[2], hi[2];
+    float lse2_r[2] = {0.f, 0.f}, dsum_r[2] = {0.f, 0.f};
+    if constexpr (kDkDv) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) QueryRangeOf(p, it.q_len, it.k_len, row0 + 8 * r, lo[r], hi[r]);
+    } else {
+      RowKeyRanges(p, it.q_len, it.k_len, row0, lo, hi);
+      if constexpr (A == kActSoftmax) QueryRowStats(p, it, row0, lse2_r, dsum_r);
+    }
+    float o1[D / 8][4], o2[kDkDv ? D / 8 : 1][4];
+    Zero(o1);
+    Zero(o2);
+    BarWait(x_full, item & 1);
+    BarWait(y_full, item & 1);
+    for (int n = 0; n < n_tiles; ++n, ++iter) {
+      const int s = iter % kS, parity = (iter / kS) & 1;
+      const int col0 = it.inner_begin + n * R;
+      const uint32_t as = a_s + s * C::kStreamBytes, bs = b_s + s * C::kStreamBytes;
+      float t1[R / 8][4], t2[R / 8][4];
+      BarWait(a_full + 8 * s, parity);
+      BarWait(b_full + 8 * s, parity);
+      WgFence();
+      GemmSS<D, R, C::kStatRows>(t1, x_rows, as);
+      if constexpr (A == kActSoftmax) WgCommit();  // its own group: P starts first
+      GemmSS<D, R, C::kStatRows>(t2, y_rows, bs);
+      WgCommit();
+      const bool full =
+          p.bias == nullptr &&
+          (kDkDv ? TileFull(p, it.q_len, it.k_len, col0, R, wg_row0, 64)
+                 : TileFull(p, it.q_len, it.k_len, wg_row0, 64, col0, R));
+      const float* lse2_c = stats + s * 2 * R;
+      const float* dsum_c = lse2_c + R;
+      if constexpr (A == kActSoftmax) {
+        // P while the dP GEMM runs.
+        WgWait1();
+        FenceRegs(t1);
+        Grads<kDkDv, A, R, kGradsP>(p, it, t1, t2, row0, col0, t, full, lo, hi, lse2_r, dsum_r,
+                                    lse2_c, dsum_c);
+        WgWait0();
+        FenceRegs(t2);
+        Grads<kDkDv, A, R, kGradsDs>(p, it, t1, t2, row0, col0, t, full, lo, hi, lse2_r, dsum_r,
+                                     lse2_c, dsum_c);
+      } else {
+        WgWait0();
+        FenceRegs(t1);
+        FenceRegs(t2);
+        Grads<kDkDv, A, R, kGradsAll>(p, it, t1, t2, row0, col0, t, full, lo, hi, lse2_r,
+                                      dsum_r, lse2_c, dsum_c);
+      }
+      uint32_t pds[R / 16][4], pp[kDkDv ? R / 16 : 1][4];
+      PackA<R>(t2, pds);
+      if constexpr (kDkDv) PackA<R>(t1, pp);
+      const uint32_t ds_buf = base + C::kDs + (iter & 1) * C::kDsBytes;
+      if constexpr (C::kFusedDq) {
+        // dS^T to shared memory for dQ = dS K, which needs all 128 keys:
+        // both consumers' halves, hence the barrier. Two buffers, so that a
+        // consumer writing step n + 1's cannot meet the other's step n GEMM.
+        StoreDsT<R>(ds_buf, pds, c * 64 + warp * 16 + g, t);
+        FenceProxyAsync();
+        NamedBarArrive(kDsBar + 2 * (iter & 1) + c, 2 * kWgThreads);
+      }
+      FenceRegs(pds);
+      FenceRegs(o1);
+      if constexpr (kDkDv) {
+        FenceRegs(pp);
+        FenceRegs(o2);
+      }
+      WgFence();
+      GemmRS<D, R>(o1, pds, as);  // dK += dS^T Q, or dQ += dS K
+      if constexpr (kDkDv) GemmRS<D, R>(o2, pp, bs);  // dV += P^T dO
+      WgCommit();
+      WgWait0();
+      FenceRegs(o1);
+      if constexpr (kDkDv) FenceRegs(o2);
+      BarArrive(empty + 8 * s);
+      if constexpr (C::kFusedDq) {
+        // A GEMM step of its own: with dS and P still held by the one above,
+        // the registers would not suffice (ptxas serializes the chain).
+        float dq[8][4];
+        // The other consumer's half of dS^T (it arrives there after
+        // writing it; a consumer is at most one step ahead of the other, so
+        // two barriers per consumer, by step parity, keep the counts apart).
+        NamedBarSync(kDsBar + 2 * (iter & 1) + (1 - c), 2 * kWgThreads);
+        WgFence();
+        GemmDq(dq, ds_buf, x_s + c * C::kStatRows * 128);
+        WgCommit();
+        WgWait0();
+        FenceRegs(dq);
+        FenceRegs(o1);
+        FenceRegs(o2);
+        // This consumer's dQ block [64 queries][64 columns from 64 c] through
+        // shared memory into dq_accum; the previous block's reduce must have
+        // read the buffer first.
+        const uint32_t blk = base + C::kDq + c * C::kDqBlockBytes;
+        if (tid == 0) BulkWait<true>();
+        NamedBarSync(kDqBar + c, kWgThreads);
+        // Two 32-column halves [64 rows][128 bytes], 128-byte swizzled (the
+        // 16-byte chunk c of row r at c ^ (r & 7)), so that the quad-strided
+        // rows of a warp's stores hit distinct banks.
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = warp * 16 + g + 8 * r, chunk = 2 * (nt & 3) + (t >> 1);
+            const uint32_t at = blk + (nt >> 2) * (64 * 128) + row * 128 +
+                                ((chunk ^ (row & 7)) << 4) + (t & 1) * 8;
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[nt][2 * r]),
+                         "f"(dq[nt][2 * r + 1])
+                         : "memory");
+          }
+        }
+        FenceProxyAsync();
+        NamedBarSync(kDqBar + c, kWgThreads);
+        if (tid == 0) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            TmaReduceAdd(&dq_map, blk + h * 64 * 128, 64 * c + 32 * h, it.head,
+                         static_cast<int>(it.q_start + col0));
+          }
+        }
+      }
+    }
+    BarArrive(stat_empty);
+    const float one[2] = {1.f, 1.f};
+    if constexpr (kDkDv) {
+      StoreRows<D>(p.dk, o1, it.k_start, row0, it.k_len, it.head, p.heads, one);
+      StoreRows<D>(p.dv, o2, it.k_start, row0, it.k_len, it.head, p.heads, one);
+    } else {
+      StoreRows<D>(p.dq, o1, it.q_start, row0, it.q_len, it.head, p.heads, one);
+    }
+  }
+  if constexpr (C::kFusedDq) {
+    if (tid == 0) BulkWait<false>();
+  }
+}
+
+template <class C, int A>
+int LaunchBackward(const KernelParams& p, int sms, void* stream) {
+  const int total = p.num_items * p.heads;
+  if (total == 0) return 0;
+  const void* x = C::kDkDv ? p.k : p.q;
+  const void* y = C::kDkDv ? p.v : p.dout;
+  const void* a = C::kDkDv ? p.q : p.k;
+  const void* b = C::kDkDv ? p.dout : p.v;
+  const int64_t x_rows = C::kDkDv ? p.kv_rows : p.q_rows;
+  const int64_t a_rows = C::kDkDv ? p.q_rows : p.kv_rows;
+  CUtensorMap x_map{}, y_map{}, a_map{}, b_map{};
+  const bool tma =
+      p.wgmma_tma && MakeTileMap(&x_map, x, x_rows, p.heads, C::D, C::kStatRows) &&
+      MakeTileMap(&y_map, y, x_rows, p.heads, C::D, C::kStatRows) &&
+      MakeTileMap(&a_map, a, a_rows, p.heads, C::D, C::kStreamRows) &&
+      MakeTileMap(&b_map, b, a_rows, p.heads, C::D, C::kStreamRows);
+  CUtensorMap dq_map{};
+  if (C::kFusedDq &&
+      !(tma && MakeTileMap(&dq_map, p.dq_accum, p.q_rows, p.heads, C::D, C::kStreamRows,
+                           /*f32=*/true))) {
+    return cudaErrorNotSupported;
+  }
+  auto kernel = WgmmaBackwardKernel<C, A>;
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  kernel<<<min(total, sms), C::kCtaThreads, C::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+      p, x_map, y_map, a_map, b_map, dq_map, tma);
+  return cudaGetLastError();
+}
+
+template <bool kDkDv>
+int DispatchBackward(const KernelParams& p, int sms, void* stream) {
+  return DispatchKernel(p, [&](auto d, auto a) {
+    constexpr int D = decltype(d)::value, A = decltype(a)::value;
+    if constexpr (kDkDv && D == 128) {
+      if (p.dq_accum != nullptr) return LaunchBackward<BwdConfig<D, true, true>, A>(p, sms, stream);
+    }
+    return LaunchBackward<BwdConfig<D, kDkDv>, A>(p, sms, stream);
+  });
+}
+
+}  // namespace
+
+bool WgmmaBackwardSupports(const KernelParams& p) {
+  return (p.head_dim == 64 || p.head_dim == 128) && !p.rope;
+}
+
+bool WgmmaFusedDqSupports(const KernelParams& p) { return p.head_dim == 128 && p.wgmma_tma; }
+
+int LaunchJaggedBackwardDqWgmma(const KernelParams& p, int sms, void* stream) {
+  return DispatchBackward<false>(p, sms, stream);
+}
+
+int LaunchJaggedBackwardDkDvWgmma(const KernelParams& p, int sms, void* stream) {
+  return DispatchBackward<true>(p, sms, stream);
+}
+
+}  // namespace recfleet::attention::cuda_impl
