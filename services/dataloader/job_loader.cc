@@ -6,7 +6,6 @@
 
 #include <cstdio>
 
-#include "absl/hash/hash.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +31,17 @@ bool Exists(const std::string& path) {
 std::string DefaultCacheDir() {
   const char* tmp = ::getenv("TMPDIR");
   return absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/recfleet-synthetic");
+}
+
+// FNV-1a: a name that is the same in every process (absl::Hash is seeded
+// per process), so every opener of a synthetic:// dataset finds one copy.
+uint64_t StableHash(absl::string_view text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
 }
 
 absl::Status Bad(const std::string& location, const std::string& what) {
@@ -89,10 +99,10 @@ absl::StatusOr<std::string> MaterializeSynthetic(const std::string& location, co
   absl::StatusOr<data::SynthOptions> synth = ParseSynthetic(location);
   if (!synth.ok()) return synth.status();
   const std::string cache = options.cache_dir.empty() ? DefaultCacheDir() : options.cache_dir;
-  const std::string dir = absl::StrCat(cache, "/", absl::Hex(absl::HashOf(location), absl::kZeroPad16));
+  const std::string dir = absl::StrCat(cache, "/", absl::Hex(StableHash(location), absl::kZeroPad16));
   if (Exists(dir + "/train.rfd")) return dir;
   ::mkdir(cache.c_str(), 0755);
-  const std::string tmp = absl::StrCat(dir, ".tmp-", ::getpid(), "-", absl::Hex(absl::HashOf(&synth)));
+  const std::string tmp = absl::StrCat(dir, ".tmp-", ::getpid(), "-", absl::Hex(reinterpret_cast<uintptr_t>(&synth)));
   if (absl::Status s = data::GenerateSynthetic(*synth, tmp); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("generating ", location, ": ", s.message()));
   }
