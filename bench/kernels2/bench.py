@@ -409,7 +409,8 @@ def linear(lib, m, k, n):
 
 def profile_once(lib):
     """One launch of each kernel worth reading hardware counters on (run
-    under `ncu -k regex:...`): the quantize tiles and the embedding backward."""
+    under `ncu -k regex:...`): the quantize rows (nearest and stochastic), the
+    quantize tiles and the embedding backward."""
     rows, cols = 16384, 8192
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
     q = torch.empty(rows, cols, device="cuda", dtype=torch.uint8)
@@ -417,6 +418,7 @@ def profile_once(lib):
     s = torch.empty(rows, cols // 32, device="cuda", dtype=torch.float32)
     st = torch.empty(cols, rows // 32, device="cuda", dtype=torch.float32)
     lib.rf_quantize(x.data_ptr(), BF16, rows, cols, B1x128, 0, 0, 0, q.data_ptr(), s.data_ptr())
+    lib.rf_quantize(x.data_ptr(), BF16, rows, cols, B1x128, 0, 1, 7, q.data_ptr(), s.data_ptr())
     lib.rf_quantize_pass(x.data_ptr(), BF16, rows, cols, B1x128, q.data_ptr(), s.data_ptr(),
                          qt.data_ptr(), st.data_ptr(), 0, 0, 0)
     del x, q, qt, s, st
@@ -440,6 +442,9 @@ def main():
     p.add_argument("--skip-embedding", action="store_true")
     p.add_argument("--quantize-only", action="store_true",
                    help="only the ceilings and the quantization section")
+    p.add_argument("--sections",
+                   help="comma-separated subset of embedding_fp32, embedding_bf16, quantize, "
+                        "linear (default: all that the flags above leave)")
     p.add_argument("--profile-once", action="store_true",
                    help="one launch of each profiled kernel, no timing (for ncu)")
     args = p.parse_args()
@@ -451,15 +456,24 @@ def main():
     results["torch"] = torch.__version__
     results["date_utc"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     copy_bw = ceilings()
-    sections = []
+    sections = {}
     if not (args.skip_embedding or args.quantize_only):
-        sections += [lambda: embedding(lib, copy_bw, torch.float32, 20_000_000, 128, 65536, 32),
-                     lambda: embedding(lib, copy_bw, torch.bfloat16, 20_000_000, 128, 65536, 32)]
-    sections.append(lambda: quantize(lib, copy_bw))
+        sections["embedding_fp32"] = lambda: embedding(lib, copy_bw, torch.float32, 20_000_000,
+                                                       128, 65536, 32)
+        sections["embedding_bf16"] = lambda: embedding(lib, copy_bw, torch.bfloat16, 20_000_000,
+                                                       128, 65536, 32)
+    sections["quantize"] = lambda: quantize(lib, copy_bw)
     if not args.quantize_only:
-        sections += [lambda: linear(lib, 8192, 4096, 4096), lambda: linear(lib, 16384, 4096, 4096),
-                     lambda: linear(lib, 16384, 8192, 8192)]
-    for s in sections:
+        sections["linear"] = [lambda: linear(lib, 8192, 4096, 4096),
+                              lambda: linear(lib, 16384, 4096, 4096),
+                              lambda: linear(lib, 16384, 8192, 8192)]
+    if args.sections:
+        wanted = args.sections.split(",")
+        unknown = [w for w in wanted if w not in sections]
+        if unknown:
+            p.error(f"unknown or excluded sections: {unknown}")
+        sections = {k: v for k, v in sections.items() if k in wanted}
+    for s in [f for v in sections.values() for f in (v if isinstance(v, list) else [v])]:
         try:
             s()
         except Exception as e:

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #include <cuda_fp16.h>
@@ -85,21 +86,65 @@ RECFLEET_HD uint32_t EncodeMagnitudeNearest(const Spec& s, float a) {
   return code > s.max_code ? s.max_code : code;
 }
 
-// Stochastic rounding of a >= 0 between its two neighbouring codes, with
-// P(up) = (a - lo) / (hi - lo), so E[decode] = a below saturation. `u` is
-// uniform in [0, 1).
-RECFLEET_HD uint32_t EncodeMagnitudeStochastic(const Spec& s, float a, float u) {
-  const uint32_t near = EncodeMagnitudeNearest(s, a);
-  const float v = DecodeMagnitude(s, near);
-  if (v == a || (near == s.max_code && a >= v)) return near;
-  uint32_t lo = near, hi = near;
-  if (v > a) {
-    lo = near - 1;
-  } else {
-    hi = near + 1;
-  }
-  const float vlo = DecodeMagnitude(s, lo), vhi = DecodeMagnitude(s, hi);
-  return u * (vhi - vlo) < (a - vlo) ? hi : lo;
+RECFLEET_HD float BitsToFloat(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+#endif
+}
+
+RECFLEET_HD uint32_t FloatToBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+#endif
+}
+
+// 2^e for a normal fp32 exponent e.
+RECFLEET_HD float Pow2(int e) { return BitsToFloat(static_cast<uint32_t>(127 + e) << 23); }
+
+// Largest finite magnitude of a format (E4M3 448, E5M2 57344).
+RECFLEET_HD float MaxFinite(const Spec& s) { return s.max_code == 0x7B ? 57344.0f : 448.0f; }
+
+// StochasticSnap (below) for a finite x with |x| >= 2^(1 - bias), the
+// smallest normal: x clamped to +-MaxFinite, then the random bits added
+// under the kept mantissa of its sign-magnitude bits and the rest truncated
+// (a carry moves into the exponent by itself; the clamp keeps it finite).
+// The kernels' fast path: a clamp, an add and two logic operations.
+RECFLEET_HD float StochasticSnapNormal(const Spec& s, float x, uint32_t r) {
+  const float fmax = MaxFinite(s);
+  x = fminf(fmaxf(x, -fmax), fmax);
+  const uint32_t mask = (1u << (23 - s.man_bits)) - 1u;
+  return BitsToFloat((FloatToBits(x) + (r & mask)) & ~mask);
+}
+
+// Stochastic rounding of x onto the format's grid, as an fp32 value the
+// format represents exactly (so that a nearest-even encoder, scalar or
+// packed, then encodes it without rounding), saturated to +-MaxFinite (an
+// infinity too); NaN stays NaN. `r` is 32 uniform random bits. Between the
+// two neighbours lo <= |x| < hi it picks hi with probability
+// (|x| - lo) / (hi - lo) at a resolution of 2^-20 (E4M3 normals; 2^-21
+// E5M2) or 2^-24 (subnormals), so E[result] = x below saturation. Normals
+// take StochasticSnapNormal; subnormals, whose spacing is fixed, compare
+// the fraction of |x| in units of that spacing with 24 random bits.
+// Integer adds and exact scalings only (no decode of neighbouring codes):
+// the same bits on CPU and GPU.
+RECFLEET_HD float StochasticSnap(const Spec& s, float x, uint32_t r) {
+  if (std::isnan(x)) return x;
+  const int min_exp = 1 - s.bias;
+  const float a = fabsf(x);
+  if (a >= Pow2(min_exp)) return StochasticSnapNormal(s, x, r);
+  const float q = a * Pow2(s.man_bits - min_exp);  // in units of the subnormal spacing
+  const float qi = floorf(q);
+  const float up = static_cast<float>(r >> 8) < (q - qi) * 16777216.0f ? 1.0f : 0.0f;
+  const float y = (qi + up) * Pow2(min_exp - s.man_bits);
+  return BitsToFloat(FloatToBits(y) | (FloatToBits(x) & 0x80000000u));
 }
 
 RECFLEET_HD uint8_t Encode(const Spec& s, float x) {
@@ -111,15 +156,40 @@ RECFLEET_HD uint8_t Encode(const Spec& s, float x) {
   return static_cast<uint8_t>(sign | EncodeMagnitudeNearest(s, fabsf(x)));
 }
 
-RECFLEET_HD uint8_t EncodeStochastic(const Spec& s, float x, float u) {
-  if (std::isnan(x)) return kNaNCode;
-  const uint32_t sign = std::signbit(x) ? 0x80u : 0u;
-  return static_cast<uint8_t>(sign | EncodeMagnitudeStochastic(s, fabsf(x), u));
+// Stochastic rounding to a code (see StochasticSnap).
+RECFLEET_HD uint8_t EncodeStochastic(const Spec& s, float x, uint32_t r) {
+  return Encode(s, StochasticSnap(s, x, r));
+}
+
+// 32-bit integer finalizer (Wellons' lowbias32): a bijection whose output
+// bits each depend on every input bit.
+RECFLEET_HD uint32_t Mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// Counter-based random bits for stochastic rounding: RandomBits(key, index)
+// with key = RandomKey(seed), so kernels hash the seed once and each element
+// costs one 32-bit finalizer (two multiplies) instead of a 64-bit one. The
+// same on every device and for any launch shape, so stochastic rounding is
+// reproducible.
+RECFLEET_HD uint32_t RandomKey(uint64_t seed) {
+  return Mix32(static_cast<uint32_t>(seed) ^
+               Mix32(static_cast<uint32_t>(seed >> 32) + 0x9E3779B9u));
+}
+
+RECFLEET_HD uint32_t RandomBits(uint32_t key, uint64_t index) {
+  return Mix32((static_cast<uint32_t>(index) ^ key) +
+               static_cast<uint32_t>(index >> 32) * 0x9E3779B9u);
 }
 
 // Counter-based uniform [0, 1) draw for element `index` under `seed`
-// (splitmix64 finalizer, 24 bits): the same on every device and for any
-// launch shape, so stochastic rounding is reproducible.
+// (splitmix64 finalizer, 24 bits), for the random Hadamard signs: the same
+// on every device and for any launch shape.
 RECFLEET_HD float UniformFromCounter(uint64_t seed, uint64_t index) {
   uint64_t z = seed + (index + 1) * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -168,6 +168,13 @@ TEST(EmbeddingCudaTest, MatchesCpuReference) {
                    Pooling::kSum});
   CheckAgainstCpu({DType::kBFloat16, DType::kBFloat16, DType::kInt32, 100, 96, 50, false,
                    Pooling::kSum});
+  // bf16 tables whose groups take two sorted positions each: mostly distinct
+  // ids (a ragged last warp), one chunk per lane (dim 64) and a partial
+  // second chunk (dim 136).
+  CheckAgainstCpu({DType::kBFloat16, DType::kBFloat16, DType::kInt64, 100000, 64, 257, true,
+                   Pooling::kSum});
+  CheckAgainstCpu({DType::kBFloat16, DType::kFloat32, DType::kInt64, 100000, 136, 131, true,
+                   Pooling::kMean});
 }
 
 // A table past 2^31 elements: rows near the end must be addressed with

@@ -30,6 +30,7 @@ absl::Status QuantizeCpu(const TensorView& x, const QuantizeConfig& config, bool
   const minifloat::Spec spec = SpecOf(config.format);
   const float fmax = Fp8Max(config.format);
   const bool pow2 = config.block == ScaleBlock::k32x32;
+  const uint32_t key = minifloat::RandomKey(config.seed);
   auto load = [&](int64_t i, int64_t j) {
     return static_cast<float>(LoadAsDouble(x, transpose ? j * x_cols + i : i * x_cols + j));
   };
@@ -54,8 +55,8 @@ absl::Status QuantizeCpu(const TensorView& x, const QuantizeConfig& config, bool
           const int64_t k = i * cols + j;
           q.as<uint8_t>()[k] =
               config.rounding == Rounding::kStochastic
-                  ? minifloat::EncodeStochastic(spec, v,
-                                                minifloat::UniformFromCounter(config.seed, k))
+                  ? minifloat::EncodeStochastic(
+                        spec, v, minifloat::RandomBits(key, static_cast<uint64_t>(k)))
                   : minifloat::Encode(spec, v);
         }
       }

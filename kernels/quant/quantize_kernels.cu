@@ -270,57 +270,54 @@ __device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarg
                                        int64_t c, int warp, uint32_t (&word)[4][4]) {
   const bool e5m2 = a.format == 2;
   const minifloat::Spec spec = e5m2 ? minifloat::E5M2() : minifloat::E4M3();
-  if constexpr (!kSR) {
-    // Round-to-nearest kernels: four codes by two packed conversions (as
-    // the row kernel), which cut the tile kernels' time by 6-26% against
-    // the scalar encoder. A row whose y holds a NaN or an infinity (y * 0 is
-    // then NaN) takes the scalar encoder, whose NaN code the packed one need
-    // not reproduce. Kernels with stochastic rounding keep the scalar code
-    // below: the packed path there added register spills and cost time.
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int rr = 0; rr < 4; ++rr) {
-        float y[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          y[j] = v[i][rr][j] * sc.inv[TileScales<XR, XC>::Index(i, rr, j)];
-        }
-        const float probe = fmaf(y[0], 0.0f, fmaf(y[1], 0.0f, fmaf(y[2], 0.0f, y[3] * 0.0f)));
-        if (probe == 0.0f) {
-          word[i][rr] = EncodeNearest4(y, e5m2);
-        } else {
-          uint32_t w = 0;
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            w |= static_cast<uint32_t>(minifloat::Encode(spec, y[j])) << (8 * j);
-          }
-          word[i][rr] = w;
-        }
-      }
-    }
-    return;
-  }
+  const uint32_t key = minifloat::RandomKey(t.seed);
+  // Four codes by two packed conversions (as the row kernel), which cut the
+  // tile kernels' time by 6-26% against the scalar encoder. Stochastic
+  // rounding first snaps each value onto the FP8 grid (integer add and
+  // truncate, exact), so the packed nearest-even conversion then encodes it
+  // unchanged. A row whose y holds a NaN or an infinity (y * 0 is then NaN)
+  // takes the scalar encoder, whose NaN code the packed one need not
+  // reproduce.
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
     for (int rr = 0; rr < 4; ++rr) {
-      uint32_t w = 0;
+      float y[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float x = v[i][rr][j] * sc.inv[TileScales<XR, XC>::Index(i, rr, j)];
-        uint32_t b;
-        if (kSR && t.stochastic) {
-          const int64_t r = TileRow(r0, warp, i, rr), cc = c + j;
-          const uint64_t k = kT ? static_cast<uint64_t>(cc * a.rows + r)
-                                : static_cast<uint64_t>(r * a.cols + cc);
-          b = minifloat::EncodeStochastic(spec, x, minifloat::UniformFromCounter(t.seed, k));
-        } else {
-          b = minifloat::Encode(spec, x);
-        }
-        w |= b << (8 * j);
+        y[j] = v[i][rr][j] * sc.inv[TileScales<XR, XC>::Index(i, rr, j)];
       }
-      word[i][rr] = w;
+      if (kSR && t.stochastic) {
+        // Finite normal values (nearly all) take the integer-add snap alone.
+        const float probe = fmaf(y[0], 0.0f, fmaf(y[1], 0.0f, fmaf(y[2], 0.0f, y[3] * 0.0f)));
+        const float amin = fminf(fminf(fabsf(y[0]), fabsf(y[1])), fminf(fabsf(y[2]), fabsf(y[3])));
+        const bool normal = probe == 0.0f && amin >= minifloat::Pow2(1 - spec.bias);
+        uint32_t bits[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t r = TileRow(r0, warp, i, rr), cc = c + j;
+          bits[j] = minifloat::RandomBits(key, kT ? static_cast<uint64_t>(cc * a.rows + r)
+                                                  : static_cast<uint64_t>(r * a.cols + cc));
+        }
+        if (normal) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) y[j] = minifloat::StochasticSnapNormal(spec, y[j], bits[j]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) y[j] = minifloat::StochasticSnap(spec, y[j], bits[j]);
+        }
+      }
+      const float probe = fmaf(y[0], 0.0f, fmaf(y[1], 0.0f, fmaf(y[2], 0.0f, y[3] * 0.0f)));
+      if (probe == 0.0f) {
+        word[i][rr] = EncodeNearest4(y, e5m2);
+      } else {
+        uint32_t w = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          w |= static_cast<uint32_t>(minifloat::Encode(spec, y[j])) << (8 * j);
+        }
+        word[i][rr] = w;
+      }
     }
   }
 }
@@ -688,6 +685,8 @@ __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a
   const float fmax = a.format == 2 ? 57344.0f : 448.0f;
   const bool e5m2 = a.format == 2;
   const minifloat::Spec spec = e5m2 ? minifloat::E5M2() : minifloat::E4M3();
+  const uint32_t key = minifloat::RandomKey(t.seed);
+  const float min_normal = minifloat::Pow2(1 - spec.bias);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowThreads * kRowSlots;
   // The loop condition is uniform over the block: every lane takes part in
   // the shuffles, also where its slots lie past the end of x.
@@ -727,20 +726,34 @@ __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a
       float y[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) y[j] = v[j] * inv;
-      uint32_t w[2];
       if (kSR && t.stochastic) {
+        // Snapped onto the FP8 grid exactly (see minifloat::StochasticSnap),
+        // then encoded by the packed conversion like nearest rounding. Slots
+        // with only finite normal values (nearly all: subnormals lie 2^14
+        // below the block's amax in E4M3) take the integer-add snap alone.
+        float probe = 0.0f, amin = INFINITY;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          w[h] = 0;
+        for (int j = 0; j < 8; ++j) {
+          probe = fmaf(y[j], 0.0f, probe);
+          amin = fminf(amin, fabsf(y[j]));
+        }
+        const bool normal = probe == 0.0f && amin >= min_normal;
+        // slot * 8 has its low 3 bits clear: | j keeps the high word.
+        const uint64_t k0 = static_cast<uint64_t>(slot) * 8;
+        if (normal) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint64_t k = static_cast<uint64_t>(slot * 8 + 4 * h + j);
-            w[h] |= static_cast<uint32_t>(minifloat::EncodeStochastic(
-                        spec, y[4 * h + j], minifloat::UniformFromCounter(t.seed, k)))
-                    << (8 * j);
+          for (int j = 0; j < 8; ++j) {
+            y[j] = minifloat::StochasticSnapNormal(spec, y[j], minifloat::RandomBits(key, k0 | j));
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            y[j] = minifloat::StochasticSnap(spec, y[j], minifloat::RandomBits(key, k0 | j));
           }
         }
-      } else {
+      }
+      uint32_t w[2];
+      {
         // y * 0 is NaN only for a NaN or infinite y; those (rare) take the
         // scalar encoder, whose NaN code the packed conversion need not
         // reproduce.

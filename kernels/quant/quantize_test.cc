@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/base/formats.h"
+#include "kernels/base/minifloat.h"
 #include "kernels/base/test_random.h"
 
 namespace recfleet {
@@ -170,6 +171,96 @@ TEST(QuantizeTest, StochasticRoundingIsUnbiasedAndStaysBetweenNeighbours) {
     EXPECT_LT(std::fabs(mean_bias / (rows * cols)), 0.01) << DTypeName(f);
     // Nearest rounding, by contrast, is biased for most elements.
   }
+}
+
+// The snap behind stochastic rounding, value by value: normals (where the
+// random bits are added under the kept mantissa), subnormals (fixed
+// spacing), a value one step below a power of two (the carry moves into the
+// exponent), saturation, infinities, NaN and signed zero.
+TEST(StochasticSnapTest, PicksNeighboursWithTheRightOddsAndHandlesSpecials) {
+  using minifloat::StochasticSnap;
+  const uint32_t key = minifloat::RandomKey(TestRng()());
+  for (const minifloat::Spec s : {minifloat::E4M3(), minifloat::E5M2()}) {
+    const int man = s.man_bits, min_exp = 1 - s.bias;
+    const float sub = std::ldexp(1.0f, min_exp - man);  // subnormal spacing
+    struct Case {
+      float x, lo, hi;
+    };
+    const float step = std::ldexp(1.0f, 2 - man);  // spacing in [4, 8)
+    const std::vector<Case> cases = {
+        {1.3f, 1.25f, man == 3 ? 1.375f : 1.5f},
+        {-0.3f, -0.3125f, man == 3 ? -0.28125f : -0.25f},
+        {8.0f - 0.75f * step, 8.0f - step, 8.0f},  // carry into the exponent
+        {2.7f * sub, 2 * sub, 3 * sub},
+        {0.1f * sub, 0.0f, sub},
+        {std::ldexp(1.0f, min_exp) - 0.5f * sub, std::ldexp(1.0f, min_exp) - sub,
+         std::ldexp(1.0f, min_exp)},
+    };
+    for (const Case& c : cases) {
+      const int n = 20000;
+      int up = 0;
+      for (int i = 0; i < n; ++i) {
+        const float y = StochasticSnap(s, c.x, minifloat::RandomBits(key, i));
+        ASSERT_TRUE(y == c.lo || y == c.hi) << c.x << " -> " << y;
+        // Exactly representable: encoding and decoding gives it back.
+        ASSERT_EQ(minifloat::Decode(s, minifloat::Encode(s, y)), y);
+        up += y == c.hi;
+      }
+      const double p = (c.x - c.lo) / (c.hi - c.lo);
+      const double sd = std::sqrt(p * (1 - p) / n);
+      EXPECT_NEAR(static_cast<double>(up) / n, p, 5 * sd + 1e-4) << c.x;
+    }
+    const float fmax = minifloat::MaxFinite(s);
+    EXPECT_EQ(minifloat::Decode(s, s.max_code), fmax);
+    for (uint32_t r : {0u, 0xFFFFFFFFu, 0x12345678u}) {
+      EXPECT_EQ(StochasticSnap(s, fmax, r), fmax);
+      EXPECT_EQ(StochasticSnap(s, 1.5f * fmax, r), fmax);
+      EXPECT_EQ(StochasticSnap(s, -INFINITY, r), -fmax);
+      EXPECT_TRUE(std::isnan(StochasticSnap(s, NAN, r)));
+      EXPECT_EQ(minifloat::EncodeStochastic(s, NAN, r), minifloat::kNaNCode);
+      EXPECT_EQ(minifloat::EncodeStochastic(s, -0.0f, r), 0x80);
+      EXPECT_EQ(StochasticSnap(s, 0.0f, r), 0.0f);
+    }
+  }
+}
+
+// The kernels' fast path for finite normal values must give the same bits
+// as the full snap (the GPU tests compare against the CPU reference, which
+// takes the full one).
+TEST(StochasticSnapTest, NormalFastPathAgreesWithTheFullSnap) {
+  const uint32_t key = minifloat::RandomKey(TestRng()());
+  const std::vector<double> m = RandomDoubles(4096, -1, 1), e = RandomDoubles(4096, -6, 17);
+  for (const minifloat::Spec s : {minifloat::E4M3(), minifloat::E5M2()}) {
+    const float min_normal = std::ldexp(1.0f, 1 - s.bias), fmax = minifloat::MaxFinite(s);
+    int checked = 0;
+    for (size_t i = 0; i < m.size(); ++i) {
+      float x = static_cast<float>(m[i] * std::exp2(e[i]) * (s.man_bits == 3 ? 1 : 128));
+      if (i % 64 == 0) x = (i % 128 == 0 ? 1 : -1) * (fmax * (1 + 0.01f * (i % 7)));  // saturation
+      if (std::fabs(x) < min_normal) continue;
+      const uint32_t r = minifloat::RandomBits(key, i);
+      ASSERT_EQ(minifloat::StochasticSnapNormal(s, x, r), minifloat::StochasticSnap(s, x, r)) << x;
+      ++checked;
+    }
+    EXPECT_GT(checked, 3000);
+  }
+}
+
+TEST(StochasticSnapTest, RandomBitsAreBalancedAndDependOnSeedAndIndex) {
+  const uint64_t seed = TestRng()();
+  const uint32_t key = minifloat::RandomKey(seed);
+  EXPECT_NE(key, minifloat::RandomKey(seed + 1));
+  EXPECT_NE(key, minifloat::RandomKey(seed ^ (uint64_t{1} << 40)));
+  const int n = 1 << 16;
+  std::vector<int> ones(32, 0);
+  for (int i = 0; i < n; ++i) {
+    const uint32_t r = minifloat::RandomBits(key, i);
+    for (int b = 0; b < 32; ++b) ones[b] += (r >> b) & 1;
+  }
+  for (int b = 0; b < 32; ++b) {
+    EXPECT_NEAR(ones[b], n / 2, 5 * std::sqrt(n / 4.0)) << "bit " << b;  // 5 sigma
+  }
+  // Indices past 2^32 draw other bits than their low 32 bits.
+  EXPECT_NE(minifloat::RandomBits(key, 7), minifloat::RandomBits(key, (uint64_t{1} << 32) + 7));
 }
 
 TEST(HadamardTest, InvertibleOrthonormalAndPreservesProducts) {
