@@ -148,6 +148,9 @@ class Coordinator {
     std::vector<::recfleet::v1::ProcessGroup> groups;
     std::set<std::string> started;  // Workers that reported RUNNING this epoch.
     ProgressAggregator progress;  // This attempt's step reports.
+    // Rank 0 claimed SUCCEEDED before its step reports reached the last
+    // step (logged once per job).
+    bool early_success_logged = false;
     // Restarts and failed starts so far (spec.training.max_restarts bounds
     // both), and no new placement before `not_before` after a failed start.
     int restarts = 0;

@@ -95,6 +95,30 @@ class CoordinatorTest : public ::testing::Test {
     return resp.ok() ? *resp : HeartbeatResponse();
   }
 
+  // Reports steps `from`..`to` of `rank` (one sample each).
+  absl::Status ReportSteps(const std::string& worker, const std::string& job, int64_t epoch,
+                           int rank, int64_t from, int64_t to) {
+    ::recfleet::v1::ReportStepRequest rep;
+    rep.set_worker_id(worker);
+    rep.set_job(job);
+    rep.set_restart_epoch(epoch);
+    rep.set_rank(rank);
+    for (int64_t step = from; step <= to; ++step) {
+      auto* s = rep.add_steps();
+      s->set_step(step);
+      s->set_samples(1);
+      s->set_step_seconds(0.01);
+    }
+    return coordinator_->ReportStep(rep).status();
+  }
+
+  // Rank 0 on `worker` reports every step of the job, then SUCCEEDED.
+  void Finish(const std::string& worker, const std::string& job, int64_t epoch) {
+    const int64_t steps = Get(job).spec().training().steps();
+    EXPECT_TRUE(ReportSteps(worker, job, epoch, 0, 1, steps).ok());
+    Beat(worker, job, epoch, TaskStatus::SUCCEEDED);
+  }
+
   // The assignment in a heartbeat reply, if any.
   static const Assignment* AssignmentOf(const HeartbeatResponse& r) {
     for (const auto& c : r.commands()) {
@@ -274,6 +298,10 @@ TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
 
   Beat(rank1, job.name(), 1, TaskStatus::SUCCEEDED);
   EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);  // Only rank 0 decides.
+  // Rank 0 at step 3 of 100: not finished, whatever its heartbeat says.
+  Beat(rank0, job.name(), 1, TaskStatus::SUCCEEDED);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+  ASSERT_TRUE(ReportSteps(rank0, job.name(), 1, 0, 4, 100).ok());
   Beat(rank0, job.name(), 1, TaskStatus::SUCCEEDED);
   Job done = Get(job.name());
   EXPECT_EQ(done.status().state(), JobStatus::SUCCEEDED);
@@ -283,6 +311,25 @@ TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
   EXPECT_EQ(History(job.name()),
             std::vector<JobState>({JobStatus::QUEUED, JobStatus::SCHEDULING, JobStatus::RUNNING,
                                    JobStatus::SUCCEEDED}));
+}
+
+// A heartbeat in the name of another job's rank-0 worker claiming SUCCEEDED
+// at step 77 of 400 must not end that job.
+TEST_F(CoordinatorTest, EarlySucceededClaimDoesNotEndTheJob) {
+  ::recfleet::v1::CreateJobRequest r;
+  *r.mutable_spec() = BuildableSpec(1);
+  r.mutable_spec()->mutable_training()->set_steps(400);
+  Job job = *coordinator_->CreateJob(r);
+  std::string w = Register("host-a");
+  int64_t epoch = StartRunning(job.name(), {w});
+  ASSERT_TRUE(ReportSteps(w, job.name(), epoch, 0, 1, 77).ok());
+  Beat(w, job.name(), epoch, TaskStatus::SUCCEEDED);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+  // The real end: the last step reported, then SUCCEEDED repeated.
+  ASSERT_TRUE(ReportSteps(w, job.name(), epoch, 0, 78, 400).ok());
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+  Beat(w, job.name(), epoch, TaskStatus::SUCCEEDED);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::SUCCEEDED);
 }
 
 TEST_F(CoordinatorTest, ExpiredLeaseIsNoticedAndTheJobRestarts) {
@@ -371,7 +418,7 @@ TEST_F(CoordinatorTest, CancelAbortsWorkersAndIsIdempotent) {
   // A finished job cannot be cancelled.
   Job other = Submit(1);
   epoch = StartRunning(other.name(), {w});
-  Beat(w, other.name(), epoch, TaskStatus::SUCCEEDED);
+  Finish(w, other.name(), epoch);
   c.set_name(other.name());
   EXPECT_EQ(coordinator_->CancelJob(c).status().code(), absl::StatusCode::kFailedPrecondition);
   c.set_name("jobs/missing");
@@ -485,7 +532,7 @@ TEST_F(CoordinatorTest, RestartKeepsJobsAndRunningWorkersReattach) {
     coordinator_->Tick();
   }
   EXPECT_EQ(Get(running.name()).status().state(), JobStatus::RUNNING);
-  Beat(w, running.name(), epoch, TaskStatus::SUCCEEDED);
+  Finish(w, running.name(), epoch);
   EXPECT_EQ(Get(running.name()).status().state(), JobStatus::SUCCEEDED);
 
   // Without the worker coming back, the recovered job restarts after a lease.
