@@ -25,10 +25,10 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 // Sends batched step reports; stops the task on a fencing error.
 class Reporter : public ProgressSink {
  public:
-  Reporter(v1::WorkerService::StubInterface* stub, const v1::Assignment& a, const std::string& worker_id,
+  Reporter(v1::WorkerService::StubInterface* stub, const v1::Assignment& a, const TaskControl& control,
            const std::string& token)
-      : stub_(stub), token_(token) {
-    pending_.set_worker_id(worker_id);
+      : stub_(stub), control_(control), token_(token) {
+    pending_.set_worker_id(control.worker_id());
     pending_.set_job(a.job());
     pending_.set_restart_epoch(a.restart_epoch());
     pending_.set_rank(a.rank());
@@ -51,6 +51,7 @@ class Reporter : public ProgressSink {
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
       if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
       v1::ReportStepResponse resp;
+      pending_.set_worker_credential(control_.worker_credential());
       grpc::Status s = stub_->ReportStep(&ctx, pending_, &resp);
       last_ = Clock::now();
       if (s.ok()) {
@@ -73,6 +74,7 @@ class Reporter : public ProgressSink {
 
  private:
   v1::WorkerService::StubInterface* stub_;
+  const TaskControl& control_;
   const std::string token_;
   v1::ReportStepRequest pending_;
   Clock::time_point last_ = Clock::now();
@@ -85,8 +87,9 @@ TrainingTask::TrainingTask(std::shared_ptr<v1::WorkerService::StubInterface> stu
     : stub_(std::move(stub)), options_(std::move(options)), metrics_(metrics) {}
 
 absl::Status TrainingTask::Run(const v1::Assignment& assignment, TaskControl& control) {
-  Reporter reporter(stub_.get(), assignment, control.worker_id(), options_.auth_token);
+  Reporter reporter(stub_.get(), assignment, control, options_.auth_token);
   comm::GrpcKvStore store(stub_, assignment.job(), assignment.restart_epoch(), absl::Seconds(10), options_.auth_token);
+  store.set_identity([&control] { return comm::GrpcKvStore::Identity{control.worker_id(), control.worker_credential()}; });
   absl::Status s = RunRank(assignment, control, store, reporter, options_, metrics_);
   if (!s.ok() && control.stop_requested()) {
     return absl::CancelledError(absl::StrCat("stopped: ", s.message()));

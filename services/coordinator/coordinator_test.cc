@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <map>
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -61,8 +62,13 @@ class CoordinatorTest : public ::testing::Test {
     r.mutable_topology()->set_node(node.empty() ? host : node);
     absl::StatusOr<::recfleet::v1::RegisterWorkerResponse> resp = coordinator_->RegisterWorker(r);
     EXPECT_TRUE(resp.ok()) << resp.status();
+    EXPECT_EQ(resp->worker_credential().size(), 64u);
+    credentials_[resp->worker_id()] = resp->worker_credential();
     return resp->worker_id();
   }
+
+  // The credential of `worker`'s latest registration.
+  std::string Cred(const std::string& worker) { return credentials_[worker]; }
 
   Job Submit(int workers, const std::string& request_id = "") {
     ::recfleet::v1::CreateJobRequest r;
@@ -84,6 +90,7 @@ class CoordinatorTest : public ::testing::Test {
                          const std::string& message = "") {
     HeartbeatRequest r;
     r.set_worker_id(worker);
+    r.set_worker_credential(Cred(worker));
     if (!job.empty()) {
       r.mutable_task()->set_job(job);
       r.mutable_task()->set_restart_epoch(epoch);
@@ -100,6 +107,7 @@ class CoordinatorTest : public ::testing::Test {
                            int rank, int64_t from, int64_t to) {
     ::recfleet::v1::ReportStepRequest rep;
     rep.set_worker_id(worker);
+    rep.set_worker_credential(Cred(worker));
     rep.set_job(job);
     rep.set_restart_epoch(epoch);
     rep.set_rank(rank);
@@ -152,6 +160,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   ManualClock clock_;
+  std::map<std::string, std::string> credentials_;
   std::unique_ptr<metrics::MetricRegistry> registry_;
   std::unique_ptr<Coordinator> coordinator_;
 };
@@ -268,6 +277,7 @@ TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
     for (int rank = 0; rank < 2; ++rank) {
       ::recfleet::v1::ReportStepRequest rep;
       rep.set_worker_id(rank == 0 ? rank0 : rank1);
+      rep.set_worker_credential(Cred(rep.worker_id()));
       rep.set_job(job.name());
       rep.set_restart_epoch(1);
       rep.set_rank(rank);
@@ -290,6 +300,7 @@ TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
   // A report for a rank the worker does not hold is refused.
   ::recfleet::v1::ReportStepRequest wrong;
   wrong.set_worker_id(rank0);
+  wrong.set_worker_credential(Cred(rank0));
   wrong.set_job(job.name());
   wrong.set_restart_epoch(1);
   wrong.set_rank(1);
@@ -332,6 +343,72 @@ TEST_F(CoordinatorTest, EarlySucceededClaimDoesNotEndTheJob) {
   EXPECT_EQ(Get(job.name()).status().state(), JobStatus::SUCCEEDED);
 }
 
+// Holding the cluster token is not enough to act as a worker: every worker
+// call needs the credential of that worker's registration.
+TEST_F(CoordinatorTest, WorkerCallsNeedTheWorkersOwnCredential) {
+  Job job = Submit(1);
+  std::string victim = Register("host-a");
+  std::string other = Register("host-b");
+  EXPECT_NE(Cred(victim), Cred(other));
+  int64_t epoch = StartRunning(job.name(), {victim});
+  ASSERT_TRUE(ReportSteps(victim, job.name(), epoch, 0, 1, 100).ok());
+
+  HeartbeatRequest hb;
+  hb.set_worker_id(victim);
+  hb.mutable_task()->set_job(job.name());
+  hb.mutable_task()->set_restart_epoch(epoch);
+  hb.mutable_task()->set_phase(TaskStatus::SUCCEEDED);
+  for (const std::string& credential : {std::string(), Cred(other), std::string(64, '0')}) {
+    hb.set_worker_credential(credential);
+    EXPECT_EQ(coordinator_->Heartbeat(hb).status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+
+  ::recfleet::v1::ReportStepRequest rep;
+  rep.set_worker_id(victim);
+  rep.set_worker_credential(Cred(other));
+  rep.set_job(job.name());
+  rep.set_restart_epoch(epoch);
+  rep.add_steps()->set_step(101);
+  EXPECT_EQ(coordinator_->ReportStep(rep).status().code(), absl::StatusCode::kPermissionDenied);
+
+  ::recfleet::v1::KvSetRequest set;
+  set.set_job(job.name());
+  set.set_restart_epoch(epoch);
+  set.set_key("k");
+  set.set_worker_id(victim);
+  set.set_worker_credential(Cred(other));
+  EXPECT_EQ(coordinator_->KvSet(set).code(), absl::StatusCode::kPermissionDenied);
+  ::recfleet::v1::KvGetRequest get;
+  get.set_job(job.name());
+  get.set_restart_epoch(epoch);
+  get.set_key("k");
+  get.set_worker_id(victim);
+  EXPECT_EQ(coordinator_->KvGet(get).status().code(), absl::StatusCode::kPermissionDenied);
+  ::recfleet::v1::KvWaitRequest wait;
+  wait.set_job(job.name());
+  wait.set_restart_epoch(epoch);
+  wait.add_keys("k");
+  wait.set_worker_id(victim);
+  absl::StatusCode wait_code = absl::StatusCode::kOk;
+  coordinator_->KvWait(wait, [&](absl::StatusOr<::recfleet::v1::KvWaitResponse> r) {
+    wait_code = r.status().code();
+  });
+  EXPECT_EQ(wait_code, absl::StatusCode::kPermissionDenied);
+
+  // Nor can anyone take over the live worker's id by registering it again.
+  ::recfleet::v1::RegisterWorkerRequest again;
+  again.set_host("attacker");
+  again.set_worker_id(victim);
+  EXPECT_EQ(coordinator_->RegisterWorker(again).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+
+  // The worker itself, with its credential, finishes the job.
+  Beat(victim, job.name(), epoch, TaskStatus::SUCCEEDED);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::SUCCEEDED);
+}
+
 TEST_F(CoordinatorTest, ExpiredLeaseIsNoticedAndTheJobRestarts) {
   Job job = Submit(2);
   std::string w0 = Register("host-a"), w1 = Register("host-b");
@@ -350,6 +427,7 @@ TEST_F(CoordinatorTest, ExpiredLeaseIsNoticedAndTheJobRestarts) {
   EXPECT_NE(j.status().message().find(w0), std::string::npos) << j.status().message();
   ::recfleet::v1::HeartbeatRequest late;
   late.set_worker_id(w0);
+  late.set_worker_credential(Cred(w0));
   EXPECT_EQ(coordinator_->Heartbeat(late).status().code(), absl::StatusCode::kNotFound);
 
   // A new worker arrives: the job is placed again with the next epoch, and the
@@ -412,6 +490,8 @@ TEST_F(CoordinatorTest, CancelAbortsWorkersAndIsIdempotent) {
               s.set_job(job.name());
               s.set_restart_epoch(epoch);
               s.set_key("k");
+              s.set_worker_id(w);
+              s.set_worker_credential(Cred(w));
               return s;
             }()).code(),
             absl::StatusCode::kNotFound);
@@ -450,11 +530,15 @@ TEST_F(CoordinatorTest, RendezvousIsFencedByEpoch) {
   set.set_restart_epoch(epoch);
   set.set_key("nccl/unique_id");
   set.set_value("abc");
+  set.set_worker_id(w);
+  set.set_worker_credential(Cred(w));
   ASSERT_TRUE(coordinator_->KvSet(set).ok());
   ::recfleet::v1::KvGetRequest get;
   get.set_job(job.name());
   get.set_restart_epoch(epoch);
   get.set_key("nccl/unique_id");
+  get.set_worker_id(w);
+  get.set_worker_credential(Cred(w));
   EXPECT_EQ(coordinator_->KvGet(get)->value(), "abc");
 
   // The task fails; the next attempt has a fresh, empty namespace.
@@ -473,6 +557,8 @@ TEST_F(CoordinatorTest, RendezvousIsFencedByEpoch) {
   wait.set_restart_epoch(2);
   wait.add_keys("a");
   wait.add_keys("b");
+  wait.set_worker_id(w);
+  wait.set_worker_credential(Cred(w));
   absl::Notification done;
   absl::StatusOr<::recfleet::v1::KvWaitResponse> result;
   coordinator_->KvWait(wait, [&](absl::StatusOr<::recfleet::v1::KvWaitResponse> r) {
@@ -521,6 +607,7 @@ TEST_F(CoordinatorTest, RestartKeepsJobsAndRunningWorkersReattach) {
   EXPECT_EQ(Get(cancelled.name()).status().state(), JobStatus::CANCELLED);
   ::recfleet::v1::HeartbeatRequest hb;
   hb.set_worker_id(w);
+  hb.set_worker_credential(Cred(w));
   EXPECT_EQ(coordinator_->Heartbeat(hb).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Register("host-a", "worker-a"), "worker-a");
   HeartbeatResponse r = Beat(w, running.name(), epoch, TaskStatus::RUNNING);

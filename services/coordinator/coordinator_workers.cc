@@ -57,6 +57,7 @@ absl::StatusOr<::recfleet::v1::RegisterWorkerResponse> Coordinator::RegisterWork
   ScheduleLocked();
   ::recfleet::v1::RegisterWorkerResponse out;
   out.set_worker_id(id);
+  out.set_worker_credential(registry_.Find(id)->credential);
   out.set_lease_seconds(absl::ToDoubleSeconds(options_.lease));
   absl::Duration hb = options_.heartbeat_interval > absl::ZeroDuration()
                           ? options_.heartbeat_interval
@@ -129,7 +130,7 @@ void Coordinator::HandleTaskLocked(WorkerRecord& w, const TaskStatus& task) {
 absl::StatusOr<::recfleet::v1::HeartbeatResponse> Coordinator::Heartbeat(
     const ::recfleet::v1::HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<WorkerRecord*> renewed = registry_.Renew(request.worker_id(), options_.clock());
+  absl::StatusOr<WorkerRecord*> renewed = registry_.Renew(request.worker_id(), request.worker_credential(), options_.clock());
   if (!renewed.ok()) return renewed.status();
   WorkerRecord& w = **renewed;
   const TaskStatus& task = request.task();
