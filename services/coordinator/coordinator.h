@@ -191,7 +191,8 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int MaxRestarts(const ActiveJob& aj) const;
   // A rendezvous call must come from a registered worker presenting its
-  // credential. Takes mu_; the rendezvous itself is called without it.
+  // credential and assigned to `job` ("jobs/{id}"). Takes mu_; the
+  // rendezvous itself is called without it.
   absl::Status AuthorizeKv(const std::string& worker_id, const std::string& credential,
                            const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
   void RegisterMetrics(metrics::MetricRegistry* registry);

@@ -17,7 +17,16 @@ absl::Status Coordinator::AuthorizeKv(const std::string& worker_id, const std::s
   absl::MutexLock lock(&mu_);
   absl::StatusOr<WorkerRecord*> w = registry_.Authenticate(worker_id, credential);
   if (!w.ok()) return w.status();
-  (void)job;
+  // A job's keys (Gloo addresses, NCCL ids) are its workers' alone. The
+  // epoch is left to the rendezvous: a worker holding the job holds it at
+  // the job's current epoch, which is the namespace's epoch, so a call of
+  // another epoch gets its FAILED_PRECONDITION ("stale restart_epoch").
+  if ((*w)->idle() || job.size() != (*w)->job_id.size() + 5 ||
+      job.compare(5, std::string::npos, (*w)->job_id) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker ", worker_id, " is not assigned to ", job,
+        "; a job's rendezvous keys are open only to the workers running it"));
+  }
   return absl::OkStatus();
 }
 

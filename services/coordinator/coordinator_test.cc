@@ -485,6 +485,7 @@ TEST_F(CoordinatorTest, CancelAbortsWorkersAndIsIdempotent) {
   ASSERT_EQ(r.commands_size(), 1);
   EXPECT_EQ(r.commands(0).abort().job(), job.name());
   EXPECT_TRUE(coordinator_->CancelJob(c).ok());
+  // The cancelled job's rendezvous is closed to its former worker.
   EXPECT_EQ(coordinator_->KvSet([&] {
               ::recfleet::v1::KvSetRequest s;
               s.set_job(job.name());
@@ -494,7 +495,7 @@ TEST_F(CoordinatorTest, CancelAbortsWorkersAndIsIdempotent) {
               s.set_worker_credential(Cred(w));
               return s;
             }()).code(),
-            absl::StatusCode::kNotFound);
+            absl::StatusCode::kPermissionDenied);
   // A finished job cannot be cancelled.
   Job other = Submit(1);
   epoch = StartRunning(other.name(), {w});
@@ -587,6 +588,64 @@ TEST_F(CoordinatorTest, RendezvousIsFencedByEpoch) {
     timed_out.Notify();
   });
   EXPECT_TRUE(timed_out.WaitForNotificationWithTimeout(absl::Seconds(5)));
+}
+
+// Job B's worker, though registered and authenticated, can neither read nor
+// write job A's rendezvous keys (e.g. its Gloo addresses); nor can an idle
+// worker.
+TEST_F(CoordinatorTest, RendezvousKeysAreOpenOnlyToTheJobsWorkers) {
+  Job a = Submit(1);
+  std::string wa = Register("host-a");
+  int64_t epoch_a = StartRunning(a.name(), {wa});
+  Job b = Submit(1);
+  std::string wb = Register("host-b");
+  StartRunning(b.name(), {wb});
+  std::string idle = Register("host-c");
+
+  ::recfleet::v1::KvSetRequest set;
+  set.set_job(a.name());
+  set.set_restart_epoch(epoch_a);
+  set.set_key("gloo/0");
+  set.set_value("10.0.0.1:4242");
+  set.set_worker_id(wa);
+  set.set_worker_credential(Cred(wa));
+  ASSERT_TRUE(coordinator_->KvSet(set).ok());
+
+  for (const std::string& intruder : {wb, idle}) {
+    ::recfleet::v1::KvGetRequest get;
+    get.set_job(a.name());
+    get.set_restart_epoch(epoch_a);
+    get.set_key("gloo/0");
+    get.set_worker_id(intruder);
+    get.set_worker_credential(Cred(intruder));
+    absl::StatusOr<::recfleet::v1::KvGetResponse> got = coordinator_->KvGet(get);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied) << intruder;
+
+    ::recfleet::v1::KvSetRequest overwrite = set;
+    overwrite.set_value("evil");
+    overwrite.set_worker_id(intruder);
+    overwrite.set_worker_credential(Cred(intruder));
+    EXPECT_EQ(coordinator_->KvSet(overwrite).code(), absl::StatusCode::kPermissionDenied);
+
+    ::recfleet::v1::KvWaitRequest wait;
+    wait.set_job(a.name());
+    wait.set_restart_epoch(epoch_a);
+    wait.add_keys("gloo/0");
+    wait.set_worker_id(intruder);
+    wait.set_worker_credential(Cred(intruder));
+    absl::StatusCode wait_code = absl::StatusCode::kOk;
+    coordinator_->KvWait(wait, [&](absl::StatusOr<::recfleet::v1::KvWaitResponse> r) {
+      wait_code = r.status().code();
+    });
+    EXPECT_EQ(wait_code, absl::StatusCode::kPermissionDenied);
+  }
+  ::recfleet::v1::KvGetRequest own;
+  own.set_job(a.name());
+  own.set_restart_epoch(epoch_a);
+  own.set_key("gloo/0");
+  own.set_worker_id(wa);
+  own.set_worker_credential(Cred(wa));
+  EXPECT_EQ(coordinator_->KvGet(own)->value(), "10.0.0.1:4242");
 }
 
 TEST_F(CoordinatorTest, RestartKeepsJobsAndRunningWorkersReattach) {
