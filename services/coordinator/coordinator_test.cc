@@ -127,6 +127,38 @@ class CoordinatorTest : public ::testing::Test {
     Beat(worker, job, epoch, TaskStatus::SUCCEEDED);
   }
 
+  // The status codes of KvSet, KvGet and KvWait of `key` in `job` at
+  // `epoch`, called as `worker` presenting `credential`. For calls that do
+  // not block (KvWait of a key that is set, or a refused call).
+  std::vector<absl::StatusCode> KvCodes(const std::string& worker, const std::string& credential,
+                                        const std::string& job, int64_t epoch,
+                                        const std::string& key) {
+    ::recfleet::v1::KvSetRequest set;
+    ::recfleet::v1::KvGetRequest get;
+    ::recfleet::v1::KvWaitRequest wait;
+    set.set_job(job);
+    set.set_restart_epoch(epoch);
+    set.set_key(key);
+    set.set_value("from " + worker);
+    set.set_worker_id(worker);
+    set.set_worker_credential(credential);
+    get.set_job(job);
+    get.set_restart_epoch(epoch);
+    get.set_key(key);
+    get.set_worker_id(worker);
+    get.set_worker_credential(credential);
+    wait.set_job(job);
+    wait.set_restart_epoch(epoch);
+    wait.add_keys(key);
+    wait.set_worker_id(worker);
+    wait.set_worker_credential(credential);
+    absl::StatusCode wait_code = absl::StatusCode::kUnknown;
+    coordinator_->KvWait(wait, [&](absl::StatusOr<::recfleet::v1::KvWaitResponse> r) {
+      wait_code = r.status().code();
+    });
+    return {coordinator_->KvSet(set).code(), coordinator_->KvGet(get).status().code(), wait_code};
+  }
+
   // The assignment in a heartbeat reply, if any.
   static const Assignment* AssignmentOf(const HeartbeatResponse& r) {
     for (const auto& c : r.commands()) {
@@ -372,29 +404,9 @@ TEST_F(CoordinatorTest, WorkerCallsNeedTheWorkersOwnCredential) {
   rep.add_steps()->set_step(101);
   EXPECT_EQ(coordinator_->ReportStep(rep).status().code(), absl::StatusCode::kPermissionDenied);
 
-  ::recfleet::v1::KvSetRequest set;
-  set.set_job(job.name());
-  set.set_restart_epoch(epoch);
-  set.set_key("k");
-  set.set_worker_id(victim);
-  set.set_worker_credential(Cred(other));
-  EXPECT_EQ(coordinator_->KvSet(set).code(), absl::StatusCode::kPermissionDenied);
-  ::recfleet::v1::KvGetRequest get;
-  get.set_job(job.name());
-  get.set_restart_epoch(epoch);
-  get.set_key("k");
-  get.set_worker_id(victim);
-  EXPECT_EQ(coordinator_->KvGet(get).status().code(), absl::StatusCode::kPermissionDenied);
-  ::recfleet::v1::KvWaitRequest wait;
-  wait.set_job(job.name());
-  wait.set_restart_epoch(epoch);
-  wait.add_keys("k");
-  wait.set_worker_id(victim);
-  absl::StatusCode wait_code = absl::StatusCode::kOk;
-  coordinator_->KvWait(wait, [&](absl::StatusOr<::recfleet::v1::KvWaitResponse> r) {
-    wait_code = r.status().code();
-  });
-  EXPECT_EQ(wait_code, absl::StatusCode::kPermissionDenied);
+  const std::vector<absl::StatusCode> denied(3, absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(KvCodes(victim, Cred(other), job.name(), epoch, "k"), denied);
+  EXPECT_EQ(KvCodes(victim, "", job.name(), epoch, "k"), denied);
 
   // Nor can anyone take over the live worker's id by registering it again.
   ::recfleet::v1::RegisterWorkerRequest again;
@@ -602,50 +614,19 @@ TEST_F(CoordinatorTest, RendezvousKeysAreOpenOnlyToTheJobsWorkers) {
   StartRunning(b.name(), {wb});
   std::string idle = Register("host-c");
 
-  ::recfleet::v1::KvSetRequest set;
-  set.set_job(a.name());
-  set.set_restart_epoch(epoch_a);
-  set.set_key("gloo/0");
-  set.set_value("10.0.0.1:4242");
-  set.set_worker_id(wa);
-  set.set_worker_credential(Cred(wa));
-  ASSERT_TRUE(coordinator_->KvSet(set).ok());
-
-  for (const std::string& intruder : {wb, idle}) {
-    ::recfleet::v1::KvGetRequest get;
-    get.set_job(a.name());
-    get.set_restart_epoch(epoch_a);
-    get.set_key("gloo/0");
-    get.set_worker_id(intruder);
-    get.set_worker_credential(Cred(intruder));
-    absl::StatusOr<::recfleet::v1::KvGetResponse> got = coordinator_->KvGet(get);
-    EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied) << intruder;
-
-    ::recfleet::v1::KvSetRequest overwrite = set;
-    overwrite.set_value("evil");
-    overwrite.set_worker_id(intruder);
-    overwrite.set_worker_credential(Cred(intruder));
-    EXPECT_EQ(coordinator_->KvSet(overwrite).code(), absl::StatusCode::kPermissionDenied);
-
-    ::recfleet::v1::KvWaitRequest wait;
-    wait.set_job(a.name());
-    wait.set_restart_epoch(epoch_a);
-    wait.add_keys("gloo/0");
-    wait.set_worker_id(intruder);
-    wait.set_worker_credential(Cred(intruder));
-    absl::StatusCode wait_code = absl::StatusCode::kOk;
-    coordinator_->KvWait(wait, [&](absl::StatusOr<::recfleet::v1::KvWaitResponse> r) {
-      wait_code = r.status().code();
-    });
-    EXPECT_EQ(wait_code, absl::StatusCode::kPermissionDenied);
-  }
+  const std::vector<absl::StatusCode> ok(3, absl::StatusCode::kOk);
+  const std::vector<absl::StatusCode> denied(3, absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(KvCodes(wa, Cred(wa), a.name(), epoch_a, "gloo/0"), ok);
+  EXPECT_EQ(KvCodes(wb, Cred(wb), a.name(), epoch_a, "gloo/0"), denied);
+  EXPECT_EQ(KvCodes(idle, Cred(idle), a.name(), epoch_a, "gloo/0"), denied);
+  // Job A's value is its own worker's, not overwritten by the intruders.
   ::recfleet::v1::KvGetRequest own;
   own.set_job(a.name());
   own.set_restart_epoch(epoch_a);
   own.set_key("gloo/0");
   own.set_worker_id(wa);
   own.set_worker_credential(Cred(wa));
-  EXPECT_EQ(coordinator_->KvGet(own)->value(), "10.0.0.1:4242");
+  EXPECT_EQ(coordinator_->KvGet(own)->value(), "from " + wa);
 }
 
 TEST_F(CoordinatorTest, RestartKeepsJobsAndRunningWorkersReattach) {
