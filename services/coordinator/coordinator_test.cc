@@ -222,6 +222,17 @@ TEST_F(CoordinatorTest, BadSpecIsRejectedWithFieldPath) {
   EXPECT_EQ(coordinator_->CreateJob(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(CoordinatorTest, OversizedSpecIsRejectedAtCreate) {
+  ::recfleet::v1::CreateJobRequest r;
+  *r.mutable_spec() = BuildableSpec(1);
+  (*r.mutable_spec()->mutable_labels())["notes"] = std::string(2 << 20, 'x');
+  absl::StatusOr<Job> job = coordinator_->CreateJob(r);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(job.status().message().find("at most 262144 bytes (256 KiB)"), std::string::npos)
+      << job.status();
+  EXPECT_TRUE(coordinator_->ListJobs({}).value().jobs().empty());
+}
+
 TEST_F(CoordinatorTest, SchedulerAssignsThePlansGroupsAndRecordsItsSummary) {
   Job job = Submit(2);
   std::string w0 = Register("host-a"), w1 = Register("host-b");

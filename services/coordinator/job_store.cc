@@ -299,7 +299,8 @@ absl::StatusOr<Job> JobStore::Get(const std::string& id) {
 }
 
 absl::StatusOr<JobStore::Page> JobStore::List(int page_size, const std::string& page_token,
-                                              const std::set<JobState>& states) {
+                                              const std::set<JobState>& states,
+                                              int64_t max_bytes) {
   int64_t after = std::numeric_limits<int64_t>::max();
   if (!page_token.empty() && !ParsePageToken(page_token, &after)) {
     return absl::InvalidArgumentError(
@@ -324,12 +325,16 @@ absl::StatusOr<JobStore::Page> JobStore::List(int page_size, const std::string& 
   }
   Page page;
   int64_t last_seq = 0;
+  int64_t bytes = 0;
   int rc;
   while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-    if (static_cast<int>(page.jobs.size()) == page_size) {
+    const int64_t row_bytes = sqlite3_column_bytes(s, 3) + sqlite3_column_bytes(s, 4);
+    if (static_cast<int>(page.jobs.size()) == page_size ||
+        (!page.jobs.empty() && bytes + row_bytes > max_bytes)) {
       page.next_page_token = PageToken(last_seq);
       break;
     }
+    bytes += row_bytes;
     last_seq = sqlite3_column_int64(s, 0);
     Job job;
     job.set_name(JobName(ColumnBytes(s, 1)));
