@@ -309,6 +309,16 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
   r = Cli("list --state cancelled --state queued");
   EXPECT_NE(r.output.find(job), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(second), std::string::npos) << r.output;
+
+  // Only finished jobs can be deleted.
+  r = Cli("delete " + second);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("FAILED_PRECONDITION"), std::string::npos) << r.output;
+  r = Cli("delete " + job);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(job + " deleted"), std::string::npos) << r.output;
+  EXPECT_EQ(Cli("get " + job).exit_code, 4);
+  EXPECT_EQ(Cli("delete " + job).exit_code, 4);
 }
 
 // `recfleet plan --coordinator` asks the running coordinator's planner

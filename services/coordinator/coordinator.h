@@ -100,6 +100,7 @@ class Coordinator {
   absl::StatusOr<::recfleet::v1::ListJobsResponse> ListJobs(
       const ::recfleet::v1::ListJobsRequest& request);
   absl::StatusOr<::recfleet::v1::Job> CancelJob(const ::recfleet::v1::CancelJobRequest& request);
+  absl::Status DeleteJob(const ::recfleet::v1::DeleteJobRequest& request);
   // Plans outside the lock: the planner may take a while on large fleets.
   absl::StatusOr<::recfleet::v1::PlanJobResponse> PlanJob(
       const ::recfleet::v1::PlanJobRequest& request);

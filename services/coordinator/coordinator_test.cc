@@ -531,6 +531,25 @@ TEST_F(CoordinatorTest, CancelAbortsWorkersAndIsIdempotent) {
   EXPECT_EQ(coordinator_->CancelJob(c).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(CoordinatorTest, DeleteRemovesOnlyFinishedJobs) {
+  Job job = Submit(1);
+  ::recfleet::v1::DeleteJobRequest d;
+  d.set_name(job.name());
+  EXPECT_EQ(coordinator_->DeleteJob(d).code(), absl::StatusCode::kFailedPrecondition);
+  ::recfleet::v1::CancelJobRequest c;
+  c.set_name(job.name());
+  ASSERT_TRUE(coordinator_->CancelJob(c).ok());
+  ASSERT_TRUE(coordinator_->DeleteJob(d).ok());
+  ::recfleet::v1::GetJobRequest g;
+  g.set_name(job.name());
+  EXPECT_EQ(coordinator_->GetJob(g).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(coordinator_->ListJobs({}).value().jobs().empty());
+  EXPECT_EQ(coordinator_->WatchSnapshot(job.name()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->DeleteJob(d).code(), absl::StatusCode::kNotFound);
+  d.set_name("not-a-name");
+  EXPECT_EQ(coordinator_->DeleteJob(d).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CoordinatorTest, GangWaitsForEnoughWorkers) {
   Job big = Submit(3);
   Job small = Submit(1);

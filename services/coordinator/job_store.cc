@@ -406,6 +406,35 @@ absl::Status JobStore::SaveStatus(const std::string& id, const JobStatus& status
   return absl::OkStatus();
 }
 
+absl::Status JobStore::Delete(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Job> job = GetLocked(id);
+  if (!job.ok()) return job.status();
+  if (!IsTerminal(job->status().state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(JobName(id), " is ", StateName(job->status().state()),
+                     "; only SUCCEEDED, FAILED or CANCELLED jobs can be deleted"));
+  }
+  if (absl::Status s = ExecLocked("BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status result;
+  for (const char* sql : {"DELETE FROM transitions WHERE job_id = ?", "DELETE FROM jobs WHERE id = ?"}) {
+    sqlite3_stmt* s = Prepare(sql);
+    if (s == nullptr) {
+      result = Error("prepare delete");
+      break;
+    }
+    StmtScope scope(s);
+    BindText(s, 1, id);
+    if (sqlite3_step(s) != SQLITE_DONE) {
+      result = Error("delete " + id);
+      break;
+    }
+  }
+  if (result.ok()) result = ExecLocked("COMMIT");
+  if (!result.ok()) ExecLocked("ROLLBACK").IgnoreError();
+  return result;
+}
+
 absl::StatusOr<std::vector<JobTransition>> JobStore::Transitions(const std::string& id) {
   absl::MutexLock lock(&mu_);
   if (absl::StatusOr<Job> job = GetLocked(id); !job.ok()) return job.status();

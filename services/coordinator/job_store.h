@@ -70,6 +70,10 @@ class JobStore {
   // Errors: NOT_FOUND; FAILED_PRECONDITION if `status` changes the state.
   absl::Status SaveStatus(const std::string& id, const ::recfleet::v1::JobStatus& status);
 
+  // Removes a terminal job and its transitions, atomically. Errors:
+  // NOT_FOUND; FAILED_PRECONDITION if the stored state is not terminal.
+  absl::Status Delete(const std::string& id);
+
   // Every transition of a job, oldest first.
   absl::StatusOr<std::vector<::recfleet::v1::JobTransition>> Transitions(const std::string& id);
 
