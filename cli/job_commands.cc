@@ -1,4 +1,4 @@
-// `recfleet submit|get|list|cancel|watch`: the job commands, talking to the
+// `recfleet submit|get|list|cancel|delete|watch`: the job commands, talking to the
 // coordinator's JobService. Registered into the recfleet command table.
 
 #include <algorithm>
@@ -367,6 +367,21 @@ int Cancel(const std::vector<std::string>& words) {
   return kExitOk;
 }
 
+int Delete(const std::vector<std::string>& words) {
+  Args args;
+  if (!Parse("delete", words, WithConnection({}), {}, &args) ||
+      !OnePositional("delete", args, "job name")) {
+    return kExitUsage;
+  }
+  int code = kExitOk;
+  std::unique_ptr<JobClient> client = Connect("delete", args, &code);
+  if (client == nullptr) return code;
+  const std::string name = JobArg(args.positional[0]);
+  if (absl::Status s = client->DeleteJob(name); !s.ok()) return Fail("delete", s);
+  std::printf("%s deleted\n", name.c_str());
+  return kExitOk;
+}
+
 int WatchCommand(const std::vector<std::string>& words) {
   Args args;
   if (!Parse("watch", words, WithConnection({}), {"json", "progress"}, &args) ||
@@ -418,6 +433,17 @@ RECFLEET_REGISTER_COMMAND({
     absl::StrCat("usage: recfleet cancel JOB [--reason TEXT]\n\nflags:\n", kConnectionFlags,
                  "\nexit codes: 0 cancelled (or already was), 1 already finished, 4 no such job"),
     Cancel,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "delete",
+    "Delete a finished job and its history",
+    absl::StrCat("usage: recfleet delete JOB\n\nOnly SUCCEEDED, FAILED or CANCELLED jobs can be "
+                 "deleted.\n\nflags:\n",
+                 kConnectionFlags,
+                 "\nexit codes: 0 deleted, 1 the job is not finished, 3 coordinator unreachable,\n"
+                 "4 no such job"),
+    Delete,
 });
 
 RECFLEET_REGISTER_COMMAND({

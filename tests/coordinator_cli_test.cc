@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -211,6 +212,7 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
   // Two workers register: the gang is placed and assignments flow.
   auto stub = WorkerStub();
   std::vector<std::string> workers;
+  std::map<std::string, std::string> credentials;
   for (const char* host : {"host-a", "host-b"}) {
     grpc::ClientContext ctx;
     ctx.AddMetadata("authorization", "Bearer t0ken");
@@ -220,6 +222,7 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
     ASSERT_TRUE(stub->RegisterWorker(&ctx, req, &resp).ok());
     EXPECT_EQ(resp.lease_seconds(), 5);
     workers.push_back(resp.worker_id());
+    credentials[resp.worker_id()] = resp.worker_credential();
   }
   int64_t epoch = 0;
   for (const std::string& w : workers) {
@@ -227,6 +230,7 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
     ctx.AddMetadata("authorization", "Bearer t0ken");
     v1::HeartbeatRequest req;
     req.set_worker_id(w);
+    req.set_worker_credential(credentials[w]);
     v1::HeartbeatResponse resp;
     ASSERT_TRUE(stub->Heartbeat(&ctx, req, &resp).ok());
     ASSERT_EQ(resp.commands_size(), 1);
@@ -238,6 +242,7 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
     ctx.AddMetadata("authorization", "Bearer t0ken");
     v1::HeartbeatRequest req;
     req.set_worker_id(w);
+    req.set_worker_credential(credentials[w]);
     req.mutable_task()->set_job(job);
     req.mutable_task()->set_restart_epoch(epoch);
     req.mutable_task()->set_phase(v1::TaskStatus::RUNNING);
@@ -304,6 +309,16 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
   r = Cli("list --state cancelled --state queued");
   EXPECT_NE(r.output.find(job), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(second), std::string::npos) << r.output;
+
+  // Only finished jobs can be deleted.
+  r = Cli("delete " + second);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("FAILED_PRECONDITION"), std::string::npos) << r.output;
+  r = Cli("delete " + job);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(job + " deleted"), std::string::npos) << r.output;
+  EXPECT_EQ(Cli("get " + job).exit_code, 4);
+  EXPECT_EQ(Cli("delete " + job).exit_code, 4);
 }
 
 // `recfleet plan --coordinator` asks the running coordinator's planner

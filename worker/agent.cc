@@ -32,6 +32,16 @@ void TaskControl::OnStop(std::function<void()> callback) {
   callback();
 }
 
+std::string TaskControl::worker_credential() const {
+  absl::MutexLock lock(&mu_);
+  return credential_;
+}
+
+void TaskControl::set_worker_credential(std::string credential) {
+  absl::MutexLock lock(&mu_);
+  credential_ = std::move(credential);
+}
+
 void TaskControl::SetRunning() {
   absl::MutexLock lock(&mu_);
   running_ = true;
@@ -80,6 +90,8 @@ std::string Agent::worker_id() const {
 absl::Status Agent::Register() {
   v1::RegisterWorkerRequest request = options_.registration;
   request.set_worker_id(worker_id());
+  // Lets a live registration be renewed in place; ignored once it ended.
+  request.set_worker_credential(credential_);
   v1::RegisterWorkerResponse response;
   grpc::ClientContext ctx;
   Prepare(&ctx, options_);
@@ -91,6 +103,10 @@ absl::Status Agent::Register() {
     first = worker_id_.empty();
     worker_id_ = response.worker_id();
   }
+  credential_ = response.worker_credential();
+  // A task that outlived the old registration (the coordinator restarted
+  // and the job kept running) goes on under the new credential.
+  if (task_ != nullptr) task_->control->set_worker_credential(credential_);
   if (response.heartbeat_interval_seconds() > 0) {
     heartbeat_interval_ = absl::Seconds(response.heartbeat_interval_seconds());
   }
@@ -125,7 +141,7 @@ void Agent::StartTask(const v1::Assignment& assignment) {
   if (task_ != nullptr && task_->thread.joinable()) task_->thread.join();
   task_ = std::make_unique<Task>();
   task_->assignment = assignment;
-  task_->control.reset(new TaskControl(worker_id()));
+  task_->control.reset(new TaskControl(worker_id(), credential_));
   std::fprintf(stderr, "worker %s: assignment %s rank %d/%d epoch %d resume_step %d\n", worker_id().c_str(),
                assignment.job().c_str(), assignment.rank(), assignment.world_size(),
                static_cast<int>(assignment.restart_epoch()), static_cast<int>(assignment.resume_step()));
@@ -173,6 +189,7 @@ void Agent::Apply(const v1::WorkerCommand& command) {
 absl::Status Agent::Heartbeat() {
   v1::HeartbeatRequest request;
   request.set_worker_id(worker_id());
+  request.set_worker_credential(credential_);
   v1::TaskStatus status = CurrentStatus();
   if (!status.job().empty()) *request.mutable_task() = status;
   v1::HeartbeatResponse response;

@@ -48,22 +48,30 @@ class TaskControl {
   // coordinator moves the job to RUNNING once every rank has.
   void SetRunning();
 
-  // The worker id to put in ReportStep calls.
+  // The worker id to put in ReportStep and rendezvous calls.
   const std::string& worker_id() const { return worker_id_; }
+  // The credential to send with it (worker_service.proto, "Worker
+  // identity"). Read it per call: it changes when the agent registers again,
+  // e.g. after a coordinator restart, while the task keeps running.
+  std::string worker_credential() const;
 
   // The Agent makes one per assignment; a run outside a daemon (`recfleet
   // train --local`) makes its own, and may stop it with RequestStop.
-  explicit TaskControl(std::string worker_id) : worker_id_(std::move(worker_id)) {}
+  explicit TaskControl(std::string worker_id, std::string worker_credential = "")
+      : worker_id_(std::move(worker_id)), credential_(std::move(worker_credential)) {}
   void RequestStop();
 
  private:
   friend class Agent;
+
+  void set_worker_credential(std::string credential);
 
   const std::string worker_id_;
   absl::Notification stop_;
   mutable absl::Mutex mu_;
   std::vector<std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
+  std::string credential_ ABSL_GUARDED_BY(mu_);
 };
 
 // Runs one assignment to its end on the calling thread: OK when every step
@@ -123,6 +131,8 @@ class Agent {
 
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  // The current registration's credential; only the Run() thread uses it.
+  std::string credential_;
   absl::Duration heartbeat_interval_;
   std::unique_ptr<Task> task_;  // Only the Run() thread touches the pointer.
 };

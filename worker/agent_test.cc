@@ -23,6 +23,9 @@ class ScriptedCoordinator final : public v1::WorkerService::Service {
     absl::MutexLock lock(&mu);
     registrations.push_back(req->worker_id());
     resp->set_worker_id(req->worker_id().empty() ? "w-1" : req->worker_id());
+    // A new credential per registration, as the coordinator draws them.
+    credential = "credential-" + std::to_string(registrations.size());
+    resp->set_worker_credential(credential);
     resp->set_lease_seconds(5);
     resp->set_heartbeat_interval_seconds(0.02);
     forget = false;
@@ -32,6 +35,9 @@ class ScriptedCoordinator final : public v1::WorkerService::Service {
                          v1::HeartbeatResponse* resp) override {
     absl::MutexLock lock(&mu);
     if (forget) return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker");
+    if (req->worker_credential() != credential) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "wrong worker_credential");
+    }
     statuses.push_back(req->task());
     if (pending.has_assignment() && req->task().job() == pending.assignment().job() &&
         req->task().restart_epoch() == pending.assignment().restart_epoch()) {
@@ -73,6 +79,7 @@ class ScriptedCoordinator final : public v1::WorkerService::Service {
   v1::WorkerCommand pending ABSL_GUARDED_BY(mu);
   bool forget ABSL_GUARDED_BY(mu) = false;
   std::vector<std::string> registrations ABSL_GUARDED_BY(mu);
+  std::string credential ABSL_GUARDED_BY(mu);
   std::vector<v1::TaskStatus> statuses ABSL_GUARDED_BY(mu);
 };
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <numeric>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -24,10 +25,10 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 // Sends batched step reports; stops the task on a fencing error.
 class Reporter : public ProgressSink {
  public:
-  Reporter(v1::WorkerService::StubInterface* stub, const v1::Assignment& a, const std::string& worker_id,
+  Reporter(v1::WorkerService::StubInterface* stub, const v1::Assignment& a, const TaskControl& control,
            const std::string& token)
-      : stub_(stub), token_(token) {
-    pending_.set_worker_id(worker_id);
+      : stub_(stub), control_(control), token_(token) {
+    pending_.set_worker_id(control.worker_id());
     pending_.set_job(a.job());
     pending_.set_restart_epoch(a.restart_epoch());
     pending_.set_rank(a.rank());
@@ -35,31 +36,45 @@ class Reporter : public ProgressSink {
   void ReportStep(const v1::StepStats& s) override { *pending_.add_steps() = s; }
   void ReportEval(const v1::EvalStats& e) override { *pending_.mutable_eval() = e; }
 
-  // Sends what is pending if `force` or half a second has passed.
+  // Sends what is pending if `force` or half a second has passed. A report
+  // that fails for another reason than fencing stays pending and goes out
+  // with the next one (the coordinator skips steps it already has): the
+  // coordinator accepts rank 0's completion only once its reports reached
+  // the last step, so they must not be lost to a coordinator restart. A
+  // forced flush (checkpoints, evals, the end) retries for a while.
   absl::Status Flush(bool force) override {
     if (pending_.steps_size() == 0 && !pending_.has_eval()) return absl::OkStatus();
     if (!force && Since(last_) < 0.5) return absl::OkStatus();
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
-    v1::ReportStepResponse resp;
-    grpc::Status s = stub_->ReportStep(&ctx, pending_, &resp);
-    last_ = Clock::now();
-    pending_.clear_steps();
-    pending_.clear_eval();
-    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      return absl::FailedPreconditionError(absl::StrCat("ReportStep: ", s.error_message()));
-    }
-    if (!s.ok()) {
-      // Progress reports are advisory; training continues through a
+    constexpr int kForcedAttempts = 12;
+    for (int attempt = 1;; ++attempt) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
+      v1::ReportStepResponse resp;
+      pending_.set_worker_credential(control_.worker_credential());
+      grpc::Status s = stub_->ReportStep(&ctx, pending_, &resp);
+      last_ = Clock::now();
+      if (s.ok()) {
+        pending_.clear_steps();
+        pending_.clear_eval();
+        return absl::OkStatus();
+      }
+      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+          s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+        return absl::FailedPreconditionError(absl::StrCat("ReportStep: ", s.error_message()));
+      }
+      // Progress reports are advisory while training: it continues through a
       // coordinator hiccup, and the lease (heartbeats) decides liveness.
-      std::fprintf(stderr, "worker: ReportStep failed: %s\n", s.error_message().c_str());
+      std::fprintf(stderr, "worker: ReportStep failed (%d step(s) kept for the next report): %s\n",
+                   pending_.steps_size(), s.error_message().c_str());
+      if (!force || attempt >= kForcedAttempts) return absl::OkStatus();
+      std::this_thread::sleep_for(std::chrono::seconds(1));
     }
-    return absl::OkStatus();
   }
 
  private:
   v1::WorkerService::StubInterface* stub_;
+  const TaskControl& control_;
   const std::string token_;
   v1::ReportStepRequest pending_;
   Clock::time_point last_ = Clock::now();
@@ -72,8 +87,9 @@ TrainingTask::TrainingTask(std::shared_ptr<v1::WorkerService::StubInterface> stu
     : stub_(std::move(stub)), options_(std::move(options)), metrics_(metrics) {}
 
 absl::Status TrainingTask::Run(const v1::Assignment& assignment, TaskControl& control) {
-  Reporter reporter(stub_.get(), assignment, control.worker_id(), options_.auth_token);
+  Reporter reporter(stub_.get(), assignment, control, options_.auth_token);
   comm::GrpcKvStore store(stub_, assignment.job(), assignment.restart_epoch(), absl::Seconds(10), options_.auth_token);
+  store.set_identity([&control] { return comm::GrpcKvStore::Identity{control.worker_id(), control.worker_credential()}; });
   absl::Status s = RunRank(assignment, control, store, reporter, options_, metrics_);
   if (!s.ok() && control.stop_requested()) {
     return absl::CancelledError(absl::StrCat("stopped: ", s.message()));

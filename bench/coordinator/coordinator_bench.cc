@@ -292,6 +292,7 @@ void HeartbeatPhase(const Coordinator& c) {
 
   // Register every worker (8 threads of blocking calls).
   std::vector<std::string> ids(workers);
+  std::vector<std::string> credentials(workers);
   const absl::Time reg_start = absl::Now();
   std::vector<std::thread> pool;
   for (int t = 0; t < 8; ++t) {
@@ -307,6 +308,7 @@ void HeartbeatPhase(const Coordinator& c) {
         grpc::ClientContext ctx;
         if (stubs[i % stubs.size()]->RegisterWorker(&ctx, req, &resp).ok()) {
           ids[i] = resp.worker_id();
+          credentials[i] = resp.worker_credential();
         }
       }
     });
@@ -328,6 +330,7 @@ void HeartbeatPhase(const Coordinator& c) {
     };
     auto* call = new Call;
     call->req.set_worker_id(ids[index % workers]);
+    call->req.set_worker_credential(credentials[index % workers]);
     call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     stubs[index % stubs.size()]->async()->Heartbeat(
         &call->ctx, &call->req, &call->resp, [call, done](grpc::Status s) {
@@ -378,12 +381,12 @@ void InProcessHeartbeats() {
   coordinator::CoordinatorOptions options;
   options.lease = absl::Seconds(600);
   auto c = coordinator::Coordinator::Create(*std::move(store), options, &registry);
-  std::vector<std::string> ids;
+  std::vector<v1::RegisterWorkerResponse> registered;
   for (int i = 0; i < workers; ++i) {
     v1::RegisterWorkerRequest req;
     req.set_host(absl::StrCat("sim-", i));
     req.mutable_topology()->set_node(absl::StrCat("node-", i / 8));
-    ids.push_back((*c)->RegisterWorker(req)->worker_id());
+    registered.push_back(*(*c)->RegisterWorker(req));
   }
   // One running job on 64 of the workers, so some heartbeats carry a task.
   v1::CreateJobRequest create;
@@ -391,7 +394,8 @@ void InProcessHeartbeats() {
   const std::string job = (*c)->CreateJob(create)->name();
   std::vector<v1::HeartbeatRequest> requests(workers);
   for (int i = 0; i < workers; ++i) {
-    requests[i].set_worker_id(ids[i]);
+    requests[i].set_worker_id(registered[i].worker_id());
+    requests[i].set_worker_credential(registered[i].worker_credential());
     v1::HeartbeatResponse r = *(*c)->Heartbeat(requests[i]);
     for (const auto& cmd : r.commands()) {
       if (!cmd.has_assignment()) continue;

@@ -103,6 +103,17 @@ absl::StatusOr<Job> JobClient::CancelJob(const std::string& name, const std::str
   return job;
 }
 
+absl::Status JobClient::DeleteJob(const std::string& name) {
+  grpc::ClientContext context;
+  Prepare(&context, true);
+  ::recfleet::v1::DeleteJobRequest request;
+  request.set_name(name);
+  ::recfleet::v1::DeleteJobResponse response;
+  grpc::Status s = stub_->DeleteJob(&context, request, &response);
+  if (!s.ok()) return Annotate(s, address_);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<::recfleet::v1::PlanJobResponse> JobClient::PlanJob(
     const ::recfleet::v1::PlanJobRequest& request) {
   grpc::ClientContext context;

@@ -33,6 +33,7 @@ class JobClient {
   absl::StatusOr<::recfleet::v1::ListJobsResponse> ListJobs(
       const ::recfleet::v1::ListJobsRequest& request);
   absl::StatusOr<::recfleet::v1::Job> CancelJob(const std::string& name, const std::string& reason);
+  absl::Status DeleteJob(const std::string& name);
   // A dry-run plan of `request.spec` on the workers registered now.
   absl::StatusOr<::recfleet::v1::PlanJobResponse> PlanJob(
       const ::recfleet::v1::PlanJobRequest& request);

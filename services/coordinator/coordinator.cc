@@ -115,7 +115,10 @@ absl::Status Coordinator::Recover() {
                         "the coordinator restarted while the job was being placed");
     } else if (state == JobStatus::RUNNING) {
       aj.relink_deadline = now + options_.lease;
-      aj.progress.Reset(WorldSize(aj.job.spec()), 0);
+      // Every rank reached at least the job-level step persisted last, so a
+      // rank whose final reports landed before the restart can still
+      // complete the job.
+      aj.progress.Reset(WorldSize(aj.job.spec()), aj.job.status().progress().step());
       for (const std::string& w : aj.job.status().workers()) {
         pending_relink_[w] = aj.id;
         aj.started.insert(w);

@@ -100,6 +100,7 @@ class Coordinator {
   absl::StatusOr<::recfleet::v1::ListJobsResponse> ListJobs(
       const ::recfleet::v1::ListJobsRequest& request);
   absl::StatusOr<::recfleet::v1::Job> CancelJob(const ::recfleet::v1::CancelJobRequest& request);
+  absl::Status DeleteJob(const ::recfleet::v1::DeleteJobRequest& request);
   // Plans outside the lock: the planner may take a while on large fleets.
   absl::StatusOr<::recfleet::v1::PlanJobResponse> PlanJob(
       const ::recfleet::v1::PlanJobRequest& request);
@@ -148,6 +149,9 @@ class Coordinator {
     std::vector<::recfleet::v1::ProcessGroup> groups;
     std::set<std::string> started;  // Workers that reported RUNNING this epoch.
     ProgressAggregator progress;  // This attempt's step reports.
+    // Rank 0 claimed SUCCEEDED before its step reports reached the last
+    // step (logged once per job).
+    bool early_success_logged = false;
     // Restarts and failed starts so far (spec.training.max_restarts bounds
     // both), and no new placement before `not_before` after a failed start.
     int restarts = 0;
@@ -187,6 +191,11 @@ class Coordinator {
   absl::StatusOr<::recfleet::v1::Job> LoadJobLocked(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int MaxRestarts(const ActiveJob& aj) const;
+  // A rendezvous call must come from a registered worker presenting its
+  // credential and assigned to `job` ("jobs/{id}"). Takes mu_; the
+  // rendezvous itself is called without it.
+  absl::Status AuthorizeKv(const std::string& worker_id, const std::string& credential,
+                           const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
   void RegisterMetrics(metrics::MetricRegistry* registry);
 
   const CoordinatorOptions options_;

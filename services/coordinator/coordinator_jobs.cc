@@ -240,4 +240,18 @@ absl::StatusOr<Job> Coordinator::CancelJob(const ::recfleet::v1::CancelJobReques
   return store_->Get(*id);
 }
 
+absl::Status Coordinator::DeleteJob(const ::recfleet::v1::DeleteJobRequest& request) {
+  absl::StatusOr<std::string> id = ParseJobName(request.name(), "name");
+  if (!id.ok()) return id.status();
+  absl::MutexLock lock(&mu_);
+  if (auto it = jobs_.find(*id); it != jobs_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        request.name(), " is ", StateName(it->second.job.status().state()),
+        "; only SUCCEEDED, FAILED or CANCELLED jobs can be deleted (cancel it first)"));
+  }
+  if (absl::Status s = store_->Delete(*id); !s.ok()) return s;
+  events_.Forget(*id);
+  return absl::OkStatus();
+}
+
 }  // namespace recfleet::coordinator

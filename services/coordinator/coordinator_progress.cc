@@ -11,11 +11,10 @@ using ::recfleet::v1::WatchJobResponse;
 absl::StatusOr<::recfleet::v1::ReportStepResponse> Coordinator::ReportStep(
     const ::recfleet::v1::ReportStepRequest& request) {
   absl::MutexLock lock(&mu_);
-  WorkerRecord* w = registry_.Find(request.worker_id());
-  if (w == nullptr) {
-    return absl::NotFoundError(absl::StrCat("worker ", request.worker_id(),
-                                            " is not registered; call RegisterWorker"));
-  }
+  absl::StatusOr<WorkerRecord*> authenticated =
+      registry_.Authenticate(request.worker_id(), request.worker_credential());
+  if (!authenticated.ok()) return authenticated.status();
+  WorkerRecord* w = *authenticated;
   auto it = jobs_.find(w->job_id);
   if (w->idle() || it == jobs_.end() || request.job() != it->second.job.name() ||
       request.restart_epoch() != w->epoch) {

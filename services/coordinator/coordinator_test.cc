@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <map>
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -61,8 +62,13 @@ class CoordinatorTest : public ::testing::Test {
     r.mutable_topology()->set_node(node.empty() ? host : node);
     absl::StatusOr<::recfleet::v1::RegisterWorkerResponse> resp = coordinator_->RegisterWorker(r);
     EXPECT_TRUE(resp.ok()) << resp.status();
+    EXPECT_EQ(resp->worker_credential().size(), 64u);
+    credentials_[resp->worker_id()] = resp->worker_credential();
     return resp->worker_id();
   }
+
+  // The credential of `worker`'s latest registration.
+  std::string Cred(const std::string& worker) { return credentials_[worker]; }
 
   Job Submit(int workers, const std::string& request_id = "") {
     ::recfleet::v1::CreateJobRequest r;
@@ -84,6 +90,7 @@ class CoordinatorTest : public ::testing::Test {
                          const std::string& message = "") {
     HeartbeatRequest r;
     r.set_worker_id(worker);
+    r.set_worker_credential(Cred(worker));
     if (!job.empty()) {
       r.mutable_task()->set_job(job);
       r.mutable_task()->set_restart_epoch(epoch);
@@ -93,6 +100,63 @@ class CoordinatorTest : public ::testing::Test {
     absl::StatusOr<HeartbeatResponse> resp = coordinator_->Heartbeat(r);
     EXPECT_TRUE(resp.ok()) << resp.status();
     return resp.ok() ? *resp : HeartbeatResponse();
+  }
+
+  // Reports steps `from`..`to` of `rank` (one sample each).
+  absl::Status ReportSteps(const std::string& worker, const std::string& job, int64_t epoch,
+                           int rank, int64_t from, int64_t to) {
+    ::recfleet::v1::ReportStepRequest rep;
+    rep.set_worker_id(worker);
+    rep.set_worker_credential(Cred(worker));
+    rep.set_job(job);
+    rep.set_restart_epoch(epoch);
+    rep.set_rank(rank);
+    for (int64_t step = from; step <= to; ++step) {
+      auto* s = rep.add_steps();
+      s->set_step(step);
+      s->set_samples(1);
+      s->set_step_seconds(0.01);
+    }
+    return coordinator_->ReportStep(rep).status();
+  }
+
+  // Rank 0 on `worker` reports every step of the job, then SUCCEEDED.
+  void Finish(const std::string& worker, const std::string& job, int64_t epoch) {
+    const int64_t steps = Get(job).spec().training().steps();
+    EXPECT_TRUE(ReportSteps(worker, job, epoch, 0, 1, steps).ok());
+    Beat(worker, job, epoch, TaskStatus::SUCCEEDED);
+  }
+
+  // The status codes of KvSet, KvGet and KvWait of `key` in `job` at
+  // `epoch`, called as `worker` presenting `credential`. For calls that do
+  // not block (KvWait of a key that is set, or a refused call).
+  std::vector<absl::StatusCode> KvCodes(const std::string& worker, const std::string& credential,
+                                        const std::string& job, int64_t epoch,
+                                        const std::string& key) {
+    ::recfleet::v1::KvSetRequest set;
+    ::recfleet::v1::KvGetRequest get;
+    ::recfleet::v1::KvWaitRequest wait;
+    set.set_job(job);
+    set.set_restart_epoch(epoch);
+    set.set_key(key);
+    set.set_value("from " + worker);
+    set.set_worker_id(worker);
+    set.set_worker_credential(credential);
+    get.set_job(job);
+    get.set_restart_epoch(epoch);
+    get.set_key(key);
+    get.set_worker_id(worker);
+    get.set_worker_credential(credential);
+    wait.set_job(job);
+    wait.set_restart_epoch(epoch);
+    wait.add_keys(key);
+    wait.set_worker_id(worker);
+    wait.set_worker_credential(credential);
+    absl::StatusCode wait_code = absl::StatusCode::kUnknown;
+    coordinator_->KvWait(wait, [&](absl::StatusOr<::recfleet::v1::KvWaitResponse> r) {
+      wait_code = r.status().code();
+    });
+    return {coordinator_->KvSet(set).code(), coordinator_->KvGet(get).status().code(), wait_code};
   }
 
   // The assignment in a heartbeat reply, if any.
@@ -128,6 +192,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   ManualClock clock_;
+  std::map<std::string, std::string> credentials_;
   std::unique_ptr<metrics::MetricRegistry> registry_;
   std::unique_ptr<Coordinator> coordinator_;
 };
@@ -155,6 +220,17 @@ TEST_F(CoordinatorTest, BadSpecIsRejectedWithFieldPath) {
   r.mutable_spec()->mutable_model()->mutable_tables(1)->set_dim(8);
   r.set_request_id("has space");
   EXPECT_EQ(coordinator_->CreateJob(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, OversizedSpecIsRejectedAtCreate) {
+  ::recfleet::v1::CreateJobRequest r;
+  *r.mutable_spec() = BuildableSpec(1);
+  (*r.mutable_spec()->mutable_labels())["notes"] = std::string(2 << 20, 'x');
+  absl::StatusOr<Job> job = coordinator_->CreateJob(r);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(job.status().message().find("at most 262144 bytes (256 KiB)"), std::string::npos)
+      << job.status();
+  EXPECT_TRUE(coordinator_->ListJobs({}).value().jobs().empty());
 }
 
 TEST_F(CoordinatorTest, SchedulerAssignsThePlansGroupsAndRecordsItsSummary) {
@@ -244,6 +320,7 @@ TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
     for (int rank = 0; rank < 2; ++rank) {
       ::recfleet::v1::ReportStepRequest rep;
       rep.set_worker_id(rank == 0 ? rank0 : rank1);
+      rep.set_worker_credential(Cred(rep.worker_id()));
       rep.set_job(job.name());
       rep.set_restart_epoch(1);
       rep.set_rank(rank);
@@ -266,6 +343,7 @@ TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
   // A report for a rank the worker does not hold is refused.
   ::recfleet::v1::ReportStepRequest wrong;
   wrong.set_worker_id(rank0);
+  wrong.set_worker_credential(Cred(rank0));
   wrong.set_job(job.name());
   wrong.set_restart_epoch(1);
   wrong.set_rank(1);
@@ -274,6 +352,10 @@ TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
 
   Beat(rank1, job.name(), 1, TaskStatus::SUCCEEDED);
   EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);  // Only rank 0 decides.
+  // Rank 0 at step 3 of 100: not finished, whatever its heartbeat says.
+  Beat(rank0, job.name(), 1, TaskStatus::SUCCEEDED);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+  ASSERT_TRUE(ReportSteps(rank0, job.name(), 1, 0, 4, 100).ok());
   Beat(rank0, job.name(), 1, TaskStatus::SUCCEEDED);
   Job done = Get(job.name());
   EXPECT_EQ(done.status().state(), JobStatus::SUCCEEDED);
@@ -283,6 +365,71 @@ TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
   EXPECT_EQ(History(job.name()),
             std::vector<JobState>({JobStatus::QUEUED, JobStatus::SCHEDULING, JobStatus::RUNNING,
                                    JobStatus::SUCCEEDED}));
+}
+
+// A heartbeat in the name of another job's rank-0 worker claiming SUCCEEDED
+// at step 77 of 400 must not end that job.
+TEST_F(CoordinatorTest, EarlySucceededClaimDoesNotEndTheJob) {
+  ::recfleet::v1::CreateJobRequest r;
+  *r.mutable_spec() = BuildableSpec(1);
+  r.mutable_spec()->mutable_training()->set_steps(400);
+  Job job = *coordinator_->CreateJob(r);
+  std::string w = Register("host-a");
+  int64_t epoch = StartRunning(job.name(), {w});
+  ASSERT_TRUE(ReportSteps(w, job.name(), epoch, 0, 1, 77).ok());
+  Beat(w, job.name(), epoch, TaskStatus::SUCCEEDED);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+  // The real end: the last step reported, then SUCCEEDED repeated.
+  ASSERT_TRUE(ReportSteps(w, job.name(), epoch, 0, 78, 400).ok());
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+  Beat(w, job.name(), epoch, TaskStatus::SUCCEEDED);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::SUCCEEDED);
+}
+
+// Holding the cluster token is not enough to act as a worker: every worker
+// call needs the credential of that worker's registration.
+TEST_F(CoordinatorTest, WorkerCallsNeedTheWorkersOwnCredential) {
+  Job job = Submit(1);
+  std::string victim = Register("host-a");
+  std::string other = Register("host-b");
+  EXPECT_NE(Cred(victim), Cred(other));
+  int64_t epoch = StartRunning(job.name(), {victim});
+  ASSERT_TRUE(ReportSteps(victim, job.name(), epoch, 0, 1, 100).ok());
+
+  HeartbeatRequest hb;
+  hb.set_worker_id(victim);
+  hb.mutable_task()->set_job(job.name());
+  hb.mutable_task()->set_restart_epoch(epoch);
+  hb.mutable_task()->set_phase(TaskStatus::SUCCEEDED);
+  for (const std::string& credential : {std::string(), Cred(other), std::string(64, '0')}) {
+    hb.set_worker_credential(credential);
+    EXPECT_EQ(coordinator_->Heartbeat(hb).status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+
+  ::recfleet::v1::ReportStepRequest rep;
+  rep.set_worker_id(victim);
+  rep.set_worker_credential(Cred(other));
+  rep.set_job(job.name());
+  rep.set_restart_epoch(epoch);
+  rep.add_steps()->set_step(101);
+  EXPECT_EQ(coordinator_->ReportStep(rep).status().code(), absl::StatusCode::kPermissionDenied);
+
+  const std::vector<absl::StatusCode> denied(3, absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(KvCodes(victim, Cred(other), job.name(), epoch, "k"), denied);
+  EXPECT_EQ(KvCodes(victim, "", job.name(), epoch, "k"), denied);
+
+  // Nor can anyone take over the live worker's id by registering it again.
+  ::recfleet::v1::RegisterWorkerRequest again;
+  again.set_host("attacker");
+  again.set_worker_id(victim);
+  EXPECT_EQ(coordinator_->RegisterWorker(again).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::RUNNING);
+
+  // The worker itself, with its credential, finishes the job.
+  Beat(victim, job.name(), epoch, TaskStatus::SUCCEEDED);
+  EXPECT_EQ(Get(job.name()).status().state(), JobStatus::SUCCEEDED);
 }
 
 TEST_F(CoordinatorTest, ExpiredLeaseIsNoticedAndTheJobRestarts) {
@@ -303,6 +450,7 @@ TEST_F(CoordinatorTest, ExpiredLeaseIsNoticedAndTheJobRestarts) {
   EXPECT_NE(j.status().message().find(w0), std::string::npos) << j.status().message();
   ::recfleet::v1::HeartbeatRequest late;
   late.set_worker_id(w0);
+  late.set_worker_credential(Cred(w0));
   EXPECT_EQ(coordinator_->Heartbeat(late).status().code(), absl::StatusCode::kNotFound);
 
   // A new worker arrives: the job is placed again with the next epoch, and the
@@ -360,24 +508,46 @@ TEST_F(CoordinatorTest, CancelAbortsWorkersAndIsIdempotent) {
   ASSERT_EQ(r.commands_size(), 1);
   EXPECT_EQ(r.commands(0).abort().job(), job.name());
   EXPECT_TRUE(coordinator_->CancelJob(c).ok());
+  // The cancelled job's rendezvous is closed to its former worker.
   EXPECT_EQ(coordinator_->KvSet([&] {
               ::recfleet::v1::KvSetRequest s;
               s.set_job(job.name());
               s.set_restart_epoch(epoch);
               s.set_key("k");
+              s.set_worker_id(w);
+              s.set_worker_credential(Cred(w));
               return s;
             }()).code(),
-            absl::StatusCode::kNotFound);
+            absl::StatusCode::kPermissionDenied);
   // A finished job cannot be cancelled.
   Job other = Submit(1);
   epoch = StartRunning(other.name(), {w});
-  Beat(w, other.name(), epoch, TaskStatus::SUCCEEDED);
+  Finish(w, other.name(), epoch);
   c.set_name(other.name());
   EXPECT_EQ(coordinator_->CancelJob(c).status().code(), absl::StatusCode::kFailedPrecondition);
   c.set_name("jobs/missing");
   EXPECT_EQ(coordinator_->CancelJob(c).status().code(), absl::StatusCode::kNotFound);
   c.set_name("missing");
   EXPECT_EQ(coordinator_->CancelJob(c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, DeleteRemovesOnlyFinishedJobs) {
+  Job job = Submit(1);
+  ::recfleet::v1::DeleteJobRequest d;
+  d.set_name(job.name());
+  EXPECT_EQ(coordinator_->DeleteJob(d).code(), absl::StatusCode::kFailedPrecondition);
+  ::recfleet::v1::CancelJobRequest c;
+  c.set_name(job.name());
+  ASSERT_TRUE(coordinator_->CancelJob(c).ok());
+  ASSERT_TRUE(coordinator_->DeleteJob(d).ok());
+  ::recfleet::v1::GetJobRequest g;
+  g.set_name(job.name());
+  EXPECT_EQ(coordinator_->GetJob(g).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(coordinator_->ListJobs({}).value().jobs().empty());
+  EXPECT_EQ(coordinator_->WatchSnapshot(job.name()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->DeleteJob(d).code(), absl::StatusCode::kNotFound);
+  d.set_name("not-a-name");
+  EXPECT_EQ(coordinator_->DeleteJob(d).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CoordinatorTest, GangWaitsForEnoughWorkers) {
@@ -403,11 +573,15 @@ TEST_F(CoordinatorTest, RendezvousIsFencedByEpoch) {
   set.set_restart_epoch(epoch);
   set.set_key("nccl/unique_id");
   set.set_value("abc");
+  set.set_worker_id(w);
+  set.set_worker_credential(Cred(w));
   ASSERT_TRUE(coordinator_->KvSet(set).ok());
   ::recfleet::v1::KvGetRequest get;
   get.set_job(job.name());
   get.set_restart_epoch(epoch);
   get.set_key("nccl/unique_id");
+  get.set_worker_id(w);
+  get.set_worker_credential(Cred(w));
   EXPECT_EQ(coordinator_->KvGet(get)->value(), "abc");
 
   // The task fails; the next attempt has a fresh, empty namespace.
@@ -426,6 +600,8 @@ TEST_F(CoordinatorTest, RendezvousIsFencedByEpoch) {
   wait.set_restart_epoch(2);
   wait.add_keys("a");
   wait.add_keys("b");
+  wait.set_worker_id(w);
+  wait.set_worker_credential(Cred(w));
   absl::Notification done;
   absl::StatusOr<::recfleet::v1::KvWaitResponse> result;
   coordinator_->KvWait(wait, [&](absl::StatusOr<::recfleet::v1::KvWaitResponse> r) {
@@ -456,6 +632,33 @@ TEST_F(CoordinatorTest, RendezvousIsFencedByEpoch) {
   EXPECT_TRUE(timed_out.WaitForNotificationWithTimeout(absl::Seconds(5)));
 }
 
+// Job B's worker, though registered and authenticated, can neither read nor
+// write job A's rendezvous keys (e.g. its Gloo addresses); nor can an idle
+// worker.
+TEST_F(CoordinatorTest, RendezvousKeysAreOpenOnlyToTheJobsWorkers) {
+  Job a = Submit(1);
+  std::string wa = Register("host-a");
+  int64_t epoch_a = StartRunning(a.name(), {wa});
+  Job b = Submit(1);
+  std::string wb = Register("host-b");
+  StartRunning(b.name(), {wb});
+  std::string idle = Register("host-c");
+
+  const std::vector<absl::StatusCode> ok(3, absl::StatusCode::kOk);
+  const std::vector<absl::StatusCode> denied(3, absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(KvCodes(wa, Cred(wa), a.name(), epoch_a, "gloo/0"), ok);
+  EXPECT_EQ(KvCodes(wb, Cred(wb), a.name(), epoch_a, "gloo/0"), denied);
+  EXPECT_EQ(KvCodes(idle, Cred(idle), a.name(), epoch_a, "gloo/0"), denied);
+  // Job A's value is its own worker's, not overwritten by the intruders.
+  ::recfleet::v1::KvGetRequest own;
+  own.set_job(a.name());
+  own.set_restart_epoch(epoch_a);
+  own.set_key("gloo/0");
+  own.set_worker_id(wa);
+  own.set_worker_credential(Cred(wa));
+  EXPECT_EQ(coordinator_->KvGet(own)->value(), "from " + wa);
+}
+
 TEST_F(CoordinatorTest, RestartKeepsJobsAndRunningWorkersReattach) {
   const std::string db = TempDb("coordinator_restart.db");
   Start(db);
@@ -474,6 +677,7 @@ TEST_F(CoordinatorTest, RestartKeepsJobsAndRunningWorkersReattach) {
   EXPECT_EQ(Get(cancelled.name()).status().state(), JobStatus::CANCELLED);
   ::recfleet::v1::HeartbeatRequest hb;
   hb.set_worker_id(w);
+  hb.set_worker_credential(Cred(w));
   EXPECT_EQ(coordinator_->Heartbeat(hb).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Register("host-a", "worker-a"), "worker-a");
   HeartbeatResponse r = Beat(w, running.name(), epoch, TaskStatus::RUNNING);
@@ -485,7 +689,7 @@ TEST_F(CoordinatorTest, RestartKeepsJobsAndRunningWorkersReattach) {
     coordinator_->Tick();
   }
   EXPECT_EQ(Get(running.name()).status().state(), JobStatus::RUNNING);
-  Beat(w, running.name(), epoch, TaskStatus::SUCCEEDED);
+  Finish(w, running.name(), epoch);
   EXPECT_EQ(Get(running.name()).status().state(), JobStatus::SUCCEEDED);
 
   // Without the worker coming back, the recovered job restarts after a lease.

@@ -1,5 +1,7 @@
 #include "services/coordinator/coordinator.h"
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/time_util.h"
 
@@ -55,6 +57,7 @@ absl::StatusOr<::recfleet::v1::RegisterWorkerResponse> Coordinator::RegisterWork
   ScheduleLocked();
   ::recfleet::v1::RegisterWorkerResponse out;
   out.set_worker_id(id);
+  out.set_worker_credential(registry_.Find(id)->credential);
   out.set_lease_seconds(absl::ToDoubleSeconds(options_.lease));
   absl::Duration hb = options_.heartbeat_interval > absl::ZeroDuration()
                           ? options_.heartbeat_interval
@@ -82,8 +85,28 @@ void Coordinator::HandleTaskLocked(WorkerRecord& w, const TaskStatus& task) {
             .IgnoreError();
       }
       break;
-    case TaskStatus::SUCCEEDED:
+    case TaskStatus::SUCCEEDED: {
       if (w.rank != 0) break;  // Rank 0 speaks for the job.
+      // A completion counts only once rank 0's own step reports reached the
+      // last step: a claim alone (a confused or forged heartbeat) must not
+      // end a job early. The worker repeats SUCCEEDED in every heartbeat, so
+      // a completion whose last ReportStep was still in flight is accepted
+      // on the heartbeat after that report lands.
+      const int64_t steps = aj.job.spec().training().steps();
+      if (aj.progress.world_size() == 0 || aj.progress.rank_step(0) < steps) {
+        if (!aj.early_success_logged) {
+          aj.early_success_logged = true;
+          std::fprintf(stderr,
+                       "coordinator: %s: worker %s (rank 0) reports SUCCEEDED but its step "
+                       "reports reached step %lld of %lld; waiting for them\n",
+                       aj.job.name().c_str(), w.id.c_str(),
+                       static_cast<long long>(aj.progress.world_size() == 0
+                                                  ? 0
+                                                  : aj.progress.rank_step(0)),
+                       static_cast<long long>(steps));
+        }
+        break;
+      }
       if (state == JobStatus::SCHEDULING) {
         // Finished before every other worker's RUNNING report arrived.
         TransitionLocked(aj, JobStatus::RUNNING, "AllRanksStarted", "", [&](JobStatus& st) {
@@ -94,6 +117,7 @@ void Coordinator::HandleTaskLocked(WorkerRecord& w, const TaskStatus& task) {
                    absl::StrCat("rank 0 on worker ", w.id, " finished"))
           .IgnoreError();
       break;
+    }
     case TaskStatus::FAILED:
       FailAttemptLocked(aj, "WorkerFailed",
                         absl::StrCat("worker ", w.id, " (", w.info.host(), "): ", task.message()));
@@ -106,7 +130,7 @@ void Coordinator::HandleTaskLocked(WorkerRecord& w, const TaskStatus& task) {
 absl::StatusOr<::recfleet::v1::HeartbeatResponse> Coordinator::Heartbeat(
     const ::recfleet::v1::HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<WorkerRecord*> renewed = registry_.Renew(request.worker_id(), options_.clock());
+  absl::StatusOr<WorkerRecord*> renewed = registry_.Renew(request.worker_id(), request.worker_credential(), options_.clock());
   if (!renewed.ok()) return renewed.status();
   WorkerRecord& w = **renewed;
   const TaskStatus& task = request.task();

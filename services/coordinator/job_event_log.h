@@ -48,6 +48,8 @@ class JobEventLog {
   // The job reached a terminal state at `when`: its log is kept for late
   // watchers until DropEndedBefore passes `when`.
   void MarkEnded(const std::string& job_id, absl::Time when);
+  // Forgets the log of one job (deleted).
+  void Forget(const std::string& job_id) { logs_.erase(job_id); }
   // Forgets the logs of jobs that ended before `cutoff`.
   void DropEndedBefore(absl::Time cutoff);
 

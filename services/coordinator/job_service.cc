@@ -34,6 +34,12 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                      [&] { return FillResponse(coordinator_->CancelJob(*request), response); });
 }
 
+grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* context,
+                                       const ::recfleet::v1::DeleteJobRequest* request,
+                                       ::recfleet::v1::DeleteJobResponse* /*response*/) {
+  return guard_->Run(*context, "DeleteJob", [&] { return coordinator_->DeleteJob(*request); });
+}
+
 grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* context,
                                      const ::recfleet::v1::PlanJobRequest* request,
                                      ::recfleet::v1::PlanJobResponse* response) {

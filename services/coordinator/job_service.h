@@ -26,6 +26,9 @@ class JobServiceImpl final : public ::recfleet::v1::JobService::Service {
   grpc::Status CancelJob(grpc::ServerContext* context,
                          const ::recfleet::v1::CancelJobRequest* request,
                          ::recfleet::v1::Job* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context,
+                         const ::recfleet::v1::DeleteJobRequest* request,
+                         ::recfleet::v1::DeleteJobResponse* response) override;
   grpc::Status PlanJob(grpc::ServerContext* context,
                        const ::recfleet::v1::PlanJobRequest* request,
                        ::recfleet::v1::PlanJobResponse* response) override;

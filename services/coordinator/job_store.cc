@@ -299,7 +299,8 @@ absl::StatusOr<Job> JobStore::Get(const std::string& id) {
 }
 
 absl::StatusOr<JobStore::Page> JobStore::List(int page_size, const std::string& page_token,
-                                              const std::set<JobState>& states) {
+                                              const std::set<JobState>& states,
+                                              int64_t max_bytes) {
   int64_t after = std::numeric_limits<int64_t>::max();
   if (!page_token.empty() && !ParsePageToken(page_token, &after)) {
     return absl::InvalidArgumentError(
@@ -324,12 +325,16 @@ absl::StatusOr<JobStore::Page> JobStore::List(int page_size, const std::string& 
   }
   Page page;
   int64_t last_seq = 0;
+  int64_t bytes = 0;
   int rc;
   while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-    if (static_cast<int>(page.jobs.size()) == page_size) {
+    const int64_t row_bytes = sqlite3_column_bytes(s, 3) + sqlite3_column_bytes(s, 4);
+    if (static_cast<int>(page.jobs.size()) == page_size ||
+        (!page.jobs.empty() && bytes + row_bytes > max_bytes)) {
       page.next_page_token = PageToken(last_seq);
       break;
     }
+    bytes += row_bytes;
     last_seq = sqlite3_column_int64(s, 0);
     Job job;
     job.set_name(JobName(ColumnBytes(s, 1)));
@@ -399,6 +404,35 @@ absl::Status JobStore::SaveStatus(const std::string& id, const JobStatus& status
                      " (use RecordTransition)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status JobStore::Delete(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Job> job = GetLocked(id);
+  if (!job.ok()) return job.status();
+  if (!IsTerminal(job->status().state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(JobName(id), " is ", StateName(job->status().state()),
+                     "; only SUCCEEDED, FAILED or CANCELLED jobs can be deleted"));
+  }
+  if (absl::Status s = ExecLocked("BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status result;
+  for (const char* sql : {"DELETE FROM transitions WHERE job_id = ?", "DELETE FROM jobs WHERE id = ?"}) {
+    sqlite3_stmt* s = Prepare(sql);
+    if (s == nullptr) {
+      result = Error("prepare delete");
+      break;
+    }
+    StmtScope scope(s);
+    BindText(s, 1, id);
+    if (sqlite3_step(s) != SQLITE_DONE) {
+      result = Error("delete " + id);
+      break;
+    }
+  }
+  if (result.ok()) result = ExecLocked("COMMIT");
+  if (!result.ok()) ExecLocked("ROLLBACK").IgnoreError();
+  return result;
 }
 
 absl::StatusOr<std::vector<JobTransition>> JobStore::Transitions(const std::string& id) {

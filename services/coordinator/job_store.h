@@ -51,10 +51,13 @@ class JobStore {
     std::vector<::recfleet::v1::Job> jobs;
     std::string next_page_token;  // Empty on the last page.
   };
-  // Newest first. page_size 1..1000; `states` empty = all. Errors:
-  // INVALID_ARGUMENT for a token this store did not issue.
+  // Newest first. page_size 1..1000; `states` empty = all. A page also
+  // ends before its jobs' serialized size would pass `max_bytes` (but holds
+  // at least one job), so a page of large specs still fits in one gRPC
+  // message. Errors: INVALID_ARGUMENT for a token this store did not issue.
   absl::StatusOr<Page> List(int page_size, const std::string& page_token,
-                            const std::set<JobState>& states);
+                            const std::set<JobState>& states,
+                            int64_t max_bytes = int64_t{1} << 20);
 
   // Replaces the job's status with `status` (whose state is `t.to()`) and
   // appends the transition row, atomically. Errors: NOT_FOUND;
@@ -66,6 +69,10 @@ class JobStore {
   // Replaces the job's status without a state change (progress updates).
   // Errors: NOT_FOUND; FAILED_PRECONDITION if `status` changes the state.
   absl::Status SaveStatus(const std::string& id, const ::recfleet::v1::JobStatus& status);
+
+  // Removes a terminal job and its transitions, atomically. Errors:
+  // NOT_FOUND; FAILED_PRECONDITION if the stored state is not terminal.
+  absl::Status Delete(const std::string& id);
 
   // Every transition of a job, oldest first.
   absl::StatusOr<std::vector<::recfleet::v1::JobTransition>> Transitions(const std::string& id);

@@ -192,6 +192,35 @@ TEST(JobStoreTest, ListPagesNewestFirstAndFiltersByState) {
   }
 }
 
+// Pages end before ~max_bytes, so large specs cannot make a page too big
+// for one gRPC message; following the tokens still yields every job.
+TEST(JobStoreTest, ListPagesAreBoundedInBytes) {
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(":memory:");
+  ::recfleet::v1::JobSpec big = ValidSpec();
+  (*big.mutable_labels())["padding"] = std::string(300 << 10, 'x');
+  for (int i = 0; i < 5; ++i) {
+    bool created;
+    ASSERT_TRUE((*store)->Create(big, "", kT0, &created).ok());
+  }
+  std::vector<size_t> sizes;
+  std::string token;
+  do {
+    absl::StatusOr<JobStore::Page> page = (*store)->List(50, token, {});
+    ASSERT_TRUE(page.ok()) << page.status();
+    int64_t bytes = 0;
+    for (const Job& j : page->jobs) bytes += j.ByteSizeLong();
+    EXPECT_LE(bytes, 1 << 20);
+    sizes.push_back(page->jobs.size());
+    token = page->next_page_token;
+  } while (!token.empty());
+  EXPECT_EQ(sizes, std::vector<size_t>({3, 2}));
+  // One job larger than the bound still comes back, alone.
+  absl::StatusOr<JobStore::Page> tiny = (*store)->List(50, "", {}, /*max_bytes=*/1000);
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ(tiny->jobs.size(), 1u);
+  EXPECT_FALSE(tiny->next_page_token.empty());
+}
+
 TEST(JobStoreTest, NamesAndErrors) {
   EXPECT_EQ(*ParseJobName("jobs/abc-1", "name"), "abc-1");
   absl::StatusOr<std::string> bad = ParseJobName("job/abc", "name");

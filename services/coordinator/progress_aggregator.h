@@ -30,6 +30,10 @@ class ProgressAggregator {
 
   int world_size() const { return static_cast<int>(ranks_.size()); }
 
+  // The latest step `rank` reported (the resume step before its first
+  // report); `rank` must be in [0, world_size()).
+  int64_t rank_step(int rank) const { return ranks_[rank].step; }
+
   // Records the steps one rank reports; `rank` must be in [0, world_size()).
   // Steps at or before the rank's latest reported step are a retried report
   // and are skipped. Returns how many steps were recorded.

@@ -276,6 +276,12 @@ int64_t WorldSize(const JobSpec& spec) {
 
 std::vector<std::string> SpecViolations(const JobSpec& spec) {
   Checker c;
+  const size_t bytes = spec.ByteSizeLong();
+  if (bytes > static_cast<size_t>(kMaxSpecBytes)) {
+    c.Add("spec", absl::StrCat("must serialize to at most ", kMaxSpecBytes, " bytes (256 KiB)"),
+          absl::StrCat(bytes, " bytes"));
+    return c.Take();
+  }
   if (spec.display_name().size() > 128) {
     c.Add("spec.display_name", "must be at most 128 characters",
           absl::StrCat(spec.display_name().size(), " characters"));
@@ -311,8 +317,21 @@ std::vector<std::string> SpecViolations(const JobSpec& spec) {
   c.FinitePositive("spec.training.sparse_learning_rate", t.sparse_learning_rate());
   c.NonNegative("spec.training.max_restarts", t.max_restarts());
 
+  if (spec.labels_size() > kMaxLabels) {
+    c.Add("spec.labels", absl::StrCat("must have at most ", kMaxLabels, " entries"),
+          absl::StrCat(spec.labels_size()));
+  }
   for (const auto& [key, value] : spec.labels()) {
     if (key.empty()) c.Add("spec.labels", "keys must be non-empty", "\"\"");
+    if (key.size() > kMaxLabelKeyBytes) {
+      c.Add("spec.labels", absl::StrCat("keys must be at most ", kMaxLabelKeyBytes, " bytes"),
+            absl::StrCat(key.size(), " bytes (key \"", key.substr(0, 16), "...\")"));
+    }
+    if (value.size() > kMaxLabelValueBytes) {
+      c.Add(absl::StrCat("spec.labels[\"", key.substr(0, kMaxLabelKeyBytes), "\"]"),
+            absl::StrCat("must be at most ", kMaxLabelValueBytes, " bytes"),
+            absl::StrCat(value.size(), " bytes"));
+    }
   }
   return c.Take();
 }

@@ -14,7 +14,16 @@
 
 namespace recfleet::coordinator {
 
+// Size limits. Specs are stored, listed and sent to every worker whole, so
+// an unbounded one would make ListJobs replies and assignments too large
+// for a gRPC message (4 MiB by default).
+inline constexpr int64_t kMaxSpecBytes = 256 << 10;  // Serialized JobSpec.
+inline constexpr int kMaxLabels = 64;
+inline constexpr size_t kMaxLabelKeyBytes = 63;
+inline constexpr size_t kMaxLabelValueBytes = 256;
+
 // Every violation in `spec`, in field order; empty when the spec is valid.
+// A spec over kMaxSpecBytes yields only that violation.
 std::vector<std::string> SpecViolations(const ::recfleet::v1::JobSpec& spec);
 
 // OK, or INVALID_ARGUMENT whose message lists the violations ("; "-joined).

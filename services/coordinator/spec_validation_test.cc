@@ -2,6 +2,7 @@
 
 #include <functional>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/test_specs.h"
 
@@ -166,7 +167,29 @@ INSTANTIATE_TEST_SUITE_P(
                 "spec.training.dense_learning_rate must be a finite number > 0, got nan"},
         BadCase{"display name",
                 [](JobSpec& s) { s.set_display_name(std::string(200, 'x')); },
-                "spec.display_name must be at most 128 characters, got 200 characters"}));
+                "spec.display_name must be at most 128 characters, got 200 characters"},
+        BadCase{"too many labels",
+                [](JobSpec& s) {
+                  for (int i = 0; i < 65; ++i) (*s.mutable_labels())[absl::StrCat("k", i)] = "v";
+                },
+                "spec.labels must have at most 64 entries, got 65"},
+        BadCase{"long label key",
+                [](JobSpec& s) { (*s.mutable_labels())[std::string(64, 'k')] = "v"; },
+                "spec.labels keys must be at most 63 bytes, got 64 bytes"},
+        BadCase{"long label value",
+                [](JobSpec& s) { (*s.mutable_labels())["team"] = std::string(257, 'v'); },
+                "spec.labels[\"team\"] must be at most 256 bytes, got 257 bytes"},
+        // Four valid 2 MB specs once made every ListJobs fail (over 4 MiB).
+        BadCase{"oversized spec",
+                [](JobSpec& s) {
+                  for (int i = 0; i < 20000; ++i) {
+                    auto* t = s.mutable_model()->add_tables();
+                    t->set_name(absl::StrCat("table_", i));
+                    t->set_rows(1000);
+                    t->set_dim(16);
+                  }
+                },
+                "spec must serialize to at most 262144 bytes (256 KiB), got "}));
 
 TEST(SpecValidationTest, ReportsEveryViolationOfAnEmptySpec) {
   std::vector<std::string> v = SpecViolations(JobSpec());

@@ -1,6 +1,12 @@
 #include "services/coordinator/worker_registry.h"
 
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "absl/random/random.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace recfleet::coordinator {
@@ -25,6 +31,30 @@ std::string NewWorkerId() {
   return id;
 }
 
+// 32 bytes from the kernel's CSPRNG, hex-encoded.
+absl::StatusOr<std::string> NewCredential() {
+  char bytes[32];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::InternalError(
+          absl::StrCat("cannot draw a worker credential: getrandom: ", std::strerror(errno)));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(absl::string_view(bytes, sizeof(bytes)));
+}
+
+// Compares in time independent of where the strings differ.
+bool SameSecret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
 }  // namespace
 
 absl::StatusOr<WorkerRecord*> WorkerRegistry::Register(
@@ -42,27 +72,55 @@ absl::StatusOr<WorkerRecord*> WorkerRegistry::Register(
         absl::StrCat("worker_id must be 1-128 characters of [A-Za-z0-9._-], got \"", id, "\""));
   }
   auto it = workers_.find(id);
+  if (it != workers_.end() && it->second.lease_expiry > now &&
+      !SameSecret(info.worker_credential(), it->second.credential)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker ", id, " is registered and its lease is live; registering it again needs its "
+        "worker_credential (a restarted worker can register once the lease has ended)"));
+  }
+  absl::StatusOr<std::string> credential = NewCredential();
+  if (!credential.ok()) return credential.status();
   if (it != workers_.end()) {
     if (replaced != nullptr) *replaced = it->second;
     workers_.erase(it);
   }
   WorkerRecord& w = workers_[id];
   w.id = id;
+  w.credential = *std::move(credential);
   w.info = info;
   w.info.set_worker_id(id);
+  w.info.clear_worker_credential();
   w.registered = now;
   w.lease_expiry = now + lease_;
   return &w;
 }
 
-absl::StatusOr<WorkerRecord*> WorkerRegistry::Renew(const std::string& id, absl::Time now) {
+absl::StatusOr<WorkerRecord*> WorkerRegistry::Authenticate(const std::string& id,
+                                                           const std::string& credential) {
   auto it = workers_.find(id);
-  if (it == workers_.end() || it->second.lease_expiry <= now) {
-    return absl::NotFoundError(absl::StrCat(
-        "worker ", id, " is not registered (unknown, or its lease expired); call RegisterWorker"));
+  if (it == workers_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", id, " is not registered; call RegisterWorker"));
   }
-  it->second.lease_expiry = now + lease_;
+  if (!SameSecret(credential, it->second.credential)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker_credential does not match worker ", id,
+        "'s registration (send the one from its latest RegisterWorkerResponse)"));
+  }
   return &it->second;
+}
+
+absl::StatusOr<WorkerRecord*> WorkerRegistry::Renew(const std::string& id,
+                                                    const std::string& credential,
+                                                    absl::Time now) {
+  absl::StatusOr<WorkerRecord*> w = Authenticate(id, credential);
+  if (!w.ok()) return w.status();
+  if ((*w)->lease_expiry <= now) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", id, " is not registered (its lease expired); call RegisterWorker"));
+  }
+  (*w)->lease_expiry = now + lease_;
+  return *w;
 }
 
 WorkerRecord* WorkerRegistry::Find(const std::string& id) {

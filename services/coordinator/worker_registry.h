@@ -1,7 +1,7 @@
 #ifndef RECFLEET_SERVICES_COORDINATOR_WORKER_REGISTRY_H_
 #define RECFLEET_SERVICES_COORDINATOR_WORKER_REGISTRY_H_
 
-// Live worker daemons and their leases. A worker is live from RegisterWorker
+// Live worker daemons, their leases and credentials. A worker is live from RegisterWorker
 // until its lease (renewed by every heartbeat) runs out; Expire() removes the
 // workers whose lease ended and returns them so the caller can restart their
 // jobs. Worker state is soft: after a coordinator restart workers register
@@ -24,6 +24,9 @@ namespace recfleet::coordinator {
 // What the coordinator knows about one worker.
 struct WorkerRecord {
   std::string id;
+  // The random secret drawn at registration; every later call of the
+  // worker must present it (worker_service.proto, "Worker identity").
+  std::string credential;
   ::recfleet::v1::RegisterWorkerRequest info;  // Host, GPUs, topology.
   absl::Time registered;
   absl::Time lease_expiry;
@@ -45,16 +48,27 @@ class WorkerRegistry {
 
   absl::Duration lease() const { return lease_; }
 
-  // Adds a worker with a fresh lease. `info.worker_id` empty = a new id is
-  // drawn; otherwise the worker is registered under that id (replacing any
-  // live record of it, which is returned in *replaced when non-null).
-  // Errors: INVALID_ARGUMENT (no host, bad id).
+  // Adds a worker with a fresh lease and a new random credential.
+  // `info.worker_id` empty = a new id is drawn; otherwise the worker is
+  // registered under that id, replacing any record of it (returned in
+  // *replaced when non-null). Replacing a record whose lease is still live
+  // needs that record's credential in `info.worker_credential`, so nobody
+  // can take over a live worker's id.
+  // Errors: INVALID_ARGUMENT (no host, bad id), PERMISSION_DENIED (live id,
+  // wrong credential), INTERNAL (no randomness).
   absl::StatusOr<WorkerRecord*> Register(const ::recfleet::v1::RegisterWorkerRequest& info,
                                          absl::Time now, WorkerRecord* replaced);
 
-  // Extends the lease of a live worker. Errors: NOT_FOUND (unknown or expired:
-  // the worker must register again).
-  absl::StatusOr<WorkerRecord*> Renew(const std::string& id, absl::Time now);
+  // The worker `id` if `credential` is its registration's credential.
+  // Errors: NOT_FOUND (unknown: the worker must register again),
+  // PERMISSION_DENIED (wrong credential).
+  absl::StatusOr<WorkerRecord*> Authenticate(const std::string& id,
+                                             const std::string& credential);
+
+  // Authenticates, then extends the lease of a live worker. Errors: those of
+  // Authenticate; NOT_FOUND also when the lease expired.
+  absl::StatusOr<WorkerRecord*> Renew(const std::string& id, const std::string& credential,
+                                      absl::Time now);
 
   // A live worker, or nullptr.
   WorkerRecord* Find(const std::string& id);

@@ -42,6 +42,7 @@ absl::Status GrpcKvStore::Set(absl::string_view key, absl::string_view value) {
   v1::KvSetRequest request;
   request.set_job(job_);
   request.set_restart_epoch(restart_epoch_);
+  Identify(request);
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::KvSetResponse response;
@@ -54,6 +55,7 @@ absl::StatusOr<std::string> GrpcKvStore::Get(absl::string_view key) {
   v1::KvGetRequest request;
   request.set_job(job_);
   request.set_restart_epoch(restart_epoch_);
+  Identify(request);
   request.set_key(std::string(key));
   v1::KvGetResponse response;
   grpc::ClientContext context;
@@ -72,6 +74,7 @@ absl::Status GrpcKvStore::Wait(absl::Span<const std::string> keys, absl::Duratio
     v1::KvWaitRequest request;
     request.set_job(job_);
     request.set_restart_epoch(restart_epoch_);
+    Identify(request);
     for (const std::string& k : keys) request.add_keys(k);
     request.mutable_timeout()->set_seconds(absl::ToInt64Seconds(slice));
     request.mutable_timeout()->set_nanos(

@@ -7,6 +7,7 @@
 // FAILED_PRECONDITION, so a slow rank of an earlier attempt can never read
 // or overwrite keys of the current one. Thread-safe.
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,16 @@ class GrpcKvStore : public KvStore {
   GrpcKvStore(std::shared_ptr<v1::WorkerService::StubInterface> stub, std::string job, int64_t restart_epoch,
               absl::Duration rpc_timeout = absl::Seconds(10), std::string auth_token = "");
 
+  // Who calls: the coordinator serves rendezvous calls only to a registered
+  // worker presenting its credential, and only for the job and epoch it is
+  // assigned. Asked before every call (the credential changes when the
+  // worker registers again). Unset: calls carry no identity.
+  struct Identity {
+    std::string worker_id;
+    std::string worker_credential;
+  };
+  void set_identity(std::function<Identity()> identity) { identity_ = std::move(identity); }
+
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key) override;
   // The server caps one KvWait at 300 s; longer waits are split into
@@ -38,7 +49,16 @@ class GrpcKvStore : public KvStore {
   int64_t restart_epoch_;
   // Sets the call's deadline and credentials.
   void Prepare(grpc::ClientContext& context, absl::Duration deadline) const;
+  // Puts the worker identity into a request.
+  template <typename Request>
+  void Identify(Request& request) const {
+    if (!identity_) return;
+    Identity id = identity_();
+    request.set_worker_id(std::move(id.worker_id));
+    request.set_worker_credential(std::move(id.worker_credential));
+  }
 
+  std::function<Identity()> identity_;
   absl::Duration rpc_timeout_;
   std::string auth_token_;
 };

@@ -32,9 +32,17 @@ class RendezvousService : public v1::WorkerService::Service {
     token_ = std::move(token);
   }
 
+  // Calls must then carry this worker id and credential.
+  void require_worker(std::string id, std::string credential) {
+    absl::MutexLock lock(&mu_);
+    worker_id_ = std::move(id);
+    credential_ = std::move(credential);
+  }
+
   grpc::Status KvSet(grpc::ServerContext* context, const v1::KvSetRequest* request, v1::KvSetResponse*) override {
     absl::MutexLock lock(&mu_);
     if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+    if (grpc::Status s = Identify(*request); !s.ok()) return s;
     if (grpc::Status s = Fence(request->restart_epoch()); !s.ok()) return s;
     values_[{request->job(), request->key()}] = request->value();
     return grpc::Status::OK;
@@ -44,6 +52,7 @@ class RendezvousService : public v1::WorkerService::Service {
                      v1::KvGetResponse* response) override {
     absl::MutexLock lock(&mu_);
     if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+    if (grpc::Status s = Identify(*request); !s.ok()) return s;
     if (grpc::Status s = Fence(request->restart_epoch()); !s.ok()) return s;
     auto it = values_.find({request->job(), request->key()});
     if (it == values_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such key");
@@ -62,6 +71,7 @@ class RendezvousService : public v1::WorkerService::Service {
       return true;
     };
     absl::MutexLock lock(&mu_);
+    if (grpc::Status s = Identify(*request); !s.ok()) return s;
     if (grpc::Status s = Fence(request->restart_epoch()); !s.ok()) return s;
     if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "keys not set in time");
@@ -85,6 +95,14 @@ class RendezvousService : public v1::WorkerService::Service {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong bearer token");
   }
 
+  template <typename Request>
+  grpc::Status Identify(const Request& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (request.worker_id() == worker_id_ && request.worker_credential() == credential_) {
+      return grpc::Status::OK;
+    }
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "wrong worker identity");
+  }
+
   grpc::Status Fence(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (epoch == epoch_) return grpc::Status::OK;
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -94,6 +112,8 @@ class RendezvousService : public v1::WorkerService::Service {
   absl::Mutex mu_;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   std::string token_ ABSL_GUARDED_BY(mu_);
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  std::string credential_ ABSL_GUARDED_BY(mu_);
   std::map<std::tuple<std::string, std::string>, std::string> values_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -128,6 +148,24 @@ TEST_F(GrpcKvStoreTest, SendsTheBearerToken) {
   EXPECT_EQ(anonymous.Set("k", "v").code(), absl::StatusCode::kUnauthenticated);
   GrpcKvStore store(stub_, "jobs/t", 1, absl::Seconds(10), "s3cret");
   ASSERT_TRUE(store.Set("k", "v").ok());
+  absl::StatusOr<std::string> got = store.Get("k");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "v");
+}
+
+TEST_F(GrpcKvStoreTest, SendsTheWorkerIdentityAskedPerCall) {
+  service_.require_worker("w-7", "credential-1");
+  GrpcKvStore anonymous(stub_, "jobs/t", 1);
+  EXPECT_EQ(anonymous.Set("k", "v").code(), absl::StatusCode::kPermissionDenied);
+  GrpcKvStore store(stub_, "jobs/t", 1);
+  std::string credential = "credential-1";
+  store.set_identity([&] { return GrpcKvStore::Identity{"w-7", credential}; });
+  ASSERT_TRUE(store.Set("k", "v").ok());
+  ASSERT_TRUE(store.Wait({"k"}, absl::Seconds(5)).ok());
+  // The worker registered again: the next call carries the new credential.
+  service_.require_worker("w-7", "credential-2");
+  EXPECT_EQ(store.Get("k").status().code(), absl::StatusCode::kPermissionDenied);
+  credential = "credential-2";
   absl::StatusOr<std::string> got = store.Get("k");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, "v");
