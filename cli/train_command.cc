@@ -208,13 +208,9 @@ int Run(const std::vector<std::string>& args) {
   std::printf("\nresult (%lld samples trained):\n", static_cast<long long>(sink.samples()));
   absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(*spec);
   absl::StatusOr<dataloader::DatasetFiles> files = dataloader::ResolveDataset(spec->data().dataset(), options.datasets);
-  std::string eval_file;
-  if (!spec->data().eval_dataset().empty()) {
-    absl::StatusOr<dataloader::DatasetFiles> e = dataloader::ResolveDataset(spec->data().eval_dataset(), options.datasets);
-    if (e.ok()) eval_file = e->eval.empty() ? e->train : e->eval;
-  } else if (files.ok()) {
-    eval_file = files->eval;
-  }
+  const std::string eval_file =
+      dataloader::ResolveEvalFile(spec->data().dataset(), spec->data().eval_dataset(), options.datasets)
+          .value_or("");
   if (eval_file.empty() || sink.eval().step() == 0) {
     std::printf("  no eval set (spec.data.eval_dataset, or eval.rfd beside the training data)\n");
     return kExitOk;

@@ -1,7 +1,5 @@
 #include "worker/rank_run.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,16 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
 
 std::string CheckpointPath(const std::string& location) {
   return absl::StartsWith(location, "file://") ? location.substr(7) : location;
@@ -135,24 +123,15 @@ absl::Status RankRun::Setup() {
   absl::StatusOr<engine::BatchConverter> conv = engine::BatchConverter::Create(job_model_, train_->schema());
   if (!conv.ok()) return conv.status();
   converter_.emplace(std::move(*conv));
-  std::string eval_file;
-  if (!spec_.data().eval_dataset().empty()) {
-    absl::StatusOr<dataloader::DatasetFiles> files =
-        dataloader::ResolveDataset(spec_.data().eval_dataset(), options_.datasets);
-    if (!files.ok()) return files.status();
-    eval_file = files->eval.empty() ? files->train : files->eval;
-  } else {
-    // The training location's eval.rfd, when it has one.
-    absl::StatusOr<dataloader::DatasetFiles> files =
-        dataloader::ResolveDataset(spec_.data().dataset(), options_.datasets);
-    if (files.ok()) eval_file = files->eval;
-  }
-  has_eval_ = !eval_file.empty();
+  absl::StatusOr<std::string> eval_file =
+      dataloader::ResolveEvalFile(spec_.data().dataset(), spec_.data().eval_dataset(), options_.datasets);
+  if (!eval_file.ok()) return eval_file.status();
+  has_eval_ = !eval_file->empty();
   if (has_eval_) {
-    absl::StatusOr<data::Batch> eval = data::ReadAll(eval_file);
+    absl::StatusOr<data::Batch> eval = data::ReadAll(*eval_file);
     if (!eval.ok()) return eval.status();
     if (!(eval->schema() == train_->schema())) {
-      return absl::FailedPreconditionError(absl::StrCat(eval_file, " has another schema than the training data"));
+      return absl::FailedPreconditionError(absl::StrCat(*eval_file, " has another schema than the training data"));
     }
     const int64_t n = static_cast<int64_t>(eval->num_rows());
     eval_first_ = n * a_.rank() / a_.world_size();

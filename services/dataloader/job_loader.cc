@@ -146,6 +146,17 @@ absl::StatusOr<DatasetFiles> ResolveDataset(const std::string& location, const D
   return files;
 }
 
+absl::StatusOr<std::string> ResolveEvalFile(const std::string& dataset, const std::string& eval_dataset,
+                                            const DatasetOptions& options) {
+  if (!eval_dataset.empty()) {
+    absl::StatusOr<DatasetFiles> files = ResolveDataset(eval_dataset, options);
+    if (!files.ok()) return files.status();
+    return files->eval.empty() ? files->train : files->eval;
+  }
+  absl::StatusOr<DatasetFiles> files = ResolveDataset(dataset, options);
+  return files.ok() ? files->eval : std::string();
+}
+
 absl::StatusOr<data::LoaderOptions> LoaderOptionsFor(const v1::DataConfig& config, const std::string& train_file) {
   auto bad = [](const std::string& field, const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("data config ", field, " ", what));

@@ -48,6 +48,12 @@ struct DatasetFiles {
 // malformed synthetic:// URI.
 absl::StatusOr<DatasetFiles> ResolveDataset(const std::string& location, const DatasetOptions& options);
 
+// The evaluation file of a job: spec.data.eval_dataset's eval.rfd (or the
+// file it names), else the eval.rfd beside the training data; "" when there
+// is none. Errors only for an eval_dataset that cannot be found.
+absl::StatusOr<std::string> ResolveEvalFile(const std::string& dataset, const std::string& eval_dataset,
+                                            const DatasetOptions& options);
+
 // The epoch loader's options for `config` over `train_file`.
 // InvalidArgument naming the DataConfig field for inconsistent settings.
 absl::StatusOr<data::LoaderOptions> LoaderOptionsFor(const v1::DataConfig& config, const std::string& train_file);

@@ -42,5 +42,19 @@ TEST(JobLoaderTest, BadLocationsSayWhatIsWrong) {
   EXPECT_NE(s.message().find(o.root + "/relative/dir"), std::string::npos) << s;
 }
 
+TEST(JobLoaderTest, EvalFileComesFromEvalDatasetOrBesideTheTrainingData) {
+  DatasetOptions o;
+  o.cache_dir = std::string(testing::TempDir()) + "/synthetic";
+  const std::string uri = "synthetic://t?samples=300&users=20&items=50&seed=2";
+  const std::string home = o.cache_dir + "/e9754e5ba906685d";
+  EXPECT_EQ(ResolveEvalFile(uri, "", o).value_or("?"), home + "/eval.rfd");
+  // An explicit eval location wins: its eval.rfd, or the file it names.
+  EXPECT_EQ(ResolveEvalFile("unused", uri, o).value_or("?"), home + "/eval.rfd");
+  EXPECT_EQ(ResolveEvalFile("unused", home + "/train.rfd", o).value_or("?"), home + "/train.rfd");
+  EXPECT_EQ(ResolveEvalFile(uri, "/no/eval/here", o).status().code(), absl::StatusCode::kNotFound);
+  // A training location without an eval.rfd: no evaluation.
+  EXPECT_EQ(ResolveEvalFile(home + "/train.rfd", "", o).value_or("?"), "");
+}
+
 }  // namespace
 }  // namespace recfleet::dataloader
