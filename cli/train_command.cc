@@ -58,13 +58,10 @@ int ExitCodeOf(const absl::Status& s) {
   }
 }
 
-// Prints each step report and keeps the last evaluation.
+// Prints each evaluation, counts the samples trained and keeps the last evaluation.
 class PrintingSink : public worker::ProgressSink {
  public:
-  void ReportStep(const v1::StepStats& s) override {
-    ++steps_;
-    samples_ += s.samples();
-  }
+  void ReportStep(const v1::StepStats& s) override { samples_ += s.samples(); }
   void ReportEval(const v1::EvalStats& e) override {
     eval_ = e;
     std::printf("eval at step %lld: AUC %.4f NE %.4f\n", static_cast<long long>(e.step()), e.auc(), e.ne());
@@ -75,7 +72,6 @@ class PrintingSink : public worker::ProgressSink {
   int64_t samples() const { return samples_; }
 
  private:
-  int64_t steps_ = 0;
   int64_t samples_ = 0;
   v1::EvalStats eval_;
 };

@@ -1,17 +1,10 @@
 #include "worker/training_task.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <numeric>
-#include <optional>
 #include <thread>
-#include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/comm/grpc_kv_store.h"
 

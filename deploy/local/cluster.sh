@@ -23,7 +23,7 @@
 # Binaries come from --bin (default: the repository's bazel-bin).
 set -euo pipefail
 
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 2 ]] || usage
 cmd=$1 dir=$2
 shift 2

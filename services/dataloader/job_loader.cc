@@ -222,7 +222,6 @@ absl::StatusOr<std::shared_ptr<JobLoader>> JobLoader::Open(const v1::DataConfig&
   j->info_.set_seed(lo->seed);
   j->info_.set_instance(0);
   j->info_.set_num_instances(1);
-  j->cache_capacity_ = 16;
   absl::MutexLock l(&j->mu_);
   j->loader_ = std::move(*loader);
   return j;
@@ -243,7 +242,7 @@ absl::StatusOr<std::shared_ptr<const data::StepPlan>> JobLoader::TakePlan(int64_
       if (first_time != nullptr) *first_time = true;
     }
     cache_.push_front({key, *std::move(plan), std::vector<bool>(config_.num_ranks(), false), 0});
-    if (cache_.size() > cache_capacity_) cache_.pop_back();
+    if (cache_.size() > kCacheCapacity) cache_.pop_back();
     it = cache_.begin();
   } else {
     cache_.splice(cache_.begin(), cache_, it);

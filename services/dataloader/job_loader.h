@@ -86,7 +86,9 @@ class JobLoader {
   std::shared_ptr<const data::Schema> schema_;
   v1::LoaderInfo info_;
   int64_t steps_per_epoch_ = 0;
-  size_t cache_capacity_ = 16;
+  // Dealt steps kept for ranks that have not taken them yet: enough for
+  // every rank's stream to prefetch several steps ahead of the slowest.
+  static constexpr size_t kCacheCapacity = 16;
 
   absl::Mutex mu_;
   std::unique_ptr<data::Loader> loader_ ABSL_GUARDED_BY(mu_);
