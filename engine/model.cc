@@ -12,6 +12,7 @@
 #include "engine/layers/moe.h"
 #include "engine/layers/ops.h"
 #include "engine/layers/parameters.h"
+#include "engine/layers/staged_batch.h"
 #include "engine/layers/tower.h"
 #include "kernels/ops/adam.h"
 
@@ -50,16 +51,18 @@ double InitialTableValue(const GemLiteConfig& config, int table, int64_t row, in
 // which fixes parameter names, their order and their initial values.
 template <typename T>
 struct GemLite<T>::Impl {
-  Impl(const GemLiteConfig& c, const FeatureSchema& s, TableStorage st)
+  Impl(const GemLiteConfig& c, const FeatureSchema& s, TableStorage st,
+       const ExecutionOptions& e, Allocator* allocator)
       : config(c),
         schema(s),
         storage(st),
+        execution(e),
         num_tokens(static_cast<int64_t>(s.id_lists.size()) + (s.num_dense > 0 ? 1 : 0)),
         interaction_dim((num_tokens + c.pma_queries) * c.dim),
-        params(kDType<T>, c.seed),
-        ctx{kDType<T>, CpuAllocator(), &params, &flops},
+        params(kDType<T>, c.seed, allocator),
+        ctx(MakeContext(e, allocator, &params, &flops)),
         sparse(ctx, s, c.dim, st, c.seed, c.embedding_init_std),
-        bce(ctx) {
+        bce{layers::BinaryCrossEntropy(ctx), layers::BinaryCrossEntropy(ctx)} {
     const int64_t d = c.dim;
     if (s.num_dense > 0) {
       dense_proj = std::make_unique<layers::Linear>(ctx, "dense_proj", s.num_dense, d, true);
@@ -85,9 +88,21 @@ struct GemLite<T>::Impl {
     }
   }
 
+  static layers::LayerContext MakeContext(const ExecutionOptions& e, Allocator* allocator,
+                                          layers::ParameterRegistry* params,
+                                          layers::FlopCounter* flops) {
+    layers::LayerContext ctx{kDType<T>, allocator, params, flops};
+    if (e.bf16) {
+      ctx.recipe = LinearRecipe{GemmPrecision::kBf16, GemmPrecision::kBf16, GemmPrecision::kBf16};
+      ctx.bf16_attention = true;
+    }
+    return ctx;
+  }
+
   GemLiteConfig config;
   FeatureSchema schema;
   TableStorage storage;
+  ExecutionOptions execution;
   int64_t num_tokens;  // F: one per id-list feature (+1 for numeric features).
   int64_t interaction_dim;
   layers::FlopCounter flops;
@@ -102,8 +117,13 @@ struct GemLite<T>::Impl {
   std::unique_ptr<layers::Dcn> dcn;
   std::unique_ptr<layers::MixtureOfExperts> moe;
   std::unique_ptr<layers::Tower> towers[kNumHeads];
-  layers::BinaryCrossEntropy bce;
+  layers::BinaryCrossEntropy bce[kNumHeads];
   int64_t adam_step = 0;
+  // The batch arrays on the model's device: staged[current] serves the step
+  // in flight, the other one takes a prefetched batch.
+  layers::StagedBatch staged[2];
+  int current = 0;
+  bool prefetched = false;
 
   // Activations of the last forward.
   Tensor token_offsets;
@@ -167,8 +187,33 @@ struct GemLite<T>::Impl {
     return absl::OkStatus();
   }
 
+  bool on_device() const { return execution.device != Device::kCpu; }
+
+  absl::Status Prefetch(const Batch& b) {
+    RECFLEET_RETURN_IF_ERROR(CheckBatch(b));
+    if (!on_device()) return absl::OkStatus();
+    RECFLEET_RETURN_IF_ERROR(staged[1 - current].Stage(b, execution.device));
+    prefetched = true;
+    return absl::OkStatus();
+  }
+
+  // Makes `b` the batch of the step: the prefetched copy when it is this
+  // Batch object, else a copy made now; the compute stream waits for it.
+  absl::Status StageStep(const Batch& b) {
+    const int next = 1 - current;
+    if (!(prefetched && staged[next].batch() == &b) || !on_device()) {
+      RECFLEET_RETURN_IF_ERROR(staged[next].Stage(b, execution.device));
+    }
+    prefetched = false;
+    current = next;
+    return staged[current].WaitReady(nullptr);
+  }
+
+  const layers::StagedBatch& step_batch() const { return staged[current]; }
+
   absl::Status Forward(const Batch& b, absl::Span<const TensorView> pooled = {}) {
     RECFLEET_RETURN_IF_ERROR(CheckBatch(b));
+    RECFLEET_RETURN_IF_ERROR(StageStep(b));
     if (storage == TableStorage::kExternal || !pooled.empty()) {
       RECFLEET_RETURN_IF_ERROR(sparse.CheckPooled(b, pooled));
     }
@@ -180,15 +225,21 @@ struct GemLite<T>::Impl {
     // Sparse part and numeric features -> the non-sequence tokens; history
     // events -> one token each.
     history.resize(blocks.size() + 1);
-    RECFLEET_RETURN_IF_ERROR(sparse.Forward(b, pooled, &features, &history[0]));
+    RECFLEET_RETURN_IF_ERROR(sparse.Forward(step_batch(), pooled, &features, &history[0]));
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, F * d}, &tokens));
     for (size_t f = 0; f < features.size(); ++f) {
       RECFLEET_RETURN_IF_ERROR(ops::ScatterColumns(features[f].view(), f * d, tokens.view()));
     }
     if (dense_proj != nullptr) {
-      RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, schema.num_dense}, &dense_in));
-      RECFLEET_RETURN_IF_ERROR(ops::CopyFromHost(b.dense, dense_in.view()));
-      RECFLEET_RETURN_IF_ERROR(dense_proj->Forward(dense_in.view(), &dense_token));
+      // On a device the staged fp32 copy is the input; the host model
+      // converts to its own dtype.
+      TensorView dense = step_batch().dense();
+      if (!on_device()) {
+        RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, schema.num_dense}, &dense_in));
+        RECFLEET_RETURN_IF_ERROR(ops::CopyFromHost(b.dense, dense_in.view()));
+        dense = dense_in.view();
+      }
+      RECFLEET_RETURN_IF_ERROR(dense_proj->Forward(dense, &dense_token));
       RECFLEET_RETURN_IF_ERROR(ops::ScatterColumns(dense_token.view(), (F - 1) * d, tokens.view()));
     }
     const JaggedView token_rows{layers::Reshaped(tokens.view(), {B * F, d}), token_offsets.view()};
@@ -229,9 +280,13 @@ struct GemLite<T>::Impl {
     return head == 0 ? b.ctr_labels : b.cvr_labels;
   }
 
-  // Mean BCE of `head` and, when dlogit is given, its gradient w.r.t. the logits.
-  absl::StatusOr<double> HeadLoss(const Batch& b, int head, Tensor* dlogit) {
-    return bce.Forward(logits[head].view(), Labels(b, head), dlogit);
+  // Per-sample BCE of `head` and, when dlogit is given, its gradient w.r.t.
+  // the logits; bce[head].ReadLoss() gives the mean.
+  absl::Status EnqueueHeadLoss(const Batch& b, int head, Tensor* dlogit) {
+    if (on_device()) {
+      return bce[head].Enqueue(logits[head].view(), step_batch().labels(head), dlogit);
+    }
+    return bce[head].Forward(logits[head].view(), Labels(b, head), dlogit).status();
   }
 
   absl::Status Backward(const Batch& b, const bool has_head[kNumHeads]) {
@@ -288,7 +343,8 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(ops::GatherColumns(dtoken_matrix, f * d, dfeatures[f].view()));
       dfeature_views.push_back(dfeatures[f].view());
     }
-    return sparse.Backward(b, dfeature_views, dhistory.view());
+    RECFLEET_RETURN_IF_ERROR(sparse.Backward(step_batch(), dfeature_views, dhistory.view()));
+    return staged[current].MarkConsumed(nullptr);
   }
 
   absl::Status Update() {
@@ -318,7 +374,8 @@ GemLite<T>::~GemLite() = default;
 template <typename T>
 absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConfig& config,
                                                                const FeatureSchema& schema,
-                                                               TableStorage storage) {
+                                                               TableStorage storage,
+                                                               const ExecutionOptions& execution) {
   RECFLEET_RETURN_IF_ERROR(config.Validate());
   if (schema.sequence_fields.empty()) {
     return absl::InvalidArgumentError("schema needs at least one sequence field (the history)");
@@ -338,7 +395,23 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
   };
   for (const auto& f : schema.id_lists) RECFLEET_RETURN_IF_ERROR(check_table(f.table, f.name));
   for (const auto& f : schema.sequence_fields) RECFLEET_RETURN_IF_ERROR(check_table(f.table, f.name));
-  return std::unique_ptr<GemLite<T>>(new GemLite<T>(std::make_unique<Impl>(config, schema, storage)));
+  Allocator* allocator = CpuAllocator();
+  if (execution.device == Device::kCuda) {
+    if (!std::is_same_v<T, float>) {
+      return absl::InvalidArgumentError("a CUDA model computes in fp32 or bf16: use GemLite<float>");
+    }
+    if (storage != TableStorage::kInternal) {
+      return absl::UnimplementedError(
+          "a CUDA model holds its own tables (external tables are a host feature so far)");
+    }
+    absl::StatusOr<Allocator*> cuda = CudaAllocator();
+    if (!cuda.ok()) return cuda.status();
+    allocator = *cuda;
+  } else if (execution.bf16) {
+    return absl::InvalidArgumentError("bf16 execution needs device cuda");
+  }
+  return std::unique_ptr<GemLite<T>>(
+      new GemLite<T>(std::make_unique<Impl>(config, schema, storage, execution, allocator)));
 }
 
 template <typename T>
@@ -350,20 +423,24 @@ template <typename T>
 absl::StatusOr<StepResult> GemLite<T>::ForwardBackward(const Batch& batch,
                                                        absl::Span<const TensorView> pooled) {
   Impl& m = *impl_;
-  RECFLEET_RETURN_IF_ERROR(m.Forward(batch, pooled));
-  StepResult r;
   bool has_head[kNumHeads];
-  for (int k = 0; k < kNumHeads; ++k) {
-    has_head[k] = !m.Labels(batch, k).empty();
-    if (!has_head[k]) continue;
-    absl::StatusOr<double> loss = m.HeadLoss(batch, k, &m.dlogits[k]);
-    if (!loss.ok()) return loss.status();
-    (k == 0 ? r.ctr_loss : r.cvr_loss) = *loss;
-  }
+  for (int k = 0; k < kNumHeads; ++k) has_head[k] = !m.Labels(batch, k).empty();
   if (!has_head[0] && !has_head[1]) {
     return absl::InvalidArgumentError("batch has neither CTR nor CVR labels");
   }
+  RECFLEET_RETURN_IF_ERROR(m.Forward(batch, pooled));
+  for (int k = 0; k < kNumHeads; ++k) {
+    if (has_head[k]) RECFLEET_RETURN_IF_ERROR(m.EnqueueHeadLoss(batch, k, &m.dlogits[k]));
+  }
   RECFLEET_RETURN_IF_ERROR(m.Backward(batch, has_head));
+  // The one read-back of the step, after all of it is enqueued.
+  StepResult r;
+  for (int k = 0; k < kNumHeads; ++k) {
+    if (!has_head[k]) continue;
+    absl::StatusOr<double> loss = m.bce[k].ReadLoss();
+    if (!loss.ok()) return loss.status();
+    (k == 0 ? r.ctr_loss : r.cvr_loss) = *loss;
+  }
   r.flops = m.flops.StepFlops();
   return r;
 }
@@ -374,8 +451,19 @@ absl::Status GemLite<T>::ApplyUpdates() {
 }
 
 template <typename T>
+absl::Status GemLite<T>::Prefetch(const Batch& next) {
+  return impl_->Prefetch(next);
+}
+
+template <typename T>
+const ExecutionOptions& GemLite<T>::execution() const {
+  return impl_->execution;
+}
+
+template <typename T>
 absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Clone() const {
-  absl::StatusOr<std::unique_ptr<GemLite<T>>> copy = Create(impl_->config, impl_->schema, impl_->storage);
+  absl::StatusOr<std::unique_ptr<GemLite<T>>> copy =
+      Create(impl_->config, impl_->schema, impl_->storage, impl_->execution);
   if (!copy.ok()) return copy.status();
   RECFLEET_RETURN_IF_ERROR((*copy)->CopyParametersFrom(*this));
   return copy;
@@ -433,7 +521,8 @@ absl::StatusOr<double> GemLite<T>::Loss(const Batch& batch) {
   double total = 0;
   for (int k = 0; k < kNumHeads; ++k) {
     if (impl_->Labels(batch, k).empty()) continue;
-    absl::StatusOr<double> loss = impl_->HeadLoss(batch, k, nullptr);
+    RECFLEET_RETURN_IF_ERROR(impl_->EnqueueHeadLoss(batch, k, nullptr));
+    absl::StatusOr<double> loss = impl_->bce[k].ReadLoss();
     if (!loss.ok()) return loss.status();
     total += *loss;
   }

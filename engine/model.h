@@ -52,12 +52,29 @@ struct StepResult {
 // as one rank's would.
 double InitialTableValue(const GemLiteConfig& config, int table, int64_t row, int64_t col);
 
+// Where and at which precision a model computes.
+struct ExecutionOptions {
+  // kCpu: the reference kernels. kCuda: every tensor (parameters, optimizer
+  // state, tables, activations, batches) in device memory from
+  // CudaAllocator(), every layer on the CUDA kernels, all of a step enqueued
+  // on the legacy default stream with no host round trip inside it (the
+  // loss is read back once, after the backward is enqueued). GemLite<float>
+  // only.
+  Device device = Device::kCpu;
+  // CUDA only. false: fp32 throughout (GEMMs in full fp32, the fp32
+  // attention kernels): the mode that matches the CPU model to fp32
+  // rounding. true: every linear's GEMMs in bf16 and the attention on the
+  // bf16 tensor-core kernels, with fp32 master weights, optimizer state and
+  // activations between layers.
+  bool bf16 = false;
+};
+
 template <typename T>
 class GemLite {
  public:
   static absl::StatusOr<std::unique_ptr<GemLite>> Create(
       const GemLiteConfig& config, const FeatureSchema& schema,
-      TableStorage storage = TableStorage::kInternal);
+      TableStorage storage = TableStorage::kInternal, const ExecutionOptions& execution = {});
   ~GemLite();
 
   // Forward and backward on `batch`; keeps the gradients for ApplyUpdates.
@@ -66,6 +83,11 @@ class GemLite {
   absl::StatusOr<StepResult> ForwardBackward(const Batch& batch);
   // One optimizer step with the gradients of the last ForwardBackward.
   absl::Status ApplyUpdates();
+  // CUDA: starts copying `next` to the device on a side stream while the
+  // current step computes (the copy is taken now; a later ForwardBackward,
+  // Predict or Loss of the same Batch object uses it). No-op on the CPU.
+  absl::Status Prefetch(const Batch& next);
+  const ExecutionOptions& execution() const;
   // Logits of one head, [batch.size].
   absl::StatusOr<std::vector<double>> Predict(const Batch& batch, Head head);
 

@@ -1,11 +1,14 @@
 #include "engine/tensor.h"
 
+#include <cuda_runtime_api.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/cuda_status.h"
 
 namespace recfleet::engine {
 namespace {
@@ -29,7 +32,97 @@ class HostAllocator final : public Allocator {
   }
 };
 
+class DeviceAllocator final : public Allocator {
+ public:
+  explicit DeviceAllocator(cudaMemPool_t pool) : pool_(pool) {}
+  Device device() const override { return Device::kCuda; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    void* p = nullptr;
+    // The legacy default stream: the engine's compute stream.
+    const cudaError_t err = cudaMallocFromPoolAsync(&p, bytes == 0 ? 1 : bytes, pool_, nullptr);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat("device allocation of ", bytes,
+                                                       " bytes failed: ", cudaGetErrorString(err)));
+    }
+    return p;
+  }
+  void Deallocate(void* ptr, size_t) override { cudaFreeAsync(ptr, nullptr); }
+  absl::Status Zero(void* ptr, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    return CudaStatus(cudaMemsetAsync(ptr, 0, bytes, nullptr), "device memset");
+  }
+  cudaMemPool_t pool() const { return pool_; }
+
+ private:
+  cudaMemPool_t pool_;
+};
+
+absl::StatusOr<DeviceAllocator*> Device0Allocator() {
+  static absl::StatusOr<DeviceAllocator*>* allocator = [] {
+    auto* result = new absl::StatusOr<DeviceAllocator*>();
+    int device = 0, count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      *result = absl::FailedPreconditionError("no CUDA device is visible to this process");
+      return result;
+    }
+    cudaMemPool_t pool;
+    if (absl::Status s = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) {
+      *result = s;
+      return result;
+    }
+    if (absl::Status s = CudaStatus(cudaDeviceGetDefaultMemPool(&pool, device), "memory pool");
+        !s.ok()) {
+      *result = s;
+      return result;
+    }
+    uint64_t keep = UINT64_MAX;  // Cache freed blocks instead of returning them.
+    if (absl::Status s = CudaStatus(
+            cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "memory pool");
+        !s.ok()) {
+      *result = s;
+      return result;
+    }
+    *result = new DeviceAllocator(pool);
+    return result;
+  }();
+  return *allocator;
+}
+
 }  // namespace
+
+absl::StatusOr<Allocator*> CudaAllocator() {
+  absl::StatusOr<DeviceAllocator*> a = Device0Allocator();
+  if (!a.ok()) return a.status();
+  return *a;
+}
+
+absl::StatusOr<DeviceMemoryStats> CudaMemoryStats() {
+  absl::StatusOr<DeviceAllocator*> a = Device0Allocator();
+  if (!a.ok()) return a.status();
+  DeviceMemoryStats stats;
+  const cudaMemPool_t pool = (*a)->pool();
+  for (auto [attr, out] : {std::pair{cudaMemPoolAttrUsedMemCurrent, &stats.in_use},
+                           std::pair{cudaMemPoolAttrUsedMemHigh, &stats.peak},
+                           std::pair{cudaMemPoolAttrReservedMemCurrent, &stats.reserved}}) {
+    uint64_t v = 0;
+    if (absl::Status s = CudaStatus(cudaMemPoolGetAttribute(pool, attr, &v), "memory pool stats");
+        !s.ok()) {
+      return s;
+    }
+    *out = v;
+  }
+  return stats;
+}
+
+absl::Status ResetCudaMemoryPeak() {
+  absl::StatusOr<DeviceAllocator*> a = Device0Allocator();
+  if (!a.ok()) return a.status();
+  uint64_t zero = 0;
+  return CudaStatus(cudaMemPoolSetAttribute((*a)->pool(), cudaMemPoolAttrUsedMemHigh, &zero),
+                    "memory pool peak reset");
+}
 
 Allocator* CpuAllocator() {
   static HostAllocator* allocator = new HostAllocator();
@@ -96,13 +189,23 @@ Tensor Tensor::HostZeros(DType dtype, Shape shape) {
 }
 
 absl::StatusOr<Tensor> Tensor::Clone() const {
-  if (device() != Device::kCpu) {
-    return absl::UnimplementedError(absl::StrCat("Clone of ", view_.DebugString(),
-                                                 ": only host tensors can be cloned"));
-  }
-  absl::StatusOr<Tensor> t = Empty(dtype(), shape(), allocator_ ? allocator_ : CpuAllocator());
+  return CopyTo(allocator_ ? allocator_ : CpuAllocator());
+}
+
+absl::StatusOr<Tensor> Tensor::CopyTo(Allocator* allocator) const {
+  absl::StatusOr<Tensor> t = Empty(dtype(), shape(), allocator);
   if (!t.ok()) return t.status();
-  if (nbytes() > 0) std::memcpy(t->view_.data, view_.data, nbytes());
+  if (nbytes() == 0) return t;
+  if (device() == Device::kCpu && allocator->device() == Device::kCpu) {
+    std::memcpy(t->view_.data, view_.data, nbytes());
+    return t;
+  }
+  // Ordered after the legacy stream's work (the allocation included).
+  if (absl::Status s = CudaStatus(cudaMemcpy(t->view_.data, view_.data, nbytes(), cudaMemcpyDefault),
+                                  "tensor copy");
+      !s.ok()) {
+    return s;
+  }
   return t;
 }
 

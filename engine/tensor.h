@@ -2,8 +2,8 @@
 #define RECFLEET_ENGINE_TENSOR_H_
 
 // Owned tensors for the training engine. A Tensor owns a contiguous
-// row-major buffer obtained from an Allocator (CPU now; a CUDA allocator
-// plugs into the same interface) and hands out the non-owning TensorView
+// row-major buffer obtained from an Allocator (host memory, or CUDA device
+// memory from CudaAllocator()) and hands out the non-owning TensorView
 // that every kernel takes. A JaggedTensor owns the values and int64 offsets
 // of a batch of variable-length sequences or id lists (see JaggedView).
 //
@@ -37,6 +37,24 @@ class Allocator {
 // The process-wide host allocator (aligned operator new).
 Allocator* CpuAllocator();
 
+// The process-wide allocator of the current CUDA device: stream-ordered
+// (cudaMallocAsync / cudaFreeAsync on the legacy default stream, the
+// engine's compute stream) from the device's default memory pool, whose
+// release threshold is raised so that freed blocks stay reserved and are
+// reused without a driver call: a caching allocator. Zero() is an
+// asynchronous memset on that stream. FailedPrecondition without a CUDA
+// device.
+absl::StatusOr<Allocator*> CudaAllocator();
+
+// Device memory of CudaAllocator()'s pool, in bytes.
+struct DeviceMemoryStats {
+  uint64_t in_use = 0;    // Handed out and not yet freed.
+  uint64_t peak = 0;      // Highest in_use since the last ResetPeak.
+  uint64_t reserved = 0;  // Held by the pool (in use + cached).
+};
+absl::StatusOr<DeviceMemoryStats> CudaMemoryStats();
+absl::Status ResetCudaMemoryPeak();
+
 class Tensor {
  public:
   Tensor() = default;
@@ -55,8 +73,11 @@ class Tensor {
   // Aborts on allocation failure, like std::vector.
   static Tensor HostZeros(DType dtype, Shape shape);
 
-  // A deep copy on the same allocator (host tensors only).
+  // A deep copy on the same allocator.
   absl::StatusOr<Tensor> Clone() const;
+  // A deep copy on `allocator` (host <-> device or device <-> device;
+  // synchronous).
+  absl::StatusOr<Tensor> CopyTo(Allocator* allocator) const;
   absl::Status SetZero();
 
   const TensorView& view() const { return view_; }

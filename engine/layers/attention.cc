@@ -41,6 +41,16 @@ attention::AttentionInputs JaggedAttention::Inputs() const {
   return in;
 }
 
+namespace {
+
+// A bf16 copy of the fp32 tensor behind `x` with x's shape.
+absl::Status ToBf16(const LayerContext& ctx, const TensorView& x, Tensor* copy) {
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx, DType::kBFloat16, x.shape, copy));
+  return ops::Convert(x, copy->view());
+}
+
+}  // namespace
+
 absl::Status JaggedAttention::Forward(const JaggedView& q, const JaggedView& k,
                                       const TensorView& v, Tensor* out) {
   q_ = q;
@@ -50,16 +60,30 @@ absl::Status JaggedAttention::Forward(const JaggedView& q, const JaggedView& k,
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, dim}, out));
   out_ = out->view();
   if (rows == 0) return absl::OkStatus();
-  const attention::AttentionInputs in = Inputs();
+  attention::AttentionInputs in = Inputs();
   TensorView lse;
   if (options_.activation == attention::Activation::kSoftmax) {
-    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, heads_}, &lse_));
+    // fp32 except for an fp64 (CPU) model.
+    RECFLEET_RETURN_IF_ERROR(AllocateTyped(
+        ctx_, ctx_.dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32, {rows, heads_},
+        &lse_));
     lse = lse_.view();
   }
   if (ctx_.flops != nullptr) {
     ctx_.flops->attention += attention::AttentionForwardFlops(in.q, in.k, heads_, dh, options_);
   }
-  return attention::AttentionForward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse);
+  if (!ctx_.bf16_attention) {
+    return attention::AttentionForward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse);
+  }
+  RECFLEET_RETURN_IF_ERROR(ToBf16(ctx_, in.q.values, &q16_));
+  RECFLEET_RETURN_IF_ERROR(ToBf16(ctx_, in.k.values, &k16_));
+  RECFLEET_RETURN_IF_ERROR(ToBf16(ctx_, in.v, &v16_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, in.q.values.shape, &out16_));
+  in.q.values = q16_.view();
+  in.k.values = k16_.view();
+  in.v = v16_.view();
+  RECFLEET_RETURN_IF_ERROR(attention::AttentionForward(in, options_, out16_.view(), lse));
+  return ops::Convert(out16_.view(), out_);
 }
 
 absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView& dq,
@@ -70,15 +94,33 @@ absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView
     RECFLEET_RETURN_IF_ERROR(ops::Zero(dk));
     return ops::Zero(dv);
   }
-  const attention::AttentionInputs in = Inputs();
+  attention::AttentionInputs in = Inputs();
   attention::AttentionGrads g;
   g.dq = Reshaped(dq, in.q.values.shape);
   g.dk = Reshaped(dk, in.k.values.shape);
   g.dv = Reshaped(dv, in.v.shape);
   const TensorView lse =
       options_.activation == attention::Activation::kSoftmax ? lse_.view() : TensorView();
-  return attention::AttentionBackward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse,
-                                      Reshaped(d_out, {rows, heads_, dh}), g);
+  if (!ctx_.bf16_attention) {
+    return attention::AttentionBackward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse,
+                                        Reshaped(d_out, {rows, heads_, dh}), g);
+  }
+  RECFLEET_RETURN_IF_ERROR(ToBf16(ctx_, Reshaped(d_out, {rows, heads_, dh}), &do16_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, g.dq.shape, &dq16_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, g.dk.shape, &dk16_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, g.dv.shape, &dv16_));
+  in.q.values = q16_.view();
+  in.k.values = k16_.view();
+  in.v = v16_.view();
+  attention::AttentionGrads g16;
+  g16.dq = dq16_.view();
+  g16.dk = dk16_.view();
+  g16.dv = dv16_.view();
+  RECFLEET_RETURN_IF_ERROR(
+      attention::AttentionBackward(in, options_, out16_.view(), lse, do16_.view(), g16));
+  RECFLEET_RETURN_IF_ERROR(ops::Convert(dq16_.view(), g.dq));
+  RECFLEET_RETURN_IF_ERROR(ops::Convert(dk16_.view(), g.dk));
+  return ops::Convert(dv16_.view(), g.dv);
 }
 
 // ---- SelfAttentionBlock ------------------------------------------------------

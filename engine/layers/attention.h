@@ -50,6 +50,9 @@ class JaggedAttention {
   JaggedView q_, k_;
   TensorView v_, out_;
   Tensor lse_;
+  // bf16 copies for ctx.bf16_attention: inputs and output of the forward,
+  // then the backward's gradients.
+  Tensor q16_, k16_, v16_, out16_, do16_, dq16_, dk16_, dv16_;
 };
 
 class SelfAttentionBlock {

@@ -20,14 +20,6 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-TensorView HostIds(const std::vector<int64_t>& ids, int64_t n) {
-  return MakeView(const_cast<int64_t*>(ids.data()), DType::kInt64, {n});
-}
-
-TensorView HostOffsets(const std::vector<int64_t>& offsets) {
-  return HostIds(offsets, static_cast<int64_t>(offsets.size()));
-}
-
 absl::StatusOr<Tensor> HostTensor(DType dtype, Shape shape) { return Tensor::Empty(dtype, std::move(shape)); }
 
 // a followed by b (equal trailing dimensions, host memory).
@@ -92,6 +84,17 @@ SparseEmbeddings::SparseEmbeddings(const LayerContext& ctx, const FeatureSchema&
         }
       }
     }
+    if (ctx.allocator->device() != Device::kCpu) {
+      absl::StatusOr<Tensor> value = s.value.CopyTo(ctx.allocator);
+      absl::StatusOr<Tensor> momentum = Tensor::Zeros(ctx.dtype, {t.rows}, ctx.allocator);
+      absl::StatusOr<Tensor> ids = Tensor::Empty(DType::kInt64, {0}, ctx.allocator);
+      absl::StatusOr<Tensor> rows = Tensor::Empty(ctx.dtype, {0, dim}, ctx.allocator);
+      if (!value.ok() || !momentum.ok() || !ids.ok() || !rows.ok()) std::abort();
+      s.value = *std::move(value);
+      s.momentum = *std::move(momentum);
+      s.grad_ids = *std::move(ids);
+      s.grad_rows = *std::move(rows);
+    }
     tables_.push_back(std::move(s));
   }
 }
@@ -152,23 +155,23 @@ absl::Status SparseEmbeddings::CheckPooled(const Batch& batch,
   return absl::OkStatus();
 }
 
-absl::Status SparseEmbeddings::Forward(const Batch& batch, absl::Span<const TensorView> pooled,
+absl::Status SparseEmbeddings::Forward(const StagedBatch& staged,
+                                       absl::Span<const TensorView> pooled,
                                        std::vector<Tensor>* features, Tensor* history) {
+  const Batch& batch = *staged.batch();
   const int64_t B = batch.size, L = batch.sequence[0].offsets.back();
   const BagLayout bags = Bags(B, L);
   features->resize(schema_.id_lists.size());
   for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
     const FeatureSchema::IdListFeature& feat = schema_.id_lists[f];
-    const IdList& list = batch.id_lists[f];
+    const JaggedView ids = staged.id_list(f);
     Tensor& out = (*features)[f];
     RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {B, dim_}, &out));
     if (storage_ == TableStorage::kExternal) {
       const int64_t base = bags.feature_base[f];
       RECFLEET_RETURN_IF_ERROR(ops::ScaleBags(RowSlice(pooled[feat.table], base, base + B),
-                                              HostOffsets(list.offsets), feat.pooling, out.view()));
+                                              ids.offsets, feat.pooling, out.view()));
     } else {
-      const JaggedView ids{HostIds(list.ids, static_cast<int64_t>(list.ids.size())),
-                           HostOffsets(list.offsets)};
       RECFLEET_RETURN_IF_ERROR(
           EmbeddingBagForward(tables_[feat.table].value.view(), ids, feat.pooling, out.view()));
     }
@@ -182,28 +185,30 @@ absl::Status SparseEmbeddings::Forward(const Batch& batch, absl::Span<const Tens
     if (storage_ == TableStorage::kExternal) {
       field = RowSlice(pooled[table], bags.sequence_base[f], bags.sequence_base[f] + L);
     } else {
-      RECFLEET_RETURN_IF_ERROR(EmbeddingSequenceForward(
-          tables_[table].value.view(), HostIds(batch.sequence[f].ids, L), field));
+      RECFLEET_RETURN_IF_ERROR(
+          EmbeddingSequenceForward(tables_[table].value.view(), staged.sequence_ids(f), field));
     }
     RECFLEET_RETURN_IF_ERROR(ops::Add(history->view(), field, history->view()));
   }
   return absl::OkStatus();
 }
 
-absl::Status SparseEmbeddings::Backward(const Batch& batch, absl::Span<const TensorView> dfeatures,
+absl::Status SparseEmbeddings::Backward(const StagedBatch& staged,
+                                        absl::Span<const TensorView> dfeatures,
                                         const TensorView& dhistory) {
   if (storage_ == TableStorage::kExternal) {
-    return CollectPooledGradients(batch, dfeatures, dhistory);
+    return CollectPooledGradients(staged, dfeatures, dhistory);
   }
-  return CollectTableGradients(batch, dfeatures, dhistory);
+  return CollectTableGradients(staged, dfeatures, dhistory);
 }
 
 // One gradient row per use of a row: a pooled id's row is its bag's
 // gradient (divided by the bag size for mean pooling), a history token's
 // row its token's gradient.
-absl::Status SparseEmbeddings::CollectTableGradients(const Batch& batch,
+absl::Status SparseEmbeddings::CollectTableGradients(const StagedBatch& staged,
                                                      absl::Span<const TensorView> dfeatures,
                                                      const TensorView& dhistory) {
+  const Batch& batch = *staged.batch();
   const int64_t L = batch.sequence[0].offsets.back();
   std::vector<int64_t> uses(tables_.size(), 0);
   for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
@@ -211,26 +216,29 @@ absl::Status SparseEmbeddings::CollectTableGradients(const Batch& batch,
   }
   for (const auto& f : schema_.sequence_fields) uses[f.table] += L;
   for (size_t t = 0; t < tables_.size(); ++t) {
-    absl::StatusOr<Tensor> ids = HostTensor(DType::kInt64, {uses[t]});
-    if (!ids.ok()) return ids.status();
-    tables_[t].grad_ids = *std::move(ids);
+    Tensor& ids = tables_[t].grad_ids;
+    if (ids.empty() || ids.numel() != uses[t] || ids.device() != ctx_.allocator->device()) {
+      absl::StatusOr<Tensor> fresh = Tensor::Empty(DType::kInt64, {uses[t]}, ctx_.allocator);
+      if (!fresh.ok()) return fresh.status();
+      ids = *std::move(fresh);
+    }
     RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {uses[t], dim_}, &tables_[t].grad_rows));
   }
   std::vector<int64_t> filled(tables_.size(), 0);
   for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
     const int t = schema_.id_lists[f].table;
-    const IdList& list = batch.id_lists[f];
-    const int64_t n = static_cast<int64_t>(list.ids.size());
-    std::copy(list.ids.begin(), list.ids.end(), tables_[t].grad_ids.data<int64_t>() + filled[t]);
-    RECFLEET_RETURN_IF_ERROR(ops::ExpandBags(dfeatures[f], HostOffsets(list.offsets),
-                                             schema_.id_lists[f].pooling,
+    const JaggedView list = staged.id_list(f);
+    const int64_t n = list.values.numel();
+    RECFLEET_RETURN_IF_ERROR(
+        ops::CopyIndices(list.values, RowSlice(tables_[t].grad_ids.view(), filled[t], filled[t] + n)));
+    RECFLEET_RETURN_IF_ERROR(ops::ExpandBags(dfeatures[f], list.offsets, schema_.id_lists[f].pooling,
                                              RowSlice(tables_[t].grad_rows.view(), filled[t], filled[t] + n)));
     filled[t] += n;
   }
   for (size_t f = 0; f < schema_.sequence_fields.size() && L > 0; ++f) {
     const int t = schema_.sequence_fields[f].table;
-    const IdList& list = batch.sequence[f];
-    std::copy_n(list.ids.begin(), L, tables_[t].grad_ids.data<int64_t>() + filled[t]);
+    RECFLEET_RETURN_IF_ERROR(ops::CopyIndices(
+        staged.sequence_ids(f), RowSlice(tables_[t].grad_ids.view(), filled[t], filled[t] + L)));
     RECFLEET_RETURN_IF_ERROR(
         ops::Copy(dhistory, RowSlice(tables_[t].grad_rows.view(), filled[t], filled[t] + L)));
     filled[t] += L;
@@ -240,9 +248,10 @@ absl::Status SparseEmbeddings::CollectTableGradients(const Batch& batch,
 
 // One gradient row per looked-up bag, in Lookups' order (a mean-pooled
 // bag's row sum was scaled by 1 / length forward, so its gradient is too).
-absl::Status SparseEmbeddings::CollectPooledGradients(const Batch& batch,
+absl::Status SparseEmbeddings::CollectPooledGradients(const StagedBatch& staged,
                                                       absl::Span<const TensorView> dfeatures,
                                                       const TensorView& dhistory) {
+  const Batch& batch = *staged.batch();
   const int64_t B = batch.size, L = batch.sequence[0].offsets.back();
   const BagLayout bags = Bags(B, L);
   pooled_grads_.resize(schema_.tables.size());
@@ -252,7 +261,7 @@ absl::Status SparseEmbeddings::CollectPooledGradients(const Batch& batch,
   for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
     const int t = schema_.id_lists[f].table;
     const int64_t base = bags.feature_base[f];
-    RECFLEET_RETURN_IF_ERROR(ops::ScaleBags(dfeatures[f], HostOffsets(batch.id_lists[f].offsets),
+    RECFLEET_RETURN_IF_ERROR(ops::ScaleBags(dfeatures[f], staged.id_list(f).offsets,
                                             schema_.id_lists[f].pooling,
                                             RowSlice(pooled_grads_[t].view(), base, base + B)));
   }
@@ -299,6 +308,9 @@ absl::Status SparseEmbeddings::AddGradients(const SparseEmbeddings& other, doubl
   if (other.tables_.size() != tables_.size()) {
     return absl::InvalidArgumentError("AddGradients: replica has a different architecture");
   }
+  if (ctx_.allocator->device() != Device::kCpu) {
+    return absl::UnimplementedError("AddGradients: in-process replicas are host models only");
+  }
   for (size_t k = 0; k < tables_.size(); ++k) {
     Table& t = tables_[k];
     const Table& o = other.tables_[k];
@@ -338,6 +350,9 @@ int64_t SparseEmbeddings::num_parameters() const {
 // summed gradient through the same kernel the training step uses.
 absl::StatusOr<Tensor> SparseEmbeddings::DenseTableGradient(int table) const {
   const Table& t = tables_[table];
+  if (t.value.device() != Device::kCpu) {
+    return absl::UnimplementedError("DenseTableGradient: host tables only");
+  }
   absl::StatusOr<Tensor> moved = t.value.Clone();
   if (!moved.ok()) return moved.status();
   Tensor momentum = Tensor::HostZeros(ctx_.dtype, {t.value.dim(0)});

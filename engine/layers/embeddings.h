@@ -18,6 +18,7 @@
 #include "absl/types/span.h"
 #include "engine/batch.h"
 #include "engine/layers/layer.h"
+#include "engine/layers/staged_batch.h"
 #include "engine/tensor.h"
 
 namespace recfleet::engine {
@@ -47,8 +48,9 @@ double InitialTableValue(uint64_t seed, double stddev, int table, int64_t row, i
 
 class SparseEmbeddings {
  public:
-  // With internal storage, allocates the schema's tables [rows, dim] (host
-  // memory, InitialTableValue(seed, init_stddev, ...)) and their momenta.
+  // With internal storage, allocates the schema's tables [rows, dim]
+  // (InitialTableValue(seed, init_stddev, ...), made on the host and copied
+  // to ctx's device) and their momenta.
   SparseEmbeddings(const LayerContext& ctx, const FeatureSchema& schema, int64_t dim,
                    TableStorage storage, uint64_t seed, double init_stddev);
   SparseEmbeddings(const SparseEmbeddings&) = delete;
@@ -67,12 +69,13 @@ class SparseEmbeddings {
   // history [L, dim]: per event the sum of its fields' embeddings. With
   // external storage `pooled` holds the row sums of Lookups' bags (checked
   // with CheckPooled).
-  absl::Status Forward(const Batch& batch, absl::Span<const TensorView> pooled,
+  // `staged` holds the batch's arrays on the model's device.
+  absl::Status Forward(const StagedBatch& staged, absl::Span<const TensorView> pooled,
                        std::vector<Tensor>* features, Tensor* history);
   // Given the gradients of Forward's outputs, keeps the per-row gradients
   // for ApplyUpdates (internal storage) or the gradients of the pooled row
   // sums for PooledGradients (external).
-  absl::Status Backward(const Batch& batch, absl::Span<const TensorView> dfeatures,
+  absl::Status Backward(const StagedBatch& staged, absl::Span<const TensorView> dfeatures,
                         const TensorView& dhistory);
   // External storage, after Backward: [bags, dim] per table, in Lookups'
   // order. Valid until the next Backward.
@@ -91,7 +94,8 @@ class SparseEmbeddings {
   TensorView table(int t) const { return tables_[t].value.view(); }
   int64_t num_parameters() const;
   // The dense [rows, dim] gradient of table t, recovered through the same
-  // Adagrad kernel the step uses (exact, slow: for small test tables).
+  // Adagrad kernel the step uses (exact, slow: for small test tables; host
+  // tables only).
   absl::StatusOr<Tensor> DenseTableGradient(int t) const;
 
   static constexpr float kAdagradEpsilon = 1e-8f;
@@ -112,9 +116,11 @@ class SparseEmbeddings {
   BagLayout Bags(int64_t batch_size, int64_t tokens) const;
   absl::Status AdagradStep(const Table& t, const TensorView& value, const TensorView& momentum,
                            float learning_rate) const;
-  absl::Status CollectTableGradients(const Batch& batch, absl::Span<const TensorView> dfeatures,
+  absl::Status CollectTableGradients(const StagedBatch& staged,
+                                     absl::Span<const TensorView> dfeatures,
                                      const TensorView& dhistory);
-  absl::Status CollectPooledGradients(const Batch& batch, absl::Span<const TensorView> dfeatures,
+  absl::Status CollectPooledGradients(const StagedBatch& staged,
+                                      absl::Span<const TensorView> dfeatures,
                                       const TensorView& dhistory);
 
   LayerContext ctx_;

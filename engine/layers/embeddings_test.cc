@@ -45,7 +45,10 @@ TEST(SparseEmbeddingsTest, ForwardPoolsAndSumsByHand) {
   EXPECT_EQ(Row(e.table(1), 2, 1), InitialTableValue(7, 0.5, 1, 2, 1));
   std::vector<Tensor> features;
   Tensor history;
-  ASSERT_TRUE(e.Forward(TwoSamples(), {}, &features, &history).ok());
+  const Batch batch = TwoSamples();
+  StagedBatch staged;
+  ASSERT_TRUE(staged.Stage(batch, Device::kCpu).ok());
+  ASSERT_TRUE(e.Forward(staged, {}, &features, &history).ok());
   ASSERT_EQ(features.size(), 2u);
   const TensorView t0 = e.table(0), t1 = e.table(1);
   for (int64_t c = 0; c < kDim; ++c) {
@@ -61,17 +64,19 @@ TEST(SparseEmbeddingsTest, TableGradientsMatchFiniteDifferences) {
   ParameterRegistry registry(DType::kFloat64, 1);
   SparseEmbeddings e(Fp64Context(&registry), Schema(), kDim, TableStorage::kInternal, 7, 0.5);
   const Batch batch = TwoSamples();
+  StagedBatch staged;
+  ASSERT_TRUE(staged.Stage(batch, Device::kCpu).ok());
   Tensor w0 = RandomTensor({2, kDim}, 1), w1 = RandomTensor({2, kDim}, 2);
   Tensor wh = RandomTensor({3, kDim}, 3);
   std::vector<Tensor> features;
   Tensor history;
   auto loss = [&] {
-    EXPECT_TRUE(e.Forward(batch, {}, &features, &history).ok());
+    EXPECT_TRUE(e.Forward(staged, {}, &features, &history).ok());
     return Dot(features[0].view(), w0.view()) + Dot(features[1].view(), w1.view()) +
            Dot(history.view(), wh.view());
   };
   loss();
-  ASSERT_TRUE(e.Backward(batch, {w0.view(), w1.view()}, wh.view()).ok());
+  ASSERT_TRUE(e.Backward(staged, {w0.view(), w1.view()}, wh.view()).ok());
   for (int t = 0; t < 2; ++t) {
     absl::StatusOr<Tensor> g = e.DenseTableGradient(t);
     ASSERT_TRUE(g.ok()) << g.status();
@@ -82,8 +87,8 @@ TEST(SparseEmbeddingsTest, TableGradientsMatchFiniteDifferences) {
   ParameterRegistry other_registry(DType::kFloat64, 1);
   SparseEmbeddings replica(Fp64Context(&other_registry), Schema(), kDim, TableStorage::kInternal,
                            7, 0.5);
-  ASSERT_TRUE(replica.Forward(batch, {}, &features, &history).ok());
-  ASSERT_TRUE(replica.Backward(batch, {w0.view(), w1.view()}, wh.view()).ok());
+  ASSERT_TRUE(replica.Forward(staged, {}, &features, &history).ok());
+  ASSERT_TRUE(replica.Backward(staged, {w0.view(), w1.view()}, wh.view()).ok());
   const Tensor before = *e.DenseTableGradient(0);
   ASSERT_TRUE(e.ScaleGradients(0.5).ok());
   ASSERT_TRUE(e.AddGradients(replica, 0.5).ok());
@@ -107,6 +112,8 @@ TEST(SparseEmbeddingsTest, ExternalTablesGetPooledGradients) {
   SparseEmbeddings e(Fp64Context(&registry), Schema(), kDim, TableStorage::kExternal, 7, 0.5);
   EXPECT_EQ(e.num_tables(), 0);
   const Batch batch = TwoSamples();
+  StagedBatch staged;
+  ASSERT_TRUE(staged.Stage(batch, Device::kCpu).ok());
   const std::vector<TableLookups> lookups = e.Lookups(batch);
   ASSERT_EQ(lookups.size(), 2u);
   // t0: f0's two bags, then one single-id bag per event.
@@ -126,7 +133,7 @@ TEST(SparseEmbeddingsTest, ExternalTablesGetPooledGradients) {
   std::vector<Tensor> features;
   Tensor history;
   auto loss = [&] {
-    EXPECT_TRUE(e.Forward(batch, pooled, &features, &history).ok());
+    EXPECT_TRUE(e.Forward(staged, pooled, &features, &history).ok());
     return Dot(features[0].view(), w0.view()) + Dot(features[1].view(), w1.view()) +
            Dot(history.view(), wh.view());
   };
@@ -135,7 +142,7 @@ TEST(SparseEmbeddingsTest, ExternalTablesGetPooledGradients) {
   for (int64_t c = 0; c < kDim; ++c) {
     EXPECT_DOUBLE_EQ(features[1].data<double>()[kDim + c], pooled1.data<double>()[kDim + c] / 2);
   }
-  ASSERT_TRUE(e.Backward(batch, {w0.view(), w1.view()}, wh.view()).ok());
+  ASSERT_TRUE(e.Backward(staged, {w0.view(), w1.view()}, wh.view()).ok());
   const std::vector<TensorView> grads = e.PooledGradients();
   ASSERT_EQ(grads.size(), 2u);
   ExpectGradient(loss, pooled0.view(), grads[0], "pooled[0]");

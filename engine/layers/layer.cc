@@ -5,11 +5,15 @@
 namespace recfleet::engine::layers {
 
 absl::Status AllocateTensor(const LayerContext& ctx, Shape shape, Tensor* t) {
-  if (!t->empty() && t->dtype() == ctx.dtype && t->shape() == shape &&
+  return AllocateTyped(ctx, ctx.dtype, std::move(shape), t);
+}
+
+absl::Status AllocateTyped(const LayerContext& ctx, DType dtype, Shape shape, Tensor* t) {
+  if (!t->empty() && t->dtype() == dtype && t->shape() == shape &&
       t->device() == ctx.allocator->device()) {
     return absl::OkStatus();
   }
-  absl::StatusOr<Tensor> fresh = Tensor::Empty(ctx.dtype, std::move(shape), ctx.allocator);
+  absl::StatusOr<Tensor> fresh = Tensor::Empty(dtype, std::move(shape), ctx.allocator);
   if (!fresh.ok()) return fresh.status();
   *t = *std::move(fresh);
   return absl::OkStatus();

@@ -49,6 +49,10 @@ struct LayerContext {
   // Precision of every linear layer's GEMMs. The CPU engine computes at the
   // storage precision.
   LinearRecipe recipe{GemmPrecision::kNative, GemmPrecision::kNative, GemmPrecision::kNative};
+  // CUDA: attention runs on the bf16 tensor-core kernels (q/k/v converted
+  // from the fp32 activations, gradients converted back); false keeps the
+  // attention in the activations' dtype.
+  bool bf16_attention = false;
 };
 
 // `*t` becomes an uninitialized tensor of `shape` (storage reused when it
@@ -56,6 +60,8 @@ struct LayerContext {
 absl::Status AllocateTensor(const LayerContext& ctx, Shape shape, Tensor* t);
 // Same, zero-filled.
 absl::Status AllocateZeros(const LayerContext& ctx, Shape shape, Tensor* t);
+// AllocateTensor with an explicit dtype.
+absl::Status AllocateTyped(const LayerContext& ctx, DType dtype, Shape shape, Tensor* t);
 
 // The same storage seen with another shape of equal numel.
 TensorView Reshaped(const TensorView& t, Shape shape);

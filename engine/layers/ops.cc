@@ -7,18 +7,31 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/layers/ops_cuda.h"
+#include "kernels/base/cuda_status.h"
+#include "kernels/base/formats.h"
 
 namespace recfleet::engine::ops {
 namespace {
 
-// Every operand: on the host, fp32 or fp64, all of the first one's dtype.
+// The CUDA versions run on the legacy default stream, the engine's compute
+// stream (engine/device.h).
+constexpr void* kStream = nullptr;
+
+// Every operand: on the first one's device and of its dtype; fp32 or fp64
+// on the host, fp32 on CUDA.
 absl::Status CheckOperands(const char* op, std::initializer_list<std::pair<const char*, const TensorView*>> ts) {
   const DType dtype = ts.begin()->second->dtype;
+  const Device device = ts.begin()->second->device;
   for (const auto& [what, t] : ts) {
-    if (t->device != Device::kCpu) {
-      return absl::UnimplementedError(absl::StrCat("ops::", op, ": ", what, " is ",
-                                                   t->DebugString(),
-                                                   "; only the CPU version exists so far"));
+    if (t->device != device) {
+      return absl::InvalidArgumentError(absl::StrCat("ops::", op, ": ", what, " is ",
+                                                     t->DebugString(), ", expected device ",
+                                                     DeviceName(device)));
+    }
+    if (t->device == Device::kCuda && t->dtype != DType::kFloat32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ops::", op, ": ", what, " must be fp32 on cuda, got ", t->DebugString()));
     }
     if (t->dtype != DType::kFloat32 && t->dtype != DType::kFloat64) {
       return absl::InvalidArgumentError(
@@ -54,13 +67,17 @@ absl::Status CheckMatrix(const char* op, const char* what, const TensorView& t, 
   return absl::OkStatus();
 }
 
-absl::Status CheckOffsets(const char* op, const TensorView& offsets, int64_t bags, int64_t ids) {
-  if (offsets.dtype != DType::kInt64 || offsets.device != Device::kCpu ||
+// Offsets live with the values: host offsets are checked in full, device
+// offsets (CUDA) for dtype and length only (reading them would synchronize).
+absl::Status CheckOffsets(const char* op, const TensorView& offsets, int64_t bags, int64_t ids,
+                          Device device) {
+  if (offsets.dtype != DType::kInt64 || offsets.device != device ||
       offsets.numel() != bags + 1) {
     return absl::InvalidArgumentError(absl::StrCat("ops::", op, ": offsets is ",
-                                                   offsets.DebugString(), ", expected host int64[",
-                                                   bags + 1, "]"));
+                                                   offsets.DebugString(), ", expected int64[",
+                                                   bags + 1, "] on ", DeviceName(device)));
   }
+  if (device == Device::kCuda) return absl::OkStatus();
   const int64_t* o = offsets.as<int64_t>();
   for (int64_t b = 0; b < bags; ++b) {
     if (o[b + 1] < o[b]) {
@@ -74,6 +91,12 @@ absl::Status CheckOffsets(const char* op, const TensorView& offsets, int64_t bag
   }
   return absl::OkStatus();
 }
+
+absl::Status Cuda(cudaError_t err, const char* op) {
+  return CudaStatus(err, absl::StrCat("ops::", op));
+}
+
+float* F(const TensorView& t) { return t.as<float>(); }
 
 // Calls f(T{}) with T the C++ type of `dtype` (fp32 or fp64, already checked).
 template <typename F>
@@ -92,6 +115,9 @@ absl::Status Add(const TensorView& a, const TensorView& b, const TensorView& out
   RECFLEET_RETURN_IF_ERROR(CheckOperands("Add", {{"a", &a}, {"b", &b}, {"out", &out}}));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "b", b, a.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "out", out, a.numel()));
+  if (a.device == Device::kCuda) {
+    return Cuda(ops_cuda::Elementwise(0, F(a), F(b), nullptr, 0, F(out), a.numel(), kStream), "Add");
+  }
   return Dispatch(a.dtype, [&](auto t) {
     using T = decltype(t);
     const T *x = a.as<T>(), *y = b.as<T>();
@@ -104,6 +130,9 @@ absl::Status Mul(const TensorView& a, const TensorView& b, const TensorView& out
   RECFLEET_RETURN_IF_ERROR(CheckOperands("Mul", {{"a", &a}, {"b", &b}, {"out", &out}}));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("Mul", "b", b, a.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("Mul", "out", out, a.numel()));
+  if (a.device == Device::kCuda) {
+    return Cuda(ops_cuda::Elementwise(1, F(a), F(b), nullptr, 0, F(out), a.numel(), kStream), "Mul");
+  }
   return Dispatch(a.dtype, [&](auto t) {
     using T = decltype(t);
     const T *x = a.as<T>(), *y = b.as<T>();
@@ -116,6 +145,10 @@ absl::Status AddMul(const TensorView& a, const TensorView& b, const TensorView& 
   RECFLEET_RETURN_IF_ERROR(CheckOperands("AddMul", {{"a", &a}, {"b", &b}, {"acc", &acc}}));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("AddMul", "b", b, a.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("AddMul", "acc", acc, a.numel()));
+  if (a.device == Device::kCuda) {
+    return Cuda(ops_cuda::Elementwise(2, F(a), F(b), nullptr, 0, F(acc), a.numel(), kStream),
+                "AddMul");
+  }
   return Dispatch(a.dtype, [&](auto t) {
     using T = decltype(t);
     const T *x = a.as<T>(), *y = b.as<T>();
@@ -131,6 +164,10 @@ absl::Status MulAdd(const TensorView& a, const TensorView& b, const TensorView& 
   RECFLEET_RETURN_IF_ERROR(CheckNumel("MulAdd", "b", b, a.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("MulAdd", "c", c, a.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("MulAdd", "out", out, a.numel()));
+  if (a.device == Device::kCuda) {
+    return Cuda(ops_cuda::Elementwise(3, F(a), F(b), F(c), 0, F(out), a.numel(), kStream),
+                "MulAdd");
+  }
   return Dispatch(a.dtype, [&](auto t) {
     using T = decltype(t);
     const T *x = a.as<T>(), *y = b.as<T>(), *z = c.as<T>();
@@ -141,6 +178,11 @@ absl::Status MulAdd(const TensorView& a, const TensorView& b, const TensorView& 
 
 absl::Status Scale(const TensorView& x, double weight) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("Scale", {{"x", &x}}));
+  if (x.device == Device::kCuda) {
+    return Cuda(ops_cuda::Elementwise(4, F(x), nullptr, nullptr, static_cast<float>(weight), F(x),
+                                      x.numel(), kStream),
+                "Scale");
+  }
   return Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
     const T w = static_cast<T>(weight);
@@ -152,6 +194,11 @@ absl::Status Scale(const TensorView& x, double weight) {
 absl::Status AddScaled(const TensorView& x, double weight, const TensorView& acc) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("AddScaled", {{"x", &x}, {"acc", &acc}}));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("AddScaled", "acc", acc, x.numel()));
+  if (x.device == Device::kCuda) {
+    return Cuda(ops_cuda::Elementwise(5, F(x), nullptr, nullptr, static_cast<float>(weight),
+                                      F(acc), x.numel(), kStream),
+                "AddScaled");
+  }
   return Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
     const T w = static_cast<T>(weight);
@@ -164,6 +211,12 @@ absl::Status AddScaled(const TensorView& x, double weight, const TensorView& acc
 absl::Status Copy(const TensorView& src, const TensorView& dst) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("Copy", {{"src", &src}, {"dst", &dst}}));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("Copy", "dst", dst, src.numel()));
+  if (src.device == Device::kCuda) {
+    if (src.numel() == 0 || src.data == dst.data) return absl::OkStatus();
+    return Cuda(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice,
+                                static_cast<cudaStream_t>(kStream)),
+                "Copy");
+  }
   return Dispatch(src.dtype, [&](auto t) {
     using T = decltype(t);
     std::copy_n(src.as<T>(), src.numel(), dst.as<T>());
@@ -172,6 +225,10 @@ absl::Status Copy(const TensorView& src, const TensorView& dst) {
 
 absl::Status Zero(const TensorView& x) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("Zero", {{"x", &x}}));
+  if (x.device == Device::kCuda) {
+    if (x.numel() == 0) return absl::OkStatus();
+    return Cuda(cudaMemsetAsync(x.data, 0, x.nbytes(), static_cast<cudaStream_t>(kStream)), "Zero");
+  }
   return Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
     std::fill_n(x.as<T>(), x.numel(), T(0));
@@ -180,6 +237,12 @@ absl::Status Zero(const TensorView& x) {
 
 absl::Status FillMeanWeights(const TensorView& x) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("FillMeanWeights", {{"x", &x}}));
+  if (x.device == Device::kCuda) {
+    return Cuda(ops_cuda::Elementwise(6, nullptr, nullptr, nullptr,
+                                      1.0f / static_cast<float>(x.numel()), F(x), x.numel(),
+                                      kStream),
+                "FillMeanWeights");
+  }
   return Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
     std::fill_n(x.as<T>(), x.numel(), T(1) / static_cast<T>(x.numel()));
@@ -194,6 +257,13 @@ absl::Status ScatterColumns(const TensorView& src, int64_t col, const TensorView
   if (col < 0 || col + w > W) {
     return absl::InvalidArgumentError(absl::StrCat("ops::ScatterColumns: columns [", col, ", ",
                                                    col + w, ") do not fit dst ", dst.DebugString()));
+  }
+  if (src.device == Device::kCuda) {
+    if (rows * w == 0) return absl::OkStatus();
+    return Cuda(cudaMemcpy2DAsync(F(dst) + col, W * sizeof(float), F(src), w * sizeof(float),
+                                  w * sizeof(float), rows, cudaMemcpyDeviceToDevice,
+                                  static_cast<cudaStream_t>(kStream)),
+                "ScatterColumns");
   }
   return Dispatch(src.dtype, [&](auto t) {
     using T = decltype(t);
@@ -210,6 +280,13 @@ absl::Status GatherColumns(const TensorView& src, int64_t col, const TensorView&
     return absl::InvalidArgumentError(absl::StrCat("ops::GatherColumns: columns [", col, ", ",
                                                    col + w, ") do not fit src ", src.DebugString()));
   }
+  if (src.device == Device::kCuda) {
+    if (rows * w == 0) return absl::OkStatus();
+    return Cuda(cudaMemcpy2DAsync(F(dst), w * sizeof(float), F(src) + col, W * sizeof(float),
+                                  w * sizeof(float), rows, cudaMemcpyDeviceToDevice,
+                                  static_cast<cudaStream_t>(kStream)),
+                "GatherColumns");
+  }
   return Dispatch(src.dtype, [&](auto t) {
     using T = decltype(t);
     for (int64_t r = 0; r < rows; ++r) std::copy_n(src.as<T>() + r * W + col, w, dst.as<T>() + r * w);
@@ -219,6 +296,9 @@ absl::Status GatherColumns(const TensorView& src, int64_t col, const TensorView&
 absl::Status RepeatRows(const TensorView& x, int64_t times, const TensorView& out) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("RepeatRows", {{"x", &x}, {"out", &out}}));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("RepeatRows", "out", out, times * x.numel()));
+  if (x.device == Device::kCuda) {
+    return Cuda(ops_cuda::RepeatRows(F(x), x.numel(), times, F(out), kStream), "RepeatRows");
+  }
   return Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
     const int64_t n = x.numel();
@@ -232,6 +312,10 @@ absl::Status AccumulateRepeats(const TensorView& dy, const TensorView& dx) {
   if (n == 0 ? dy.numel() != 0 : dy.numel() % n != 0) {
     return absl::InvalidArgumentError(absl::StrCat("ops::AccumulateRepeats: dy ", dy.DebugString(),
                                                    " is not whole repeats of dx ", dx.DebugString()));
+  }
+  if (dx.device == Device::kCuda) {
+    return Cuda(ops_cuda::AccumulateRepeats(F(dy), n, n == 0 ? 0 : dy.numel() / n, F(dx), kStream),
+                "AccumulateRepeats");
   }
   return Dispatch(dx.dtype, [&](auto t) {
     using T = decltype(t);
@@ -247,6 +331,9 @@ absl::Status SoftmaxRows(const TensorView& x, const TensorView& y) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("SoftmaxRows", {{"x", &x}, {"y", &y}}));
   RECFLEET_RETURN_IF_ERROR(CheckMatrix("SoftmaxRows", "x", x, x.dim(0)));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("SoftmaxRows", "y", y, x.numel()));
+  if (x.device == Device::kCuda) {
+    return Cuda(ops_cuda::SoftmaxRows(F(x), F(y), x.dim(0), x.dim(1), kStream), "SoftmaxRows");
+  }
   return Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
     const int64_t rows = x.dim(0), cols = x.dim(1);
@@ -267,6 +354,10 @@ absl::Status SoftmaxRowsBackward(const TensorView& y, const TensorView& dy, cons
   RECFLEET_RETURN_IF_ERROR(CheckMatrix("SoftmaxRowsBackward", "y", y, y.dim(0)));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("SoftmaxRowsBackward", "dy", dy, y.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("SoftmaxRowsBackward", "dx", dx, y.numel()));
+  if (y.device == Device::kCuda) {
+    return Cuda(ops_cuda::SoftmaxRowsBackward(F(y), F(dy), F(dx), y.dim(0), y.dim(1), kStream),
+                "SoftmaxRowsBackward");
+  }
   return Dispatch(y.dtype, [&](auto t) {
     using T = decltype(t);
     const int64_t rows = y.dim(0), cols = y.dim(1);
@@ -290,6 +381,11 @@ absl::Status AddGated(const TensorView& gate, int64_t column, const TensorView& 
   if (column < 0 || column >= gate.dim(1)) {
     return absl::InvalidArgumentError(absl::StrCat("ops::AddGated: column ", column,
                                                    " outside gate ", gate.DebugString()));
+  }
+  if (x.device == Device::kCuda) {
+    return Cuda(ops_cuda::AddGated(F(gate), gate.dim(1), column, F(x), x.dim(0), x.dim(1), F(acc),
+                                   kStream),
+                "AddGated");
   }
   return Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
@@ -317,6 +413,11 @@ absl::Status AddGatedBackward(const TensorView& gate, int64_t column, const Tens
     return absl::InvalidArgumentError(absl::StrCat("ops::AddGatedBackward: column ", column,
                                                    " outside gate ", gate.DebugString()));
   }
+  if (x.device == Device::kCuda) {
+    return Cuda(ops_cuda::AddGatedBackward(F(gate), gate.dim(1), column, F(x), F(dacc), x.dim(0),
+                                           x.dim(1), F(dx), F(dgate), kStream),
+                "AddGatedBackward");
+  }
   return Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
     const int64_t rows = x.dim(0), n = x.dim(1), E = gate.dim(1);
@@ -338,7 +439,12 @@ absl::Status ScaleBags(const TensorView& sums, const TensorView& offsets, Poolin
   RECFLEET_RETURN_IF_ERROR(CheckOperands("ScaleBags", {{"sums", &sums}, {"out", &out}}));
   RECFLEET_RETURN_IF_ERROR(CheckMatrix("ScaleBags", "sums", sums, sums.dim(0)));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("ScaleBags", "out", out, sums.numel()));
-  RECFLEET_RETURN_IF_ERROR(CheckOffsets("ScaleBags", offsets, sums.dim(0), -1));
+  RECFLEET_RETURN_IF_ERROR(CheckOffsets("ScaleBags", offsets, sums.dim(0), -1, sums.device));
+  if (sums.device == Device::kCuda) {
+    return Cuda(ops_cuda::ScaleBags(F(sums), offsets.as<int64_t>(), sums.dim(0), sums.dim(1),
+                                    pooling == Pooling::kMean, F(out), kStream),
+                "ScaleBags");
+  }
   return Dispatch(sums.dtype, [&](auto t) {
     using T = decltype(t);
     const int64_t bags = sums.dim(0), d = sums.dim(1);
@@ -357,11 +463,17 @@ absl::Status ExpandBags(const TensorView& dpooled, const TensorView& offsets, Po
                         const TensorView& out) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("ExpandBags", {{"dpooled", &dpooled}, {"out", &out}}));
   RECFLEET_RETURN_IF_ERROR(CheckMatrix("ExpandBags", "dpooled", dpooled, dpooled.dim(0)));
-  RECFLEET_RETURN_IF_ERROR(CheckOffsets("ExpandBags", offsets, dpooled.dim(0), out.rank() > 0 ? out.dim(0) : -1));
+  RECFLEET_RETURN_IF_ERROR(CheckOffsets("ExpandBags", offsets, dpooled.dim(0),
+                                        out.rank() > 0 ? out.dim(0) : -1, dpooled.device));
   RECFLEET_RETURN_IF_ERROR(CheckMatrix("ExpandBags", "out", out, out.dim(0)));
   if (out.dim(1) != dpooled.dim(1)) {
     return absl::InvalidArgumentError(absl::StrCat("ops::ExpandBags: out ", out.DebugString(),
                                                    " must have dpooled's width ", dpooled.dim(1)));
+  }
+  if (dpooled.device == Device::kCuda) {
+    return Cuda(ops_cuda::ExpandBags(F(dpooled), offsets.as<int64_t>(), dpooled.dim(0), out.dim(0),
+                                     out.dim(1), pooling == Pooling::kMean, F(out), kStream),
+                "ExpandBags");
   }
   return Dispatch(dpooled.dtype, [&](auto t) {
     using T = decltype(t);
@@ -379,9 +491,55 @@ absl::Status ExpandBags(const TensorView& dpooled, const TensorView& offsets, Po
   });
 }
 
+absl::Status Convert(const TensorView& src, const TensorView& dst) {
+  const bool down = src.dtype == DType::kFloat32 && dst.dtype == DType::kBFloat16;
+  const bool up = src.dtype == DType::kBFloat16 && dst.dtype == DType::kFloat32;
+  if ((!down && !up) || src.device != dst.device || src.numel() != dst.numel() ||
+      (src.numel() > 0 && (src.data == nullptr || dst.data == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::Convert: src ", src.DebugString(),
+                                                   " and dst ", dst.DebugString(),
+                                                   " must be fp32 and bf16 of one size and device"));
+  }
+  if (src.device == Device::kCuda) {
+    return down ? Cuda(ops_cuda::ToBf16(F(src), dst.data, src.numel(), kStream), "Convert")
+                : Cuda(ops_cuda::FromBf16(src.data, F(dst), src.numel(), kStream), "Convert");
+  }
+  for (int64_t i = 0; i < src.numel(); ++i) {
+    if (down) {
+      dst.as<uint16_t>()[i] = FloatToBFloat16(src.as<float>()[i]);
+    } else {
+      dst.as<float>()[i] = BFloat16ToFloat(src.as<uint16_t>()[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CopyIndices(const TensorView& src, const TensorView& dst) {
+  if (src.dtype != DType::kInt64 || dst.dtype != DType::kInt64 || src.device != dst.device ||
+      src.numel() != dst.numel() || (src.numel() > 0 && (src.data == nullptr || dst.data == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::CopyIndices: src ", src.DebugString(),
+                                                   " and dst ", dst.DebugString(),
+                                                   " must be int64 of one size and device"));
+  }
+  if (src.numel() == 0) return absl::OkStatus();
+  if (src.device == Device::kCuda) {
+    return Cuda(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice,
+                                static_cast<cudaStream_t>(kStream)),
+                "CopyIndices");
+  }
+  std::copy_n(src.as<int64_t>(), src.numel(), dst.as<int64_t>());
+  return absl::OkStatus();
+}
+
 absl::Status CopyFromHost(absl::Span<const float> src, const TensorView& dst) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("CopyFromHost", {{"dst", &dst}}));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("CopyFromHost", "dst", dst, static_cast<int64_t>(src.size())));
+  if (dst.device == Device::kCuda) {
+    if (src.empty()) return absl::OkStatus();
+    return Cuda(cudaMemcpyAsync(dst.data, src.data(), src.size() * sizeof(float),
+                                cudaMemcpyHostToDevice, static_cast<cudaStream_t>(kStream)),
+                "CopyFromHost");
+  }
   return Dispatch(dst.dtype, [&](auto t) {
     using T = decltype(t);
     std::copy(src.begin(), src.end(), dst.as<T>());
@@ -391,6 +549,15 @@ absl::Status CopyFromHost(absl::Span<const float> src, const TensorView& dst) {
 absl::StatusOr<std::vector<double>> CopyToHost(const TensorView& x) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("CopyToHost", {{"x", &x}}));
   std::vector<double> out(x.numel());
+  if (x.device == Device::kCuda) {
+    std::vector<float> host(x.numel());
+    if (!host.empty()) {
+      RECFLEET_RETURN_IF_ERROR(Cuda(cudaMemcpy(host.data(), x.data, x.nbytes(), cudaMemcpyDeviceToHost),
+                                    "CopyToHost"));
+    }
+    std::copy(host.begin(), host.end(), out.begin());
+    return out;
+  }
   RECFLEET_RETURN_IF_ERROR(Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
     std::copy_n(x.as<T>(), x.numel(), out.begin());
@@ -401,6 +568,12 @@ absl::StatusOr<std::vector<double>> CopyToHost(const TensorView& x) {
 absl::StatusOr<double> SumToHost(const TensorView& x) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("SumToHost", {{"x", &x}}));
   double total = 0;
+  if (x.device == Device::kCuda) {
+    absl::StatusOr<std::vector<double>> v = CopyToHost(x);
+    if (!v.ok()) return v.status();
+    for (double e : *v) total += e;
+    return total;
+  }
   RECFLEET_RETURN_IF_ERROR(Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
     for (int64_t i = 0; i < x.numel(); ++i) total += x.as<T>()[i];

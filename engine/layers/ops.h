@@ -11,10 +11,12 @@
 // Same conventions as the kernel API: views in, absl::Status out, outputs
 // caller-allocated and fully written (or added to where the name says
 // Add/Accumulate), InvalidArgument naming the argument on a shape or dtype
-// mismatch. Dense operands are fp32 or fp64 and all of one dtype; offsets
-// are host int64. Implemented on the CPU (arithmetic in the operands'
-// dtype, in a fixed order, so results are deterministic); on another device
-// every call returns Unimplemented.
+// mismatch. Dense operands are all of one dtype and on one device: fp32 or
+// fp64 on the CPU (arithmetic in the operands' dtype, in a fixed order, so
+// results are deterministic), fp32 on CUDA (ops_cuda.cu: asynchronous on the
+// legacy default stream, the engine's compute stream; deterministic too).
+// Offsets are int64 on the values' device (host offsets are validated in
+// full, device offsets for shape only).
 
 #include <cstdint>
 #include <vector>
@@ -78,13 +80,22 @@ absl::Status AddGatedBackward(const TensorView& gate, int64_t column, const Tens
 // out[b] = sums[b] / length(b) for mean pooling (and for bags of length > 0),
 // else sums[b]: turns a bag's row sum into its pooled value, and the pooled
 // value's gradient into the row sum's. sums, out [bags, dim]; offsets
-// [bags + 1] host int64 (the bag lengths).
+// [bags + 1] int64 on their device (the bag lengths).
 absl::Status ScaleBags(const TensorView& sums, const TensorView& offsets, Pooling pooling,
                        const TensorView& out);
 // out [offsets[bags], dim]: for every id of bag b, the gradient of its table
 // row, dpooled[b] (divided by the bag length for mean pooling).
 absl::Status ExpandBags(const TensorView& dpooled, const TensorView& offsets, Pooling pooling,
                         const TensorView& out);
+
+// ---- precision
+// dst = src converted between fp32 and bf16 (either direction, equal numel,
+// one device; rounding to nearest even).
+absl::Status Convert(const TensorView& src, const TensorView& dst);
+
+// ---- indices
+// dst = src, int64 tensors of equal numel on one device.
+absl::Status CopyIndices(const TensorView& src, const TensorView& dst);
 
 // ---- host transfers
 // dst[i] = src[i], converted to dst's dtype.

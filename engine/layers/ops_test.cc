@@ -116,11 +116,38 @@ TEST(OpsTest, HostTransfersAndErrors) {
   std::vector<float> f(3);
   const TensorView fp32 = MakeView(f.data(), DType::kFloat32, {3});
   EXPECT_EQ(Add(x.view(), fp32, x.view()).code(), absl::StatusCode::kInvalidArgument);
+  // CUDA operands are fp32 and all on one device (checked before any launch).
   TensorView on_gpu = x.view();
   on_gpu.device = Device::kCuda;
-  EXPECT_EQ(Add(on_gpu, on_gpu, on_gpu).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(Add(on_gpu, on_gpu, on_gpu).code(), absl::StatusCode::kInvalidArgument);
+  TensorView fp32_gpu = fp32;
+  fp32_gpu.device = Device::kCuda;
+  EXPECT_EQ(Add(fp32_gpu, fp32, fp32).code(), absl::StatusCode::kInvalidArgument);
   Tensor two = TensorOf({2}, {0, 0});
   EXPECT_EQ(Copy(x.view(), two.view()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(OpsTest, ConvertAndIndices) {
+  std::vector<float> x = {1.0f, -2.5f, 1.0f + 1.0f / 512, 3.14159f};
+  std::vector<uint16_t> half(4);
+  std::vector<float> back(4);
+  const TensorView xv = MakeView(x.data(), DType::kFloat32, {4});
+  const TensorView hv = MakeView(half.data(), DType::kBFloat16, {4});
+  const TensorView bv = MakeView(back.data(), DType::kFloat32, {4});
+  ASSERT_TRUE(Convert(xv, hv).ok());
+  ASSERT_TRUE(Convert(hv, bv).ok());
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], -2.5f);
+  EXPECT_EQ(back[2], 1.0f);  // 8 bits of mantissa: the 2^-9 step rounds to even.
+  EXPECT_NEAR(back[3], 3.14159f, 3.14159f / 256);
+  EXPECT_NE(back[3], 3.14159f);
+  EXPECT_EQ(Convert(xv, bv).code(), absl::StatusCode::kInvalidArgument);
+
+  std::vector<int64_t> a = {5, 7, 9}, b(3);
+  ASSERT_TRUE(CopyIndices(MakeView(a.data(), DType::kInt64, {3}), MakeView(b.data(), DType::kInt64, {3})).ok());
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(CopyIndices(MakeView(a.data(), DType::kInt64, {3}), xv).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ void Fill(Tensor& t, std::mt19937_64& rng, const ParameterInit& init) {
 
 }  // namespace
 
-ParameterRegistry::ParameterRegistry(DType dtype, uint64_t seed) : dtype_(dtype), rng_(seed) {}
+ParameterRegistry::ParameterRegistry(DType dtype, uint64_t seed, Allocator* allocator)
+    : dtype_(dtype), allocator_(allocator), rng_(seed) {}
 
 void ParameterRegistry::Register(Parameter* p, const std::string& name, Shape shape,
                                  ParameterInit init) {
@@ -36,6 +37,17 @@ void ParameterRegistry::Register(Parameter* p, const std::string& name, Shape sh
     Fill<double>(p->value, rng_, init);
   } else {
     Fill<float>(p->value, rng_, init);
+  }
+  if (allocator_->device() != Device::kCpu) {
+    absl::StatusOr<Tensor> value = p->value.CopyTo(allocator_);
+    absl::StatusOr<Tensor> grad = Tensor::Zeros(dtype_, shape, allocator_);
+    absl::StatusOr<Tensor> m = Tensor::Zeros(dtype_, shape, allocator_);
+    absl::StatusOr<Tensor> v = Tensor::Zeros(dtype_, shape, allocator_);
+    if (!value.ok() || !grad.ok() || !m.ok() || !v.ok()) std::abort();
+    p->value = *std::move(value);
+    p->grad = *std::move(grad);
+    p->m = *std::move(m);
+    p->v = *std::move(v);
   }
   if (!by_name_.emplace(name, p).second) std::abort();  // Two layers chose one name.
   params_.push_back(p);

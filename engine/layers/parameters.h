@@ -40,13 +40,16 @@ struct ParameterInit {
 
 class ParameterRegistry {
  public:
-  ParameterRegistry(DType dtype, uint64_t seed);
+  // Parameters live on `allocator`'s device (initialized on the host and
+  // copied there).
+  ParameterRegistry(DType dtype, uint64_t seed, Allocator* allocator = CpuAllocator());
   ParameterRegistry(const ParameterRegistry&) = delete;
   ParameterRegistry& operator=(const ParameterRegistry&) = delete;
 
-  // Allocates p's value, gradient and moments (host memory, zero), fills the
-  // value per `init` and records `p` under `name`. `p` must outlive the
-  // registry. Names are unique (a second registration of a name aborts).
+  // Allocates p's value, gradient and moments (zero), fills the value per
+  // `init` and records `p` under `name`. `p` must outlive the registry.
+  // Names are unique (a second registration of a name aborts, as does a
+  // failed device allocation).
   void Register(Parameter* p, const std::string& name, Shape shape, ParameterInit init);
 
   // In registration order.
@@ -69,6 +72,7 @@ class ParameterRegistry {
   absl::Status CheckSameLayout(const ParameterRegistry& other, const char* what) const;
 
   DType dtype_;
+  Allocator* allocator_;
   std::mt19937_64 rng_;
   std::vector<Parameter*> params_;
   absl::flat_hash_map<std::string, Parameter*> by_name_;

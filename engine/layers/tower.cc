@@ -33,25 +33,36 @@ absl::StatusOr<double> BinaryCrossEntropy::Forward(const TensorView& logits,
                                                    absl::Span<const float> labels,
                                                    Tensor* dlogits) {
   const int64_t batch = static_cast<int64_t>(labels.size());
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {batch}, &labels_));
+  RECFLEET_RETURN_IF_ERROR(ops::CopyFromHost(labels, labels_.view()));
+  RECFLEET_RETURN_IF_ERROR(Enqueue(logits, labels_.view(), dlogits));
+  return ReadLoss();
+}
+
+absl::Status BinaryCrossEntropy::Enqueue(const TensorView& logits, const TensorView& labels,
+                                         Tensor* dlogits) {
+  const int64_t batch = labels.numel();
   if (logits.numel() != batch) {
-    return absl::InvalidArgumentError(absl::StrCat("BinaryCrossEntropy: ", labels.size(),
+    return absl::InvalidArgumentError(absl::StrCat("BinaryCrossEntropy: ", batch,
                                                    " labels for logits ", logits.DebugString()));
   }
   const TensorView z = Reshaped(logits, {batch});
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {batch}, &labels_));
+  const TensorView y = Reshaped(labels, {batch});
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {batch}, &loss_));
-  RECFLEET_RETURN_IF_ERROR(ops::CopyFromHost(labels, labels_.view()));
-  RECFLEET_RETURN_IF_ERROR(BceWithLogitsForward(z, labels_.view(), loss_.view()));
-  absl::StatusOr<double> total = ops::SumToHost(loss_.view());
-  if (!total.ok()) return total.status();
+  RECFLEET_RETURN_IF_ERROR(BceWithLogitsForward(z, y, loss_.view()));
   if (dlogits != nullptr) {
     RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {batch}, &weights_));
     RECFLEET_RETURN_IF_ERROR(ops::FillMeanWeights(weights_.view()));
     RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {batch}, dlogits));
-    RECFLEET_RETURN_IF_ERROR(
-        BceWithLogitsBackward(z, labels_.view(), weights_.view(), dlogits->view()));
+    RECFLEET_RETURN_IF_ERROR(BceWithLogitsBackward(z, y, weights_.view(), dlogits->view()));
   }
-  return *total / static_cast<double>(batch);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> BinaryCrossEntropy::ReadLoss() const {
+  absl::StatusOr<double> total = ops::SumToHost(loss_.view());
+  if (!total.ok()) return total.status();
+  return *total / static_cast<double>(loss_.numel());
 }
 
 }  // namespace recfleet::engine::layers

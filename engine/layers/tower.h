@@ -46,6 +46,13 @@ class BinaryCrossEntropy {
   // the gradient of that mean w.r.t. the logits.
   absl::StatusOr<double> Forward(const TensorView& logits, absl::Span<const float> labels,
                                  Tensor* dlogits);
+  // Forward in two halves, so that a device model reads the loss back only
+  // after the rest of its step is enqueued: Enqueue takes labels already on
+  // the model's device (fp32 [B] on CUDA, the model's dtype on the CPU) and
+  // computes the per-sample losses (and dlogits); ReadLoss returns their
+  // mean (synchronizing with the device).
+  absl::Status Enqueue(const TensorView& logits, const TensorView& labels, Tensor* dlogits);
+  absl::StatusOr<double> ReadLoss() const;
 
  private:
   LayerContext ctx_;

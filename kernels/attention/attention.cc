@@ -80,8 +80,17 @@ absl::Status ValidateAttention(const AttentionInputs& in, const AttentionOptions
         !s.ok()) {
       return s;
     }
+  } else if (q.dtype == DType::kFloat32) {
+    if (q.dim(2) > 256) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the fp32 CUDA attention supports head_dim <= 256, got ", q.DebugString()));
+    }
+    if (in.bias.data != nullptr) {
+      return absl::InvalidArgumentError(
+          "the fp32 CUDA attention takes no bias (use bf16 tensors for biased attention)");
+    }
   } else {
-    if (auto s = CheckDType(q, "q.values", {DType::kBFloat16}); !s.ok()) return s;
+    if (auto s = CheckDType(q, "q.values", {DType::kBFloat16, DType::kFloat32}); !s.ok()) return s;
     if (q.dim(2) != 64 && q.dim(2) != 128) {
       return absl::InvalidArgumentError(
           absl::StrCat("the CUDA attention supports head_dim 64 or 128, got ", q.DebugString()));
@@ -108,8 +117,9 @@ absl::Status AttentionForward(const AttentionInputs& in, const AttentionOptions&
   const TensorView& q = in.q.values;
   if (auto s = CheckShaped(out, "out", q.shape, {q.dtype}, q.device); !s.ok()) return s;
   if (auto s = CheckLse(lse, in, opts); !s.ok()) return s;
-  return q.device == Device::kCpu ? internal::ForwardCpu(in, opts, out, lse)
-                                  : internal::ForwardCuda(in, opts, out, lse);
+  if (q.device == Device::kCpu) return internal::ForwardCpu(in, opts, out, lse);
+  if (q.dtype == DType::kFloat32) return internal::ForwardCudaFp32(in, opts, out, lse);
+  return internal::ForwardCuda(in, opts, out, lse);
 }
 
 absl::Status AttentionBackward(const AttentionInputs& in, const AttentionOptions& opts,
@@ -134,8 +144,14 @@ absl::Status AttentionBackward(const AttentionInputs& in, const AttentionOptions
       return s;
     }
   }
-  return q.device == Device::kCpu ? internal::BackwardCpu(in, opts, d_out, grads)
-                                  : internal::BackwardCuda(in, opts, out, lse, d_out, grads);
+  if (q.device == Device::kCpu) return internal::BackwardCpu(in, opts, d_out, grads);
+  if (q.dtype == DType::kFloat32) {
+    if (grads.dbias.data != nullptr) {
+      return absl::InvalidArgumentError("the fp32 CUDA attention computes no dbias");
+    }
+    return internal::BackwardCudaFp32(in, opts, out, lse, d_out, grads);
+  }
+  return internal::BackwardCuda(in, opts, out, lse, d_out, grads);
 }
 
 double AttentionForwardFlops(const JaggedView& q, const JaggedView& k, int64_t heads,

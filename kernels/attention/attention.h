@@ -29,7 +29,9 @@
 // Devices: every call dispatches on q.values.device. kCpu runs the reference
 // (float64 arithmetic inside, exact activations, any head dim, fp64/fp32/bf16
 // tensors); kCuda runs the tensor-core kernels (bf16 q/k/v/bias/out/grads,
-// fp32 lse, fp32 accumulation, head dim 64 or 128). Offsets always live in
+// fp32 lse, fp32 accumulation, head dim 64 or 128) or, for fp32 tensors, an
+// exact-mode fp32 path without tensor cores (any head dim <= 256, no bias;
+// cuda_fp32.h) that the fp32 training engine uses. Offsets always live in
 // host memory: the launcher plans the tile schedule from them on the host
 // (non-empty tiles only, longest first) and caches the plan per device and
 // batch, so the first call with new offsets pays for planning and a small

@@ -58,6 +58,12 @@ absl::Status BackwardCpu(const AttentionInputs& in, const AttentionOptions& opts
                          const TensorView& d_out, const AttentionGrads& grads);
 absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& opts, TensorView out,
                          TensorView lse);
+// The fp32 CUDA path (attention_cuda_fp32.cc): no tensor cores, no bias.
+absl::Status ForwardCudaFp32(const AttentionInputs& in, const AttentionOptions& opts,
+                             TensorView out, TensorView lse);
+absl::Status BackwardCudaFp32(const AttentionInputs& in, const AttentionOptions& opts,
+                              const TensorView& out, const TensorView& lse,
+                              const TensorView& d_out, const AttentionGrads& grads);
 absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& opts,
                           const TensorView& out, const TensorView& lse, const TensorView& d_out,
                           const AttentionGrads& grads);

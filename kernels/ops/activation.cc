@@ -3,7 +3,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/cuda_status.h"
 #include "kernels/ops/check.h"
+#include "kernels/ops/ops_kernels.h"
 
 namespace recfleet {
 namespace {
@@ -76,9 +78,15 @@ absl::StatusOr<Activation> ParseActivation(absl::string_view name) {
 }
 
 absl::Status ActivationForward(Activation act, const TensorView& x, const TensorView& y,
-                               void*) {
-  RECFLEET_RETURN_IF_ERROR(CheckFloatCpu(x, "x"));
+                               void* stream) {
+  RECFLEET_RETURN_IF_ERROR(CheckFloat(x, "x", /*bf16_on_cuda=*/true));
   RECFLEET_RETURN_IF_ERROR(CheckSameLayout(y, "y", x));
+  if (x.device == Device::kCuda) {
+    return CudaStatus(ops_cuda::ActivationForward(static_cast<int>(act), x.data, y.data,
+                                                  x.dtype == DType::kBFloat16 ? 1 : 0, x.numel(),
+                                                  stream),
+                      "activation forward");
+  }
   if (x.dtype == DType::kFloat64) {
     Forward(act, x.as<const double>(), y.as<double>(), x.numel());
   } else {
@@ -88,10 +96,16 @@ absl::Status ActivationForward(Activation act, const TensorView& x, const Tensor
 }
 
 absl::Status ActivationBackward(Activation act, const TensorView& x, const TensorView& dy,
-                                const TensorView& dx, void*) {
-  RECFLEET_RETURN_IF_ERROR(CheckFloatCpu(x, "x"));
+                                const TensorView& dx, void* stream) {
+  RECFLEET_RETURN_IF_ERROR(CheckFloat(x, "x", /*bf16_on_cuda=*/true));
   RECFLEET_RETURN_IF_ERROR(CheckSameLayout(dy, "dy", x));
   RECFLEET_RETURN_IF_ERROR(CheckSameLayout(dx, "dx", x));
+  if (x.device == Device::kCuda) {
+    return CudaStatus(ops_cuda::ActivationBackward(static_cast<int>(act), x.data, dy.data, dx.data,
+                                                   x.dtype == DType::kBFloat16 ? 1 : 0, x.numel(),
+                                                   stream),
+                      "activation backward");
+  }
   if (x.dtype == DType::kFloat64) {
     Backward(act, x.as<const double>(), dy.as<const double>(), dx.as<double>(), x.numel());
   } else {

@@ -15,6 +15,9 @@ namespace recfleet {
 // until the CUDA one lands; anything else is InvalidArgument naming `what`.
 absl::Status CheckFloatCpu(const TensorView& t, absl::string_view what);
 
+// fp32 or fp64 on the CPU, fp32 (or bf16 where `bf16_on_cuda`) on CUDA.
+absl::Status CheckFloat(const TensorView& t, absl::string_view what, bool bf16_on_cuda = false);
+
 // `t` is non-null (when non-empty) and has the dtype, device and shape of
 // `like`.
 absl::Status CheckSameLayout(const TensorView& t, absl::string_view what, const TensorView& like);

@@ -1,0 +1,214 @@
+// CUDA versions of the engine's glue ops (ops.h): small, memory-bound
+// kernels; each element is read and written once. Reductions run in a
+// fixed order per output element, so results are deterministic.
+
+#include <cuda_bf16.h>
+
+#include "engine/layers/ops_cuda.h"
+#include "kernels/base/cuda_util.h"
+
+namespace recfleet::engine::ops_cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
+}
+
+cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+#define RECFLEET_GRID_LOOP(i, n)                                                     \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{gridDim.x} * blockDim.x)
+
+__global__ void ElementwiseKernel(int kind, const float* a, const float* b, const float* c,
+                                  float w, float* out, int64_t n) {
+  RECFLEET_GRID_LOOP(i, n) {
+    switch (kind) {
+      case 0: out[i] = a[i] + b[i]; break;
+      case 1: out[i] = a[i] * b[i]; break;
+      case 2: out[i] += a[i] * b[i]; break;
+      case 3: out[i] = a[i] * b[i] + c[i]; break;
+      case 4: out[i] = a[i] * w; break;
+      case 5: out[i] += w * a[i]; break;
+      default: out[i] = w; break;
+    }
+  }
+}
+
+__global__ void RepeatKernel(const float* x, int64_t n, int64_t total, float* out) {
+  RECFLEET_GRID_LOOP(i, total) { out[i] = x[i % n]; }
+}
+
+__global__ void AccumulateRepeatsKernel(const float* dy, int64_t n, int64_t times, float* dx) {
+  RECFLEET_GRID_LOOP(i, n) {
+    float s = dx[i];
+    for (int64_t t = 0; t < times; ++t) s += dy[t * n + i];
+    dx[i] = s;
+  }
+}
+
+__global__ void SoftmaxKernel(const float* x, float* y, int64_t rows, int64_t cols) {
+  RECFLEET_GRID_LOOP(r, rows) {
+    const float* g = x + r * cols;
+    float* p = y + r * cols;
+    float mx = g[0];
+    for (int64_t e = 1; e < cols; ++e) mx = fmaxf(mx, g[e]);
+    float sum = 0;
+    for (int64_t e = 0; e < cols; ++e) sum += p[e] = expf(g[e] - mx);
+    for (int64_t e = 0; e < cols; ++e) p[e] /= sum;
+  }
+}
+
+__global__ void SoftmaxBackwardKernel(const float* y, const float* dy, float* dx, int64_t rows,
+                                      int64_t cols) {
+  RECFLEET_GRID_LOOP(r, rows) {
+    const float* p = y + r * cols;
+    const float* g = dy + r * cols;
+    float mean = 0;
+    for (int64_t e = 0; e < cols; ++e) mean += p[e] * g[e];
+    for (int64_t e = 0; e < cols; ++e) dx[r * cols + e] = p[e] * (g[e] - mean);
+  }
+}
+
+__global__ void AddGatedKernel(const float* gate, int64_t experts, int64_t column, const float* x,
+                               int64_t rows, int64_t n, float* acc) {
+  RECFLEET_GRID_LOOP(i, rows * n) { acc[i] += gate[(i / n) * experts + column] * x[i]; }
+}
+
+// One warp per row: dx elementwise, the dot product reduced in the warp.
+__global__ void AddGatedBackwardKernel(const float* gate, int64_t experts, int64_t column,
+                                       const float* x, const float* dacc, int64_t rows, int64_t n,
+                                       float* dx, float* dgate) {
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (warp >= rows) return;
+  const float g = gate[warp * experts + column];
+  float dot = 0;
+  for (int64_t j = lane; j < n; j += 32) {
+    const float d = dacc[warp * n + j];
+    dx[warp * n + j] = g * d;
+    dot += d * x[warp * n + j];
+  }
+  dot = cuda_util::WarpSum(dot);
+  if (lane == 0) dgate[warp * experts + column] = dot;
+}
+
+__global__ void ScaleBagsKernel(const float* sums, const int64_t* offsets, int64_t bags,
+                                int64_t dim, bool mean, float* out) {
+  RECFLEET_GRID_LOOP(i, bags * dim) {
+    const int64_t b = i / dim, len = offsets[b + 1] - offsets[b];
+    out[i] = sums[i] * (mean && len > 0 ? 1.0f / static_cast<float>(len) : 1.0f);
+  }
+}
+
+__global__ void ExpandBagsKernel(const float* dpooled, const int64_t* offsets, int64_t bags,
+                                 int64_t ids, int64_t dim, bool mean, float* out) {
+  RECFLEET_GRID_LOOP(i, ids * dim) {
+    const int64_t row = i / dim, c = i % dim;
+    // The bag b with offsets[b] <= row < offsets[b + 1] (never an empty one).
+    int64_t lo = 0, hi = bags;
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (offsets[mid] <= row) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    const int64_t len = offsets[lo + 1] - offsets[lo];
+    out[i] = dpooled[lo * dim + c] * (mean ? 1.0f / static_cast<float>(len) : 1.0f);
+  }
+}
+
+__global__ void ToBf16Kernel(const float* x, __nv_bfloat16* y, int64_t n) {
+  RECFLEET_GRID_LOOP(i, n) { y[i] = __float2bfloat16_rn(x[i]); }
+}
+
+__global__ void FromBf16Kernel(const __nv_bfloat16* x, float* y, int64_t n) {
+  RECFLEET_GRID_LOOP(i, n) { y[i] = __bfloat162float(x[i]); }
+}
+
+}  // namespace
+
+cudaError_t ToBf16(const float* x, void* y, int64_t n, void* stream) {
+  if (n == 0) return cudaSuccess;
+  ToBf16Kernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(x, static_cast<__nv_bfloat16*>(y), n);
+  return cudaGetLastError();
+}
+
+cudaError_t FromBf16(const void* x, float* y, int64_t n, void* stream) {
+  if (n == 0) return cudaSuccess;
+  FromBf16Kernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(
+      static_cast<const __nv_bfloat16*>(x), y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t Elementwise(int kind, const float* a, const float* b, const float* c, float w,
+                        float* out, int64_t n, void* stream) {
+  if (n == 0) return cudaSuccess;
+  ElementwiseKernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(kind, a, b, c, w, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t RepeatRows(const float* x, int64_t n, int64_t times, float* out, void* stream) {
+  if (n * times == 0) return cudaSuccess;
+  RepeatKernel<<<Blocks(n * times), kThreads, 0, Stream(stream)>>>(x, n, n * times, out);
+  return cudaGetLastError();
+}
+
+cudaError_t AccumulateRepeats(const float* dy, int64_t n, int64_t times, float* dx, void* stream) {
+  if (n == 0 || times == 0) return cudaSuccess;
+  AccumulateRepeatsKernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(dy, n, times, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t SoftmaxRows(const float* x, float* y, int64_t rows, int64_t cols, void* stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  SoftmaxKernel<<<Blocks(rows), kThreads, 0, Stream(stream)>>>(x, y, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t SoftmaxRowsBackward(const float* y, const float* dy, float* dx, int64_t rows,
+                                int64_t cols, void* stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  SoftmaxBackwardKernel<<<Blocks(rows), kThreads, 0, Stream(stream)>>>(y, dy, dx, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t AddGated(const float* gate, int64_t experts, int64_t column, const float* x,
+                     int64_t rows, int64_t n, float* acc, void* stream) {
+  if (rows * n == 0) return cudaSuccess;
+  AddGatedKernel<<<Blocks(rows * n), kThreads, 0, Stream(stream)>>>(gate, experts, column, x,
+                                                                    rows, n, acc);
+  return cudaGetLastError();
+}
+
+cudaError_t AddGatedBackward(const float* gate, int64_t experts, int64_t column, const float* x,
+                             const float* dacc, int64_t rows, int64_t n, float* dx, float* dgate,
+                             void* stream) {
+  if (rows == 0) return cudaSuccess;
+  AddGatedBackwardKernel<<<Blocks(rows * 32), kThreads, 0, Stream(stream)>>>(
+      gate, experts, column, x, dacc, rows, n, dx, dgate);
+  return cudaGetLastError();
+}
+
+cudaError_t ScaleBags(const float* sums, const int64_t* offsets, int64_t bags, int64_t dim,
+                      bool mean, float* out, void* stream) {
+  if (bags * dim == 0) return cudaSuccess;
+  ScaleBagsKernel<<<Blocks(bags * dim), kThreads, 0, Stream(stream)>>>(sums, offsets, bags, dim,
+                                                                       mean, out);
+  return cudaGetLastError();
+}
+
+cudaError_t ExpandBags(const float* dpooled, const int64_t* offsets, int64_t bags, int64_t ids,
+                       int64_t dim, bool mean, float* out, void* stream) {
+  if (ids * dim == 0 || bags == 0) return cudaSuccess;
+  ExpandBagsKernel<<<Blocks(ids * dim), kThreads, 0, Stream(stream)>>>(dpooled, offsets, bags,
+                                                                       ids, dim, mean, out);
+  return cudaGetLastError();
+}
+
+}  // namespace recfleet::engine::ops_cuda

@@ -1,0 +1,134 @@
+// Elementwise CUDA kernels of the kernel API's activation, loss and Adam(W):
+// grid-stride loops, fp32 arithmetic, one read and one write per element.
+
+#include "kernels/base/cuda_util.h"
+#include "kernels/ops/ops_kernels.h"
+
+namespace recfleet::ops_cuda {
+namespace {
+
+using cuda_util::ElemType;
+using cuda_util::LoadF;
+using cuda_util::StoreF;
+
+constexpr int kThreads = 256;
+
+unsigned Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 4 ? 65535 * 4 : b));
+}
+
+__device__ __forceinline__ float Sigmoid(float x) {
+  return x >= 0 ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
+}
+
+__device__ __forceinline__ float Act(int act, float v) {
+  switch (act) {
+    case 0: return v > 0 ? v : 0.0f;
+    case 1: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    default: return v * Sigmoid(v);
+  }
+}
+
+__device__ __forceinline__ float ActGrad(int act, float v) {
+  switch (act) {
+    case 0: return v > 0 ? 1.0f : 0.0f;
+    case 1:
+      return 0.5f * (1.0f + erff(v * 0.70710678118654752f)) +
+             v * 0.39894228040143267794f * expf(-0.5f * v * v);
+    default: {
+      const float s = Sigmoid(v);
+      return s * (1.0f + v * (1.0f - s));
+    }
+  }
+}
+
+__global__ void ActForwardKernel(int act, const void* x, void* y, ElemType t, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * kThreads) {
+    StoreF(y, t, i, Act(act, LoadF(x, t, i)));
+  }
+}
+
+__global__ void ActBackwardKernel(int act, const void* x, const void* dy, void* dx, ElemType t,
+                                  int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * kThreads) {
+    StoreF(dx, t, i, LoadF(dy, t, i) * ActGrad(act, LoadF(x, t, i)));
+  }
+}
+
+__global__ void BceForwardKernel(const float* z, const float* y, float* loss, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * kThreads) {
+    const float v = z[i];
+    loss[i] = fmaxf(v, 0.0f) - v * y[i] + log1pf(expf(-fabsf(v)));
+  }
+}
+
+__global__ void BceBackwardKernel(const float* z, const float* y, const float* dloss, float* dz,
+                                  int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * kThreads) {
+    dz[i] = dloss[i] * (Sigmoid(z[i]) - y[i]);
+  }
+}
+
+__global__ void AdamKernel(AdamScalars s, float* p, const float* g, float* m, float* v,
+                           int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * kThreads) {
+    float grad = g[i], param = p[i];
+    if (s.decoupled) {
+      param *= s.decay;
+    } else {
+      grad += s.weight_decay * param;
+    }
+    const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * grad;
+    const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * grad * grad;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = param - s.step_size * mi / (sqrtf(vi) * s.inv_sqrt_bc2 + s.eps);
+  }
+}
+
+cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+}  // namespace
+
+cudaError_t ActivationForward(int act, const void* x, void* y, int type, int64_t n, void* stream) {
+  if (n == 0) return cudaSuccess;
+  ActForwardKernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(act, x, y,
+                                                              static_cast<ElemType>(type), n);
+  return cudaGetLastError();
+}
+
+cudaError_t ActivationBackward(int act, const void* x, const void* dy, void* dx, int type,
+                               int64_t n, void* stream) {
+  if (n == 0) return cudaSuccess;
+  ActBackwardKernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(act, x, dy, dx,
+                                                               static_cast<ElemType>(type), n);
+  return cudaGetLastError();
+}
+
+cudaError_t BceForward(const float* z, const float* y, float* loss, int64_t n, void* stream) {
+  if (n == 0) return cudaSuccess;
+  BceForwardKernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(z, y, loss, n);
+  return cudaGetLastError();
+}
+
+cudaError_t BceBackward(const float* z, const float* y, const float* dloss, float* dz, int64_t n,
+                        void* stream) {
+  if (n == 0) return cudaSuccess;
+  BceBackwardKernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(z, y, dloss, dz, n);
+  return cudaGetLastError();
+}
+
+cudaError_t AdamStep(const AdamScalars& s, float* p, const float* g, float* m, float* v,
+                     int64_t n, void* stream) {
+  if (n == 0) return cudaSuccess;
+  AdamKernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(s, p, g, m, v, n);
+  return cudaGetLastError();
+}
+
+}  // namespace recfleet::ops_cuda

@@ -1,0 +1,36 @@
+#ifndef RECFLEET_KERNELS_OPS_OPS_KERNELS_H_
+#define RECFLEET_KERNELS_OPS_OPS_KERNELS_H_
+
+// CUDA kernels behind activation.h, bce.h and adam.h with a plain interface
+// (no absl). Element dtype codes as cuda_util::ElemType (0 fp32, 1 bf16);
+// device pointers; launches go to `stream` (a cudaStream_t), asynchronously.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace recfleet::ops_cuda {
+
+// act: 0 relu, 1 gelu (exact, erf), 2 silu. y may alias x.
+cudaError_t ActivationForward(int act, const void* x, void* y, int type, int64_t n, void* stream);
+// dx = dy * act'(x); dx may alias dy.
+cudaError_t ActivationBackward(int act, const void* x, const void* dy, void* dx, int type,
+                               int64_t n, void* stream);
+
+// fp32: loss[i] = BCE(sigmoid(z[i]), y[i]); dz[i] = dloss[i] * (sigmoid(z[i]) - y[i]).
+cudaError_t BceForward(const float* z, const float* y, float* loss, int64_t n, void* stream);
+cudaError_t BceBackward(const float* z, const float* y, const float* dloss, float* dz, int64_t n,
+                        void* stream);
+
+// One Adam(W) step on fp32 tensors; the scalars are precomputed on the host
+// exactly as the CPU reference does (kernels/ops/adam.cc).
+struct AdamScalars {
+  float beta1, beta2, step_size, inv_sqrt_bc2, eps, decay, weight_decay;
+  bool decoupled;
+};
+cudaError_t AdamStep(const AdamScalars& s, float* p, const float* g, float* m, float* v,
+                     int64_t n, void* stream);
+
+}  // namespace recfleet::ops_cuda
+
+#endif  // RECFLEET_KERNELS_OPS_OPS_KERNELS_H_
