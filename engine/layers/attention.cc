@@ -30,6 +30,10 @@ JaggedAttention::JaggedAttention(const LayerContext& ctx, int64_t heads,
                                  const attention::AttentionOptions& options)
     : ctx_(ctx), heads_(heads), options_(options) {}
 
+bool JaggedAttention::Bf16(int64_t head_dim) const {
+  return ctx_.bf16_attention && (head_dim == 64 || head_dim == 128);
+}
+
 attention::AttentionInputs JaggedAttention::Inputs() const {
   const int64_t dim = q_.values.dim(1), dh = dim / heads_;
   attention::AttentionInputs in;
@@ -72,7 +76,7 @@ absl::Status JaggedAttention::Forward(const JaggedView& q, const JaggedView& k,
   if (ctx_.flops != nullptr) {
     ctx_.flops->attention += attention::AttentionForwardFlops(in.q, in.k, heads_, dh, options_);
   }
-  if (!ctx_.bf16_attention) {
+  if (!Bf16(dh)) {
     return attention::AttentionForward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse);
   }
   RECFLEET_RETURN_IF_ERROR(ToBf16(ctx_, in.q.values, &q16_));
@@ -101,7 +105,7 @@ absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView
   g.dv = Reshaped(dv, in.v.shape);
   const TensorView lse =
       options_.activation == attention::Activation::kSoftmax ? lse_.view() : TensorView();
-  if (!ctx_.bf16_attention) {
+  if (!Bf16(dh)) {
     return attention::AttentionBackward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse,
                                         Reshaped(d_out, {rows, heads_, dh}), g);
   }

@@ -43,6 +43,9 @@ class JaggedAttention {
 
  private:
   attention::AttentionInputs Inputs() const;
+  // Whether this call runs on the bf16 kernels: ctx.bf16_attention and a
+  // head dim they support (64 or 128); other head dims stay in fp32.
+  bool Bf16(int64_t head_dim) const;
 
   LayerContext ctx_;
   int64_t heads_;

@@ -50,8 +50,9 @@ struct LayerContext {
   // storage precision.
   LinearRecipe recipe{GemmPrecision::kNative, GemmPrecision::kNative, GemmPrecision::kNative};
   // CUDA: attention runs on the bf16 tensor-core kernels (q/k/v converted
-  // from the fp32 activations, gradients converted back); false keeps the
-  // attention in the activations' dtype.
+  // from the fp32 activations, gradients converted back) where the head dim
+  // is 64 or 128; false (or another head dim) keeps the attention in the
+  // activations' dtype.
   bool bf16_attention = false;
 };
 
