@@ -60,7 +60,7 @@ struct GemLite<T>::Impl {
         num_tokens(static_cast<int64_t>(s.id_lists.size()) + (s.num_dense > 0 ? 1 : 0)),
         interaction_dim((num_tokens + c.pma_queries) * c.dim),
         params(kDType<T>, c.seed, allocator),
-        ctx(MakeContext(e, allocator, &params, &flops)),
+        ctx(MakeContext(e, allocator, &params, &flops, &phases)),
         sparse(ctx, s, c.dim, st, c.seed, c.embedding_init_std),
         bce{layers::BinaryCrossEntropy(ctx), layers::BinaryCrossEntropy(ctx)} {
     const int64_t d = c.dim;
@@ -90,8 +90,9 @@ struct GemLite<T>::Impl {
 
   static layers::LayerContext MakeContext(const ExecutionOptions& e, Allocator* allocator,
                                           layers::ParameterRegistry* params,
-                                          layers::FlopCounter* flops) {
-    layers::LayerContext ctx{kDType<T>, allocator, params, flops};
+                                          layers::FlopCounter* flops,
+                                          const layers::PhaseHook* phases) {
+    layers::LayerContext ctx{kDType<T>, allocator, params, flops, phases};
     if (e.bf16) {
       ctx.recipe = LinearRecipe{GemmPrecision::kBf16, GemmPrecision::kBf16, GemmPrecision::kBf16};
       ctx.bf16_attention = true;
@@ -106,6 +107,7 @@ struct GemLite<T>::Impl {
   int64_t num_tokens;  // F: one per id-list feature (+1 for numeric features).
   int64_t interaction_dim;
   layers::FlopCounter flops;
+  layers::PhaseHook phases;
   layers::ParameterRegistry params;
   layers::LayerContext ctx;
   layers::SparseEmbeddings sparse;
@@ -352,7 +354,10 @@ struct GemLite<T>::Impl {
     AdamConfig adam;
     adam.lr = config.learning_rate;
     adam.weight_decay = config.weight_decay;
-    RECFLEET_RETURN_IF_ERROR(params.AdamStep(adam, adam_step));
+    {
+      const layers::ScopedPhase phase(&phases, layers::Phase::kOptimizer);
+      RECFLEET_RETURN_IF_ERROR(params.AdamStep(adam, adam_step));
+    }
     return sparse.ApplyUpdates(static_cast<float>(config.adagrad_learning_rate));
   }
 
@@ -453,6 +458,11 @@ absl::Status GemLite<T>::ApplyUpdates() {
 template <typename T>
 absl::Status GemLite<T>::Prefetch(const Batch& next) {
   return impl_->Prefetch(next);
+}
+
+template <typename T>
+void GemLite<T>::SetPhaseTimer(layers::PhaseTimer* timer) {
+  impl_->phases.timer = timer;
 }
 
 template <typename T>

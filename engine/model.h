@@ -88,6 +88,9 @@ class GemLite {
   // Predict or Loss of the same Batch object uses it). No-op on the CPU.
   absl::Status Prefetch(const Batch& next);
   const ExecutionOptions& execution() const;
+  // Benchmarks: where the layers report their phases (embedding, attention,
+  // GEMM, optimizer; layers/layer.h); null turns it off.
+  void SetPhaseTimer(layers::PhaseTimer* timer);
   // Logits of one head, [batch.size].
   absl::StatusOr<std::vector<double>> Predict(const Batch& batch, Head head);
 

@@ -57,6 +57,7 @@ absl::Status ToBf16(const LayerContext& ctx, const TensorView& x, Tensor* copy) 
 
 absl::Status JaggedAttention::Forward(const JaggedView& q, const JaggedView& k,
                                       const TensorView& v, Tensor* out) {
+  const ScopedPhase phase(ctx_.phases, Phase::kAttention);
   q_ = q;
   k_ = k;
   v_ = v;
@@ -92,6 +93,7 @@ absl::Status JaggedAttention::Forward(const JaggedView& q, const JaggedView& k,
 
 absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView& dq,
                                        const TensorView& dk, const TensorView& dv) {
+  const ScopedPhase phase(ctx_.phases, Phase::kAttention);
   const int64_t rows = q_.values.dim(0), dim = q_.values.dim(1), dh = dim / heads_;
   if (rows == 0) {
     // No query saw a key: the keys and values get no gradient.

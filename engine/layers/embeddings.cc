@@ -158,6 +158,7 @@ absl::Status SparseEmbeddings::CheckPooled(const Batch& batch,
 absl::Status SparseEmbeddings::Forward(const StagedBatch& staged,
                                        absl::Span<const TensorView> pooled,
                                        std::vector<Tensor>* features, Tensor* history) {
+  const ScopedPhase phase(ctx_.phases, Phase::kEmbedding);
   const Batch& batch = *staged.batch();
   const int64_t B = batch.size, L = batch.sequence[0].offsets.back();
   const BagLayout bags = Bags(B, L);
@@ -196,6 +197,7 @@ absl::Status SparseEmbeddings::Forward(const StagedBatch& staged,
 absl::Status SparseEmbeddings::Backward(const StagedBatch& staged,
                                         absl::Span<const TensorView> dfeatures,
                                         const TensorView& dhistory) {
+  const ScopedPhase phase(ctx_.phases, Phase::kEmbedding);
   if (storage_ == TableStorage::kExternal) {
     return CollectPooledGradients(staged, dfeatures, dhistory);
   }
@@ -291,6 +293,7 @@ absl::Status SparseEmbeddings::AdagradStep(const Table& t, const TensorView& val
 }
 
 absl::Status SparseEmbeddings::ApplyUpdates(float learning_rate) {
+  const ScopedPhase phase(ctx_.phases, Phase::kEmbedding);
   for (Table& t : tables_) {
     RECFLEET_RETURN_IF_ERROR(AdagradStep(t, t.value.view(), t.momentum.view(), learning_rate));
   }

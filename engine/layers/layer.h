@@ -41,11 +41,49 @@ struct FlopCounter {
   double StepFlops() const { return 3.0 * linear + 3.5 * attention; }
 };
 
+// The device-time phases of a training step that benchmarks split out;
+// everything else (glue ops, norms, conversions, the loss) is "other".
+enum class Phase : uint8_t { kEmbedding = 0, kAttention, kGemm, kOptimizer };
+inline constexpr int kNumPhases = 4;
+
+// Told where each phase starts and ends in the compute stream's order (a
+// CUDA implementation records events). Phases never nest.
+class PhaseTimer {
+ public:
+  virtual ~PhaseTimer() = default;
+  virtual void Mark(Phase phase, bool begin) = 0;
+};
+
+// Where layers find the timer; the model owns it and may set `timer` at
+// any time (null: off, the default).
+struct PhaseHook {
+  PhaseTimer* timer = nullptr;
+};
+
+// Marks `phase` for the lifetime of the scope when a timer is set.
+class ScopedPhase {
+ public:
+  ScopedPhase(const PhaseHook* hook, Phase phase)
+      : timer_(hook == nullptr ? nullptr : hook->timer), phase_(phase) {
+    if (timer_ != nullptr) timer_->Mark(phase_, true);
+  }
+  ~ScopedPhase() {
+    if (timer_ != nullptr) timer_->Mark(phase_, false);
+  }
+  ScopedPhase(const ScopedPhase&) = delete;
+  ScopedPhase& operator=(const ScopedPhase&) = delete;
+
+ private:
+  PhaseTimer* timer_;
+  Phase phase_;
+};
+
 struct LayerContext {
   DType dtype = DType::kFloat32;  // Of parameters and activations.
   Allocator* allocator = CpuAllocator();
   ParameterRegistry* parameters = nullptr;  // Where layers register theirs.
   FlopCounter* flops = nullptr;             // May be null: not counted.
+  const PhaseHook* phases = nullptr;        // May be null: not timed.
   // Precision of every linear layer's GEMMs. The CPU engine computes at the
   // storage precision.
   LinearRecipe recipe{GemmPrecision::kNative, GemmPrecision::kNative, GemmPrecision::kNative};

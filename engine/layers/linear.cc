@@ -18,6 +18,7 @@ Linear::Linear(const LayerContext& ctx, const std::string& name, int64_t in, int
 }
 
 absl::Status Linear::Forward(const TensorView& x, Tensor* y) {
+  const ScopedPhase phase(ctx_.phases, Phase::kGemm);
   const int64_t rows = x.dim(0);
   x_ = x;
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, out_}, y));
@@ -29,6 +30,7 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y) {
 }
 
 absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool accumulate) {
+  const ScopedPhase phase(ctx_.phases, Phase::kGemm);
   const int64_t rows = x_.dim(0);
   if (rows == 0) return absl::OkStatus();
   const TensorView dy2 = Reshaped(dy, {rows, out_});
