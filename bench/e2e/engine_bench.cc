@@ -1,0 +1,298 @@
+// recfleet's CUDA engine on the batches of bench/e2e/make_batches (the
+// same file the PyTorch side trains on): GEM-lite built from the job spec
+// exactly as a job builds it (engine/job_model.h), trained for --steps
+// timed steps after --warmup, cycling over the file's batches with the next
+// batch prefetched during each step. Reports samples/s, the median step time
+// (CUDA events around each whole step), useful model FLOPs from the real
+// jagged lengths and local MFU against 989 TFLOP/s (dense bf16 H100/H200
+// SXM) and against the measured ~790 TFLOP/s bf16 GEMM ceiling, and the
+// device memory peak. Then --profile-steps more steps with CUDA events
+// around every phase the layers mark (embedding, attention, GEMM,
+// optimizer; the rest of the step is "other", idle gaps included) and the
+// host's time to issue each step; and, with --search-s > 0, the largest
+// batch that fits: k file batches concatenated into one, k doubling until
+// the device is out of memory (bounded by that many seconds).
+//
+//   engine_bench --job config_a.yaml --batches batches.bin --json out.json
+//                [--steps 20] [--warmup 5] [--profile-steps 3]
+//                [--precision bf16|fp32] [--search-s 60]
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/e2e/batch_file.h"
+#include "cli/jobs/spec_file.h"
+#include "engine/job_model.h"
+#include "engine/model.h"
+#include "engine/tensor.h"
+
+namespace {
+
+constexpr double kPeakBf16 = 989e12;
+constexpr double kMeasuredGemm = 790e12;
+
+using recfleet::engine::Batch;
+using recfleet::engine::layers::Phase;
+
+// Events at every phase boundary of a step; sums per phase after a sync.
+class EventPhaseTimer : public recfleet::engine::layers::PhaseTimer {
+ public:
+  ~EventPhaseTimer() override {
+    for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+  }
+  void Mark(Phase phase, bool begin) override {
+    if (used_ == pool_.size()) {
+      cudaEvent_t e;
+      cudaEventCreate(&e);
+      pool_.push_back(e);
+    }
+    cudaEventRecord(pool_[used_], nullptr);
+    marks_.push_back({phase, begin, used_++});
+  }
+  // Milliseconds per phase of the marks since the last call (synchronizes).
+  std::array<double, recfleet::engine::layers::kNumPhases> Collect() {
+    std::array<double, recfleet::engine::layers::kNumPhases> ms{};
+    if (!marks_.empty()) cudaEventSynchronize(pool_[marks_.back().event]);
+    size_t open[recfleet::engine::layers::kNumPhases] = {};
+    for (const MarkAt& m : marks_) {
+      if (m.begin) {
+        open[static_cast<int>(m.phase)] = m.event;
+      } else {
+        float t = 0;
+        cudaEventElapsedTime(&t, pool_[open[static_cast<int>(m.phase)]], pool_[m.event]);
+        ms[static_cast<int>(m.phase)] += t;
+      }
+    }
+    marks_.clear();
+    used_ = 0;
+    return ms;
+  }
+
+ private:
+  struct MarkAt {
+    Phase phase;
+    bool begin;
+    size_t event;
+  };
+  std::vector<cudaEvent_t> pool_;
+  std::vector<MarkAt> marks_;
+  size_t used_ = 0;
+};
+
+// k batches as one (samples of a after those of b).
+Batch Concat(const std::vector<Batch>& parts) {
+  Batch out = parts[0];
+  for (size_t p = 1; p < parts.size(); ++p) {
+    const Batch& b = parts[p];
+    out.size += b.size;
+    auto append = [](recfleet::engine::IdList& to, const recfleet::engine::IdList& from) {
+      const int64_t base = static_cast<int64_t>(to.ids.size());
+      to.ids.insert(to.ids.end(), from.ids.begin(), from.ids.end());
+      for (size_t i = 1; i < from.offsets.size(); ++i) to.offsets.push_back(base + from.offsets[i]);
+    };
+    for (size_t f = 0; f < out.id_lists.size(); ++f) append(out.id_lists[f], b.id_lists[f]);
+    for (size_t f = 0; f < out.sequence.size(); ++f) append(out.sequence[f], b.sequence[f]);
+    out.dense.insert(out.dense.end(), b.dense.begin(), b.dense.end());
+    out.ctr_labels.insert(out.ctr_labels.end(), b.ctr_labels.begin(), b.ctr_labels.end());
+    out.cvr_labels.insert(out.cvr_labels.end(), b.cvr_labels.begin(), b.cvr_labels.end());
+  }
+  return out;
+}
+
+int Fail(const std::string& m) {
+  std::fprintf(stderr, "engine_bench: %s\n", m.c_str());
+  return 1;
+}
+
+#define CUDA_OR_FAIL(expr)                                                          \
+  do {                                                                              \
+    cudaError_t e_ = (expr);                                                        \
+    if (e_ != cudaSuccess) return Fail(absl::StrCat(#expr, ": ", cudaGetErrorString(e_))); \
+  } while (0)
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string job, batches_path, json, precision = "bf16";
+  int steps = 20, warmup = 5, profile_steps = 3;
+  double search_s = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--job") {
+      job = v;
+    } else if (a == "--batches") {
+      batches_path = v;
+    } else if (a == "--json") {
+      json = v;
+    } else if (a == "--precision") {
+      precision = v;
+    } else if (a == "--steps") {
+      if (!absl::SimpleAtoi(v, &steps) || steps < 1) return Fail("--steps needs an integer >= 1");
+    } else if (a == "--profile-steps") {
+      if (!absl::SimpleAtoi(v, &profile_steps) || profile_steps < 0) {
+        return Fail("--profile-steps needs an integer >= 0");
+      }
+    } else if (a == "--search-s") {
+      if (!absl::SimpleAtod(v, &search_s)) return Fail("--search-s needs seconds");
+    } else if (a == "--warmup") {
+      if (!absl::SimpleAtoi(v, &warmup) || warmup < 0) return Fail("--warmup needs an integer >= 0");
+    } else {
+      return Fail("unknown flag " + a);
+    }
+  }
+  if (job.empty() || batches_path.empty()) {
+    return Fail("usage: engine_bench --job SPEC.yaml --batches FILE [--json OUT] [--steps N] "
+                "[--warmup N] [--precision bf16|fp32]");
+  }
+  if (precision != "bf16" && precision != "fp32") return Fail("--precision is bf16 or fp32");
+  absl::StatusOr<recfleet::v1::JobSpec> spec = recfleet::cli::LoadJobSpec(job);
+  if (!spec.ok()) return Fail(std::string(spec.status().message()));
+  absl::StatusOr<recfleet::engine::JobModel> model = recfleet::engine::BuildJobModel(*spec);
+  if (!model.ok()) return Fail(std::string(model.status().message()));
+  absl::StatusOr<std::vector<recfleet::engine::Batch>> batches =
+      recfleet::bench::ReadBatchFile(batches_path);
+  if (!batches.ok()) return Fail(std::string(batches.status().message()));
+  if (batches->empty()) return Fail("the batch file holds no batches");
+
+  recfleet::engine::ExecutionOptions exec;
+  exec.device = recfleet::Device::kCuda;
+  exec.bf16 = precision == "bf16";
+  auto gem = recfleet::engine::GemLite<float>::Create(model->config, model->schema,
+                                                      recfleet::engine::TableStorage::kInternal, exec);
+  if (!gem.ok()) return Fail(std::string(gem.status().message()));
+  recfleet::engine::GemLite<float>& m = **gem;
+
+  cudaEvent_t begin, end;
+  CUDA_OR_FAIL(cudaEventCreate(&begin));
+  CUDA_OR_FAIL(cudaEventCreate(&end));
+  const int total = warmup + steps;
+  std::vector<double> ms, flops, samples;
+  double last_loss = 0;
+  for (int s = 0; s < total; ++s) {
+    if (s == warmup) {
+      CUDA_OR_FAIL(cudaDeviceSynchronize());
+      if (!recfleet::engine::ResetCudaMemoryPeak().ok()) return Fail("memory peak reset");
+    }
+    const recfleet::engine::Batch& b = (*batches)[s % batches->size()];
+    CUDA_OR_FAIL(cudaEventRecord(begin, nullptr));
+    absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
+    if (!r.ok()) return Fail(std::string(r.status().message()));
+    if (s + 1 < total) {
+      if (absl::Status p = m.Prefetch((*batches)[(s + 1) % batches->size()]); !p.ok()) {
+        return Fail(std::string(p.message()));
+      }
+    }
+    if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
+    CUDA_OR_FAIL(cudaEventRecord(end, nullptr));
+    CUDA_OR_FAIL(cudaEventSynchronize(end));
+    float t = 0;
+    CUDA_OR_FAIL(cudaEventElapsedTime(&t, begin, end));
+    last_loss = r->ctr_loss + r->cvr_loss;
+    if (s >= warmup) {
+      ms.push_back(t);
+      flops.push_back(r->flops);
+      samples.push_back(static_cast<double>(b.size));
+    }
+  }
+  absl::StatusOr<recfleet::engine::DeviceMemoryStats> mem = recfleet::engine::CudaMemoryStats();
+  if (!mem.ok()) return Fail(std::string(mem.status().message()));
+  double total_ms = 0, total_flops = 0, total_samples = 0;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    total_ms += ms[i];
+    total_flops += flops[i];
+    total_samples += samples[i];
+  }
+  // Phase split and host issue time on a few more steps.
+  EventPhaseTimer timer;
+  std::array<double, recfleet::engine::layers::kNumPhases> phase_ms{};
+  double profiled_ms = 0, host_issue_ms = 0;
+  if (profile_steps > 0) m.SetPhaseTimer(&timer);
+  for (int s = 0; s < profile_steps; ++s) {
+    const Batch& b = (*batches)[(total + s) % batches->size()];
+    CUDA_OR_FAIL(cudaEventRecord(begin, nullptr));
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
+    if (!r.ok()) return Fail(std::string(r.status().message()));
+    const auto t1 = std::chrono::steady_clock::now();
+    if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
+    const auto t2 = std::chrono::steady_clock::now();
+    CUDA_OR_FAIL(cudaEventRecord(end, nullptr));
+    CUDA_OR_FAIL(cudaEventSynchronize(end));
+    float t = 0;
+    CUDA_OR_FAIL(cudaEventElapsedTime(&t, begin, end));
+    profiled_ms += t;
+    // ForwardBackward returns after the loss read-back (the GPU is done
+    // with it): only the update's issue time can leave the GPU waiting.
+    host_issue_ms += std::chrono::duration<double, std::milli>(t2 - t1).count();
+    const auto p = timer.Collect();
+    for (int k = 0; k < recfleet::engine::layers::kNumPhases; ++k) phase_ms[k] += p[k];
+  }
+  m.SetPhaseTimer(nullptr);
+  std::string phases = "{}";
+  if (profile_steps > 0) {
+    const double n = profile_steps;
+    const double named = phase_ms[0] + phase_ms[1] + phase_ms[2] + phase_ms[3];
+    phases = absl::StrFormat(
+        "{\"step_ms\": %.3f, \"embedding_ms\": %.3f, \"attention_ms\": %.3f, \"gemm_ms\": %.3f, "
+        "\"optimizer_ms\": %.3f, \"other_and_idle_ms\": %.3f, \"update_issue_ms\": %.3f}",
+        profiled_ms / n, phase_ms[0] / n, phase_ms[1] / n, phase_ms[2] / n, phase_ms[3] / n,
+        (profiled_ms - named) / n, host_issue_ms / n);
+  }
+
+  // The largest batch that fits: k file batches in one step, k doubling.
+  int64_t largest = 0;
+  if (search_s > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t k = 1; k <= 1024; k *= 2) {
+      std::vector<Batch> parts;
+      for (size_t i = 0; i < k; ++i) parts.push_back((*batches)[i % batches->size()]);
+      const Batch big = Concat(parts);
+      absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(big);
+      absl::Status st = r.status();
+      if (st.ok()) st = m.ApplyUpdates();
+      if (st.ok() && cudaDeviceSynchronize() != cudaSuccess) {
+        st = absl::InternalError(cudaGetErrorString(cudaGetLastError()));
+      }
+      if (!st.ok()) {
+        std::fprintf(stderr, "batch %lld: %s\n", static_cast<long long>(big.size),
+                     std::string(st.message()).c_str());
+        break;
+      }
+      largest = big.size;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > search_s) {
+        break;
+      }
+    }
+  }
+
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  const double seconds = total_ms / 1e3;
+  const double achieved = total_flops / seconds;
+  const std::string out = absl::StrFormat(
+      "{\"engine\": \"recfleet\", \"precision\": \"%s\", \"steps\": %d, \"warmup\": %d, "
+      "\"batch_size\": %.0f, \"samples_per_s\": %.1f, \"median_step_ms\": %.3f, "
+      "\"mean_step_ms\": %.3f, \"useful_flops_per_step\": %.6g, \"tflops\": %.2f, "
+      "\"mfu_989\": %.4f, \"mfu_790\": %.4f, \"peak_memory_bytes\": %llu, "
+      "\"reserved_memory_bytes\": %llu, \"last_loss\": %.5f, \"phases\": %s, "
+      "\"largest_batch_fitting\": %lld}",
+      precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
+      total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
+      achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
+      static_cast<unsigned long long>(mem->reserved), last_loss, phases,
+      static_cast<long long>(largest));
+  std::printf("%s\n", out.c_str());
+  if (!json.empty()) std::ofstream(json) << out << "\n";
+  return 0;
+}
