@@ -48,8 +48,10 @@ absl::Status Bad(const std::string& location, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("dataset '", location, "': ", what));
 }
 
-// Parses "synthetic://NAME?key=value&..." into generator options.
-absl::StatusOr<data::SynthOptions> ParseSynthetic(const std::string& location) {
+}  // namespace
+
+absl::StatusOr<data::SynthOptions> ParseSyntheticDataset(const std::string& location) {
+  if (!absl::StartsWith(location, "synthetic://")) return Bad(location, "not a synthetic://NAME?k=v&... location");
   data::SynthOptions o;
   const std::string rest = location.substr(std::string("synthetic://").size());
   const size_t q = rest.find('?');
@@ -93,10 +95,12 @@ absl::StatusOr<data::SynthOptions> ParseSynthetic(const std::string& location) {
   return o;
 }
 
+namespace {
+
 // Generates a synthetic dataset once: into a private folder first, renamed
 // into place, so concurrent openers never read a half-written dataset.
 absl::StatusOr<std::string> MaterializeSynthetic(const std::string& location, const DatasetOptions& options) {
-  absl::StatusOr<data::SynthOptions> synth = ParseSynthetic(location);
+  absl::StatusOr<data::SynthOptions> synth = ParseSyntheticDataset(location);
   if (!synth.ok()) return synth.status();
   const std::string cache = options.cache_dir.empty() ? DefaultCacheDir() : options.cache_dir;
   const std::string dir = absl::StrCat(cache, "/", absl::Hex(StableHash(location), absl::kZeroPad16));

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "data/loader.h"
+#include "data/synth.h"
 #include "recfleet/v1/dataloader.pb.h"
 
 namespace recfleet::dataloader {
@@ -43,6 +44,12 @@ struct DatasetFiles {
   std::string train;
   std::string eval;  // "" when the location has no eval.rfd.
 };
+
+// The generator options a "synthetic://NAME?k=v&..." location names (keys
+// as above; defaults for keys it leaves out). InvalidArgument naming the key
+// for an unknown key or a bad value. Also read by benchmarks that draw
+// batches of a job's data shape without writing a dataset.
+absl::StatusOr<data::SynthOptions> ParseSyntheticDataset(const std::string& location);
 
 // NotFound naming the path when nothing is there; InvalidArgument for a
 // malformed synthetic:// URI.
