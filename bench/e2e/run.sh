@@ -83,6 +83,8 @@ case "$cmd" in
         echo "== config $cfg, engine" | tee -a "$log"
         LD_LIBRARY_PATH="$libs" timeout "${E2E_TIMEOUT_S:-600}" "$dir/engine_bench" \
           --job "$dir/config_$cfg.yaml" --batches "$work/batches.bin" --json "$out/engine_$cfg.json" \
+          --steps "${E2E_STEPS:-20}" --warmup "${E2E_WARMUP:-5}" \
+          --profile-steps "${E2E_PROFILE_STEPS:-3}" --search-s "${E2E_SEARCH_S:-60}" \
           >> "$log" 2>&1 || { echo "engine_bench on config $cfg failed; see run.log" | tee -a "$log"; status=1; }
       else
         echo "== config $cfg, engine: engine_bench not staged, engine side not run" | tee -a "$log"
