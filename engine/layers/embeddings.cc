@@ -1,10 +1,14 @@
 #include "engine/layers/embeddings.h"
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/base/cuda_status.h"
 #include "engine/layers/ops.h"
 #include "kernels/embedding/embedding.h"
 #include "common/status_macros.h"
@@ -96,6 +100,16 @@ SparseEmbeddings::SparseEmbeddings(const LayerContext& ctx, const FeatureSchema&
       s.grad_rows = *std::move(rows);
     }
     tables_.push_back(std::move(s));
+  }
+}
+
+SparseEmbeddings::~SparseEmbeddings() {
+  for (Table& t : tables_) {
+    if (t.copied != nullptr) {
+      cudaEventSynchronize(static_cast<cudaEvent_t>(t.copied));
+      cudaEventDestroy(static_cast<cudaEvent_t>(t.copied));
+    }
+    if (t.pinned != nullptr) cudaFreeHost(t.pinned);
   }
 }
 
@@ -245,6 +259,77 @@ absl::Status SparseEmbeddings::CollectTableGradients(const StagedBatch& staged,
         ops::Copy(dhistory, RowSlice(tables_[t].grad_rows.view(), filled[t], filled[t] + L)));
     filled[t] += L;
   }
+  if (ctx_.allocator->device() == Device::kCuda) return ReduceDuplicates(batch);
+  return absl::OkStatus();
+}
+
+absl::Status SparseEmbeddings::ReduceDuplicates(const Batch& batch) {
+  const int64_t L = batch.sequence[0].offsets.back();
+  for (size_t k = 0; k < tables_.size(); ++k) {
+    Table& t = tables_[k];
+    const int64_t n = t.grad_ids.numel();
+    // The uses in grad_ids' order: the table's id-list features, then its
+    // sequence fields.
+    absl::flat_hash_map<int64_t, int64_t> index;
+    std::vector<int64_t> unique, slots;
+    slots.reserve(n);
+    auto use = [&](int64_t id) {
+      auto [it, fresh] = index.try_emplace(id, static_cast<int64_t>(unique.size()));
+      if (fresh) unique.push_back(id);
+      slots.push_back(it->second);
+    };
+    for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
+      if (schema_.id_lists[f].table != static_cast<int>(k)) continue;
+      for (int64_t id : batch.id_lists[f].ids) use(id);
+    }
+    for (size_t f = 0; f < schema_.sequence_fields.size(); ++f) {
+      if (schema_.sequence_fields[f].table != static_cast<int>(k)) continue;
+      for (int64_t i = 0; i < L; ++i) use(batch.sequence[f].ids[i]);
+    }
+    const int64_t u = static_cast<int64_t>(unique.size());
+    const size_t bytes = (u + n) * sizeof(int64_t);
+    // The pinned buffer is refilled only after its last copy is done.
+    if (t.copied == nullptr) {
+      cudaEvent_t e;
+      RECFLEET_RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "gradient ids event"));
+      t.copied = e;
+    } else {
+      RECFLEET_RETURN_IF_ERROR(
+          CudaStatus(cudaEventSynchronize(static_cast<cudaEvent_t>(t.copied)), "gradient ids"));
+    }
+    if (bytes > t.pinned_bytes) {
+      if (t.pinned != nullptr) cudaFreeHost(t.pinned);
+      t.pinned = nullptr;
+      t.pinned_bytes = 0;
+      RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&t.pinned, bytes * 2), "pinned ids"));
+      t.pinned_bytes = bytes * 2;
+    }
+    int64_t* host = static_cast<int64_t*>(t.pinned);
+    std::copy(unique.begin(), unique.end(), host);
+    std::copy(slots.begin(), slots.end(), host + u);
+    for (auto [tensor, count] : {std::pair{&t.unique_ids, u}, std::pair{&t.slots, n}}) {
+      if (tensor->empty() || tensor->numel() != count || tensor->device() != Device::kCuda) {
+        absl::StatusOr<Tensor> fresh = Tensor::Empty(DType::kInt64, {count}, ctx_.allocator);
+        if (!fresh.ok()) return fresh.status();
+        *tensor = *std::move(fresh);
+      }
+    }
+    if (bytes > 0) {
+      RECFLEET_RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(t.unique_ids.view().data, host, u * sizeof(int64_t), cudaMemcpyHostToDevice, nullptr),
+          "gradient ids"));
+      RECFLEET_RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(t.slots.view().data, host + u, n * sizeof(int64_t), cudaMemcpyHostToDevice, nullptr),
+          "gradient ids"));
+    }
+    RECFLEET_RETURN_IF_ERROR(
+        CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(t.copied), nullptr), "gradient ids"));
+    RECFLEET_RETURN_IF_ERROR(AllocateZeros(ctx_, {u, dim_}, &t.reduced_rows));
+    if (n > 0) {
+      RECFLEET_RETURN_IF_ERROR(ops::ScatterAddRows(t.grad_rows.view(), t.slots.view(), t.reduced_rows.view()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -283,13 +368,15 @@ std::vector<TensorView> SparseEmbeddings::PooledGradients() const {
 
 absl::Status SparseEmbeddings::AdagradStep(const Table& t, const TensorView& value,
                                            const TensorView& momentum, float learning_rate) const {
-  const int64_t n = t.grad_ids.numel();
-  if (n == 0) return absl::OkStatus();
+  // On CUDA each distinct id once, with its summed gradient.
+  const bool reduced = value.device == Device::kCuda;
+  const Tensor& ids = reduced ? t.unique_ids : t.grad_ids;
+  const Tensor& rows = reduced ? t.reduced_rows : t.grad_rows;
+  if (ids.empty() || ids.numel() == 0) return absl::OkStatus();
   RowwiseAdagradConfig config;
   config.learning_rate = learning_rate;
   config.eps = kAdagradEpsilon;
-  return EmbeddingSequenceBackwardAdagrad(t.grad_rows.view(), t.grad_ids.view(), config, value,
-                                          momentum);
+  return EmbeddingSequenceBackwardAdagrad(rows.view(), ids.view(), config, value, momentum);
 }
 
 absl::Status SparseEmbeddings::ApplyUpdates(float learning_rate) {
@@ -303,6 +390,9 @@ absl::Status SparseEmbeddings::ApplyUpdates(float learning_rate) {
 absl::Status SparseEmbeddings::ScaleGradients(double weight) {
   for (Table& t : tables_) {
     if (t.grad_rows.numel() > 0) RECFLEET_RETURN_IF_ERROR(ops::Scale(t.grad_rows.view(), weight));
+    if (!t.reduced_rows.empty() && t.reduced_rows.numel() > 0) {
+      RECFLEET_RETURN_IF_ERROR(ops::Scale(t.reduced_rows.view(), weight));
+    }
   }
   return absl::OkStatus();
 }

@@ -53,6 +53,7 @@ class SparseEmbeddings {
   // to ctx's device) and their momenta.
   SparseEmbeddings(const LayerContext& ctx, const FeatureSchema& schema, int64_t dim,
                    TableStorage storage, uint64_t seed, double init_stddev);
+  ~SparseEmbeddings();
   SparseEmbeddings(const SparseEmbeddings&) = delete;
   SparseEmbeddings& operator=(const SparseEmbeddings&) = delete;
 
@@ -106,6 +107,19 @@ class SparseEmbeddings {
     // Rows touched by the last backward and their gradients, one row per use.
     Tensor grad_ids;  // int64 [n]
     Tensor grad_rows;  // [n, dim]
+    // CUDA: the distinct ids of the last backward (deduplicated on the host
+    // from the batch, in first-use order), each use's index among them, and
+    // the summed gradient per distinct id, so that the Adagrad kernel sees
+    // every id once however often a popular id recurs (one warp summing
+    // thousands of occurrences of one id serially made the step
+    // latency-bound).
+    Tensor unique_ids;    // int64 [u]
+    Tensor slots;         // int64 [n]
+    Tensor reduced_rows;  // [u, dim]
+    // Pinned host staging of unique_ids and slots, and the copy's event.
+    void* pinned = nullptr;
+    size_t pinned_bytes = 0;
+    void* copied = nullptr;
   };
   // Where each feature's bags sit in its table's lookups.
   struct BagLayout {
@@ -119,6 +133,9 @@ class SparseEmbeddings {
   absl::Status CollectTableGradients(const StagedBatch& staged,
                                      absl::Span<const TensorView> dfeatures,
                                      const TensorView& dhistory);
+  // CUDA: fills unique_ids, slots and reduced_rows of every table from the
+  // batch's host ids and the per-use grad_rows.
+  absl::Status ReduceDuplicates(const Batch& batch);
   absl::Status CollectPooledGradients(const StagedBatch& staged,
                                       absl::Span<const TensorView> dfeatures,
                                       const TensorView& dhistory);

@@ -491,6 +491,38 @@ absl::Status ExpandBags(const TensorView& dpooled, const TensorView& offsets, Po
   });
 }
 
+absl::Status ScatterAddRows(const TensorView& rows, const TensorView& slots, const TensorView& out) {
+  RECFLEET_RETURN_IF_ERROR(CheckOperands("ScatterAddRows", {{"rows", &rows}, {"out", &out}}));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("ScatterAddRows", "rows", rows, rows.dim(0)));
+  RECFLEET_RETURN_IF_ERROR(CheckMatrix("ScatterAddRows", "out", out, out.dim(0)));
+  if (slots.dtype != DType::kInt64 || slots.device != rows.device || slots.numel() != rows.dim(0) ||
+      out.dim(1) != rows.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("ops::ScatterAddRows: slots ", slots.DebugString(),
+                                                   " must be int64[", rows.dim(0), "] beside rows ",
+                                                   rows.DebugString(), " and out ", out.DebugString()));
+  }
+  const int64_t n = rows.dim(0), d = rows.dim(1);
+  if (rows.device == Device::kCuda) {
+    return Cuda(ops_cuda::ScatterAddRows(F(rows), slots.as<int64_t>(), n, d, F(out), kStream),
+                "ScatterAddRows");
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = slots.as<int64_t>()[i];
+    if (s < 0 || s >= out.dim(0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ops::ScatterAddRows: slot ", s, " of row ", i, " outside out ", out.DebugString()));
+    }
+  }
+  return Dispatch(rows.dtype, [&](auto t) {
+    using T = decltype(t);
+    for (int64_t i = 0; i < n; ++i) {
+      const T* r = rows.as<T>() + i * d;
+      T* o = out.as<T>() + slots.as<int64_t>()[i] * d;
+      for (int64_t c = 0; c < d; ++c) o[c] += r[c];
+    }
+  });
+}
+
 absl::Status Convert(const TensorView& src, const TensorView& dst) {
   const bool down = src.dtype == DType::kFloat32 && dst.dtype == DType::kBFloat16;
   const bool up = src.dtype == DType::kBFloat16 && dst.dtype == DType::kFloat32;

@@ -93,6 +93,12 @@ absl::Status ExpandBags(const TensorView& dpooled, const TensorView& offsets, Po
 // one device; rounding to nearest even).
 absl::Status Convert(const TensorView& src, const TensorView& dst);
 
+// ---- sparse gradients
+// out[slots[i]] += rows[i] for every row i: rows [n, dim], slots int64 [n]
+// (values in [0, out rows), unchecked on CUDA), out [u, dim]. On CUDA the
+// sums use atomics (order not fixed); on the CPU they run in row order.
+absl::Status ScatterAddRows(const TensorView& rows, const TensorView& slots, const TensorView& out);
+
 // ---- indices
 // dst = src, int64 tensors of equal numel on one device.
 absl::Status CopyIndices(const TensorView& src, const TensorView& dst);

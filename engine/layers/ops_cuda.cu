@@ -123,6 +123,11 @@ __global__ void ExpandBagsKernel(const float* dpooled, const int64_t* offsets, i
   }
 }
 
+__global__ void ScatterAddRowsKernel(const float* rows, const int64_t* slots, int64_t n,
+                                     int64_t dim, float* out) {
+  RECFLEET_GRID_LOOP(i, n * dim) { atomicAdd(out + slots[i / dim] * dim + i % dim, rows[i]); }
+}
+
 __global__ void ToBf16Kernel(const float* x, __nv_bfloat16* y, int64_t n) {
   RECFLEET_GRID_LOOP(i, n) { y[i] = __float2bfloat16_rn(x[i]); }
 }
@@ -132,6 +137,13 @@ __global__ void FromBf16Kernel(const __nv_bfloat16* x, float* y, int64_t n) {
 }
 
 }  // namespace
+
+cudaError_t ScatterAddRows(const float* rows, const int64_t* slots, int64_t n, int64_t dim,
+                           float* out, void* stream) {
+  if (n * dim == 0) return cudaSuccess;
+  ScatterAddRowsKernel<<<Blocks(n * dim), kThreads, 0, Stream(stream)>>>(rows, slots, n, dim, out);
+  return cudaGetLastError();
+}
 
 cudaError_t ToBf16(const float* x, void* y, int64_t n, void* stream) {
   if (n == 0) return cudaSuccess;

@@ -42,6 +42,10 @@ cudaError_t ScaleBags(const float* sums, const int64_t* offsets, int64_t bags, i
 cudaError_t ExpandBags(const float* dpooled, const int64_t* offsets, int64_t bags, int64_t ids,
                        int64_t dim, bool mean, float* out, void* stream);
 
+// out[slots[i], :] += rows[i, :] for i < n (fp32 atomics; out [*, dim]).
+cudaError_t ScatterAddRows(const float* rows, const int64_t* slots, int64_t n, int64_t dim,
+                           float* out, void* stream);
+
 // fp32 <-> bf16 (round to nearest even), n elements.
 cudaError_t ToBf16(const float* x, void* y, int64_t n, void* stream);
 cudaError_t FromBf16(const void* x, float* y, int64_t n, void* stream);

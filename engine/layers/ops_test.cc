@@ -127,6 +127,17 @@ TEST(OpsTest, HostTransfersAndErrors) {
   EXPECT_EQ(Copy(x.view(), two.view()).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(OpsTest, ScatterAddRowsSumsRowsPerSlot) {
+  Tensor rows = TensorOf({3, 2}, {1, 2, 3, 4, 5, 6});
+  std::vector<int64_t> slots = {1, 0, 1};
+  Tensor out = TensorOf({2, 2}, {0, 0, 10, 10});
+  const TensorView sv = MakeView(slots.data(), DType::kInt64, {3});
+  ASSERT_TRUE(ScatterAddRows(rows.view(), sv, out.view()).ok());
+  EXPECT_THAT(*CopyToHost(out.view()), ElementsAre(3, 4, 16, 18));
+  slots[2] = 2;  // Outside out.
+  EXPECT_EQ(ScatterAddRows(rows.view(), sv, out.view()).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(OpsTest, ConvertAndIndices) {
   std::vector<float> x = {1.0f, -2.5f, 1.0f + 1.0f / 512, 3.14159f};
   std::vector<uint16_t> half(4);
