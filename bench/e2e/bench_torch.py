@@ -283,6 +283,7 @@ def main():
         if device.type == "cuda":
             torch.cuda.empty_cache()
         if args.search_s > 0 and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
             res["max_batch"] = search_max_batch(spec, args.mode, device, batches, args.search_s, args.search_limit)
         res["ok"] = True
     except Exception as e:  # reported in the JSON; the run script goes on
