@@ -60,6 +60,22 @@ TEST(SparseEmbeddingsTest, ForwardPoolsAndSumsByHand) {
   }
 }
 
+TEST(SparseEmbeddingsTest, LargeTablesFillInParallelWithTheSameValues) {
+  // 4 Mi elements: filled by several threads (one per 1 Mi elements, up to
+  // the cores), every element still InitialTableValue's.
+  FeatureSchema schema = Schema();
+  schema.tables[0].rows = 8192;
+  const int64_t dim = 512;
+  ParameterRegistry registry(DType::kFloat64, 1);
+  SparseEmbeddings e(Fp64Context(&registry), schema, dim, TableStorage::kInternal, 3, 0.1);
+  const TensorView t = e.table(0);
+  for (int64_t r : {int64_t{0}, int64_t{2047}, int64_t{2048}, int64_t{4095}, int64_t{4096}, int64_t{8191}}) {
+    for (int64_t c : {int64_t{0}, int64_t{255}, dim - 1}) {
+      EXPECT_EQ(t.as<double>()[r * dim + c], InitialTableValue(3, 0.1, 0, r, c)) << r << "," << c;
+    }
+  }
+}
+
 TEST(SparseEmbeddingsTest, TableGradientsMatchFiniteDifferences) {
   ParameterRegistry registry(DType::kFloat64, 1);
   SparseEmbeddings e(Fp64Context(&registry), Schema(), kDim, TableStorage::kInternal, 7, 0.5);
