@@ -1,6 +1,7 @@
 #include "cli/command.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <memory>
 
@@ -31,6 +32,16 @@ const Command* FindCommand(const std::string& name) {
     if (c->name == name) return c;
   }
   return nullptr;
+}
+
+int RunCommand(const Command& command, const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::printf("%s\n", command.usage.c_str());
+      return kExitOk;
+    }
+  }
+  return command.run(args);
 }
 
 }  // namespace recfleet::cli

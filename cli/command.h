@@ -40,6 +40,10 @@ std::vector<const Command*> AllCommands();
 // The command named `name` ("data ingest"), or nullptr.
 const Command* FindCommand(const std::string& name);
 
+// Runs `command` on `args`, except that `--help` or `-h` anywhere among them
+// prints its usage to stdout and returns kExitOk, the same for every command.
+int RunCommand(const Command& command, const std::vector<std::string>& args);
+
 }  // namespace recfleet::cli
 
 #define RECFLEET_CLI_CONCAT_INNER(a, b) a##b

@@ -65,5 +65,5 @@ int main(int argc, char** argv) {
     return recfleet::cli::kExitUsage;
   }
   std::vector<std::string> args(words.begin() + used, words.end());
-  return c->run(args);
+  return recfleet::cli::RunCommand(*c, args);
 }
