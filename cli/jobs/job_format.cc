@@ -42,7 +42,7 @@ std::string Reason(const JobStatus& s) {
 
 std::string FormatJobTable(const std::vector<Job>& jobs) {
   std::vector<std::vector<std::string>> rows = {
-      {"NAME", "DISPLAY NAME", "STATE", "STEP", "WORKERS", "CREATED", "REASON"}};
+      {"NAME", "DISPLAY_NAME", "STATE", "STEP", "WORKERS", "CREATED", "REASON"}};
   for (const Job& j : jobs) {
     rows.push_back({j.name(), j.spec().display_name().empty() ? "-" : j.spec().display_name(),
                     JobStatus::State_Name(j.status().state()), StepText(j),

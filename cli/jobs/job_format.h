@@ -13,7 +13,7 @@
 
 namespace recfleet::cli {
 
-// NAME / DISPLAY NAME / STATE / STEP / WORKERS / CREATED / REASON.
+// NAME / DISPLAY_NAME / STATE / STEP / WORKERS / CREATED / REASON.
 std::string FormatJobTable(const std::vector<::recfleet::v1::Job>& jobs);
 
 // A key/value block with state, workers, times and progress.

@@ -33,7 +33,7 @@ TEST(JobFormatTest, TableAlignsColumns) {
   other.set_name("jobs/jlonger-name");
   other.mutable_status()->set_state(JobStatus::QUEUED);
   EXPECT_EQ(FormatJobTable({Sample(), other}),
-            "NAME               DISPLAY NAME  STATE    STEP     WORKERS  CREATED                  "
+            "NAME               DISPLAY_NAME  STATE    STEP     WORKERS  CREATED                  "
             "REASON\n"
             "jobs/j123          gemlite-demo  RUNNING  120/200  2        2023-11-14 22:13:20 UTC  "
             "AllRanksStarted\n"
