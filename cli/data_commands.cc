@@ -1,10 +1,13 @@
 // `recfleet data ...`: ingest, synth, balance-report, info, planted-auc.
 // Registered into the recfleet command table (cli/command.h).
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -63,7 +66,10 @@ int RunIngest(const std::vector<std::string>& args) {
                                    "user-feature-columns",
                                    "item-feature-columns",
                                    "seed",
-                                   "rows-per-block"});
+                                   "rows-per-block",
+                                   "negative-sampling",
+                                   "bad-ratings",
+                                   "sort-buffer-events"});
   if (!flags.ok()) return Fail(flags.status(), "ingest");
   IngestOptions o;
   o.path = flags->Str("input");
@@ -103,10 +109,38 @@ int RunIngest(const std::vector<std::string>& args) {
   RETURN_USAGE_IF_ERROR(flags->Get("eval-fraction", &o.eval_fraction), "ingest");
   RETURN_USAGE_IF_ERROR(flags->Get("seed", &o.seed), "ingest");
   RETURN_USAGE_IF_ERROR(flags->Get("rows-per-block", &o.rows_per_block), "ingest");
+  RETURN_USAGE_IF_ERROR(flags->Get("sort-buffer-events", &o.sort_buffer_events), "ingest");
+  const std::string sampling = flags->Str("negative-sampling", "uniform");
+  if (sampling == "popularity") {
+    o.negative_sampling = IngestOptions::Negatives::kPopularity;
+  } else if (sampling != "uniform") {
+    return Fail(absl::InvalidArgumentError("--negative-sampling must be uniform or popularity"),
+                "ingest");
+  }
+  const std::string bad_ratings = flags->Str("bad-ratings", "error");
+  if (bad_ratings == "skip") {
+    o.bad_ratings = IngestOptions::BadRatings::kSkip;
+  } else if (bad_ratings != "error") {
+    return Fail(absl::InvalidArgumentError("--bad-ratings must be error or skip"), "ingest");
+  }
+  // One line rewritten in place, only for a person watching a terminal
+  // (logs and pipes get the summary alone).
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  double seconds = 0;
+  o.progress = [tty, &seconds](const IngestProgress& p) {
+    seconds = p.seconds;
+    if (!tty) return;
+    std::fprintf(stderr, "\r\033[K%s: %lld events read, %lld samples written, %.1f s (%.0f events/s)",
+                 p.phase, static_cast<long long>(p.events), static_cast<long long>(p.samples),
+                 p.seconds, p.seconds > 0 ? p.events / p.seconds : 0.0);
+    if (std::string_view(p.phase) == "done") std::fputc('\n', stderr);
+  };
   auto stats = Ingest(o, out);
+  if (tty && !stats.ok()) std::fputc('\n', stderr);
   if (!stats.ok()) return Fail(stats.status(), "ingest");
-  std::printf("ingested %s -> %s/{train,eval}.rfd: %s\n", o.path.c_str(), out.c_str(),
-              stats->ToString().c_str());
+  std::printf("ingested %s -> %s/{train,eval}.rfd + %s in %.2f s (%.0f events/s): %s\n",
+              o.path.c_str(), out.c_str(), kSequenceFileName, seconds,
+              seconds > 0 ? stats->events / seconds : 0.0, stats->ToString().c_str());
   return cli::kExitOk;
 }
 
@@ -231,7 +265,11 @@ RECFLEET_REGISTER_COMMAND({
     "  [--split time|user] [--eval-fraction 0.2] [--seed 1] [--rows-per-block 1024]\n"
     "  [--user-features FILE] [--item-features FILE]\n"
     "  [--user-feature-columns a,b] [--item-feature-columns a,b]\n"
-    "Writes DIR/train.rfd, DIR/eval.rfd, DIR/vocab_user.tsv, DIR/vocab_item.tsv.",
+    "  [--negative-sampling uniform|popularity] [--bad-ratings error|skip]\n"
+    "  [--sort-buffer-events 8388608]   (events sorted in memory; more spill to DIR)\n"
+    "Writes DIR/train.rfd, DIR/eval.rfd (samples referencing histories), DIR/sequences.rfs\n"
+    "(each user's events, once), DIR/vocab_user.tsv, DIR/vocab_item.tsv. Shows progress\n"
+    "on a terminal.",
     RunIngest,
 });
 
