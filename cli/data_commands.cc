@@ -197,27 +197,44 @@ int RunBalanceReport(const std::vector<std::string>& args) {
   }
   auto files = ExpandDatasetPaths(flags->Str("dataset"));
   if (!files.ok()) return Fail(files.status(), "balance-report");
-  std::string feature = flags->Str("length-feature", "history_items");
-  auto lengths = ReadLengths(*files, feature);
-  if (!lengths.ok()) return Fail(lengths.status(), "balance-report");
-  DealOptions o;
-  o.ranks = ranks;
-  o.base_batch = base;
-  o.base_batches_per_rank = batch / base;
-  auto rows = ComputeBalance(*lengths, *cost, o, seed, epochs);
+  // The windows come from the loader a job with these settings would use,
+  // so the report compares the policies on what that loader deals.
+  LoaderOptions lo;
+  lo.files = *files;
+  lo.deal.ranks = ranks;
+  lo.deal.base_batch = base;
+  lo.deal.base_batches_per_rank = batch / base;
+  lo.cost = *cost;
+  lo.seed = seed;
+  lo.length_feature = flags->Str("length-feature");
+  auto loader = Loader::Open(lo);
+  if (!loader.ok()) return Fail(loader.status(), "balance-report");
+  auto windows = EpochWindows(**loader, epochs);
+  if (!windows.ok()) return Fail(windows.status(), "balance-report");
+  auto rows = BalanceOfWindows(*windows, *cost, lo.deal);
   double sum = 0;
-  int64_t mx = 0;
-  for (int64_t l : *lengths) {
-    sum += l;
-    mx = std::max(mx, l);
+  int64_t mx = 0, n = 0;
+  for (const auto& w : *windows) {
+    for (int64_t l : w) {
+      sum += l;
+      mx = std::max(mx, l);
+      ++n;
+    }
   }
-  std::printf("dataset %s: %zu samples, %s length mean %.1f max %lld\n",
-              flags->Str("dataset").c_str(), lengths->size(), feature.c_str(),
-              lengths->empty() ? 0.0 : sum / lengths->size(), static_cast<long long>(mx));
+  const std::string feature =
+      (*loader)->schema()->features[(*loader)->length_column()].name;
+  std::printf("dataset %s: %lld samples per epoch, %lld in full steps, %s length mean %.1f max "
+              "%lld\n",
+              flags->Str("dataset").c_str(),
+              static_cast<long long>((*loader)->samples_per_epoch()),
+              static_cast<long long>(n / epochs), feature.c_str(), n == 0 ? 0.0 : sum / n,
+              static_cast<long long>(mx));
   std::printf("%d ranks x batch %d (%d base batches of %d), cost %s, seed %llu\n", ranks, batch,
               batch / base, base, cost->ToString().c_str(), static_cast<unsigned long long>(seed));
-  std::printf("straggler gap = max rank cost / mean - 1, per step, over %d epoch(s):\n%s", epochs,
-              FormatBalance(rows).c_str());
+  std::printf(
+      "straggler gap = max rank cost / mean - 1, per full step in the loader's order "
+      "(job seed %llu), over %d epoch(s):\n%s",
+      static_cast<unsigned long long>(seed), epochs, FormatBalance(rows).c_str());
   return cli::kExitOk;
 }
 
@@ -291,7 +308,8 @@ RECFLEET_REGISTER_COMMAND({
     "recfleet data balance-report --dataset FILES|DIR --ranks R --batch-size B\n"
     "  [--base-batch 128] [--cost linear|quadratic|windowed|block|linear=1,quadratic=0.001,...]\n"
     "  [--seed 1] [--epochs 1] [--length-feature history_items]\n"
-    "Steps of all epochs are pooled; each epoch is a fresh shuffle.",
+    "Windows are those the job's loader deals (its block and row order for --seed), full\n"
+    "steps only; steps of all epochs are pooled.",
     RunBalanceReport,
 });
 
