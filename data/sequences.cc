@@ -14,8 +14,9 @@ namespace recfleet::data {
 int64_t TimeBucket(int64_t now, int64_t then) {
   if (now <= then) return 0;
   // floor(log2(1 + h)) == floor(log2(1 + floor(h))) for h >= 0, so whole
-  // hours suffice: no floating point on the loader's hot path.
-  const uint64_t hours = static_cast<uint64_t>(now - then) / 3600;
+  // hours suffice: no floating point on the loader's hot path. The
+  // unsigned difference is exact (and cannot overflow) since now > then.
+  const uint64_t hours = (static_cast<uint64_t>(now) - static_cast<uint64_t>(then)) / 3600;
   const int64_t bucket = 63 - __builtin_clzll(hours + 1);
   return bucket < 63 ? bucket : 63;
 }
