@@ -1,4 +1,4 @@
-// `recfleet data ...`: ingest, synth, balance-report, info, planted-auc.
+// `recfleet data ...`: ingest, synth, balance-report, calibrate, info, planted-auc.
 // Registered into the recfleet command table (cli/command.h).
 
 #include <unistd.h>
@@ -16,11 +16,14 @@
 #include "absl/strings/str_split.h"
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "cli/jobs/spec_file.h"
 #include "data/balance.h"
 #include "data/dataset_file.h"
 #include "data/ingest.h"
 #include "data/loader.h"
 #include "data/synth.h"
+#include "engine/calibrate.h"
+#include "engine/job_model.h"
 
 namespace recfleet::data {
 namespace {
@@ -238,6 +241,49 @@ int RunBalanceReport(const std::vector<std::string>& args) {
   return cli::kExitOk;
 }
 
+int RunCalibrate(const std::vector<std::string>& args) {
+  auto flags = Flags::Parse(args, {"spec", "lengths", "batch-size", "repeats"});
+  if (!flags.ok()) return Fail(flags.status(), "calibrate");
+  if (!flags->Has("spec")) {
+    return Fail(absl::InvalidArgumentError("--spec is required"), "calibrate");
+  }
+  engine::CalibrationOptions o;
+  RETURN_USAGE_IF_ERROR(flags->Get("batch-size", &o.batch_size), "calibrate");
+  RETURN_USAGE_IF_ERROR(flags->Get("repeats", &o.repeats), "calibrate");
+  if (flags->Has("lengths")) {
+    o.lengths.clear();
+    for (const std::string& l : List(flags->Str("lengths"))) {
+      int64_t v;
+      if (!absl::SimpleAtoi(l, &v)) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("--lengths: '", l, "' is not a number")),
+                    "calibrate");
+      }
+      o.lengths.push_back(v);
+    }
+  }
+  auto spec = cli::LoadJobSpec(flags->Str("spec"));
+  if (!spec.ok()) return Fail(spec.status(), "calibrate");
+  auto model = engine::BuildJobModel(*spec);
+  if (!model.ok()) return Fail(model.status(), "calibrate");
+  if (!flags->Has("lengths")) o.lengths = engine::CalibrationLengths(*model);
+  auto times = engine::TimeForwardBackward(*model, o);
+  if (!times.ok()) return Fail(times.status(), "calibrate");
+  auto fit = FitCostModel(*times);
+  if (!fit.ok()) return Fail(fit.status(), "calibrate");
+  std::printf("CPU engine forward+backward, batches of %d samples, median of %d (thread CPU time):\n",
+              o.batch_size, o.repeats);
+  std::printf("%8s %16s %16s %8s\n", "length", "measured s/smp", "fitted s/smp", "error%");
+  for (const CostMeasurement& m : *times) {
+    const double predicted = fit->SampleCost(m.length);
+    std::printf("%8lld %16.6g %16.6g %8.2f\n", static_cast<long long>(m.length), m.seconds,
+                predicted, 100 * (predicted - m.seconds) / m.seconds);
+  }
+  std::printf("# seconds per sample; paste into the job spec:\ndata:\n  bbs:\n    cost_weights:\n"
+              "      per_sample: %.6g\n      linear: %.6g\n      quadratic: %.6g\n",
+              fit->per_sample, fit->linear, fit->quadratic);
+  return cli::kExitOk;
+}
+
 int RunInfo(const std::vector<std::string>& args) {
   auto flags = Flags::Parse(args, {"dataset", "verify"});
   if (!flags.ok()) return Fail(flags.status(), "info");
@@ -300,6 +346,18 @@ RECFLEET_REGISTER_COMMAND({
     "  [--eval-fraction 0.1] [--seed 1] [--rows-per-block 256]\n"
     "Prints the planted model's (best achievable) AUC on the eval split.",
     RunSynth,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "data calibrate",
+    "Time the job's model per sequence length on the CPU engine and fit BBS cost weights",
+    "recfleet data calibrate --spec JOB.yaml [--lengths L1,L2,... (default: 1 to the\n"
+    "  spec's longest sequence)]\n"
+    "  [--batch-size 16] [--repeats 3]\n"
+    "Builds the spec's GEM-lite, times forward+backward on synthetic batches of each\n"
+    "length, fits per_sample + linear * L + quadratic * L^2 (seconds, weights >= 0) and\n"
+    "prints them as spec.data.bbs.cost_weights.",
+    RunCalibrate,
 });
 
 RECFLEET_REGISTER_COMMAND({
