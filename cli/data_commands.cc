@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -242,7 +244,7 @@ int RunBalanceReport(const std::vector<std::string>& args) {
 }
 
 int RunCalibrate(const std::vector<std::string>& args) {
-  auto flags = Flags::Parse(args, {"spec", "lengths", "batch-size", "repeats"});
+  auto flags = Flags::Parse(args, {"spec", "lengths", "batch-size", "repeats", "check-batches"});
   if (!flags.ok()) return Fail(flags.status(), "calibrate");
   if (!flags->Has("spec")) {
     return Fail(absl::InvalidArgumentError("--spec is required"), "calibrate");
@@ -250,6 +252,8 @@ int RunCalibrate(const std::vector<std::string>& args) {
   engine::CalibrationOptions o;
   RETURN_USAGE_IF_ERROR(flags->Get("batch-size", &o.batch_size), "calibrate");
   RETURN_USAGE_IF_ERROR(flags->Get("repeats", &o.repeats), "calibrate");
+  int check_batches = 4;
+  RETURN_USAGE_IF_ERROR(flags->Get("check-batches", &check_batches), "calibrate");
   if (flags->Has("lengths")) {
     o.lengths.clear();
     for (const std::string& l : List(flags->Str("lengths"))) {
@@ -277,6 +281,21 @@ int RunCalibrate(const std::vector<std::string>& args) {
     const double predicted = fit->SampleCost(m.length);
     std::printf("%8lld %16.6g %16.6g %8.2f\n", static_cast<long long>(m.length), m.seconds,
                 predicted, 100 * (predicted - m.seconds) / m.seconds);
+  }
+  auto checks = engine::CheckMixedBatches(
+      *model, *fit, *std::max_element(o.lengths.begin(), o.lengths.end()), check_batches, o);
+  if (!checks.ok()) return Fail(checks.status(), "calibrate");
+  if (!checks->empty()) {
+    std::printf("batches of mixed lengths (uniform in 1..%lld), predicted vs measured:\n",
+                static_cast<long long>(*std::max_element(o.lengths.begin(), o.lengths.end())));
+    double worst = 0;
+    for (const engine::BatchCheck& c : *checks) {
+      const double error = (c.predicted_seconds - c.measured_seconds) / c.measured_seconds;
+      worst = std::max(worst, std::fabs(error));
+      std::printf("  measured %.6g s, predicted %.6g s, error %+.2f%%\n", c.measured_seconds,
+                  c.predicted_seconds, 100 * error);
+    }
+    std::printf("  largest error %.2f%%\n", 100 * worst);
   }
   std::printf("# seconds per sample; paste into the job spec:\ndata:\n  bbs:\n    cost_weights:\n"
               "      per_sample: %.6g\n      linear: %.6g\n      quadratic: %.6g\n",
@@ -353,10 +372,11 @@ RECFLEET_REGISTER_COMMAND({
     "Time the job's model per sequence length on the CPU engine and fit BBS cost weights",
     "recfleet data calibrate --spec JOB.yaml [--lengths L1,L2,... (default: 1 to the\n"
     "  spec's longest sequence)]\n"
-    "  [--batch-size 16] [--repeats 3]\n"
+    "  [--batch-size 16] [--repeats 3] [--check-batches 4]\n"
     "Builds the spec's GEM-lite, times forward+backward on synthetic batches of each\n"
     "length, fits per_sample + linear * L + quadratic * L^2 (seconds, weights >= 0) and\n"
-    "prints them as spec.data.bbs.cost_weights.",
+    "prints them as spec.data.bbs.cost_weights, after timing --check-batches batches of\n"
+    "mixed lengths against the fit's prediction.",
     RunCalibrate,
 });
 

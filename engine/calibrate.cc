@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/model.h"
 
 namespace recfleet::engine {
@@ -33,8 +34,9 @@ std::vector<int64_t> CalibrationLengths(const JobModel& model) {
   return lengths;
 }
 
-Batch SyntheticBatch(const JobModel& model, int size, int64_t length, uint64_t seed) {
+Batch SyntheticBatch(const JobModel& model, const std::vector<int64_t>& lengths, uint64_t seed) {
   const FeatureSchema& s = model.schema;
+  const int size = static_cast<int>(lengths.size());
   std::mt19937_64 rng(seed);
   auto id = [&](int table) { return static_cast<int64_t>(rng() % s.tables[table].rows); };
   Batch b;
@@ -48,7 +50,7 @@ Batch SyntheticBatch(const JobModel& model, int size, int64_t length, uint64_t s
       b.id_lists[f].Append({&one, 1});
     }
     for (size_t f = 0; f < s.sequence_fields.size(); ++f) {
-      ids.resize(length);
+      ids.resize(lengths[i]);
       for (int64_t& x : ids) x = id(s.sequence_fields[f].table);
       b.sequence[f].Append(ids);
     }
@@ -59,31 +61,74 @@ Batch SyntheticBatch(const JobModel& model, int size, int64_t length, uint64_t s
   return b;
 }
 
-absl::StatusOr<std::vector<data::CostMeasurement>> TimeForwardBackward(
-    const JobModel& model, const CalibrationOptions& o) {
+namespace {
+
+absl::Status CheckOptions(const JobModel& model, const CalibrationOptions& o) {
   if (o.lengths.empty() || o.batch_size < 1 || o.repeats < 1) {
     return absl::InvalidArgumentError(
         "calibrate: need at least one length, batch_size >= 1 and repeats >= 1");
+  }
+  for (int64_t length : o.lengths) {
+    if (length < 0) return absl::InvalidArgumentError("calibrate: lengths must be >= 0");
   }
   if (model.schema.sequence_fields.empty()) {
     return absl::InvalidArgumentError(
         "calibrate: the model has no SEQUENCE feature, so its cost does not depend on length");
   }
+  return absl::OkStatus();
+}
+
+// Median thread CPU seconds of ForwardBackward on `batch` over `repeats`
+// runs, after one untimed warm-up.
+absl::StatusOr<double> TimeBatch(GemLite<float>& gem, const Batch& batch, int repeats) {
+  std::vector<double> seconds;
+  for (int r = 0; r <= repeats; ++r) {
+    const double start = ThreadSeconds();
+    auto step = gem.ForwardBackward(batch);
+    if (!step.ok()) return step.status();
+    if (r > 0) seconds.push_back(ThreadSeconds() - start);
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<data::CostMeasurement>> TimeForwardBackward(
+    const JobModel& model, const CalibrationOptions& o) {
+  RECFLEET_RETURN_IF_ERROR(CheckOptions(model, o));
   auto gem = GemLite<float>::Create(model.config, model.schema);
   if (!gem.ok()) return gem.status();
   std::vector<data::CostMeasurement> out;
   for (int64_t length : o.lengths) {
-    if (length < 0) return absl::InvalidArgumentError("calibrate: lengths must be >= 0");
-    const Batch batch = SyntheticBatch(model, o.batch_size, length, o.seed + length);
-    std::vector<double> seconds;
-    for (int r = 0; r <= o.repeats; ++r) {
-      const double start = ThreadSeconds();
-      auto step = (*gem)->ForwardBackward(batch);
-      if (!step.ok()) return step.status();
-      if (r > 0) seconds.push_back(ThreadSeconds() - start);  // r == 0 warms up.
+    const std::vector<int64_t> lengths(o.batch_size, length);
+    auto seconds = TimeBatch(**gem, SyntheticBatch(model, lengths, o.seed + length), o.repeats);
+    if (!seconds.ok()) return seconds.status();
+    out.push_back({length, *seconds / o.batch_size});
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<BatchCheck>> CheckMixedBatches(const JobModel& model,
+                                                          const data::CostModel& fit,
+                                                          int64_t longest, int batches,
+                                                          const CalibrationOptions& o) {
+  RECFLEET_RETURN_IF_ERROR(CheckOptions(model, o));
+  auto gem = GemLite<float>::Create(model.config, model.schema);
+  if (!gem.ok()) return gem.status();
+  std::mt19937_64 rng(o.seed ^ 0xC4EC);
+  std::vector<BatchCheck> out;
+  for (int b = 0; b < batches; ++b) {
+    std::vector<int64_t> lengths(o.batch_size);
+    BatchCheck check;
+    for (int64_t& l : lengths) {
+      l = 1 + static_cast<int64_t>(rng() % std::max<int64_t>(1, longest));
+      check.predicted_seconds += fit.SampleCost(l);
     }
-    std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
-    out.push_back({length, seconds[seconds.size() / 2] / o.batch_size});
+    auto seconds = TimeBatch(**gem, SyntheticBatch(model, lengths, rng()), o.repeats);
+    if (!seconds.ok()) return seconds.status();
+    check.measured_seconds = *seconds;
+    out.push_back(check);
   }
   return out;
 }

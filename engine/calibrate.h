@@ -38,9 +38,22 @@ absl::StatusOr<std::vector<data::CostMeasurement>> TimeForwardBackward(
 // 1/8, 1/4, 1/2 and all of it.
 std::vector<int64_t> CalibrationLengths(const JobModel& model);
 
-// A batch of `size` samples whose sequence fields all hold `length` events:
-// ids uniform over each table, dense inputs 0, labels alternating 0/1.
-Batch SyntheticBatch(const JobModel& model, int size, int64_t length, uint64_t seed);
+// A batch with one sample per entry of `lengths`, whose sequence fields
+// hold that many events: ids uniform over each table, dense inputs 0,
+// labels alternating 0/1.
+Batch SyntheticBatch(const JobModel& model, const std::vector<int64_t>& lengths, uint64_t seed);
+
+// Checking a fit where it is used: batches of mixed lengths (uniform in
+// 1..longest), each timed like TimeForwardBackward and compared with the
+// sum of its samples' predicted costs.
+struct BatchCheck {
+  double measured_seconds = 0;
+  double predicted_seconds = 0;
+};
+absl::StatusOr<std::vector<BatchCheck>> CheckMixedBatches(const JobModel& model,
+                                                          const data::CostModel& fit,
+                                                          int64_t longest, int batches,
+                                                          const CalibrationOptions& options);
 
 }  // namespace recfleet::engine
 

@@ -53,6 +53,23 @@ TEST(CalibrateTest, TimesTheTinyModelAtEveryLength) {
   EXPECT_GE(fit->linear, 0);
   EXPECT_GE(fit->quadratic, 0);
   EXPECT_GT(fit->SampleCost(64), 0);
+  auto checks = CheckMixedBatches(Tiny(), *fit, 64, 2, o);
+  ASSERT_TRUE(checks.ok()) << checks.status();
+  ASSERT_EQ(checks->size(), 2u);
+  for (const BatchCheck& c : *checks) {
+    EXPECT_GT(c.measured_seconds, 0);
+    EXPECT_GT(c.predicted_seconds, 0);
+  }
+}
+
+TEST(CalibrateTest, SyntheticBatchHasTheRequestedLengths) {
+  const JobModel m = Tiny();
+  Batch b = SyntheticBatch(m, {0, 3, 1}, 9);
+  EXPECT_EQ(b.size, 3);
+  ASSERT_EQ(b.sequence.size(), 1u);
+  EXPECT_EQ(b.sequence[0].offsets, (std::vector<int64_t>{0, 0, 3, 4}));
+  for (int64_t id : b.sequence[0].ids) EXPECT_LT(id, 100);
+  EXPECT_EQ(b.ctr_labels, (std::vector<float>{0, 1, 0}));
 }
 
 // Times planted as a known per-sample + linear + quadratic cost (plus 1%
