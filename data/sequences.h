@@ -95,7 +95,7 @@ class SequenceRefs {
   int end_column() const { return end_col_; }
   int len_column() const { return len_col_; }
 
-  // An error unless the window (seq, end, len) lies inside the store.
+  // Whether the window (seq, end, len) lies inside the store.
   bool Valid(int64_t seq, int64_t end, int64_t len) const;
   // Appends derived feature d's window of one sample to `out` (a jagged
   // int64 column). `anchor` is the sample's anchor value (time_bucket).
