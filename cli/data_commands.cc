@@ -1,10 +1,15 @@
-// `recfleet data ...`: ingest, synth, balance-report, info, planted-auc.
+// `recfleet data ...`: ingest, synth, balance-report, calibrate, info, planted-auc.
 // Registered into the recfleet command table (cli/command.h).
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -13,11 +18,14 @@
 #include "absl/strings/str_split.h"
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "cli/jobs/spec_file.h"
 #include "data/balance.h"
 #include "data/dataset_file.h"
 #include "data/ingest.h"
 #include "data/loader.h"
 #include "data/synth.h"
+#include "engine/calibrate.h"
+#include "engine/job_model.h"
 
 namespace recfleet::data {
 namespace {
@@ -63,7 +71,10 @@ int RunIngest(const std::vector<std::string>& args) {
                                    "user-feature-columns",
                                    "item-feature-columns",
                                    "seed",
-                                   "rows-per-block"});
+                                   "rows-per-block",
+                                   "negative-sampling",
+                                   "bad-ratings",
+                                   "sort-buffer-events"});
   if (!flags.ok()) return Fail(flags.status(), "ingest");
   IngestOptions o;
   o.path = flags->Str("input");
@@ -103,10 +114,38 @@ int RunIngest(const std::vector<std::string>& args) {
   RETURN_USAGE_IF_ERROR(flags->Get("eval-fraction", &o.eval_fraction), "ingest");
   RETURN_USAGE_IF_ERROR(flags->Get("seed", &o.seed), "ingest");
   RETURN_USAGE_IF_ERROR(flags->Get("rows-per-block", &o.rows_per_block), "ingest");
+  RETURN_USAGE_IF_ERROR(flags->Get("sort-buffer-events", &o.sort_buffer_events), "ingest");
+  const std::string sampling = flags->Str("negative-sampling", "uniform");
+  if (sampling == "popularity") {
+    o.negative_sampling = IngestOptions::Negatives::kPopularity;
+  } else if (sampling != "uniform") {
+    return Fail(absl::InvalidArgumentError("--negative-sampling must be uniform or popularity"),
+                "ingest");
+  }
+  const std::string bad_ratings = flags->Str("bad-ratings", "error");
+  if (bad_ratings == "skip") {
+    o.bad_ratings = IngestOptions::BadRatings::kSkip;
+  } else if (bad_ratings != "error") {
+    return Fail(absl::InvalidArgumentError("--bad-ratings must be error or skip"), "ingest");
+  }
+  // One line rewritten in place, only for a person watching a terminal
+  // (logs and pipes get the summary alone).
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  double seconds = 0;
+  o.progress = [tty, &seconds](const IngestProgress& p) {
+    seconds = p.seconds;
+    if (!tty) return;
+    std::fprintf(stderr, "\r\033[K%s: %lld events read, %lld samples written, %.1f s (%.0f events/s)",
+                 p.phase, static_cast<long long>(p.events), static_cast<long long>(p.samples),
+                 p.seconds, p.seconds > 0 ? p.events / p.seconds : 0.0);
+    if (std::string_view(p.phase) == "done") std::fputc('\n', stderr);
+  };
   auto stats = Ingest(o, out);
+  if (tty && !stats.ok()) std::fputc('\n', stderr);
   if (!stats.ok()) return Fail(stats.status(), "ingest");
-  std::printf("ingested %s -> %s/{train,eval}.rfd: %s\n", o.path.c_str(), out.c_str(),
-              stats->ToString().c_str());
+  std::printf("ingested %s -> %s/{train,eval}.rfd + %s in %.2f s (%.0f events/s): %s\n",
+              o.path.c_str(), out.c_str(), kSequenceFileName, seconds,
+              seconds > 0 ? stats->events / seconds : 0.0, stats->ToString().c_str());
   return cli::kExitOk;
 }
 
@@ -163,27 +202,104 @@ int RunBalanceReport(const std::vector<std::string>& args) {
   }
   auto files = ExpandDatasetPaths(flags->Str("dataset"));
   if (!files.ok()) return Fail(files.status(), "balance-report");
-  std::string feature = flags->Str("length-feature", "history_items");
-  auto lengths = ReadLengths(*files, feature);
-  if (!lengths.ok()) return Fail(lengths.status(), "balance-report");
-  DealOptions o;
-  o.ranks = ranks;
-  o.base_batch = base;
-  o.base_batches_per_rank = batch / base;
-  auto rows = ComputeBalance(*lengths, *cost, o, seed, epochs);
+  // The windows come from the loader a job with these settings would use,
+  // so the report compares the policies on what that loader deals.
+  LoaderOptions lo;
+  lo.files = *files;
+  lo.deal.ranks = ranks;
+  lo.deal.base_batch = base;
+  lo.deal.base_batches_per_rank = batch / base;
+  lo.cost = *cost;
+  lo.seed = seed;
+  lo.length_feature = flags->Str("length-feature");
+  auto loader = Loader::Open(lo);
+  if (!loader.ok()) return Fail(loader.status(), "balance-report");
+  auto windows = EpochWindows(**loader, epochs);
+  if (!windows.ok()) return Fail(windows.status(), "balance-report");
+  auto rows = BalanceOfWindows(*windows, *cost, lo.deal);
   double sum = 0;
-  int64_t mx = 0;
-  for (int64_t l : *lengths) {
-    sum += l;
-    mx = std::max(mx, l);
+  int64_t mx = 0, n = 0;
+  for (const auto& w : *windows) {
+    for (int64_t l : w) {
+      sum += l;
+      mx = std::max(mx, l);
+      ++n;
+    }
   }
-  std::printf("dataset %s: %zu samples, %s length mean %.1f max %lld\n",
-              flags->Str("dataset").c_str(), lengths->size(), feature.c_str(),
-              lengths->empty() ? 0.0 : sum / lengths->size(), static_cast<long long>(mx));
+  const std::string feature =
+      (*loader)->schema()->features[(*loader)->length_column()].name;
+  std::printf("dataset %s: %lld samples per epoch, %lld in full steps, %s length mean %.1f max "
+              "%lld\n",
+              flags->Str("dataset").c_str(),
+              static_cast<long long>((*loader)->samples_per_epoch()),
+              static_cast<long long>(n / epochs), feature.c_str(), n == 0 ? 0.0 : sum / n,
+              static_cast<long long>(mx));
   std::printf("%d ranks x batch %d (%d base batches of %d), cost %s, seed %llu\n", ranks, batch,
               batch / base, base, cost->ToString().c_str(), static_cast<unsigned long long>(seed));
-  std::printf("straggler gap = max rank cost / mean - 1, per step, over %d epoch(s):\n%s", epochs,
-              FormatBalance(rows).c_str());
+  std::printf(
+      "straggler gap = max rank cost / mean - 1, per full step in the loader's order "
+      "(job seed %llu), over %d epoch(s):\n%s",
+      static_cast<unsigned long long>(seed), epochs, FormatBalance(rows).c_str());
+  return cli::kExitOk;
+}
+
+int RunCalibrate(const std::vector<std::string>& args) {
+  auto flags = Flags::Parse(args, {"spec", "lengths", "batch-size", "repeats", "check-batches"});
+  if (!flags.ok()) return Fail(flags.status(), "calibrate");
+  if (!flags->Has("spec")) {
+    return Fail(absl::InvalidArgumentError("--spec is required"), "calibrate");
+  }
+  engine::CalibrationOptions o;
+  RETURN_USAGE_IF_ERROR(flags->Get("batch-size", &o.batch_size), "calibrate");
+  RETURN_USAGE_IF_ERROR(flags->Get("repeats", &o.repeats), "calibrate");
+  int check_batches = 4;
+  RETURN_USAGE_IF_ERROR(flags->Get("check-batches", &check_batches), "calibrate");
+  if (flags->Has("lengths")) {
+    o.lengths.clear();
+    for (const std::string& l : List(flags->Str("lengths"))) {
+      int64_t v;
+      if (!absl::SimpleAtoi(l, &v)) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("--lengths: '", l, "' is not a number")),
+                    "calibrate");
+      }
+      o.lengths.push_back(v);
+    }
+  }
+  auto spec = cli::LoadJobSpec(flags->Str("spec"));
+  if (!spec.ok()) return Fail(spec.status(), "calibrate");
+  auto model = engine::BuildJobModel(*spec);
+  if (!model.ok()) return Fail(model.status(), "calibrate");
+  if (!flags->Has("lengths")) o.lengths = engine::CalibrationLengths(*model);
+  auto times = engine::TimeForwardBackward(*model, o);
+  if (!times.ok()) return Fail(times.status(), "calibrate");
+  auto fit = FitCostModel(*times);
+  if (!fit.ok()) return Fail(fit.status(), "calibrate");
+  std::printf("CPU engine forward+backward, batches of %d samples, median of %d (thread CPU time):\n",
+              o.batch_size, o.repeats);
+  std::printf("%8s %16s %16s %8s\n", "length", "measured s/smp", "fitted s/smp", "error%");
+  for (const CostMeasurement& m : *times) {
+    const double predicted = fit->SampleCost(m.length);
+    std::printf("%8lld %16.6g %16.6g %8.2f\n", static_cast<long long>(m.length), m.seconds,
+                predicted, 100 * (predicted - m.seconds) / m.seconds);
+  }
+  auto checks = engine::CheckMixedBatches(
+      *model, *fit, *std::max_element(o.lengths.begin(), o.lengths.end()), check_batches, o);
+  if (!checks.ok()) return Fail(checks.status(), "calibrate");
+  if (!checks->empty()) {
+    std::printf("batches of mixed lengths (uniform in 1..%lld), predicted vs measured:\n",
+                static_cast<long long>(*std::max_element(o.lengths.begin(), o.lengths.end())));
+    double worst = 0;
+    for (const engine::BatchCheck& c : *checks) {
+      const double error = (c.predicted_seconds - c.measured_seconds) / c.measured_seconds;
+      worst = std::max(worst, std::fabs(error));
+      std::printf("  measured %.6g s, predicted %.6g s, error %+.2f%%\n", c.measured_seconds,
+                  c.predicted_seconds, 100 * error);
+    }
+    std::printf("  largest error %.2f%%\n", 100 * worst);
+  }
+  std::printf("# seconds per sample; paste into the job spec:\ndata:\n  bbs:\n    cost_weights:\n"
+              "      per_sample: %.6g\n      linear: %.6g\n      quadratic: %.6g\n",
+              fit->per_sample, fit->linear, fit->quadratic);
   return cli::kExitOk;
 }
 
@@ -231,7 +347,11 @@ RECFLEET_REGISTER_COMMAND({
     "  [--split time|user] [--eval-fraction 0.2] [--seed 1] [--rows-per-block 1024]\n"
     "  [--user-features FILE] [--item-features FILE]\n"
     "  [--user-feature-columns a,b] [--item-feature-columns a,b]\n"
-    "Writes DIR/train.rfd, DIR/eval.rfd, DIR/vocab_user.tsv, DIR/vocab_item.tsv.",
+    "  [--negative-sampling uniform|popularity] [--bad-ratings error|skip]\n"
+    "  [--sort-buffer-events 8388608]   (events sorted in memory; more spill to DIR)\n"
+    "Writes DIR/train.rfd, DIR/eval.rfd (samples referencing histories), DIR/sequences.rfs\n"
+    "(each user's events, once), DIR/vocab_user.tsv, DIR/vocab_item.tsv. Shows progress\n"
+    "on a terminal.",
     RunIngest,
 });
 
@@ -248,12 +368,26 @@ RECFLEET_REGISTER_COMMAND({
 });
 
 RECFLEET_REGISTER_COMMAND({
+    "data calibrate",
+    "Time the job's model per sequence length on the CPU engine and fit BBS cost weights",
+    "recfleet data calibrate --spec JOB.yaml [--lengths L1,L2,... (default: 1 to the\n"
+    "  spec's longest sequence)]\n"
+    "  [--batch-size 16] [--repeats 3] [--check-batches 4]\n"
+    "Builds the spec's GEM-lite, times forward+backward on synthetic batches of each\n"
+    "length, fits per_sample + linear * L + quadratic * L^2 (seconds, weights >= 0) and\n"
+    "prints them as spec.data.bbs.cost_weights, after timing --check-batches batches of\n"
+    "mixed lengths against the fit's prediction.",
+    RunCalibrate,
+});
+
+RECFLEET_REGISTER_COMMAND({
     "data balance-report",
     "Per-step straggler gap of naive, sort-interleave BBS and recfleet dealing",
     "recfleet data balance-report --dataset FILES|DIR --ranks R --batch-size B\n"
     "  [--base-batch 128] [--cost linear|quadratic|windowed|block|linear=1,quadratic=0.001,...]\n"
     "  [--seed 1] [--epochs 1] [--length-feature history_items]\n"
-    "Steps of all epochs are pooled; each epoch is a fresh shuffle.",
+    "Windows are those the job's loader deals (its block and row order for --seed), full\n"
+    "steps only; steps of all epochs are pooled.",
     RunBalanceReport,
 });
 

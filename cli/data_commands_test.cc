@@ -50,5 +50,30 @@ TEST(DataCommandsTest, IngestSequencesAndUsageErrors) {
   EXPECT_EQ(RunCommand("data info", {"--dataset", out + "/missing.rfd"}), cli::kExitNotFound);
 }
 
+TEST(DataCommandsTest, CalibratePrintsCostWeights) {
+  std::string spec = std::string(testing::TempDir()) + "/calibrate.yaml";
+  FILE* f = std::fopen(spec.c_str(), "w");
+  std::fputs(
+      "model:\n"
+      "  tables: [{name: item, rows: 50, dim: 8}]\n"
+      "  features:\n"
+      "    - {name: item_id, kind: CANDIDATE, table: item}\n"
+      "    - {name: history_items, kind: SEQUENCE, table: item, max_length: 16}\n"
+      "  sequence: {features: [history_items], num_layers: 1, model_dim: 8, num_heads: 2,\n"
+      "             attention: {kind: FULL}}\n"
+      "  cross: {num_cross_layers: 1, pma_queries: 2, num_heads: 2}\n"
+      "  dense: [{mlp: {hidden_dims: [8, 8]}}]\n"
+      "  heads: [{kind: CTR, label: label, hidden_dims: [8]}]\n"
+      "data: {dataset: unused, local_batch_size: 4}\n"
+      "resources: {workers: 1}\n"
+      "training: {steps: 1, dense_learning_rate: 0.01, sparse_learning_rate: 0.01}\n",
+      f);
+  std::fclose(f);
+  EXPECT_EQ(RunCommand("data calibrate", {"--spec", spec, "--batch-size", "2", "--repeats", "1"}),
+            cli::kExitOk);
+  EXPECT_EQ(RunCommand("data calibrate", {"--spec", spec, "--lengths", "1,x"}), cli::kExitUsage);
+  EXPECT_EQ(RunCommand("data calibrate", {}), cli::kExitUsage);
+}
+
 }  // namespace
 }  // namespace recfleet::data

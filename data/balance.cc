@@ -7,7 +7,6 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "data/dataset_file.h"
 
 namespace recfleet::data {
 
@@ -27,31 +26,42 @@ GapStats Summarize(std::vector<double> gaps) {
   return s;
 }
 
-std::vector<BalanceRow> ComputeBalance(const std::vector<int64_t>& lengths, const CostModel& cost,
-                                       const DealOptions& options, uint64_t seed, int epochs) {
+std::vector<BalanceRow> BalanceOfWindows(const std::vector<std::vector<int64_t>>& windows,
+                                         const CostModel& cost, const DealOptions& options) {
   const size_t window = options.WindowSize();
   DealOptions consecutive = options;
   consecutive.length_aware_base_batches = false;
   std::vector<std::vector<double>> gaps(5);
   std::vector<double> costs(window);
-  std::vector<int64_t> order = lengths;
-  for (int epoch = 0; epoch < epochs; ++epoch) {
-    std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * epoch);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (size_t start = 0; start + window <= order.size(); start += window) {
-      for (size_t i = 0; i < window; ++i) costs[i] = cost.SampleCost(order[start + i]);
-      gaps[0].push_back(DealWindow(Policy::kNaive, costs, options).Gap());
-      gaps[1].push_back(DealWindow(Policy::kSortInterleave, costs, options).Gap());
-      gaps[2].push_back(DealWindow(Policy::kRecfleet, costs, options).Gap());
-      gaps[3].push_back(DealWindow(Policy::kRecfleet, costs, consecutive).Gap());
-      gaps[4].push_back(GapLowerBound(costs, options.ranks));
-    }
+  for (const std::vector<int64_t>& w : windows) {
+    if (w.size() != window) continue;
+    for (size_t i = 0; i < window; ++i) costs[i] = cost.SampleCost(w[i]);
+    gaps[0].push_back(DealWindow(Policy::kNaive, costs, options).Gap());
+    gaps[1].push_back(DealWindow(Policy::kSortInterleave, costs, options).Gap());
+    gaps[2].push_back(DealWindow(Policy::kRecfleet, costs, options).Gap());
+    gaps[3].push_back(DealWindow(Policy::kRecfleet, costs, consecutive).Gap());
+    gaps[4].push_back(GapLowerBound(costs, options.ranks));
   }
   const char* names[] = {"naive", "sort-interleave", "recfleet",
                          "recfleet-consecutive-base-batches", "lower-bound"};
   std::vector<BalanceRow> rows;
   for (int i = 0; i < 5; ++i) rows.push_back({names[i], Summarize(gaps[i])});
   return rows;
+}
+
+std::vector<BalanceRow> ComputeBalance(const std::vector<int64_t>& lengths, const CostModel& cost,
+                                       const DealOptions& options, uint64_t seed, int epochs) {
+  const size_t window = options.WindowSize();
+  std::vector<std::vector<int64_t>> windows;
+  std::vector<int64_t> order = lengths;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * epoch);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t start = 0; start + window <= order.size(); start += window) {
+      windows.emplace_back(order.begin() + start, order.begin() + start + window);
+    }
+  }
+  return BalanceOfWindows(windows, cost, options);
 }
 
 std::string FormatBalance(const std::vector<BalanceRow>& rows) {
@@ -65,28 +75,6 @@ std::string FormatBalance(const std::vector<BalanceRow>& rows) {
     out += line;
   }
   return out;
-}
-
-absl::StatusOr<std::vector<int64_t>> ReadLengths(const std::vector<std::string>& files,
-                                                 const std::string& feature) {
-  std::vector<int64_t> lengths;
-  for (const std::string& path : files) {
-    auto reader = DatasetReader::Open(path);
-    if (!reader.ok()) return reader.status();
-    int col = (*reader)->schema()->Find(feature);
-    if (col < 0 || (*reader)->schema()->features[col].layout != Layout::kJagged) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": no jagged feature '", feature, "' to take lengths from"));
-    }
-    Batch block;
-    while (true) {
-      auto more = (*reader)->Next(&block);
-      if (!more.ok()) return more.status();
-      if (!*more) break;
-      for (size_t r = 0; r < block.num_rows(); ++r) lengths.push_back(block.RowLength(col, r));
-    }
-  }
-  return lengths;
 }
 
 }  // namespace recfleet::data

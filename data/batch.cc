@@ -89,7 +89,10 @@ void Batch::AppendRow(const Batch& src, size_t row) {
 }
 
 void Batch::AppendRow(const BlockView& src, size_t row) {
-  for (size_t c = 0; c < columns_.size(); ++c) {
+  for (size_t c = src.num_stored(); c < columns_.size(); ++c) {
+    src.AppendReferenced(static_cast<int>(c), row, &columns_[c]);
+  }
+  for (size_t c = 0; c < src.num_stored(); ++c) {
     const FeatureSpec& f = schema_->features[c];
     Column& d = columns_[c];
     const size_t elem = f.dtype == DType::kInt64 ? 8 : 4;

@@ -1,5 +1,9 @@
 #include "data/cost_model.h"
 
+#include <cmath>
+#include <limits>
+#include <set>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -66,6 +70,98 @@ std::string CostModel::ToString() const {
   return absl::StrCat("linear=", linear, ",quadratic=", quadratic, ",windowed=", windowed,
                       ",window=", window, ",block=", block, ",block_size=", block_size,
                       ",per_sample=", per_sample);
+}
+
+namespace {
+
+// Solves the n x n system a x = b (n <= 3) by Gaussian elimination with
+// partial pivoting; false when it is singular.
+bool Solve(double a[3][3], double b[3], int n, double x[3]) {
+  for (int col = 0; col < n; ++col) {
+    int pivot = col;
+    for (int r = col + 1; r < n; ++r) {
+      if (std::fabs(a[r][col]) > std::fabs(a[pivot][col])) pivot = r;
+    }
+    if (std::fabs(a[pivot][col]) < 1e-12) return false;
+    std::swap(a[col], a[pivot]);
+    std::swap(b[col], b[pivot]);
+    for (int r = col + 1; r < n; ++r) {
+      const double f = a[r][col] / a[col][col];
+      for (int c = col; c < n; ++c) a[r][c] -= f * a[col][c];
+      b[r] -= f * b[col];
+    }
+  }
+  for (int r = n - 1; r >= 0; --r) {
+    double v = b[r];
+    for (int c = r + 1; c < n; ++c) v -= a[r][c] * x[c];
+    x[r] = v / a[r][r];
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<CostModel> FitCostModel(const std::vector<CostMeasurement>& measurements) {
+  std::set<int64_t> lengths;
+  int64_t longest = 1;
+  for (const CostMeasurement& m : measurements) {
+    if (m.length < 0 || !(m.seconds > 0) || !std::isfinite(m.seconds)) {
+      return absl::InvalidArgumentError(absl::StrCat("calibration: measurement at length ",
+                                                     m.length, " has time ", m.seconds,
+                                                     "; need lengths >= 0 and times > 0"));
+    }
+    lengths.insert(m.length);
+    longest = std::max(longest, m.length);
+  }
+  if (lengths.size() < 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibration: need measurements at 3 or more distinct lengths, got ", lengths.size()));
+  }
+  // Terms scaled to [0, 1] (L / longest) so the normal equations stay well
+  // conditioned; the weights are scaled back at the end.
+  auto term = [&](int t, int64_t length) {
+    const double l = static_cast<double>(length) / static_cast<double>(longest);
+    return t == 0 ? 1.0 : t == 1 ? l : l * l;
+  };
+  double best_error = std::numeric_limits<double>::infinity();
+  double best[3] = {0, 0, 0};
+  for (int subset = 1; subset < 8; ++subset) {
+    int terms[3], n = 0;
+    for (int t = 0; t < 3; ++t) {
+      if (subset & (1 << t)) terms[n++] = t;
+    }
+    double a[3][3] = {}, b[3] = {}, x[3] = {};
+    for (const CostMeasurement& m : measurements) {
+      const double w = 1.0 / (m.seconds * m.seconds);  // Relative error.
+      for (int i = 0; i < n; ++i) {
+        for (int j = 0; j < n; ++j) a[i][j] += w * term(terms[i], m.length) * term(terms[j], m.length);
+        b[i] += w * term(terms[i], m.length) * m.seconds;
+      }
+    }
+    if (!Solve(a, b, n, x)) continue;
+    bool feasible = true;
+    for (int i = 0; i < n; ++i) feasible &= x[i] >= 0;
+    if (!feasible) continue;
+    double error = 0;
+    for (const CostMeasurement& m : measurements) {
+      double predicted = 0;
+      for (int i = 0; i < n; ++i) predicted += x[i] * term(terms[i], m.length);
+      error += (predicted - m.seconds) * (predicted - m.seconds) / (m.seconds * m.seconds);
+    }
+    if (error < best_error) {
+      best_error = error;
+      for (int t = 0; t < 3; ++t) best[t] = 0;
+      for (int i = 0; i < n; ++i) best[terms[i]] = x[i];
+    }
+  }
+  if (!std::isfinite(best_error)) {
+    return absl::InvalidArgumentError("calibration: no non-negative fit of the measurements");
+  }
+  CostModel m;
+  m.per_sample = best[0];
+  m.linear = best[1] / static_cast<double>(longest);
+  m.quadratic = best[2] / (static_cast<double>(longest) * static_cast<double>(longest));
+  return m;
 }
 
 }  // namespace recfleet::data

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -44,6 +45,22 @@ struct CostModel {
   // The comma-list form, which Parse accepts back.
   std::string ToString() const;
 };
+
+// One measurement for calibration: the time (seconds) one sample of
+// sequence length `length` took, e.g. a timed batch divided by its size.
+struct CostMeasurement {
+  int64_t length = 0;
+  double seconds = 0;
+};
+
+// The per_sample + linear * L + quadratic * L^2 model closest to the
+// measurements in relative error (each measurement's residual divided by
+// its time, so short samples count as much as long ones), with every
+// weight >= 0 (a term whose best weight is negative is left out: the
+// non-negative least squares solution, found by trying each subset of the
+// three terms). Needs measurements at 3 or more distinct lengths, all
+// with seconds > 0. Weights are in seconds.
+absl::StatusOr<CostModel> FitCostModel(const std::vector<CostMeasurement>& measurements);
 
 }  // namespace recfleet::data
 

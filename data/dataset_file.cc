@@ -8,7 +8,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "data/crc32c.h"
+#include "data/int_codec.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the dataset format is little-endian; add byte swapping for this host");
@@ -16,7 +18,10 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace recfleet::data {
 namespace {
 
-constexpr char kFileMagic[8] = {'R', 'F', 'D', 'S', 'E', 'T', 0, 1};  // Version 1.
+// "RFDSET" 0x00, then the format version (1 or 2).
+constexpr char kFileMagic[7] = {'R', 'F', 'D', 'S', 'E', 'T', 0};
+constexpr uint8_t kRawArray = 0;    // Version 2 array codings.
+constexpr uint8_t kDeltaVarint = 1;
 constexpr char kTailMagic[8] = {'R', 'F', 'D', 'S', 'E', 'N', 'D', '1'};
 constexpr uint32_t kBlockMagic = 0x4B424652;   // "RFBK"
 constexpr uint32_t kFooterMagic = 0x54464652;  // "RFFT"
@@ -51,18 +56,36 @@ absl::Status Corrupt(const std::string& path, int64_t block, uint64_t offset,
 
 size_t ElemSize(DType t) { return t == DType::kInt64 ? 8 : 4; }
 
+// Appends an int64 array: version 1 raw; version 2 a coding byte, then raw
+// values or (u64 byte length, delta+varint bytes), whichever is smaller.
+void PutInt64Array(const int64_t* v, size_t n, int version, std::string* out) {
+  if (version >= 2) {
+    const size_t coded = DeltaVarintSize(v, n);
+    if (coded + 8 < n * 8) {
+      out->push_back(static_cast<char>(kDeltaVarint));
+      Put<uint64_t>(out, coded);
+      AppendDeltaVarint(v, n, out);
+      return;
+    }
+    out->push_back(static_cast<char>(kRawArray));
+  }
+  out->append(reinterpret_cast<const char*>(v), n * 8);
+}
+
 // Encodes `b` as a block payload: per column, offsets (jagged) then values.
-void EncodePayload(const Batch& b, std::string* out) {
+void EncodePayload(const Batch& b, int version, std::string* out) {
   out->clear();
   const Schema& s = b.schema();
   for (size_t c = 0; c < s.features.size(); ++c) {
     const Column& col = b.column(c);
     if (s.features[c].layout == Layout::kJagged) {
-      out->append(reinterpret_cast<const char*>(col.offsets.data()), col.offsets.size() * 8);
+      PutInt64Array(reinterpret_cast<const int64_t*>(col.offsets.data()), col.offsets.size(),
+                    version, out);
     }
     if (s.features[c].dtype == DType::kInt64) {
-      out->append(reinterpret_cast<const char*>(col.i64.data()), col.i64.size() * 8);
+      PutInt64Array(col.i64.data(), col.i64.size(), version, out);
     } else {
+      if (version >= 2) out->push_back(static_cast<char>(kRawArray));
       out->append(reinterpret_cast<const char*>(col.f32.data()), col.f32.size() * 4);
     }
   }
@@ -78,10 +101,13 @@ struct Located {
 
 // Verifies a block (header + payload, `size` bytes at file offset `offset`):
 // checksums, then that the columns of `schema` exactly fill the payload
-// with well-formed offsets. `expected_rows` < 0 means "not known".
+// with well-formed offsets, and that every history reference lies inside
+// the sequence store (`refs`, may be null). Coded arrays are decoded into
+// `decoded`. `expected_rows` < 0 means "not known".
 absl::Status LocateBlock(const std::string& path, int64_t index, uint64_t offset,
-                         const uint8_t* data, uint64_t size, int64_t expected_rows,
-                         const Schema& schema, Located* out) {
+                         const uint8_t* data, uint64_t size, int64_t expected_rows, int version,
+                         const Schema& schema, const SequenceRefs* refs,
+                         PodVector<uint8_t>* decoded, Located* out) {
   if (size < kBlockHeaderSize) return Corrupt(path, index, offset, "block shorter than its header");
   if (Load<uint32_t>(data) != kBlockMagic) return Corrupt(path, index, offset, "bad block magic");
   uint32_t header_crc = Load<uint32_t>(data + 20);
@@ -112,62 +138,120 @@ absl::Status LocateBlock(const std::string& path, int64_t index, uint64_t offset
   out->offsets.assign(schema.features.size(), nullptr);
   out->values.assign(schema.features.size(), nullptr);
   out->num_values.assign(schema.features.size(), rows);
+  decoded->clear();
+  // Arrays decoded into `decoded`: (where the pointer goes, its position).
+  // The pointers are set once `decoded` stops growing.
+  std::vector<std::pair<const uint8_t**, size_t>> in_decoded;
   uint64_t pos = 0;
+  auto here = [&]() { return offset + kBlockHeaderSize + pos; };
   auto take = [&](uint64_t n, const char* what, const std::string& name) -> absl::Status {
     if (n > payload_len - pos) {
-      return Corrupt(path, index, offset + kBlockHeaderSize + pos,
+      return Corrupt(path, index, here(),
                      absl::StrCat("feature '", name, "': ", what, " needs ", n,
                                   " bytes, payload has ", payload_len - pos, " left"));
     }
     return absl::OkStatus();
   };
+  // One array of `count` elements: *at points at them (in place or decoded).
+  auto array = [&](uint64_t count, size_t elem, const char* what, const std::string& name,
+                   const uint8_t** at) -> absl::Status {
+    uint8_t coding = kRawArray;
+    if (version >= 2) {
+      RECFLEET_RETURN_IF_ERROR(take(1, what, name));
+      coding = p[pos++];
+    }
+    if (coding == kRawArray) {
+      RECFLEET_RETURN_IF_ERROR(take(count * elem, what, name));
+      *at = p + pos;
+      pos += count * elem;
+      return absl::OkStatus();
+    }
+    if (coding != kDeltaVarint || elem != 8) {
+      return Corrupt(path, index, here() - 1,
+                     absl::StrCat("feature '", name, "': ", what, ": unknown coding ", coding));
+    }
+    RECFLEET_RETURN_IF_ERROR(take(8, what, name));
+    const uint64_t len = Load<uint64_t>(p + pos);
+    pos += 8;
+    RECFLEET_RETURN_IF_ERROR(take(len, what, name));
+    // A varint is at least one byte: this bounds the allocation below.
+    if (count > len) {
+      return Corrupt(path, index, here(),
+                     absl::StrCat("feature '", name, "': ", what, ": ", count,
+                                  " values cannot fit in ", len, " coded bytes"));
+    }
+    const size_t start = decoded->size();
+    decoded->resize(start + count * 8);
+    if (!DecodeDeltaVarint(p + pos, len, count,
+                           reinterpret_cast<int64_t*>(decoded->data() + start))) {
+      return Corrupt(path, index, here(),
+                     absl::StrCat("feature '", name, "': ", what, ": bad delta+varint coding"));
+    }
+    *at = decoded->data() + start;
+    in_decoded.emplace_back(at, start);
+    pos += len;
+    return absl::OkStatus();
+  };
   for (size_t c = 0; c < schema.features.size(); ++c) {
     const FeatureSpec& f = schema.features[c];
     if (f.layout == Layout::kJagged) {
-      uint64_t n = (static_cast<uint64_t>(rows) + 1) * 8;
-      if (auto st = take(n, "offsets", f.name); !st.ok()) return st;
-      const uint8_t* o = p + pos;
+      const uint64_t at_offsets = here();
+      RECFLEET_RETURN_IF_ERROR(
+          array(static_cast<uint64_t>(rows) + 1, 8, "offsets", f.name, &out->offsets[c]));
+      const uint8_t* o = out->offsets[c];
       if (Load<uint64_t>(o) != 0) {
-        return Corrupt(path, index, offset + kBlockHeaderSize + pos,
+        return Corrupt(path, index, at_offsets,
                        absl::StrCat("feature '", f.name, "': first offset is not 0"));
       }
       for (uint32_t r = 0; r < rows; ++r) {
         if (Load<uint64_t>(o + 8 * (r + 1)) < Load<uint64_t>(o + 8 * r)) {
-          return Corrupt(path, index, offset + kBlockHeaderSize + pos + 8 * (r + 1),
+          return Corrupt(path, index, at_offsets,
                          absl::StrCat("feature '", f.name, "': offsets decrease at row ", r));
         }
       }
-      out->offsets[c] = o;
-      pos += n;
       out->num_values[c] = Load<uint64_t>(o + 8 * static_cast<uint64_t>(rows));
       if (out->num_values[c] > payload_len) {
-        return Corrupt(path, index, offset + kBlockHeaderSize + pos,
+        return Corrupt(path, index, here(),
                        absl::StrCat("feature '", f.name, "': ", out->num_values[c],
                                     " values exceed the payload"));
       }
     }
-    uint64_t n = out->num_values[c] * ElemSize(f.dtype);
-    if (auto st = take(n, "values", f.name); !st.ok()) return st;
-    out->values[c] = p + pos;
-    pos += n;
+    RECFLEET_RETURN_IF_ERROR(
+        array(out->num_values[c], ElemSize(f.dtype), "values", f.name, &out->values[c]));
   }
   if (pos != payload_len) {
-    return Corrupt(path, index, offset + kBlockHeaderSize + pos,
+    return Corrupt(path, index, here(),
                    absl::StrCat(payload_len - pos, " unexpected bytes after the last column"));
+  }
+  for (auto [at, start] : in_decoded) *at = decoded->data() + start;
+  if (refs != nullptr) {
+    const uint8_t* seq = out->values[refs->seq_column()];
+    const uint8_t* end = out->values[refs->end_column()];
+    const uint8_t* len = out->values[refs->len_column()];
+    for (uint32_t r = 0; r < rows; ++r) {
+      int64_t s = Load<int64_t>(seq + 8 * r), e = Load<int64_t>(end + 8 * r),
+              n = Load<int64_t>(len + 8 * r);
+      if (!refs->Valid(s, e, n)) {
+        return Corrupt(path, index, offset,
+                       absl::StrCat("row ", r, ": history reference (sequence ", s, ", end ", e,
+                                    ", length ", n, ") lies outside the sequence file"));
+      }
+    }
   }
   return absl::OkStatus();
 }
 
-// Verifies a block and copies its columns into `out`.
+// Verifies a block and copies its columns into `out` (whose schema is the
+// stored one, plus the referenced features when `refs` is set).
 absl::Status DecodeBlock(const std::string& path, int64_t index, uint64_t offset,
-                         const uint8_t* data, uint64_t size, int64_t expected_rows, Batch* out) {
+                         const uint8_t* data, uint64_t size, int64_t expected_rows, int version,
+                         const Schema& stored, const SequenceRefs* refs, Batch* out) {
   Located at;
-  const Schema& s = out->schema();
-  if (auto st = LocateBlock(path, index, offset, data, size, expected_rows, s, &at); !st.ok()) {
-    return st;
-  }
+  thread_local PodVector<uint8_t> decoded;
+  RECFLEET_RETURN_IF_ERROR(LocateBlock(path, index, offset, data, size, expected_rows, version,
+                                       stored, refs, &decoded, &at));
   out->Clear();
-  for (size_t c = 0; c < s.features.size(); ++c) {
+  for (size_t c = 0; c < stored.features.size(); ++c) {
     Column& col = out->mutable_column(c);
     if (at.offsets[c] != nullptr) {
       col.offsets.resize(at.rows + 1);
@@ -176,7 +260,7 @@ absl::Status DecodeBlock(const std::string& path, int64_t index, uint64_t offset
     // Emptied by Clear() above; an empty vector's data() may be null,
     // which memcpy must not get even for 0 bytes.
     if (at.num_values[c] == 0) continue;
-    if (s.features[c].dtype == DType::kInt64) {
+    if (stored.features[c].dtype == DType::kInt64) {
       col.i64.resize(at.num_values[c]);
       std::memcpy(col.i64.data(), at.values[c], at.num_values[c] * 8);
     } else {
@@ -184,21 +268,65 @@ absl::Status DecodeBlock(const std::string& path, int64_t index, uint64_t offset
       std::memcpy(col.f32.data(), at.values[c], at.num_values[c] * 4);
     }
   }
+  if (refs != nullptr) {
+    auto scalar = [&](int c, uint32_t r) { return Load<int64_t>(at.values[c] + 8 * r); };
+    for (size_t d = 0; d < refs->derived().size(); ++d) {
+      Column& col = out->mutable_column(stored.features.size() + d);
+      const int anchor = refs->derived()[d].anchor;
+      for (uint32_t r = 0; r < at.rows; ++r) {
+        refs->Append(d, scalar(refs->seq_column(), r), scalar(refs->end_column(), r),
+                     scalar(refs->len_column(), r), anchor >= 0 ? scalar(anchor, r) : 0, &col);
+      }
+    }
+  }
   out->set_num_rows(at.rows);
   return absl::OkStatus();
 }
 
+// The format version in a file's first 8 bytes, or 0 if they are not a
+// recfleet dataset magic of a version this reader knows.
+int MagicVersion(const uint8_t* magic) {
+  if (std::memcmp(magic, kFileMagic, 7) != 0) return 0;
+  return magic[7] == 1 || magic[7] == 2 ? magic[7] : 0;
+}
+
+absl::Status BadMagic(const std::string& path, const uint8_t* magic) {
+  if (std::memcmp(magic, kFileMagic, 7) == 0) {
+    return Corrupt(path, -1, 7,
+                   absl::StrCat("dataset format version ", magic[7],
+                                " is newer than this reader (versions 1 and 2): upgrade recfleet, "
+                                "or re-ingest with this version"));
+  }
+  return Corrupt(path, -1, 0, "not a recfleet dataset file (bad magic)");
+}
+
+// Version 2's header checksum covers the magic too, so a flipped version
+// byte cannot make a reader take a file for the other version.
 absl::StatusOr<std::shared_ptr<const Schema>> ParseHeaderSchema(const std::string& path,
                                                                 const uint8_t* data,
-                                                                size_t schema_len) {
+                                                                size_t schema_len, int version) {
   uint32_t stored = Load<uint32_t>(data + kFileHeaderFixed + schema_len);
-  if (Crc32c(data + 8, 4 + schema_len) != stored) {
+  const size_t from = version >= 2 ? 0 : 8;
+  if (Crc32c(data + from, kFileHeaderFixed - from + schema_len) != stored) {
     return Corrupt(path, -1, 8, "file header (schema) checksum mismatch");
   }
   auto schema = Schema::Parse(
       absl::string_view(reinterpret_cast<const char*>(data + kFileHeaderFixed), schema_len));
   if (!schema.ok()) return Corrupt(path, -1, kFileHeaderFixed, schema.status().message());
   return std::make_shared<const Schema>(*std::move(schema));
+}
+
+// The schema readers present, and the references behind it (null when the
+// file stores its histories inline).
+absl::Status ResolveLogical(const std::string& path, const std::shared_ptr<const Schema>& stored,
+                            std::shared_ptr<const SequenceRefs>* refs,
+                            std::shared_ptr<const Schema>* logical) {
+  Schema full;
+  auto resolved = SequenceRefs::Resolve(path, *stored, &full);
+  if (!resolved.ok()) return resolved.status();
+  *refs = *std::move(resolved);
+  *logical = *refs == nullptr ? stored : std::make_shared<const Schema>(std::move(full));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -224,19 +352,25 @@ absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(const std::
   if (options.max_rows_per_block == 0 || options.max_rows_per_block > (1u << 31)) {
     return absl::InvalidArgumentError("max_rows_per_block must be in 1..2^31");
   }
+  if (options.format_version != 1 && options.format_version != 2) {
+    return absl::InvalidArgumentError("format_version must be 1 or 2");
+  }
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
     return absl::UnavailableError(absl::StrCat(path, ": cannot create: ", std::strerror(errno)));
   }
   std::unique_ptr<DatasetWriter> w(
       new DatasetWriter(path, f, std::make_shared<const Schema>(schema), options));
-  std::string header(kFileMagic, 8);
+  std::string header(kFileMagic, 7);
+  header.push_back(static_cast<char>(options.format_version));
   std::string body = schema.Serialize();
   std::string len_and_schema;
   Put<uint32_t>(&len_and_schema, static_cast<uint32_t>(body.size()));
   len_and_schema += body;
   header += len_and_schema;
-  Put<uint32_t>(&header, Crc32c(len_and_schema.data(), len_and_schema.size()));
+  Put<uint32_t>(&header, options.format_version >= 2
+                             ? Crc32c(header.data(), header.size())
+                             : Crc32c(len_and_schema.data(), len_and_schema.size()));
   if (auto st = w->WriteBytes(header.data(), header.size()); !st.ok()) return st;
   return w;
 }
@@ -267,7 +401,7 @@ absl::Status DatasetWriter::Write(const Batch& rows) {
 
 absl::Status DatasetWriter::FlushBlock() {
   if (pending_.num_rows() == 0) return absl::OkStatus();
-  EncodePayload(pending_, &scratch_);
+  EncodePayload(pending_, options_.format_version, &scratch_);
   std::string header;
   Put<uint32_t>(&header, kBlockMagic);
   Put<uint32_t>(&header, static_cast<uint32_t>(pending_.num_rows()));
@@ -339,9 +473,8 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::st
   std::unique_ptr<DatasetReader> r(new DatasetReader(path, f, st.st_size));
   uint8_t fixed[kFileHeaderFixed];
   if (auto s = r->ReadAt(kFileHeaderFixed, fixed, -1, "file header"); !s.ok()) return s;
-  if (std::memcmp(fixed, kFileMagic, 8) != 0) {
-    return Corrupt(path, -1, 0, "not a recfleet dataset file (bad magic or version)");
-  }
+  r->version_ = MagicVersion(fixed);
+  if (r->version_ == 0) return BadMagic(path, fixed);
   uint32_t schema_len = Load<uint32_t>(fixed + 8);
   if (schema_len > r->size_) return Corrupt(path, -1, 8, "schema length exceeds the file size");
   std::vector<uint8_t> header(kFileHeaderFixed + schema_len + 4);
@@ -350,9 +483,10 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(const std::st
       !s.ok()) {
     return s;
   }
-  auto schema = ParseHeaderSchema(path, header.data(), schema_len);
+  auto schema = ParseHeaderSchema(path, header.data(), schema_len, r->version_);
   if (!schema.ok()) return schema.status();
-  r->schema_ = *std::move(schema);
+  r->stored_ = *std::move(schema);
+  RECFLEET_RETURN_IF_ERROR(ResolveLogical(path, r->stored_, &r->refs_, &r->schema_));
   return r;
 }
 
@@ -425,7 +559,8 @@ absl::StatusOr<bool> DatasetReader::Next(Batch* block) {
   if (block->schema_ptr() != schema_) {
     *block = Batch(schema_);
   }
-  if (auto s = DecodeBlock(path_, index, start, buffer_.data(), buffer_.size(), -1, block);
+  if (auto s = DecodeBlock(path_, index, start, buffer_.data(), buffer_.size(), -1, version_,
+                           *stored_, refs_.get(), block);
       !s.ok()) {
     return s;
   }
@@ -476,9 +611,8 @@ absl::StatusOr<std::unique_ptr<DatasetFile>> DatasetFile::Open(const std::string
   }
   uint8_t fixed[kFileHeaderFixed];
   if (auto s = PreadFully(fd, path, 0, kFileHeaderFixed, fixed); !s.ok()) return s;
-  if (std::memcmp(fixed, kFileMagic, 8) != 0) {
-    return Corrupt(path, -1, 0, "not a recfleet dataset file (bad magic or version)");
-  }
+  f->version_ = MagicVersion(fixed);
+  if (f->version_ == 0) return BadMagic(path, fixed);
   uint8_t tail[kTailSize];
   if (auto s = PreadFully(fd, path, size - kTailSize, kTailSize, tail); !s.ok()) return s;
   if (std::memcmp(tail + 8, kTailMagic, 8) != 0) {
@@ -495,9 +629,9 @@ absl::StatusOr<std::unique_ptr<DatasetFile>> DatasetFile::Open(const std::string
   }
   std::vector<uint8_t> header(header_end);
   if (auto s = PreadFully(fd, path, 0, header_end, header.data()); !s.ok()) return s;
-  auto schema = ParseHeaderSchema(path, header.data(), schema_len);
+  auto schema = ParseHeaderSchema(path, header.data(), schema_len, f->version_);
   if (!schema.ok()) return schema.status();
-  f->schema_ = *std::move(schema);
+  f->stored_ = *std::move(schema);
 
   std::vector<uint8_t> footer(size - kTailSize - footer_offset);
   if (auto s = PreadFully(fd, path, footer_offset, footer.size(), footer.data()); !s.ok()) return s;
@@ -530,6 +664,7 @@ absl::StatusOr<std::unique_ptr<DatasetFile>> DatasetFile::Open(const std::string
   if (expect != footer_offset || f->num_rows_ != rows) {
     return Corrupt(path, -1, footer_offset, "footer index does not cover the file");
   }
+  RECFLEET_RETURN_IF_ERROR(ResolveLogical(path, f->stored_, &f->refs_, &f->schema_));
   return f;
 }
 
@@ -547,7 +682,8 @@ absl::Status DatasetFile::ReadBlock(size_t b, Batch* out) const {
   if (out->schema_ptr() != schema_) {
     *out = Batch(schema_);
   }
-  return DecodeBlock(path_, b, ref.offset, buf.data(), buf.size(), ref.rows, out);
+  return DecodeBlock(path_, b, ref.offset, buf.data(), buf.size(), ref.rows, version_, *stored_,
+                     refs_.get(), out);
 }
 
 absl::Status DatasetFile::ReadBlockView(size_t b, BlockView* out) const {
@@ -564,16 +700,23 @@ absl::Status DatasetFile::ReadBlockView(size_t b, BlockView* out) const {
     return s;
   }
   Located at;
-  if (auto s =
-          LocateBlock(path_, b, ref.offset, out->buffer_.get(), ref.size, ref.rows, *schema_, &at);
-      !s.ok()) {
-    return s;
-  }
+  RECFLEET_RETURN_IF_ERROR(LocateBlock(path_, b, ref.offset, out->buffer_.get(), ref.size,
+                                       ref.rows, version_, *stored_, refs_.get(), &out->decoded_,
+                                       &at));
   out->schema_ = schema_;
+  out->refs_ = refs_;
+  out->len_col_ = refs_ != nullptr ? refs_->len_column() : -1;
   out->rows_ = at.rows;
   out->offsets_ = std::move(at.offsets);
   out->values_ = std::move(at.values);
   return absl::OkStatus();
+}
+
+void BlockView::AppendReferenced(int c, size_t r, Column* out) const {
+  const size_t d = c - values_.size();
+  const int anchor = refs_->derived()[d].anchor;
+  refs_->Append(d, Scalar(refs_->seq_column(), r), Scalar(refs_->end_column(), r),
+                Scalar(refs_->len_column(), r), anchor >= 0 ? Scalar(anchor, r) : 0, out);
 }
 
 absl::StatusOr<Batch> ReadAll(const std::string& path) {

@@ -4,6 +4,10 @@
 // Reading and writing recfleet dataset files (".rfd"): a checksummed schema
 // header, blocks of rows stored column by column with a CRC-32C per block,
 // and a footer indexing the blocks. The byte layout is in data/FORMAT.md.
+// Version 2 (written by default) may store an int64 array delta+varint
+// coded; readers read versions 1 and 2. A file whose histories are stored
+// by reference (data/sequences.h) reads as if they were inline: every
+// reader's schema() is the logical one, the referenced features last.
 //
 // Every read verifies checksums and structure before returning data, so a
 // truncated or corrupted file yields absl::DataLossError naming the file,
@@ -20,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "data/batch.h"
 #include "data/schema.h"
+#include "data/sequences.h"
 
 namespace recfleet::data {
 
@@ -27,6 +32,9 @@ struct WriterOptions {
   // A block is cut when it reaches either bound (whichever comes first).
   size_t max_rows_per_block = 1024;
   size_t max_block_bytes = 4 << 20;
+  // 2: int64 arrays delta+varint coded where that is smaller. 1: the
+  // original raw layout, for readers older than version 2.
+  int format_version = 2;
 };
 
 // Appends rows to a new file; the file is complete only after Close().
@@ -85,25 +93,39 @@ class DatasetReader {
   std::FILE* file_;
   uint64_t size_;
   uint64_t pos_ = 0;
-  std::shared_ptr<const Schema> schema_;
+  int version_ = 0;
+  std::shared_ptr<const Schema> stored_;  // The blocks' columns.
+  std::shared_ptr<const Schema> schema_;  // stored_ plus referenced features.
+  std::shared_ptr<const SequenceRefs> refs_;
   std::vector<std::pair<uint64_t, uint32_t>> seen_;  // (offset, rows) per block.
   std::vector<uint8_t> buffer_;
   bool done_ = false;
 };
 
-// A verified block read into its own buffer, its columns read in place
-// (no decode copy): the loader's hot path. Values are little-endian and
-// may be unaligned; Batch::AppendRow(view, row) copies a row out.
+// A verified block read into its own buffer, its raw columns read in place
+// (no decode copy; coded arrays are decoded once, into the view): the
+// loader's hot path. Values are little-endian and may be unaligned;
+// Batch::AppendRow(view, row) copies a row out, materializing referenced
+// histories from the sequence store.
 class BlockView {
  public:
   size_t num_rows() const { return rows_; }
   const Schema& schema() const { return *schema_; }
-  // Jagged column c: row r's elements are [Begin(c, r), End(c, r)).
+  // Columns [0, num_stored()) are in the block; the rest are referenced
+  // histories (data/sequences.h).
+  size_t num_stored() const { return values_.size(); }
+  // Stored jagged column c: row r's elements are [Begin(c, r), End(c, r)).
   uint64_t Begin(int c, size_t r) const { return Offset(c, r); }
   uint64_t End(int c, size_t r) const { return Offset(c, r + 1); }
-  size_t RowLength(int c, size_t r) const { return End(c, r) - Begin(c, r); }
-  // Column c's values (int64 or float32 by the feature's dtype).
+  // Any jagged column, stored or referenced.
+  size_t RowLength(int c, size_t r) const {
+    if (static_cast<size_t>(c) >= values_.size()) return Scalar(len_col_, r);
+    return End(c, r) - Begin(c, r);
+  }
+  // Stored column c's values (int64 or float32 by the feature's dtype).
   const uint8_t* values(int c) const { return values_[c]; }
+  // Appends referenced column c's row r to `out` (c >= num_stored()).
+  void AppendReferenced(int c, size_t r, Column* out) const;
 
  private:
   friend class DatasetFile;
@@ -112,10 +134,18 @@ class BlockView {
     std::memcpy(&v, offsets_[c] + 8 * r, 8);
     return v;
   }
+  int64_t Scalar(int c, size_t r) const {
+    int64_t v;
+    std::memcpy(&v, values_[c] + 8 * r, 8);
+    return v;
+  }
   std::shared_ptr<const Schema> schema_;
+  std::shared_ptr<const SequenceRefs> refs_;
+  int len_col_ = -1;
   // Grown, never shrunk, never initialized: reused across block reads.
   std::unique_ptr<uint8_t[]> buffer_;
   size_t capacity_ = 0;
+  PodVector<uint8_t> decoded_;  // Coded arrays, decoded.
   size_t rows_ = 0;
   std::vector<const uint8_t*> offsets_;  // Jagged columns only; else null.
   std::vector<const uint8_t*> values_;
@@ -149,7 +179,10 @@ class DatasetFile {
 
   std::string path_;
   int fd_;
-  std::shared_ptr<const Schema> schema_;
+  int version_ = 0;
+  std::shared_ptr<const Schema> stored_;  // The blocks' columns.
+  std::shared_ptr<const Schema> schema_;  // stored_ plus referenced features.
+  std::shared_ptr<const SequenceRefs> refs_;
   std::vector<BlockRef> blocks_;
   uint64_t num_rows_ = 0;
 };

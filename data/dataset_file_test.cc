@@ -1,6 +1,7 @@
 #include "data/dataset_file.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -218,6 +219,94 @@ TEST(DatasetFileTest, BlockErrorNamesTheBlock) {
   auto all = ReadAll(path);
   ASSERT_FALSE(all.ok());
   EXPECT_NE(all.status().message().find(": block "), std::string::npos) << all.status();
+}
+
+TEST(DatasetFileTest, VersionOneFilesStayReadable) {
+  Schema s = TestSchema();
+  Batch rows = MakeRows(s, 300, 40, 11);
+  WriterOptions o;
+  o.max_rows_per_block = 64;
+  o.format_version = 1;
+  std::string v1 = TempPath("v1.rfd");
+  auto w = DatasetWriter::Create(v1, s, o);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Write(rows).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  EXPECT_TRUE(ReadBothWays(v1, rows).ok());
+  std::string v2 = TempPath("v2.rfd");
+  std::string v2_bytes = WriteFile(v2, rows, 64);
+  EXPECT_TRUE(ReadBothWays(v2, rows).ok());
+  // sample_id (0, 1, 2, ...) and the offsets code to a byte a value.
+  EXPECT_LT(v2_bytes.size() + 300 * 7 * 2, std::filesystem::file_size(v1));
+  // A newer version is refused with what to do about it.
+  std::string newer = v2_bytes;
+  newer[7] = 3;
+  Overwrite(v2, newer);
+  auto f = DatasetFile::Open(v2);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("upgrade recfleet"), std::string::npos) << f.status();
+}
+
+// A sample file referencing a sequence file: readers present the windows
+// as jagged features; a reference outside the sequences is DATA_LOSS.
+TEST(DatasetFileTest, ReferencedHistoriesAreMaterializedAndChecked) {
+  std::filesystem::create_directories(TempPath("refs"));
+  Schema seq;
+  seq.features = {{"items", DType::kInt64, Layout::kJagged, "item"},
+                  {"times", DType::kInt64, Layout::kJagged, ""}};
+  seq.metadata[kSequenceIdKey] = "id1";
+  Batch seqs(std::make_shared<const Schema>(seq));
+  const std::vector<int64_t> items = {5, 6, 7, 8}, times = {0, 3600, 7 * 3600, 100 * 3600};
+  seqs.AddJaggedInt64(0, items.data(), 4);
+  seqs.AddJaggedInt64(1, times.data(), 4);
+  ASSERT_TRUE(seqs.CommitRow().ok());
+  WriteFile(TempPath("refs/seq.rfs"), seqs, 8);
+
+  Schema s;
+  s.features = {{"timestamp", DType::kInt64, Layout::kScalar, ""},
+                {kHistorySeq, DType::kInt64, Layout::kScalar, ""},
+                {kHistoryEnd, DType::kInt64, Layout::kScalar, ""},
+                {kHistoryLen, DType::kInt64, Layout::kScalar, ""}};
+  s.metadata[kSequenceFileKey] = "seq.rfs";
+  s.metadata[kSequenceIdKey] = "id1";
+  s.metadata[std::string(kSequenceFeaturePrefix) + "hist"] = "item|items";
+  s.metadata[std::string(kSequenceFeaturePrefix) + "hist_age"] = "time_bucket|time_bucket:times:timestamp";
+  Batch rows(std::make_shared<const Schema>(s));
+  for (auto [end, len] : {std::pair<int64_t, int64_t>{3, 2}, {0, 0}, {3, 3}}) {
+    rows.AddInt64(0, times[3]);
+    rows.AddInt64(1, 0);
+    rows.AddInt64(2, end);
+    rows.AddInt64(3, len);
+    ASSERT_TRUE(rows.CommitRow().ok());
+  }
+  WriteFile(TempPath("refs/ok.rfd"), rows, 2);
+  auto all = ReadAll(TempPath("refs/ok.rfd"));
+  ASSERT_TRUE(all.ok()) << all.status();
+  const int hist = all->schema().Find("hist"), age = all->schema().Find("hist_age");
+  ASSERT_EQ(hist, 4);
+  ASSERT_EQ(all->schema().features[hist].layout, Layout::kJagged);
+  EXPECT_EQ(std::vector<int64_t>(all->JaggedInt64(hist, 0), all->JaggedInt64(hist, 0) + 2),
+            (std::vector<int64_t>{6, 7}));
+  EXPECT_EQ(all->RowLength(hist, 1), 0u);
+  // 100, 99 and 93 hours before: floor(log2(1 + h)) = 6 each.
+  EXPECT_EQ(std::vector<int64_t>(all->JaggedInt64(age, 2), all->JaggedInt64(age, 2) + 3),
+            (std::vector<int64_t>{6, 6, 6}));
+  EXPECT_TRUE(ReadBothWays(TempPath("refs/ok.rfd"), *all).ok());
+
+  rows.Clear();
+  rows.AddInt64(0, 0);
+  rows.AddInt64(1, 0);
+  rows.AddInt64(2, 5);  // Past the sequence's 4 events.
+  rows.AddInt64(3, 1);
+  ASSERT_TRUE(rows.CommitRow().ok());
+  WriteFile(TempPath("refs/bad.rfd"), rows, 2);
+  auto bad = ReadAll(TempPath("refs/bad.rfd"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("block 0 at byte offset"), std::string::npos)
+      << bad.status();
+  EXPECT_NE(bad.status().message().find("outside the sequence file"), std::string::npos)
+      << bad.status();
 }
 
 TEST(DatasetFileTest, MissingFileIsNotFound) {

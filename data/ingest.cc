@@ -1,6 +1,8 @@
 #include "data/ingest.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <functional>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -15,7 +17,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
 #include "data/dataset_file.h"
+#include "data/sequences.h"
 
 namespace recfleet::data {
 namespace {
@@ -71,6 +77,12 @@ class DelimitedFile {
     std::string first;
     if (!std::getline(in_, first)) return absl::InvalidArgumentError(path + ": file is empty");
     StripCr(&first);
+    if (absl::StartsWith(first, "\xFF\xFE") || absl::StartsWith(first, "\xFE\xFF")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": line 1: starts with a UTF-16 byte-order mark; convert the file to UTF-8 "
+                "(e.g. iconv -f UTF-16 -t UTF-8)"));
+    }
+    StripBom(&first);
     delim_ = delim == "auto" ? DetectDelimiter(first) : delim;
     std::vector<absl::string_view> fields = SplitFields(first, delim_);
     bool is_header = header == IngestOptions::Header::kYes;
@@ -128,6 +140,9 @@ class DelimitedFile {
       }
       ++line_no_;
       StripCr(&line_);
+      // Files concatenated from several exports carry a UTF-8 byte-order
+      // mark at the start of each part.
+      StripBom(&line_);
       if (absl::StripAsciiWhitespace(line_).empty()) {
         ++blank_;
         continue;
@@ -147,6 +162,9 @@ class DelimitedFile {
   static void StripCr(std::string* s) {
     if (!s->empty() && s->back() == '\r') s->pop_back();
   }
+  static void StripBom(std::string* s) {
+    if (absl::StartsWith(*s, "\xEF\xBB\xBF")) s->erase(0, 3);
+  }
   std::string path_;
   std::ifstream in_;
   std::string delim_;
@@ -157,12 +175,148 @@ class DelimitedFile {
   int64_t blank_ = 0;
 };
 
+// One event of the log. `order` (its position in the file) breaks time
+// ties, so the sort is stable even across spilled runs.
 struct Event {
   int64_t user;
   int64_t item;
   double time;
+  int64_t order;
   float rating;
   bool has_rating;
+};
+
+bool EventLess(const Event& a, const Event& b) {
+  if (a.user != b.user) return a.user < b.user;
+  if (a.time != b.time) return a.time < b.time;
+  return a.order < b.order;
+}
+
+// Events sorted by (user, time, file order) with bounded memory: Add()
+// collects up to `buffer_events` events, then sorts them and spills them to
+// a run file in `dir`; Next() merges the runs (or, when nothing was
+// spilled, walks the one sorted buffer). Memory: the buffer, plus 64 KiB
+// per run while merging.
+class EventSorter {
+ public:
+  EventSorter(std::string dir, size_t buffer_events)
+      : dir_(std::move(dir)), buffer_events_(std::max<size_t>(1, buffer_events)) {}
+  ~EventSorter() {
+    for (Run& r : runs_) {
+      if (r.file != nullptr) std::fclose(r.file);
+      std::remove(r.path.c_str());
+    }
+  }
+
+  absl::Status Add(const Event& e) {
+    buffer_.push_back(e);
+    if (buffer_.size() >= buffer_events_) return Spill();
+    return absl::OkStatus();
+  }
+
+  // Call once after the last Add().
+  absl::Status Finish() {
+    if (runs_.empty()) {
+      std::sort(buffer_.begin(), buffer_.end(), EventLess);
+      return absl::OkStatus();
+    }
+    RECFLEET_RETURN_IF_ERROR(Spill());
+    buffer_.clear();
+    buffer_.shrink_to_fit();
+    for (size_t i = 0; i < runs_.size(); ++i) {
+      Run& r = runs_[i];
+      r.file = std::fopen(r.path.c_str(), "rb");
+      if (r.file == nullptr) return absl::UnavailableError(r.path + ": cannot reopen sort run");
+      if (Refill(&r)) heap_.push_back(i);
+    }
+    std::make_heap(heap_.begin(), heap_.end(), HeapLess{this});
+    return absl::OkStatus();
+  }
+
+  bool Next(Event* e) {
+    if (runs_.empty()) {
+      if (next_ == buffer_.size()) return false;
+      *e = buffer_[next_++];
+      return true;
+    }
+    if (heap_.empty()) return false;
+    std::pop_heap(heap_.begin(), heap_.end(), HeapLess{this});
+    Run& r = runs_[heap_.back()];
+    *e = r.buf[r.pos++];
+    if (r.pos == r.buf.size() && !Refill(&r)) {
+      heap_.pop_back();
+    } else {
+      std::push_heap(heap_.begin(), heap_.end(), HeapLess{this});
+    }
+    return true;
+  }
+
+  size_t runs() const { return runs_.size(); }
+
+ private:
+  struct Run {
+    std::string path;
+    std::FILE* file = nullptr;
+    std::vector<Event> buf;
+    size_t pos = 0;
+  };
+  struct HeapLess {
+    const EventSorter* s;
+    bool operator()(size_t a, size_t b) const {
+      const Run& x = s->runs_[a];
+      const Run& y = s->runs_[b];
+      return EventLess(y.buf[y.pos], x.buf[x.pos]);  // Min-heap.
+    }
+  };
+
+  absl::Status Spill() {
+    if (buffer_.empty()) return absl::OkStatus();
+    std::sort(buffer_.begin(), buffer_.end(), EventLess);
+    Run r;
+    r.path = absl::StrCat(dir_, "/.ingest-sort-", runs_.size(), ".tmp");
+    std::FILE* f = std::fopen(r.path.c_str(), "wb");
+    if (f == nullptr) return absl::UnavailableError(r.path + ": cannot create sort run");
+    bool ok = std::fwrite(buffer_.data(), sizeof(Event), buffer_.size(), f) == buffer_.size();
+    ok &= std::fclose(f) == 0;
+    runs_.push_back(std::move(r));
+    if (!ok) return absl::UnavailableError(runs_.back().path + ": write failed (disk full?)");
+    buffer_.clear();
+    return absl::OkStatus();
+  }
+
+  static bool Refill(Run* r) {
+    constexpr size_t kRunBuffer = (64 << 10) / sizeof(Event);
+    r->buf.resize(kRunBuffer);
+    r->buf.resize(std::fread(r->buf.data(), sizeof(Event), kRunBuffer, r->file));
+    r->pos = 0;
+    return !r->buf.empty();
+  }
+
+  std::string dir_;
+  size_t buffer_events_;
+  std::vector<Event> buffer_;
+  size_t next_ = 0;
+  std::vector<Run> runs_;
+  std::vector<size_t> heap_;
+};
+
+// Calls the progress callback at most every half second.
+class ProgressTicker {
+ public:
+  explicit ProgressTicker(const IngestOptions& o) : fn_(o.progress) {}
+  void Tick(IngestProgress* p, bool force = false) {
+    if (!fn_) return;
+    const absl::Time now = absl::Now();
+    if (!force && now - last_ < absl::Milliseconds(500)) return;
+    last_ = now;
+    p->seconds = absl::ToDoubleSeconds(now - start_);
+    fn_(*p);
+  }
+
+ private:
+  std::function<void(const IngestProgress&)> fn_;
+  absl::Time start_ = absl::Now();
+  absl::Time last_ = start_;
 };
 
 // Side features of users or items: per kept column, a vocabulary and each
@@ -244,29 +398,44 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// log2 buckets of the hours between an earlier event and the candidate.
-int64_t TimeBucket(double now, double then) {
-  double hours = std::max(0.0, (now - then) / 3600.0);
-  return std::min<int64_t>(63, static_cast<int64_t>(std::log2(1 + hours)));
-}
-
 }  // namespace
 
 std::string IngestStats::ToString() const {
   return absl::StrCat("users ", users, ", items ", items, ", events ", events, ", train samples ",
                       train_samples, ", eval samples ", eval_samples, ", positives ", positives,
-                      ", blank lines ", skipped_lines);
+                      ", blank lines ", skipped_lines, ", lines with bad ratings skipped ",
+                      skipped_ratings);
 }
 
 absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& out_dir) {
   if (o.max_history < 0 || o.eval_fraction < 0 || o.eval_fraction > 1) {
     return absl::InvalidArgumentError("ingest: need max_history >= 0 and 0 <= eval_fraction <= 1");
   }
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat(out_dir, ": cannot create: ", ec.message()));
   IngestStats stats;
   Vocab users, items;
-  std::vector<Event> events;
   bool implicit = true;
+  EventSorter sorter(out_dir, o.sort_buffer_events);
+  std::vector<int64_t> item_count;  // Events per dense item id.
+  IngestProgress progress;
+  progress.phase = "reading";
+  ProgressTicker ticker(o);
+  // Identifies this ingest's sequences (checked by readers of the sample
+  // files): a hash of every event read.
+  uint64_t content_hash = Mix(o.seed);
+  auto add = [&](Event e) -> absl::Status {
+    if (static_cast<size_t>(e.item) >= item_count.size()) item_count.resize(e.item + 1, 0);
+    ++item_count[e.item];
+    content_hash = Mix(content_hash ^ Mix(e.user * 0x100000001B3ull + e.item) ^
+                       static_cast<uint64_t>(e.time));
+    ++progress.events;
+    if ((progress.events & 0xFFFF) == 0) ticker.Tick(&progress);
+    return sorter.Add(e);
+  };
 
+  int64_t order = 0;
   if (o.input == IngestOptions::Input::kSequences) {
     DelimitedFile f;
     if (auto st = f.Open(o.path, o.delimiter == "auto" ? " " : o.delimiter,
@@ -278,7 +447,8 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
     while (f.Next(&fields)) {
       int64_t u = users.Add(fields[0]);
       for (size_t i = 1; i < fields.size(); ++i) {
-        events.push_back({u, items.Add(fields[i]), static_cast<double>(i - 1), 1.0f, false});
+        RECFLEET_RETURN_IF_ERROR(
+            add({u, items.Add(fields[i]), static_cast<double>(i - 1), order++, 1.0f, false}));
       }
     }
     stats.skipped_lines = f.blank_lines();
@@ -299,56 +469,88 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
     implicit = *rc < 0;
     int needed = std::max({*uc, *ic, *rc, *tc}) + 1;
     std::vector<absl::string_view> fields;
-    int64_t order = 0;
     while (f.Next(&fields)) {
       if (static_cast<int>(fields.size()) < needed) {
         return f.FieldError(
             static_cast<int>(fields.size()),
             absl::StrCat("expected at least ", needed, " fields, found ", fields.size()));
       }
-      Event e{users.Add(absl::StripAsciiWhitespace(fields[*uc])),
-              items.Add(absl::StripAsciiWhitespace(fields[*ic])), static_cast<double>(order++),
-              1.0f, !implicit};
+      Event e{0, 0, static_cast<double>(order), order, 1.0f, !implicit};
       if (*tc >= 0 && !absl::SimpleAtod(fields[*tc], &e.time)) {
         return f.FieldError(*tc, absl::StrCat("time '", fields[*tc], "' is not a number"));
       }
-      if (*rc >= 0 && !absl::SimpleAtof(fields[*rc], &e.rating)) {
-        return f.FieldError(*rc, absl::StrCat("rating '", fields[*rc], "' is not a number"));
+      if (*tc >= 0 && !std::isfinite(e.time)) {
+        return f.FieldError(*tc, absl::StrCat("time '", fields[*tc], "' is not a finite number"));
       }
-      events.push_back(e);
+      if (*rc >= 0) {
+        absl::string_view r = absl::StripAsciiWhitespace(fields[*rc]);
+        const bool parsed = absl::SimpleAtof(r, &e.rating);
+        if (parsed && !std::isfinite(e.rating) && o.bad_ratings == IngestOptions::BadRatings::kSkip) {
+          ++stats.skipped_ratings;
+          continue;
+        }
+        if (!parsed && r.empty() && o.bad_ratings == IngestOptions::BadRatings::kSkip) {
+          ++stats.skipped_ratings;
+          continue;
+        }
+        if (!parsed) {
+          return f.FieldError(*rc, absl::StrCat("rating '", r, "' is not a number"));
+        }
+        if (!std::isfinite(e.rating)) {
+          return f.FieldError(*rc, absl::StrCat("rating '", r,
+                                                "' is not a finite number (--bad-ratings skip "
+                                                "drops such lines)"));
+        }
+      }
+      e.user = users.Add(absl::StripAsciiWhitespace(fields[*uc]));
+      e.item = items.Add(absl::StripAsciiWhitespace(fields[*ic]));
+      ++order;
+      RECFLEET_RETURN_IF_ERROR(add(e));
     }
     stats.skipped_lines = f.blank_lines();
   }
-  if (events.empty()) return absl::InvalidArgumentError(o.path + ": no events");
+  if (progress.events == 0) return absl::InvalidArgumentError(o.path + ": no events");
+  RECFLEET_RETURN_IF_ERROR(sorter.Finish());
   stats.users = users.size();
   stats.items = items.size();
-  stats.events = static_cast<int64_t>(events.size());
+  stats.events = progress.events;
+  stats.sort_runs = static_cast<int64_t>(sorter.runs());
   const int negatives =
       o.negatives_per_positive >= 0 ? o.negatives_per_positive : (implicit ? 1 : 0);
 
   AttributeTable user_attr, item_attr;
   if (!o.user_features.empty()) {
-    if (auto st = user_attr.Load(o.user_features, o.user_column, o.user_feature_columns, "user_");
-        !st.ok()) {
-      return st;
-    }
+    RECFLEET_RETURN_IF_ERROR(
+        user_attr.Load(o.user_features, o.user_column, o.user_feature_columns, "user_"));
   }
   if (!o.item_features.empty()) {
-    if (auto st = item_attr.Load(o.item_features, o.item_column, o.item_feature_columns, "item_");
-        !st.ok()) {
-      return st;
-    }
+    RECFLEET_RETURN_IF_ERROR(
+        item_attr.Load(o.item_features, o.item_column, o.item_feature_columns, "item_"));
   }
+  // Attribute rows by dense id (-1: none), looked up once per id.
+  auto rows_of = [](const AttributeTable& t, const Vocab& v) {
+    std::vector<int64_t> rows(v.size() + 1, -1);
+    if (t.columns.empty()) return rows;
+    for (int64_t id = 1; id <= v.size(); ++id) {
+      auto it = t.row_of_key.find(v.raw(id));
+      if (it != t.row_of_key.end()) rows[id] = it->second;
+    }
+    return rows;
+  };
+  const std::vector<int64_t> user_row = rows_of(user_attr, users);
+  const std::vector<int64_t> item_row = rows_of(item_attr, items);
 
-  // Schema.
+  // The sample files store, per sample, a reference into the user's
+  // sequence (data/sequences.h); the histories live once in sequences.rfs.
+  const std::string sequence_id = absl::StrCat(absl::Hex(content_hash, absl::kZeroPad16));
   Schema schema;
   schema.features = {{"sample_id", DType::kInt64, Layout::kScalar, ""},
                      {"user_id", DType::kInt64, Layout::kScalar, "user"},
                      {"item_id", DType::kInt64, Layout::kScalar, "item"},
                      {"timestamp", DType::kInt64, Layout::kScalar, ""},
-                     {"history_items", DType::kInt64, Layout::kJagged, "item"},
-                     {"history_actions", DType::kInt64, Layout::kJagged, "action"},
-                     {"history_time_buckets", DType::kInt64, Layout::kJagged, "time_bucket"}};
+                     {kHistorySeq, DType::kInt64, Layout::kScalar, ""},
+                     {kHistoryEnd, DType::kInt64, Layout::kScalar, ""},
+                     {kHistoryLen, DType::kInt64, Layout::kScalar, ""}};
   for (AttributeTable* t : {&user_attr, &item_attr}) {
     for (const auto& c : t->columns) {
       schema.features.push_back(
@@ -358,13 +560,17 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
   }
   schema.features.push_back({"label", DType::kFloat32, Layout::kScalar, ""});
   const int label_col = static_cast<int>(schema.features.size()) - 1;
-  schema.metadata["source"] = std::filesystem::path(o.path).filename().string();
+  const std::string source = std::filesystem::path(o.path).filename().string();
+  schema.metadata["source"] = source;
   schema.metadata["length_feature"] = "history_items";
   schema.metadata["label_feature"] = "label";
-  schema.metadata["label_rule"] = implicit
-                                      ? absl::StrCat("implicit feedback: observed = 1, ", negatives,
-                                                     " sampled negative(s) per positive = 0")
-                                      : absl::StrCat("rating >= ", o.label_threshold);
+  schema.metadata["label_rule"] =
+      implicit ? absl::StrCat("implicit feedback: observed = 1, ", negatives, " ",
+                              o.negative_sampling == IngestOptions::Negatives::kPopularity
+                                  ? "popularity-weighted"
+                                  : "uniform",
+                              " sampled negative(s) per positive = 0")
+               : absl::StrCat("rating >= ", o.label_threshold);
   schema.metadata["split"] =
       absl::StrCat(o.split == IngestOptions::Split::kTime ? "time" : "user", ":", o.eval_fraction);
   schema.metadata["max_history"] = absl::StrCat(o.max_history);
@@ -372,10 +578,20 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
   schema.metadata["table.item.rows"] = absl::StrCat(items.size() + 1);
   schema.metadata["table.action.rows"] = "16";
   schema.metadata["table.time_bucket.rows"] = "64";
+  schema.metadata[kSequenceFileKey] = kSequenceFileName;
+  schema.metadata[kSequenceIdKey] = sequence_id;
+  const std::string prefix = kSequenceFeaturePrefix;
+  schema.metadata[prefix + "history_items"] = "item|items";
+  schema.metadata[prefix + "history_actions"] = "action|actions";
+  schema.metadata[prefix + "history_time_buckets"] = "time_bucket|time_bucket:times:timestamp";
 
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat(out_dir, ": cannot create: ", ec.message()));
+  Schema seq_schema;
+  seq_schema.features = {{"items", DType::kInt64, Layout::kJagged, "item"},
+                         {"actions", DType::kInt64, Layout::kJagged, "action"},
+                         {"times", DType::kInt64, Layout::kJagged, ""}};
+  seq_schema.metadata[kSequenceIdKey] = sequence_id;
+  seq_schema.metadata["source"] = source;
+
   WriterOptions wo;
   wo.max_rows_per_block = o.rows_per_block;
   std::unique_ptr<DatasetWriter> writers[2];
@@ -385,41 +601,41 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
     if (!w.ok()) return w.status();
     writers[s] = *std::move(w);
   }
+  auto seq_writer =
+      DatasetWriter::Create(absl::StrCat(out_dir, "/", kSequenceFileName), seq_schema, wo);
+  if (!seq_writer.ok()) return seq_writer.status();
   Batch rows[2] = {Batch(writers[0]->schema()), Batch(writers[0]->schema())};
+  Batch seq_rows((*seq_writer)->schema());
 
-  // Per-user attribute rows.
-  auto attr_row = [](const AttributeTable& t, const std::string& raw) -> int64_t {
-    auto it = t.row_of_key.find(raw);
-    return it == t.row_of_key.end() ? -1 : it->second;
+  // Popularity-weighted negatives: item i with probability count_i / events.
+  std::vector<uint64_t> cumulative;
+  if (o.negative_sampling == IngestOptions::Negatives::kPopularity) {
+    cumulative.resize(items.size() + 1, 0);
+    for (int64_t i = 1; i <= items.size(); ++i) {
+      cumulative[i] = cumulative[i - 1] +
+                      (static_cast<size_t>(i) < item_count.size() ? item_count[i] : 0);
+    }
+  }
+  auto draw = [&](std::mt19937_64& rng) -> int64_t {
+    if (cumulative.empty()) return 1 + static_cast<int64_t>(rng() % items.size());
+    uint64_t x = rng() % cumulative.back();
+    return std::upper_bound(cumulative.begin(), cumulative.end(), x) - cumulative.begin();
   };
 
-  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-    return a.user != b.user ? a.user < b.user : a.time < b.time;
-  });
-
   int64_t next_id = 0;
-  std::vector<int64_t> hist_items, hist_actions, hist_buckets, user_items;
-  auto emit = [&](int split, const std::vector<Event>& ev, size_t begin, size_t j, int64_t item,
-                  float label) -> absl::Status {
+  int64_t seq_index = 0;
+  std::vector<Event> ev;
+  std::vector<int64_t> seq_items, seq_actions, seq_times, user_items;
+  auto emit = [&](int split, size_t j, int64_t item, float label) -> absl::Status {
     Batch& b = rows[split];
     const Event& e = ev[j];
-    size_t from = j - begin > static_cast<size_t>(o.max_history) ? j - o.max_history : begin;
-    hist_items.clear();
-    hist_actions.clear();
-    hist_buckets.clear();
-    for (size_t k = from; k < j; ++k) {
-      hist_items.push_back(ev[k].item);
-      hist_actions.push_back(
-          ev[k].has_rating ? std::clamp<int64_t>(std::lround(ev[k].rating), 0, 15) : 1);
-      hist_buckets.push_back(TimeBucket(e.time, ev[k].time));
-    }
     b.AddInt64(0, next_id++);
     b.AddInt64(1, e.user);
     b.AddInt64(2, item);
     b.AddInt64(3, static_cast<int64_t>(e.time));
-    b.AddJaggedInt64(4, hist_items.data(), hist_items.size());
-    b.AddJaggedInt64(5, hist_actions.data(), hist_actions.size());
-    b.AddJaggedInt64(6, hist_buckets.data(), hist_buckets.size());
+    b.AddInt64(4, seq_index);
+    b.AddInt64(5, static_cast<int64_t>(j));
+    b.AddInt64(6, std::min<int64_t>(j, o.max_history));
     int col = 7;
     auto add_attrs = [&](const AttributeTable& t, int64_t row) {
       for (const auto& c : t.columns) {
@@ -433,24 +649,31 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
         ++col;
       }
     };
-    add_attrs(user_attr, attr_row(user_attr, users.raw(e.user)));
-    add_attrs(item_attr, attr_row(item_attr, items.raw(item)));
+    add_attrs(user_attr, user_row[e.user]);
+    add_attrs(item_attr, item_row[item]);
     b.AddFloat(label_col, label);
     stats.positives += label > 0.5f;
     (split ? stats.eval_samples : stats.train_samples) += 1;
-    if (auto st = b.CommitRow(); !st.ok()) return st;
+    ++progress.samples;
+    RECFLEET_RETURN_IF_ERROR(b.CommitRow());
     if (b.num_rows() >= o.rows_per_block) {
-      if (auto st = writers[split]->Write(b); !st.ok()) return st;
+      RECFLEET_RETURN_IF_ERROR(writers[split]->Write(b));
       b.Clear();
     }
     return absl::OkStatus();
   };
 
-  for (size_t begin = 0; begin < events.size();) {
-    size_t end = begin;
-    while (end < events.size() && events[end].user == events[begin].user) ++end;
-    const int64_t user = events[begin].user;
-    const size_t n = end - begin;
+  progress.phase = "writing";
+  Event pending;
+  bool has_pending = sorter.Next(&pending);
+  while (has_pending) {
+    ev.clear();
+    const int64_t user = pending.user;
+    while (has_pending && pending.user == user) {
+      ev.push_back(pending);
+      has_pending = sorter.Next(&pending);
+    }
+    const size_t n = ev.size();
     size_t first_eval = n;  // Index (within the user) of the first eval event.
     if (o.split == IngestOptions::Split::kTime) {
       first_eval = n - static_cast<size_t>(std::llround(n * o.eval_fraction));
@@ -458,35 +681,56 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
                o.eval_fraction) {
       first_eval = 0;
     }
-    user_items.clear();
-    for (size_t k = begin; k < end; ++k) user_items.push_back(events[k].item);
+    seq_items.clear();
+    seq_actions.clear();
+    seq_times.clear();
+    for (const Event& e : ev) {
+      seq_items.push_back(e.item);
+      seq_actions.push_back(e.has_rating ? std::clamp<int64_t>(std::lround(e.rating), 0, 15) : 1);
+      seq_times.push_back(static_cast<int64_t>(e.time));
+    }
+    seq_rows.AddJaggedInt64(0, seq_items.data(), n);
+    seq_rows.AddJaggedInt64(1, seq_actions.data(), n);
+    seq_rows.AddJaggedInt64(2, seq_times.data(), n);
+    RECFLEET_RETURN_IF_ERROR(seq_rows.CommitRow());
+    if (seq_rows.num_rows() >= o.rows_per_block) {
+      RECFLEET_RETURN_IF_ERROR((*seq_writer)->Write(seq_rows));
+      seq_rows.Clear();
+    }
+    user_items = seq_items;
     std::sort(user_items.begin(), user_items.end());
     std::mt19937_64 rng(Mix(o.seed * 0x100000001B3ull + user));
-    for (size_t j = begin; j < end; ++j) {
-      int split = j - begin >= first_eval ? 1 : 0;
-      const Event& e = events[j];
+    for (size_t j = 0; j < n; ++j) {
+      int split = j >= first_eval ? 1 : 0;
+      const Event& e = ev[j];
       float label = e.has_rating ? (e.rating >= o.label_threshold ? 1.0f : 0.0f) : 1.0f;
-      if (auto st = emit(split, events, begin, j, e.item, label); !st.ok()) return st;
+      RECFLEET_RETURN_IF_ERROR(emit(split, j, e.item, label));
       for (int k = 0; k < negatives; ++k) {
         // An item the user never interacted with; give up after a few tries
-        // for users who saw nearly everything.
+        // for users who saw nearly everything. The negative shares the
+        // positive's history reference.
         for (int attempt = 0; attempt < 64; ++attempt) {
-          int64_t cand = 1 + static_cast<int64_t>(rng() % items.size());
+          int64_t cand = draw(rng);
           if (!std::binary_search(user_items.begin(), user_items.end(), cand)) {
-            if (auto st = emit(split, events, begin, j, cand, 0.0f); !st.ok()) return st;
+            RECFLEET_RETURN_IF_ERROR(emit(split, j, cand, 0.0f));
             break;
           }
         }
       }
     }
-    begin = end;
+    ++seq_index;
+    ticker.Tick(&progress);
   }
   for (int s = 0; s < 2; ++s) {
-    if (auto st = writers[s]->Write(rows[s]); !st.ok()) return st;
-    if (auto st = writers[s]->Close(); !st.ok()) return st;
+    RECFLEET_RETURN_IF_ERROR(writers[s]->Write(rows[s]));
+    RECFLEET_RETURN_IF_ERROR(writers[s]->Close());
   }
-  if (auto st = WriteVocab(out_dir + "/vocab_user.tsv", users); !st.ok()) return st;
-  if (auto st = WriteVocab(out_dir + "/vocab_item.tsv", items); !st.ok()) return st;
+  RECFLEET_RETURN_IF_ERROR((*seq_writer)->Write(seq_rows));
+  RECFLEET_RETURN_IF_ERROR((*seq_writer)->Close());
+  RECFLEET_RETURN_IF_ERROR(WriteVocab(out_dir + "/vocab_user.tsv", users));
+  RECFLEET_RETURN_IF_ERROR(WriteVocab(out_dir + "/vocab_item.tsv", items));
+  progress.phase = "done";
+  ticker.Tick(&progress, /*force=*/true);
   return stats;
 }
 

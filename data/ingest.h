@@ -18,9 +18,24 @@
 // Raw ids of every kind become dense ids 1..N in order of first appearance
 // (0 = unknown/padding); vocabulary sizes go into the schema metadata
 // (table.<name>.rows). Splits: each user's last fraction of events by time,
-// or a fraction of users. Holds the events in memory (~40 bytes each).
+// or a fraction of users.
+//
+// Output: each user's sequence (items, actions, times) is stored once, in
+// sequences.rfs; train.rfd and eval.rfd store per sample a reference
+// (sequence, end, length) that readers turn back into history_items,
+// history_actions and history_time_buckets (data/sequences.h). A sample
+// and its sampled negatives share one reference.
+//
+// Memory is bounded: events are sorted in runs of sort_buffer_events
+// (40 bytes each) spilled to DIR and merged; beyond that, memory holds the
+// id vocabularies, the attribute tables and one user's events. A UTF-8
+// byte-order mark is stripped; a UTF-16 one, a non-numeric time or a
+// non-numeric or non-finite rating is an error naming the line (or, with
+// bad_ratings = kSkip, lines with a NaN, infinite or empty rating are
+// counted and dropped).
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,8 +43,18 @@
 
 namespace recfleet::data {
 
+// What ingestion has done so far, for a progress display.
+struct IngestProgress {
+  const char* phase = "";  // "reading", "writing", "done".
+  int64_t events = 0;      // Events read.
+  int64_t samples = 0;     // Samples written.
+  double seconds = 0;      // Since the start.
+};
+
 struct IngestOptions {
   enum class Input { kEvents, kSequences };
+  enum class Negatives { kUniform, kPopularity };
+  enum class BadRatings { kError, kSkip };
   enum class Header { kAuto, kYes, kNo };
   enum class Split { kTime, kUser };
 
@@ -48,6 +73,10 @@ struct IngestOptions {
   int max_history = 1024;
   // Sampled negatives per positive; -1: 1 for implicit feedback, 0 otherwise.
   int negatives_per_positive = -1;
+  // Negatives drawn uniformly over items, or in proportion to each item's
+  // number of events (seeded by `seed` and the user either way).
+  Negatives negative_sampling = Negatives::kUniform;
+  BadRatings bad_ratings = BadRatings::kError;
   Split split = Split::kTime;
   double eval_fraction = 0.2;
   // Attribute files (delimited, with a header; the key is the column named
@@ -59,6 +88,10 @@ struct IngestOptions {
   std::vector<std::string> item_feature_columns;
   uint64_t seed = 1;
   size_t rows_per_block = 1024;
+  // Events sorted in memory at once; more spill to sorted runs in DIR.
+  size_t sort_buffer_events = size_t{8} << 20;
+  // Called about twice a second while ingesting, and once at the end.
+  std::function<void(const IngestProgress&)> progress;
 };
 
 struct IngestStats {
@@ -69,11 +102,15 @@ struct IngestStats {
   int64_t eval_samples = 0;
   int64_t positives = 0;
   int64_t skipped_lines = 0;  // Blank lines only; malformed lines are errors.
+  int64_t skipped_ratings = 0;  // Lines dropped by BadRatings::kSkip.
+  int64_t sort_runs = 0;        // Sorted runs spilled to disk (0: sorted in memory).
   std::string ToString() const;
 };
 
-// Writes `out_dir`/train.rfd, `out_dir`/eval.rfd and the raw-to-dense id
-// maps `out_dir`/vocab_user.tsv and vocab_item.tsv. Malformed input gives
+inline constexpr char kSequenceFileName[] = "sequences.rfs";
+
+// Writes `out_dir`/train.rfd, `out_dir`/eval.rfd, `out_dir`/sequences.rfs
+// and the raw-to-dense id maps `out_dir`/vocab_user.tsv and vocab_item.tsv. Malformed input gives
 // an error naming the file, line and field.
 absl::StatusOr<IngestStats> Ingest(const IngestOptions& options, const std::string& out_dir);
 

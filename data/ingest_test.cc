@@ -1,9 +1,13 @@
 #include "data/ingest.h"
 
+#include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <random>
 #include <map>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "data/dataset_file.h"
 #include "data/test_data_dir.h"
 #include "gtest/gtest.h"
@@ -162,6 +166,180 @@ TEST(IngestTest, SequenceFileGetsSampledNegatives) {
   }
   // User 1's 4th event: history = its first three items.
   EXPECT_EQ(History(train, 6), (std::vector<int64_t>{1, 2, 3}));
+}
+
+// The old way, for comparison: each sample's history computed from the raw
+// log (user's earlier events in time order, capped).
+TEST(IngestTest, HistoriesByReferenceReadAsInlineHistories) {
+  std::string text = "user_id\titem_id\trating\ttimestamp\n";
+  std::mt19937 rng(3);
+  for (int i = 0; i < 400; ++i) {
+    text += absl::StrCat("u", rng() % 9, "\ti", rng() % 40, "\t", 1 + rng() % 5, "\t",
+                         1000000 + (rng() % 50) * 3600 * (1 + rng() % 40), "\n");
+  }
+  IngestOptions o;
+  o.path = WriteText("ref.tsv", text);
+  o.max_history = 7;
+  o.negatives_per_positive = 2;
+  o.eval_fraction = 0.3;
+  auto stats = Ingest(o, Dir("out_ref"));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  // The sample files store references, not histories.
+  auto stored = DatasetReader::Open(Dir("out_ref/train.rfd"));
+  ASSERT_TRUE(stored.ok());
+  auto seqs = ReadAll(Dir("out_ref/sequences.rfs"));
+  ASSERT_TRUE(seqs.ok()) << seqs.status();
+  EXPECT_EQ(seqs->num_rows(), 9u);
+  const int items = seqs->schema().Find("items"), times = seqs->schema().Find("times"),
+            actions = seqs->schema().Find("actions");
+  size_t rows = 0;
+  for (const char* f : {"out_ref/train.rfd", "out_ref/eval.rfd"}) {
+    Batch b = Read(Dir(f));
+    rows += b.num_rows();
+    const int hist = b.schema().Find("history_items");
+    const int buckets = b.schema().Find("history_time_buckets");
+    const int acts = b.schema().Find("history_actions");
+    ASSERT_GE(hist, 0);
+    ASSERT_GE(buckets, 0);
+    ASSERT_GE(acts, 0);
+    for (size_t r = 0; r < b.num_rows(); ++r) {
+      const int64_t seq = Get(b, "history_seq", r), end = Get(b, "history_end", r);
+      const int64_t from = std::max<int64_t>(0, end - 7);
+      ASSERT_EQ(static_cast<int64_t>(b.RowLength(hist, r)), end - from);
+      const int64_t now = Get(b, "timestamp", r);
+      EXPECT_EQ(now, seqs->JaggedInt64(times, seq)[end]);  // The sample's own event.
+      for (int64_t k = from; k < end; ++k) {
+        EXPECT_EQ(b.JaggedInt64(hist, r)[k - from], seqs->JaggedInt64(items, seq)[k]);
+        EXPECT_EQ(b.JaggedInt64(acts, r)[k - from], seqs->JaggedInt64(actions, seq)[k]);
+        const double hours = (now - seqs->JaggedInt64(times, seq)[k]) / 3600.0;
+        EXPECT_EQ(b.JaggedInt64(buckets, r)[k - from],
+                  std::min<int64_t>(63, static_cast<int64_t>(std::log2(1 + hours))));
+      }
+      // A negative (label 0 right after its positive) shares its history.
+      if (r > 0 && Get(b, "history_end", r - 1) == end && Get(b, "history_seq", r - 1) == seq) {
+        EXPECT_EQ(History(b, r), History(b, r - 1));
+      }
+    }
+  }
+  EXPECT_EQ(static_cast<int64_t>(rows), stats->train_samples + stats->eval_samples);
+  EXPECT_EQ(rows, 400u * 3);  // Explicit ratings with 2 negatives each.
+}
+
+TEST(IngestTest, SpilledSortGivesTheSameFiles) {
+  std::string text;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 500; ++i) {
+    text += absl::StrCat(rng() % 30, "::", rng() % 60, "::", 1 + rng() % 5, "::", rng() % 20, "\n");
+  }
+  IngestOptions o;
+  o.path = WriteText("spill.dat", text);
+  o.negatives_per_positive = 1;
+  auto in_memory = Ingest(o, Dir("out_mem"));
+  ASSERT_TRUE(in_memory.ok()) << in_memory.status();
+  EXPECT_EQ(in_memory->sort_runs, 0);
+  o.sort_buffer_events = 37;
+  auto spilled = Ingest(o, Dir("out_spill"));
+  ASSERT_TRUE(spilled.ok()) << spilled.status();
+  EXPECT_EQ(spilled->sort_runs, 14);  // ceil(500 / 37).
+  for (const char* f : {"train.rfd", "eval.rfd"}) {
+    EXPECT_TRUE(Read(Dir(std::string("out_mem/") + f)) == Read(Dir(std::string("out_spill/") + f)))
+        << f;
+  }
+  // No run files are left behind.
+  for (const auto& e : std::filesystem::directory_iterator(Dir("out_spill"))) {
+    EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+  }
+}
+
+TEST(IngestTest, ByteOrderMarksAndNanRatings) {
+  IngestOptions o;
+  o.path = WriteText("bom.tsv", "\xEF\xBB\xBFuser_id\titem_id\trating\ttimestamp\n1\t2\t5\t10\n"
+                                "1\t3\tnan\t11\n2\t3\t4\t12\n");
+  auto stats = Ingest(o, Dir("out_bom"));
+  ASSERT_FALSE(stats.ok());
+  EXPECT_NE(stats.status().message().find("line 3, column 2: rating 'nan' is not a finite number"),
+            std::string::npos)
+      << stats.status();
+  o.bad_ratings = IngestOptions::BadRatings::kSkip;
+  stats = Ingest(o, Dir("out_bom"));
+  ASSERT_TRUE(stats.ok()) << stats.status();  // The UTF-8 mark did not hide the header.
+  EXPECT_EQ(stats->events, 2);
+  EXPECT_EQ(stats->skipped_ratings, 1);
+  o.path = WriteText("utf16.tsv", "\xFF\xFEu\0s\0e\0r\0\n");
+  stats = Ingest(o, Dir("out_bom"));
+  ASSERT_FALSE(stats.ok());
+  EXPECT_NE(stats.status().message().find("UTF-16"), std::string::npos) << stats.status();
+}
+
+TEST(IngestTest, PopularityWeightedNegativesAreSeededAndFollowCounts) {
+  // Item "hot" has 60 of the 100 events, 40 others one each. The 40 users
+  // who never saw "hot" draw it as their negative with probability ~0.6
+  // under popularity sampling, 1/41 under uniform sampling.
+  std::string text;
+  for (int u = 0; u < 60; ++u) text += absl::StrCat("fan", u, " hot\n");
+  for (int i = 0; i < 40; ++i) text += absl::StrCat("x", i, " c", i, "\n");
+  IngestOptions o;
+  o.input = IngestOptions::Input::kSequences;
+  o.path = WriteText("pop.txt", text);
+  o.eval_fraction = 0;
+  o.negatives_per_positive = 1;
+  auto count_hot = [&](const std::string& out) {
+    EXPECT_TRUE(Ingest(o, Dir(out)).ok());
+    Batch b = Read(Dir(out + "/train.rfd"));
+    int hot = 0, negatives = 0;
+    for (size_t r = 0; r < b.num_rows(); ++r) {
+      if (b.Float(b.schema().Find("label"), r) > 0.5f) continue;
+      ++negatives;
+      hot += Get(b, "item_id", r) == 1;
+    }
+    return std::make_pair(hot, negatives);
+  };
+  auto uniform = count_hot("out_uni");
+  o.negative_sampling = IngestOptions::Negatives::kPopularity;
+  auto popular = count_hot("out_pop");
+  EXPECT_EQ(uniform.second, 100);
+  EXPECT_EQ(popular.second, 100);
+  EXPECT_LT(uniform.first, 8);   // Expected ~1.
+  EXPECT_GT(popular.first, 14);  // Expected ~24.
+  count_hot("out_pop2");  // Same seed, same negatives.
+  EXPECT_TRUE(Read(Dir("out_pop/train.rfd")) == Read(Dir("out_pop2/train.rfd")));
+}
+
+TEST(IngestTest, MissingOrForeignSequenceFileSaysReingest) {
+  IngestOptions o;
+  o.input = IngestOptions::Input::kSequences;
+  o.path = WriteText("s1.txt", "1 1 2 3\n2 2 3 4\n");
+  ASSERT_TRUE(Ingest(o, Dir("out_s1")).ok());
+  o.path = WriteText("s2.txt", "1 5 6 7\n");
+  ASSERT_TRUE(Ingest(o, Dir("out_s2")).ok());
+  std::filesystem::copy_file(Dir("out_s2/sequences.rfs"), Dir("out_s1/sequences.rfs"),
+                             std::filesystem::copy_options::overwrite_existing);
+  auto foreign = DatasetFile::Open(Dir("out_s1/train.rfd"));
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_NE(foreign.status().message().find("re-ingest"), std::string::npos) << foreign.status();
+  std::filesystem::remove(Dir("out_s1/sequences.rfs"));
+  auto missing = ReadAll(Dir("out_s1/eval.rfd"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("sequences.rfs"), std::string::npos)
+      << missing.status();
+  EXPECT_NE(missing.status().message().find("re-ingest"), std::string::npos) << missing.status();
+}
+
+TEST(IngestTest, ReportsProgressAndEnds) {
+  IngestOptions o;
+  o.input = IngestOptions::Input::kSequences;
+  o.path = WriteText("prog.txt", "1 1 2 3\n2 2 3 4\n");
+  std::vector<std::string> phases;
+  int64_t samples = 0;
+  o.progress = [&](const IngestProgress& p) {
+    phases.push_back(p.phase);
+    samples = p.samples;
+  };
+  auto stats = Ingest(o, Dir("out_prog"));
+  ASSERT_TRUE(stats.ok());
+  ASSERT_FALSE(phases.empty());
+  EXPECT_EQ(phases.back(), "done");
+  EXPECT_EQ(samples, stats->train_samples + stats->eval_samples);
 }
 
 TEST(IngestTest, MalformedInputNamesLineAndColumn) {

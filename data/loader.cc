@@ -245,6 +245,27 @@ RankBatch GatherRank(const StepPlan& plan, int r) {
   return rb;
 }
 
+std::vector<int64_t> WindowLengths(const StepPlan& plan) {
+  std::vector<int64_t> lengths(plan.samples.size());
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    lengths[i] = plan.samples[i].block->RowLength(plan.length_col, plan.samples[i].row);
+  }
+  return lengths;
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> EpochWindows(Loader& loader, int epochs) {
+  std::vector<std::vector<int64_t>> windows;
+  const int64_t full = loader.samples_per_epoch() / loader.options().deal.WindowSize();
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+    for (int64_t step = 0; step < full; ++step) {
+      auto plan = loader.Plan(epoch, step);
+      if (!plan.ok()) return plan.status();
+      windows.push_back(WindowLengths(**plan));
+    }
+  }
+  return windows;
+}
+
 absl::StatusOr<StepBatches> Loader::Step(int64_t epoch, int64_t step) {
   auto plan = Plan(epoch, step);
   if (!plan.ok()) return plan.status();

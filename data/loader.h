@@ -103,6 +103,8 @@ class Loader {
 
   const std::shared_ptr<const Schema>& schema() const { return schema_; }
   const LoaderOptions& options() const { return options_; }
+  // The schema column whose length prices a sample.
+  int length_column() const { return length_col_; }
   // Samples this instance delivers per epoch, and the steps that takes.
   int64_t samples_per_epoch() const { return num_samples_; }
   int64_t steps_per_epoch() const;
@@ -148,6 +150,17 @@ class Loader {
   std::list<std::pair<uint32_t, std::shared_ptr<BlockView>>> cache_;
   size_t cache_capacity_ = 0;
 };
+
+// The length (of the loader's length feature) of every sample of the
+// window of (epoch, step), in the order the loader deals them: what the
+// policies price.
+std::vector<int64_t> WindowLengths(const StepPlan& plan);
+
+// WindowLengths of every full step of epochs 0..epochs-1, from the
+// loader's own plans: `balance-report` on a dataset compares the policies on
+// exactly the windows this loader will deal (a user's rows stay together
+// within groups of blocks, so windows are not independent draws).
+absl::StatusOr<std::vector<std::vector<int64_t>>> EpochWindows(Loader& loader, int epochs);
 
 // Expands "a.rfd,b.rfd", directories (every *.rfd inside, sorted) and
 // plain paths into the file list.

@@ -1,9 +1,13 @@
 #include "data/loader.h"
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
+#include "data/balance.h"
+#include "data/ingest.h"
 #include "data/synth.h"
 #include "gtest/gtest.h"
 
@@ -170,6 +174,97 @@ TEST(LoaderTest, CorruptBlockIsAnErrorNotData) {
   }
   EXPECT_EQ(failure.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(failure.message().find(files[1]), std::string::npos) << failure;
+}
+
+// An ingested log: histories by reference, a user's samples together.
+std::string IngestLog(const std::string& name) {
+  std::string text = "user_id\titem_id\trating\ttimestamp\n";
+  std::mt19937_64 rng(17);
+  for (int u = 0; u < 60; ++u) {
+    const int events = 2 + static_cast<int>(std::exp((rng() % 1000) / 170.0));  // 3..~360.
+    for (int e = 0; e < events; ++e) {
+      text += absl::StrCat("u", u, "\t", rng() % 500, "\t", 1 + rng() % 5, "\t", e * 600, "\n");
+    }
+  }
+  const std::string dir = std::string(testing::TempDir()) + "/" + name;
+  std::ofstream(dir + ".tsv") << text;
+  IngestOptions o;
+  o.path = dir + ".tsv";
+  o.max_history = 100;
+  o.rows_per_block = 64;
+  auto stats = Ingest(o, dir);
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  return dir;
+}
+
+TEST(LoaderTest, DeliversReferencedHistoriesOfAnIngestedLog) {
+  const std::string dir = IngestLog("ingested");
+  auto all = ReadAll(dir + "/train.rfd");
+  ASSERT_TRUE(all.ok()) << all.status();
+  const int id = all->schema().Find("sample_id");
+  std::map<int64_t, size_t> row_of;
+  for (size_t r = 0; r < all->num_rows(); ++r) row_of[all->Int64(id, r)] = r;
+  auto l = Loader::Open(Options({dir + "/train.rfd"}));
+  ASSERT_TRUE(l.ok()) << l.status();
+  size_t delivered = 0;
+  for (int64_t s = 0; s < (*l)->steps_per_epoch(); ++s) {
+    auto step = (*l)->Step(0, s);
+    ASSERT_TRUE(step.ok()) << step.status();
+    for (const RankBatch& rb : step->ranks) {
+      const Batch& b = rb.samples;
+      for (size_t r = 0; r < b.num_rows(); ++r, ++delivered) {
+        const size_t want = row_of.at(b.Int64(id, r));
+        for (const char* f : {"history_items", "history_actions", "history_time_buckets"}) {
+          const int c = b.schema().Find(f);
+          ASSERT_EQ(b.RowLength(c, r), all->RowLength(c, want)) << f;
+          for (size_t k = 0; k < b.RowLength(c, r); ++k) {
+            ASSERT_EQ(b.JaggedInt64(c, r)[k], all->JaggedInt64(c, want)[k]) << f;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(delivered, all->num_rows());
+}
+
+// The report's numbers for naive and recfleet dealing are the loader's own,
+// step by step, on the same file.
+TEST(LoaderTest, BalanceReportSeesTheLoadersWindows) {
+  const std::string dir = IngestLog("report");
+  LoaderOptions o = Options({dir + "/train.rfd"});
+  o.deal.ranks = 4;
+  o.deal.base_batch = 16;
+  o.deal.base_batches_per_rank = 4;
+  o.cost = CostModel{1.0, 0.01};
+  auto l = Loader::Open(o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  auto windows = EpochWindows(**l, 2);
+  ASSERT_TRUE(windows.ok()) << windows.status();
+  const int64_t full = (*l)->samples_per_epoch() / o.deal.WindowSize();
+  ASSERT_GE(full, 5);
+  ASSERT_EQ(static_cast<int64_t>(windows->size()), 2 * full);
+  std::vector<double> naive, recfleet;
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    for (int64_t s = 0; s < full; ++s) {
+      auto plan = (*l)->Plan(epoch, s);
+      ASSERT_TRUE(plan.ok());
+      naive.push_back((*plan)->naive_gap);
+      recfleet.push_back((*plan)->gap);
+    }
+  }
+  auto rows = BalanceOfWindows(*windows, o.cost, o.deal);
+  ASSERT_EQ(rows[0].policy, "naive");
+  ASSERT_EQ(rows[2].policy, "recfleet");
+  EXPECT_EQ(rows[0].gap.steps, naive.size());
+  EXPECT_DOUBLE_EQ(rows[0].gap.mean, Summarize(naive).mean);
+  EXPECT_DOUBLE_EQ(rows[0].gap.max, Summarize(naive).max);
+  EXPECT_DOUBLE_EQ(rows[2].gap.mean, Summarize(recfleet).mean);
+  // Dealing independent draws of the same lengths is another experiment:
+  // the loader keeps a user's (similar-length) samples together.
+  std::vector<int64_t> lengths;
+  for (const auto& w : *windows) lengths.insert(lengths.end(), w.begin(), w.end());
+  auto shuffled = ComputeBalance(lengths, o.cost, o.deal, 1, 1);
+  EXPECT_NE(shuffled[0].gap.mean, rows[0].gap.mean);
 }
 
 TEST(LoaderTest, ExpandsDirectories) {

@@ -45,6 +45,7 @@ compile() {  # SRC OBJ [extra flags...]
 t0=$(date +%s)
 pids=()
 for src in data/dataset_file.cc data/batch.cc data/schema.cc data/crc32c.cc data/ingest.cc \
+           data/int_codec.cc data/sequences.cc \
            cli/jobs/spec_file.cc; do
   compile "$src" "$work/obj/$(basename "$src" .cc).o" "${sanitize[@]}" & pids+=($!)
 done
@@ -54,7 +55,8 @@ for t in "${targets[@]}"; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 
-format=("$work/obj/dataset_file.o" "$work/obj/batch.o" "$work/obj/schema.o" "$work/obj/crc32c.o")
+format=("$work/obj/dataset_file.o" "$work/obj/batch.o" "$work/obj/schema.o" "$work/obj/crc32c.o"
+        "$work/obj/int_codec.o" "$work/obj/sequences.o")
 absl_libs=$(pkg-config --libs absl_statusor absl_status absl_strings absl_str_format \
             absl_flat_hash_map absl_hash absl_random_random)
 for t in "${targets[@]}"; do
