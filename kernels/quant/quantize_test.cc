@@ -239,6 +239,10 @@ TEST(StochasticSnapTest, NormalFastPathAgreesWithTheFullSnap) {
       if (std::fabs(x) < min_normal) continue;
       const uint32_t r = minifloat::RandomBits(key, i);
       ASSERT_EQ(minifloat::StochasticSnapNormal(s, x, r), minifloat::StochasticSnap(s, x, r)) << x;
+      // Without the clamp the value may pass MaxFinite, the code may not.
+      ASSERT_EQ(minifloat::Encode(s, minifloat::StochasticSnapNormalUnclamped(s, x, r)),
+                minifloat::EncodeStochastic(s, x, r))
+          << x;
       ++checked;
     }
     EXPECT_GT(checked, 3000);
@@ -254,11 +258,18 @@ TEST(StochasticSnapTest, RandomBitsAreBalancedAndDependOnSeedAndIndex) {
   std::vector<int> ones(32, 0);
   for (int i = 0; i < n; ++i) {
     const uint32_t r = minifloat::RandomBits(key, i);
-    for (int b = 0; b < 32; ++b) ones[b] += (r >> b) & 1;
+    ASSERT_EQ(r & 0xFFFFu, 0u) << i;  // 16 random bits, at the top
+    for (int b = 16; b < 32; ++b) ones[b] += (r >> b) & 1;
   }
-  for (int b = 0; b < 32; ++b) {
+  for (int b = 16; b < 32; ++b) {
     EXPECT_NEAR(ones[b], n / 2, 5 * std::sqrt(n / 4.0)) << "bit " << b;  // 5 sigma
   }
+  // The two elements of a pair take different halves of one hash, and
+  // neighbouring pairs differ.
+  const uint32_t h = minifloat::PairHash(key, 21);
+  EXPECT_EQ(minifloat::RandomBits(key, 42), h & 0xFFFF0000u);
+  EXPECT_EQ(minifloat::RandomBits(key, 43), h << 16);
+  EXPECT_NE(minifloat::PairHash(key, 21), minifloat::PairHash(key, 22));
   // Indices past 2^32 draw other bits than their low 32 bits.
   EXPECT_NE(minifloat::RandomBits(key, 7), minifloat::RandomBits(key, (uint64_t{1} << 32) + 7));
 }
