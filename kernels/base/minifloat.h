@@ -256,6 +256,26 @@ RECFLEET_HD float RandomSign(uint64_t seed, int64_t col) {
                                                                                      : 1.0f;
 }
 
+// The smallest power of two >= r for a finite r >= 0 (r = 0 gives 1), its
+// exponent clamped to [-127, 127] (2^-127 is subnormal), read off r's bits:
+// no frexp/ldexp, which cost the 32x32 kernels tens of instructions per
+// scale. Equal to ldexp(1, p) with p = e - 1 if m == 0.5 else e, where
+// frexp(r) = (m, e), clamped (quantize_test checks the two agree).
+RECFLEET_HD float Pow2AtLeast(float r) {
+  if (r == 0.0f) return 1.0f;  // frexp's exponent of zero is 0
+  const uint32_t b = FloatToBits(r);
+  const int exp = static_cast<int>(b >> 23);  // r >= 0: no sign bit
+  const uint32_t man = b & 0x7FFFFFu;
+  int p;
+  if (exp == 0) {
+    p = man > 0x400000u ? -126 : -127;  // subnormal: r = man * 2^-149
+  } else {
+    p = exp - 127 + (man != 0 ? 1 : 0);
+  }
+  if (p > 127) p = 127;
+  return p == -127 ? BitsToFloat(0x400000u) : Pow2(p);
+}
+
 // Dequantization scale of a block with absolute maximum `amax` for a format
 // whose largest finite value is `fmax`: amax / fmax (fp32), or 1 for an
 // all-zero block. Elements are encoded as x * (1 / scale), the reciprocal
@@ -265,12 +285,7 @@ RECFLEET_HD float RandomSign(uint64_t seed, int64_t col) {
 RECFLEET_HD float BlockScale(float amax, float fmax, bool power_of_two) {
   if (!(amax > 0.0f) || std::isinf(amax)) return 1.0f;
   const float r = amax / fmax;
-  if (!power_of_two) return r;
-  int e;
-  const float m = frexpf(r, &e);  // r = m * 2^e, m in [0.5, 1)
-  int p = m == 0.5f ? e - 1 : e;
-  p = p < -127 ? -127 : (p > 127 ? 127 : p);
-  return ldexpf(1.0f, p);
+  return power_of_two ? Pow2AtLeast(r) : r;
 }
 
 // The per-block multiplier applied before encoding: 1 / scale, rounded to

@@ -145,6 +145,25 @@ __device__ __forceinline__ void TradeHalves(float (&m)[16], int lane) {
   }
 }
 
+// After each warp wrote its partial maxima of block b to red[warp][b]:
+// thread b < count finishes block b's maximum and writes its scale and
+// reciprocal in place, to red[0][b] and red[1][b] (only it reads column b),
+// so each is computed once rather than by every thread that needs it. Ends
+// with a barrier; every thread of the block must call it.
+__device__ __forceinline__ void FinishScales(float (*red)[kTile], int count, float fmax,
+                                             bool pow2) {
+  if (threadIdx.x < count) {
+    const int b = threadIdx.x;
+    float m = red[0][b];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w][b]);
+    const float scale = minifloat::BlockScale(m, fmax, pow2);
+    red[0][b] = scale;
+    red[1][b] = __frcp_rn(scale);
+  }
+  __syncthreads();
+}
+
 // Dequantization scales of the thread's elements for x-oriented blocks of
 // XR x XC (1x128: one per row; 128x1: one per column; 128x128: one; 32x32:
 // one per row group i), and their correctly rounded reciprocals (as
@@ -188,8 +207,10 @@ struct TileScales {
       for (int k = 0; k < 16; ++k) inv[k] = __shfl_sync(0xffffffffu, own_inv, 2 * k);
     } else {
       ComputeShared(v, red, fmax, pow2, warp, lane);
+      if constexpr (XC != 1 && XR != 32) {  // 128x1 and 32x32 get theirs from ComputeShared
 #pragma unroll
-      for (int k = 0; k < kCount; ++k) inv[k] = __frcp_rn(s[k]);
+        for (int k = 0; k < kCount; ++k) inv[k] = __frcp_rn(s[k]);
+      }
     }
   }
 
@@ -208,13 +229,11 @@ struct TileScales {
         red[warp][lane * 4 + j] = m;
       }
       __syncthreads();
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float m = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w][lane * 4 + j]);
-        s[j] = minifloat::BlockScale(m, fmax, pow2);
-      }
+      FinishScales(red, kTile, fmax, pow2);
+      const float4 s4 = *reinterpret_cast<const float4*>(&red[0][lane * 4]);
+      const float4 i4 = *reinterpret_cast<const float4*>(&red[1][lane * 4]);
+      s[0] = s4.x, s[1] = s4.y, s[2] = s4.z, s[3] = s4.w;
+      inv[0] = i4.x, inv[1] = i4.y, inv[2] = i4.z, inv[3] = i4.w;
     } else {
       // Square blocks: XR = 128 (one per tile) or 32 (row block i, column
       // block lane / 8; lanes of one column block differ in bits 0-2).
@@ -239,12 +258,18 @@ struct TileScales {
         red[warp][g * 4 + lane / 8] = m[g];
       }
       __syncthreads();
+      if constexpr (XR == 32) {
+        FinishScales(red, 16, fmax, pow2);  // the tile's 16 blocks
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
+        for (int g = 0; g < kGroups; ++g) {
+          s[g] = red[0][g * 4 + lane / 8];
+          inv[g] = red[1][g * 4 + lane / 8];
+        }
+      } else {
         float t = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) t = fmaxf(t, red[w][g * 4 + (XR == 32 ? lane / 8 : 0)]);
-        s[g] = minifloat::BlockScale(t, fmax, pow2);
+        for (int w = 0; w < kWarps; ++w) t = fmaxf(t, red[w][0]);
+        s[0] = minifloat::BlockScale(t, fmax, pow2);
       }
     }
   }
@@ -531,7 +556,7 @@ template <int BR, int BC, bool kDirect, bool kT, bool kHad, bool kSR>
 __global__ void __launch_bounds__(kTileThreads, 2)
     QuantizeTileKernel(QuantizeArgs a, bool staged, int64_t tiles) {
   extern __shared__ float4 dyn_smem[];
-  __shared__ float red[kWarps][kTile];
+  __shared__ __align__(16) float red[kWarps][kTile];
   __shared__ uint32_t tsm[kT ? kTile * 32 : 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool fp32 = a.x_type == static_cast<int>(ElemType::kFloat32);

@@ -1,8 +1,10 @@
 #include "kernels/quant/quantize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -247,6 +249,30 @@ TEST(StochasticSnapTest, NormalFastPathAgreesWithTheFullSnap) {
     }
     EXPECT_GT(checked, 3000);
   }
+}
+
+// The bit-level power-of-two scale agrees with the frexp/ldexp definition
+// (p = e - 1 if m == 0.5 else e, clamped to [-127, 127]) on normals,
+// subnormals, exact powers of two and the ends of the range.
+TEST(BlockScaleTest, Pow2AtLeastMatchesFrexpDefinition) {
+  auto reference = [](float r) {
+    int e;
+    const float m = std::frexp(r, &e);
+    int p = m == 0.5f ? e - 1 : e;
+    p = std::clamp(p, -127, 127);
+    return std::ldexp(1.0f, p);
+  };
+  std::vector<float> rs = {0.0f, std::numeric_limits<float>::denorm_min(),
+                           std::ldexp(1.0f, -127), std::nextafter(std::ldexp(1.0f, -127), 1.0f),
+                           std::ldexp(1.0f, -126), std::numeric_limits<float>::min() * 0.75f,
+                           1.0f, 1.5f, 448.0f, std::ldexp(1.0f, 127),
+                           std::nextafter(std::ldexp(1.0f, 127), INFINITY),
+                           std::numeric_limits<float>::max()};
+  const std::vector<double> m = RandomDoubles(20000, 0.5, 1), e = RandomDoubles(20000, -152, 128);
+  for (size_t i = 0; i < m.size(); ++i) {
+    rs.push_back(static_cast<float>(std::ldexp(m[i], static_cast<int>(std::floor(e[i])))));
+  }
+  for (float r : rs) ASSERT_EQ(minifloat::Pow2AtLeast(r), reference(r)) << r;
 }
 
 TEST(StochasticSnapTest, RandomBitsAreBalancedAndDependOnSeedAndIndex) {
