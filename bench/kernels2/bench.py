@@ -165,6 +165,23 @@ def embedding(lib, copy_bw, dtype, rows, dim, bags, per_bag):
     r["bwd_pct_of_copy"] = 100 * r["bwd_useful_TBps"] * 1e12 / copy_bw
     log(f"{tag} bwd+rowwise Adagrad: ours {t_bwd:.3f} ms ({r['bwd_useful_TBps']:.2f} TB/s useful,"
         f" {r['bwd_pct_of_copy']:.0f}% of copy)")
+    # Random-row ceilings on the same table and ids: PyTorch gathers the
+    # batch's distinct rows (random row reads, sequential writes) and
+    # scatters them back (sequential reads, random row writes). The Adagrad
+    # step reads and writes the same random rows in place.
+    uniq = torch.unique(ids)
+    staged = table.index_select(0, uniq)
+    t_gather = bench(lambda: torch.index_select(table, 0, uniq, out=staged))
+    t_scatter = bench(lambda: table.index_copy_(0, uniq, staged))
+    row_bytes = 2 * uniq.numel() * dim * esz  # each: rows read + rows written
+    r.update({"torch_gather_distinct_rows_ms": t_gather,
+              "torch_gather_TBps": row_bytes / (t_gather * 1e-3) / 1e12,
+              "torch_scatter_distinct_rows_ms": t_scatter,
+              "torch_scatter_TBps": row_bytes / (t_scatter * 1e-3) / 1e12})
+    log(f"{tag} random rows: torch gather {t_gather:.3f} ms ({r['torch_gather_TBps']:.2f} TB/s), "
+        f"scatter {t_scatter:.3f} ms ({r['torch_scatter_TBps']:.2f} TB/s), "
+        f"{uniq.numel()} rows of {dim * esz} B")
+    del uniq, staged
 
     if dtype == torch.float32:
         # PyTorch: sparse embedding_bag gradient + torch.optim.Adagrad (its
@@ -410,7 +427,8 @@ def linear(lib, m, k, n):
 def profile_once(lib):
     """One launch of each kernel worth reading hardware counters on (run
     under `ncu -k regex:...`): the quantize rows (nearest and stochastic), the
-    quantize tiles and the embedding backward."""
+    quantize tiles (1x128 of x and x^T, 128x128, stochastic 1x128 of x^T),
+    RMSNorm + FP8 and the embedding backward."""
     rows, cols = 16384, 8192
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
     q = torch.empty(rows, cols, device="cuda", dtype=torch.uint8)
@@ -421,7 +439,13 @@ def profile_once(lib):
     lib.rf_quantize(x.data_ptr(), BF16, rows, cols, B1x128, 0, 1, 7, q.data_ptr(), s.data_ptr())
     lib.rf_quantize_pass(x.data_ptr(), BF16, rows, cols, B1x128, q.data_ptr(), s.data_ptr(),
                          qt.data_ptr(), st.data_ptr(), 0, 0, 0)
-    del x, q, qt, s, st
+    lib.rf_quantize(x.data_ptr(), BF16, rows, cols, B128x128, 0, 0, 0, q.data_ptr(), s.data_ptr())
+    lib.rf_quantize(x.data_ptr(), BF16, rows, cols, B1x128, 1, 1, 7, qt.data_ptr(), st.data_ptr())
+    gamma = torch.rand(cols, device="cuda") + 0.5
+    rstd = torch.empty(rows, device="cuda", dtype=torch.float32)
+    lib.rf_rmsnorm_forward_fp8(x.data_ptr(), BF16, rows, cols, gamma.data_ptr(), 1e-6,
+                               q.data_ptr(), s.data_ptr(), rstd.data_ptr())
+    del x, q, qt, s, st, gamma, rstd
     n_rows, dim, bags, per_bag = 20_000_000, 128, 65536, 32
     table = torch.randn(n_rows, dim, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, n_rows, (bags * per_bag,), device="cuda", dtype=torch.int64)

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace recfleet::cuda_util {
 
@@ -50,6 +51,50 @@ __device__ __forceinline__ void StoreVec(T* __restrict__ p, const float (&in)[V]
   } else {
 #pragma unroll
     for (int i = 0; i < V; ++i) p[i] = FromFloat<T>(in[i]);
+  }
+}
+
+// The two bf16 values packed in w (low half first) as fp32: a bf16 is the
+// top half of the fp32 with the same value, so one shift or mask each (the
+// intrinsic conversion takes a permute and a multiply for the high half).
+__device__ __forceinline__ void WidenBf16x2(uint32_t w, float& lo, float& hi) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xFFFF0000u);
+}
+
+// 8 consecutive elements as loaded, before widening: one uint4 of bf16 or
+// two float4 of fp32. Streaming kernels issue all of a thread's loads into
+// these before converting any, so the loads are in flight together.
+template <typename T>
+struct Raw8 {
+  using Vec = typename std::conditional<sizeof(T) == 4, float4, uint4>::type;
+  Vec p[sizeof(T) / 2];
+};
+
+// Loads 8 elements at p (16-byte aligned) when `valid`, zeros otherwise.
+template <typename T>
+__device__ __forceinline__ Raw8<T> LoadRaw8(const T* p, bool valid) {
+  using Vec = typename Raw8<T>::Vec;
+  Raw8<T> r;
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(sizeof(T)) / 2; ++k) {
+    r.p[k] = valid ? __ldg(reinterpret_cast<const Vec*>(p) + k) : Vec{};
+  }
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void Widen8(const Raw8<T>& raw, float (&out)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 a = raw.p[0], b = raw.p[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+    const uint4 w = raw.p[0];
+    WidenBf16x2(w.x, out[0], out[1]);
+    WidenBf16x2(w.y, out[2], out[3]);
+    WidenBf16x2(w.z, out[4], out[5]);
+    WidenBf16x2(w.w, out[6], out[7]);
   }
 }
 

@@ -113,15 +113,27 @@ RECFLEET_HD float Pow2(int e) { return BitsToFloat(static_cast<uint32_t>(127 + e
 RECFLEET_HD float MaxFinite(const Spec& s) { return s.max_code == 0x7B ? 57344.0f : 448.0f; }
 
 // StochasticSnap (below) for a finite x with |x| >= 2^(1 - bias), the
-// smallest normal: x clamped to +-MaxFinite, then the random bits added
+// smallest normal: x clamped to +-MaxFinite, then the top bits of r added
 // under the kept mantissa of its sign-magnitude bits and the rest truncated
 // (a carry moves into the exponent by itself; the clamp keeps it finite).
-// The kernels' fast path: a clamp, an add and two logic operations.
 RECFLEET_HD float StochasticSnapNormal(const Spec& s, float x, uint32_t r) {
   const float fmax = MaxFinite(s);
   x = fminf(fmaxf(x, -fmax), fmax);
-  const uint32_t mask = (1u << (23 - s.man_bits)) - 1u;
-  return BitsToFloat((FloatToBits(x) + (r & mask)) & ~mask);
+  const int drop = 23 - s.man_bits;  // fp32 mantissa bits below the kept ones
+  const uint32_t mask = (1u << drop) - 1u;
+  return BitsToFloat((FloatToBits(x) + (r >> (32 - drop))) & ~mask);
+}
+
+// The kernels' fast path: StochasticSnapNormal without the clamp (an add and
+// a logic operation). For a finite x with 2^(1 - bias) <= |x| < 2^126 the
+// result may exceed MaxFinite, but a saturating encoder (Encode, the packed
+// cvt.rn.satfinite) then gives the same code as for the clamped snap: values
+// past MaxFinite encode as it, and no carry reaches the fp32 exponent's
+// all-ones field.
+RECFLEET_HD float StochasticSnapNormalUnclamped(const Spec& s, float x, uint32_t r) {
+  const int drop = 23 - s.man_bits;
+  const uint32_t mask = (1u << drop) - 1u;
+  return BitsToFloat((FloatToBits(x) + (r >> (32 - drop))) & ~mask);
 }
 
 // Stochastic rounding of x onto the format's grid, as an fp32 value the
@@ -129,10 +141,11 @@ RECFLEET_HD float StochasticSnapNormal(const Spec& s, float x, uint32_t r) {
 // packed, then encodes it without rounding), saturated to +-MaxFinite (an
 // infinity too); NaN stays NaN. `r` is 32 uniform random bits. Between the
 // two neighbours lo <= |x| < hi it picks hi with probability
-// (|x| - lo) / (hi - lo) at a resolution of 2^-20 (E4M3 normals; 2^-21
-// E5M2) or 2^-24 (subnormals), so E[result] = x below saturation. Normals
-// take StochasticSnapNormal; subnormals, whose spacing is fixed, compare
-// the fraction of |x| in units of that spacing with 24 random bits.
+// (|x| - lo) / (hi - lo) at a resolution of 2^-16 (RandomBits gives 16
+// random bits), so E[result] = x below saturation, within 2^-16 of the
+// spacing. Normals take StochasticSnapNormal; subnormals, whose spacing
+// is fixed, compare the fraction of |x| in units of that spacing with the
+// top 24 bits of r.
 // Integer adds and exact scalings only (no decode of neighbouring codes):
 // the same bits on CPU and GPU.
 RECFLEET_HD float StochasticSnap(const Spec& s, float x, uint32_t r) {
@@ -161,6 +174,35 @@ RECFLEET_HD uint8_t EncodeStochastic(const Spec& s, float x, uint32_t r) {
   return Encode(s, StochasticSnap(s, x, r));
 }
 
+#if defined(__CUDACC__)
+// Four round-to-nearest codes, byte j from y[j], by two packed conversions
+// (the same cvt.rn.satfinite as Encode; device only). For finite y: the
+// packed conversion's NaN code need not be kNaNCode.
+__device__ __forceinline__ uint32_t EncodeNearest4(const float* y, bool e5m2) {
+  const __nv_fp8_interpretation_t f = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(y[0], y[1]), __NV_SATFINITE, f);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(y[2], y[3]), __NV_SATFINITE, f);
+  return lo | hi << 16;
+}
+
+// Eight round-to-nearest codes of y as two words (byte j of word h from
+// y[4 h + j]): the packed conversions, or the scalar Encode when a y is
+// NaN or infinite (y * 0 is then NaN), so NaN gets kNaNCode as on the host.
+__device__ __forceinline__ uint2 EncodeNearest8(const float* y, bool e5m2) {
+  float probe = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) probe = fmaf(y[j], 0.0f, probe);
+  if (probe == 0.0f) return make_uint2(EncodeNearest4(y, e5m2), EncodeNearest4(y + 4, e5m2));
+  const Spec spec = e5m2 ? E5M2() : E4M3();
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    w[j / 4] |= static_cast<uint32_t>(Encode(spec, y[j])) << (8 * (j % 4));
+  }
+  return make_uint2(w[0], w[1]);
+}
+#endif
+
 // 32-bit integer finalizer (Wellons' lowbias32): a bijection whose output
 // bits each depend on every input bit.
 RECFLEET_HD uint32_t Mix32(uint32_t x) {
@@ -173,18 +215,28 @@ RECFLEET_HD uint32_t Mix32(uint32_t x) {
 }
 
 // Counter-based random bits for stochastic rounding: RandomBits(key, index)
-// with key = RandomKey(seed), so kernels hash the seed once and each element
-// costs one 32-bit finalizer (two multiplies) instead of a 64-bit one. The
-// same on every device and for any launch shape, so stochastic rounding is
-// reproducible.
+// with key = RandomKey(seed). Elements 2k and 2k + 1 share one 32-bit
+// finalizer (PairHash(key, k), two multiplies) and take 16 bits each: the
+// even element the high half, the odd one the low half, returned in the top
+// 16 bits of the word (the low 16 are zero). Kernels hash the seed once and
+// each pair of elements costs one finalizer. The same on every device and
+// for any launch shape, so stochastic rounding is reproducible.
 RECFLEET_HD uint32_t RandomKey(uint64_t seed) {
   return Mix32(static_cast<uint32_t>(seed) ^
                Mix32(static_cast<uint32_t>(seed >> 32) + 0x9E3779B9u));
 }
 
+RECFLEET_HD uint32_t PairHash(uint32_t key, uint64_t pair) {
+  return Mix32((static_cast<uint32_t>(pair) ^ key) +
+               static_cast<uint32_t>(pair >> 32) * 0x9E3779B9u);
+}
+
+// The half of a pair's hash that belongs to the even (odd == false) or odd
+// element, in the top 16 bits.
+RECFLEET_HD uint32_t PairHalf(uint32_t h, bool odd) { return odd ? h << 16 : h & 0xFFFF0000u; }
+
 RECFLEET_HD uint32_t RandomBits(uint32_t key, uint64_t index) {
-  return Mix32((static_cast<uint32_t>(index) ^ key) +
-               static_cast<uint32_t>(index >> 32) * 0x9E3779B9u);
+  return PairHalf(PairHash(key, index >> 1), (index & 1) != 0);
 }
 
 // Counter-based uniform [0, 1) draw for element `index` under `seed`
@@ -204,6 +256,26 @@ RECFLEET_HD float RandomSign(uint64_t seed, int64_t col) {
                                                                                      : 1.0f;
 }
 
+// The smallest power of two >= r for a finite r >= 0 (r = 0 gives 1), its
+// exponent clamped to [-127, 127] (2^-127 is subnormal), read off r's bits:
+// no frexp/ldexp, which cost the 32x32 kernels tens of instructions per
+// scale. Equal to ldexp(1, p) with p = e - 1 if m == 0.5 else e, where
+// frexp(r) = (m, e), clamped (quantize_test checks the two agree).
+RECFLEET_HD float Pow2AtLeast(float r) {
+  if (r == 0.0f) return 1.0f;  // frexp's exponent of zero is 0
+  const uint32_t b = FloatToBits(r);
+  const int exp = static_cast<int>(b >> 23);  // r >= 0: no sign bit
+  const uint32_t man = b & 0x7FFFFFu;
+  int p;
+  if (exp == 0) {
+    p = man > 0x400000u ? -126 : -127;  // subnormal: r = man * 2^-149
+  } else {
+    p = exp - 127 + (man != 0 ? 1 : 0);
+  }
+  if (p > 127) p = 127;
+  return p == -127 ? BitsToFloat(0x400000u) : Pow2(p);
+}
+
 // Dequantization scale of a block with absolute maximum `amax` for a format
 // whose largest finite value is `fmax`: amax / fmax (fp32), or 1 for an
 // all-zero block. Elements are encoded as x * (1 / scale), the reciprocal
@@ -213,12 +285,7 @@ RECFLEET_HD float RandomSign(uint64_t seed, int64_t col) {
 RECFLEET_HD float BlockScale(float amax, float fmax, bool power_of_two) {
   if (!(amax > 0.0f) || std::isinf(amax)) return 1.0f;
   const float r = amax / fmax;
-  if (!power_of_two) return r;
-  int e;
-  const float m = frexpf(r, &e);  // r = m * 2^e, m in [0.5, 1)
-  int p = m == 0.5f ? e - 1 : e;
-  p = p < -127 ? -127 : (p > 127 ? 127 : p);
-  return ldexpf(1.0f, p);
+  return power_of_two ? Pow2AtLeast(r) : r;
 }
 
 // The per-block multiplier applied before encoding: 1 / scale, rounded to

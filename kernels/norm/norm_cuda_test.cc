@@ -111,11 +111,13 @@ void Check(bool layer_norm, DType dtype, int64_t rows, int64_t dim) {
 
   // FP8 output: the same bits as quantizing the fp32 norm, up to the rare
   // element where fp32 vs double rounding of y crosses an FP8 tie.
-  if (dtype != DType::kFloat32) return;
   const int64_t nb = (dim + 127) / 128;
   std::vector<uint8_t> q(n);
   std::vector<float> scales(rows * nb);
   DeviceBuffer dq(n), dsc(rows * nb * 4);
+  CudaOrDie(cudaMemset(dq.get(), 0x7F, dq.bytes()), "poison");  // NaN codes
+  CudaOrDie(cudaMemset(dsc.get(), 0xFF, dsc.bytes()), "poison");  // NaN scales
+  CudaOrDie(cudaMemset(drstd.get(), 0xFF, drstd.bytes()), "poison");
   if (layer_norm) {
     ASSERT_TRUE(LayerNormForwardFp8(h(x, dtype, xs), h(gamma, DType::kFloat32, {dim}),
                                     h(beta, DType::kFloat32, {dim}), eps,
@@ -144,6 +146,9 @@ void Check(bool layer_norm, DType dtype, int64_t rows, int64_t dim) {
   std::vector<float> sc_gpu = dsc.ToHost<float>();
   EXPECT_LE(MaxRelDiff(h(sc_gpu, DType::kFloat32, {rows * nb}), h(scales, DType::kFloat32, {rows * nb})),
             1e-5);
+  std::vector<float> rstd_fp8 = drstd.ToHost<float>();
+  EXPECT_LE(MaxRelDiff(h(rstd_fp8, DType::kFloat32, {rows}), h(rstd, DType::kFloat32, {rows})),
+            1e-5);
   int64_t differ = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (q_gpu[i] == q[i]) continue;
@@ -156,7 +161,15 @@ void Check(bool layer_norm, DType dtype, int64_t rows, int64_t dim) {
 TEST(NormCudaTest, MatchesCpuReference) {
   for (bool ln : {false, true}) {
     for (DType t : {DType::kFloat32, DType::kBFloat16}) {
+      // Whole 128-column segments take the row kernel: 8 segments (half of
+      // the half-warps idle), 5 (odd count), 18 (a partly used second slot),
+      // 64 and 128 (4 and 8 slots per half-warp); 160 segments do not fit it.
       Check(ln, t, 64, 1024);
+      Check(ln, t, 9, 640);
+      Check(ln, t, 7, 2304);
+      Check(ln, t, 37, 8192);
+      Check(ln, t, 5, 16384);
+      Check(ln, t, 3, 20480);
       Check(ln, t, 33, 300);  // partial 128-segment, odd rows
       Check(ln, t, 300, 1);
     }

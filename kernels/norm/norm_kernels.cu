@@ -104,6 +104,176 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(Params p) {
   }
 }
 
+// Rows of whole 128-column segments (dim % 128 == 0, up to 16 x 8
+// segments), 16-byte aligned: a block of 256 threads per row, as 16
+// half-warps of 16 lanes, 8 consecutive columns per lane, so a half-warp
+// covers one segment (= one 1x128 FP8 block) per step. Half-warp h takes
+// segments h, h + hw, ... (hw = min(16, segments)), S of them. The whole
+// row stays in registers: every load is issued before the first use, the
+// statistics come from one block reduction (two for LayerNorm), and x is
+// read once, where ForwardKernel reads it two or three times with scalar
+// loads. FP8 encoding as the quantize row kernel: packed cvt.rn.satfinite,
+// one 8-byte store per lane.
+constexpr int kRowMaxSlots = 8;
+
+template <typename T>
+__device__ __forceinline__ void LoadF8(const void* p, int64_t i, float (&out)[8]) {
+  cuda_util::Widen8<T>(cuda_util::LoadRaw8<T>(static_cast<const T*>(p) + i, true), out);
+}
+
+// 8 consecutive parameters (gamma or beta) at element i, fp32 or bf16.
+__device__ __forceinline__ void LoadParam8(const void* p, ElemType t, int64_t i, float (&out)[8]) {
+  if (t == ElemType::kBFloat16) {
+    LoadF8<__nv_bfloat16>(p, i, out);
+  } else {
+    LoadF8<float>(p, i, out);
+  }
+}
+
+// kLayerNorm and kE5M2 are p.s.layer_norm and p.fp8 == 2 as compile-time
+// choices: the kernel is bound by instructions at about 80% of the SMs'
+// issue rate, and the run-time checks cost a subtraction of a zero mean and
+// a second packed conversion per element pair.
+template <typename XT, int S, bool kLayerNorm, bool kE5M2>
+__global__ void __launch_bounds__(kThreads) ForwardRowsKernel(Params p) {
+  __shared__ float smem[kWarps];
+  const int64_t row = blockIdx.x;
+  const int64_t dim = p.s.dim, base = row * dim;
+  const int segs = static_cast<int>(dim / kSeg);
+  const int hw = segs < 16 ? segs : 16;
+  const int half = threadIdx.x >> 4, lane = threadIdx.x & 15;
+  const XT* x = static_cast<const XT*>(p.x) + base;
+  cuda_util::Raw8<XT> raw[S];
+  bool valid[S];
+#pragma unroll
+  for (int k = 0; k < S; ++k) {
+    const int seg = k * hw + half;
+    valid[k] = half < hw && seg < segs;
+    raw[k] = cuda_util::LoadRaw8<XT>(x + seg * kSeg + lane * 8, valid[k]);
+  }
+  // x stays as loaded (bf16: half the registers) and is widened where used.
+  float mu = 0.0f;
+  if constexpr (kLayerNorm) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < S; ++k) {
+      float v[8];
+      cuda_util::Widen8<XT>(raw[k], v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum += v[j];
+    }
+    mu = BlockSum(sum, smem) / static_cast<float>(dim);
+  }
+  float sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < S; ++k) {
+    if (!valid[k]) continue;
+    float v[8];
+    cuda_util::Widen8<XT>(raw[k], v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float c = kLayerNorm ? v[j] - mu : v[j];
+      sq += c * c;
+    }
+  }
+  const float rs = rsqrtf(BlockSum(sq, smem) / static_cast<float>(dim) + p.eps);
+  if (threadIdx.x == 0) {
+    p.rstd[row] = rs;
+    if (kLayerNorm) p.mean[row] = mu;
+  }
+  constexpr bool e5m2 = kE5M2;
+  const float fmax = e5m2 ? 57344.0f : 448.0f;
+#pragma unroll
+  for (int k = 0; k < S; ++k) {
+    // Every lane takes part in the shuffles below; only valid segments load
+    // parameters and store.
+    const int seg = k * hw + half;
+    const int64_t c = static_cast<int64_t>(seg) * kSeg + lane * 8;
+    float y[8];
+    if (valid[k]) {
+      float v[8], g[8];
+      cuda_util::Widen8<XT>(raw[k], v);
+      LoadParam8(p.gamma, p.gt, c, g);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[j] = (kLayerNorm ? v[j] - mu : v[j]) * rs * g[j];
+      if constexpr (kLayerNorm) {
+        float b[8];
+        LoadParam8(p.beta, p.bt, c, b);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] += b[j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[j] = 0.0f;
+    }
+    if (p.fp8 == 0) {
+      if (!valid[k]) continue;
+      if (p.yt == ElemType::kBFloat16) {
+        cuda_util::StoreVec<__nv_bfloat16, 8>(static_cast<__nv_bfloat16*>(p.y) + base + c, y);
+      } else {
+        float* out = static_cast<float*>(p.y) + base + c;
+        *reinterpret_cast<float4*>(out) = make_float4(y[0], y[1], y[2], y[3]);
+        *reinterpret_cast<float4*>(out + 4) = make_float4(y[4], y[5], y[6], y[7]);
+      }
+      continue;
+    }
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(y[j]));
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (!valid[k]) continue;
+    const float scale = minifloat::BlockScale(m, fmax, false);
+    if (lane == 0) p.y_scales[row * segs + seg] = scale;
+    const float inv = __frcp_rn(scale);  // correctly rounded, as minifloat::Reciprocal
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y[j] *= inv;
+    *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.y) + base + c) =
+        minifloat::EncodeNearest8(y, e5m2);
+  }
+}
+
+// Slots per half-warp for ForwardRowsKernel, 0 when the row layout does
+// not fit it (the general ForwardKernel then runs).
+int RowSlots(const Params& p) {
+  auto aligned = [](const void* q, int bytes) {
+    return reinterpret_cast<uintptr_t>(q) % bytes == 0;
+  };
+  const int64_t dim = p.s.dim;
+  if (dim == 0 || dim % kSeg != 0 || dim > kSeg * 16 * kRowMaxSlots) return 0;
+  if (!aligned(p.x, 16) || !aligned(p.gamma, 16)) return 0;
+  if (p.s.layer_norm && !aligned(p.beta, 16)) return 0;
+  if (!aligned(p.y, p.fp8 != 0 ? 8 : 16)) return 0;
+  const int segs = static_cast<int>(dim / kSeg);
+  const int hw = segs < 16 ? segs : 16;
+  const int need = (segs + hw - 1) / hw;
+  int slots = 1;
+  while (slots < need) slots <<= 1;
+  return slots;
+}
+
+template <int S, typename XT, bool kLayerNorm>
+cudaError_t LaunchRowsAs(const Params& p, cudaStream_t st) {
+  const unsigned grid = static_cast<unsigned>(p.s.rows);
+  if (p.fp8 == 2) {
+    ForwardRowsKernel<XT, S, kLayerNorm, true><<<grid, kThreads, 0, st>>>(p);
+  } else {
+    ForwardRowsKernel<XT, S, kLayerNorm, false><<<grid, kThreads, 0, st>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <int S>
+cudaError_t LaunchRows(const Params& p, cudaStream_t st) {
+  const bool bf16 = p.xt == ElemType::kBFloat16;
+  if (p.s.layer_norm) {
+    return bf16 ? LaunchRowsAs<S, __nv_bfloat16, true>(p, st)
+                : LaunchRowsAs<S, float, true>(p, st);
+  }
+  return bf16 ? LaunchRowsAs<S, __nv_bfloat16, false>(p, st)
+              : LaunchRowsAs<S, float, false>(p, st);
+}
+
 struct BackParams {
   Shape s;
   const void* dy;
@@ -177,8 +347,16 @@ cudaError_t Forward(const Shape& s, const void* x, int x_type, const void* gamma
   if (s.rows == 0) return cudaSuccess;
   Params p{s,   x,   ElemType(x_type), gamma, ElemType(gamma_type), beta, ElemType(beta_type),
            eps, y,   ElemType(y_type), y_fp8_format, y_scales, mean, rstd};
-  ForwardKernel<<<static_cast<unsigned>(s.rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  return cudaGetLastError();
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  switch (RowSlots(p)) {
+    case 1: return LaunchRows<1>(p, st);
+    case 2: return LaunchRows<2>(p, st);
+    case 4: return LaunchRows<4>(p, st);
+    case 8: return LaunchRows<8>(p, st);
+    default:
+      ForwardKernel<<<static_cast<unsigned>(s.rows), kThreads, 0, st>>>(p);
+      return cudaGetLastError();
+  }
 }
 
 cudaError_t Backward(const Shape& s, const void* dy, int dy_type, const void* x, int x_type,

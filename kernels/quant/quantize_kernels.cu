@@ -48,9 +48,8 @@ __device__ __forceinline__ void Widen4(const Raw4<T>& raw, float (&out)[4]) {
   if constexpr (sizeof(T) == 4) {
     out[0] = raw.x, out[1] = raw.y, out[2] = raw.z, out[3] = raw.w;
   } else {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    const float2 lo = __bfloat1622float2(h[0]), hi = __bfloat1622float2(h[1]);
-    out[0] = lo.x, out[1] = lo.y, out[2] = hi.x, out[3] = hi.y;
+    cuda_util::WidenBf16x2(raw.x, out[0], out[1]);
+    cuda_util::WidenBf16x2(raw.y, out[2], out[3]);
   }
 }
 
@@ -90,13 +89,24 @@ __device__ __forceinline__ void IssueTileCopy(const QuantizeArgs& a, int64_t r0,
                                               char* stage) {
   constexpr int kChunksPerRow = kTile * static_cast<int>(sizeof(T)) / 16;
   constexpr int kElemsPerChunk = 16 / static_cast<int>(sizeof(T));
+  // Chunk k = threadIdx.x + i * kTileThreads lies in row k / kChunksPerRow,
+  // so a thread's column stays the same and its row moves by kRowsPerPass:
+  // one pointer and one bound check per copy.
+  constexpr int kRowsPerPass = kTileThreads / kChunksPerRow;
   const T* x = static_cast<const T*>(a.x);
+  const int64_t r = r0 + threadIdx.x / kChunksPerRow;
+  const int64_t c = c0 + (threadIdx.x % kChunksPerRow) * kElemsPerChunk;
+  const T* src = x + r * a.cols + c;
+  const int64_t step = kRowsPerPass * a.cols;
+  // Rows of this thread's column inside x (0 for a column past its end).
+  const int64_t rows_left = a.rows - r;
+  const int in_rows = c >= a.cols ? 0 : (rows_left < kTile ? static_cast<int>(rows_left) : kTile);
+  char* dst = stage + threadIdx.x * 16;
 #pragma unroll
-  for (int i = 0; i < kTile * kChunksPerRow / kTileThreads; ++i) {
-    const int k = threadIdx.x + i * kTileThreads;
-    const int64_t r = r0 + k / kChunksPerRow, c = c0 + (k % kChunksPerRow) * kElemsPerChunk;
-    const bool valid = r < a.rows && c < a.cols;
-    CpAsync16(stage + k * 16, valid ? x + r * a.cols + c : x, valid);
+  for (int i = 0; i < kTile / kRowsPerPass; ++i) {
+    const bool valid = i * kRowsPerPass < in_rows;
+    CpAsync16(dst + i * kTileThreads * 16, valid ? src : x, valid);
+    src += step;
   }
   asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -133,6 +143,25 @@ __device__ __forceinline__ void TradeHalves(float (&m)[16], int lane) {
     const float keep = upper ? m[h + N] : m[h];
     m[h] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 2 * N));
   }
+}
+
+// After each warp wrote its partial maxima of block b to red[warp][b]:
+// thread b < count finishes block b's maximum and writes its scale and
+// reciprocal in place, to red[0][b] and red[1][b] (only it reads column b),
+// so each is computed once rather than by every thread that needs it. Ends
+// with a barrier; every thread of the block must call it.
+__device__ __forceinline__ void FinishScales(float (*red)[kTile], int count, float fmax,
+                                             bool pow2) {
+  if (threadIdx.x < count) {
+    const int b = threadIdx.x;
+    float m = red[0][b];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w][b]);
+    const float scale = minifloat::BlockScale(m, fmax, pow2);
+    red[0][b] = scale;
+    red[1][b] = __frcp_rn(scale);
+  }
+  __syncthreads();
 }
 
 // Dequantization scales of the thread's elements for x-oriented blocks of
@@ -178,8 +207,10 @@ struct TileScales {
       for (int k = 0; k < 16; ++k) inv[k] = __shfl_sync(0xffffffffu, own_inv, 2 * k);
     } else {
       ComputeShared(v, red, fmax, pow2, warp, lane);
+      if constexpr (XC != 1 && XR != 32) {  // 128x1 and 32x32 get theirs from ComputeShared
 #pragma unroll
-      for (int k = 0; k < kCount; ++k) inv[k] = __frcp_rn(s[k]);
+        for (int k = 0; k < kCount; ++k) inv[k] = __frcp_rn(s[k]);
+      }
     }
   }
 
@@ -198,13 +229,11 @@ struct TileScales {
         red[warp][lane * 4 + j] = m;
       }
       __syncthreads();
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float m = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w][lane * 4 + j]);
-        s[j] = minifloat::BlockScale(m, fmax, pow2);
-      }
+      FinishScales(red, kTile, fmax, pow2);
+      const float4 s4 = *reinterpret_cast<const float4*>(&red[0][lane * 4]);
+      const float4 i4 = *reinterpret_cast<const float4*>(&red[1][lane * 4]);
+      s[0] = s4.x, s[1] = s4.y, s[2] = s4.z, s[3] = s4.w;
+      inv[0] = i4.x, inv[1] = i4.y, inv[2] = i4.z, inv[3] = i4.w;
     } else {
       // Square blocks: XR = 128 (one per tile) or 32 (row block i, column
       // block lane / 8; lanes of one column block differ in bits 0-2).
@@ -229,25 +258,22 @@ struct TileScales {
         red[warp][g * 4 + lane / 8] = m[g];
       }
       __syncthreads();
+      if constexpr (XR == 32) {
+        FinishScales(red, 16, fmax, pow2);  // the tile's 16 blocks
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
+        for (int g = 0; g < kGroups; ++g) {
+          s[g] = red[0][g * 4 + lane / 8];
+          inv[g] = red[1][g * 4 + lane / 8];
+        }
+      } else {
         float t = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) t = fmaxf(t, red[w][g * 4 + (XR == 32 ? lane / 8 : 0)]);
-        s[g] = minifloat::BlockScale(t, fmax, pow2);
+        for (int w = 0; w < kWarps; ++w) t = fmaxf(t, red[w][0]);
+        s[0] = minifloat::BlockScale(t, fmax, pow2);
       }
     }
   }
 };
-
-// Four round-to-nearest FP8 codes, byte j from y[j], by two packed
-// conversions (the same cvt.rn.satfinite as minifloat::Encode).
-__device__ __forceinline__ uint32_t EncodeNearest4(const float* y, bool e5m2) {
-  const __nv_fp8_interpretation_t f = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(y[0], y[1]), __NV_SATFINITE, f);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(y[2], y[3]), __NV_SATFINITE, f);
-  return lo | hi << 16;
-}
 
 // Writes the scale of q-block (bi, bj) of one output.
 __device__ __forceinline__ void WriteScale(const QuantizeTarget& t, int64_t bi, int64_t bj,
@@ -260,17 +286,38 @@ __device__ __forceinline__ void WriteScale(const QuantizeTarget& t, int64_t bi, 
   }
 }
 
+// Random bits of a tile's rows r, r + 1 and columns c .. c + 3 element by
+// element (x's row length, or row count for kT, is odd, so pairs of indices
+// do not line up with the tile): the rare case, kept out of line so that
+// the encoders stay small.
+__device__ __noinline__ void UnpairedBits(const QuantizeArgs& a, uint32_t key, bool transposed,
+                                          int64_t r, int64_t c, uint32_t (&bits)[2][4]) {
+  for (int e = 0; e < 2; ++e) {
+    for (int j = 0; j < 4; ++j) {
+      const uint64_t index = static_cast<uint64_t>(transposed ? (c + j) * a.rows + r + e
+                                                              : (r + e) * a.cols + c + j);
+      bits[e][j] = minifloat::RandomBits(key, index);
+    }
+  }
+}
+
 // Encodes the thread's elements for one output: word[i][rr] holds the four
 // bytes of row (i, rr), column j in byte j. Stochastic rounding draws from
 // the element's index in that output (x's for direct, x^T's for transposed),
 // as the CPU reference does.
-template <int XR, int XC, bool kT, bool kSR>
-__device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarget& t,
-                                       const Tile& v, const TileScales<XR, XC>& sc, int64_t r0,
-                                       int64_t c, int warp, uint32_t (&word)[4][4]) {
-  const bool e5m2 = a.format == 2;
+template <int XR, int XC, bool kT, bool kSR, bool kE5M2>
+__device__ __forceinline__ void EncodeAs(const QuantizeArgs& a, const QuantizeTarget& t,
+                                         const Tile& v, const TileScales<XR, XC>& sc, int64_t r0,
+                                         int64_t c, int warp, uint32_t (&word)[4][4]) {
+  constexpr bool e5m2 = kE5M2;
   const minifloat::Spec spec = e5m2 ? minifloat::E5M2() : minifloat::E4M3();
   const uint32_t key = minifloat::RandomKey(t.seed);
+  // Elements pair up for the random bits (minifloat::RandomBits: one hash
+  // per even/odd index pair) along q's rows: for direct output columns j and
+  // j + 1 of a tile row when x's rows have even length, for transposed output
+  // rows rr and rr + 1 of a group when x has an even row count (x^T's rows
+  // then have even length); otherwise each element hashes its own pair.
+  const bool paired = kSR && t.stochastic && (kT ? a.rows % 2 == 0 : a.cols % 2 == 0);
   // Four codes by two packed conversions (as the row kernel), which cut the
   // tile kernels' time by 6-26% against the scalar encoder. Stochastic
   // rounding first snaps each value onto the FP8 grid (integer add and
@@ -281,44 +328,79 @@ __device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarg
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
-    for (int rr = 0; rr < 4; ++rr) {
-      float y[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        y[j] = v[i][rr][j] * sc.inv[TileScales<XR, XC>::Index(i, rr, j)];
-      }
+    for (int rp = 0; rp < 2; ++rp) {
+      uint32_t bits[2][4];  // rows 2 rp + e, columns j
       if (kSR && t.stochastic) {
-        // Finite normal values (nearly all) take the integer-add snap alone.
-        const float probe = fmaf(y[0], 0.0f, fmaf(y[1], 0.0f, fmaf(y[2], 0.0f, y[3] * 0.0f)));
-        const float amin = fminf(fminf(fabsf(y[0]), fabsf(y[1])), fminf(fabsf(y[2]), fabsf(y[3])));
-        const bool normal = probe == 0.0f && amin >= minifloat::Pow2(1 - spec.bias);
-        uint32_t bits[4];
+        if (paired) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int64_t r = TileRow(r0, warp, i, rr), cc = c + j;
-          bits[j] = minifloat::RandomBits(key, kT ? static_cast<uint64_t>(cc * a.rows + r)
-                                                  : static_cast<uint64_t>(r * a.cols + cc));
-        }
-        if (normal) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) y[j] = minifloat::StochasticSnapNormal(spec, y[j], bits[j]);
+          for (int u = 0; u < 4; ++u) {
+            // kT: rows (2 rp, 2 rp + 1) of column u; direct: columns (u & 2,
+            // (u & 2) + 1) of row 2 rp + (u & 1). The first index is even.
+            const int e = kT ? 0 : (u & 1), j = kT ? u : (u & 2);
+            const int64_t r = TileRow(r0, warp, i, 2 * rp + e), cc = c + j;
+            const uint64_t index = static_cast<uint64_t>(kT ? cc * a.rows + r : r * a.cols + cc);
+            const uint32_t hash = minifloat::PairHash(key, index >> 1);
+            bits[e][j] = minifloat::PairHalf(hash, false);
+            bits[kT ? 1 : e][kT ? j : j + 1] = minifloat::PairHalf(hash, true);
+          }
         } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) y[j] = minifloat::StochasticSnap(spec, y[j], bits[j]);
+          UnpairedBits(a, key, kT, TileRow(r0, warp, i, 2 * rp), c, bits);
         }
       }
-      const float probe = fmaf(y[0], 0.0f, fmaf(y[1], 0.0f, fmaf(y[2], 0.0f, y[3] * 0.0f)));
-      if (probe == 0.0f) {
-        word[i][rr] = EncodeNearest4(y, e5m2);
-      } else {
-        uint32_t w = 0;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int rr = 2 * rp + e;
+        float y[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          w |= static_cast<uint32_t>(minifloat::Encode(spec, y[j])) << (8 * j);
+          y[j] = v[i][rr][j] * sc.inv[TileScales<XR, XC>::Index(i, rr, j)];
         }
-        word[i][rr] = w;
+        const float probe0 = fmaf(y[0], 0.0f, fmaf(y[1], 0.0f, fmaf(y[2], 0.0f, y[3] * 0.0f)));
+        if (kSR && t.stochastic) {
+          // Finite normal values (nearly all) take the unclamped integer-add
+          // snap alone (|y| <= ~fmax after block scaling) and stay finite.
+          const float amin =
+              fminf(fminf(fabsf(y[0]), fabsf(y[1])), fminf(fabsf(y[2]), fabsf(y[3])));
+          if (probe0 == 0.0f && amin >= minifloat::Pow2(1 - spec.bias)) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              y[j] = minifloat::StochasticSnapNormalUnclamped(spec, y[j], bits[e][j]);
+            }
+            word[i][rr] = minifloat::EncodeNearest4(y, e5m2);
+            continue;
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) y[j] = minifloat::StochasticSnap(spec, y[j], bits[e][j]);
+        }
+        const float probe = kSR && t.stochastic
+                                ? fmaf(y[0], 0.0f, fmaf(y[1], 0.0f, fmaf(y[2], 0.0f, y[3] * 0.0f)))
+                                : probe0;
+        if (probe == 0.0f) {
+          word[i][rr] = minifloat::EncodeNearest4(y, e5m2);
+        } else {
+          uint32_t w = 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            w |= static_cast<uint32_t>(minifloat::Encode(spec, y[j])) << (8 * j);
+          }
+          word[i][rr] = w;
+        }
       }
     }
+  }
+}
+
+// The FP8 format as a compile-time choice for the encoder: with a run-time
+// one, every packed conversion was issued twice (once per format, under
+// opposite predicates).
+template <int XR, int XC, bool kT, bool kSR>
+__device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarget& t,
+                                       const Tile& v, const TileScales<XR, XC>& sc, int64_t r0,
+                                       int64_t c, int warp, uint32_t (&word)[4][4]) {
+  if (a.format == 2) {
+    EncodeAs<XR, XC, kT, kSR, true>(a, t, v, sc, r0, c, warp, word);
+  } else {
+    EncodeAs<XR, XC, kT, kSR, false>(a, t, v, sc, r0, c, warp, word);
   }
 }
 
@@ -474,7 +556,7 @@ template <int BR, int BC, bool kDirect, bool kT, bool kHad, bool kSR>
 __global__ void __launch_bounds__(kTileThreads, 2)
     QuantizeTileKernel(QuantizeArgs a, bool staged, int64_t tiles) {
   extern __shared__ float4 dyn_smem[];
-  __shared__ float red[kWarps][kTile];
+  __shared__ __align__(16) float red[kWarps][kTile];
   __shared__ uint32_t tsm[kT ? kTile * 32 : 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool fp32 = a.x_type == static_cast<int>(ElemType::kFloat32);
@@ -653,37 +735,14 @@ cudaError_t Launch(const QuantizeArgs& a, cudaStream_t s) {
 constexpr int kRowThreads = 256;
 constexpr int kRowSlots = 4;
 
-template <typename T>
-struct Raw8 {
-  // 8 consecutive elements: one uint4 of bf16 or two float4 of fp32.
-  using Vec = typename std::conditional<sizeof(T) == 4, float4, uint4>::type;
-  Vec p[sizeof(T) / 2];
-};
-
-template <typename T>
-__device__ __forceinline__ void Widen8(const Raw8<T>& raw, float (&out)[8]) {
-  if constexpr (sizeof(T) == 4) {
-    const float4 a = raw.p[0], b = raw.p[1];
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-  } else {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw.p[0]);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(h[k]);
-      out[2 * k] = f.x, out[2 * k + 1] = f.y;
-    }
-  }
-}
-
-template <typename T, bool kSR>
+template <typename T, bool kSR, bool kE5M2>
 __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a) {
   const QuantizeTarget& t = a.direct;
   const T* x = static_cast<const T*>(a.x);
   const int64_t slots = a.rows * a.cols / 8;  // 8-element slots
   const uint32_t blocks_per_row = static_cast<uint32_t>(a.cols / 128);
-  const float fmax = a.format == 2 ? 57344.0f : 448.0f;
-  const bool e5m2 = a.format == 2;
+  constexpr bool e5m2 = kE5M2;  // compile-time: one packed conversion per pair
+  const float fmax = e5m2 ? 57344.0f : 448.0f;
   const minifloat::Spec spec = e5m2 ? minifloat::E5M2() : minifloat::E4M3();
   const uint32_t key = minifloat::RandomKey(t.seed);
   const float min_normal = minifloat::Pow2(1 - spec.bias);
@@ -693,15 +752,11 @@ __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * kRowThreads * kRowSlots; first < slots;
        first += stride) {
     const int64_t base = first + threadIdx.x;
-    Raw8<T> raw[kRowSlots];
+    cuda_util::Raw8<T> raw[kRowSlots];
 #pragma unroll
     for (int u = 0; u < kRowSlots; ++u) {
       const int64_t slot = base + u * kRowThreads;
-#pragma unroll
-      for (int k = 0; k < static_cast<int>(sizeof(T)) / 2; ++k) {
-        using Vec = typename Raw8<T>::Vec;
-        raw[u].p[k] = slot < slots ? __ldg(reinterpret_cast<const Vec*>(x + slot * 8) + k) : Vec{};
-      }
+      raw[u] = cuda_util::LoadRaw8<T>(x + slot * 8, slot < slots);
     }
 #pragma unroll
     for (int u = 0; u < kRowSlots; ++u) {
@@ -709,7 +764,7 @@ __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a
       // multiple of 16).
       const int64_t slot = base + u * kRowThreads;
       float v[8];
-      Widen8<T>(raw[u], v);
+      cuda_util::Widen8<T>(raw[u], v);
       float m = 0.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
@@ -726,25 +781,36 @@ __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a
       float y[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) y[j] = v[j] * inv;
+      uint2 w;
+      bool encoded = false;
       if (kSR && t.stochastic) {
         // Snapped onto the FP8 grid exactly (see minifloat::StochasticSnap),
         // then encoded by the packed conversion like nearest rounding. Slots
         // with only finite normal values (nearly all: subnormals lie 2^14
-        // below the block's amax in E4M3) take the integer-add snap alone.
-        float probe = 0.0f, amin = INFINITY;
+        // below the block's amax in E4M3) take the unclamped integer-add
+        // snap alone (|y| <= ~fmax here) and need no NaN check afterwards;
+        // the slot's four element pairs cost one hash each.
+        float probe[2] = {0.0f, 0.0f}, amin[2] = {INFINITY, INFINITY};
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          probe = fmaf(y[j], 0.0f, probe);
-          amin = fminf(amin, fabsf(y[j]));
+          probe[j & 1] = fmaf(y[j], 0.0f, probe[j & 1]);
+          amin[j & 1] = fminf(amin[j & 1], fabsf(y[j]));
         }
-        const bool normal = probe == 0.0f && amin >= min_normal;
-        // slot * 8 has its low 3 bits clear: | j keeps the high word.
+        const bool normal = probe[0] + probe[1] == 0.0f && fminf(amin[0], amin[1]) >= min_normal;
+        // Element k0 + j; k0 = slot * 8 is even, so pairs are (2p, 2p + 1).
         const uint64_t k0 = static_cast<uint64_t>(slot) * 8;
         if (normal) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            y[j] = minifloat::StochasticSnapNormal(spec, y[j], minifloat::RandomBits(key, k0 | j));
+          for (int p = 0; p < 4; ++p) {
+            const uint32_t h = minifloat::PairHash(key, (k0 >> 1) | p);
+            y[2 * p] = minifloat::StochasticSnapNormalUnclamped(spec, y[2 * p],
+                                                                minifloat::PairHalf(h, false));
+            y[2 * p + 1] = minifloat::StochasticSnapNormalUnclamped(
+                spec, y[2 * p + 1], minifloat::PairHalf(h, true));
           }
+          w = make_uint2(minifloat::EncodeNearest4(y, e5m2),
+                         minifloat::EncodeNearest4(y + 4, e5m2));
+          encoded = true;
         } else {
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
@@ -752,29 +818,9 @@ __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a
           }
         }
       }
-      uint32_t w[2];
-      {
-        // y * 0 is NaN only for a NaN or infinite y; those (rare) take the
-        // scalar encoder, whose NaN code the packed conversion need not
-        // reproduce.
-        float probe = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) probe = fmaf(y[j], 0.0f, probe);
-        if (probe == 0.0f) {
-          w[0] = EncodeNearest4(y, e5m2);
-          w[1] = EncodeNearest4(y + 4, e5m2);
-        } else {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            w[h] = 0;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              w[h] |= static_cast<uint32_t>(minifloat::Encode(spec, y[4 * h + j])) << (8 * j);
-            }
-          }
-        }
-      }
-      *reinterpret_cast<uint2*>(t.q + slot * 8) = make_uint2(w[0], w[1]);
+      // NaN or infinite values (rare) take the scalar encoder there.
+      if (!encoded) w = minifloat::EncodeNearest8(y, e5m2);
+      *reinterpret_cast<uint2*>(t.q + slot * 8) = w;
     }
   }
 }
@@ -792,7 +838,11 @@ cudaError_t LaunchRowsAs(const QuantizeArgs& a, cudaStream_t s) {
   const int64_t per_block = static_cast<int64_t>(kRowThreads) * kRowSlots * 8;
   const int64_t blocks = (a.rows * a.cols + per_block - 1) / per_block;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, INT32_MAX));
-  QuantizeRowsKernel<T, kSR><<<grid, kRowThreads, 0, s>>>(a);
+  if (a.format == 2) {
+    QuantizeRowsKernel<T, kSR, true><<<grid, kRowThreads, 0, s>>>(a);
+  } else {
+    QuantizeRowsKernel<T, kSR, false><<<grid, kRowThreads, 0, s>>>(a);
+  }
   return cudaGetLastError();
 }
 

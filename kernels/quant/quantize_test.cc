@@ -1,8 +1,10 @@
 #include "kernels/quant/quantize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -239,10 +241,38 @@ TEST(StochasticSnapTest, NormalFastPathAgreesWithTheFullSnap) {
       if (std::fabs(x) < min_normal) continue;
       const uint32_t r = minifloat::RandomBits(key, i);
       ASSERT_EQ(minifloat::StochasticSnapNormal(s, x, r), minifloat::StochasticSnap(s, x, r)) << x;
+      // Without the clamp the value may pass MaxFinite, the code may not.
+      ASSERT_EQ(minifloat::Encode(s, minifloat::StochasticSnapNormalUnclamped(s, x, r)),
+                minifloat::EncodeStochastic(s, x, r))
+          << x;
       ++checked;
     }
     EXPECT_GT(checked, 3000);
   }
+}
+
+// The bit-level power-of-two scale agrees with the frexp/ldexp definition
+// (p = e - 1 if m == 0.5 else e, clamped to [-127, 127]) on normals,
+// subnormals, exact powers of two and the ends of the range.
+TEST(BlockScaleTest, Pow2AtLeastMatchesFrexpDefinition) {
+  auto reference = [](float r) {
+    int e;
+    const float m = std::frexp(r, &e);
+    int p = m == 0.5f ? e - 1 : e;
+    p = std::clamp(p, -127, 127);
+    return std::ldexp(1.0f, p);
+  };
+  std::vector<float> rs = {0.0f, std::numeric_limits<float>::denorm_min(),
+                           std::ldexp(1.0f, -127), std::nextafter(std::ldexp(1.0f, -127), 1.0f),
+                           std::ldexp(1.0f, -126), std::numeric_limits<float>::min() * 0.75f,
+                           1.0f, 1.5f, 448.0f, std::ldexp(1.0f, 127),
+                           std::nextafter(std::ldexp(1.0f, 127), INFINITY),
+                           std::numeric_limits<float>::max()};
+  const std::vector<double> m = RandomDoubles(20000, 0.5, 1), e = RandomDoubles(20000, -152, 128);
+  for (size_t i = 0; i < m.size(); ++i) {
+    rs.push_back(static_cast<float>(std::ldexp(m[i], static_cast<int>(std::floor(e[i])))));
+  }
+  for (float r : rs) ASSERT_EQ(minifloat::Pow2AtLeast(r), reference(r)) << r;
 }
 
 TEST(StochasticSnapTest, RandomBitsAreBalancedAndDependOnSeedAndIndex) {
@@ -254,11 +284,18 @@ TEST(StochasticSnapTest, RandomBitsAreBalancedAndDependOnSeedAndIndex) {
   std::vector<int> ones(32, 0);
   for (int i = 0; i < n; ++i) {
     const uint32_t r = minifloat::RandomBits(key, i);
-    for (int b = 0; b < 32; ++b) ones[b] += (r >> b) & 1;
+    ASSERT_EQ(r & 0xFFFFu, 0u) << i;  // 16 random bits, at the top
+    for (int b = 16; b < 32; ++b) ones[b] += (r >> b) & 1;
   }
-  for (int b = 0; b < 32; ++b) {
+  for (int b = 16; b < 32; ++b) {
     EXPECT_NEAR(ones[b], n / 2, 5 * std::sqrt(n / 4.0)) << "bit " << b;  // 5 sigma
   }
+  // The two elements of a pair take different halves of one hash, and
+  // neighbouring pairs differ.
+  const uint32_t h = minifloat::PairHash(key, 21);
+  EXPECT_EQ(minifloat::RandomBits(key, 42), h & 0xFFFF0000u);
+  EXPECT_EQ(minifloat::RandomBits(key, 43), h << 16);
+  EXPECT_NE(minifloat::PairHash(key, 21), minifloat::PairHash(key, 22));
   // Indices past 2^32 draw other bits than their low 32 bits.
   EXPECT_NE(minifloat::RandomBits(key, 7), minifloat::RandomBits(key, (uint64_t{1} << 32) + 7));
 }
