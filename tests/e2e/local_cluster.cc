@@ -89,17 +89,28 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   std::unique_ptr<LocalCluster> c(new LocalCluster(options));
   ::mkdir(options.dir.c_str(), 0755);
   ::mkdir(c->sample_log_dir().c_str(), 0755);
-  std::vector<std::string> server_security;
+  std::vector<std::string> server_security, loader_security;
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (options.tls) {
     const std::string tls = options.dir + "/tls";
     const std::string command = absl::StrCat(RunfilesPath("deploy/tls/make-certs.sh"), " '", tls, "' >/dev/null");
     if (std::system(command.c_str()) != 0) return absl::InternalError(absl::StrCat("`", command, "` failed"));
-    constexpr char kToken[] = "e2e-cluster-token";
+    // Users, workers and the coordinator-loader pair each hold their own
+    // secret, as a deployment does.
+    constexpr char kToken[] = "e2e-user-token";
     std::ofstream(options.dir + "/token") << kToken << "\n";
-    server_security = {"--tls_cert=" + tls + "/server.pem", "--tls_key=" + tls + "/server.key",
-                       "--auth_token_file=" + options.dir + "/token"};
-    c->worker_security_ = {"--tls_ca=" + tls + "/ca.pem", "--auth_token_file=" + options.dir + "/token"};
+    std::ofstream(options.dir + "/worker-token") << "e2e-worker-token\n";
+    std::ofstream(options.dir + "/data-grant-key") << "e2e-data-grant-key\n";
+    const std::vector<std::string> tls_server = {"--tls_cert=" + tls + "/server.pem",
+                                                 "--tls_key=" + tls + "/server.key",
+                                                 "--data_grant_key_file=" + options.dir + "/data-grant-key"};
+    server_security = tls_server;
+    server_security.push_back("--auth_token_file=" + options.dir + "/token");
+    server_security.push_back("--worker_token_file=" + options.dir + "/worker-token");
+    // The loader's callers are workers: its bearer token is theirs.
+    loader_security = tls_server;
+    loader_security.push_back("--auth_token_file=" + options.dir + "/worker-token");
+    c->worker_security_ = {"--tls_ca=" + tls + "/ca.pem", "--worker_token_file=" + options.dir + "/worker-token"};
     std::ifstream ca_in(tls + "/ca.pem");
     std::stringstream ca;
     ca << ca_in.rdbuf();
@@ -111,7 +122,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   if (options.loader) {
     std::vector<std::string> argv = {RunfilesPath("cli/recfleet"), "data", "serve", "--cache-dir",
                                      options.dir + "/synthetic", "--port", "0", "--metrics-port", "0"};
-    argv.insert(argv.end(), server_security.begin(), server_security.end());
+    argv.insert(argv.end(), loader_security.begin(), loader_security.end());
     absl::StatusOr<std::unique_ptr<Process>> loader = Process::Start(argv, options.dir + "/loader.log");
     if (!loader.ok()) return loader.status();
     c->loader_ = std::move(*loader);

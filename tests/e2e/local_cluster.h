@@ -60,9 +60,10 @@ struct ClusterOptions {
   // data, and the coordinator hands its address to the workers; otherwise
   // the workers read and deal their jobs' data themselves.
   bool loader = false;
-  // Every connection over TLS (deploy/tls/make-certs.sh certificates) and
-  // every service behind one bearer token, as a deployment runs; jobs()
-  // then carries the token.
+  // Every connection over TLS (deploy/tls/make-certs.sh certificates), the
+  // coordinator behind a users' and a workers' token, the loader behind the
+  // workers' token and data grants, as a deployment runs; jobs() then
+  // carries the users' token.
   bool tls = false;
 };
 
