@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "services/common/data_grant.h"
 #include "services/common/flags.h"
 #include "services/common/tls.h"
 #include "services/dataloader/client.h"
@@ -42,6 +43,13 @@ int Fail(const absl::Status& s, const char* cmd) {
   }
 }
 
+// The secret shared with the coordinator, from --data_grant_key_file or
+// $RECFLEET_DATA_GRANT_KEY ("" = none).
+absl::StatusOr<std::string> DataGrantKey(const Flags& f) {
+  return LoadSecret("--data_grant_key_file", f.Str("data_grant_key_file"),
+                    std::getenv("RECFLEET_DATA_GRANT_KEY"));
+}
+
 // TLS and bearer token of the server from the security flags (spelled as
 // in every recfleet binary, services/common/tls.h); prints the plain-text
 // notice.
@@ -50,6 +58,9 @@ absl::Status SecureServer(const Flags& f, ServerOptions* so) {
       LoadAuthToken(f.Str("auth_token_file"), std::getenv("RECFLEET_AUTH_TOKEN"));
   if (!token.ok()) return token.status();
   so->auth_token = *token;
+  absl::StatusOr<std::string> key = DataGrantKey(f);
+  if (!key.ok()) return key.status();
+  so->data_grant_key = *key;
   TlsOptions tls;
   tls.cert_file = f.Str("tls_cert");
   tls.key_file = f.Str("tls_key");
@@ -68,13 +79,17 @@ absl::Status SecureServer(const Flags& f, ServerOptions* so) {
 }
 
 // The client side: TLS from --tls_ca/--tls_cert/--tls_key, the token from
-// --auth_token_file or $RECFLEET_AUTH_TOKEN.
-absl::StatusOr<ConnectOptions> SecureClient(const Flags& f) {
+// --auth_token_file or $RECFLEET_AUTH_TOKEN, and, for an operator holding
+// the data-grant key, `config`'s grant signed with it.
+absl::StatusOr<ConnectOptions> SecureClient(const Flags& f, const v1::DataConfig& config) {
   ConnectOptions connect;
   absl::StatusOr<std::string> token =
       LoadAuthToken(f.Str("auth_token_file"), std::getenv("RECFLEET_AUTH_TOKEN"));
   if (!token.ok()) return token.status();
   connect.auth_token = *token;
+  absl::StatusOr<std::string> key = DataGrantKey(f);
+  if (!key.ok()) return key.status();
+  if (!key->empty()) connect.data_grant = SignDataGrant(*key, config);
   TlsOptions tls;
   tls.ca_file = f.Str("tls_ca");
   tls.cert_file = f.Str("tls_cert");
@@ -87,7 +102,7 @@ absl::StatusOr<ConnectOptions> SecureClient(const Flags& f) {
 
 int RunServe(const std::vector<std::string>& args) {
   auto f = Flags::Parse(args, {"data-root", "cache-dir", "host", "port", "metrics-port", "prefetch", "auth_token_file",
-                               "tls_cert", "tls_key", "tls_client_ca", "insecure_plaintext"});
+                               "data_grant_key_file", "tls_cert", "tls_key", "tls_client_ca", "insecure_plaintext"});
   if (!f.ok()) return Fail(f.status(), "serve");
   ServerOptions so;
   for (auto [name, ptr] : std::vector<std::pair<const char*, int*>>{
@@ -125,7 +140,8 @@ int RunServe(const std::vector<std::string>& args) {
 
 int RunFetch(const std::vector<std::string>& args) {
   auto f = Flags::Parse(args, {"server", "dataset", "job", "ranks", "batch-size", "base-batch", "policy", "cost",
-                               "seed", "rank", "epoch", "start-step", "end-step", "auth_token_file", "tls_ca",
+                               "seed", "rank", "epoch", "start-step", "end-step", "auth_token_file",
+                               "data_grant_key_file", "tls_ca",
                                "tls_cert", "tls_key"});
   if (!f.ok()) return Fail(f.status(), "fetch");
   // The job's data configuration, as the coordinator would derive it.
@@ -153,7 +169,7 @@ int RunFetch(const std::vector<std::string>& args) {
   if (auto st = f->Get("start-step", &start); !st.ok()) return Fail(st, "fetch");
   if (auto st = f->Get("end-step", &end); !st.ok()) return Fail(st, "fetch");
   if (!f->Has("server")) return Fail(absl::InvalidArgumentError("--server is required"), "fetch");
-  auto connect = SecureClient(*f);
+  auto connect = SecureClient(*f, config);
   if (!connect.ok()) return Fail(connect.status(), "fetch");
   auto client = DataLoaderClient::Connect(f->Str("server"), config, *std::move(connect));
   if (!client.ok()) return Fail(client.status(), "fetch");
@@ -185,10 +201,13 @@ RECFLEET_REGISTER_COMMAND({
     "recfleet data serve [--data-root DIR] [--cache-dir DIR] [--prefetch 4]\n"
     "  [--host 127.0.0.1] [--port 0] [--metrics-port 0 (-1: none)]\n"
     "  [--auth_token_file FILE (default $RECFLEET_AUTH_TOKEN)]\n"
+    "  [--data_grant_key_file FILE (default $RECFLEET_DATA_GRANT_KEY)]\n"
     "  [--tls_cert PEM --tls_key PEM [--tls_client_ca PEM]] [--insecure_plaintext no|yes]\n"
     "Each job's dataset, ranks, batch sizes and BBS policy come with its requests (the job's\n"
     "DataConfig, set by the coordinator from the JobSpec); relative dataset paths are taken\n"
     "from --data-root, synthetic:// datasets are generated into --cache-dir.\n"
+    "With a data-grant key (the coordinator's --data_grant_key_file) a job's data goes only\n"
+    "to requests carrying its grant, which the coordinator hands to the job's ranks.\n"
     "Serves until SIGINT/SIGTERM. Without --tls_cert only a loopback --host may\n"
     "serve plain text, unless --insecure_plaintext yes is given.",
     RunServe,
@@ -200,7 +219,8 @@ RECFLEET_REGISTER_COMMAND({
     "recfleet data fetch --server HOST:PORT --dataset LOCATION [--ranks 1] [--batch-size 1024]\n"
     "  [--base-batch 128] [--policy recfleet|sort-interleave|naive] [--cost linear] [--seed 1]\n"
     "  [--job NAME] [--rank 0] [--epoch 0] [--start-step 0] [--end-step 0 (= end of epoch)]\n"
-    "  [--auth_token_file FILE (default $RECFLEET_AUTH_TOKEN)] [--tls_ca PEM [--tls_cert PEM --tls_key PEM]]",
+    "  [--auth_token_file FILE (default $RECFLEET_AUTH_TOKEN)] [--tls_ca PEM [--tls_cert PEM --tls_key PEM]]\n"
+    "  [--data_grant_key_file FILE (default $RECFLEET_DATA_GRANT_KEY): sign the grant a loader with that key needs]",
     RunFetch,
 });
 

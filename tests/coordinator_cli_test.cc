@@ -64,6 +64,8 @@ class CoordinatorProcess {
     const std::string dir = TmpDir();
     std::remove((dir + "/address").c_str());
     log_ = dir + "/coordinator.log";
+    // The workers' token; the users' is in `token_file`.
+    std::ofstream(dir + "/worker-token") << "w0rker\n";
     pid_ = fork();
     if (pid_ == 0) {
       FILE* f = std::freopen(log_.c_str(), "a", stdout);
@@ -72,7 +74,8 @@ class CoordinatorProcess {
       execl(Runfile("services/coordinator/recfleet-coordinator").c_str(), "recfleet-coordinator",
             ("--listen=" + listen).c_str(), ("--db=" + dir + "/jobs.db").c_str(),
             "--metrics_address=127.0.0.1:0", ("--address_file=" + dir + "/address").c_str(),
-            ("--auth_token_file=" + token_file).c_str(), "--lease_seconds=5", nullptr);
+            ("--auth_token_file=" + token_file).c_str(),
+            ("--worker_token_file=" + dir + "/worker-token").c_str(), "--lease_seconds=5", nullptr);
       _exit(127);
     }
     for (int i = 0; i < 200 && address_.empty(); ++i) {
@@ -209,13 +212,22 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
   EXPECT_EQ(Cli("get").exit_code, 2);
   EXPECT_EQ(Cli("list --state BOGUS").exit_code, 2);
 
-  // Two workers register: the gang is placed and assignments flow.
+  // The users' token registers no worker.
   auto stub = WorkerStub();
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer t0ken");
+    v1::RegisterWorkerRequest req;
+    req.set_host("host-impostor");
+    v1::RegisterWorkerResponse resp;
+    EXPECT_EQ(stub->RegisterWorker(&ctx, req, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // Two workers register: the gang is placed and assignments flow.
   std::vector<std::string> workers;
   std::map<std::string, std::string> credentials;
   for (const char* host : {"host-a", "host-b"}) {
     grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer t0ken");
+    ctx.AddMetadata("authorization", "Bearer w0rker");
     v1::RegisterWorkerRequest req;
     req.set_host(host);
     v1::RegisterWorkerResponse resp;
@@ -227,7 +239,7 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
   int64_t epoch = 0;
   for (const std::string& w : workers) {
     grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer t0ken");
+    ctx.AddMetadata("authorization", "Bearer w0rker");
     v1::HeartbeatRequest req;
     req.set_worker_id(w);
     req.set_worker_credential(credentials[w]);
@@ -239,7 +251,7 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
   }
   for (const std::string& w : workers) {
     grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer t0ken");
+    ctx.AddMetadata("authorization", "Bearer w0rker");
     v1::HeartbeatRequest req;
     req.set_worker_id(w);
     req.set_worker_credential(credentials[w]);
@@ -382,7 +394,7 @@ TEST_F(CoordinatorCliTest, PlanOnTheCoordinator) {
   auto stub = WorkerStub();
   for (const char* host : {"host-a", "host-b"}) {
     grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer t0ken");
+    ctx.AddMetadata("authorization", "Bearer w0rker");
     v1::RegisterWorkerRequest req;
     req.set_host(host);
     v1::RegisterWorkerResponse resp;

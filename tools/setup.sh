@@ -22,6 +22,8 @@ PINNED=(
   libyaml-cpp-dev=0.7.0+dfsg-8+b1
   # deploy/tls/make-certs.sh (TLS tests and test clusters).
   openssl=3.0.22-1~deb12u2
+  # tests/e2e:multi_host_test: network namespaces, veth pairs and a bridge.
+  iproute2=6.1.0-3
   # fuzz/run_fuzzers.sh: clang with libFuzzer and the sanitizers; pkg-config
   # for the system libraries' link flags.
   clang-14=1:14.0.6-12

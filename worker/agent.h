@@ -86,7 +86,8 @@ class TaskRunner {
 
 struct AgentOptions {
   v1::RegisterWorkerRequest registration;
-  // Sent as "authorization: Bearer <token>" when non-empty.
+  // The workers' token (the coordinator's --worker_token_file), sent as
+  // "authorization: Bearer <token>" when non-empty.
   std::string auth_token;
   // Deadline of each RPC to the coordinator.
   absl::Duration rpc_timeout = absl::Seconds(5);

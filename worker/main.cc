@@ -76,7 +76,13 @@ int main(int argc, char** argv) {
                  "this build; start CPU workers (--device=cpu)\n");
     return 2;
   }
-  absl::StatusOr<std::string> token_or = recfleet::LoadAuthToken();
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    std::fprintf(stderr,
+                 "recfleet-worker: --auth_token_file is the users' token; a worker registers with the workers' "
+                 "token: pass --worker_token_file (or set $RECFLEET_WORKER_TOKEN)\n");
+    return 2;
+  }
+  absl::StatusOr<std::string> token_or = recfleet::LoadWorkerToken();
   if (!token_or.ok()) {
     std::fprintf(stderr, "recfleet-worker: %s\n", std::string(token_or.status().message()).c_str());
     return 2;

@@ -76,6 +76,7 @@ class RankRun {
     dataloader::ConnectOptions connect;
     connect.credentials = options_.loader_credentials;
     connect.auth_token = options_.auth_token;
+    connect.data_grant = a_.data_grant();
     return connect;
   }
 

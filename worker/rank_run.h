@@ -53,7 +53,8 @@ struct TrainingOptions {
   std::string checkpoint_root;
   // Address other ranks reach this worker's Gloo transport on.
   std::string gloo_host = "127.0.0.1";
-  // Bearer token for coordinator and data-loader calls ("" = none).
+  // The workers' bearer token for coordinator and data-loader calls ("" =
+  // none). The loader also gets the assignment's data grant.
   std::string auth_token;
   // Transport security of the data-loader channels (services/common/tls.h);
   // null = plain text.

@@ -6,6 +6,9 @@
 //     process_cpu_seconds_total on /metrics) and client-side latency.
 //     Baseline, same process and rate: grpc.health.v1.Health/Check, the
 //     cheapest handler the same gRPC server offers.
+// --tls runs both phases as a deployment does: TLS on the gRPC port
+// (deploy/tls/make-certs.sh certificates), users' and workers' tokens on
+// every call; the baseline then goes over the same TLS connections.
 //
 // bazel run -c opt //bench/coordinator:coordinator_bench -- [flags]
 
@@ -19,9 +22,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -51,6 +56,10 @@ ABSL_FLAG(double, heartbeat_seconds, 30, "Measured duration of the heartbeat pha
 ABSL_FLAG(double, warmup_seconds, 3, "Unmeasured lead-in of each rate phase");
 ABSL_FLAG(int, sender_threads, 2, "Client threads pacing heartbeats");
 ABSL_FLAG(int, channels, 4, "gRPC channels (TCP connections) the heartbeats spread over");
+ABSL_FLAG(bool, tls, false,
+          "TLS on the coordinator's port and bearer tokens on every call, as deployed");
+ABSL_FLAG(std::string, make_certs, "deploy/tls/make-certs.sh",
+          "make-certs.sh for --tls (path relative to the runfiles under bazel run)");
 
 namespace recfleet {
 namespace {
@@ -62,25 +71,61 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
+constexpr char kUserToken[] = "bench-user-token";
+constexpr char kWorkerToken[] = "bench-worker-token";
+
 struct Coordinator {
   pid_t pid = -1;
   std::string address, metrics;
+  std::string tls_dir;  // With --tls: ca.pem, server.pem, server.key.
 };
+
+// Channel credentials for `c`: TLS trusting its CA with --tls.
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const Coordinator& c) {
+  if (c.tls_dir.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadFile(c.tls_dir + "/ca.pem");
+  return grpc::SslCredentials(ssl);
+}
+
+// The users' or the workers' token on a call, with --tls.
+void Authorize(const Coordinator& c, const char* token, grpc::ClientContext* ctx) {
+  if (!c.tls_dir.empty()) ctx->AddMetadata("authorization", std::string("Bearer ") + token);
+}
 
 Coordinator StartCoordinator(const std::string& dir) {
   Coordinator c;
+  std::vector<std::string> args = {"--listen=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
+                                   "--address_file=" + dir + "/address",
+                                   // Leases longer than the run: this measures steady-state renewals.
+                                   "--lease_seconds=10"};
+  args.push_back("--db=" + (absl::GetFlag(FLAGS_db).empty() ? dir + "/bench.db" : absl::GetFlag(FLAGS_db)));
+  if (absl::GetFlag(FLAGS_tls)) {
+    c.tls_dir = dir + "/tls";
+    const std::string make = absl::StrCat(absl::GetFlag(FLAGS_make_certs), " ", c.tls_dir, " >/dev/null");
+    if (std::system(make.c_str()) != 0) {
+      std::fprintf(stderr, "`%s` failed\n", make.c_str());
+      std::exit(1);
+    }
+    std::ofstream(dir + "/user-token") << kUserToken << "\n";
+    std::ofstream(dir + "/worker-token") << kWorkerToken << "\n";
+    for (const std::string& a : {"--tls_cert=" + c.tls_dir + "/server.pem", "--tls_key=" + c.tls_dir + "/server.key",
+                                 "--auth_token_file=" + dir + "/user-token",
+                                 "--worker_token_file=" + dir + "/worker-token"}) {
+      args.push_back(a);
+    }
+  }
   std::fflush(stdout);  // The child must not inherit (and re-print) buffered output.
-  std::string db = absl::GetFlag(FLAGS_db).empty() ? dir + "/bench.db" : absl::GetFlag(FLAGS_db);
   std::string log = dir + "/coordinator.log";
   c.pid = fork();
   if (c.pid == 0) {
     FILE* f = std::freopen(log.c_str(), "w", stdout);
     (void)f;
     std::string binary = absl::GetFlag(FLAGS_coordinator_binary);
-    // Leases longer than the run: this measures steady-state renewals.
-    execl(binary.c_str(), binary.c_str(), "--listen=127.0.0.1:0", ("--db=" + db).c_str(),
-          "--metrics_address=127.0.0.1:0", ("--address_file=" + dir + "/address").c_str(),
-          "--lease_seconds=10", nullptr);
+    std::vector<char*> argv = {binary.data()};
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
     std::perror("exec coordinator");
     _exit(127);
   }
@@ -146,7 +191,7 @@ std::string ServerP99(const metrics::Exposition& before, const metrics::Expositi
 void CreateGetPhase(const Coordinator& c) {
   const int threads = absl::GetFlag(FLAGS_create_threads);
   const absl::Duration duration = absl::Seconds(absl::GetFlag(FLAGS_create_seconds));
-  auto channel = grpc::CreateChannel(c.address, grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(c.address, Credentials(c));
   auto stub = v1::JobService::NewStub(channel);
   v1::CreateJobRequest request;
   *request.mutable_spec() = coordinator::BuildableSpec(100000);  // Never placed: no workers that many.
@@ -164,6 +209,7 @@ void CreateGetPhase(const Coordinator& c) {
         req.set_request_id(absl::StrCat("bench-", t, "-", i, "-", absl::ToUnixNanos(start)));
         v1::Job job;
         grpc::ClientContext cctx;
+        Authorize(c, kUserToken, &cctx);
         absl::Time t0 = absl::Now();
         grpc::Status s = stub->CreateJob(&cctx, req, &job);
         absl::Time t1 = absl::Now();
@@ -175,6 +221,7 @@ void CreateGetPhase(const Coordinator& c) {
         get.set_name(job.name());
         v1::Job got;
         grpc::ClientContext gctx;
+        Authorize(c, kUserToken, &gctx);
         s = stub->GetJob(&gctx, get, &got);
         absl::Time t2 = absl::Now();
         if (!s.ok()) ++errors;
@@ -285,7 +332,7 @@ void HeartbeatPhase(const Coordinator& c) {
     grpc::ChannelArguments args;
     args.SetInt("grpc.channel_id", i);  // Distinct connections, not one shared subchannel.
     channels.push_back(
-        grpc::CreateCustomChannel(c.address, grpc::InsecureChannelCredentials(), args));
+        grpc::CreateCustomChannel(c.address, Credentials(c), args));
   }
   std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
   for (auto& ch : channels) stubs.push_back(v1::WorkerService::NewStub(ch));
@@ -306,6 +353,7 @@ void HeartbeatPhase(const Coordinator& c) {
         for (int g = 0; g < 8; ++g) req.add_gpus()->set_index(g);
         v1::RegisterWorkerResponse resp;
         grpc::ClientContext ctx;
+        Authorize(c, kWorkerToken, &ctx);
         if (stubs[i % stubs.size()]->RegisterWorker(&ctx, req, &resp).ok()) {
           ids[i] = resp.worker_id();
           credentials[i] = resp.worker_credential();
@@ -318,7 +366,8 @@ void HeartbeatPhase(const Coordinator& c) {
               "channels\n",
               workers, absl::GetFlag(FLAGS_heartbeat_hz), rate, absl::GetFlag(FLAGS_sender_threads),
               absl::GetFlag(FLAGS_channels));
-  std::printf("registered %d workers in %.2f s\n", workers,
+  const auto registered = std::count_if(ids.begin(), ids.end(), [](const std::string& id) { return !id.empty(); });
+  std::printf("registered %d of %d workers in %.2f s\n", static_cast<int>(registered), workers,
               absl::ToDoubleSeconds(absl::Now() - reg_start));
 
   metrics::Exposition before = Scrape(c);
@@ -331,6 +380,7 @@ void HeartbeatPhase(const Coordinator& c) {
     auto* call = new Call;
     call->req.set_worker_id(ids[index % workers]);
     call->req.set_worker_credential(credentials[index % workers]);
+    Authorize(c, kWorkerToken, &call->ctx);
     call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     stubs[index % stubs.size()]->async()->Heartbeat(
         &call->ctx, &call->req, &call->resp, [call, done](grpc::Status s) {
@@ -437,8 +487,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "coordinator did not start; see %s/coordinator.log\n", dir.c_str());
     return 1;
   }
-  std::printf("coordinator %s (metrics %s), db in %s, %u hardware threads\n\n", c.address.c_str(),
-              c.metrics.c_str(), dir.c_str(), std::thread::hardware_concurrency());
+  std::printf("coordinator %s (metrics %s), db in %s, %u hardware threads, %s\n\n", c.address.c_str(),
+              c.metrics.c_str(), dir.c_str(), std::thread::hardware_concurrency(),
+              c.tls_dir.empty() ? "plain text, no tokens" : "TLS, users' and workers' tokens");
   if (absl::GetFlag(FLAGS_workers) > 0) recfleet::InProcessHeartbeats();
   if (absl::GetFlag(FLAGS_create_seconds) > 0) recfleet::CreateGetPhase(c);
   kill(c.pid, SIGTERM);

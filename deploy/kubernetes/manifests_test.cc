@@ -109,7 +109,7 @@ class ManifestsTest : public ::testing::Test {
         (*secret_keys_)[doc["metadata"]["name"].as<std::string>()].insert(kv.first.as<std::string>());
       }
     }
-    ASSERT_EQ(secret_keys_->size(), 2u) << yaml;
+    ASSERT_EQ(secret_keys_->size(), 4u) << yaml;
   }
 
   static std::vector<Container> Containers() {
@@ -260,6 +260,23 @@ TEST_F(ManifestsTest, EveryFileIsOnAMountAndEveryMountHasItsVolume) {
       EXPECT_TRUE(found) << c.workload << " --" << flag << "=" << value << " is on no volume";
     }
   }
+}
+
+// Users and workers hold different credentials: the users' token is the
+// coordinator's alone (the CLI brings its own copy), and the key that signs
+// data grants stays with the coordinator and the loader.
+TEST_F(ManifestsTest, WorkersHoldNeitherTheUsersTokenNorTheGrantKey) {
+  std::map<std::string, std::set<std::string>> secrets_of;  // container -> Secrets
+  for (const Container& c : Containers()) {
+    for (const YAML::Node& v : c.pod_spec["volumes"]) {
+      if (v["secret"]) secrets_of[c.spec["name"].as<std::string>()].insert(v["secret"]["secretName"].as<std::string>());
+    }
+  }
+  ASSERT_TRUE(secrets_of.count("worker") && secrets_of.count("dataloader") && secrets_of.count("coordinator"));
+  EXPECT_EQ(secrets_of["worker"], (std::set<std::string>{"recfleet-tls", "recfleet-worker-token"}));
+  EXPECT_EQ(secrets_of["dataloader"].count("recfleet-token"), 0u);
+  EXPECT_EQ(secrets_of["dataloader"].count("recfleet-data-grant-key"), 1u);
+  EXPECT_EQ(secrets_of["coordinator"].count("recfleet-data-grant-key"), 1u);
 }
 
 TEST_F(ManifestsTest, ServicesSelectPodsAndWorkersHaveAHeadlessServiceAndGpus) {

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Makes the Secrets the manifests mount: recfleet-tls (a test-cluster CA and
-# the server certificate, valid for the Services' names) and recfleet-token
-# (the bearer token every service requires). Prints them as YAML; apply with
+# the server certificate, valid for the Services' names), recfleet-token (the
+# users' bearer token: the job API), recfleet-worker-token (the workers'
+# token: registration, heartbeats, the data loader) and
+# recfleet-data-grant-key (the coordinator and the loader sign and check
+# per-job data grants with it). Prints them as YAML; apply with
 #
 #   deploy/kubernetes/secrets.sh [NAMESPACE] | kubectl apply -f -
 #
@@ -17,7 +20,9 @@ for svc in recfleet-coordinator recfleet-dataloader; do
   names+=(--name "$svc" --name "$svc.$ns" --name "$svc.$ns.svc" --name "$svc.$ns.svc.cluster.local")
 done
 "$here/../tls/make-certs.sh" "$out" --days 365 "${names[@]}" >&2
-[[ -f $out/token ]] || (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$out/token")
+for secret in token worker-token data-grant-key; do
+  [[ -f $out/$secret ]] || (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$out/$secret")
+done
 b64() { base64 -w0 "$1"; }
 cat <<YAML
 apiVersion: v1
@@ -35,4 +40,18 @@ metadata: {name: recfleet-token, namespace: $ns}
 type: Opaque
 data:
   token: $(b64 "$out/token")
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: recfleet-worker-token, namespace: $ns}
+type: Opaque
+data:
+  worker-token: $(b64 "$out/worker-token")
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: recfleet-data-grant-key, namespace: $ns}
+type: Opaque
+data:
+  data-grant-key: $(b64 "$out/data-grant-key")
 YAML

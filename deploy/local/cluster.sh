@@ -8,8 +8,11 @@
 #   deploy/local/cluster.sh stop DIR
 #
 # --tls: every gRPC connection over TLS (certificates from
-# deploy/tls/make-certs.sh in DIR/tls) and every service behind one bearer
-# token (DIR/token); without it the cluster speaks plain text on loopback.
+# deploy/tls/make-certs.sh in DIR/tls), the job API behind the users' token
+# (DIR/token), workers registering with their own token (DIR/worker-token,
+# which the loader requires too) and the loader serving a job's data only
+# with the grant the coordinator signs (key DIR/data-grant-key); without it
+# the cluster speaks plain text on loopback.
 # The coordinator plans jobs with FILE's hardware numbers (a planner
 # topology; default deploy/local/cpu-topology.yaml, a 2-core machine as
 # measured by bench/planner/cpu_step_bench, which re-measures yours).
@@ -78,17 +81,22 @@ start() {
   : > "$dir/metrics.txt"
   local pid loader_address=""
   # Security flags of servers and of the workers (their client side).
-  local server_tls=() client_tls=()
+  local server_tls=() loader_tls=() client_tls=()
   if [[ $tls == 1 ]]; then
     "$root/deploy/tls/make-certs.sh" "$dir/tls" >/dev/null
-    (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/token")
+    local secret
+    for secret in token worker-token data-grant-key; do
+      (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/$secret")
+    done
     server_tls=(--tls_cert="$dir/tls/server.pem" --tls_key="$dir/tls/server.key"
-      --auth_token_file="$dir/token")
-    client_tls=(--tls_ca="$dir/tls/ca.pem" --auth_token_file="$dir/token")
+      --data_grant_key_file="$dir/data-grant-key")
+    loader_tls=("${server_tls[@]}" --auth_token_file="$dir/worker-token")
+    server_tls+=(--auth_token_file="$dir/token" --worker_token_file="$dir/worker-token")
+    client_tls=(--tls_ca="$dir/tls/ca.pem" --worker_token_file="$dir/worker-token")
   fi
   if [[ $loader == 1 ]]; then
     "$cli_bin" data serve --data-root "$data_root" --cache-dir "$dir/synthetic" --port 0 --metrics-port 0 \
-      ${server_tls[@]+"${server_tls[@]}"} \
+      ${loader_tls[@]+"${loader_tls[@]}"} \
       >"$dir/loader.log" 2>&1 &
     pid=$!
     echo "$pid" >>"$dir/pids"

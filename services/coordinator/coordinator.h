@@ -66,6 +66,10 @@ struct CoordinatorOptions {
   int watch_buffer = 256;
   // Data-loader endpoint put into assignments ("" = workers read directly).
   std::string loader_address;
+  // The secret shared with the data loaders; when set, every assignment
+  // carries the grant of its job's DataConfig (services/common/data_grant.h),
+  // without which such a loader serves no data. "" = no grants.
+  std::string data_grant_key;
   // Speeds and sizes of the workers' GPUs, which topology labels do not
   // carry; used by PlanJob and the default group planner.
   planner::Topology planner_hardware = DefaultHardware();

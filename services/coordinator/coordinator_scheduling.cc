@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/job_model.h"
 #include "planner/report.h"
+#include "services/common/data_grant.h"
 #include "services/coordinator/spec_validation.h"
 
 namespace recfleet::coordinator {
@@ -98,6 +99,9 @@ Assignment Coordinator::AssignmentLocked(const WorkerRecord& w, const ActiveJob&
   absl::StatusOr<::recfleet::v1::DataConfig> data =
       engine::BuildDataConfig(aj.job.spec(), aj.job.name(), a.world_size());
   if (data.ok()) *a.mutable_data() = *std::move(data);
+  if (!options_.data_grant_key.empty()) {
+    a.set_data_grant(SignDataGrant(options_.data_grant_key, a.data()));
+  }
   a.set_restart_epoch(w.epoch);
   const int64_t every = aj.job.spec().training().checkpoint_every();
   const int64_t step = aj.job.status().progress().step();

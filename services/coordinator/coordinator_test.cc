@@ -6,6 +6,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "services/common/data_grant.h"
 #include "services/common/exposition.h"
 #include "services/coordinator/test_specs.h"
 
@@ -46,6 +47,7 @@ class CoordinatorTest : public ::testing::Test {
     options.progress_interval = absl::ZeroDuration();
     options.clock = [this] { return clock_.Now(); };
     options.loader_address = "127.0.0.1:7000";
+    options.data_grant_key = "grant-key";
     absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(db);
     ASSERT_TRUE(store.ok()) << store.status();
     absl::StatusOr<std::unique_ptr<Coordinator>> c =
@@ -303,6 +305,11 @@ TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
   EXPECT_EQ(std::set<int>({a0->rank(), a1->rank()}), std::set<int>({0, 1}));
   EXPECT_EQ(a0->restart_epoch(), 1);
   EXPECT_EQ(a0->loader_address(), "127.0.0.1:7000");
+  // Each rank gets the grant of its job's data configuration, which opens
+  // that configuration at a loader sharing the key.
+  EXPECT_EQ(a0->data().job(), job.name());
+  EXPECT_TRUE(CheckDataGrant("grant-key", a0->data(), a0->data_grant()).ok());
+  EXPECT_EQ(a1->data_grant(), a0->data_grant());
   EXPECT_EQ(a0->spec().display_name(), "gemlite-test");
   ASSERT_GE(a0->groups_size(), 1);
   EXPECT_EQ(a0->groups(0).name(), "world");

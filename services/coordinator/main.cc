@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -27,6 +28,10 @@ ABSL_FLAG(std::string, loader_address, "",
 ABSL_FLAG(std::string, hardware_topology, "",
           "Planner topology YAML whose GPU and link numbers describe the workers' hardware "
           "(e.g. a calibrated CPU cluster); default: H200 nodes");
+ABSL_FLAG(std::string, data_grant_key_file, "",
+          "File holding the secret shared with the data loaders (their --data_grant_key_file): "
+          "each assignment then carries its job's data grant, and such a loader serves a job's "
+          "data only to its ranks; empty = $RECFLEET_DATA_GRANT_KEY, neither = no grants");
 ABSL_FLAG(std::string, address_file, "",
           "If set, the bound gRPC address is written to this file once serving (for scripts)");
 
@@ -67,6 +72,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.auth_token = *token;
+  absl::StatusOr<std::string> worker_token = recfleet::LoadWorkerToken();
+  if (!worker_token.ok()) {
+    std::fprintf(stderr, "recfleet-coordinator: %s\n",
+                 std::string(worker_token.status().message()).c_str());
+    return 2;
+  }
+  options.worker_token = *worker_token;
+  absl::StatusOr<std::string> grant_key =
+      recfleet::LoadSecret("--data_grant_key_file", absl::GetFlag(FLAGS_data_grant_key_file),
+                           std::getenv("RECFLEET_DATA_GRANT_KEY"));
+  if (!grant_key.ok()) {
+    std::fprintf(stderr, "recfleet-coordinator: %s\n", std::string(grant_key.status().message()).c_str());
+    return 2;
+  }
+  options.coordinator.data_grant_key = *grant_key;
   absl::StatusOr<recfleet::HostPort> listen = recfleet::ParseHostPort(options.listen_address, "--listen");
   if (!listen.ok()) {
     std::fprintf(stderr, "recfleet-coordinator: %s\n", std::string(listen.status().message()).c_str());
@@ -89,7 +109,7 @@ int main(int argc, char** argv) {
   }
   std::printf("recfleet coordinator serving on %s (db %s, lease %gs, auth %s, %s)\n",
               (*server)->address().c_str(), options.db_path.c_str(), lease,
-              options.auth_token.empty() ? "off" : "bearer token",
+              options.auth_token.empty() ? "off" : "user and worker tokens",
               transport->tls ? transport->description.c_str() : "plain text");
   if (!(*server)->metrics_address().empty()) {
     std::printf("metrics on http://%s/metrics\n", (*server)->metrics_address().c_str());

@@ -10,19 +10,39 @@
 
 namespace recfleet::coordinator {
 
-CoordinatorServer::CoordinatorServer(const ServerOptions& options) : auth_(options.auth_token) {
+namespace {
+
+absl::Status CheckTokens(const ServerOptions& options) {
+  if (options.auth_token.empty() != options.worker_token.empty()) {
+    return absl::InvalidArgumentError(
+        "give the coordinator both tokens or neither: --auth_token_file (users) and "
+        "--worker_token_file (workers); with only one, the other API would be open to anyone");
+  }
+  if (!options.auth_token.empty() && options.auth_token == options.worker_token) {
+    return absl::InvalidArgumentError(
+        "--auth_token_file and --worker_token_file hold the same token; users and workers must "
+        "hold different credentials (make a second token)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CoordinatorServer::CoordinatorServer(const ServerOptions& options)
+    : user_auth_(options.auth_token), worker_auth_(options.worker_token) {
   AddProcessMetrics(&registry_);
   auto& rpc_family = AddRpcDurationHistogram(&registry_);
   job_rpc_metrics_ = std::make_unique<RpcMetrics>(&rpc_family, "recfleet.v1.JobService");
   worker_rpc_metrics_ = std::make_unique<RpcMetrics>(&rpc_family, "recfleet.v1.WorkerService");
-  job_guard_ = std::make_unique<RpcGuard>(&auth_, job_rpc_metrics_.get());
-  worker_guard_ = std::make_unique<RpcGuard>(&auth_, worker_rpc_metrics_.get());
+  job_guard_ = std::make_unique<RpcGuard>(&user_auth_, job_rpc_metrics_.get());
+  worker_guard_ = std::make_unique<RpcGuard>(&worker_auth_, worker_rpc_metrics_.get());
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     ServerOptions options) {
   absl::StatusOr<HostPort> listen = ParseHostPort(options.listen_address, "--listen");
   if (!listen.ok()) return listen.status();
+  if (absl::Status tokens = CheckTokens(options); !tokens.ok()) return tokens;
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(options.db_path);
   if (!store.ok()) return store.status();
 

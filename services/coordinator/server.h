@@ -32,9 +32,13 @@ struct ServerOptions {
   std::string db_path = ":memory:";
   // "host:port" for /metrics and /healthz; empty = no HTTP endpoint.
   std::string metrics_address;
-  // Bearer token every RPC must carry (health and reflection excepted);
-  // empty = no authentication.
+  // Bearer tokens (health and reflection excepted): every JobService call
+  // must carry `auth_token` (the users'), every WorkerService call
+  // `worker_token` (the workers'). Both empty = no authentication; one
+  // without the other, or the two equal, is refused at Start, so a user's
+  // token can never register a worker nor a worker's call a job.
   std::string auth_token;
+  std::string worker_token;
   // Transport security of the gRPC port (services/common/tls.h); null =
   // plain text.
   std::shared_ptr<grpc::ServerCredentials> credentials;
@@ -47,7 +51,7 @@ struct ServerOptions {
 class CoordinatorServer {
  public:
   // Errors: those of JobStore::Open, INVALID_ARGUMENT / UNAVAILABLE naming an
-  // address that cannot be bound.
+  // address that cannot be bound, INVALID_ARGUMENT for tokens as above.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(ServerOptions options);
   ~CoordinatorServer();  // Shuts down.
 
@@ -68,7 +72,8 @@ class CoordinatorServer {
   CoordinatorServer(const ServerOptions& options);
 
   metrics::MetricRegistry registry_;
-  BearerAuth auth_;
+  BearerAuth user_auth_;
+  BearerAuth worker_auth_;
   std::unique_ptr<RpcMetrics> job_rpc_metrics_;
   std::unique_ptr<RpcMetrics> worker_rpc_metrics_;
   std::unique_ptr<RpcGuard> job_guard_;

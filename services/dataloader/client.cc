@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<DataLoaderClient>> DataLoaderClient::Connect(
   args.SetMaxReceiveMessageSize(-1);
   std::unique_ptr<DataLoaderClient> c(new DataLoaderClient());
   c->auth_token_ = std::move(options.auth_token);
+  c->data_grant_ = std::move(options.data_grant);
   c->channel_ = grpc::CreateCustomChannel(
       target, options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials(), args);
   if (!c->channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
@@ -55,6 +56,7 @@ absl::StatusOr<std::unique_ptr<DataLoaderClient>> DataLoaderClient::Connect(
   AttachBearerToken(c->auth_token_, &ctx);
   recfleet::v1::GetInfoRequest info_request;
   *info_request.mutable_config() = config;
+  info_request.set_data_grant(c->data_grant_);
   if (auto st = c->stub_->GetInfo(&ctx, info_request, &c->info_); !st.ok()) {
     return FromGrpc(st);
   }
@@ -75,6 +77,7 @@ absl::StatusOr<std::unique_ptr<BatchStream>> DataLoaderClient::StreamBatches(int
   req.set_epoch(epoch);
   req.set_start_step(start_step);
   req.set_end_step(end_step);
+  req.set_data_grant(data_grant_);
   AttachBearerToken(auth_token_, &s->ctx_);
   s->reader_ = stub_->StreamBatches(&s->ctx_, req);
   return s;

@@ -53,6 +53,9 @@ struct ConnectOptions {
   // Bearer token sent with every call ("" = none); the loader's
   // --auth_token_file.
   std::string auth_token;
+  // The job's data grant (Assignment.data_grant), sent with every request;
+  // "" = none (a loader without a data-grant key needs none).
+  std::string data_grant;
 };
 
 class DataLoaderClient {
@@ -61,7 +64,8 @@ class DataLoaderClient {
   // and opens the job `config` describes there; fetches its info (schema,
   // ranks, steps). Errors: the loader's (NOT_FOUND for a missing dataset,
   // naming the path; FAILED_PRECONDITION for a job open with another
-  // config; UNAUTHENTICATED without the loader's token).
+  // config; UNAUTHENTICATED without the loader's token; PERMISSION_DENIED
+  // without the grant of `config`).
   static absl::StatusOr<std::unique_ptr<DataLoaderClient>> Connect(const std::string& target,
                                                                    const recfleet::v1::DataConfig& config,
                                                                    ConnectOptions options);
@@ -87,6 +91,7 @@ class DataLoaderClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<recfleet::v1::DataLoader::Stub> stub_;
   std::string auth_token_;
+  std::string data_grant_;
   recfleet::v1::DataConfig config_;
   recfleet::v1::LoaderInfo info_;
   std::shared_ptr<const data::Schema> schema_;

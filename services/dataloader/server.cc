@@ -4,34 +4,44 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/address.h"
+#include "services/common/data_grant.h"
 
 namespace recfleet::dataloader {
 namespace {
 
-// Checks the bearer token, then hands the call to the loader's service.
-// Every DataLoader method must be forwarded here (server_auth_test calls
-// each method of the service descriptor and fails on one left
-// UNIMPLEMENTED).
+// Checks the bearer token and the job's data grant, then hands the call to
+// the loader's service. Every DataLoader method must be forwarded here
+// (server_auth_test calls each method of the service descriptor and fails
+// on one left UNIMPLEMENTED).
 class AuthenticatedService final : public recfleet::v1::DataLoader::Service {
  public:
-  AuthenticatedService(recfleet::v1::DataLoader::Service* inner, const BearerAuth* auth)
-      : inner_(inner), auth_(auth) {}
+  AuthenticatedService(recfleet::v1::DataLoader::Service* inner, const BearerAuth* auth,
+                       std::string data_grant_key)
+      : inner_(inner), auth_(auth), data_grant_key_(std::move(data_grant_key)) {}
 
   grpc::Status GetInfo(grpc::ServerContext* ctx, const recfleet::v1::GetInfoRequest* req,
                        recfleet::v1::LoaderInfo* out) override {
-    if (absl::Status s = auth_->Check(*ctx); !s.ok()) return ToGrpc(s);
+    if (absl::Status s = Authorize(*ctx, req->config(), req->data_grant()); !s.ok()) return ToGrpc(s);
     return inner_->GetInfo(ctx, req, out);
   }
   grpc::Status StreamBatches(grpc::ServerContext* ctx,
                              const recfleet::v1::StreamBatchesRequest* req,
                              grpc::ServerWriter<recfleet::v1::RankBatch>* writer) override {
-    if (absl::Status s = auth_->Check(*ctx); !s.ok()) return ToGrpc(s);
+    if (absl::Status s = Authorize(*ctx, req->config(), req->data_grant()); !s.ok()) return ToGrpc(s);
     return inner_->StreamBatches(ctx, req, writer);
   }
 
  private:
+  absl::Status Authorize(const grpc::ServerContext& ctx, const recfleet::v1::DataConfig& config,
+                         const std::string& grant) const {
+    if (absl::Status s = auth_->Check(ctx); !s.ok()) return s;
+    if (data_grant_key_.empty()) return absl::OkStatus();
+    return CheckDataGrant(data_grant_key_, config, grant);
+  }
+
   recfleet::v1::DataLoader::Service* const inner_;
   const BearerAuth* const auth_;
+  const std::string data_grant_key_;
 };
 
 }  // namespace
@@ -43,7 +53,8 @@ absl::StatusOr<std::unique_ptr<LoaderServer>> LoaderServer::Start(const ServerOp
   s->service_ = std::make_unique<DataLoaderService>(options.datasets, options.service,
                                                     s->metrics_data_.get());
   s->auth_ = std::make_unique<BearerAuth>(options.auth_token);
-  s->authenticated_ = std::make_unique<AuthenticatedService>(s->service_.get(), s->auth_.get());
+  s->authenticated_ = std::make_unique<AuthenticatedService>(s->service_.get(), s->auth_.get(),
+                                                             options.data_grant_key);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(
       FormatHostPort(options.host, options.port),

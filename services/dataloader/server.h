@@ -4,7 +4,9 @@
 // LoaderServer: a running data-loader instance: its gRPC DataLoader service
 // (serving every job that asks, job_loader.h) and its /metrics endpoint. Used by
 // `recfleet data serve` and by tests (port 0 binds an OS-chosen port).
-// With an auth token, every DataLoader call without it is UNAUTHENTICATED.
+// With an auth token, every DataLoader call without it is UNAUTHENTICATED;
+// with a data-grant key, every call whose data_grant is not the grant of
+// the DataConfig it names is PERMISSION_DENIED (dataloader.proto, "Access").
 
 #include <atomic>
 #include <memory>
@@ -32,6 +34,9 @@ struct ServerOptions {
   // Bearer token every call must carry (services/common/bearer_auth.h);
   // empty = no authentication.
   std::string auth_token;
+  // The secret shared with the coordinator (services/common/data_grant.h);
+  // empty = any caller with the bearer token may read any job's data.
+  std::string data_grant_key;
 };
 
 class LoaderServer {
@@ -57,7 +62,8 @@ class LoaderServer {
   std::unique_ptr<LoaderMetrics> metrics_data_;
   std::unique_ptr<DataLoaderService> service_;
   std::unique_ptr<BearerAuth> auth_;
-  // service_ behind the bearer-token check; what the gRPC server serves.
+  // service_ behind the bearer-token and data-grant checks; what the gRPC
+  // server serves.
   std::unique_ptr<recfleet::v1::DataLoader::Service> authenticated_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HttpServer> metrics_;

@@ -1,5 +1,7 @@
-// A data loader started with a bearer token (and TLS) serves only callers
-// that present the token: training batches are not for anyone who connects.
+// A data loader started with a bearer token, a data-grant key and TLS serves
+// only callers that present the token, and a job's data only to callers
+// presenting that job's grant: training batches are not for anyone who
+// connects, nor for the workers of another job.
 
 #include <future>
 #include <memory>
@@ -11,6 +13,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "services/common/data_grant.h"
 #include "services/common/tls.h"
 #include "services/common/tls_testing.h"
 #include "services/dataloader/client.h"
@@ -20,6 +23,7 @@ namespace recfleet::dataloader {
 namespace {
 
 constexpr char kToken[] = "loader-test-token";
+constexpr char kGrantKey[] = "loader-test-grant-key";
 
 class ServerAuthTest : public ::testing::Test {
  protected:
@@ -40,6 +44,7 @@ class ServerAuthTest : public ::testing::Test {
     ServerOptions so;
     so.metrics_port = -1;
     so.auth_token = kToken;
+    so.data_grant_key = kGrantKey;
     absl::StatusOr<ServerTransport> transport = MakeServerTransport(certs_->Server(), so.host);
     ASSERT_TRUE(transport.ok()) << transport.status();
     so.credentials = transport->credentials;
@@ -48,18 +53,10 @@ class ServerAuthTest : public ::testing::Test {
     server_ = *std::move(server);
   }
 
-  static ConnectOptions Connection(const std::string& token) {
-    ConnectOptions c;
-    c.timeout = absl::Seconds(5);
-    c.credentials = *MakeChannelCredentials(certs_->Client());
-    c.auth_token = token;
-    return c;
-  }
-
   // A job of 2 ranks x 32 samples (base batches of 16).
-  static v1::DataConfig Job() {
+  static v1::DataConfig Job(const std::string& name = "jobs/auth") {
     v1::DataConfig c;
-    c.set_job("jobs/auth");
+    c.set_job(name);
     c.set_dataset(*dir_);
     c.set_num_ranks(2);
     c.set_local_batch_size(32);
@@ -67,6 +64,17 @@ class ServerAuthTest : public ::testing::Test {
     c.set_micro_batches(1);
     c.set_policy("recfleet");
     c.set_cost_model("linear=1");
+    return c;
+  }
+
+  // The token and the grant the coordinator would give `job`'s ranks.
+  static ConnectOptions Connection(const std::string& token,
+                                   const v1::DataConfig& job = Job()) {
+    ConnectOptions c;
+    c.timeout = absl::Seconds(5);
+    c.credentials = *MakeChannelCredentials(certs_->Client());
+    c.auth_token = token;
+    c.data_grant = SignDataGrant(kGrantKey, job);
     return c;
   }
 
@@ -112,25 +120,63 @@ TEST_F(ServerAuthTest, TheTokenOverTlsGetsBatches) {
   EXPECT_EQ(batch.samples.num_rows(), 32u);
 }
 
+TEST_F(ServerAuthTest, AWorkerOfAnotherJobIsDeniedThisJobsData) {
+  // A caller holding the loader token and a valid grant, but for another job.
+  const ConnectOptions other_job = Connection(kToken, Job("jobs/other"));
+  auto client = DataLoaderClient::Connect(server_->address(), Job(), other_job);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kPermissionDenied) << client.status();
+
+  // Straight to StreamBatches, without GetInfo.
+  auto stub = recfleet::v1::DataLoader::NewStub(
+      grpc::CreateChannel(server_->address(), *MakeChannelCredentials(certs_->Client())));
+  for (const std::string& grant : {other_job.data_grant, std::string()}) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    recfleet::v1::StreamBatchesRequest request;
+    *request.mutable_config() = Job();
+    request.set_data_grant(grant);
+    request.set_rank(0);
+    auto reader = stub->StreamBatches(&context, request);
+    recfleet::v1::RankBatch batch;
+    EXPECT_FALSE(reader->Read(&batch)) << "grant '" << grant << "' got a batch";
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << "grant '" << grant << "'";
+  }
+}
+
+TEST_F(ServerAuthTest, AJobsGrantDoesNotOpenAnotherDatasetUnderItsName) {
+  // Same job name, another dataset (e.g. another job's files): the grant
+  // covers the whole DataConfig, so it no longer matches.
+  v1::DataConfig elsewhere = Job();
+  elsewhere.set_dataset(*dir_ + "/../elsewhere");
+  auto client = DataLoaderClient::Connect(server_->address(), elsewhere, Connection(kToken));
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kPermissionDenied) << client.status();
+}
+
 // Guards the server's authentication wrapper: a DataLoader method added to
 // the proto but not forwarded by it would answer UNIMPLEMENTED here.
-TEST_F(ServerAuthTest, EveryMethodOfTheServiceChecksTheToken) {
+TEST_F(ServerAuthTest, EveryMethodOfTheServiceChecksTheTokenAndTheGrant) {
   const google::protobuf::ServiceDescriptor* service =
       recfleet::v1::GetInfoRequest::descriptor()->file()->FindServiceByName("DataLoader");
   ASSERT_NE(service, nullptr);
   grpc::GenericStub stub(
       grpc::CreateChannel(server_->address(), *MakeChannelCredentials(certs_->Client())));
-  for (int i = 0; i < service->method_count(); ++i) {
-    const std::string method =
-        "/" + service->full_name() + "/" + service->method(i)->name();
+  // An empty message of any type (no grant), with or without the token.
+  auto call = [&](const std::string& method, bool with_token) {
     grpc::ClientContext context;
+    if (with_token) context.AddMetadata("authorization", std::string("Bearer ") + kToken);
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    grpc::Slice empty("");  // An empty message of any type.
+    grpc::Slice empty("");
     grpc::ByteBuffer request(&empty, 1), response;
     std::promise<grpc::Status> done;
     stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
                    [&done](grpc::Status s) { done.set_value(s); });
-    EXPECT_EQ(done.get_future().get().error_code(), grpc::StatusCode::UNAUTHENTICATED) << method;
+    return done.get_future().get().error_code();
+  };
+  for (int i = 0; i < service->method_count(); ++i) {
+    const std::string method = "/" + service->full_name() + "/" + service->method(i)->name();
+    EXPECT_EQ(call(method, false), grpc::StatusCode::UNAUTHENTICATED) << method;
+    EXPECT_EQ(call(method, true), grpc::StatusCode::PERMISSION_DENIED) << method;
   }
 }
 

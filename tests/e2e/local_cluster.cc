@@ -11,12 +11,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "data/synth.h"
 #include "grpcpp/grpcpp.h"
@@ -89,17 +91,30 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   std::unique_ptr<LocalCluster> c(new LocalCluster(options));
   ::mkdir(options.dir.c_str(), 0755);
   ::mkdir(c->sample_log_dir().c_str(), 0755);
-  std::vector<std::string> server_security;
+  std::vector<std::string> server_security, loader_security;
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (options.tls) {
     const std::string tls = options.dir + "/tls";
-    const std::string command = absl::StrCat(RunfilesPath("deploy/tls/make-certs.sh"), " '", tls, "' >/dev/null");
+    std::string command = absl::StrCat(RunfilesPath("deploy/tls/make-certs.sh"), " '", tls, "'");
+    for (const char* server : {"coordinator", "loader"}) absl::StrAppend(&command, " --name ", c->Place(server).address);
+    absl::StrAppend(&command, " >/dev/null");
     if (std::system(command.c_str()) != 0) return absl::InternalError(absl::StrCat("`", command, "` failed"));
-    constexpr char kToken[] = "e2e-cluster-token";
+    // Users, workers and the coordinator-loader pair each hold their own
+    // secret, as a deployment does.
+    constexpr char kToken[] = "e2e-user-token";
     std::ofstream(options.dir + "/token") << kToken << "\n";
-    server_security = {"--tls_cert=" + tls + "/server.pem", "--tls_key=" + tls + "/server.key",
-                       "--auth_token_file=" + options.dir + "/token"};
-    c->worker_security_ = {"--tls_ca=" + tls + "/ca.pem", "--auth_token_file=" + options.dir + "/token"};
+    std::ofstream(options.dir + "/worker-token") << "e2e-worker-token\n";
+    std::ofstream(options.dir + "/data-grant-key") << "e2e-data-grant-key\n";
+    const std::vector<std::string> tls_server = {"--tls_cert=" + tls + "/server.pem",
+                                                 "--tls_key=" + tls + "/server.key",
+                                                 "--data_grant_key_file=" + options.dir + "/data-grant-key"};
+    server_security = tls_server;
+    server_security.push_back("--auth_token_file=" + options.dir + "/token");
+    server_security.push_back("--worker_token_file=" + options.dir + "/worker-token");
+    // The loader's callers are workers: its bearer token is theirs.
+    loader_security = tls_server;
+    loader_security.push_back("--auth_token_file=" + options.dir + "/worker-token");
+    c->worker_security_ = {"--tls_ca=" + tls + "/ca.pem", "--worker_token_file=" + options.dir + "/worker-token"};
     std::ifstream ca_in(tls + "/ca.pem");
     std::stringstream ca;
     ca << ca_in.rdbuf();
@@ -110,9 +125,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   }
   if (options.loader) {
     std::vector<std::string> argv = {RunfilesPath("cli/recfleet"), "data", "serve", "--cache-dir",
-                                     options.dir + "/synthetic", "--port", "0", "--metrics-port", "0"};
-    argv.insert(argv.end(), server_security.begin(), server_security.end());
-    absl::StatusOr<std::unique_ptr<Process>> loader = Process::Start(argv, options.dir + "/loader.log");
+                                     options.dir + "/synthetic", "--host", c->Place("loader").address,
+                                     "--port", "0", "--metrics-port", "0"};
+    argv.insert(argv.end(), loader_security.begin(), loader_security.end());
+    absl::StatusOr<std::unique_ptr<Process>> loader =
+        Process::Start(c->Command("loader", argv), options.dir + "/loader.log");
     if (!loader.ok()) return loader.status();
     c->loader_ = std::move(*loader);
     absl::StatusOr<std::string> serving = c->loader_->WaitForLine("data loader on ", absl::Seconds(20));
@@ -121,12 +138,13 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   }
   const std::string address_file = options.dir + "/coordinator.address";
   std::vector<std::string> coordinator_argv = {
-      RunfilesPath("services/coordinator/recfleet-coordinator"), "--listen=127.0.0.1:0",
+      RunfilesPath("services/coordinator/recfleet-coordinator"), "--listen=" + c->Place("coordinator").address + ":0",
       "--db=" + options.dir + "/coordinator.db", absl::StrCat("--lease_seconds=", options.lease_seconds),
       "--address_file=" + address_file, "--metrics_address=127.0.0.1:0",
       "--loader_address=" + c->loader_address_};
   coordinator_argv.insert(coordinator_argv.end(), server_security.begin(), server_security.end());
-  absl::StatusOr<std::unique_ptr<Process>> coord = Process::Start(coordinator_argv, options.dir + "/coordinator.log");
+  absl::StatusOr<std::unique_ptr<Process>> coord =
+      Process::Start(c->Command("coordinator", coordinator_argv), options.dir + "/coordinator.log");
   if (!coord.ok()) return coord.status();
   c->coordinator_ = std::move(*coord);
   absl::StatusOr<std::string> serving = c->coordinator_->WaitForLine("recfleet coordinator serving on ", absl::Seconds(20));
@@ -145,27 +163,59 @@ LocalCluster::~LocalCluster() {
   loader_.reset();
 }
 
+Placement LocalCluster::Place(const std::string& process) const {
+  return options_.place ? options_.place(process) : Placement();
+}
+
+std::vector<std::string> LocalCluster::Command(const std::string& process, std::vector<std::string> argv) const {
+  std::vector<std::string> command = Place(process).exec_prefix;
+  command.insert(command.end(), argv.begin(), argv.end());
+  return command;
+}
+
 absl::Status LocalCluster::AddWorker() {
   const int i = static_cast<int>(workers_.size());
-  const std::string work_dir = absl::StrCat(options_.dir, "/worker", i);
+  const std::string name = absl::StrCat("worker", i);
+  const std::string work_dir = options_.dir + "/" + name;
   ::mkdir(work_dir.c_str(), 0755);
+  const std::string host = Place(name).address;
   std::vector<std::string> argv = {RunfilesPath("worker/recfleet-worker"),
                                    "--coordinator=" + coordinator_address_,
-                                   "--host=127.0.0.1",
+                                   "--host=" + host,
                                    absl::StrCat("--node=node", i),
                                    "--work_dir=" + work_dir,
                                    "--checkpoint_root=" + options_.dir + "/checkpoints",
-                                   "--metrics_address=127.0.0.1:0",
-                                   "--comm_timeout=20"};
+                                   "--metrics_address=" + host + ":0",
+                                   absl::StrCat("--comm_timeout=", options_.comm_timeout_seconds)};
   if (options_.sample_logs) argv.push_back("--sample_log_dir=" + sample_log_dir());
   argv.insert(argv.end(), worker_security_.begin(), worker_security_.end());
-  absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(argv, work_dir + ".log");
+  absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(Command(name, argv), work_dir + ".log");
   if (!p.ok()) return p.status();
   workers_.push_back(std::move(*p));
   absl::StatusOr<std::string> metrics = workers_.back()->WaitForLine("worker metrics: http://", absl::Seconds(20));
   if (!metrics.ok()) return metrics.status();
   metrics_addresses_.push_back(metrics->substr(0, metrics->find('/')));
-  return workers_.back()->WaitForLine("worker id: ", absl::Seconds(20)).status();
+  absl::StatusOr<std::string> id = workers_.back()->WaitForLine("worker id: ", absl::Seconds(20));
+  if (!id.ok()) return id.status();
+  worker_ids_.push_back(*id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> LocalCluster::CreateJob(const v1::JobSpec& spec) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::CreateJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::Job job;
+  grpc::Status s = jobs_->CreateJob(&ctx, request, &job);
+  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return job;
+}
+
+absl::Status LocalCluster::CheckTrainedExactlyOnce(const v1::Job& job, const SampleLogCheck& check) const {
+  absl::StatusOr<SampleLog> logs = ReadSampleLogs(sample_log_dir(), job.name().substr(job.name().find('/') + 1));
+  if (!logs.ok()) return logs.status();
+  return CheckExactlyOnce(*logs, check);
 }
 
 absl::StatusOr<v1::Job> LocalCluster::WaitForJob(const std::string& name,
@@ -290,6 +340,14 @@ v1::JobSpec SmallJobSpec(const std::string& dataset_dir, const std::string& chec
   return spec;
 }
 
+v1::JobSpec ShardedTwoWorkerJobSpec(const std::string& dataset_dir, const std::string& checkpoint_dir, int64_t steps,
+                                    int64_t checkpoint_every, int local_batch) {
+  v1::JobSpec spec = SmallJobSpec(dataset_dir, checkpoint_dir, steps, checkpoint_every, 2, local_batch);
+  spec.mutable_parallelism()->set_fsdp_group_size(2);
+  spec.mutable_parallelism()->set_table_sharding_group_size(2);
+  return spec;
+}
+
 absl::StatusOr<SampleLog> ReadSampleLogs(const std::string& dir, const std::string& job_id) {
   SampleLog out;
   DIR* d = ::opendir(dir.c_str());
@@ -323,6 +381,59 @@ absl::StatusOr<SampleLog> ReadSampleLogs(const std::string& dir, const std::stri
   }
   ::closedir(d);
   return out;
+}
+
+absl::Status CheckExactlyOnce(const SampleLog& logs, const SampleLogCheck& check) {
+  std::vector<std::string> problems;
+  std::set<int64_t> seen;
+  int64_t trained = 0;
+  for (int rank = 0; rank < check.ranks; ++rank) {
+    auto found = logs.find(rank);
+    if (found == logs.end()) {
+      problems.push_back(absl::StrCat("rank ", rank, " has no sample log"));
+      continue;
+    }
+    const auto& attempts = found->second;
+    if (check.restarted && attempts.size() < 2) problems.push_back(absl::StrCat("rank ", rank, " was not restarted"));
+    for (auto it = std::next(attempts.begin()); it != attempts.end(); ++it) {
+      if (it->second.empty()) continue;
+      // A resumed attempt starts right after a checkpoint...
+      const int64_t first = it->second.begin()->first;
+      if (check.checkpoint_every > 0 && (first - 1) % check.checkpoint_every != 0) {
+        problems.push_back(absl::StrCat("rank ", rank, " epoch ", it->first, " resumed at step ", first));
+      }
+      // ...and replays exactly the samples the earlier attempts had there.
+      for (const auto& [step, ids] : it->second) {
+        for (auto prev = attempts.begin(); prev != it; ++prev) {
+          auto same = prev->second.find(step);
+          if (same != prev->second.end() && same->second != ids) {
+            problems.push_back(absl::StrCat("rank ", rank, " step ", step, ": epoch ", it->first,
+                                            " trained other samples than epoch ", prev->first));
+          }
+        }
+      }
+    }
+    for (int64_t step = 1; step <= check.steps; ++step) {
+      const std::vector<int64_t>* ids = nullptr;
+      for (const auto& [epoch, steps] : attempts) {
+        auto s = steps.find(step);
+        if (s != steps.end()) ids = &s->second;
+      }
+      if (ids == nullptr) {
+        problems.push_back(absl::StrCat("rank ", rank, " never trained step ", step));
+        continue;
+      }
+      for (int64_t id : *ids) {
+        if (!seen.insert(id).second) problems.push_back(absl::StrCat("sample ", id, " trained twice"));
+      }
+      trained += static_cast<int64_t>(ids->size());
+    }
+  }
+  const int64_t expected = check.steps * check.ranks * check.samples_per_rank_step;
+  if (trained != expected) problems.push_back(absl::StrCat(trained, " samples trained, expected ", expected));
+  if (problems.empty()) return absl::OkStatus();
+  if (problems.size() > 20) problems.resize(20);
+  return absl::DataLossError(absl::StrJoin(problems, "; "));
 }
 
 }  // namespace recfleet::e2e

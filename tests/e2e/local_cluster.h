@@ -49,6 +49,14 @@ class Process {
   int status_ = 0;
 };
 
+// Where one process of a cluster runs: the command prefix that starts a
+// program there (e.g. `ip netns exec NS`; empty = this machine as is) and
+// the address the other processes reach it on.
+struct Placement {
+  std::vector<std::string> exec_prefix;
+  std::string address = "127.0.0.1";
+};
+
 struct ClusterOptions {
   // Scratch directory for databases, logs, checkpoints and work dirs.
   std::string dir;
@@ -60,12 +68,32 @@ struct ClusterOptions {
   // data, and the coordinator hands its address to the workers; otherwise
   // the workers read and deal their jobs' data themselves.
   bool loader = false;
-  // Every connection over TLS (deploy/tls/make-certs.sh certificates) and
-  // every service behind one bearer token, as a deployment runs; jobs()
-  // then carries the token.
+  // Every connection over TLS (deploy/tls/make-certs.sh certificates), the
+  // coordinator behind a users' and a workers' token, the loader behind the
+  // workers' token and data grants, as a deployment runs; jobs() then
+  // carries the users' token.
   bool tls = false;
+  // Where "coordinator", "loader" and "worker<i>" run; unset = all on
+  // 127.0.0.1. With TLS the server certificate names every address.
+  std::function<Placement(const std::string& process)> place;
+  // Passed to every worker.
+  double comm_timeout_seconds = 20;
 };
 
+// What the final model of a job of `ranks` x `samples_per_rank_step`
+// samples for `steps` steps was trained on, from its sample logs: every
+// step as trained by the newest attempt that reached it. OK when every
+// sample was trained exactly once, each resumed attempt started right
+// after a multiple of `checkpoint_every` and replayed exactly the samples
+// earlier attempts had at the same steps, and (if `restarted`) every rank
+// ran more than one attempt; else an error listing what is wrong.
+struct SampleLogCheck {
+  int ranks = 2;
+  int64_t steps = 0;
+  int64_t samples_per_rank_step = 0;
+  int64_t checkpoint_every = 0;
+  bool restarted = true;
+};
 class LocalCluster {
  public:
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const ClusterOptions& options);
@@ -80,9 +108,15 @@ class LocalCluster {
   // Starts one more worker daemon (e.g. replacing a killed one).
   absl::Status AddWorker();
   Process& worker(int i) { return *workers_[i]; }
+  // The id worker `i` registered under.
+  const std::string& worker_id(int i) const { return worker_ids_[i]; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
   const std::vector<std::string>& worker_metrics_addresses() const { return metrics_addresses_; }
 
+  // CreateJob with `spec`.
+  absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
+  // CheckExactlyOnce on `job`'s sample logs.
+  absl::Status CheckTrainedExactlyOnce(const v1::Job& job, const SampleLogCheck& check) const;
   // Polls GetJob until `done(job)` or the timeout; returns the last job.
   absl::StatusOr<v1::Job> WaitForJob(const std::string& name, const std::function<bool(const v1::Job&)>& done,
                                      absl::Duration timeout);
@@ -97,9 +131,13 @@ class LocalCluster {
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
   std::vector<std::string> metrics_addresses_;
+  std::vector<std::string> worker_ids_;
   std::string coordinator_address_;
   std::string loader_address_;
   std::vector<std::string> worker_security_;  // TLS and token flags.
+  Placement Place(const std::string& process) const;
+  // `program`'s argv under `process`'s placement.
+  std::vector<std::string> Command(const std::string& process, std::vector<std::string> argv) const;
   std::unique_ptr<v1::JobService::Stub> jobs_;
 };
 
@@ -111,10 +149,18 @@ absl::Status MakeSyntheticDataset(const std::string& dir, int64_t samples);
 v1::JobSpec SmallJobSpec(const std::string& dataset_dir, const std::string& checkpoint_dir, int64_t steps,
                          int64_t checkpoint_every, int workers, int local_batch);
 
+// SmallJobSpec for two workers with the dense parameters sharded over both
+// ranks (FSDP 2) and the tables split between them, so a restart restores
+// FSDP shards and table shards with their optimizer state.
+v1::JobSpec ShardedTwoWorkerJobSpec(const std::string& dataset_dir, const std::string& checkpoint_dir, int64_t steps,
+                                    int64_t checkpoint_every, int local_batch);
+
 // The sample logs of `job_id` (worker --sample_log_dir): for each rank, for
 // each restart epoch, step -> sample ids in training order.
 using SampleLog = std::map<int, std::map<int64_t, std::map<int64_t, std::vector<int64_t>>>>;
 absl::StatusOr<SampleLog> ReadSampleLogs(const std::string& dir, const std::string& job_id);
+
+absl::Status CheckExactlyOnce(const SampleLog& logs, const SampleLogCheck& check);
 
 // Path of a binary of this workspace in the test's runfiles
 // ("services/coordinator/recfleet-coordinator").

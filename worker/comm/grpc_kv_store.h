@@ -23,7 +23,7 @@ class GrpcKvStore : public KvStore {
   // `job` is the job's resource name ("jobs/{id}"); `restart_epoch` the epoch
   // of the worker's assignment. Set and Get give up after `rpc_timeout`.
   // A non-empty `auth_token` is sent as "authorization: Bearer <token>" on
-  // every call, for coordinators started with --auth_token_file.
+  // every call: the workers' token (the coordinator's --worker_token_file).
   GrpcKvStore(std::shared_ptr<v1::WorkerService::StubInterface> stub, std::string job, int64_t restart_epoch,
               absl::Duration rpc_timeout = absl::Seconds(10), std::string auth_token = "");
 
