@@ -2,8 +2,9 @@
 written by `recfleet data synth`.
 
 Run by client_test.sh beside it, which installs the package first; the binaries
-come from the environment: RECFLEET_COORDINATOR_BIN, RECFLEET_CLI_BIN and
-RECFLEET_DEMO_SPEC (the demo job file).
+come from the environment: RECFLEET_COORDINATOR_BIN, RECFLEET_CLI_BIN,
+RECFLEET_MAKE_CERTS (deploy/tls/make-certs.sh) and RECFLEET_DEMO_SPEC (the
+demo job file).
 """
 
 import os
@@ -24,46 +25,57 @@ from recfleet.v1 import job_service_pb2
 TOKEN = "test-token-1234"
 
 
+class Coordinator:
+    """A recfleet-coordinator process on 127.0.0.1 (port 0) with a bearer
+    token, in its own scratch folder; `args` are extra flags."""
+
+    def __init__(self, args=()):
+        self.dir = tempfile.mkdtemp(prefix="coord-", dir=os.environ.get("TEST_TMPDIR"))
+        token_file = os.path.join(self.dir, "token")
+        with open(token_file, "w") as f:
+            f.write(TOKEN + "\n")
+        self.log = open(os.path.join(self.dir, "coordinator.log"), "w+")
+        self.proc = subprocess.Popen(
+            [os.environ["RECFLEET_COORDINATOR_BIN"], "--listen=127.0.0.1:0",
+             f"--db={self.dir}/jobs.db", "--metrics_address=127.0.0.1:0",
+             f"--auth_token_file={token_file}", *args],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.address = self._wait_for_address()
+
+    def _wait_for_address(self):
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            self.log.seek(0)
+            m = re.search(r"recfleet coordinator serving on (\S+)", self.log.read())
+            if m:
+                return m.group(1)
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.log.seek(0)
+        raise RuntimeError(f"coordinator did not start:\n{self.log.read()}")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class CoordinatorTest(unittest.TestCase):
-    """Jobs through the client on a coordinator on 127.0.0.1 with a bearer
+    """Jobs through the client on a plain-text coordinator with a bearer
     token and no workers (so a submitted job waits QUEUED until cancelled)."""
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="coord-", dir=os.environ.get("TEST_TMPDIR"))
-        token_file = os.path.join(cls.dir, "token")
-        with open(token_file, "w") as f:
-            f.write(TOKEN + "\n")
-        cls.log = open(os.path.join(cls.dir, "coordinator.log"), "w+")
-        cls.proc = subprocess.Popen(
-            [os.environ["RECFLEET_COORDINATOR_BIN"], "--listen=127.0.0.1:0",
-             f"--db={cls.dir}/jobs.db", "--metrics_address=127.0.0.1:0",
-             f"--auth_token_file={token_file}"],
-            stdout=cls.log, stderr=subprocess.STDOUT)
-        cls.address = cls._wait_for_address()
+        cls.coordinator = Coordinator()
+        cls.address = cls.coordinator.address
         cls.client = recfleet.connect(cls.address, token=TOKEN, timeout=10)
-
-    @classmethod
-    def _wait_for_address(cls):
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            cls.log.seek(0)
-            m = re.search(r"recfleet coordinator serving on (\S+)", cls.log.read())
-            if m:
-                return m.group(1)
-            if cls.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        cls.log.seek(0)
-        raise RuntimeError(f"coordinator did not start:\n{cls.log.read()}")
 
     @classmethod
     def tearDownClass(cls):
         cls.client.close()
-        cls.proc.terminate()
-        cls.proc.wait(10)
-        cls.log.close()
-        shutil.rmtree(cls.dir, ignore_errors=True)
+        cls.coordinator.stop()
 
     def test_submit_get_list_watch_cancel_the_demo_job(self):
         name = self.client.submit(os.environ["RECFLEET_DEMO_SPEC"])
@@ -282,6 +294,47 @@ class RfdReaderTest(unittest.TestCase):
             f.write("hello, this is not a dataset file at all\n")
         with self.assertRaisesRegex(rfd.RfdError, "not a recfleet dataset file"):
             rfd.open(path)
+
+
+class TlsTest(unittest.TestCase):
+    """A coordinator serving mutual TLS with deploy/tls/make-certs.sh's test
+    certificates: the client's TLS options reach it, and only with them."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.certs = tempfile.mkdtemp(prefix="tls-", dir=os.environ.get("TEST_TMPDIR"))
+        subprocess.run([os.environ["RECFLEET_MAKE_CERTS"], cls.certs], check=True,
+                       stdout=subprocess.DEVNULL)
+        cls.ca = os.path.join(cls.certs, "ca.pem")
+        cls.coordinator = Coordinator([f"--tls_cert={cls.certs}/server.pem",
+                                       f"--tls_key={cls.certs}/server.key",
+                                       f"--tls_client_ca={cls.ca}"])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.coordinator.stop()
+        shutil.rmtree(cls.certs, ignore_errors=True)
+
+    def test_mutual_tls_with_a_client_certificate(self):
+        with recfleet.connect(self.coordinator.address, token=TOKEN, tls_ca=self.ca,
+                              tls_cert=f"{self.certs}/client.pem",
+                              tls_key=f"{self.certs}/client.key", timeout=10) as client:
+            name = client.submit(os.environ["RECFLEET_DEMO_SPEC"])
+            self.assertEqual(client.get(name).status.state, recfleet.JobState.QUEUED)
+            client.cancel(name)
+
+    def test_without_a_client_certificate_or_tls_the_call_fails(self):
+        for kwargs in ({"tls_ca": self.ca}, {}):
+            with recfleet.connect(self.coordinator.address, token=TOKEN, timeout=5,
+                                  **kwargs) as client:
+                with self.assertRaises(recfleet.RecfleetError, msg=str(kwargs)) as e:
+                    client.list()
+            self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
+
+    def test_half_a_client_certificate_is_a_usage_error(self):
+        with self.assertRaisesRegex(ValueError, "tls_cert and tls_key must be given together"):
+            recfleet.connect(self.coordinator.address, tls_ca=self.ca,
+                             tls_cert=f"{self.certs}/client.pem")
 
 
 if __name__ == "__main__":

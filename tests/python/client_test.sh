@@ -25,6 +25,7 @@ cp -RL "$runfiles/python" "$runfiles/proto" "$work/"
 
 export RECFLEET_COORDINATOR_BIN="$runfiles/services/coordinator/recfleet-coordinator"
 export RECFLEET_CLI_BIN="$runfiles/cli/recfleet"
+export RECFLEET_MAKE_CERTS="$runfiles/deploy/tls/make-certs.sh"
 export RECFLEET_DEMO_SPEC="$runfiles/deploy/examples/job-gemlite.yaml"
 cd "$work"
 PYTHONPATH="$work/site" "$python" "$runfiles/tests/python/client_test.py" -v 2>&1 |
