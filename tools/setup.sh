@@ -58,7 +58,7 @@ fi
 # The Python client's pinned packages (python/requirements.lock), from PyPI:
 # the wheels into .whl/ (so `pip install --no-index --find-links .whl
 # ./python` works offline) and a virtual environment .venv/ holding them,
-# which //python:client_test builds and tests the package with. Both are
+# which //tests/python:client_test builds and tests the package with. Both are
 # redone only when the lock file changes.
 repo=$(cd "$(dirname "$0")/.." && pwd)
 lock="$repo/python/requirements.lock"
