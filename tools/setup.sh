@@ -29,6 +29,10 @@ PINNED=(
   clang-14=1:14.0.6-12
   libclang-rt-14-dev=1:14.0.6-12
   pkg-config=1.8.1-1
+  # The Python client (python/): Debian's CPython 3.11 and its venv module.
+  python3=3.11.2-1+b1
+  python3-venv=3.11.2-1+b1
+  python3-pip=23.0.1+dfsg-1
 )
 
 missing=()
@@ -51,6 +55,30 @@ if ((${#missing[@]})); then
     echo "setup: WARNING: pinned versions unavailable, installing the archive's current ones" >&2
     $sudo apt-get install -y -qq --no-install-recommends "${missing[@]%%=*}"
   fi
+fi
+
+# The Python client's pinned packages (python/requirements.lock), from PyPI:
+# the wheels into .whl/ (so `pip install --no-index --find-links .whl
+# ./python` works offline) and a virtual environment .venv/ holding them,
+# which //tests/python:client_test builds and tests the package with. Both are
+# redone only when the lock file changes.
+repo=$(cd "$(dirname "$0")/.." && pwd)
+lock="$repo/python/requirements.lock"
+if ! cmp -s "$lock" "$repo/.whl/requirements.lock"; then
+  echo "setup: downloading the Python client's pinned wheels into .whl/"
+  rm -rf "$repo/.whl"
+  mkdir -p "$repo/.whl"
+  /usr/bin/python3 -m pip download --quiet --only-binary=:all: --no-deps \
+    --dest "$repo/.whl" -r "$lock"
+  cp "$lock" "$repo/.whl/requirements.lock"
+fi
+if ! cmp -s "$lock" "$repo/.venv/requirements.lock"; then
+  echo "setup: making .venv/ with the Python client's pinned packages"
+  rm -rf "$repo/.venv"
+  /usr/bin/python3 -m venv "$repo/.venv"
+  "$repo/.venv/bin/python" -m pip install --quiet --no-index --find-links "$repo/.whl" \
+    -r "$lock"
+  cp "$lock" "$repo/.venv/requirements.lock"
 fi
 
 command -v nvcc >/dev/null || [[ -x "${CUDA_PATH:-/usr/local/cuda}/bin/nvcc" ]] || {

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# //tests/python:client_test: builds and installs the recfleet package the way
+# `pip install ./python` does (setup.py generating the gRPC stubs from proto/
+# with grpcio-tools), into a scratch folder, and runs client_test.py
+# against the coordinator and CLI binaries. Offline: the pinned packages come
+# from the repository's .venv/, which tools/setup.sh makes from
+# python/requirements.lock.
+set -euo pipefail
+
+runfiles="$TEST_SRCDIR/$TEST_WORKSPACE"
+# The runfiles are links into the source tree; .venv/ sits at its root.
+repo=$(dirname "$(dirname "$(readlink -f "$runfiles/python/pyproject.toml")")")
+python="$repo/.venv/bin/python"
+if [[ ! -x $python ]] || ! cmp -s "$repo/python/requirements.lock" "$repo/.venv/requirements.lock"; then
+  echo "client_test: $repo/.venv is missing or out of date; run tools/setup.sh" >&2
+  exit 1
+fi
+
+# pip builds in the source folder, so build from a copy of python/ and proto/.
+work="$TEST_TMPDIR/build"
+mkdir -p "$work"
+cp -RL "$runfiles/python" "$runfiles/proto" "$work/"
+"$python" -m pip install --quiet --no-index --no-build-isolation --no-deps \
+  --target "$work/site" "$work/python"
+
+export RECFLEET_COORDINATOR_BIN="$runfiles/services/coordinator/recfleet-coordinator"
+export RECFLEET_CLI_BIN="$runfiles/cli/recfleet"
+export RECFLEET_MAKE_CERTS="$runfiles/deploy/tls/make-certs.sh"
+export RECFLEET_DEMO_SPEC="$runfiles/deploy/examples/job-gemlite.yaml"
+cd "$work"
+PYTHONPATH="$work/site" "$python" "$runfiles/tests/python/client_test.py" -v 2>&1 |
+  tee "$work/unittest.log"
