@@ -1,20 +1,22 @@
 """The Python client against a real coordinator, and the .rfd reader on files
-written by `recfleet data synth`.
+written by `recfleet data synth` (format version 2) and on version-1 files.
 
 Run by client_test.sh beside it, which installs the package first; the binaries
 come from the environment: RECFLEET_COORDINATOR_BIN, RECFLEET_CLI_BIN,
-RECFLEET_MAKE_CERTS (deploy/tls/make-certs.sh) and RECFLEET_DEMO_SPEC (the
-demo job file).
+RECFLEET_MAKE_CERTS (deploy/tls/make-certs.sh), RECFLEET_DEMO_SPEC (the
+demo job file) and RECFLEET_RFD_V1 (a version-1 file of synthetic data).
 """
 
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 import time
 import unittest
 
+import crc32c
 import grpc
 import numpy as np
 
@@ -23,6 +25,7 @@ from recfleet import rfd
 from recfleet.v1 import job_service_pb2
 
 TOKEN = "test-token-1234"
+WORKER_TOKEN = "test-worker-token-5678"
 
 
 class Coordinator:
@@ -34,11 +37,16 @@ class Coordinator:
         token_file = os.path.join(self.dir, "token")
         with open(token_file, "w") as f:
             f.write(TOKEN + "\n")
+        # The coordinator takes both tokens or neither; no worker connects here.
+        worker_token_file = os.path.join(self.dir, "worker-token")
+        with open(worker_token_file, "w") as f:
+            f.write(WORKER_TOKEN + "\n")
         self.log = open(os.path.join(self.dir, "coordinator.log"), "w+")
         self.proc = subprocess.Popen(
             [os.environ["RECFLEET_COORDINATOR_BIN"], "--listen=127.0.0.1:0",
              f"--db={self.dir}/jobs.db", "--metrics_address=127.0.0.1:0",
-             f"--auth_token_file={token_file}", *args],
+             f"--auth_token_file={token_file}", f"--worker_token_file={worker_token_file}",
+             *args],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.address = self._wait_for_address()
 
@@ -160,23 +168,130 @@ class CoordinatorTest(unittest.TestCase):
         self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
 
 
-class RfdReaderTest(unittest.TestCase):
-    """Files from `recfleet data synth`, whose values follow rules the reader
-    cannot satisfy by accident: every sample id once across the two splits,
-    item_category = (item_id - 1) % clusters, every history exactly `fixed:7`
-    long, ids inside their tables."""
+def cli(*args, check=True):
+    return subprocess.run([os.environ["RECFLEET_CLI_BIN"], *args], check=check,
+                          capture_output=True, text=True)
+
+
+def info(path):
+    """(rows, blocks, [(name, layout, dtype, table)]) as `recfleet data info` prints them."""
+    out = cli("data", "info", "--dataset", path).stdout
+    m = re.search(r": (\d+) rows in (\d+) blocks", out)
+    features = [tuple(line.split("\t")) for line in out.splitlines()[1:]
+                if line and not line.startswith("#")]
+    return int(m.group(1)), int(m.group(2)), features
+
+
+def verified_by_the_cli(path):
+    """Whether the C++ reader accepts every block of `path`."""
+    return cli("data", "info", "--dataset", path, "--verify", "yes", check=False).returncode == 0
+
+
+def schema_of(f):
+    return [(x.name, "jagged" if x.jagged else "scalar", x.dtype.name, x.table or "-")
+            for x in f.features]
+
+
+def write_rfd(path, version, f, blocks):
+    """Writes the stored features of the open file `f` (schema and metadata)
+    with the rows of `blocks` ({name: ndarray or rfd.Jagged}, one dict per
+    block) as data/FORMAT.md describes, every array raw: files the C++
+    writer does not make (version 1, a forged history reference)."""
+    def u32(v):
+        return struct.pack("<I", v)
+
+    def text(fmt, s):
+        b = s.encode()
+        return struct.pack(fmt, len(b)) + b
+
+    schema = u32(len(f.stored_features))
+    for x in f.stored_features:
+        schema += bytes([1 if x.dtype == np.int64 else 2, 2 if x.jagged else 1])
+        schema += text("<H", x.name) + text("<H", x.table)
+    schema += u32(len(f.metadata))
+    for k in sorted(f.metadata):
+        schema += text("<I", k) + text("<I", f.metadata[k])
+    head = b"RFDSET\x00" + bytes([version]) + u32(len(schema)) + schema
+    out = bytearray(head + u32(crc32c.crc32c(head if version >= 2 else head[8:])))
+    coding = b"\x00" if version >= 2 else b""
+    index = []
+    for block in blocks:
+        payload, rows = b"", 0
+        for x in f.stored_features:
+            col = block[x.name]
+            if x.jagged:
+                rows = len(col)
+                payload += coding + col.offsets.astype("<u8").tobytes()
+                col = col.values
+            else:
+                rows = len(col)
+            payload += coding + col.astype(x.dtype).tobytes()
+        header = struct.pack("<IIQI", 0x4B424652, rows, len(payload), crc32c.crc32c(payload))
+        index.append((len(out), rows))
+        out += header + u32(crc32c.crc32c(header)) + payload
+    footer = struct.pack("<IIQ", 0x54464652, len(index), sum(r for _, r in index))
+    footer += b"".join(struct.pack("<QI", o, r) for o, r in index)
+    footer_offset = len(out)
+    out += footer + u32(crc32c.crc32c(footer)) + struct.pack("<Q", footer_offset) + b"RFDSEND1"
+    with open(path, "wb") as w:
+        w.write(out)
+
+
+def stored_blocks(f):
+    """Every block of the open file `f` as stored (referenced features left out)."""
+    return list(f.blocks(columns=[x.name for x in f.stored_features]))
+
+
+def edit_payload(path, block, edit):
+    """Applies `edit` (bytearray -> None, same length) to a block's payload
+    and re-seals the block's checksums, so only the structure is wrong."""
+    with rfd.open(path) as f:
+        offset, size, _ = f._blocks[block]
+    with open(path, "r+b") as w:
+        w.seek(offset)
+        data = bytearray(w.read(size))
+        payload = data[24:]
+        edit(payload)
+        data[24:] = payload
+        struct.pack_into("<I", data, 16, crc32c.crc32c(bytes(payload)))
+        struct.pack_into("<I", data, 20, crc32c.crc32c(bytes(data[:20])))
+        w.seek(offset)
+        w.write(data)
+
+
+def set_byte(path, offset, value):
+    with open(path, "r+b") as w:
+        w.seek(offset)
+        w.write(bytes([value]))
+
+
+class RfdTestCase(unittest.TestCase):
+    def assertSameColumns(self, a, b):
+        self.assertEqual(list(a), list(b))
+        for name in a:
+            x, y = a[name], b[name]
+            if isinstance(x, rfd.Jagged):
+                np.testing.assert_array_equal(x.offsets, y.offsets, err_msg=name)
+                x, y = x.values, y.values
+            self.assertEqual(x.dtype, y.dtype, name)
+            np.testing.assert_array_equal(x, y, err_msg=name)
+
+
+class RfdReaderTest(RfdTestCase):
+    """Files from `recfleet data synth` (format version 2, histories inline),
+    whose values follow rules the reader cannot satisfy by accident: every
+    sample id once across the two splits, item_category = (item_id - 1) %
+    clusters, every history exactly `fixed:7` long, ids inside their tables."""
 
     SAMPLES, USERS, ITEMS, CLUSTERS, LENGTH = 700, 40, 300, 8, 7
 
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="rfd-", dir=os.environ.get("TEST_TMPDIR"))
-        subprocess.run(
-            [os.environ["RECFLEET_CLI_BIN"], "data", "synth", "--out", cls.dir,
-             "--samples", str(cls.SAMPLES), "--users", str(cls.USERS), "--items", str(cls.ITEMS),
-             "--clusters", str(cls.CLUSTERS), "--dense", "2", "--lengths", f"fixed:{cls.LENGTH}",
-             "--eval-fraction", "0.25", "--seed", "5", "--rows-per-block", "64"],
-            check=True, stdout=subprocess.DEVNULL)
+        cli("data", "synth", "--out", cls.dir,
+            "--samples", str(cls.SAMPLES), "--users", str(cls.USERS), "--items", str(cls.ITEMS),
+            "--clusters", str(cls.CLUSTERS), "--dense", "2", "--lengths", f"fixed:{cls.LENGTH}",
+            "--eval-fraction", "0.25", "--seed", "5", "--rows-per-block", "64")
         cls.train = os.path.join(cls.dir, "train.rfd")
         cls.eval = os.path.join(cls.dir, "eval.rfd")
 
@@ -184,25 +299,14 @@ class RfdReaderTest(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.dir, ignore_errors=True)
 
-    def info(self, path):
-        """(rows, blocks, [(name, layout, dtype, table)]) as `recfleet data info` prints them."""
-        out = subprocess.run([os.environ["RECFLEET_CLI_BIN"], "data", "info", "--dataset", path],
-                             check=True, capture_output=True, text=True).stdout
-        m = re.search(r": (\d+) rows in (\d+) blocks", out)
-        features = [tuple(line.split("\t")) for line in out.splitlines()[1:]
-                    if line and not line.startswith("#")]
-        return int(m.group(1)), int(m.group(2)), features
-
     def test_schema_and_counts_match_the_cli(self):
         for path in (self.train, self.eval):
-            rows, blocks, features = self.info(path)
+            rows, blocks, features = info(path)
             with rfd.open(path) as f:
+                self.assertEqual(f.version, 2)
                 self.assertEqual(f.num_rows, rows)
                 self.assertEqual(f.num_blocks, blocks)
-                self.assertEqual(
-                    [(x.name, "jagged" if x.jagged else "scalar", x.dtype.name,
-                      x.table or "-") for x in f.features],
-                    features)
+                self.assertEqual(schema_of(f), features)
                 self.assertEqual(f.metadata["length_feature"], "history_items")
                 self.assertEqual(f.metadata["table.item.rows"], str(self.ITEMS + 1))
 
@@ -230,6 +334,14 @@ class RfdReaderTest(unittest.TestCase):
             # Dense features are standard normal draws: not all equal, not all zero.
             self.assertGreater(float(np.std(cols["dense_1"])), 0.5)
 
+    def test_the_writer_delta_codes_ids_and_offsets(self):
+        # Otherwise the tests above would not exercise the decoder.
+        with rfd.open(self.train) as f:
+            offset = f._blocks[0][0]
+        with open(self.train, "rb") as r:
+            r.seek(offset + 24)
+            self.assertEqual(r.read(1), b"\x01", "sample_id of block 0 is not delta+varint")
+
     def test_reading_by_block_and_by_column_agrees_with_reading_all(self):
         whole = rfd.read(self.train)
         with rfd.open(self.train) as f:
@@ -247,26 +359,86 @@ class RfdReaderTest(unittest.TestCase):
         with self.assertRaisesRegex(KeyError, "no_such_column"):
             rfd.read(self.train, columns=["no_such_column"])
 
-    def copy(self, name):
+    def test_version_1_and_raw_version_2_copies_read_the_same(self):
+        whole = rfd.read(self.train)
+        with rfd.open(self.train) as f:
+            blocks = stored_blocks(f)
+            for version in (1, 2):
+                path = os.path.join(self.dir, f"rewritten-v{version}.rfd")
+                write_rfd(path, version, f, blocks)
+                self.assertTrue(verified_by_the_cli(path), path)
+                with rfd.open(path) as copy:
+                    self.assertEqual(copy.version, version)
+                    self.assertEqual(copy.num_blocks, f.num_blocks)
+                    self.assertSameColumns(copy.read(), whole)
+
+    def test_a_version_1_file(self):
+        path = os.environ["RECFLEET_RFD_V1"]
+        rows, blocks, features = info(path)
+        with rfd.open(path) as f:
+            self.assertEqual(f.version, 1)
+            self.assertEqual((f.num_rows, f.num_blocks, schema_of(f)), (rows, blocks, features))
+            cols = f.read()
+        self.assertEqual(len(cols["sample_id"]), rows)
+        self.assertTrue(np.all(np.diff(cols["sample_id"]) > 0))
+        hist = cols["history_items"]
+        self.assertEqual(len(hist), rows)
+        self.assertEqual(hist.offsets[-1], len(hist.values))
+        self.assertTrue(np.all(hist.values >= 1))
+        self.assertTrue(set(np.unique(cols["label"]).tolist()) <= {0.0, 1.0})
+
+    def copy(self, name, source=None):
         path = os.path.join(self.dir, name)
-        shutil.copy(self.train, path)
+        shutil.copy(source or self.train, path)
         return path
 
     def test_a_corrupt_payload_byte_is_reported_with_block_and_offset(self):
         path = self.copy("corrupt.rfd")
         with rfd.open(path) as f:
             offset = f._blocks[1][0] + 24 + 10  # inside block 1's payload
-        with open(path, "r+b") as f:
+        with open(path, "rb") as f:
             f.seek(offset)
-            b = f.read(1)
-            f.seek(offset)
-            f.write(bytes([b[0] ^ 0x40]))
+            b = f.read(1)[0]
+        set_byte(path, offset, b ^ 0x40)
         with rfd.open(path) as f:
             f.read_block(0)  # the other blocks are intact
             with self.assertRaisesRegex(rfd.RfdError,
                                         r"corrupt\.rfd: block 1 at byte offset \d+: payload "
                                         r"checksum mismatch"):
                 f.read()
+
+    def test_bad_array_codings_are_rejected_even_with_matching_checksums(self):
+        def unknown_coding(p):
+            p[0] = 7
+
+        def unterminated_varint(p):  # The last byte of sample_id's coded array.
+            (n,) = struct.unpack_from("<Q", p, 1)
+            p[8 + n] |= 0x80
+
+        def count_exceeds_bytes(p):
+            struct.pack_into("<Q", p, 1, 3)
+
+        for edit, message in ((unknown_coding, "values: unknown coding 7"),
+                              (unterminated_varint, "values: bad delta\\+varint coding"),
+                              (count_exceeds_bytes, "values: 64 values cannot fit in 3 coded")):
+            path = self.copy(f"{edit.__name__}.rfd")
+            edit_payload(path, 0, edit)
+            self.assertFalse(verified_by_the_cli(path), edit.__name__)
+            with self.assertRaisesRegex(rfd.RfdError, r"block 0 at byte offset \d+: feature "
+                                                      r"'sample_id': " + message):
+                rfd.read(path)
+
+    def test_the_version_byte_is_covered_by_the_header_checksum(self):
+        v2_as_v1 = self.copy("v2-as-v1.rfd")
+        set_byte(v2_as_v1, 7, 1)
+        with rfd.open(self.train) as f:
+            v1 = os.path.join(self.dir, "v1-as-v2.rfd")
+            write_rfd(v1, 1, f, stored_blocks(f))
+        set_byte(v1, 7, 2)
+        for path in (v2_as_v1, v1):
+            self.assertFalse(verified_by_the_cli(path), path)
+            with self.assertRaisesRegex(rfd.RfdError, "file header \\(schema\\) checksum"):
+                rfd.open(path)
 
     def test_a_truncated_file_is_rejected(self):
         path = self.copy("truncated.rfd")
@@ -279,13 +451,11 @@ class RfdReaderTest(unittest.TestCase):
             shutil.copy(self.train, path)
 
     def test_an_unknown_format_version_names_it(self):
-        path = self.copy("v2.rfd")
-        with open(path, "r+b") as f:
-            f.seek(7)
-            f.write(b"\x02")
+        path = self.copy("v3.rfd")
+        set_byte(path, 7, 3)
         with self.assertRaisesRegex(rfd.UnsupportedVersionError,
-                                    r"v2\.rfd: \.rfd format version 2; this reader implements "
-                                    r"version 1 only"):
+                                    r"v3\.rfd: \.rfd format version 3; this reader implements "
+                                    r"versions 1, 2 .*re-ingest with this version"):
             rfd.open(path)
 
     def test_not_a_dataset(self):

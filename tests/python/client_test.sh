@@ -27,6 +27,7 @@ export RECFLEET_COORDINATOR_BIN="$runfiles/services/coordinator/recfleet-coordin
 export RECFLEET_CLI_BIN="$runfiles/cli/recfleet"
 export RECFLEET_MAKE_CERTS="$runfiles/deploy/tls/make-certs.sh"
 export RECFLEET_DEMO_SPEC="$runfiles/deploy/examples/job-gemlite.yaml"
+export RECFLEET_RFD_V1="$runfiles/fuzz/corpus/rfd_reader/synth-3-blocks.rfd"
 cd "$work"
 PYTHONPATH="$work/site" "$python" "$runfiles/tests/python/client_test.py" -v 2>&1 |
   tee "$work/unittest.log"
