@@ -1,5 +1,6 @@
 """The Python client against a real coordinator, and the .rfd reader on files
-written by `recfleet data synth` (format version 2) and on version-1 files.
+written by `recfleet data synth` and `data ingest` (format version 2, histories
+inline and by reference) and on version-1 files.
 
 Run by client_test.sh beside it, which installs the package first; the binaries
 come from the environment: RECFLEET_COORDINATOR_BIN, RECFLEET_CLI_BIN,
@@ -464,6 +465,140 @@ class RfdReaderTest(RfdTestCase):
             f.write("hello, this is not a dataset file at all\n")
         with self.assertRaisesRegex(rfd.RfdError, "not a recfleet dataset file"):
             rfd.open(path)
+
+
+def time_bucket(now, then):
+    """data/FORMAT.md's time bucket, in plain integers."""
+    return 0 if now <= then else min(63, ((now - then) // 3600 + 1).bit_length() - 1)
+
+
+class IngestedReaderTest(RfdTestCase):
+    """Files from `recfleet data ingest` (histories by reference into
+    sequences.rfs): the rebuilt history features must be each sample's
+    window of its user's events, as data/FORMAT.md defines them."""
+
+    @classmethod
+    def ingest(cls, name, users, seed):
+        rng = np.random.default_rng(seed)
+        events = os.path.join(cls.dir, f"{name}.csv")
+        with open(events, "w") as w:
+            w.write("user_id,item_id,timestamp,rating\n")
+            for u in range(users):
+                t = 1_600_000_000 + int(rng.integers(0, 10**6))
+                for _ in range(int(rng.integers(2, 30))):
+                    t += int(rng.integers(0, 400_000))  # up to ~4.6 days apart
+                    w.write(f"u{u},i{int(rng.integers(0, 50))},{t},{int(rng.integers(1, 6))}\n")
+        out = os.path.join(cls.dir, name)
+        cli("data", "ingest", "--input", events, "--out", out, "--max-history", "12",
+            "--negatives", "1", "--rows-per-block", "40", "--seed", str(seed))
+        return out
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="ingest-", dir=os.environ.get("TEST_TMPDIR"))
+        cls.out = cls.ingest("a", users=25, seed=3)
+        cls.other = cls.ingest("b", users=9, seed=4)
+        cls.train = os.path.join(cls.out, "train.rfd")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def test_schema_and_counts_match_the_cli(self):
+        for split in ("train", "eval"):
+            path = os.path.join(self.out, f"{split}.rfd")
+            rows, blocks, features = info(path)
+            with rfd.open(path) as f:
+                self.assertEqual(f.version, 2)
+                self.assertEqual((f.num_rows, f.num_blocks, schema_of(f)),
+                                 (rows, blocks, features))
+                self.assertIn("history_seq", [x.name for x in f.stored_features])
+                self.assertNotIn("history_items", [x.name for x in f.stored_features])
+            self.assertEqual([x[0] for x in features[-3:]],
+                             ["history_actions", "history_items", "history_time_buckets"])
+
+    def test_histories_are_the_windows_of_the_sequence_file(self):
+        seqs = rfd.read(os.path.join(self.out, "sequences.rfs"))
+        checked = 0
+        for split in ("train", "eval"):
+            cols = rfd.read(os.path.join(self.out, f"{split}.rfd"))
+            n = len(cols["sample_id"])
+            self.assertGreater(n, 40)
+            lengths = cols["history_len"]
+            self.assertGreater(int(lengths.max()), 5)
+            self.assertLessEqual(int(lengths.max()), 12)
+            for name in ("history_items", "history_actions", "history_time_buckets"):
+                self.assertEqual(cols[name].values.dtype, np.int64)
+                np.testing.assert_array_equal(cols[name].lengths(), lengths, err_msg=name)
+            buckets = set()
+            for r in range(n):
+                s, end, k = (int(cols[c][r]) for c in ("history_seq", "history_end",
+                                                       "history_len"))
+                window = slice(end - k, end)
+                for name, column in (("history_items", "items"), ("history_actions", "actions")):
+                    np.testing.assert_array_equal(cols[name].row(r), seqs[column].row(s)[window],
+                                                  err_msg=f"{split} row {r} {name}")
+                now = int(cols["timestamp"][r])
+                expect = [time_bucket(now, int(t)) for t in seqs["times"].row(s)[window]]
+                self.assertEqual(cols["history_time_buckets"].row(r).tolist(), expect)
+                buckets.update(expect)
+                checked += 1
+            self.assertGreater(len(buckets), 3, "time buckets too uniform to test anything")
+        self.assertGreater(checked, 100)
+
+    def test_version_1_copy_with_references_reads_the_same(self):
+        with rfd.open(self.train) as f:
+            path = os.path.join(self.out, "train-v1.rfd")
+            write_rfd(path, 1, f, stored_blocks(f))
+        self.assertTrue(verified_by_the_cli(path))
+        self.assertSameColumns(rfd.read(path), rfd.read(self.train))
+
+    def test_a_missing_sequence_file_says_to_re_ingest(self):
+        alone = os.path.join(self.dir, "alone")
+        os.makedirs(alone, exist_ok=True)
+        shutil.copy(self.train, alone)
+        with self.assertRaisesRegex(rfd.RfdError,
+                                    r"train\.rfd: its histories are stored in sequences\.rfs next "
+                                    r"to it, which is unusable \(.*cannot open.*\); keep the files "
+                                    r"of one ingest together, or re-ingest"):
+            rfd.open(os.path.join(alone, "train.rfd"))
+
+    def test_a_sequence_file_of_another_ingest_says_to_re_ingest(self):
+        mixed = os.path.join(self.dir, "mixed")
+        os.makedirs(mixed, exist_ok=True)
+        shutil.copy(self.train, mixed)
+        shutil.copy(os.path.join(self.other, "sequences.rfs"), mixed)
+        path = os.path.join(mixed, "train.rfd")
+        self.assertFalse(verified_by_the_cli(path))
+        with self.assertRaisesRegex(rfd.RfdError, r"sequences\.rfs: sequence id '\S+' is not "
+                                                  r"the '\S+' its sample files expect: the files "
+                                                  r"come from different ingests; re-ingest"):
+            rfd.open(path)
+
+    def test_a_reference_outside_the_sequence_file_is_rejected(self):
+        with rfd.open(os.path.join(self.out, "sequences.rfs")) as seqs:
+            num_sequences = seqs.num_rows
+        with rfd.open(self.train) as f:
+            blocks = stored_blocks(f)
+            row = {c: int(blocks[1][c][3]) for c in ("history_seq", "history_end", "history_len")}
+            for column, value in (("history_end", 10**6), ("history_seq", num_sequences),
+                                  ("history_seq", -1), ("history_len", -1),
+                                  ("history_len", row["history_end"] + 1)):
+                forged = [dict(b) for b in blocks]
+                forged[1][column] = forged[1][column].copy()
+                forged[1][column][3] = value
+                path = os.path.join(self.out, "forged.rfd")
+                write_rfd(path, 2, f, forged)
+                self.assertFalse(verified_by_the_cli(path), (column, value))
+                want = dict(row, **{column: value})
+                with rfd.open(path) as copy:
+                    copy.read_block(0)
+                    with self.assertRaisesRegex(
+                            rfd.RfdError,
+                            rf"forged\.rfd: block 1 at byte offset \d+: row 3: history reference "
+                            rf"\(sequence {want['history_seq']}, end {want['history_end']}, "
+                            rf"length {want['history_len']}\) lies outside the sequence file"):
+                        copy.read_block(1)
 
 
 class TlsTest(unittest.TestCase):
