@@ -28,6 +28,7 @@ the C++ DatasetWriter.
 import builtins
 import os
 import struct
+import threading
 import weakref
 
 import crc32c as _crc32c
@@ -137,14 +138,24 @@ class _SequenceStore:
     jagged int64 column of the same row lengths (data/sequences.h)."""
 
     _open = weakref.WeakValueDictionary()  # (real path, id, mtime, size) -> store
+    _loading = threading.local()  # Set while this thread reads a sequence file.
 
     @classmethod
     def get(cls, path, sequence_id):
+        # A sequence file naming a sequence file (itself, say) would recurse
+        # without end; ingest never writes one.
+        if getattr(cls._loading, "active", False):
+            raise RfdError(f"{path}: named by a sequence file, whose events must be stored "
+                           f"inline")
         st = os.stat(path)
         key = (os.path.realpath(path), sequence_id, st.st_mtime_ns, st.st_size)
         store = cls._open.get(key)
         if store is None:
-            store = cls(path, sequence_id)
+            cls._loading.active = True
+            try:
+                store = cls(path, sequence_id)
+            finally:
+                cls._loading.active = False
             cls._open[key] = store
         return store
 

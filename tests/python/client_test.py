@@ -575,6 +575,19 @@ class IngestedReaderTest(RfdTestCase):
                                                   r"come from different ingests; re-ingest"):
             rfd.open(path)
 
+    def test_a_sequence_file_naming_a_sequence_file_is_rejected(self):
+        # sequences.rfs made to name itself: its rows hold references too.
+        loop = os.path.join(self.dir, "loop")
+        os.makedirs(loop, exist_ok=True)
+        with rfd.open(self.train) as f:
+            f.metadata.update({"sequence.file": "sequences.rfs", "sequence.id": "loop"})
+            write_rfd(os.path.join(loop, "sequences.rfs"), 2, f, stored_blocks(f))
+        shutil.copy(os.path.join(loop, "sequences.rfs"), os.path.join(loop, "train.rfd"))
+        with self.assertRaisesRegex(rfd.RfdError, r"train\.rfd: its histories are stored in "
+                                                  r"sequences\.rfs next to it, which is unusable "
+                                                  r"\(.*named by a sequence file"):
+            rfd.open(os.path.join(loop, "train.rfd"))
+
     def test_a_reference_outside_the_sequence_file_is_rejected(self):
         with rfd.open(os.path.join(self.out, "sequences.rfs")) as seqs:
             num_sequences = seqs.num_rows
