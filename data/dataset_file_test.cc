@@ -307,6 +307,24 @@ TEST(DatasetFileTest, ReferencedHistoriesAreMaterializedAndChecked) {
       << bad.status();
   EXPECT_NE(bad.status().message().find("outside the sequence file"), std::string::npos)
       << bad.status();
+
+  // A crafted sequence file that names a sequence file (itself) is refused,
+  // not followed (the nested open used to deadlock).
+  Schema loop;
+  loop.features = {{kHistorySeq, DType::kInt64, Layout::kScalar, ""},
+                   {kHistoryEnd, DType::kInt64, Layout::kScalar, ""},
+                   {kHistoryLen, DType::kInt64, Layout::kScalar, ""}};
+  loop.metadata[kSequenceFileKey] = "loop.rfs";
+  loop.metadata[kSequenceIdKey] = "id2";
+  Batch loop_rows(std::make_shared<const Schema>(loop));
+  for (int c = 0; c < 3; ++c) loop_rows.AddInt64(c, 0);
+  ASSERT_TRUE(loop_rows.CommitRow().ok());
+  WriteFile(TempPath("refs/loop.rfs"), loop_rows, 2);
+  WriteFile(TempPath("refs/loopy.rfd"), loop_rows, 2);
+  auto loopy = ReadAll(TempPath("refs/loopy.rfd"));
+  ASSERT_FALSE(loopy.ok());
+  EXPECT_NE(loopy.status().message().find("refers to another sequence file"), std::string::npos)
+      << loopy.status();
 }
 
 TEST(DatasetFileTest, MissingFileIsNotFound) {

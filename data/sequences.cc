@@ -25,6 +25,18 @@ absl::StatusOr<std::shared_ptr<const SequenceStore>> SequenceStore::Open(const s
                                                                        const std::string& id) {
   static std::mutex mu;
   static auto* open = new std::map<std::string, std::weak_ptr<const SequenceStore>>();
+  // Opening a sequence file that itself names a sequence file would come
+  // back here on this thread while `mu` is held: refuse it instead.
+  thread_local bool opening = false;
+  if (opening) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": a sequence file refers to another sequence file; only sample files may"));
+  }
+  opening = true;
+  struct Done {
+    bool* flag;
+    ~Done() { *flag = false; }
+  } done{&opening};
   std::error_code ec;
   std::string key = std::filesystem::weakly_canonical(path, ec).string();
   if (ec) key = path;
