@@ -39,8 +39,12 @@ constexpr char kConnectionFlags[] =
     "                           (default: $RECFLEET_TLS_CA)\n"
     "  --tls_cert FILE, --tls_key FILE  client certificate for mutual TLS\n"
     "                           (default: $RECFLEET_TLS_CERT, $RECFLEET_TLS_KEY)\n"
-    "  --timeout SECONDS        deadline of each call (default 10)\n"
-    "  --json                   print JSON instead of text\n";
+    "  --timeout SECONDS        deadline of each call (default 10)\n";
+// Commands that print a job or a list of jobs.
+constexpr char kOutputFlags[] =
+    "  -o, --output FORMAT      table (default), json or yaml; --json is -o json\n";
+// Commands that print a stream of lines.
+constexpr char kJsonFlag[] = "  --json                   print JSON instead of text\n";
 
 // Reconnection backoff of `watch` after losing the coordinator.
 constexpr absl::Duration kWatchMinBackoff = absl::Milliseconds(250);
@@ -65,7 +69,8 @@ bool Parse(const std::string& command, const std::vector<std::string>& words,
            const std::set<std::string>& value_flags, const std::set<std::string>& bool_flags,
            Args* out) {
   for (size_t i = 0; i < words.size(); ++i) {
-    const std::string& w = words[i];
+    std::string w = words[i];
+    if (w == "-o" && (value_flags.count("output") > 0)) w = "--output";  // The short form.
     if (w.rfind("--", 0) != 0 || w == "--") {
       out->positional.push_back(w);
       continue;
@@ -99,6 +104,35 @@ bool Parse(const std::string& command, const std::vector<std::string>& words,
     }
   }
   return true;
+}
+
+enum class Output { kTable, kJson, kYaml };
+
+// The output format of a command that takes -o / --output / --json.
+// Returns false (after printing why) for an unknown format.
+bool OutputOf(const std::string& command, const Args& args, Output* out) {
+  const std::string f = args.Has("json") ? "json" : args.Get("output", "table");
+  if (f == "table" || f == "text") {
+    *out = Output::kTable;
+  } else if (f == "json") {
+    *out = Output::kJson;
+  } else if (f == "yaml") {
+    *out = Output::kYaml;
+  } else {
+    std::fprintf(stderr, "recfleet %s: -o must be table, json or yaml; got '%s'\n", command.c_str(),
+                 f.c_str());
+    return false;
+  }
+  return true;
+}
+
+// `message` as JSON or YAML (for Output::kTable the caller prints its own).
+void PrintStructured(Output out, const google::protobuf::Message& message) {
+  if (out == Output::kYaml) {
+    std::printf("%s", ToYaml(message).c_str());
+  } else {
+    std::printf("%s\n", ToJson(message, true).c_str());
+  }
 }
 
 std::set<std::string> WithConnection(std::set<std::string> flags) {
@@ -272,8 +306,9 @@ int Submit(const std::vector<std::string>& words) {
 
 int Get(const std::vector<std::string>& words) {
   Args args;
-  if (!Parse("get", words, WithConnection({}), {"json"}, &args) ||
-      !OnePositional("get", args, "job name")) {
+  Output out;
+  if (!Parse("get", words, WithConnection({"output"}), {"json"}, &args) ||
+      !OnePositional("get", args, "job name") || !OutputOf("get", args, &out)) {
     return kExitUsage;
   }
   int code = kExitOk;
@@ -281,15 +316,20 @@ int Get(const std::vector<std::string>& words) {
   if (client == nullptr) return code;
   absl::StatusOr<Job> job = client->GetJob(JobArg(args.positional[0]));
   if (!job.ok()) return Fail("get", job.status());
-  std::printf("%s", args.Has("json") ? (ToJson(*job, true) + "\n").c_str()
-                                     : FormatJobDetail(*job).c_str());
+  if (out == Output::kTable) {
+    std::printf("%s", FormatJobDetail(*job).c_str());
+  } else {
+    PrintStructured(out, *job);
+  }
   return kExitOk;
 }
 
 int List(const std::vector<std::string>& words) {
   Args args;
-  if (!Parse("list", words, WithConnection({"state", "page_size", "page_token"}), {"json", "all"},
-             &args)) {
+  Output out;
+  if (!Parse("list", words, WithConnection({"state", "page_size", "page_token", "output"}),
+             {"json", "all"}, &args) ||
+      !OutputOf("list", args, &out)) {
     return kExitUsage;
   }
   if (!args.positional.empty()) {
@@ -330,11 +370,11 @@ int List(const std::vector<std::string>& words) {
     next = page->next_page_token();
     request.set_page_token(next);
   } while (args.Has("all") && !next.empty());
-  if (args.Has("json")) {
+  if (out != Output::kTable) {
     ::recfleet::v1::ListJobsResponse all;
     for (const Job& j : jobs) *all.add_jobs() = j;
     all.set_next_page_token(next);
-    std::printf("%s\n", ToJson(all, true).c_str());
+    PrintStructured(out, all);
     return kExitOk;
   }
   if (jobs.empty()) {
@@ -350,8 +390,9 @@ int List(const std::vector<std::string>& words) {
 
 int Cancel(const std::vector<std::string>& words) {
   Args args;
-  if (!Parse("cancel", words, WithConnection({"reason"}), {"json"}, &args) ||
-      !OnePositional("cancel", args, "job name")) {
+  Output out;
+  if (!Parse("cancel", words, WithConnection({"reason", "output"}), {"json"}, &args) ||
+      !OnePositional("cancel", args, "job name") || !OutputOf("cancel", args, &out)) {
     return kExitUsage;
   }
   int code = kExitOk;
@@ -359,8 +400,8 @@ int Cancel(const std::vector<std::string>& words) {
   if (client == nullptr) return code;
   absl::StatusOr<Job> job = client->CancelJob(JobArg(args.positional[0]), args.Get("reason"));
   if (!job.ok()) return Fail("cancel", job.status());
-  if (args.Has("json")) {
-    std::printf("%s\n", ToJson(*job, true).c_str());
+  if (out != Output::kTable) {
+    PrintStructured(out, *job);
   } else {
     std::printf("%s %s\n", job->name().c_str(), JobStatus::State_Name(job->status().state()).c_str());
   }
@@ -402,7 +443,7 @@ RECFLEET_REGISTER_COMMAND({
                  "Validates and queues the job; prints its name. With --watch, follows it\n"
                  "like `recfleet watch`. Retries are safe: the same --request_id never\n"
                  "creates a second job (one is generated when not given).\n\nflags:\n",
-                 kConnectionFlags,
+                 kConnectionFlags, kJsonFlag,
                  "\nexit codes: 0 ok, 1 rejected/failed, 2 usage or unreadable file,\n"
                  "3 coordinator unreachable"),
     Submit,
@@ -411,7 +452,8 @@ RECFLEET_REGISTER_COMMAND({
 RECFLEET_REGISTER_COMMAND({
     "get",
     "Show one job: state, workers, progress",
-    absl::StrCat("usage: recfleet get JOB\n\nJOB is jobs/ID or ID.\n\nflags:\n", kConnectionFlags,
+    absl::StrCat("usage: recfleet get JOB [-o table|json|yaml]\n\nJOB is jobs/ID or ID.\n\nflags:\n",
+                 kConnectionFlags, kOutputFlags,
                  "\nexit codes: 0 ok, 3 coordinator unreachable, 4 no such job"),
     Get,
 });
@@ -420,8 +462,8 @@ RECFLEET_REGISTER_COMMAND({
     "list",
     "List jobs, newest first",
     absl::StrCat("usage: recfleet list [--state STATE]... [--page_size N] [--page_token T] "
-                 "[--all]\n\nflags:\n",
-                 kConnectionFlags,
+                 "[--all] [-o table|json|yaml]\n\nflags:\n",
+                 kConnectionFlags, kOutputFlags,
                  "  --state STATE            only jobs in STATE (repeatable)\n"
                  "  --all                    fetch every page\n"),
     List,
@@ -430,7 +472,8 @@ RECFLEET_REGISTER_COMMAND({
 RECFLEET_REGISTER_COMMAND({
     "cancel",
     "Cancel a job (its workers are told to abort)",
-    absl::StrCat("usage: recfleet cancel JOB [--reason TEXT]\n\nflags:\n", kConnectionFlags,
+    absl::StrCat("usage: recfleet cancel JOB [--reason TEXT] [-o table|json|yaml]\n\nflags:\n",
+                 kConnectionFlags, kOutputFlags,
                  "\nexit codes: 0 cancelled (or already was), 1 already finished, 4 no such job"),
     Cancel,
 });
@@ -452,7 +495,7 @@ RECFLEET_REGISTER_COMMAND({
     absl::StrCat("usage: recfleet watch JOB [--progress]\n\nPrints one line per state change "
                  "(JSON lines with --json)\nuntil the job ends, reconnecting (with backoff) when "
                  "the coordinator\nrestarts.\n\nflags:\n",
-                 kConnectionFlags,
+                 kConnectionFlags, kJsonFlag,
                  "  --progress               also print progress updates\n"
                  "\nexit codes: 0 the job SUCCEEDED, 1 it FAILED or was CANCELLED,\n"
                  "3 coordinator unreachable, 4 no such job"),

@@ -263,6 +263,18 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
   }
   r = Cli("list");
   EXPECT_NE(r.output.find("RUNNING"), std::string::npos) << r.output;
+  // The same job as YAML and as JSON (-o and --output, --json = -o json).
+  r = Cli("get " + job + " -o yaml");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("name: " + job), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("state: RUNNING"), std::string::npos) << r.output;
+  r = Cli("list --output json");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"state\": \"RUNNING\""), std::string::npos) << r.output;
+  EXPECT_EQ(Cli("list --json").output, r.output);
+  r = Cli("get " + job + " -o xml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("-o must be table, json or yaml"), std::string::npos) << r.output;
 
   // watch follows the job until the CLI cancels it.
   Result watched;

@@ -1,5 +1,7 @@
 #include "cli/jobs/job_format.h"
 
+#include "yaml-cpp/yaml.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -131,6 +133,30 @@ std::string ToJson(const google::protobuf::Message& message, bool pretty) {
   // Printing a well-formed message to JSON cannot fail.
   (void)google::protobuf::util::MessageToJsonString(message, &out, options);
   return out;
+}
+
+namespace {
+
+// Loaded JSON keeps the flow style of its braces; people read blocks.
+void ToBlockStyle(YAML::Node node) {
+  if (!node.IsMap() && !node.IsSequence()) return;
+  node.SetStyle(YAML::EmitterStyle::Block);
+  if (node.IsMap()) {
+    for (auto it = node.begin(); it != node.end(); ++it) ToBlockStyle(it->second);
+  } else {
+    for (auto it = node.begin(); it != node.end(); ++it) ToBlockStyle(*it);
+  }
+}
+
+}  // namespace
+
+std::string ToYaml(const google::protobuf::Message& message) {
+  // JSON is YAML: load the canonical JSON and emit it in block style.
+  YAML::Node node = YAML::Load(ToJson(message, false));
+  ToBlockStyle(node);
+  YAML::Emitter out;
+  out << node;
+  return std::string(out.c_str()) + "\n";
 }
 
 }  // namespace recfleet::cli

@@ -1,8 +1,8 @@
 #ifndef RECFLEET_CLI_JOBS_JOB_FORMAT_H_
 #define RECFLEET_CLI_JOBS_JOB_FORMAT_H_
 
-// How `recfleet` prints jobs: aligned tables and blocks for people, JSON
-// (proto field names, enums by name) for scripts. Times are shown in UTC.
+// How `recfleet` prints jobs: aligned tables and blocks for people, JSON or
+// YAML (proto field names, enums by name) for scripts. Times are shown in UTC.
 // Pure functions; thread-safe.
 
 #include <string>
@@ -24,6 +24,9 @@ std::string FormatWatchEvent(const ::recfleet::v1::WatchJobResponse& event);
 
 // Canonical proto3 JSON with snake_case names; `pretty` adds indentation.
 std::string ToJson(const google::protobuf::Message& message, bool pretty);
+
+// The same document as block-style YAML (what `-o yaml` prints).
+std::string ToYaml(const google::protobuf::Message& message);
 
 }  // namespace recfleet::cli
 
