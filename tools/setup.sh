@@ -29,6 +29,8 @@ PINNED=(
   clang-14=1:14.0.6-12
   libclang-rt-14-dev=1:14.0.6-12
   pkg-config=1.8.1-1
+  # promtool, for //deploy/prometheus:rules_test (`promtool test rules`).
+  prometheus=2.42.0+ds-5+deb12u1
   # The Python client (python/): Debian's CPython 3.11 and its venv module.
   python3=3.11.2-1+b1
   python3-venv=3.11.2-1+b1

@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -302,7 +303,7 @@ absl::Status RankRun::Step(int64_t step) {
                  "worker: %s step %lld/%lld loss %.4f | %.0f samples/s, %.2f useful GFLOP/s | step %.1f ms "
                  "(data %.1f, compute %.1f, comm %.1f)\n",
                  Describe().c_str(), static_cast<long long>(step), static_cast<long long>(spec_.training().steps()),
-                 loss_sum_ / loss_steps_, metrics_->samples_per_second(), metrics_->useful_tflops() * 1e3,
+                 loss_sum_ / loss_steps_, metrics_->samples_per_second(), metrics_->useful_flops_per_second() * 1e-9,
                  times.step_seconds * 1e3, times.data_wait_seconds * 1e3, times.compute_seconds * 1e3,
                  times.comm_seconds * 1e3);
     loss_sum_ = 0;
@@ -371,6 +372,8 @@ absl::Status RankRun::EvaluateAndReport(int64_t step) {
 
 absl::Status RankRun::Run() {
   metrics_->StartTask(a_.job(), a_.rank(), a_.world_size());
+  // However the task ends, its info series leaves /metrics with it.
+  absl::Cleanup end_task = [this] { metrics_->EndTask(); };
   if (absl::Status s = Setup(); !s.ok()) return s;
   if (absl::Status s = Connect(); !s.ok()) return s;
   absl::StatusOr<int64_t> resume = AgreeOnResumeStep();

@@ -11,7 +11,7 @@ constexpr absl::Duration kRateWindow = absl::Seconds(2);
 
 WorkerMetrics::WorkerMetrics()
     : task_info_(registry_.AddGauge("recfleet_worker_task_info", "1 for the task this worker runs.",
-                                    {"job", "rank", "world_size"})),
+                                    {"recfleet_job", "rank", "world_size"})),
       step_(registry_.AddGauge("recfleet_worker_step", "Last training step finished.").Get()),
       samples_total_(registry_.AddCounter("recfleet_worker_samples_total", "Training samples processed.").Get()),
       samples_per_second_(
@@ -21,10 +21,10 @@ WorkerMetrics::WorkerMetrics()
           registry_.AddCounter("recfleet_worker_useful_flops_total",
                                "Model FLOPs of training steps, from the real jagged lengths (no padding).")
               .Get()),
-      useful_tflops_(registry_
-                         .AddGauge("recfleet_worker_useful_tflops",
-                                   "Useful model TFLOP/s over the recent window (the basis of MFU).")
-                         .Get()),
+      useful_flops_per_second_(registry_
+                                   .AddGauge("recfleet_worker_useful_flops_per_second",
+                                             "Useful model FLOP/s over the recent window (the basis of MFU).")
+                                   .Get()),
       step_seconds_(registry_
                         .AddHistogram("recfleet_worker_step_seconds", "Wall time of a training step.", {},
                                       metrics::ExponentialBuckets(0.001, 2, 16))
@@ -42,11 +42,17 @@ WorkerMetrics::WorkerMetrics()
 
 void WorkerMetrics::StartTask(const std::string& job, int rank, int world_size) {
   absl::MutexLock lock(&mu_);
-  if (!task_labels_.empty()) task_info_.WithLabels(task_labels_).Set(0);
+  if (!task_labels_.empty()) task_info_.Remove(task_labels_);
   task_labels_ = {job, std::to_string(rank), std::to_string(world_size)};
   task_info_.WithLabels(task_labels_).Set(1);
   window_start_ = absl::Now();
-  window_samples_ = window_flops_ = rate_samples_ = rate_tflops_ = 0;
+  window_samples_ = window_flops_ = rate_samples_ = rate_flops_ = 0;
+}
+
+void WorkerMetrics::EndTask() {
+  absl::MutexLock lock(&mu_);
+  if (!task_labels_.empty()) task_info_.Remove(task_labels_);
+  task_labels_.clear();
 }
 
 void WorkerMetrics::RecordStep(int64_t step, int64_t samples, double useful_flops, double loss,
@@ -69,9 +75,9 @@ void WorkerMetrics::RecordStep(int64_t step, int64_t samples, double useful_flop
   if (span >= absl::ToDoubleSeconds(kRateWindow) || rate_samples_ == 0) {
     if (span > 0) {
       rate_samples_ = window_samples_ / span;
-      rate_tflops_ = window_flops_ / span * 1e-12;
+      rate_flops_ = window_flops_ / span;
       samples_per_second_.Set(rate_samples_);
-      useful_tflops_.Set(rate_tflops_);
+      useful_flops_per_second_.Set(rate_flops_);
     }
     if (span >= absl::ToDoubleSeconds(kRateWindow)) {
       window_start_ = absl::Now();
@@ -95,9 +101,9 @@ double WorkerMetrics::samples_per_second() const {
   return rate_samples_;
 }
 
-double WorkerMetrics::useful_tflops() const {
+double WorkerMetrics::useful_flops_per_second() const {
   absl::MutexLock lock(&mu_);
-  return rate_tflops_;
+  return rate_flops_;
 }
 
 }  // namespace recfleet::worker

@@ -6,7 +6,11 @@
 // FLOP rate (model FLOPs from the real jagged lengths, never padding), and
 // the model's training loss and latest eval AUC / NE. One worker runs one
 // task at a time, so series carry no job label; `recfleet_worker_task_info`
-// names the job and rank. Thread-safe (see services/common/metrics.h).
+// names the job and rank (label `recfleet_job`: Prometheus sets `job` to the
+// scrape target's job), and the recording rules join on it to aggregate per
+// job. A finished task's info series is removed, not set to 0, so that join
+// never sees two tasks on one instance. Thread-safe (see
+// services/common/metrics.h).
 
 #include <string>
 #include <vector>
@@ -32,13 +36,15 @@ class WorkerMetrics {
 
   // A new task: resets the rate windows and names the task.
   void StartTask(const std::string& job, int rank, int world_size);
+  // The task ended (done, failed or stopped): its info series goes away.
+  void EndTask();
   void RecordStep(int64_t step, int64_t samples, double useful_flops, double loss, const StepTimes& times);
   void RecordEval(double auc, double ne);
   void RecordCheckpoint(double seconds);
 
-  // Samples/s and useful TFLOP/s over the recent window (for logs).
+  // Samples/s and useful FLOP/s over the recent window (for logs).
   double samples_per_second() const;
-  double useful_tflops() const;
+  double useful_flops_per_second() const;
 
  private:
   metrics::MetricRegistry registry_;
@@ -47,7 +53,7 @@ class WorkerMetrics {
   metrics::Counter& samples_total_;
   metrics::Gauge& samples_per_second_;
   metrics::Counter& useful_flops_total_;
-  metrics::Gauge& useful_tflops_;
+  metrics::Gauge& useful_flops_per_second_;
   metrics::Histogram& step_seconds_;
   metrics::Family<metrics::Gauge>& last_step_phase_;
   metrics::Family<metrics::Counter>& phase_seconds_total_;
@@ -64,7 +70,7 @@ class WorkerMetrics {
   double window_samples_ ABSL_GUARDED_BY(mu_) = 0;
   double window_flops_ ABSL_GUARDED_BY(mu_) = 0;
   double rate_samples_ ABSL_GUARDED_BY(mu_) = 0;
-  double rate_tflops_ ABSL_GUARDED_BY(mu_) = 0;
+  double rate_flops_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace recfleet::worker

@@ -113,6 +113,14 @@ class Family : public internal::FamilyBase {
   T& WithLabels(const std::vector<std::string>& values);
   // The series without labels; only for families declared with no labels.
   T& Get() { return WithLabels({}); }
+  // Drops the series with these label values, so that it disappears from
+  // the exposition (Prometheus marks it stale) instead of lingering at its
+  // last value. References to it from WithLabels become dangling. Returns
+  // whether it existed.
+  bool Remove(const std::vector<std::string>& values) {
+    absl::MutexLock lock(&mu_);
+    return series_.erase(values) > 0;
+  }
 
   void AppendAll(std::string* out) const override {
     absl::MutexLock lock(&mu_);

@@ -103,6 +103,18 @@ TEST(MetricsTest, CounterIgnoresNegativeAmounts) {
   EXPECT_EQ(c.Value(), 2);
 }
 
+TEST(MetricsTest, RemovedSeriesLeaveTheExposition) {
+  MetricRegistry registry;
+  auto& info = registry.AddGauge("demo_info", "Info.", {"name"});
+  info.WithLabels({"a"}).Set(1);
+  info.WithLabels({"b"}).Set(1);
+  EXPECT_TRUE(info.Remove({"a"}));
+  EXPECT_FALSE(info.Remove({"a"}));
+  const std::string text = registry.Render();
+  EXPECT_EQ(text.find("demo_info{name=\"a\"}"), std::string::npos) << text;
+  EXPECT_NE(text.find("demo_info{name=\"b\"} 1\n"), std::string::npos) << text;
+}
+
 TEST(MetricsTest, CollectorsRunBeforeRender) {
   MetricRegistry r;
   auto& g = r.AddGauge("recfleet_jobs", "Jobs by state.", {"state"});

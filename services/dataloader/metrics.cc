@@ -40,12 +40,11 @@ LoaderMetrics::LoaderMetrics()
           "recfleet_dataloader_straggler_gap",
           "Last step's max rank cost / mean - 1, before (naive) and after (policy) dealing.",
           {"recfleet_job", "dealing"})),
-      gap_sum_(registry_.AddCounter("recfleet_dataloader_straggler_gap_sum",
-                                    "Sum of per-step straggler gaps.", {"dealing"})),
-      gap_count_(registry_
-                     .AddCounter("recfleet_dataloader_straggler_gap_count",
-                                 "Steps in straggler_gap_sum.")
-                     .Get()),
+      // Gaps run from ~0.001 (policy dealing) to ~1 (naive dealing of skewed lengths).
+      gap_histogram_(registry_.AddHistogram("recfleet_dataloader_step_straggler_gap_ratio",
+                                            "Per-step max rank cost / mean - 1, by dealing.",
+                                            {"recfleet_job", "dealing"},
+                                            metrics::ExponentialBuckets(0.001, 2, 12))),
       queue_depth_(registry_.AddGauge("recfleet_dataloader_queue_depth",
                                       "Prefetched batches waiting to be sent, per rank.",
                                       {"recfleet_job", "rank"})),
@@ -70,9 +69,8 @@ void LoaderMetrics::RecordStep(const std::string& job, double policy_gap, double
   steps_.Increment();
   gap_.WithLabels({job, "naive"}).Set(naive_gap);
   gap_.WithLabels({job, "policy"}).Set(policy_gap);
-  gap_sum_.WithLabels({"naive"}).Increment(naive_gap);
-  gap_sum_.WithLabels({"policy"}).Increment(policy_gap);
-  gap_count_.Increment();
+  gap_histogram_.WithLabels({job, "naive"}).Observe(naive_gap);
+  gap_histogram_.WithLabels({job, "policy"}).Observe(policy_gap);
 }
 
 void LoaderMetrics::RecordSent(const std::string& job, int rank, int64_t samples, int64_t bytes) {

@@ -9,8 +9,9 @@
 //   samples_total{rank}, bytes_total{rank}          counters of data sent
 //   samples_per_second, bytes_per_second            rates over the last 10 s
 //   steps_total                                      steps dealt
-//   straggler_gap{dealing="naive"|"policy"}          last step's gap
-//   straggler_gap_sum{dealing}, straggler_gap_count   for the mean gap
+//   straggler_gap{recfleet_job, dealing="naive"|"policy"}   last step's gap
+//   step_straggler_gap_ratio{recfleet_job, dealing}         histogram of the
+//       per-step gaps (_bucket, _sum, _count: the mean gap and its quantiles)
 //   queue_depth{rank}                                prefetched batches waiting
 
 #include <chrono>
@@ -53,8 +54,7 @@ class LoaderMetrics {
   metrics::Gauge& bytes_per_second_;
   metrics::Counter& steps_;
   metrics::Family<metrics::Gauge>& gap_;
-  metrics::Family<metrics::Counter>& gap_sum_;
-  metrics::Counter& gap_count_;
+  metrics::Family<metrics::Histogram>& gap_histogram_;
   metrics::Family<metrics::Gauge>& queue_depth_;
   metrics::Gauge& open_jobs_;
 
