@@ -24,7 +24,7 @@ void Prepare(grpc::ClientContext* ctx, const AgentOptions& options) {
 void TaskControl::OnStop(std::function<void()> callback) {
   {
     absl::MutexLock lock(&mu_);
-    if (!stop_.HasBeenNotified()) {
+    if (!stopping_.load()) {
       callbacks_.push_back(std::move(callback));
       return;
     }
@@ -51,11 +51,14 @@ void TaskControl::RequestStop() {
   std::vector<std::function<void()>> callbacks;
   {
     absl::MutexLock lock(&mu_);
-    if (stop_.HasBeenNotified()) return;
-    stop_.Notify();
+    if (stopping_.load()) return;
+    stopping_ = true;
     callbacks.swap(callbacks_);
   }
   for (auto& cb : callbacks) cb();
+  // Only now: a task waiting in WaitForStop may return and drop what its
+  // callbacks touch.
+  stop_.Notify();
 }
 
 struct Agent::Task {

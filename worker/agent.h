@@ -19,6 +19,7 @@
 //
 // Thread-safety: Run() on one thread; Stop() from any thread.
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,8 +38,9 @@ namespace recfleet::worker {
 class TaskControl {
  public:
   // True once the task must stop (Abort, shutdown, or a newer epoch).
-  bool stop_requested() const { return stop_.HasBeenNotified(); }
-  // Waits up to `timeout` for a stop request; true if one arrived.
+  bool stop_requested() const { return stopping_.load(); }
+  // Waits up to `timeout` for a stop request; true if one arrived, and then
+  // every OnStop callback registered before it has run.
   bool WaitForStop(absl::Duration timeout) const { return stop_.WaitForNotificationWithTimeout(timeout); }
   // Runs `callback` when a stop is requested (at once if already
   // requested), on the thread requesting it: e.g. Communicator::Abort, so a
@@ -67,6 +69,7 @@ class TaskControl {
   void set_worker_credential(std::string credential);
 
   const std::string worker_id_;
+  std::atomic<bool> stopping_{false};  // Set first; stop_ after the callbacks.
   absl::Notification stop_;
   mutable absl::Mutex mu_;
   std::vector<std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
