@@ -24,6 +24,7 @@
 #include "cli/jobs/job_format.h"
 #include "cli/jobs/spec_file.h"
 #include "services/common/flags.h"
+#include "services/common/rpc_status.h"
 #include "services/common/tls.h"
 
 namespace recfleet::cli {
@@ -71,6 +72,7 @@ bool Parse(const std::string& command, const std::vector<std::string>& words,
   for (size_t i = 0; i < words.size(); ++i) {
     std::string w = words[i];
     if (w == "-o" && (value_flags.count("output") > 0)) w = "--output";  // The short form.
+    if (w == "-l" && (value_flags.count("selector") > 0)) w = "--selector";  // kubectl's.
     if (w.rfind("--", 0) != 0 || w == "--") {
       out->positional.push_back(w);
       continue;
@@ -154,13 +156,17 @@ int ExitCodeFor(const absl::Status& s) {
   }
 }
 
-// Prints a server or client error; a list of spec violations one per line.
+// Prints a server or client error; the field violations of a
+// google.rpc.BadRequest detail one per line.
 int Fail(const std::string& command, const absl::Status& s) {
-  std::vector<std::string> parts = absl::StrSplit(s.message(), "; ");
-  if (s.code() == absl::StatusCode::kInvalidArgument && parts.size() > 1) {
-    std::fprintf(stderr, "recfleet %s: INVALID_ARGUMENT: %zu problems:\n", command.c_str(),
-                 parts.size());
-    for (const std::string& p : parts) std::fprintf(stderr, "  %s\n", p.c_str());
+  const std::vector<FieldViolation> violations = FieldViolationsOf(s);
+  if (!violations.empty()) {
+    std::fprintf(stderr, "recfleet %s: %s: %zu problem%s:\n", command.c_str(),
+                 absl::StatusCodeToString(s.code()).c_str(), violations.size(),
+                 violations.size() == 1 ? "" : "s");
+    for (const auto& [field, description] : violations) {
+      std::fprintf(stderr, "  %s %s\n", field.c_str(), description.c_str());
+    }
   } else {
     std::fprintf(stderr, "recfleet %s: %s: %s\n", command.c_str(),
                  absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str());
@@ -273,7 +279,7 @@ std::string NewRequestId() {
 
 int Submit(const std::vector<std::string>& words) {
   Args args;
-  if (!Parse("submit", words, WithConnection({"request_id"}), {"json", "watch", "progress"},
+  if (!Parse("submit", words, WithConnection({"request_id", "job_id"}), {"json", "watch", "progress"},
              &args) ||
       !OnePositional("submit", args, "job file")) {
     return kExitUsage;
@@ -290,6 +296,7 @@ int Submit(const std::vector<std::string>& words) {
   *request.mutable_spec() = *std::move(spec);
   // A request id makes the client's own retries idempotent.
   request.set_request_id(args.Has("request_id") ? args.Get("request_id") : NewRequestId());
+  request.set_job_id(args.Get("job_id"));
   absl::StatusOr<Job> job = client->CreateJob(request);
   if (!job.ok()) return Fail("submit", job.status());
   const bool json = args.Has("json");
@@ -327,7 +334,8 @@ int Get(const std::vector<std::string>& words) {
 int List(const std::vector<std::string>& words) {
   Args args;
   Output out;
-  if (!Parse("list", words, WithConnection({"state", "page_size", "page_token", "output"}),
+  if (!Parse("list", words,
+             WithConnection({"state", "page_size", "page_token", "output", "filter", "selector"}),
              {"json", "all"}, &args) ||
       !OutputOf("list", args, &out)) {
     return kExitUsage;
@@ -358,6 +366,12 @@ int List(const std::vector<std::string>& words) {
   }
   request.set_page_size(page_size);
   request.set_page_token(args.Get("page_token"));
+  absl::StatusOr<std::string> filter = ListFilter(args.Get("filter"), args.Get("selector"));
+  if (!filter.ok()) {
+    std::fprintf(stderr, "recfleet list: %s\n", std::string(filter.status().message()).c_str());
+    return kExitUsage;
+  }
+  request.set_filter(*filter);
   int code = kExitOk;
   std::unique_ptr<JobClient> client = Connect("list", args, &code);
   if (client == nullptr) return code;
@@ -439,8 +453,9 @@ RECFLEET_REGISTER_COMMAND({
     "submit",
     "Submit a job from a YAML or JSON JobSpec file",
     absl::StrCat("usage: recfleet submit JOB.yaml|JOB.json [--watch [--progress]] "
-                 "[--request_id ID]\n\n"
-                 "Validates and queues the job; prints its name. With --watch, follows it\n"
+                 "[--job_id ID] [--request_id ID]\n\n"
+                 "Validates and queues the job; prints its name (jobs/ID with --job_id:\n"
+                 "1-63 of [a-z0-9-], starting with a letter). With --watch, follows it\n"
                  "like `recfleet watch`. Retries are safe: the same --request_id never\n"
                  "creates a second job (one is generated when not given).\n\nflags:\n",
                  kConnectionFlags, kJsonFlag,
@@ -461,10 +476,13 @@ RECFLEET_REGISTER_COMMAND({
 RECFLEET_REGISTER_COMMAND({
     "list",
     "List jobs, newest first",
-    absl::StrCat("usage: recfleet list [--state STATE]... [--page_size N] [--page_token T] "
-                 "[--all] [-o table|json|yaml]\n\nflags:\n",
+    absl::StrCat("usage: recfleet list [--state STATE]... [-l KEY=VALUE,...] [--filter EXPR] "
+                 "[--page_size N] [--page_token T] [--all] [-o table|json|yaml]\n\nflags:\n",
                  kConnectionFlags, kOutputFlags,
                  "  --state STATE            only jobs in STATE (repeatable)\n"
+                 "  -l, --selector K=V,...   only jobs whose labels have these values\n"
+                 "  --filter EXPR            the API's filter, e.g. 'labels.team = \"ranking\"'\n"
+                 "                           (terms joined by AND; combined with -l)\n"
                  "  --all                    fetch every page\n"),
     List,
 });

@@ -22,10 +22,13 @@
 #include "grpcpp/security/credentials.h"
 #include "recfleet/v1/worker_service.grpc.pb.h"
 #include "services/common/exposition.h"
+#include "services/common/generic_call_testing.h"
 #include "services/common/http_get.h"
 
 namespace recfleet {
 namespace {
+
+using ::recfleet::testing::GenericCall;
 
 std::string Runfile(const std::string& path) {
   return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/", path);
@@ -136,39 +139,6 @@ class CoordinatorCliTest : public ::testing::Test {
   std::unique_ptr<CoordinatorProcess> coordinator_;
 };
 
-// One request/response over a generic stub (no generated client needed).
-grpc::Status GenericCall(const std::string& address, const std::string& method,
-                         const std::string& request, std::string* response) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::CompletionQueue cq;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  auto call = stub.PrepareCall(&context, method, &cq);
-  void* tag;
-  bool ok;
-  call->StartCall(reinterpret_cast<void*>(1));
-  cq.Next(&tag, &ok);
-  grpc::Slice slice(request);
-  grpc::ByteBuffer out(&slice, 1);
-  call->Write(out, reinterpret_cast<void*>(2));
-  cq.Next(&tag, &ok);
-  call->WritesDone(reinterpret_cast<void*>(3));
-  cq.Next(&tag, &ok);
-  grpc::ByteBuffer in;
-  call->Read(&in, reinterpret_cast<void*>(4));
-  cq.Next(&tag, &ok);
-  if (ok) {
-    std::vector<grpc::Slice> slices;
-    (void)in.Dump(&slices);
-    for (const auto& s : slices) response->append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(5));
-  cq.Next(&tag, &ok);
-  return status;
-}
-
 TEST_F(CoordinatorCliTest, EndToEnd) {
   const std::string example = Runfile("deploy/examples/job-gemlite.yaml");
 
@@ -199,7 +169,10 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
   }
   r = Cli("submit " + bad);
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("spec.model.tables[0].dim must be > 0, got 0"), std::string::npos)
+  // From the google.rpc.BadRequest detail: a count, then one line per field.
+  EXPECT_NE(r.output.find("INVALID_ARGUMENT: 1 problem:\n  spec.model.tables[0].dim must be > 0, "
+                          "got 0"),
+            std::string::npos)
       << r.output;
   r = Cli("submit /nonexistent.yaml");
   EXPECT_EQ(r.exit_code, 2) << r.output;

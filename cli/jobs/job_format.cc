@@ -7,6 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -98,7 +101,6 @@ std::string FormatJobDetail(const Job& job) {
     lines.push_back({"eval", absl::StrFormat("step %d: AUC %.4f, NE %.4f", p.eval_step(),
                                              p.eval_auc(), p.eval_ne())});
   }
-  if (!job.request_id().empty()) lines.push_back({"request id", job.request_id()});
   std::string out;
   for (const auto& [k, v] : lines) absl::StrAppend(&out, absl::StrFormat("%-14s %s\n", k + ":", v));
   return out;
@@ -157,6 +159,26 @@ std::string ToYaml(const google::protobuf::Message& message) {
   YAML::Emitter out;
   out << node;
   return std::string(out.c_str()) + "\n";
+}
+
+absl::StatusOr<std::string> ListFilter(const std::string& filter, const std::string& selector) {
+  std::vector<std::string> terms;
+  if (!absl::StripAsciiWhitespace(filter).empty()) terms.push_back(filter);
+  for (absl::string_view pair : absl::StrSplit(selector, ',', absl::SkipWhitespace())) {
+    std::vector<std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
+    const std::string key(absl::StripAsciiWhitespace(kv[0]));
+    if (kv.size() != 2 || key.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--selector/-l takes KEY=VALUE[,KEY=VALUE...], got '", pair, "'"));
+    }
+    std::string value;
+    for (char c : absl::StripAsciiWhitespace(kv[1])) {
+      if (c == '"' || c == '\\') value.push_back('\\');
+      value.push_back(c);
+    }
+    terms.push_back(absl::StrCat("labels.", key, " = \"", value, "\""));
+  }
+  return absl::StrJoin(terms, " AND ");
 }
 
 }  // namespace recfleet::cli

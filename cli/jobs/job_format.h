@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 #include "google/protobuf/message.h"
 #include "recfleet/v1/job_service.pb.h"
 
@@ -27,6 +29,11 @@ std::string ToJson(const google::protobuf::Message& message, bool pretty);
 
 // The same document as block-style YAML (what `-o yaml` prints).
 std::string ToYaml(const google::protobuf::Message& message);
+
+// ListJobsRequest.filter from `recfleet list`'s --filter (passed through) and
+// -l/--selector "KEY=VALUE[,KEY=VALUE...]" (each pair a quoted label term),
+// joined by AND. INVALID_ARGUMENT for a selector pair without '=' or key.
+absl::StatusOr<std::string> ListFilter(const std::string& filter, const std::string& selector);
 
 }  // namespace recfleet::cli
 

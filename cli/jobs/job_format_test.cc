@@ -76,5 +76,14 @@ TEST(JobFormatTest, WatchLinesAndJson) {
   EXPECT_NE(json.find("\"to\":\"SCHEDULING\""), std::string::npos) << json;
 }
 
+TEST(ListFilterTest, SelectorPairsBecomeQuotedLabelTerms) {
+  EXPECT_EQ(*ListFilter("", ""), "");
+  EXPECT_EQ(*ListFilter("", "team=ranking"), "labels.team = \"ranking\"");
+  EXPECT_EQ(*ListFilter("labels.a = b", "team=rank ing, owner=a\"b"),
+            "labels.a = b AND labels.team = \"rank ing\" AND labels.owner = \"a\\\"b\"");
+  EXPECT_EQ(ListFilter("", "team").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ListFilter("", "=x").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace recfleet::cli

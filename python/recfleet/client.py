@@ -112,14 +112,16 @@ class Client:
         except grpc.RpcError as e:
             raise RecfleetError.from_rpc_error(e, method) from None
 
-    def submit(self, spec, request_id=None, retries=3):
-        """Creates a job; returns its name ("jobs/<id>").
+    def submit(self, spec, request_id=None, retries=3, job_id=""):
+        """Creates a job; returns its name ("jobs/<id>", "jobs/<job_id>" when
+        job_id is given: 1-63 of [a-z0-9-], starting with a letter).
 
         spec: a JobSpec, a dict in the proto's field names, or the path of a
         YAML or JSON job file (see recfleet.spec.load_job_spec).
         """
         request = job_service_pb2.CreateJobRequest(
-            spec=load_job_spec(spec), request_id=request_id or str(uuid.uuid4()))
+            spec=load_job_spec(spec), request_id=request_id or str(uuid.uuid4()),
+            job_id=job_id)
         for attempt in range(retries + 1):
             try:
                 return self._call("CreateJob", request).name
@@ -133,13 +135,19 @@ class Client:
         """The job (recfleet.v1.Job): spec, state, progress, workers."""
         return self._call("GetJob", job_service_pb2.GetJobRequest(name=name))
 
-    def list(self, states=(), page_size=0):
+    def list(self, states=(), page_size=0, labels=None, filter=""):
         """Every job, newest first, following pages; `states` filters by
-        JobState values (e.g. [JobState.RUNNING])."""
+        JobState values (e.g. [JobState.RUNNING]), `labels` ({key: value})
+        and `filter` (the API's 'labels.KEY = "VALUE" AND ...') by labels."""
+        terms = [filter] if filter.strip() else []
+        for key, value in (labels or {}).items():
+            quoted = str(value).replace("\\", "\\\\").replace('"', '\\"')
+            terms.append(f'labels.{key} = "{quoted}"')
         jobs, token = [], ""
         while True:
             page = self._call("ListJobs", job_service_pb2.ListJobsRequest(
-                page_size=page_size, page_token=token, states=list(states)))
+                page_size=page_size, page_token=token, states=list(states),
+                filter=" AND ".join(terms)))
             jobs.extend(page.jobs)
             token = page.next_page_token
             if not token:

@@ -1,11 +1,13 @@
 #include "services/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "engine/job_model.h"
 #include "services/coordinator/job_state.h"
+#include "services/coordinator/list_filter.h"
 #include "services/coordinator/spec_validation.h"
 #include "services/coordinator/time_util.h"
 
@@ -149,9 +151,11 @@ absl::StatusOr<Job> Coordinator::CreateJob(const ::recfleet::v1::CreateJobReques
     return absl::InvalidArgumentError(absl::StrCat(
         "request_id must be at most 128 characters of [A-Za-z0-9._-], got \"", rid, "\""));
   }
+  if (absl::Status s = ValidateJobId(request.job_id()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   bool created = false;
-  absl::StatusOr<Job> job = store_->Create(request.spec(), rid, options_.clock(), &created);
+  absl::StatusOr<Job> job =
+      store_->Create(request.spec(), rid, options_.clock(), &created, request.job_id());
   if (!job.ok()) return job.status();
   if (!created) {
     auto it = jobs_.find(*ParseJobName(job->name(), "name"));
@@ -193,20 +197,24 @@ absl::StatusOr<Job> Coordinator::GetJob(const ::recfleet::v1::GetJobRequest& req
 
 absl::StatusOr<::recfleet::v1::ListJobsResponse> Coordinator::ListJobs(
     const ::recfleet::v1::ListJobsRequest& request) {
-  if (request.page_size() < 0 || request.page_size() > 1000) {
+  // AIP-158: a page_size over the maximum is read as the maximum.
+  if (request.page_size() < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("page_size must be 0..1000 (0 = 50), got ", request.page_size()));
+        absl::StrCat("page_size must be >= 0 (0 = 50, at most 1000), got ", request.page_size()));
   }
-  std::set<JobState> states;
+  const int page_size = request.page_size() == 0 ? 50 : std::min(request.page_size(), 1000);
+  JobStore::Query query;
   for (int s : request.states()) {
     if (s == JobStatus::STATE_UNSPECIFIED || !JobStatus::State_IsValid(s)) {
       return absl::InvalidArgumentError(
           absl::StrCat("states must name real job states (QUEUED ... CANCELLED), got ", s));
     }
-    states.insert(static_cast<JobState>(s));
+    query.states.insert(static_cast<JobState>(s));
   }
-  absl::StatusOr<JobStore::Page> page = store_->List(
-      request.page_size() == 0 ? 50 : request.page_size(), request.page_token(), states);
+  absl::StatusOr<std::map<std::string, std::string>> labels = ParseLabelFilter(request.filter());
+  if (!labels.ok()) return labels.status();
+  query.labels = *std::move(labels);
+  absl::StatusOr<JobStore::Page> page = store_->List(page_size, request.page_token(), query);
   if (!page.ok()) return page.status();
   ::recfleet::v1::ListJobsResponse out;
   absl::MutexLock lock(&mu_);

@@ -211,6 +211,38 @@ TEST_F(CoordinatorTest, CreateJobWithSameRequestIdYieldsOneJob) {
   EXPECT_EQ(coordinator_->CreateJob(different).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
+// AIP-133 / 158 / 160: a chosen job id, page_size clamped, a label filter.
+TEST_F(CoordinatorTest, ChosenJobIdLabelFilterAndPageSizeClamp) {
+  ::recfleet::v1::CreateJobRequest r;
+  *r.mutable_spec() = BuildableSpec();
+  (*r.mutable_spec()->mutable_labels())["team"] = "ranking";
+  r.set_job_id("ctr-nightly");
+  absl::StatusOr<Job> job = coordinator_->CreateJob(r);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->name(), "jobs/ctr-nightly");
+  r.set_job_id("Bad_Id");
+  absl::StatusOr<Job> bad = coordinator_->CreateJob(r);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("job_id must be"), std::string::npos);
+  r.set_job_id("ctr-nightly");
+  EXPECT_EQ(coordinator_->CreateJob(r).status().code(), absl::StatusCode::kAlreadyExists);
+  Submit(1);  // No labels.
+
+  ::recfleet::v1::ListJobsRequest list;
+  list.set_filter("labels.team = \"ranking\"");
+  absl::StatusOr<::recfleet::v1::ListJobsResponse> ranked = coordinator_->ListJobs(list);
+  ASSERT_TRUE(ranked.ok()) << ranked.status();
+  ASSERT_EQ(ranked->jobs_size(), 1);
+  EXPECT_EQ(ranked->jobs(0).name(), "jobs/ctr-nightly");
+  list.set_filter("team = ranking");
+  EXPECT_EQ(coordinator_->ListJobs(list).status().code(), absl::StatusCode::kInvalidArgument);
+  list.clear_filter();
+  list.set_page_size(5000);  // read as 1000
+  EXPECT_EQ(coordinator_->ListJobs(list)->jobs_size(), 2);
+  list.set_page_size(-1);
+  EXPECT_EQ(coordinator_->ListJobs(list).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CoordinatorTest, BadSpecIsRejectedWithFieldPath) {
   ::recfleet::v1::CreateJobRequest r;
   *r.mutable_spec() = BuildableSpec();

@@ -5,6 +5,11 @@
 #include <limits>
 #include <map>
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
 #include "absl/random/random.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "absl/strings/escaping.h"
@@ -42,6 +47,10 @@ CREATE TABLE IF NOT EXISTS transitions (
   to_state INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS transitions_by_job ON transitions(job_id, seq);
+CREATE TABLE IF NOT EXISTS meta (
+  key TEXT PRIMARY KEY,
+  value BLOB NOT NULL                     -- page_token_key: 32 random bytes
+);
 )sql";
 
 // Resets a cached statement when the scope ends.
@@ -78,12 +87,55 @@ std::string NewJobId() {
   return id;
 }
 
-std::string PageToken(int64_t seq) { return absl::WebSafeBase64Escape(absl::StrCat("seq:", seq)); }
+// A page token: base64url of the position (8 bytes, little-endian) and the
+// first 16 bytes of HMAC-SHA256(key, position || the query's canonical
+// form).
+constexpr size_t kTokenMacBytes = 16;
 
-bool ParsePageToken(const std::string& token, int64_t* seq) {
+std::string CanonicalQuery(const JobStore::Query& q) {
+  std::string out = "states:";
+  for (JobState st : q.states) absl::StrAppend(&out, static_cast<int>(st), ",");
+  for (const auto& [k, v] : q.labels) {
+    absl::StrAppend(&out, "|label:", k.size(), ":", k, "=", v.size(), ":", v);
+  }
+  return out;
+}
+
+std::string TokenMac(const std::string& key, const std::string& position,
+                     const JobStore::Query& q) {
+  const std::string msg = position + CanonicalQuery(q);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), mac, &len);
+  return std::string(reinterpret_cast<const char*>(mac), kTokenMacBytes);
+}
+
+std::string Position(int64_t seq) {
+  std::string p(8, '\0');
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((static_cast<uint64_t>(seq) >> (8 * i)) & 0xff);
+  return p;
+}
+
+bool ParsePageToken(const std::string& key, const std::string& token, const JobStore::Query& q,
+                    int64_t* seq) {
   std::string raw;
-  if (!absl::WebSafeBase64Unescape(token, &raw) || !absl::StartsWith(raw, "seq:")) return false;
-  return absl::SimpleAtoi(raw.substr(4), seq) && *seq > 0;
+  if (!absl::WebSafeBase64Unescape(token, &raw) || raw.size() != 8 + kTokenMacBytes) return false;
+  const std::string position = raw.substr(0, 8);
+  const std::string want = TokenMac(key, position, q);
+  if (CRYPTO_memcmp(want.data(), raw.data() + 8, kTokenMacBytes) != 0) return false;
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(position[i])) << (8 * i);
+  *seq = static_cast<int64_t>(v);
+  return *seq > 0;
+}
+
+bool HasLabels(const JobSpec& spec, const std::map<std::string, std::string>& labels) {
+  for (const auto& [k, v] : labels) {
+    auto it = spec.labels().find(k);
+    if (it == spec.labels().end() || it->second != v) return false;
+  }
+  return true;
 }
 
 // Job ids are [a-z0-9-]+ (see Job.name in job.proto).
@@ -98,6 +150,16 @@ bool ValidId(const std::string& id) {
 }  // namespace
 
 std::string JobName(const std::string& id) { return "jobs/" + id; }
+
+absl::Status ValidateJobId(const std::string& job_id) {
+  if (job_id.empty()) return absl::OkStatus();
+  const bool ok = job_id.size() <= 63 && job_id[0] >= 'a' && job_id[0] <= 'z' &&
+                  job_id.back() != '-' && ValidId(job_id);
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "job_id must be 1-63 characters of [a-z0-9-], start with a letter and not end with '-', "
+      "got \"", job_id, "\""));
+}
 
 absl::StatusOr<std::string> ParseJobName(const std::string& name, const std::string& field) {
   if (!absl::StartsWith(name, "jobs/") || !ValidId(name.substr(5))) {
@@ -139,7 +201,33 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   }
   if (absl::Status s = store->ExecLocked(kSchema); !s.ok()) return s;
   if (absl::Status s = store->ExecLocked("PRAGMA user_version=1"); !s.ok()) return s;
+  // The page-token key: drawn once per database, so tokens survive a
+  // coordinator restart on the same file.
+  sqlite3_stmt* k = store->Prepare("SELECT value FROM meta WHERE key = 'page_token_key'");
+  if (k == nullptr) return store->Error("read the page-token key of " + path);
+  {
+    StmtScope scope(k);
+    if (sqlite3_step(k) == SQLITE_ROW) store->token_key_ = ColumnBytes(k, 0);
+  }
+  if (store->token_key_.size() != 32) {
+    std::string key(32, '\0');
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), 32) != 1) {
+      return absl::InternalError("job store: no random bytes for the page-token key");
+    }
+    sqlite3_stmt* w = store->Prepare(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('page_token_key', ?)");
+    if (w == nullptr) return store->Error("prepare page-token key");
+    StmtScope scope(w);
+    BindBlob(w, 1, key);
+    if (sqlite3_step(w) != SQLITE_DONE) return store->Error("store the page-token key");
+    store->token_key_ = key;
+  }
   return store;
+}
+
+std::string JobStore::PageToken(int64_t seq, const Query& query) const {
+  const std::string position = Position(seq);
+  return absl::WebSafeBase64Escape(position + TokenMac(token_key_, position, query));
 }
 
 JobStore::~JobStore() {
@@ -182,7 +270,6 @@ absl::StatusOr<Job> JobStore::GetLocked(const std::string& id) {
   if (rc != SQLITE_ROW) return Error("get " + id);
   Job job;
   job.set_name(JobName(id));
-  job.set_request_id(ColumnBytes(s, 0));
   if (!job.mutable_spec()->ParseFromString(ColumnBytes(s, 1)) ||
       !job.mutable_status()->ParseFromString(ColumnBytes(s, 2))) {
     return absl::DataLossError(absl::StrCat("job store: row of ", JobName(id), " is corrupt"));
@@ -204,7 +291,7 @@ absl::Status JobStore::InsertTransitionLocked(const std::string& id, const JobTr
 }
 
 absl::StatusOr<Job> JobStore::Create(const JobSpec& spec, const std::string& request_id,
-                                     absl::Time now, bool* created) {
+                                     absl::Time now, bool* created, const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   *created = false;
   if (!request_id.empty()) {
@@ -229,13 +316,17 @@ absl::StatusOr<Job> JobStore::Create(const JobSpec& spec, const std::string& req
             absl::StrCat("request_id \"", request_id, "\" already created ", job->name(),
                          " with a different spec; use a new request_id for a new job"));
       }
+      if (!job_id.empty() && job->name() != JobName(job_id)) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("request_id \"", request_id, "\" already created ", job->name(),
+                         ", not jobs/", job_id, "; use a new request_id for a new job"));
+      }
       return job;
     }
   }
 
   Job job;
   *job.mutable_spec() = spec;
-  job.set_request_id(request_id);
   JobStatus* st = job.mutable_status();
   st->set_state(JobStatus::QUEUED);
   st->set_reason("Submitted");
@@ -255,8 +346,10 @@ absl::StatusOr<Job> JobStore::Create(const JobSpec& spec, const std::string& req
     return Error("prepare insert");
   }
   std::string id;
-  for (int attempt = 0; attempt < 5 && id.empty(); ++attempt) {
-    std::string candidate = NewJobId();
+  // A chosen id gets one try; a drawn one retries on a clash.
+  const int attempts = job_id.empty() ? 5 : 1;
+  for (int attempt = 0; attempt < attempts && id.empty(); ++attempt) {
+    std::string candidate = job_id.empty() ? NewJobId() : job_id;
     StmtScope scope(s);
     BindText(s, 1, candidate);
     if (request_id.empty()) {
@@ -278,6 +371,10 @@ absl::StatusOr<Job> JobStore::Create(const JobSpec& spec, const std::string& req
   }
   if (id.empty()) {
     ExecLocked("ROLLBACK").IgnoreError();
+    if (!job_id.empty()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("jobs/", job_id, " already exists; choose another job_id"));
+    }
     return absl::InternalError("job store: could not draw an unused job id");
   }
   if (absl::Status s = InsertTransitionLocked(id, t); !s.ok()) {
@@ -299,25 +396,27 @@ absl::StatusOr<Job> JobStore::Get(const std::string& id) {
 }
 
 absl::StatusOr<JobStore::Page> JobStore::List(int page_size, const std::string& page_token,
-                                              const std::set<JobState>& states,
-                                              int64_t max_bytes) {
+                                              const Query& query, int64_t max_bytes) {
   int64_t after = std::numeric_limits<int64_t>::max();
-  if (!page_token.empty() && !ParsePageToken(page_token, &after)) {
+  if (!page_token.empty() && !ParsePageToken(token_key_, page_token, query, &after)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("page_token \"", page_token,
-                     "\" is not a next_page_token returned by ListJobs"));
+        "page_token is not a next_page_token that ListJobs returned for this filter and these "
+        "states; start again from the first page (empty page_token)");
   }
   std::string where = absl::StrCat("seq < ", after);
-  if (!states.empty()) {
+  if (!query.states.empty()) {
     absl::StrAppend(&where, " AND state IN (",
-                    absl::StrJoin(states, ",", [](std::string* out, JobState s) {
+                    absl::StrJoin(query.states, ",", [](std::string* out, JobState s) {
                       absl::StrAppend(out, static_cast<int>(s));
                     }),
                     ")");
   }
-  // One more row than asked tells whether another page exists.
-  std::string sql = absl::StrCat("SELECT seq, id, request_id, spec, status FROM jobs WHERE ", where,
-                                 " ORDER BY seq DESC LIMIT ", page_size + 1);
+  // Labels live inside the spec: rows are read newest first and filtered
+  // here, until the page is full and one more match says another page
+  // exists.
+  std::string sql = absl::StrCat("SELECT seq, id, spec, status FROM jobs WHERE ", where,
+                                 " ORDER BY seq DESC");
+  if (query.labels.empty()) absl::StrAppend(&sql, " LIMIT ", page_size + 1);
   absl::MutexLock lock(&mu_);
   sqlite3_stmt* s = nullptr;
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &s, nullptr) != SQLITE_OK) {
@@ -328,22 +427,22 @@ absl::StatusOr<JobStore::Page> JobStore::List(int page_size, const std::string& 
   int64_t bytes = 0;
   int rc;
   while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-    const int64_t row_bytes = sqlite3_column_bytes(s, 3) + sqlite3_column_bytes(s, 4);
+    const int64_t row_bytes = sqlite3_column_bytes(s, 2) + sqlite3_column_bytes(s, 3);
+    Job job;
+    job.set_name(JobName(ColumnBytes(s, 1)));
+    if (!job.mutable_spec()->ParseFromString(ColumnBytes(s, 2)) ||
+        !job.mutable_status()->ParseFromString(ColumnBytes(s, 3))) {
+      sqlite3_finalize(s);
+      return absl::DataLossError(absl::StrCat("job store: row of ", job.name(), " is corrupt"));
+    }
+    if (!HasLabels(job.spec(), query.labels)) continue;
     if (static_cast<int>(page.jobs.size()) == page_size ||
         (!page.jobs.empty() && bytes + row_bytes > max_bytes)) {
-      page.next_page_token = PageToken(last_seq);
+      page.next_page_token = PageToken(last_seq, query);
       break;
     }
     bytes += row_bytes;
     last_seq = sqlite3_column_int64(s, 0);
-    Job job;
-    job.set_name(JobName(ColumnBytes(s, 1)));
-    job.set_request_id(ColumnBytes(s, 2));
-    if (!job.mutable_spec()->ParseFromString(ColumnBytes(s, 3)) ||
-        !job.mutable_status()->ParseFromString(ColumnBytes(s, 4))) {
-      sqlite3_finalize(s);
-      return absl::DataLossError(absl::StrCat("job store: row of ", job.name(), " is corrupt"));
-    }
     page.jobs.push_back(std::move(job));
   }
   bool failed = rc != SQLITE_ROW && rc != SQLITE_DONE;

@@ -12,6 +12,7 @@
 //
 // Thread-safe: one connection behind a mutex.
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -37,12 +38,15 @@ class JobStore {
   ~JobStore();
 
   // Creates a QUEUED job (recording the transition STATE_UNSPECIFIED ->
-  // QUEUED, reason "Submitted"). With a non-empty request_id that is already
-  // stored, returns the existing job and sets *created = false instead;
-  // ALREADY_EXISTS if that job's spec differs from `spec`.
+  // QUEUED, reason "Submitted"), named jobs/<job_id> when `job_id` is given
+  // (the caller validated it; ALREADY_EXISTS if a job has it), else under a
+  // fresh id. With a non-empty request_id that is already stored, returns
+  // the existing job and sets *created = false instead; ALREADY_EXISTS if
+  // that job's spec (or the job_id asked for) differs. The request_id is
+  // kept with the job for that purpose but is not part of the resource.
   absl::StatusOr<::recfleet::v1::Job> Create(const ::recfleet::v1::JobSpec& spec,
                                              const std::string& request_id, absl::Time now,
-                                             bool* created);
+                                             bool* created, const std::string& job_id = "");
 
   // Errors: NOT_FOUND "jobs/<id> not found".
   absl::StatusOr<::recfleet::v1::Job> Get(const std::string& id);
@@ -51,12 +55,20 @@ class JobStore {
     std::vector<::recfleet::v1::Job> jobs;
     std::string next_page_token;  // Empty on the last page.
   };
-  // Newest first. page_size 1..1000; `states` empty = all. A page also
-  // ends before its jobs' serialized size would pass `max_bytes` (but holds
-  // at least one job), so a page of large specs still fits in one gRPC
-  // message. Errors: INVALID_ARGUMENT for a token this store did not issue.
-  absl::StatusOr<Page> List(int page_size, const std::string& page_token,
-                            const std::set<JobState>& states,
+  // What a listing selects: jobs in one of `states` (empty = any) whose
+  // spec labels hold every pair of `labels`.
+  struct Query {
+    std::set<JobState> states;
+    std::map<std::string, std::string> labels;
+  };
+  // Newest first. page_size 1..1000. A page also ends before its jobs'
+  // serialized size would pass `max_bytes` (but holds at least one job), so
+  // a page of large specs still fits in one gRPC message. Page tokens are
+  // opaque: the position plus a MAC (under a key kept in the database) over
+  // it and the query, so a token only continues the listing that issued it.
+  // Errors: INVALID_ARGUMENT for a token this store did not issue for this
+  // query (tampered, or from another query).
+  absl::StatusOr<Page> List(int page_size, const std::string& page_token, const Query& query,
                             int64_t max_bytes = int64_t{1} << 20);
 
   // Replaces the job's status with `status` (whose state is `t.to()`) and
@@ -92,12 +104,21 @@ class JobStore {
   absl::Status ExecLocked(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   sqlite3_stmt* Prepare(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The page token of position `seq` under `query`.
+  std::string PageToken(int64_t seq, const Query& query) const;
+
+  std::string token_key_;  // Set by Open, then read-only.
 
   absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
   // Prepared statements by SQL text (the text is a string literal).
   std::vector<std::pair<const char*, sqlite3_stmt*>> statements_ ABSL_GUARDED_BY(mu_);
 };
+
+// CreateJobRequest.job_id: empty (the coordinator picks the id) or 1-63
+// characters of [a-z0-9-], starting with a letter and not ending with '-'
+// (AIP-122). INVALID_ARGUMENT naming job_id otherwise.
+absl::Status ValidateJobId(const std::string& job_id);
 
 // "jobs/<id>" -> "<id>"; INVALID_ARGUMENT naming `field` when malformed.
 absl::StatusOr<std::string> ParseJobName(const std::string& name, const std::string& field);

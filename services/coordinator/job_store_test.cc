@@ -64,7 +64,6 @@ TEST(JobStoreTest, ReopenAfterRestartKeepsJobsAndTransitions) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->status().state(), JobStatus::RUNNING);
   EXPECT_EQ(job->status().progress().step(), 42);
-  EXPECT_EQ(job->request_id(), "req-1");
   EXPECT_EQ(job->spec().display_name(), "gemlite-test");
   absl::StatusOr<std::vector<JobTransition>> ts = (*store)->Transitions(id);
   ASSERT_TRUE(ts.ok());
@@ -180,7 +179,7 @@ TEST(JobStoreTest, ListPagesNewestFirstAndFiltersByState) {
   EXPECT_EQ(pages, 3);
   std::vector<std::string> newest_first(names.rbegin(), names.rend());
   EXPECT_EQ(seen, newest_first);
-  absl::StatusOr<JobStore::Page> cancelled = (*store)->List(100, "", {JobStatus::CANCELLED});
+  absl::StatusOr<JobStore::Page> cancelled = (*store)->List(100, "", JobStore::Query{{JobStatus::CANCELLED}, {}});
   EXPECT_EQ(cancelled->jobs.size(), 4u);
   EXPECT_EQ((*store)->List(10, "garbage", {}).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -219,6 +218,96 @@ TEST(JobStoreTest, ListPagesAreBoundedInBytes) {
   ASSERT_TRUE(tiny.ok());
   EXPECT_EQ(tiny->jobs.size(), 1u);
   EXPECT_FALSE(tiny->next_page_token.empty());
+}
+
+TEST(JobStoreTest, ChosenJobIdsAreUsedOnceAndBoundToTheirRequestId) {
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(":memory:");
+  bool created;
+  absl::StatusOr<Job> a = (*store)->Create(ValidSpec(), "r1", kT0, &created, "nightly-ctr");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->name(), "jobs/nightly-ctr");
+  EXPECT_EQ((*store)->Get("nightly-ctr")->name(), "jobs/nightly-ctr");
+  // Another request for the same id: ALREADY_EXISTS naming it.
+  absl::StatusOr<Job> b = (*store)->Create(ValidSpec(), "r2", kT0, &created, "nightly-ctr");
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(b.status().message().find("jobs/nightly-ctr already exists"), std::string::npos);
+  // A retry of the first request returns its job; the same request_id asking
+  // for another id is refused.
+  EXPECT_EQ((*store)->Create(ValidSpec(), "r1", kT0, &created, "nightly-ctr")->name(),
+            "jobs/nightly-ctr");
+  EXPECT_FALSE(created);
+  EXPECT_EQ((*store)->Create(ValidSpec(), "r1", kT0, &created, "other").status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(ValidateJobId("").ok());
+  EXPECT_TRUE(ValidateJobId("a").ok());
+  EXPECT_TRUE(ValidateJobId("ctr-2026-12-01").ok());
+  for (const char* bad : {"1abc", "-abc", "abc-", "Abc", "a_b", "a.b",
+                          "a234567890123456789012345678901234567890123456789012345678901234"}) {
+    EXPECT_EQ(ValidateJobId(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+// Label filters select inside the spec; pages of a filtered listing still
+// hold page_size matches, and a token only continues the listing (states and
+// labels) that issued it.
+TEST(JobStoreTest, ListFiltersByLabelsWithTokensBoundToTheQuery) {
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(":memory:");
+  std::vector<std::string> ranking;
+  for (int i = 0; i < 9; ++i) {
+    ::recfleet::v1::JobSpec spec = ValidSpec();
+    (*spec.mutable_labels())["team"] = i % 3 == 0 ? "ranking" : "ads";
+    bool created;
+    absl::StatusOr<Job> job = (*store)->Create(spec, "", kT0, &created);
+    ASSERT_TRUE(job.ok());
+    if (i % 3 == 0) ranking.insert(ranking.begin(), job->name());
+  }
+  JobStore::Query q;
+  q.labels["team"] = "ranking";
+  absl::StatusOr<JobStore::Page> first = (*store)->List(2, "", q);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->jobs.size(), 2u);
+  EXPECT_EQ(first->jobs[0].name(), ranking[0]);
+  EXPECT_EQ(first->jobs[1].name(), ranking[1]);
+  ASSERT_FALSE(first->next_page_token.empty());
+  absl::StatusOr<JobStore::Page> second = (*store)->List(2, first->next_page_token, q);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->jobs.size(), 1u);
+  EXPECT_EQ(second->jobs[0].name(), ranking[2]);
+  EXPECT_TRUE(second->next_page_token.empty());
+  // The token is no readable position, and it is refused for another query
+  // or after a change to it.
+  EXPECT_EQ(first->next_page_token.find("seq"), std::string::npos);
+  JobStore::Query other;
+  other.labels["team"] = "ads";
+  EXPECT_EQ((*store)->List(2, first->next_page_token, other).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*store)->List(2, first->next_page_token, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::string tampered = first->next_page_token;
+  tampered[0] = tampered[0] == 'A' ? 'B' : 'A';
+  EXPECT_EQ((*store)->List(2, tampered, q).status().code(), absl::StatusCode::kInvalidArgument);
+  q.labels["team"] = "nobody";
+  EXPECT_TRUE((*store)->List(2, "", q)->jobs.empty());
+}
+
+TEST(JobStoreTest, PageTokensSurviveARestart) {
+  const std::string path = TempDb("tokens.db");
+  std::string token;
+  {
+    absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (int i = 0; i < 3; ++i) {
+      bool created;
+      ASSERT_TRUE((*store)->Create(ValidSpec(), "", kT0, &created).ok());
+    }
+    token = (*store)->List(2, "", {})->next_page_token;
+    ASSERT_FALSE(token.empty());
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<JobStore::Page> rest = (*store)->List(2, token, {});
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(rest->jobs.size(), 1u);
 }
 
 TEST(JobStoreTest, NamesAndErrors) {

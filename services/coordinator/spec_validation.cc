@@ -21,7 +21,7 @@ std::string Quote(const std::string& s) { return absl::StrCat("\"", s, "\""); }
 class Checker {
  public:
   void Add(const std::string& path, const std::string& rule, const std::string& got) {
-    errors_.push_back(absl::StrCat(path, " ", rule, ", got ", got));
+    errors_.emplace_back(path, absl::StrCat(rule, ", got ", got));
   }
   template <typename T>
   void Positive(const std::string& path, T v) {
@@ -45,10 +45,10 @@ class Checker {
     if (need_one && list.empty()) Add(path, "must list at least one width", "none");
     for (int i = 0; i < list.size(); ++i) Positive(absl::StrCat(path, "[", i, "]"), list[i]);
   }
-  std::vector<std::string> Take() { return std::move(errors_); }
+  std::vector<FieldViolation> Take() { return std::move(errors_); }
 
  private:
-  std::vector<std::string> errors_;
+  std::vector<FieldViolation> errors_;
 };
 
 bool IsIdentifier(const std::string& s) {
@@ -274,7 +274,7 @@ int64_t WorldSize(const JobSpec& spec) {
          std::max(spec.resources().gpus_per_worker(), 1);
 }
 
-std::vector<std::string> SpecViolations(const JobSpec& spec) {
+std::vector<FieldViolation> SpecFieldViolations(const JobSpec& spec) {
   Checker c;
   const size_t bytes = spec.ByteSizeLong();
   if (bytes > static_cast<size_t>(kMaxSpecBytes)) {
@@ -336,10 +336,18 @@ std::vector<std::string> SpecViolations(const JobSpec& spec) {
   return c.Take();
 }
 
+std::vector<std::string> SpecViolations(const JobSpec& spec) {
+  std::vector<std::string> out;
+  for (const auto& [field, description] : SpecFieldViolations(spec)) {
+    out.push_back(absl::StrCat(field, " ", description));
+  }
+  return out;
+}
+
 absl::Status ValidateJobSpec(const JobSpec& spec) {
-  std::vector<std::string> v = SpecViolations(spec);
+  const std::vector<FieldViolation> v = SpecFieldViolations(spec);
   if (v.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrJoin(v, "; "));
+  return BadRequestError(absl::StrJoin(SpecViolations(spec), "; "), v);
 }
 
 }  // namespace recfleet::coordinator

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "recfleet/v1/job.pb.h"
+#include "services/common/rpc_status.h"
 
 namespace recfleet::coordinator {
 
@@ -25,8 +26,12 @@ inline constexpr size_t kMaxLabelValueBytes = 256;
 // Every violation in `spec`, in field order; empty when the spec is valid.
 // A spec over kMaxSpecBytes yields only that violation.
 std::vector<std::string> SpecViolations(const ::recfleet::v1::JobSpec& spec);
+// The same as (field path, description) pairs.
+std::vector<FieldViolation> SpecFieldViolations(const ::recfleet::v1::JobSpec& spec);
 
-// OK, or INVALID_ARGUMENT whose message lists the violations ("; "-joined).
+// OK, or INVALID_ARGUMENT whose message lists the violations ("; "-joined)
+// and whose google.rpc.BadRequest detail (services/common/rpc_status.h)
+// holds them one by one.
 // Structural only: what recfleet does not build yet (engine::CheckBuildable)
 // is checked on top of it where a job is to run (CreateJob, train --local);
 // a dry-run plan (PlanJob, `recfleet plan`) accepts any well-formed spec.

@@ -3,6 +3,8 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "services/common/address.h"
 #include "services/common/data_grant.h"
 
@@ -55,6 +57,11 @@ absl::StatusOr<std::unique_ptr<LoaderServer>> LoaderServer::Start(const ServerOp
   s->auth_ = std::make_unique<BearerAuth>(options.auth_token);
   s->authenticated_ = std::make_unique<AuthenticatedService>(s->service_.get(), s->auth_.get(),
                                                              options.data_grant_key);
+  // Standard health checks (grpc.health.v1, for load balancers and
+  // Kubernetes gRPC probes) and reflection (grpcurl), as on the coordinator;
+  // neither needs the token nor reveals any data.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(
       FormatHostPort(options.host, options.port),
@@ -67,6 +74,7 @@ absl::StatusOr<std::unique_ptr<LoaderServer>> LoaderServer::Start(const ServerOp
     return absl::UnavailableError(
         absl::StrCat("data loader: cannot listen on ", options.host, ":", options.port));
   }
+  s->server_->GetHealthCheckService()->SetServingStatus("recfleet.v1.DataLoader", true);
   if (options.metrics_port >= 0) {
     auto http = StartMetricsServer(absl::StrCat(options.host, ":", options.metrics_port),
                                    &s->metrics_data_->registry());
@@ -84,6 +92,7 @@ void LoaderServer::Wait() { server_->Wait(); }
 
 void LoaderServer::Shutdown() {
   if (server_ != nullptr && !shut_down_.exchange(true)) {
+    server_->GetHealthCheckService()->Shutdown();
     // Open streams get a short grace period, then are cancelled.
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }

@@ -14,6 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/common/data_grant.h"
+#include "services/common/generic_call_testing.h"
 #include "services/common/tls.h"
 #include "services/common/tls_testing.h"
 #include "services/dataloader/client.h"
@@ -178,6 +179,29 @@ TEST_F(ServerAuthTest, EveryMethodOfTheServiceChecksTheTokenAndTheGrant) {
     EXPECT_EQ(call(method, false), grpc::StatusCode::UNAUTHENTICATED) << method;
     EXPECT_EQ(call(method, true), grpc::StatusCode::PERMISSION_DENIED) << method;
   }
+}
+
+// Health and reflection, like the coordinator's: no token needed, nothing
+// of the data revealed.
+TEST(LoaderServerTest, AnswersHealthChecksAndReflection) {
+  ServerOptions so;
+  so.metrics_port = -1;
+  so.auth_token = kToken;
+  auto server = LoaderServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::string health;
+  const std::string service = "recfleet.v1.DataLoader";
+  grpc::Status hs = recfleet::testing::GenericCall(
+      (*server)->address(), "/grpc.health.v1.Health/Check",
+      std::string("\x0a", 1) + static_cast<char>(service.size()) + service, &health);
+  ASSERT_TRUE(hs.ok()) << hs.error_message();
+  EXPECT_EQ(health, std::string("\x08\x01", 2));  // SERVING
+  std::string services;
+  grpc::Status rs = recfleet::testing::GenericCall(
+      (*server)->address(), "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+      std::string("\x3a\x00", 2), &services);  // list_services
+  ASSERT_TRUE(rs.ok()) << rs.error_message();
+  EXPECT_NE(services.find(service), std::string::npos);
 }
 
 }  // namespace

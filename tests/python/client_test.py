@@ -134,6 +134,22 @@ class CoordinatorTest(unittest.TestCase):
         self.assertEqual(self.client.get(name).spec.display_name, "from-a-dict")
         self.client.cancel(name)
 
+    def test_a_chosen_job_id_and_a_label_filter(self):
+        spec = recfleet.load_job_spec(os.environ["RECFLEET_DEMO_SPEC"])
+        spec.labels["suite"] = 'py "client"'
+        name = self.client.submit(spec, job_id="py-chosen-id")
+        self.assertEqual(name, "jobs/py-chosen-id")
+        listed = [j.name for j in self.client.list(labels={"suite": 'py "client"'})]
+        self.assertEqual(listed, ["jobs/py-chosen-id"])
+        self.assertEqual(self.client.list(labels={"suite": "nobody"}), [])
+        with self.assertRaises(recfleet.RecfleetError) as e:
+            self.client.submit(spec, job_id="py-chosen-id")
+        self.assertEqual(e.exception.code, grpc.StatusCode.ALREADY_EXISTS)
+        with self.assertRaises(recfleet.RecfleetError) as e:
+            self.client.list(filter="suite = x")
+        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.client.cancel(name)
+
     def test_an_invalid_spec_is_rejected_with_the_field_path(self):
         spec = recfleet.load_job_spec(os.environ["RECFLEET_DEMO_SPEC"])
         spec.model.tables[2].dim = 0
