@@ -31,6 +31,8 @@ PINNED=(
   pkg-config=1.8.1-1
   # promtool, for //deploy/prometheus:rules_test (`promtool test rules`).
   prometheus=2.42.0+ds-5+deb12u1
+  # //cli:plan_html_render_test: headless Chromium renders `recfleet plan --html`.
+  chromium-headless-shell=156.0.8078.114-1~deb12u1
   # The Python client (python/): Debian's CPython 3.11 and its venv module.
   python3=3.11.2-1+b1
   python3-venv=3.11.2-1+b1
