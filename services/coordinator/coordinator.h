@@ -25,6 +25,7 @@
 //   coordinator_rendezvous.cc  the rendezvous key-value API
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -47,6 +48,7 @@
 #include "services/coordinator/plan_adapter.h"
 #include "services/coordinator/progress_aggregator.h"
 #include "services/coordinator/rendezvous.h"
+#include "services/coordinator/status_page.h"
 #include "services/coordinator/worker_registry.h"
 
 namespace recfleet::coordinator {
@@ -108,6 +110,10 @@ class Coordinator {
   // Plans outside the lock: the planner may take a while on large fleets.
   absl::StatusOr<::recfleet::v1::PlanJobResponse> PlanJob(
       const ::recfleet::v1::PlanJobRequest& request);
+
+  // The read-only status page (status_page.h) of the newest 100 jobs, with
+  // the progress curves recorded since this coordinator started.
+  std::string StatusPage();
 
   // WatchJob in two calls: the current job plus the sequence number of its
   // latest event, then the events after a sequence number. WaitJobEvents
@@ -213,6 +219,11 @@ class Coordinator {
   // QUEUED and RESTARTING jobs as (order, id): the scheduler's queue.
   std::set<std::pair<uint64_t, std::string>> waiting_ ABSL_GUARDED_BY(mu_);
   JobEventLog events_ ABSL_GUARDED_BY(mu_);
+  // Progress curves for the status page by job name, the oldest-created
+  // first in history_order_ (at most kMaxHistories jobs kept).
+  static constexpr size_t kMaxHistories = 200;
+  std::map<std::string, ProgressHistory> history_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> history_order_ ABSL_GUARDED_BY(mu_);
   // Worker id -> job id, for RUNNING jobs recovered after a restart whose
   // workers have not re-registered yet.
   std::map<std::string, std::string> pending_relink_ ABSL_GUARDED_BY(mu_);

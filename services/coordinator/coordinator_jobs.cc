@@ -259,6 +259,10 @@ absl::Status Coordinator::DeleteJob(const ::recfleet::v1::DeleteJobRequest& requ
   }
   if (absl::Status s = store_->Delete(*id); !s.ok()) return s;
   events_.Forget(*id);
+  if (history_.erase(request.name()) > 0) {
+    history_order_.erase(
+        std::find(history_order_.begin(), history_order_.end(), request.name()));
+  }
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 
 namespace recfleet::coordinator {
 
+using ::recfleet::v1::Job;
 using ::recfleet::v1::JobProgress;
 using ::recfleet::v1::WatchJobResponse;
 
@@ -51,6 +52,35 @@ void Coordinator::ComputeProgressLocked(ActiveJob& aj) {
   JobProgress* p = aj.job.mutable_status()->mutable_progress();
   aj.progress.Compute(*p);
   ToProto(options_.clock(), p->mutable_update_time());
+  if (p->step() <= 0) return;
+  auto [it, fresh] = history_.try_emplace(aj.job.name());
+  if (fresh) {
+    history_order_.push_back(aj.job.name());
+    if (history_order_.size() > kMaxHistories) {
+      history_.erase(history_order_.front());
+      history_order_.pop_front();
+    }
+  }
+  it->second.Add(*p);
+}
+
+std::string Coordinator::StatusPage() {
+  absl::StatusOr<JobStore::Page> page = store_->List(100, "", {});
+  std::vector<Job> jobs;
+  absl::MutexLock lock(&mu_);
+  if (page.ok()) {
+    for (Job& job : page->jobs) {
+      // Active jobs: the in-memory status carries the freshest progress.
+      auto it = jobs_.find(job.name().substr(5));
+      jobs.push_back(it != jobs_.end() ? it->second.job : std::move(job));
+    }
+  }
+  std::string html = RenderStatusPage(jobs, history_, options_.clock());
+  if (!page.ok()) {
+    html.insert(html.find("</body>"),
+                absl::StrCat("<p>job store: ", HtmlEscape(page.status().ToString()), "</p>"));
+  }
+  return html;
 }
 
 void Coordinator::PublishProgressLocked(ActiveJob& aj) {

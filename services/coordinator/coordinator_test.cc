@@ -406,6 +406,32 @@ TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
                                    JobStatus::SUCCEEDED}));
 }
 
+// The status page lists jobs, and a job's curves once it reports progress;
+// the curves outlive the job's end but not its deletion.
+TEST_F(CoordinatorTest, StatusPageShowsJobsAndTheirProgressCurves) {
+  Job queued = Submit(1);
+  std::string page = coordinator_->StatusPage();
+  EXPECT_NE(page.find(queued.name()), std::string::npos);
+  EXPECT_NE(page.find("No progress reported yet."), std::string::npos);
+  EXPECT_EQ(page.find("<polyline"), std::string::npos);
+  std::string w = Register("host-a");
+  int64_t epoch = StartRunning(queued.name(), {w});
+  for (int64_t step = 1; step <= 40; step += 10) {
+    ASSERT_TRUE(ReportSteps(w, queued.name(), epoch, 0, step, step + 9).ok());
+    clock_.Advance(absl::Seconds(5));
+    Beat(w, queued.name(), epoch, TaskStatus::RUNNING);
+    coordinator_->Tick();
+  }
+  Finish(w, queued.name(), epoch);
+  page = coordinator_->StatusPage();
+  EXPECT_NE(page.find("<polyline"), std::string::npos) << page;
+  EXPECT_NE(page.find("SUCCEEDED"), std::string::npos);
+  ::recfleet::v1::DeleteJobRequest del;
+  del.set_name(queued.name());
+  ASSERT_TRUE(coordinator_->DeleteJob(del).ok());
+  EXPECT_EQ(coordinator_->StatusPage().find("<polyline"), std::string::npos);
+}
+
 // A heartbeat in the name of another job's rank-0 worker claiming SUCCEEDED
 // at step 77 of 400 must not end that job.
 TEST_F(CoordinatorTest, EarlySucceededClaimDoesNotEndTheJob) {
