@@ -19,6 +19,9 @@
 #                                      libraries (then: --bin DIR there)
 #   --steps N   train N steps (default: the spec's 40)
 #   --out DIR   keep the cluster's logs and the results there
+#   --job FILE  another job spec (run as one worker)
+#   --device cpu  a dry run of the same plumbing on CPU workers (use a small
+#               --job, e.g. deploy/examples/job-gemlite.yaml)
 #
 # The worker trains in bf16 (fp32 master weights); MFU is against 989
 # TFLOP/s (dense bf16, H100/H200) and the first step is left out of both
@@ -27,14 +30,16 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-bin="" stage="" steps="" out=""
+bin="" stage="" steps="" out="" job_file=deploy/examples/job-gpu-config-a.yaml device=cuda
 while [[ $# -gt 0 ]]; do
   case $1 in
     --bin) bin=$(cd "$2" && pwd); shift 2 ;;
     --stage) stage=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --job) job_file=$2; shift 2 ;;
+    --device) device=$2; shift 2 ;;
+    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_demo: unknown argument $1 (see tools/gpu_demo.sh --help)" >&2; exit 2 ;;
   esac
 done
@@ -70,8 +75,12 @@ work=${out:-$(mktemp -d "${TMPDIR:-/tmp}/recfleet-gpu-demo.XXXXXX")}
 mkdir -p "$work"
 cluster=$work/cluster
 job_yaml=$work/job.yaml
-cp deploy/examples/job-gpu-config-a.yaml "$job_yaml"
+cp "$job_file" "$job_yaml"
 [[ -n $steps ]] && sed -i "s/^  steps: .*/  steps: $steps/" "$job_yaml"
+# One worker; one GPU for it, or none on a CPU dry run.
+gpus=1 cluster_flags=(--topology deploy/local/h200-topology.yaml --worker-flag --device=cuda)
+[[ $device == cpu ]] && gpus=0 cluster_flags=()
+sed -i -e "s/^  workers: .*/  workers: 1/" -e "s/^  gpus_per_worker: .*/  gpus_per_worker: $gpus/" "$job_yaml"
 trap 'deploy/local/cluster.sh stop "$cluster" || true' EXIT
 echo "demo directory: $work"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
@@ -89,9 +98,9 @@ PY
 # samples/s of a run's summary line (worker/rank_run.cc).
 summary_rate() { sed -n 's/.*summary over [0-9]* steps after the first: \([0-9.]*\) samples\/s.*/\1/p' "$1" | tail -1; }
 
-printf '\n== local cluster: coordinator, data-loader, one GPU worker\n'
+printf '\n== local cluster: coordinator, data-loader, one worker (%s)\n' "$device"
 deploy/local/cluster.sh start "$cluster" --workers 1 --bin "$bin" --loader --lease 30 \
-  --topology deploy/local/h200-topology.yaml --worker-flag --device=cuda
+  ${cluster_flags[@]+"${cluster_flags[@]}"}
 coordinator=$(cat "$cluster/coordinator.address")
 worker_metrics=$(sed -n 's/^worker0 http:\/\/\([^/]*\)\/metrics.*/\1/p' "$cluster/metrics.txt")
 
@@ -116,19 +125,19 @@ while true; do
   sleep 1
 done
 wall=$(python3 -c "import time; print(f'{time.time() - $start:.1f}')")
-grep -E "trains on CUDA|summary over|eval at" "$cluster/worker0.log" || true
+grep -E "trains on CUDA|summary over|eval at|Error|error" "$cluster/worker0.log" || true
 worker_rate=$(summary_rate "$cluster/worker0.log")
 "$recfleet" get "$job" --coordinator "$coordinator" || true
 
-printf '\n== the same job: recfleet train --local --device cuda\n'
-"$recfleet" train --local "$job_yaml" --device cuda --checkpoint-dir "$work/local-ckpt" \
+printf '\n== the same job: recfleet train --local --device %s\n' "$device"
+"$recfleet" train --local "$job_yaml" --device "$device" --checkpoint-dir "$work/local-ckpt" \
   --log-every 10 >"$work/train-local.log" 2>&1 || { tail -20 "$work/train-local.log"; exit 1; }
 grep -E "summary over|AUC" "$work/train-local.log" || true
 local_rate=$(summary_rate "$work/train-local.log")
 
 printf '\n== result\n'
 echo "job $job: $state in ${wall} s (submit to end, data generation and model set-up included)"
-echo "GPU worker, scraped from /metrics while training: samples/s ${qps:-n/a}, local MFU ${mfu:-n/a}," \
+echo "worker, scraped from /metrics while training: samples/s ${qps:-n/a}, local MFU ${mfu:-n/a}," \
   "E2E MFU ${e2e:-n/a}, scaling ratio ${scaling:-n/a}"
 echo "samples/s over the steps after the first: worker ${worker_rate:-n/a}," \
   "train --local ${local_rate:-n/a}"
