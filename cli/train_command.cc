@@ -3,9 +3,9 @@
 // JobSpec files `recfleet submit` takes, the same `.rfd` datasets, the same
 // loader dealing (BBS included) and checkpoints. Prints progress, the eval
 // AUC / NE and the item-popularity baseline on the same split. With
-// `--device cuda` the same model trains on the GPU engine instead
-// (engine/model.h, ExecutionOptions): same spec, same dealt batches, eval
-// at the end; no checkpoints on that path yet.
+// `--device cuda` the same step code trains on the GPU engine
+// (worker/single_rank_model.h): same spec, same dealt batches, checkpoints
+// and evals, the same path as `recfleet-worker --device cuda`.
 
 #include <unistd.h>
 
@@ -48,8 +48,8 @@ constexpr char kUsage[] =
     "                       fresh temporary directory)\n"
     "  --data-root DIR      relative dataset paths are taken from here (default: working directory)\n"
     "  --log-every N        progress line every N steps (default: steps / 20)\n"
-    "  --device D           cpu (the worker's step code, default) or cuda (the GPU engine; no\n"
-    "                       checkpoints yet)\n"
+    "  --device D           cpu (the CPU reference engine, default) or cuda (the GPU engine, CUDA\n"
+    "                       device 0)\n"
     "  --precision P        cuda only: bf16 (default; bf16 GEMMs and attention, fp32 master\n"
     "                       weights) or fp32";
 
@@ -138,84 +138,6 @@ double ItemPopularityAuc(const engine::JobModel& model, const v1::JobSpec& spec,
   return data::Auc(scores, labels);
 }
 
-// Trains `spec` on the GPU engine: the rank's dealt batches (the loader's
-// code in this process), the next batch copied to the device during each
-// step, eval AUC / NE on the eval set at the end.
-int RunOnCuda(const v1::JobSpec& spec, const v1::DataConfig& data,
-              const dataloader::DatasetOptions& datasets, bool bf16, int64_t log_every) {
-  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
-  if (!model.ok()) return Fail(std::string(model.status().message()), kExitUsage);
-  absl::StatusOr<std::unique_ptr<worker::RankData>> source =
-      worker::OpenLocalRankData(data, 0, datasets);
-  if (!source.ok()) return Fail(std::string(source.status().message()), ExitCodeOf(source.status()));
-  absl::StatusOr<engine::BatchConverter> converter =
-      engine::BatchConverter::Create(*model, (*source)->schema());
-  if (!converter.ok()) return Fail(std::string(converter.status().message()), kExitUsage);
-  engine::ExecutionOptions exec;
-  exec.device = Device::kCuda;
-  exec.bf16 = bf16;
-  absl::StatusOr<std::unique_ptr<engine::GemLite<float>>> gem = engine::GemLite<float>::Create(
-      model->config, model->schema, engine::TableStorage::kInternal, exec);
-  if (!gem.ok()) return Fail(std::string(gem.status().message()), ExitCodeOf(gem.status()));
-  engine::GemLite<float>& m = **gem;
-  const int64_t total = spec.training().steps();
-  engine::Batch batches[2];
-  std::vector<int64_t> rows;
-  auto load = [&](int64_t step, engine::Batch* out) -> absl::Status {
-    absl::StatusOr<const data::Batch*> b = (*source)->Step(step, &rows);
-    if (!b.ok()) return b.status();
-    *out = converter->Convert(**b, rows);
-    return absl::OkStatus();
-  };
-  if (absl::Status s = load(1, &batches[0]); !s.ok()) return Fail(std::string(s.message()), ExitCodeOf(s));
-  int64_t samples = 0;
-  double loss_sum = 0;
-  for (int64_t step = 1; step <= total; ++step) {
-    engine::Batch& now = batches[(step - 1) % 2];
-    absl::StatusOr<engine::StepResult> r = m.ForwardBackward(now);
-    if (!r.ok()) return Fail(std::string(r.status().message()), ExitCodeOf(r.status()));
-    if (step < total) {
-      engine::Batch& next = batches[step % 2];
-      if (absl::Status s = load(step + 1, &next); !s.ok()) return Fail(std::string(s.message()), ExitCodeOf(s));
-      if (absl::Status s = m.Prefetch(next); !s.ok()) return Fail(std::string(s.message()), ExitCodeOf(s));
-    }
-    if (absl::Status s = m.ApplyUpdates(); !s.ok()) return Fail(std::string(s.message()), ExitCodeOf(s));
-    samples += now.size;
-    loss_sum += r->ctr_loss + r->cvr_loss;
-    if (log_every > 0 && (step % log_every == 0 || step == total)) {
-      std::fprintf(stderr, "step %lld/%lld: mean loss %.4f\n", static_cast<long long>(step),
-                   static_cast<long long>(total), loss_sum / std::max<int64_t>(1, step));
-    }
-  }
-  std::printf("\nresult (%lld samples trained on cuda, %s):\n", static_cast<long long>(samples),
-              bf16 ? "bf16" : "fp32");
-  const std::string eval_file =
-      dataloader::ResolveEvalFile(spec.data().dataset(), spec.data().eval_dataset(), datasets).value_or("");
-  absl::StatusOr<data::Batch> eval =
-      eval_file.empty() ? absl::NotFoundError("no eval set") : data::ReadAll(eval_file);
-  if (!eval.ok()) {
-    std::printf("  no eval set (spec.data.eval_dataset, or eval.rfd beside the training data)\n");
-    return kExitOk;
-  }
-  const engine::Head head = model->ctr_label.empty() ? engine::Head::kCvr : engine::Head::kCtr;
-  std::vector<double> logits, labels;
-  for (int64_t begin = 0; begin < static_cast<int64_t>(eval->num_rows()); begin += 1024) {
-    std::vector<int64_t> chunk;
-    for (int64_t r = begin; r < std::min<int64_t>(eval->num_rows(), begin + 1024); ++r) chunk.push_back(r);
-    const engine::Batch b = converter->Convert(*eval, chunk);
-    absl::StatusOr<std::vector<double>> p = m.Predict(b, head);
-    if (!p.ok()) return Fail(std::string(p.status().message()), ExitCodeOf(p.status()));
-    logits.insert(logits.end(), p->begin(), p->end());
-    const std::vector<float>& y = head == engine::Head::kCtr ? b.ctr_labels : b.cvr_labels;
-    labels.insert(labels.end(), y.begin(), y.end());
-  }
-  absl::StatusOr<engine::BinaryMetrics> metrics = engine::ComputeBinaryMetrics(logits, labels);
-  if (!metrics.ok()) return Fail(std::string(metrics.status().message()), kExitFailure);
-  std::printf("  model            AUC %.4f  NE %.4f  (step %lld)\n", metrics->auc,
-              metrics->normalized_entropy, static_cast<long long>(total));
-  return kExitOk;
-}
-
 int Run(const std::vector<std::string>& args) {
   std::string job_path, dataset, checkpoint_dir, data_root, device = "cpu", precision;
   int64_t steps = -1, log_every = -1;
@@ -253,9 +175,6 @@ int Run(const std::vector<std::string>& args) {
   if (device == "cpu" && !precision.empty()) {
     return Fail("--precision applies to --device cuda only (the CPU engine computes in fp32)", kExitUsage);
   }
-  if (device == "cuda" && !checkpoint_dir.empty()) {
-    return Fail("--checkpoint-dir: the cuda path writes no checkpoints yet", kExitUsage);
-  }
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(job_path);
   if (!spec.ok()) return Fail(std::string(spec.status().message()), ExitCodeOf(spec.status()));
   if (!dataset.empty()) spec->mutable_data()->set_dataset(dataset);
@@ -281,11 +200,8 @@ int Run(const std::vector<std::string>& args) {
   worker::TrainingOptions options;
   options.datasets.root = data_root;
   if (device == "cuda") {
-    const int64_t every = log_every >= 0 ? log_every : std::max<int64_t>(1, spec->training().steps() / 20);
-    std::printf("training %s locally on cuda: %lld steps of %d samples\n", name.c_str(),
-                static_cast<long long>(spec->training().steps()), spec->data().local_batch_size());
-    std::fflush(stdout);
-    return RunOnCuda(*spec, *data, options.datasets, precision != "fp32", every);
+    options.device = Device::kCuda;
+    options.bf16 = precision != "fp32";
   }
   if (!checkpoint_dir.empty()) {
     a.mutable_spec()->mutable_training()->set_checkpoint_dir(checkpoint_dir);
@@ -296,8 +212,8 @@ int Run(const std::vector<std::string>& args) {
   }
   const int64_t total = a.spec().training().steps();
   options.log_every = log_every >= 0 ? log_every : std::max<int64_t>(1, total / 20);
-  std::printf("training %s locally: %lld steps of %d samples, checkpoints in %s\n", name.c_str(),
-              static_cast<long long>(total), spec->data().local_batch_size(),
+  std::printf("training %s locally on %s: %lld steps of %d samples, checkpoints in %s\n", name.c_str(),
+              device.c_str(), static_cast<long long>(total), spec->data().local_batch_size(),
               a.spec().training().checkpoint_dir().c_str());
   std::fflush(stdout);
 

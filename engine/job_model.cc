@@ -330,10 +330,17 @@ absl::Status CheckBuildable(const v1::JobSpec& spec) {
   };
   add(BuildJobModel(spec).status());
   add(BuildDataConfig(spec, "", 1).status());
-  if (spec.resources().gpus_per_worker() > 0) {
+  // GPU workers (recfleet-worker --device cuda) run one rank on one GPU,
+  // and GPU ranks do not yet exchange gradients, so a GPU job is one worker
+  // with one GPU.
+  if (spec.resources().gpus_per_worker() > 1) {
     problems.push_back(
-        "spec.resources.gpus_per_worker: not supported yet (worker daemons train on CPU ranks and register no GPUs, "
-        "so a GPU job would wait forever; set 0. `recfleet plan` plans GPU jobs)");
+        "spec.resources.gpus_per_worker: not supported yet above 1 (a GPU worker trains one rank on one GPU; set 1, "
+        "or 0 for CPU workers. `recfleet plan` plans larger GPU jobs)");
+  } else if (spec.resources().gpus_per_worker() == 1 && spec.resources().workers() > 1) {
+    problems.push_back(
+        "spec.resources.workers: a GPU job (gpus_per_worker = 1) trains on one GPU for now (GPU ranks do not "
+        "exchange gradients yet); set workers = 1, or gpus_per_worker = 0 to train on several CPU workers");
   }
   if (spec.parallelism().expert_parallel()) {
     problems.push_back(

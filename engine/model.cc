@@ -574,6 +574,28 @@ absl::StatusOr<Tensor> GemLite<T>::DenseTableGradient(int table) {
 }
 
 template <typename T>
+TensorView GemLite<T>::DenseAdamMoment(const std::string& name, int moment) {
+  const layers::Parameter* p = impl_->params.Find(name);
+  if (p == nullptr || (moment != 1 && moment != 2)) return TensorView();
+  return moment == 1 ? p->m.view() : p->v.view();
+}
+
+template <typename T>
+TensorView GemLite<T>::TableMomentum(int table) {
+  return impl_->sparse.momentum(table);
+}
+
+template <typename T>
+int64_t GemLite<T>::adam_step() const {
+  return impl_->adam_step;
+}
+
+template <typename T>
+void GemLite<T>::set_adam_step(int64_t step) {
+  impl_->adam_step = step;
+}
+
+template <typename T>
 int64_t GemLite<T>::num_dense_parameters() const {
   return impl_->params.num_elements();
 }

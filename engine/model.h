@@ -137,6 +137,16 @@ class GemLite {
   TensorView Table(int table);
   absl::StatusOr<Tensor> DenseTableGradient(int table);
 
+  // Checkpoints: the optimizer state beside the parameters, on the model's
+  // device. AdamW's first (moment 1) and second (moment 2) moments of a
+  // dense parameter (an empty view for an unknown name), a table's rowwise
+  // Adagrad accumulator [rows], and the AdamW step count (1-based steps
+  // taken so far; restoring it keeps the bias correction exact).
+  TensorView DenseAdamMoment(const std::string& name, int moment);
+  TensorView TableMomentum(int table);
+  int64_t adam_step() const;
+  void set_adam_step(int64_t step);
+
   int64_t num_dense_parameters() const;
   int64_t num_table_parameters() const;
 

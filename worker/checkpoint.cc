@@ -326,4 +326,30 @@ absl::Status RemovePartialCheckpointFiles(const std::string& dir) {
   return absl::OkStatus();
 }
 
+std::string FloatRecord(const float* data, int64_t n) {
+  return std::string(reinterpret_cast<const char*>(data), static_cast<size_t>(n) * sizeof(float));
+}
+
+std::optional<std::pair<int64_t, int64_t>> RangeRecord(const CheckpointShard& shard, const std::string& key) {
+  auto it = shard.find(key);
+  if (it == shard.end()) return std::nullopt;
+  std::vector<std::string> parts = absl::StrSplit(it->second, ' ');
+  std::pair<int64_t, int64_t> r;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &r.first) || !absl::SimpleAtoi(parts[1], &r.second) ||
+      r.first > r.second) {
+    return std::nullopt;
+  }
+  return r;
+}
+
+int64_t CopyRecordOverlap(const std::string& record, std::pair<int64_t, int64_t> src, int64_t width,
+                          std::pair<int64_t, int64_t> dst, float* out) {
+  if (record.size() != static_cast<size_t>((src.second - src.first) * width) * sizeof(float)) return -1;
+  const int64_t first = std::max(src.first, dst.first), end = std::min(src.second, dst.second);
+  if (first >= end) return 0;
+  std::memcpy(out + (first - dst.first) * width, record.data() + (first - src.first) * width * sizeof(float),
+              static_cast<size_t>((end - first) * width) * sizeof(float));
+  return end - first;
+}
+
 }  // namespace recfleet::worker

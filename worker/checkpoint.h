@@ -24,6 +24,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -68,6 +69,19 @@ absl::Status PruneCheckpoints(const std::string& dir, int world_size, int keep);
 // ranks killed while writing left behind. Only safe while no rank writes,
 // i.e. when a job (re)starts, before its first checkpoint.
 absl::Status RemovePartialCheckpointFiles(const std::string& dir);
+
+// Records of float ranges, the form every model's shard takes (a range
+// record "<first> <end>" names the elements or rows a value record holds):
+// FloatRecord encodes n floats; RangeRecord parses a range record (nullopt
+// when absent or malformed); CopyRecordOverlap copies the elements of
+// `record` (holding `src`, `width` floats per element) that fall in `dst`
+// into out (element dst.first at out[0]) and returns how many it copied, or
+// -1 when the record is shorter than its range says. Restores add up the
+// copied counts to check that the records cover what they restore.
+std::string FloatRecord(const float* data, int64_t n);
+std::optional<std::pair<int64_t, int64_t>> RangeRecord(const CheckpointShard& shard, const std::string& key);
+int64_t CopyRecordOverlap(const std::string& record, std::pair<int64_t, int64_t> src, int64_t width,
+                          std::pair<int64_t, int64_t> dst, float* out);
 
 }  // namespace recfleet::worker
 

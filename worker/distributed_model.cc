@@ -26,37 +26,6 @@ void Resize(V& v, size_t n) {
   if (v.capacity() == 0) v.reserve(1);
 }
 
-std::string Bytes(const float* data, int64_t n) {
-  return std::string(reinterpret_cast<const char*>(data), static_cast<size_t>(n) * sizeof(float));
-}
-
-// "<first> <end>" of a record, or nullopt.
-std::optional<std::pair<int64_t, int64_t>> Range(const CheckpointShard& shard, const std::string& key) {
-  auto it = shard.find(key);
-  if (it == shard.end()) return std::nullopt;
-  std::vector<std::string> parts = absl::StrSplit(it->second, ' ');
-  std::pair<int64_t, int64_t> r;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &r.first) || !absl::SimpleAtoi(parts[1], &r.second) ||
-      r.first > r.second) {
-    return std::nullopt;
-  }
-  return r;
-}
-
-// Copies the elements of [src_first, src_end) (stored from src_first in
-// `record`, `width` floats per element) that fall in [dst_first, dst_end)
-// into dst (element dst_first at dst[0]). Returns the elements copied, or
-// -1 when the record is shorter than its range says.
-int64_t CopyOverlap(const std::string& record, std::pair<int64_t, int64_t> src, int64_t width,
-                    std::pair<int64_t, int64_t> dst, float* out) {
-  if (record.size() != static_cast<size_t>((src.second - src.first) * width) * sizeof(float)) return -1;
-  const int64_t first = std::max(src.first, dst.first), end = std::min(src.second, dst.second);
-  if (first >= end) return 0;
-  std::memcpy(out + (first - dst.first) * width, record.data() + (first - src.first) * width * sizeof(float),
-              static_cast<size_t>((end - first) * width) * sizeof(float));
-  return end - first;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const engine::GemLiteConfig& config,
@@ -75,8 +44,8 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
     m->dense_params_.push_back(m->model_->DenseParameter(name));
     m->dense_grads_.push_back(m->model_->DenseGradient(name));
     m->dense_numel_ += m->dense_params_.back().numel();
-    absl::StrAppend(&m->fingerprint_, name, ":", m->dense_params_.back().numel(), ";");
   }
+  m->fingerprint_ = ModelFingerprint(*m->model_, schema, config.dim);
   comm::Communicator* replica = groups->replica()->size() > 1 ? groups->replica() : nullptr;
   absl::StatusOr<dist::FsdpFlatParameter> dense = dist::FsdpFlatParameter::Create(m->dense_numel_, groups->fsdp(), replica);
   if (!dense.ok()) return dense.status();
@@ -101,7 +70,6 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
   for (const engine::FeatureSchema::Table& t : schema.tables) {
     // The engine divides mean-pooled bags by their length itself.
     tables.push_back({t.name, t.rows, config.dim, Pooling::kSum});
-    absl::StrAppend(&m->fingerprint_, "table.", t.name, ":", t.rows, "x", config.dim, ";");
   }
   const int table_group = groups->tables()->size();
   absl::StatusOr<dist::EmbeddingShardingPlan> plan =
@@ -239,7 +207,15 @@ absl::StatusOr<std::vector<double>> DistributedModel::Predict(const engine::Batc
   return model_->Predict(*batch, head, pooled_views_);
 }
 
-void DistributedModel::Save(CheckpointShard* shard) const {
+absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Batch& batch, Times* times,
+                                                               const std::function<absl::Status()>& overlap) {
+  absl::StatusOr<engine::StepResult> result = TrainStep(batch, times);
+  if (!result.ok() || !overlap) return result;
+  if (absl::Status s = overlap(); !s.ok()) return s;
+  return result;
+}
+
+absl::Status DistributedModel::Save(CheckpointShard* shard) {
   (*shard)["fingerprint"] = fingerprint_;
   (*shard)["adam_step"] = absl::StrCat(adam_step_);
   // Replica 0 of each shard records it; the other replicas hold copies.
@@ -247,9 +223,9 @@ void DistributedModel::Save(CheckpointShard* shard) const {
     const auto [first, end] = DenseRange();
     const int64_t base = dense_->layout().ShardOffset(groups_->fsdp()->rank());
     (*shard)["dense.range"] = absl::StrCat(first, " ", end);
-    (*shard)["dense.value"] = Bytes(shard_.data() + (first - base), end - first);
-    (*shard)["dense.adam_m"] = Bytes(adam_m_.data() + (first - base), end - first);
-    (*shard)["dense.adam_v"] = Bytes(adam_v_.data() + (first - base), end - first);
+    (*shard)["dense.value"] = FloatRecord(shard_.data() + (first - base), end - first);
+    (*shard)["dense.adam_m"] = FloatRecord(adam_m_.data() + (first - base), end - first);
+    (*shard)["dense.adam_v"] = FloatRecord(adam_v_.data() + (first - base), end - first);
   }
   if (groups_->table_replica()->rank() == 0) {
     const int rank = groups_->tables()->rank();
@@ -257,10 +233,11 @@ void DistributedModel::Save(CheckpointShard* shard) const {
       const auto [first, end] = tables_->plan().RowRange(t, rank);
       const std::string key = absl::StrCat("table.", t);
       (*shard)[key + ".rows"] = absl::StrCat(first, " ", end);
-      (*shard)[key + ".value"] = Bytes(tables_->shard(t).as<float>(), (end - first) * config_.dim);
-      (*shard)[key + ".adagrad"] = Bytes(tables_->momentum(t).as<float>(), end - first);
+      (*shard)[key + ".value"] = FloatRecord(tables_->shard(t).as<float>(), (end - first) * config_.dim);
+      (*shard)[key + ".adagrad"] = FloatRecord(tables_->momentum(t).as<float>(), end - first);
     }
   }
+  return absl::OkStatus();
 }
 
 absl::Status DistributedModel::Restore(const std::vector<CheckpointShard>& shards) {
@@ -273,23 +250,16 @@ absl::Status DistributedModel::Restore(const std::vector<CheckpointShard>& shard
   std::optional<int64_t> adam_step;
   for (size_t i = 0; i < shards.size(); ++i) {
     const CheckpointShard& s = shards[i];
-    auto fp = s.find("fingerprint");
-    if (fp == s.end() || fp->second != fingerprint_) {
-      return absl::DataLossError(absl::StrCat("checkpoint shard ", i, " holds another model's parameters"));
-    }
-    int64_t step = 0;
-    auto st = s.find("adam_step");
-    if (st == s.end() || !absl::SimpleAtoi(st->second, &step)) {
-      return absl::DataLossError(absl::StrCat("checkpoint shard ", i, " has no optimizer step count"));
-    }
-    adam_step = step;
-    if (std::optional<std::pair<int64_t, int64_t>> r = Range(s, "dense.range")) {
+    absl::StatusOr<int64_t> step = CheckpointAdamStep(s, i, fingerprint_);
+    if (!step.ok()) return step.status();
+    adam_step = *step;
+    if (std::optional<std::pair<int64_t, int64_t>> r = RangeRecord(s, "dense.range")) {
       int64_t n = 0;
       for (auto [key, dst] : {std::pair<const char*, std::vector<float>*>{"dense.value", &shard_},
                               {"dense.adam_m", &adam_m_},
                               {"dense.adam_v", &adam_v_}}) {
         auto rec = s.find(key);
-        n = rec == s.end() ? -1 : CopyOverlap(rec->second, *r, 1, dense_range, dst->data() + (dense_range.first - base));
+        n = rec == s.end() ? -1 : CopyRecordOverlap(rec->second, *r, 1, dense_range, dst->data() + (dense_range.first - base));
         if (n < 0) return absl::DataLossError(absl::StrCat("checkpoint shard ", i, ": ", key, " does not match its range"));
       }
       dense_covered += n;
@@ -297,12 +267,12 @@ absl::Status DistributedModel::Restore(const std::vector<CheckpointShard>& shard
     for (size_t k = 0; k < local_tables.size(); ++k) {
       const int t = local_tables[k];
       const std::string key = absl::StrCat("table.", t);
-      std::optional<std::pair<int64_t, int64_t>> r = Range(s, key + ".rows");
+      std::optional<std::pair<int64_t, int64_t>> r = RangeRecord(s, key + ".rows");
       if (!r) continue;
       const std::pair<int64_t, int64_t> mine = tables_->plan().RowRange(t, rank);
       auto value = s.find(key + ".value"), adagrad = s.find(key + ".adagrad");
-      const int64_t a = value == s.end() ? -1 : CopyOverlap(value->second, *r, config_.dim, mine, tables_->shard(t).as<float>());
-      const int64_t b = adagrad == s.end() ? -1 : CopyOverlap(adagrad->second, *r, 1, mine, tables_->momentum(t).as<float>());
+      const int64_t a = value == s.end() ? -1 : CopyRecordOverlap(value->second, *r, config_.dim, mine, tables_->shard(t).as<float>());
+      const int64_t b = adagrad == s.end() ? -1 : CopyRecordOverlap(adagrad->second, *r, 1, mine, tables_->momentum(t).as<float>());
       if (a < 0 || b < 0) return absl::DataLossError(absl::StrCat("checkpoint shard ", i, ": ", key, " does not match its rows"));
       rows_covered[k] += a;
     }

@@ -39,10 +39,11 @@
 #include "worker/dist/fsdp.h"
 #include "worker/dist/layout.h"
 #include "worker/dist/sharded_embedding.h"
+#include "worker/rank_model.h"
 
 namespace recfleet::worker {
 
-class DistributedModel {
+class DistributedModel : public RankModel {
  public:
   // `groups` (the rank's four training groups) and `world` (every rank of
   // the job) are not owned and must outlive the model.
@@ -51,27 +52,22 @@ class DistributedModel {
                                                                   const dist::TrainingGroups* groups,
                                                                   comm::Communicator* world);
 
-  struct Times {
-    double compute_seconds = 0;
-    double comm_seconds = 0;  // Collectives, embedding all-to-alls included.
-  };
   // One synchronous training step on this rank's `batch` (>= 1 sample).
   absl::StatusOr<engine::StepResult> TrainStep(const engine::Batch& batch, Times* times);
+  // RankModel: the CPU engine computes synchronously, so `overlap` runs
+  // after the step.
+  absl::StatusOr<engine::StepResult> TrainStep(const engine::Batch& batch, Times* times,
+                                               const std::function<absl::Status()>& overlap) override;
+  absl::Status Prefetch(const engine::Batch&) override { return absl::OkStatus(); }
 
-  // Logits of `head` for `batch`; nullptr when this rank has no samples in
-  // this round (it still serves the other ranks' lookups). Every rank calls
-  // it the same number of times.
-  absl::StatusOr<std::vector<double>> Predict(const engine::Batch* batch, engine::Head head);
+  absl::StatusOr<std::vector<double>> Predict(const engine::Batch* batch, engine::Head head) override;
 
   // All-gathers the current dense parameters into the engine model (done by
   // TrainStep itself; call it before Predict after the last TrainStep).
-  absl::Status GatherDense();
+  absl::Status GatherDense() override;
 
-  // This rank's part of a checkpoint: the records of the shards it owns.
-  void Save(CheckpointShard* shard) const;
-  // Restores this rank's shards from every rank's records of a checkpoint.
-  // DataLoss when the records do not cover them or belong to another model.
-  absl::Status Restore(const std::vector<CheckpointShard>& shards);
+  absl::Status Save(CheckpointShard* shard) override;
+  absl::Status Restore(const std::vector<CheckpointShard>& shards) override;
 
   // Names and sizes of the dense parameters and the tables' shapes.
   const std::string& fingerprint() const { return fingerprint_; }

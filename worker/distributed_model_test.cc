@@ -11,6 +11,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/kv_store.h"
 #include "worker/comm/testing.h"
+#include "worker/single_rank_model.h"
 
 namespace recfleet::worker {
 namespace {
@@ -179,7 +180,7 @@ TEST(DistributedModelTest, CheckpointResumesUnderAnotherLayout) {
     auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world);
     ASSERT_TRUE(m.ok()) << m.status();
     Train(**m, data, rank, 0, kSteps / 2);
-    (*m)->Save(&saved[rank]);
+    ASSERT_TRUE((*m)->Save(&saved[rank]).ok());
   });
   OnRanks({4, 1, 4}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
     auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world);
@@ -198,6 +199,58 @@ TEST(DistributedModelTest, CheckpointResumesUnderAnotherLayout) {
       EXPECT_EQ((*m)->Restore(partial).code(), absl::StatusCode::kDataLoss);
     }
   });
+}
+
+// The single-process model (the GPU path's, here on the CPU) writes and
+// reads the same checkpoint records: half a run on it resumes on four
+// distributed ranks, a distributed checkpoint resumes on it, and both end
+// where one rank does.
+TEST(DistributedModelTest, SingleRankCheckpointsInterchangeWithDistributedOnes) {
+  const engine::MovieLensCtr data = Data();
+  const Reference ref = TrainOneRank(data, kSteps);
+  auto single = SingleRankModel::Create(Config(), data.schema(), engine::ExecutionOptions());
+  ASSERT_TRUE(single.ok()) << single.status();
+  for (int step = 0; step < kSteps / 2; ++step) {
+    RankModel::Times times;
+    ASSERT_TRUE((*single)->TrainStep(data.MakeBatch(false, GlobalSamples(data, step, kWorld)), &times, nullptr).ok());
+    EXPECT_GT(times.compute_seconds, 0);
+  }
+  std::vector<CheckpointShard> saved(1);
+  ASSERT_TRUE((*single)->Save(&saved[0]).ok());
+  std::vector<CheckpointShard> distributed(kWorld);
+  OnRanks({2, 2, 2}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE((*m)->Restore(saved).ok());
+    EXPECT_EQ((*m)->adam_step(), kSteps / 2);
+    Train(**m, data, rank, kSteps / 2, kSteps - 2);
+    ASSERT_TRUE((*m)->Save(&distributed[rank]).ok());
+  });
+  auto resumed = SingleRankModel::Create(Config(), data.schema(), engine::ExecutionOptions());
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_TRUE((*resumed)->Restore(distributed).ok());
+  EXPECT_EQ((*resumed)->engine_model().adam_step(), kSteps - 2);
+  for (int step = kSteps - 2; step < kSteps; ++step) {
+    RankModel::Times times;
+    ASSERT_TRUE((*resumed)->TrainStep(data.MakeBatch(false, GlobalSamples(data, step, kWorld)), &times, nullptr).ok());
+  }
+  engine::GemLite<float>& e = (*resumed)->engine_model();
+  std::vector<float> dense;
+  for (const std::string& name : e.DenseParameterNames()) {
+    const TensorView v = e.DenseParameter(name);
+    dense.insert(dense.end(), v.as<float>(), v.as<float>() + v.numel());
+  }
+  ASSERT_EQ(dense.size(), ref.dense.size());
+  EXPECT_LT(RelativeError(dense.data(), ref.dense.data(), dense.size()), 1e-5);
+  for (int t = 0; t < e.num_tables(); ++t) {
+    EXPECT_LT(RelativeError(e.Table(t).as<float>(), ref.tables[t].data(), e.Table(t).numel()), 1e-5) << "table " << t;
+  }
+  // Another model's checkpoint is refused, not half-restored.
+  engine::GemLiteConfig other = Config();
+  other.expert_out = 7;
+  auto wrong = SingleRankModel::Create(other, data.schema(), engine::ExecutionOptions());
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_EQ((*wrong)->Restore(saved).code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

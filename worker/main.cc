@@ -3,12 +3,24 @@
 // assigned, and serves /metrics. Stops cleanly on SIGINT / SIGTERM.
 //
 //   recfleet-worker --coordinator 127.0.0.1:7070 --node n0 --work_dir /tmp/w0
+//   recfleet-worker --device cuda [--gpus 0,1] --coordinator ... --work_dir /tmp/w
+//
+// With --device cuda every chosen GPU gets its own worker (one rank per
+// GPU): with one GPU this process is that worker; with several it starts one
+// child process per GPU (worker/gpu_selection.h) and waits for them,
+// passing SIGINT / SIGTERM on.
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -20,7 +32,9 @@
 #include "services/common/client_tls_flags.h"
 #include "services/common/flags.h"
 #include "services/common/http_server.h"
+#include "engine/cuda_device.h"
 #include "worker/agent.h"
+#include "worker/gpu_selection.h"
 #include "worker/training_task.h"
 #include "worker/worker_metrics.h"
 
@@ -30,7 +44,15 @@ ABSL_FLAG(std::string, host, "127.0.0.1",
 ABSL_FLAG(std::string, node, "", "Topology: node (host) id; default = --host.");
 ABSL_FLAG(std::string, nvlink_domain, "", "Topology: NVLink domain id.");
 ABSL_FLAG(std::string, zone, "", "Topology: failure / network zone.");
-ABSL_FLAG(std::string, device, "cpu", "Device the ranks train on: cpu (the CPU reference engine) or cuda.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Device the ranks train on: cpu (the CPU reference engine) or cuda (one worker per GPU; jobs with "
+          "spec.resources.gpus_per_worker = 1 train on it, jobs asking for no GPU on the CPU).");
+ABSL_FLAG(std::string, gpus, "all", "--device cuda: the GPUs to run workers on, e.g. 0,2 (default: all of them).");
+ABSL_FLAG(std::string, precision, "bf16",
+          "--device cuda: bf16 (bf16 GEMMs and attention, fp32 master weights) or fp32.");
+ABSL_FLAG(double, peak_flops, 0,
+          "--device cuda: peak FLOP/s that MFU divides by; 0 = by GPU name (989e12, dense bf16, for H100 / H200; "
+          "other GPUs export no MFU unless this is set).");
 ABSL_FLAG(std::string, work_dir, "", "This worker's scratch directory (required).");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Where jobs that name no spec.training.checkpoint_dir checkpoint (<root>/<job id>); must be storage every "
@@ -52,6 +74,59 @@ volatile std::sig_atomic_t g_signalled = 0;
 
 void OnSignal(int) { g_signalled = 1; }
 
+// Runs one child worker per GPU (this program, one --gpus each) and waits
+// for all of them, passing SIGINT / SIGTERM on. Returns the first nonzero
+// exit status, else 0.
+int RunPerGpu(const std::vector<std::string>& argv, const std::vector<int>& gpus, const std::string& work_dir) {
+  std::vector<pid_t> children;
+  for (int g : gpus) {
+    const std::string dir = work_dir + "/gpu-" + std::to_string(g);
+    ::mkdir(dir.c_str(), 0755);
+    std::vector<std::string> args = recfleet::worker::ChildCommandLine(argv, g, work_dir);
+    std::vector<char*> cargs;
+    for (std::string& a : args) cargs.push_back(a.data());
+    cargs.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("recfleet-worker: fork");
+      for (pid_t c : children) ::kill(c, SIGTERM);
+      return 1;
+    }
+    if (pid == 0) {
+      ::execv("/proc/self/exe", cargs.data());
+      std::perror("recfleet-worker: exec");
+      ::_exit(127);
+    }
+    std::printf("worker for GPU %d: pid %d, work dir %s\n", g, static_cast<int>(pid), dir.c_str());
+    std::fflush(stdout);
+    children.push_back(pid);
+  }
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  int result = 0;
+  size_t running = children.size();
+  bool forwarded = false;
+  while (running > 0) {
+    if (g_signalled && !forwarded) {
+      for (pid_t c : children) ::kill(c, SIGTERM);
+      forwarded = true;
+    }
+    int status = 0;
+    const pid_t done = ::waitpid(-1, &status, WNOHANG);
+    if (done <= 0) {
+      ::usleep(50 * 1000);
+      continue;
+    }
+    --running;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code != 0) {
+      std::fprintf(stderr, "recfleet-worker: the worker of pid %d exited with %d\n", static_cast<int>(done), code);
+      if (result == 0) result = code;
+    }
+  }
+  return result;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,11 +145,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "recfleet-worker: --device must be cpu or cuda, got '%s'\n", device.c_str());
     return 2;
   }
-  if (device == "cuda") {
-    std::fprintf(stderr,
-                 "recfleet-worker: --device=cuda: the training engine runs on the CPU reference kernels only in "
-                 "this build; start CPU workers (--device=cpu)\n");
+  const std::string precision = absl::GetFlag(FLAGS_precision);
+  if (precision != "bf16" && precision != "fp32") {
+    std::fprintf(stderr, "recfleet-worker: --precision must be bf16 or fp32, got '%s'\n", precision.c_str());
     return 2;
+  }
+  std::optional<recfleet::engine::CudaDeviceInfo> gpu;
+  if (device == "cuda") {
+    absl::StatusOr<std::vector<recfleet::engine::CudaDeviceInfo>> devices = recfleet::engine::ListCudaDevices();
+    if (!devices.ok()) {
+      std::fprintf(stderr, "recfleet-worker: --device cuda: %s\n", std::string(devices.status().message()).c_str());
+      return 2;
+    }
+    absl::StatusOr<std::vector<int>> chosen =
+        recfleet::worker::SelectGpus(absl::GetFlag(FLAGS_gpus), static_cast<int>(devices->size()));
+    if (!chosen.ok()) {
+      std::fprintf(stderr, "recfleet-worker: %s\n", std::string(chosen.status().message()).c_str());
+      return 2;
+    }
+    if (chosen->size() > 1) return RunPerGpu(std::vector<std::string>(argv, argv + argc), *chosen, work_dir);
+    gpu = (*devices)[chosen->front()];
   }
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     std::fprintf(stderr,
@@ -130,16 +220,37 @@ int main(int argc, char** argv) {
   training.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));
   training.auth_token = token;
   training.loader_credentials = credentials;
+  if (gpu.has_value()) {
+    training.device = recfleet::Device::kCuda;
+    training.gpu_index = gpu->index;
+    training.bf16 = precision == "bf16";
+    training.cuda_peak_flops = absl::GetFlag(FLAGS_peak_flops) > 0 ? absl::GetFlag(FLAGS_peak_flops)
+                                                                   : recfleet::worker::PeakBf16FlopsOf(gpu->name);
+    std::printf("worker GPU %d: %s, %.1f GiB, %s, MFU peak %.3g FLOP/s\n", gpu->index, gpu->name.c_str(),
+                gpu->memory_bytes / 1073741824.0, precision.c_str(), training.cuda_peak_flops);
+    if (training.cuda_peak_flops <= 0) {
+      std::fprintf(stderr, "recfleet-worker: no known peak for '%s': MFU is not exported (pass --peak_flops)\n",
+                   gpu->name.c_str());
+    }
+    std::fflush(stdout);
+  }
   recfleet::worker::TrainingTask task(stub, training, &metrics);
 
   recfleet::worker::AgentOptions options;
   options.auth_token = token;
-  options.registration.set_host(absl::GetFlag(FLAGS_host));
+  if (gpu.has_value()) {
+    options.registration = recfleet::worker::GpuWorkerRegistration(
+        {absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_node), absl::GetFlag(FLAGS_nvlink_domain),
+         absl::GetFlag(FLAGS_zone)},
+        gpu->index, gpu->name, gpu->memory_bytes);
+  } else {
+    options.registration.set_host(absl::GetFlag(FLAGS_host));
+    recfleet::v1::Topology* topology = options.registration.mutable_topology();
+    topology->set_node(absl::GetFlag(FLAGS_node).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_node));
+    topology->set_nvlink_domain(absl::GetFlag(FLAGS_nvlink_domain));
+    topology->set_zone(absl::GetFlag(FLAGS_zone));
+  }
   if (http != nullptr) options.registration.set_metrics_address(http->address());
-  recfleet::v1::Topology* topology = options.registration.mutable_topology();
-  topology->set_node(absl::GetFlag(FLAGS_node).empty() ? absl::GetFlag(FLAGS_host) : absl::GetFlag(FLAGS_node));
-  topology->set_nvlink_domain(absl::GetFlag(FLAGS_nvlink_domain));
-  topology->set_zone(absl::GetFlag(FLAGS_zone));
   recfleet::worker::Agent agent(stub, options, &task);
   agent.set_on_registered([](const std::string& id) {
     std::printf("worker id: %s\n", id.c_str());

@@ -15,10 +15,12 @@
 #include "data/dataset_file.h"
 #include "engine/metrics.h"
 #include "engine/job_model.h"
+#include "engine/cuda_device.h"
 #include "worker/rank_data.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/distributed_model.h"
+#include "worker/single_rank_model.h"
 #include "worker/dist/layout.h"
 
 namespace recfleet::worker {
@@ -68,10 +70,20 @@ class RankRun {
   absl::Status Connect();
   absl::StatusOr<int64_t> AgreeOnResumeStep();
   absl::Status Restore(int64_t step);
+  // A step's batch, loaded (and on CUDA prefetched) before it trains.
+  struct Loaded {
+    int64_t step = 0;
+    engine::Batch batch;
+    std::vector<int64_t> sample_ids;  // For the sample log.
+  };
+  absl::Status Load(int64_t step, Loaded* out);
   absl::Status Step(int64_t step);
   absl::Status Checkpoint(int64_t step);
   absl::Status EvaluateAndReport(int64_t step);
-  void LogSamples(int64_t step, const data::Batch& source, const std::vector<int64_t>& rows);
+  // One line on stderr: samples/s and MFU over the attempt's steps.
+  void PrintSummary() const;
+  void LogSamples(const Loaded& loaded);
+  bool on_cuda() const { return options_.device == Device::kCuda; }
   std::string Describe() const { return absl::StrCat(a_.job(), " rank ", a_.rank(), "/", a_.world_size()); }
   dataloader::ConnectOptions LoaderConnect() const {
     dataloader::ConnectOptions connect;
@@ -97,15 +109,35 @@ class RankRun {
   bool has_eval_ = false;
   std::optional<engine::BatchConverter> converter_;
   std::shared_ptr<Comms> comms_;
-  std::unique_ptr<DistributedModel> model_;
+  std::unique_ptr<RankModel> model_;
+  // Two batch slots: the step's and the next one, prefetched during it (the
+  // engine keys a prefetch by the Batch object, so batches stay in place).
+  Loaded slots_[2];
   std::string checkpoint_dir_;
   std::FILE* sample_log_ = nullptr;
   int64_t samples_done_ = 0;
+  // Steps of this attempt after its first (which pays for warm-up), for the
+  // summary line at the end.
+  struct Totals {
+    int64_t steps = 0, samples = 0;
+    double flops = 0, step_seconds = 0, compute_seconds = 0, comm_seconds = 0;
+  } totals_;
+  bool first_step_done_ = false;
+  double peak_flops_ = 0;
   double loss_sum_ = 0;
   int64_t loss_steps_ = 0;
 };
 
 absl::Status RankRun::Setup() {
+  if (on_cuda()) {
+    if (a_.world_size() > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          Describe(), ": CUDA ranks train a world of one only; this job has ", a_.world_size(),
+          " ranks. GPU ranks do not yet exchange gradients or embedding rows over NCCL: run it with "
+          "resources.workers = 1 and gpus_per_worker = 1, or on CPU workers (gpus_per_worker = 0)"));
+    }
+    if (absl::Status s = engine::SetCudaDevice(options_.gpu_index); !s.ok()) return s;
+  }
   absl::StatusOr<engine::JobModel> jm = engine::BuildJobModel(spec_);
   if (!jm.ok()) return jm.status();
   job_model_ = std::move(*jm);
@@ -163,6 +195,20 @@ absl::Status RankRun::Connect() {
       comm::ConnectGloo(store, a_.rank(), a_.world_size(), *transport, comm_options);
   if (!world.ok()) return world.status();
   comms_->world = std::move(*world);
+  if (on_cuda()) {
+    std::shared_ptr<Comms> comms = comms_;
+    control_.OnStop([comms] { comms->Abort("task stopped by the worker (abort or shutdown)"); });
+    engine::ExecutionOptions exec;
+    exec.device = Device::kCuda;
+    exec.bf16 = options_.bf16;
+    absl::StatusOr<std::unique_ptr<SingleRankModel>> model =
+        SingleRankModel::Create(job_model_.config, job_model_.schema, exec);
+    if (!model.ok()) return model.status();
+    model_ = *std::move(model);
+    std::fprintf(stderr, "worker: %s trains on CUDA device %d (%s), a world of one\n", Describe().c_str(),
+                 options_.gpu_index, options_.bf16 ? "bf16" : "fp32");
+    return absl::OkStatus();
+  }
 
   // The plan's groups (or the spec's hints) decide the dense and sparse
   // layouts.
@@ -239,7 +285,7 @@ absl::Status RankRun::Restore(int64_t step) {
 absl::Status RankRun::Checkpoint(int64_t step) {
   const Clock::time_point start = Clock::now();
   CheckpointShard shard;
-  model_->Save(&shard);
+  if (absl::Status s = model_->Save(&shard); !s.ok()) return s;
   shard["samples"] = absl::StrCat(samples_done_);
   shard["step"] = absl::StrCat(step);
   if (absl::Status s = WriteCheckpointShard(checkpoint_dir_, step, a_.rank(), a_.world_size(), shard); !s.ok()) {
@@ -256,39 +302,72 @@ absl::Status RankRun::Checkpoint(int64_t step) {
   return absl::OkStatus();
 }
 
-void RankRun::LogSamples(int64_t step, const data::Batch& source, const std::vector<int64_t>& rows) {
+void RankRun::LogSamples(const Loaded& loaded) {
   if (sample_log_ == nullptr) return;
-  std::string line = absl::StrCat(step);
-  for (int64_t row : rows) {
-    const int64_t id = converter_->SampleId(source, row);
-    absl::StrAppend(&line, " ", id >= 0 ? id : row);
-  }
+  std::string line = absl::StrCat(loaded.step);
+  for (int64_t id : loaded.sample_ids) absl::StrAppend(&line, " ", id);
   line += "\n";
   std::fwrite(line.data(), 1, line.size(), sample_log_);
   // Into the kernel at once: a SIGKILL right after must not lose the line.
   std::fflush(sample_log_);
 }
 
-absl::Status RankRun::Step(int64_t step) {
-  StepTimes times;
-  const Clock::time_point start = Clock::now();
+absl::Status RankRun::Load(int64_t step, Loaded* out) {
   std::vector<int64_t> rows;
   absl::StatusOr<const data::Batch*> source = train_->Step(step, &rows);
   if (!source.ok()) return source.status();
-  const engine::Batch batch = converter_->Convert(**source, rows);
-  times.data_wait_seconds = Since(start);
-  DistributedModel::Times split;
-  absl::StatusOr<engine::StepResult> result = model_->TrainStep(batch, &split);
+  out->step = step;
+  out->batch = converter_->Convert(**source, rows);
+  out->sample_ids.clear();
+  if (sample_log_ != nullptr) {
+    for (int64_t row : rows) {
+      const int64_t id = converter_->SampleId(**source, row);
+      out->sample_ids.push_back(id >= 0 ? id : row);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankRun::Step(int64_t step) {
+  StepTimes times;
+  const Clock::time_point start = Clock::now();
+  Loaded& now = slots_[step % 2];
+  // The previous step loaded this one during its compute; the first step
+  // of an attempt loads its own.
+  if (now.step != step) {
+    if (absl::Status s = Load(step, &now); !s.ok()) return s;
+  }
+  const engine::Batch& batch = now.batch;
+  const int64_t steps = spec_.training().steps();
+  RankModel::Times split;
+  absl::StatusOr<engine::StepResult> result = model_->TrainStep(batch, &split, [&]() -> absl::Status {
+    if (step >= steps) return absl::OkStatus();
+    Loaded& next = slots_[(step + 1) % 2];
+    if (absl::Status s = Load(step + 1, &next); !s.ok()) return s;
+    return model_->Prefetch(next.batch);
+  });
   if (!result.ok()) return result.status();
   times.compute_seconds = split.compute_seconds;
   times.comm_seconds = split.comm_seconds;
   times.step_seconds = Since(start);
-  LogSamples(step, **source, rows);
+  // What the device neither computed nor communicated: batch loading and
+  // host work it could not hide.
+  times.data_wait_seconds = std::max(0.0, times.step_seconds - times.compute_seconds - times.comm_seconds);
+  LogSamples(now);
   samples_done_ += batch.size;
   const double loss = result->ctr_loss + result->cvr_loss;
   loss_sum_ += loss;
   ++loss_steps_;
   metrics_->RecordStep(step, batch.size, result->flops, loss, times);
+  if (first_step_done_) {
+    ++totals_.steps;
+    totals_.samples += batch.size;
+    totals_.flops += result->flops;
+    totals_.step_seconds += times.step_seconds;
+    totals_.compute_seconds += times.compute_seconds;
+    totals_.comm_seconds += times.comm_seconds;
+  }
+  first_step_done_ = true;
   v1::StepStats stats;
   stats.set_step(step);
   stats.set_samples(batch.size);
@@ -371,7 +450,8 @@ absl::Status RankRun::EvaluateAndReport(int64_t step) {
 }
 
 absl::Status RankRun::Run() {
-  metrics_->StartTask(a_.job(), a_.rank(), a_.world_size());
+  peak_flops_ = on_cuda() ? options_.cuda_peak_flops : kCpuNominalPeakFlops;
+  metrics_->StartTask(a_.job(), a_.rank(), a_.world_size(), peak_flops_);
   // However the task ends, its info series leaves /metrics with it.
   absl::Cleanup end_task = [this] { metrics_->EndTask(); };
   if (absl::Status s = Setup(); !s.ok()) return s;
@@ -400,7 +480,22 @@ absl::Status RankRun::Run() {
   }
   if (absl::Status s = Checkpoint(steps); !s.ok()) return s;
   if (absl::Status s = EvaluateAndReport(steps); !s.ok()) return s;
+  PrintSummary();
   return reporter_.Flush(/*force=*/true);
+}
+
+void RankRun::PrintSummary() const {
+  if (totals_.steps == 0 || totals_.step_seconds <= 0) return;
+  const MfuRatios mfu = ComputeMfu(totals_.flops, totals_.compute_seconds, totals_.step_seconds, peak_flops_);
+  std::fprintf(stderr,
+               "worker: %s summary over %lld steps after the first: %.1f samples/s, step %.2f ms (compute %.2f, "
+               "comm %.2f), %.2f useful TFLOP/s, local MFU %.4f, scaling ratio %.4f, E2E MFU %.4f (peak %.3g "
+               "FLOP/s, %s)\n",
+               Describe().c_str(), static_cast<long long>(totals_.steps), totals_.samples / totals_.step_seconds,
+               1e3 * totals_.step_seconds / totals_.steps, 1e3 * totals_.compute_seconds / totals_.steps,
+               1e3 * totals_.comm_seconds / totals_.steps, totals_.flops / totals_.step_seconds * 1e-12,
+               mfu.local_mfu, mfu.scaling_ratio, mfu.e2e_mfu, peak_flops_,
+               on_cuda() ? (options_.bf16 ? "cuda bf16" : "cuda fp32") : "cpu");
 }
 
 }  // namespace

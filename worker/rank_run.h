@@ -19,10 +19,14 @@
 //     state (AdamW moments, Adagrad accumulators) and the data position
 //     (the step) come back exactly, so no sample is skipped or trained
 //     twice.
-//  4. Trains synchronously with DistributedModel: dense parameters sharded
-//     FSDP-style inside the FSDP group and replicated across groups,
+//  4. Trains synchronously. CPU ranks: DistributedModel, dense parameters
+//     sharded FSDP-style inside the FSDP group and replicated across groups,
 //     embedding tables sharded over the table group (all-to-all lookups
 //     and updates); the same parameters as one rank on the global batch.
+//     CUDA (options.device): SingleRankModel on the GPU, a world of one
+//     only: a job of several CUDA ranks fails with FailedPrecondition (GPU
+//     ranks do not exchange gradients yet). Each step loads the next batch
+//     while the device computes and prefetches it to the device.
 //  5. Reports StepStats (step time split into data wait / compute / comm)
 //     and EvalStats (every rank scores its slice of the eval set, rank 0
 //     reports) to `sink`, updates `metrics`, and every
@@ -37,6 +41,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "kernels/tensor.h"
 #include "recfleet/v1/worker_service.pb.h"
 #include "services/dataloader/job_loader.h"
 #include "worker/agent.h"
@@ -72,6 +77,16 @@ struct TrainingOptions {
   // Where datasets are found when the rank reads its data itself (no
   // data-loader in the assignment), and the eval set.
   dataloader::DatasetOptions datasets;
+  // Where the rank trains. kCuda: on CUDA device `gpu_index`, which must be
+  // the only device this process trains on (engine/cuda_device.h,
+  // SetCudaDevice), in bf16 (bf16 GEMMs and attention, fp32 master
+  // weights) or fp32.
+  Device device = Device::kCpu;
+  int gpu_index = 0;
+  bool bf16 = true;
+  // Peak FLOP/s that MFU divides by: `cuda_peak_flops` on CUDA (0: MFU not
+  // exported), kCpuNominalPeakFlops (worker_metrics.h) on the CPU.
+  double cuda_peak_flops = 0;
 };
 
 // Where a rank's progress goes. Called from the training thread only.

@@ -83,7 +83,18 @@ absl::Status TrainingTask::Run(const v1::Assignment& assignment, TaskControl& co
   Reporter reporter(stub_.get(), assignment, control, options_.auth_token);
   comm::GrpcKvStore store(stub_, assignment.job(), assignment.restart_epoch(), absl::Seconds(10), options_.auth_token);
   store.set_identity([&control] { return comm::GrpcKvStore::Identity{control.worker_id(), control.worker_credential()}; });
-  absl::Status s = RunRank(assignment, control, store, reporter, options_, metrics_);
+  // The spec decides the device: a job asking for no GPUs trains on the CPU
+  // reference engine even on a GPU worker. A GPU worker owns one GPU, so it
+  // runs one rank.
+  TrainingOptions options = options_;
+  const int gpus = assignment.spec().resources().gpus_per_worker();
+  if (gpus == 0) options.device = Device::kCpu;
+  if (gpus > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker trains one rank on one GPU; the job asks for ", gpus,
+        " GPUs per worker (run one GPU per worker: resources.gpus_per_worker = 1)"));
+  }
+  absl::Status s = RunRank(assignment, control, store, reporter, options, metrics_);
   if (!s.ok() && control.stop_requested()) {
     return absl::CancelledError(absl::StrCat("stopped: ", s.message()));
   }

@@ -4,6 +4,9 @@
 // The worker daemon's TaskRunner: runs an Assignment's rank with
 // RunRank (rank_run.h), reporting progress to the coordinator over gRPC and
 // meeting the job's other ranks through its epoch-fenced key-value store.
+// On a GPU worker (options.device kCuda) a job with
+// spec.resources.gpus_per_worker = 1 trains on the GPU, one with 0 on the
+// CPU; more than 1 is refused (one GPU per worker process).
 
 #include <memory>
 #include <string>

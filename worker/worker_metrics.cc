@@ -2,12 +2,28 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
+
 namespace recfleet::worker {
 namespace {
 
 constexpr absl::Duration kRateWindow = absl::Seconds(2);
 
 }  // namespace
+
+double PeakBf16FlopsOf(const std::string& device_name) {
+  // Dense bf16 tensor-core peak of the SXM parts (H100 and H200 share it).
+  if (absl::StrContains(device_name, "H100") || absl::StrContains(device_name, "H200")) return 989e12;
+  return 0;
+}
+
+MfuRatios ComputeMfu(double flops, double compute_seconds, double step_seconds, double peak_flops) {
+  MfuRatios r;
+  if (peak_flops > 0 && compute_seconds > 0) r.local_mfu = flops / (compute_seconds * peak_flops);
+  if (step_seconds > 0) r.scaling_ratio = compute_seconds / step_seconds;
+  if (peak_flops > 0 && step_seconds > 0) r.e2e_mfu = flops / (step_seconds * peak_flops);
+  return r;
+}
 
 WorkerMetrics::WorkerMetrics()
     : task_info_(registry_.AddGauge("recfleet_worker_task_info", "1 for the task this worker runs.",
@@ -38,15 +54,39 @@ WorkerMetrics::WorkerMetrics()
       eval_ne_(registry_.AddGauge("recfleet_worker_eval_ne", "Normalized entropy of the latest evaluation.").Get()),
       checkpoints_total_(registry_.AddCounter("recfleet_worker_checkpoints_total", "Checkpoint shards written.").Get()),
       checkpoint_seconds_(
-          registry_.AddGauge("recfleet_worker_checkpoint_seconds", "Wall time of the last checkpoint.").Get()) {}
+          registry_.AddGauge("recfleet_worker_checkpoint_seconds", "Wall time of the last checkpoint.").Get()),
+      mfu_(registry_.AddGauge("recfleet_worker_mfu",
+                              "Local MFU, ratio 0..1: useful model FLOPs (real jagged lengths) / (compute time x "
+                              "recfleet_worker_peak_flops), recent window.")),
+      scaling_ratio_(registry_.AddGauge("recfleet_worker_scaling_ratio",
+                                        "Compute time / step time, recent window (1 = no exposed data wait or "
+                                        "communication).")),
+      e2e_mfu_(registry_.AddGauge("recfleet_worker_e2e_mfu",
+                                  "E2E MFU, ratio 0..1: local MFU x scaling ratio = useful FLOPs / (step time x "
+                                  "peak), recent window.")),
+      peak_flops_(registry_.AddGauge("recfleet_worker_peak_flops",
+                                     "Peak FLOP/s MFU divides by (dense bf16 datasheet peak of the GPU; a nominal "
+                                     "value on CPU ranks).")),
+      exposed_comm_seconds_(registry_
+                                .AddGauge("recfleet_worker_exposed_comm_seconds",
+                                          "Communication time per step that compute did not hide, mean over the "
+                                          "recent window.")
+                                .Get()) {}
 
-void WorkerMetrics::StartTask(const std::string& job, int rank, int world_size) {
+void WorkerMetrics::StartTask(const std::string& job, int rank, int world_size, double peak_flops) {
   absl::MutexLock lock(&mu_);
   if (!task_labels_.empty()) task_info_.Remove(task_labels_);
   task_labels_ = {job, std::to_string(rank), std::to_string(world_size)};
   task_info_.WithLabels(task_labels_).Set(1);
   window_start_ = absl::Now();
   window_samples_ = window_flops_ = rate_samples_ = rate_flops_ = 0;
+  window_compute_ = window_comm_ = window_step_ = window_steps_ = 0;
+  mfu_value_ = MfuRatios();
+  peak_flops_value_ = peak_flops;
+  // Without a peak there is no MFU: no series rather than a false 0. The
+  // previous task's ratios go too.
+  for (metrics::Family<metrics::Gauge>* f : {&mfu_, &scaling_ratio_, &e2e_mfu_, &peak_flops_}) f->Remove({});
+  if (peak_flops > 0) peak_flops_.Get().Set(peak_flops);
 }
 
 void WorkerMetrics::EndTask() {
@@ -71,6 +111,10 @@ void WorkerMetrics::RecordStep(int64_t step, int64_t samples, double useful_flop
   absl::MutexLock lock(&mu_);
   window_samples_ += static_cast<double>(samples);
   window_flops_ += useful_flops;
+  window_compute_ += times.compute_seconds;
+  window_comm_ += times.comm_seconds;
+  window_step_ += times.step_seconds;
+  window_steps_ += 1;
   const double span = absl::ToDoubleSeconds(absl::Now() - window_start_);
   if (span >= absl::ToDoubleSeconds(kRateWindow) || rate_samples_ == 0) {
     if (span > 0) {
@@ -79,9 +123,17 @@ void WorkerMetrics::RecordStep(int64_t step, int64_t samples, double useful_flop
       samples_per_second_.Set(rate_samples_);
       useful_flops_per_second_.Set(rate_flops_);
     }
+    mfu_value_ = ComputeMfu(window_flops_, window_compute_, window_step_, peak_flops_value_);
+    exposed_comm_seconds_.Set(window_comm_ / window_steps_);
+    scaling_ratio_.Get().Set(mfu_value_.scaling_ratio);
+    if (peak_flops_value_ > 0) {
+      mfu_.Get().Set(mfu_value_.local_mfu);
+      e2e_mfu_.Get().Set(mfu_value_.e2e_mfu);
+    }
     if (span >= absl::ToDoubleSeconds(kRateWindow)) {
       window_start_ = absl::Now();
       window_samples_ = window_flops_ = 0;
+      window_compute_ = window_comm_ = window_step_ = window_steps_ = 0;
     }
   }
 }
@@ -104,6 +156,11 @@ double WorkerMetrics::samples_per_second() const {
 double WorkerMetrics::useful_flops_per_second() const {
   absl::MutexLock lock(&mu_);
   return rate_flops_;
+}
+
+MfuRatios WorkerMetrics::mfu() const {
+  absl::MutexLock lock(&mu_);
+  return mfu_value_;
 }
 
 }  // namespace recfleet::worker

@@ -7,6 +7,16 @@
 namespace recfleet::worker {
 namespace {
 
+// The value of the unlabelled series `name` in exposition text `t`, or -1
+// when it is absent (parsed, so the test holds whatever number format the
+// exposition uses).
+double SeriesValue(const std::string& t, const std::string& name) {
+  const std::string key = "\n" + name + " ";
+  const size_t at = t.find(key);
+  if (at == std::string::npos) return -1;
+  return std::stod(t.substr(at + key.size(), t.find('\n', at + 1) - at - key.size()));
+}
+
 TEST(WorkerMetricsTest, TaskInfoUsesRecfleetJobAndLeavesWithTheTask) {
   WorkerMetrics m;
   m.StartTask("jobs/a", 1, 4);
@@ -40,6 +50,53 @@ TEST(WorkerMetricsTest, UsefulFlopRateIsInBaseUnits) {
   // 5e12 FLOPs in a window of well under a second: far above 1e12 FLOP/s,
   // which a TFLOP/s-scaled gauge could only reach at 1e24 FLOP/s.
   EXPECT_GT(m.useful_flops_per_second(), 1e12);
+}
+
+TEST(WorkerMetricsTest, MfuRatiosFollowTheDefinitions) {
+  // 4e12 FLOPs in 8 ms of compute out of a 10 ms step on a 1e15 FLOP/s part:
+  // local MFU 0.5, scaling ratio 0.8, E2E MFU 0.4.
+  const MfuRatios r = ComputeMfu(4e12, 0.008, 0.010, 1e15);
+  EXPECT_DOUBLE_EQ(r.local_mfu, 0.5);
+  EXPECT_DOUBLE_EQ(r.scaling_ratio, 0.8);
+  EXPECT_DOUBLE_EQ(r.e2e_mfu, 0.4);
+  EXPECT_DOUBLE_EQ(r.local_mfu * r.scaling_ratio, r.e2e_mfu);
+  // No peak: no MFU, but the scaling ratio stands.
+  const MfuRatios none = ComputeMfu(4e12, 0.008, 0.010, 0);
+  EXPECT_EQ(none.local_mfu, 0);
+  EXPECT_EQ(none.e2e_mfu, 0);
+  EXPECT_DOUBLE_EQ(none.scaling_ratio, 0.8);
+}
+
+TEST(WorkerMetricsTest, PeakByDeviceName) {
+  EXPECT_EQ(PeakBf16FlopsOf("NVIDIA H200"), 989e12);
+  EXPECT_EQ(PeakBf16FlopsOf("NVIDIA H100 80GB HBM3"), 989e12);
+  EXPECT_EQ(PeakBf16FlopsOf("NVIDIA A100-SXM4-80GB"), 0);
+}
+
+TEST(WorkerMetricsTest, ExportsMfuScalingRatioAndExposedComm) {
+  WorkerMetrics m;
+  m.StartTask("jobs/a", 0, 1, 1e12);
+  StepTimes times;
+  times.step_seconds = 0.010;
+  times.compute_seconds = 0.005;
+  times.comm_seconds = 0.002;
+  times.data_wait_seconds = 0.003;
+  m.RecordStep(1, 64, 2.5e9, 0.7, times);  // 2.5e9 / (0.005 x 1e12) = 0.5
+  const std::string t = m.registry().Render();
+  EXPECT_DOUBLE_EQ(SeriesValue(t, "recfleet_worker_mfu"), 0.5) << t;
+  EXPECT_DOUBLE_EQ(SeriesValue(t, "recfleet_worker_scaling_ratio"), 0.5) << t;
+  EXPECT_DOUBLE_EQ(SeriesValue(t, "recfleet_worker_e2e_mfu"), 0.25) << t;
+  EXPECT_DOUBLE_EQ(SeriesValue(t, "recfleet_worker_peak_flops"), 1e12) << t;
+  EXPECT_DOUBLE_EQ(SeriesValue(t, "recfleet_worker_exposed_comm_seconds"), 0.002) << t;
+  EXPECT_DOUBLE_EQ(m.mfu().local_mfu, 0.5);
+  // A task without a known peak exports no MFU series at all (not a 0 that
+  // a dashboard would read as an idle GPU).
+  m.StartTask("jobs/b", 0, 1, 0);
+  m.RecordStep(1, 64, 2.5e9, 0.7, times);
+  const std::string u = m.registry().Render();
+  EXPECT_EQ(SeriesValue(u, "recfleet_worker_mfu"), -1) << u;
+  EXPECT_EQ(SeriesValue(u, "recfleet_worker_peak_flops"), -1) << u;
+  EXPECT_DOUBLE_EQ(SeriesValue(u, "recfleet_worker_scaling_ratio"), 0.5) << u;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #
 #   deploy/local/cluster.sh start DIR [--workers N] [--lease SECONDS] [--bin BINDIR]
 #                                     [--loader] [--data-root DIR] [--topology FILE] [--tls]
+#                                     [--worker-flag FLAG]...
 #   deploy/local/cluster.sh stop DIR
 #
 # --tls: every gRPC connection over TLS (certificates from
@@ -24,6 +25,8 @@
 # writes them to DIR/coordinator.address and DIR/metrics.txt; the processes'
 # ids go to DIR/pids (what `stop` signals) and their logs to DIR/*.log.
 # Binaries come from --bin (default: the repository's bazel-bin).
+# --worker-flag passes FLAG to every worker (e.g. --worker-flag --device=cuda
+# for GPU workers; tools/gpu_demo.sh).
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
@@ -39,6 +42,7 @@ loader=0
 data_root=$(pwd)
 topology="$root/deploy/local/cpu-topology.yaml"
 tls=0
+worker_flags=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --loader) loader=1; shift ;;
@@ -48,6 +52,7 @@ while [[ $# -gt 0 ]]; do
     --bin) bin=$2; shift 2 ;;
     --topology) topology=$2; shift 2 ;;
     --tls) tls=1; shift ;;
+    --worker-flag) worker_flags+=("$2"); shift 2 ;;
     *) echo "cluster.sh: unknown flag $1" >&2; usage ;;
   esac
 done
@@ -121,7 +126,8 @@ start() {
     mkdir -p "$dir/worker$i"
     "$worker_bin" --coordinator="$address" --host=127.0.0.1 --node="node$i" --zone=local \
       --data_root="$data_root" --work_dir="$dir/worker$i" --checkpoint_root="$dir/checkpoints" \
-      --metrics_address=127.0.0.1:0 ${client_tls[@]+"${client_tls[@]}"} >"$dir/worker$i.log" 2>&1 &
+      --metrics_address=127.0.0.1:0 ${client_tls[@]+"${client_tls[@]}"} \
+      ${worker_flags[@]+"${worker_flags[@]}"} >"$dir/worker$i.log" 2>&1 &
     pid=$!
     echo "$pid" >>"$dir/pids"
     echo "worker$i $(wait_line "$dir/worker$i.log" "worker metrics: " "$pid")" >>"$dir/metrics.txt"

@@ -93,6 +93,8 @@ class SparseEmbeddings {
   // Tables held here: the schema's with internal storage, none with external.
   int num_tables() const { return static_cast<int>(tables_.size()); }
   TensorView table(int t) const { return tables_[t].value.view(); }
+  // Table t's rowwise-Adagrad accumulator, [rows].
+  TensorView momentum(int t) const { return tables_[t].momentum.view(); }
   int64_t num_parameters() const;
   // The dense [rows, dim] gradient of table t, recovered through the same
   // Adagrad kernel the step uses (exact, slow: for small test tables; host

@@ -227,7 +227,7 @@ const std::map<std::string, Field>& Fields() {
       {"data.bbs.cost_weights.block", {H, [](JobSpec& s) { D(s).mutable_bbs()->mutable_cost_weights()->set_block(0.5); }}},
       {"resources.workers", {H, [](JobSpec& s) { s.mutable_resources()->set_workers(4); }}},
       {"resources.gpus_per_worker",
-       {R, [](JobSpec& s) { s.mutable_resources()->set_gpus_per_worker(1); }, "spec.resources.gpus_per_worker"}},
+       {R, [](JobSpec& s) { s.mutable_resources()->set_gpus_per_worker(2); }, "spec.resources.gpus_per_worker"}},
       {"parallelism.fsdp_group_size", {H, [](JobSpec& s) { s.mutable_parallelism()->set_fsdp_group_size(2); }}},
       {"parallelism.replicas", {H, [](JobSpec& s) { s.mutable_parallelism()->set_replicas(2); }}},
       {"parallelism.table_sharding_group_size",

@@ -189,6 +189,7 @@ absl::Status LocalCluster::AddWorker() {
                                    absl::StrCat("--comm_timeout=", options_.comm_timeout_seconds)};
   if (options_.sample_logs) argv.push_back("--sample_log_dir=" + sample_log_dir());
   argv.insert(argv.end(), worker_security_.begin(), worker_security_.end());
+  argv.insert(argv.end(), options_.worker_flags.begin(), options_.worker_flags.end());
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(Command(name, argv), work_dir + ".log");
   if (!p.ok()) return p.status();
   workers_.push_back(std::move(*p));

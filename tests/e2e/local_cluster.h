@@ -78,6 +78,8 @@ struct ClusterOptions {
   std::function<Placement(const std::string& process)> place;
   // Passed to every worker.
   double comm_timeout_seconds = 20;
+  // More flags for every worker (e.g. --device=cuda).
+  std::vector<std::string> worker_flags;
 };
 
 // What the final model of a job of `ranks` x `samples_per_rank_step`
