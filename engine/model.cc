@@ -124,6 +124,11 @@ struct GemLite<T>::Impl {
   // The batch arrays on the model's device: staged[current] serves the step
   // in flight, the other one takes a prefetched batch.
   layers::StagedBatch staged[2];
+  // defer_loss_readback: the per-head losses of the last two steps, slot
+  // step % 2, and which heads that step had.
+  layers::DeferredMean deferred_loss[2][kNumHeads];
+  bool deferred_heads[2][kNumHeads] = {};
+  int64_t steps_enqueued = 0;
   int current = 0;
   bool prefetched = false;
 
@@ -438,16 +443,48 @@ absl::StatusOr<StepResult> GemLite<T>::ForwardBackward(const Batch& batch,
     if (has_head[k]) RECFLEET_RETURN_IF_ERROR(m.EnqueueHeadLoss(batch, k, &m.dlogits[k]));
   }
   RECFLEET_RETURN_IF_ERROR(m.Backward(batch, has_head));
-  // The one read-back of the step, after all of it is enqueued.
   StepResult r;
+  r.flops = m.flops.StepFlops();
+  r.step = m.steps_enqueued++;
+  if (m.on_device() && m.execution.defer_loss_readback) {
+    const int slot = static_cast<int>(r.step % 2);
+    for (int k = 0; k < kNumHeads; ++k) {
+      m.deferred_heads[slot][k] = has_head[k];
+      if (has_head[k]) RECFLEET_RETURN_IF_ERROR(m.deferred_loss[slot][k].Enqueue(m.bce[k].losses()));
+    }
+    r.losses_pending = true;
+    return r;
+  }
+  // The one read-back of the step, after all of it is enqueued.
   for (int k = 0; k < kNumHeads; ++k) {
     if (!has_head[k]) continue;
     absl::StatusOr<double> loss = m.bce[k].ReadLoss();
     if (!loss.ok()) return loss.status();
     (k == 0 ? r.ctr_loss : r.cvr_loss) = *loss;
   }
-  r.flops = m.flops.StepFlops();
   return r;
+}
+
+template <typename T>
+absl::Status GemLite<T>::ReadLosses(StepResult* result) {
+  if (!result->losses_pending) return absl::OkStatus();
+  Impl& m = *impl_;
+  // Slot step % 2 is rewritten by ForwardBackward of step + 2.
+  if (result->step < 0 || result->step + 2 < m.steps_enqueued ||
+      result->step >= m.steps_enqueued) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the losses of step ", result->step, " are gone: they stay readable for two steps, and ",
+        m.steps_enqueued, " steps have been enqueued"));
+  }
+  const int slot = static_cast<int>(result->step % 2);
+  for (int k = 0; k < kNumHeads; ++k) {
+    if (!m.deferred_heads[slot][k]) continue;
+    absl::StatusOr<double> loss = m.deferred_loss[slot][k].Read();
+    if (!loss.ok()) return loss.status();
+    (k == 0 ? result->ctr_loss : result->cvr_loss) = *loss;
+  }
+  result->losses_pending = false;
+  return absl::OkStatus();
 }
 
 template <typename T>

@@ -44,6 +44,11 @@ struct StepResult {
   // visible query/key pairs; backward counted as 2x (linear) and 2.5x
   // (attention) the forward.
   double flops = 0;
+  // With ExecutionOptions::defer_loss_readback: the losses above are not
+  // filled yet; GemLite::ReadLosses fills them. `step` numbers the
+  // ForwardBackward calls of the model (0, 1, ...).
+  bool losses_pending = false;
+  int64_t step = 0;
 };
 
 // The initial value of element (row, col) of the schema's table `table`: a
@@ -67,6 +72,13 @@ struct ExecutionOptions {
   // bf16 tensor-core kernels, with fp32 master weights, optimizer state and
   // activations between layers.
   bool bf16 = false;
+  // CUDA only. false: ForwardBackward waits for the step's losses before it
+  // returns (the host stops once per step). true: it only enqueues their
+  // copy to pinned host memory and returns with losses_pending, so the host
+  // can enqueue the update and the next step while the GPU still computes;
+  // ReadLosses(result) waits for that copy when the caller wants the value
+  // (a trainer: when it logs; a benchmark: one step later).
+  bool defer_loss_readback = false;
 };
 
 template <typename T>
@@ -83,6 +95,10 @@ class GemLite {
   absl::StatusOr<StepResult> ForwardBackward(const Batch& batch);
   // One optimizer step with the gradients of the last ForwardBackward.
   absl::Status ApplyUpdates();
+  // Fills the losses of a result with losses_pending (no-op otherwise).
+  // The losses of step s stay readable until the ForwardBackward of step
+  // s + 2 (which reuses their buffer); after it: FailedPrecondition.
+  absl::Status ReadLosses(StepResult* result);
   // CUDA: starts copying `next` to the device on a side stream while the
   // current step computes (the copy is taken now; a later ForwardBackward,
   // Predict or Loss of the same Batch object uses it). No-op on the CPU.

@@ -2,8 +2,10 @@
 // same file the PyTorch side trains on): GEM-lite built from the job spec
 // exactly as a job builds it (engine/job_model.h), trained for --steps
 // timed steps after --warmup, cycling over the file's batches with the next
-// batch prefetched during each step. Reports samples/s, the median step time
-// (CUDA events around each whole step), useful model FLOPs from the real
+// batch prefetched during each step and each step's losses read back one
+// step later (ExecutionOptions::defer_loss_readback), so the host never
+// waits for the GPU between timed steps. Reports samples/s, the median step
+// time (CUDA events at the step boundaries), useful model FLOPs from the real
 // jagged lengths and local MFU against 989 TFLOP/s (dense bf16 H100/H200
 // SXM) and against the measured ~790 TFLOP/s bf16 GEMM ceiling, and the
 // device memory peak. Then --profile-steps more steps with CUDA events
@@ -24,6 +26,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/e2e/batch_file.h"
+#include "bench/e2e/gpu_busy.h"
 #include "cli/jobs/spec_file.h"
 #include "engine/job_model.h"
 #include "engine/model.h"
@@ -167,6 +171,7 @@ int main(int argc, char** argv) {
   recfleet::engine::ExecutionOptions exec;
   exec.device = recfleet::Device::kCuda;
   exec.bf16 = precision == "bf16";
+  exec.defer_loss_readback = true;
   auto gem = recfleet::engine::GemLite<float>::Create(model->config, model->schema,
                                                       recfleet::engine::TableStorage::kInternal, exec);
   if (!gem.ok()) return Fail(std::string(gem.status().message()));
@@ -176,15 +181,23 @@ int main(int argc, char** argv) {
   CUDA_OR_FAIL(cudaEventCreate(&begin));
   CUDA_OR_FAIL(cudaEventCreate(&end));
   const int total = warmup + steps;
+  // The timed steps run as training does: no host wait inside or between
+  // them. Each step's losses are read one step later (deferred read-back),
+  // so the host stays at most a step ahead of the GPU; events at every
+  // step boundary give the per-step times after one final sync.
+  std::vector<cudaEvent_t> marks(steps + 1);
+  for (cudaEvent_t& e : marks) CUDA_OR_FAIL(cudaEventCreate(&e));
   std::vector<double> ms, flops, samples;
   double last_loss = 0;
+  recfleet::engine::StepResult pending;
+  bool have_pending = false;
   for (int s = 0; s < total; ++s) {
     if (s == warmup) {
       CUDA_OR_FAIL(cudaDeviceSynchronize());
       if (!recfleet::engine::ResetCudaMemoryPeak().ok()) return Fail("memory peak reset");
+      CUDA_OR_FAIL(cudaEventRecord(marks[0], nullptr));
     }
     const recfleet::engine::Batch& b = (*batches)[s % batches->size()];
-    CUDA_OR_FAIL(cudaEventRecord(begin, nullptr));
     absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
     if (!r.ok()) return Fail(std::string(r.status().message()));
     if (s + 1 < total) {
@@ -193,17 +206,27 @@ int main(int argc, char** argv) {
       }
     }
     if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
-    CUDA_OR_FAIL(cudaEventRecord(end, nullptr));
-    CUDA_OR_FAIL(cudaEventSynchronize(end));
-    float t = 0;
-    CUDA_OR_FAIL(cudaEventElapsedTime(&t, begin, end));
-    last_loss = r->ctr_loss + r->cvr_loss;
+    if (s >= warmup) CUDA_OR_FAIL(cudaEventRecord(marks[s - warmup + 1], nullptr));
+    if (have_pending) {
+      if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
+      last_loss = pending.ctr_loss + pending.cvr_loss;
+    }
+    pending = *r;
+    have_pending = true;
     if (s >= warmup) {
-      ms.push_back(t);
       flops.push_back(r->flops);
       samples.push_back(static_cast<double>(b.size));
     }
   }
+  CUDA_OR_FAIL(cudaDeviceSynchronize());
+  if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
+  last_loss = pending.ctr_loss + pending.cvr_loss;
+  for (int s = 0; s < steps; ++s) {
+    float t = 0;
+    CUDA_OR_FAIL(cudaEventElapsedTime(&t, marks[s], marks[s + 1]));
+    ms.push_back(t);
+  }
+  for (cudaEvent_t& e : marks) cudaEventDestroy(e);
   absl::StatusOr<recfleet::engine::DeviceMemoryStats> mem = recfleet::engine::CudaMemoryStats();
   if (!mem.ok()) return Fail(std::string(mem.status().message()));
   double total_ms = 0, total_flops = 0, total_samples = 0;
@@ -212,6 +235,40 @@ int main(int argc, char** argv) {
     total_flops += flops[i];
     total_samples += samples[i];
   }
+  // GPU idle: a few more steps back to back (as timed above), every kernel,
+  // copy and set recorded by CUPTI; idle = the GPU timeline's span minus
+  // the union of those intervals.
+  std::string gpu_idle = "null";
+  {
+    const int idle_steps = std::max(profile_steps, 5);
+    absl::StatusOr<std::unique_ptr<recfleet::bench::GpuBusyMeter>> meter =
+        recfleet::bench::GpuBusyMeter::Start();
+    if (!meter.ok()) {
+      std::fprintf(stderr, "GPU idle not measured: %s\n", std::string(meter.status().message()).c_str());
+    } else {
+      for (int s = 0; s < idle_steps; ++s) {
+        const recfleet::engine::Batch& b = (*batches)[(total + s) % batches->size()];
+        absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
+        if (!r.ok()) return Fail(std::string(r.status().message()));
+        if (absl::Status p = m.Prefetch((*batches)[(total + s + 1) % batches->size()]); !p.ok()) {
+          return Fail(std::string(p.message()));
+        }
+        if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
+        if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
+        pending = *r;
+      }
+      CUDA_OR_FAIL(cudaDeviceSynchronize());
+      if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
+      absl::StatusOr<recfleet::bench::GpuBusy> busy = (*meter)->Stop();
+      if (!busy.ok()) return Fail(std::string(busy.status().message()));
+      gpu_idle = absl::StrFormat(
+          "{\"steps\": %d, \"window_ms\": %.3f, \"busy_ms\": %.3f, \"idle_fraction\": %.4f, "
+          "\"records\": %lld}",
+          idle_steps, busy->window_ms, busy->busy_ms, busy->idle_fraction(),
+          static_cast<long long>(busy->records));
+    }
+  }
+
   // Phase split and host issue time on a few more steps.
   EventPhaseTimer timer;
   std::array<double, recfleet::engine::layers::kNumPhases> phase_ms{};
@@ -285,12 +342,12 @@ int main(int argc, char** argv) {
       "\"batch_size\": %.0f, \"samples_per_s\": %.1f, \"median_step_ms\": %.3f, "
       "\"mean_step_ms\": %.3f, \"useful_flops_per_step\": %.6g, \"tflops\": %.2f, "
       "\"mfu_989\": %.4f, \"mfu_790\": %.4f, \"peak_memory_bytes\": %llu, "
-      "\"reserved_memory_bytes\": %llu, \"last_loss\": %.5f, \"phases\": %s, "
+      "\"reserved_memory_bytes\": %llu, \"last_loss\": %.5f, \"phases\": %s, \"gpu_idle\": %s, "
       "\"largest_batch_fitting\": %lld}",
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
-      static_cast<unsigned long long>(mem->reserved), last_loss, phases,
+      static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle,
       static_cast<long long>(largest));
   std::printf("%s\n", out.c_str());
   if (!json.empty()) std::ofstream(json) << out << "\n";

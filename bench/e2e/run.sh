@@ -56,7 +56,10 @@ case "$cmd" in
     log="$out/run.log"
     # The C++ binaries link cuBLAS: the CUDA toolkit's or the Python package's.
     cublas="$(find /usr /opt -name 'libcublasLt.so.13' 2>/dev/null | head -1)"
-    libs="$dir/lib:$(dirname "${cublas:-/}")"
+    # CUPTI (engine_bench's GPU idle measurement), from the toolkit or a
+    # Python package; without it the measurement is skipped.
+    cupti="$(find /usr /opt -name 'libcupti.so.13' 2>/dev/null | head -1)"
+    libs="$dir/lib:$(dirname "${cublas:-/}")${cupti:+:$(dirname "$cupti")}"
     nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv 2>&1 | tee -a "$log" || true
     python3 -c 'import torch; print("torch", torch.__version__)' 2>&1 | tee -a "$log" || true
     status=0

@@ -62,7 +62,17 @@ absl::Status JaggedAttention::Forward(const JaggedView& q, const JaggedView& k,
   k_ = k;
   v_ = v;
   const int64_t rows = q.values.dim(0), dim = q.values.dim(1), dh = dim / heads_;
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, dim}, out));
+  // bf16 q, k, v (from bf16-output projections) go to the bf16 kernels as
+  // they are, and the output stays bf16.
+  const bool bf16_in = q.values.dtype == DType::kBFloat16;
+  if (bf16_in && (!Bf16(dh) || k.values.dtype != DType::kBFloat16 || v.dtype != DType::kBFloat16)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "JaggedAttention: bf16 q, k and v need the bf16 kernels (bf16 attention, head dim 64 or "
+        "128); got q ", q.values.DebugString(), ", k ", k.values.DebugString(), ", v ",
+        v.DebugString()));
+  }
+  RECFLEET_RETURN_IF_ERROR(
+      AllocateTyped(ctx_, bf16_in ? DType::kBFloat16 : ctx_.dtype, {rows, dim}, out));
   out_ = out->view();
   if (rows == 0) return absl::OkStatus();
   attention::AttentionInputs in = Inputs();
@@ -77,7 +87,7 @@ absl::Status JaggedAttention::Forward(const JaggedView& q, const JaggedView& k,
   if (ctx_.flops != nullptr) {
     ctx_.flops->attention += attention::AttentionForwardFlops(in.q, in.k, heads_, dh, options_);
   }
-  if (!Bf16(dh)) {
+  if (!Bf16(dh) || bf16_in) {
     return attention::AttentionForward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse);
   }
   RECFLEET_RETURN_IF_ERROR(ToBf16(ctx_, in.q.values, &q16_));
@@ -107,7 +117,9 @@ absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView
   g.dv = Reshaped(dv, in.v.shape);
   const TensorView lse =
       options_.activation == attention::Activation::kSoftmax ? lse_.view() : TensorView();
-  if (!Bf16(dh)) {
+  if (!Bf16(dh) || q_.values.dtype == DType::kBFloat16) {
+    // fp32 throughout, or bf16 throughout (d_out and the gradients in the
+    // dtypes of out and q, k, v).
     return attention::AttentionBackward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse,
                                         Reshaped(d_out, {rows, heads_, dh}), g);
   }
@@ -126,7 +138,10 @@ absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView
       attention::AttentionBackward(in, options_, out16_.view(), lse, do16_.view(), g16));
   RECFLEET_RETURN_IF_ERROR(ops::Convert(dq16_.view(), g.dq));
   RECFLEET_RETURN_IF_ERROR(ops::Convert(dk16_.view(), g.dk));
-  return ops::Convert(dv16_.view(), g.dv);
+  RECFLEET_RETURN_IF_ERROR(ops::Convert(dv16_.view(), g.dv));
+  // Back to the pool for the next layer's backward (stream-ordered).
+  for (Tensor* t : {&q16_, &k16_, &v16_, &out16_, &do16_, &dq16_, &dk16_, &dv16_}) *t = Tensor();
+  return absl::OkStatus();
 }
 
 // ---- SelfAttentionBlock ------------------------------------------------------
@@ -136,6 +151,7 @@ SelfAttentionBlock::SelfAttentionBlock(const LayerContext& ctx, const std::strin
                                        const attention::AttentionOptions& options)
     : ctx_(ctx),
       dim_(dim),
+      heads_(heads),
       norm_(ctx, name + ".norm", dim),
       q_(ctx, name + ".q", dim, dim, false),
       k_(ctx, name + ".k", dim, dim, false),
@@ -143,11 +159,30 @@ SelfAttentionBlock::SelfAttentionBlock(const LayerContext& ctx, const std::strin
       o_(ctx, name + ".o", dim, dim, true),
       attention_(ctx, heads, options) {}
 
+bool SelfAttentionBlock::Bf16Flow(const TensorView& x) const {
+  const int64_t dh = dim_ / heads_;
+  return x.device == Device::kCuda && ctx_.bf16_attention && (dh == 64 || dh == 128) &&
+         ctx_.recipe.forward == GemmPrecision::kBf16 && ctx_.recipe.dgrad == GemmPrecision::kBf16 &&
+         ctx_.recipe.wgrad == GemmPrecision::kBf16;
+}
+
 absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
+  shape_ = x.values.shape;
+  bf16_flow_ = Bf16Flow(x.values);
   RECFLEET_RETURN_IF_ERROR(norm_.Forward(x.values, &normed_));
-  RECFLEET_RETURN_IF_ERROR(q_.Forward(normed_.view(), &q_out_));
-  RECFLEET_RETURN_IF_ERROR(k_.Forward(normed_.view(), &k_out_));
-  RECFLEET_RETURN_IF_ERROR(v_.Forward(normed_.view(), &v_out_));
+  TensorView qkv_in = normed_.view();
+  const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
+  if (bf16_flow_) {
+    // One bf16 copy of the normed input for the three projections (which
+    // round it to bf16 anyway); the fp32 one is not needed again.
+    RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, normed_.shape(), &normed16_));
+    RECFLEET_RETURN_IF_ERROR(ops::Convert(normed_.view(), normed16_.view()));
+    normed_ = Tensor();
+    qkv_in = normed16_.view();
+  }
+  RECFLEET_RETURN_IF_ERROR(q_.Forward(qkv_in, &q_out_, inner));
+  RECFLEET_RETURN_IF_ERROR(k_.Forward(qkv_in, &k_out_, inner));
+  RECFLEET_RETURN_IF_ERROR(v_.Forward(qkv_in, &v_out_, inner));
   RECFLEET_RETURN_IF_ERROR(attention_.Forward({q_out_.view(), x.offsets},
                                               {k_out_.view(), x.offsets}, v_out_.view(),
                                               &attn_out_));
@@ -157,9 +192,14 @@ absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
 }
 
 absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView& dx) {
-  const Shape shape = normed_.shape();
-  for (Tensor* t : {&d_attn_, &dq_, &dk_, &dv_, &d_normed_, &d_branch_}) {
-    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, shape, t));
+  // With the bf16 flow the gradients between o, the attention and q/k/v
+  // are bf16 too (each consumer would round them to bf16 itself).
+  const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
+  for (Tensor* t : {&d_attn_, &dq_, &dk_, &dv_}) {
+    RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, shape_, t));
+  }
+  for (Tensor* t : {&d_normed_, &d_branch_}) {
+    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, shape_, t));
   }
   RECFLEET_RETURN_IF_ERROR(o_.Backward(dy, d_attn_.view(), false));
   RECFLEET_RETURN_IF_ERROR(attention_.Backward(d_attn_.view(), dq_.view(), dk_.view(), dv_.view()));
@@ -167,7 +207,16 @@ absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView
   RECFLEET_RETURN_IF_ERROR(k_.Backward(dk_.view(), d_normed_.view(), true));
   RECFLEET_RETURN_IF_ERROR(v_.Backward(dv_.view(), d_normed_.view(), true));
   RECFLEET_RETURN_IF_ERROR(norm_.Backward(d_normed_.view(), d_branch_.view()));
-  return ops::Add(dy, d_branch_.view(), dx);
+  RECFLEET_RETURN_IF_ERROR(ops::Add(dy, d_branch_.view(), dx));
+  // This block's activations and scratch are dead until its next forward:
+  // back to the pool (stream-ordered) so the blocks below reuse the memory.
+  if (dy.device == Device::kCuda) {
+    for (Tensor* t : {&normed_, &normed16_, &q_out_, &k_out_, &v_out_, &attn_out_, &proj_,
+                      &d_attn_, &dq_, &dk_, &dv_, &d_normed_, &d_branch_}) {
+      *t = Tensor();
+    }
+  }
+  return absl::OkStatus();
 }
 
 // ---- CrossAttention ----------------------------------------------------------

@@ -68,13 +68,21 @@ class SelfAttentionBlock {
   absl::Status Backward(const TensorView& dy, const TensorView& dx);
 
  private:
+  // CUDA, bf16 attention kernels for this head dim and an all-bf16 linear
+  // recipe: the projections write bf16 q, k, v, the attention reads and
+  // writes bf16, and so do their gradients (no fp32 round trips between
+  // layers that round to bf16 anyway); the residual stream stays fp32.
+  bool Bf16Flow(const TensorView& x) const;
+
   LayerContext ctx_;
-  int64_t dim_;
+  int64_t dim_, heads_;
   RmsNorm norm_;
   Linear q_, k_, v_, o_;
   JaggedAttention attention_;
-  // Activations of the last forward.
-  Tensor normed_, q_out_, k_out_, v_out_, attn_out_, proj_;
+  Shape shape_;
+  bool bf16_flow_ = false;
+  // Activations of the last forward (released after the backward on CUDA).
+  Tensor normed_, normed16_, q_out_, k_out_, v_out_, attn_out_, proj_;
   // Backward scratch.
   Tensor d_attn_, dq_, dk_, dv_, d_normed_, d_branch_;
 };

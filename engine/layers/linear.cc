@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "engine/layers/ops.h"
 #include "kernels/gemm/linear.h"
 #include "kernels/norm/norm.h"
@@ -17,16 +18,44 @@ Linear::Linear(const LayerContext& ctx, const std::string& name, int64_t in, int
   if (bias) ctx.parameters->Register(&b_, name + ".b", {out}, ParameterInit{});
 }
 
-absl::Status Linear::Forward(const TensorView& x, Tensor* y) {
+absl::Status Linear::Forward(const TensorView& x, Tensor* y) { return Forward(x, y, ctx_.dtype); }
+
+absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
   const ScopedPhase phase(ctx_.phases, Phase::kGemm);
   const int64_t rows = x.dim(0);
   x_ = x;
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, out_}, y));
+  forward_shared_ = SharesBf16Operands(x);
+  x_bf16_ = Tensor();
+  if ((x.dtype != ctx_.dtype || y_dtype != ctx_.dtype) &&
+      !(forward_shared_ && (y_dtype == ctx_.dtype || y_dtype == DType::kBFloat16))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Linear: a ", DTypeName(x.dtype), " input or ", DTypeName(y_dtype),
+        " output needs CUDA and an all-bf16 recipe"));
+  }
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, y_dtype, {rows, out_}, y));
   // The kernels reject empty matrices, and there is nothing to compute.
   if (rows == 0) return absl::OkStatus();
   if (ctx_.flops != nullptr) ctx_.flops->linear += 2.0 * rows * in_ * out_;
-  return LinearForward(Reshaped(x, {rows, in_}), w_.value.view(),
-                       has_bias_ ? b_.value.view() : TensorView(), y->view(), ctx_.recipe);
+  const TensorView bias = has_bias_ ? b_.value.view() : TensorView();
+  if (!forward_shared_) {
+    return LinearForward(Reshaped(x, {rows, in_}), w_.value.view(), bias, y->view(), ctx_.recipe);
+  }
+  TensorView x_op = Reshaped(x, {rows, in_});
+  if (x.dtype != DType::kBFloat16) {
+    RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, {rows, in_}, &x_bf16_));
+    RECFLEET_RETURN_IF_ERROR(ops::Convert(x_op, x_bf16_.view()));
+    x_op = x_bf16_.view();
+  }
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, {out_, in_}, &w_bf16_));
+  RECFLEET_RETURN_IF_ERROR(ops::Convert(w_.value.view(), w_bf16_.view()));
+  return LinearForward(x_op, w_bf16_.view(), bias, y->view(), ctx_.recipe);
+}
+
+bool Linear::SharesBf16Operands(const TensorView& x) const {
+  return x.device == Device::kCuda &&
+         (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16) &&
+         ctx_.recipe.forward == GemmPrecision::kBf16 && ctx_.recipe.dgrad == GemmPrecision::kBf16 &&
+         ctx_.recipe.wgrad == GemmPrecision::kBf16;
 }
 
 absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool accumulate) {
@@ -34,16 +63,38 @@ absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool a
   const int64_t rows = x_.dim(0);
   if (rows == 0) return absl::OkStatus();
   const TensorView dy2 = Reshaped(dy, {rows, out_});
-  RECFLEET_RETURN_IF_ERROR(LinearBackwardWeight(dy2, Reshaped(x_, {rows, in_}), w_.grad.view(),
-                                                has_bias_ ? b_.grad.view() : TensorView(),
-                                                /*accumulate=*/true, ctx_.recipe));
-  if (dx.data == nullptr) return absl::OkStatus();
-  if (!accumulate) {
-    return LinearBackwardInput(dy2, w_.value.view(), Reshaped(dx, {rows, in_}), ctx_.recipe);
+  TensorView x_op = x_bf16_.empty() ? Reshaped(x_, {rows, in_}) : x_bf16_.view();
+  TensorView dy_op = dy2, w_op = w_.value.view();
+  const bool shared = forward_shared_ && SharesBf16Operands(dy2);
+  if (shared) {
+    if (dy2.dtype != DType::kBFloat16) {
+      RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, {rows, out_}, &dy_bf16_));
+      RECFLEET_RETURN_IF_ERROR(ops::Convert(dy2, dy_bf16_.view()));
+      dy_op = dy_bf16_.view();
+    }
+    w_op = w_bf16_.view();
+    if (has_bias_) {
+      RECFLEET_RETURN_IF_ERROR(LinearBackwardBias(dy2, b_.grad.view(), /*accumulate=*/true));
+    }
   }
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, in_}, &dx_scratch_));
-  RECFLEET_RETURN_IF_ERROR(LinearBackwardInput(dy2, w_.value.view(), dx_scratch_.view(), ctx_.recipe));
-  return ops::Add(dx, dx_scratch_.view(), dx);
+  RECFLEET_RETURN_IF_ERROR(LinearBackwardWeight(
+      dy_op, x_op, w_.grad.view(), has_bias_ && !shared ? b_.grad.view() : TensorView(),
+      /*accumulate=*/true, ctx_.recipe));
+  absl::Status status;
+  if (dx.data != nullptr && !accumulate) {
+    status = LinearBackwardInput(dy_op, w_op, Reshaped(dx, {rows, in_}), ctx_.recipe);
+  } else if (dx.data != nullptr) {
+    status = AllocateTyped(ctx_, dx.dtype, {rows, in_}, &dx_scratch_);
+    if (status.ok()) status = LinearBackwardInput(dy_op, w_op, dx_scratch_.view(), ctx_.recipe);
+    if (status.ok()) status = ops::Add(dx, dx_scratch_.view(), dx);
+  }
+  // The copies and the scratch are step-sized: give them back to the pool
+  // (stream-ordered, so the GEMMs above still read them) for the layers
+  // whose backward comes next.
+  x_bf16_ = Tensor();
+  dy_bf16_ = Tensor();
+  dx_scratch_ = Tensor();
+  return status;
 }
 
 RmsNorm::RmsNorm(const LayerContext& ctx, const std::string& name, int64_t dim)

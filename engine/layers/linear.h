@@ -27,9 +27,14 @@ class Linear {
 
   // y [rows, out] = x [rows, in] W^T + b; counts 2 * rows * in * out FLOPs.
   absl::Status Forward(const TensorView& x, Tensor* y);
+  // The same with y allocated in `y_dtype`. A bf16 x or y is for CUDA with
+  // an all-bf16 recipe only (SharesBf16Operands), where the GEMMs round to
+  // bf16 anyway: chains of such layers then pass bf16 activations.
+  absl::Status Forward(const TensorView& x, Tensor* y, DType y_dtype);
   // Adds dW = dy^T x and db to the gradients. dx [rows, in] (= dy W) is
   // overwritten, or with `accumulate` added to; an empty view (data ==
-  // nullptr) skips it.
+  // nullptr) skips it. dy and an overwritten dx may be bf16 under the same
+  // condition as above.
   absl::Status Backward(const TensorView& dy, const TensorView& dx, bool accumulate);
 
   int64_t in() const { return in_; }
@@ -38,12 +43,22 @@ class Linear {
   Parameter* bias() { return has_bias_ ? &b_ : nullptr; }
 
  private:
+  // CUDA with an all-bf16 recipe: every GEMM of the layer would round its
+  // operands to bf16 itself, x and W twice each, dy twice. The layer rounds
+  // each once instead: W and an fp32 x in Forward (x's copy kept for the
+  // weight gradient, freed by Backward), an fp32 dy in Backward; bf16 ones
+  // are used as they are. The bias gradient sums dy as given, so the
+  // numerics equal the unshared path's.
+  bool SharesBf16Operands(const TensorView& x) const;
+  bool forward_shared_ = false;  // The last Forward took the shared path.
+
   LayerContext ctx_;
   int64_t in_, out_;
   bool has_bias_;
   Parameter w_, b_;
   TensorView x_;
   Tensor dx_scratch_;
+  Tensor x_bf16_, w_bf16_, dy_bf16_;
 };
 
 class RmsNorm {

@@ -55,6 +55,20 @@ TEST(LinearTest, BackwardMatchesFiniteDifferences) {
   for (int i = 0; i < 20; ++i) EXPECT_NEAR(acc.data<double>()[i], dx.data<double>()[i] + 1, 1e-12);
 }
 
+// bf16 activations in and out are the CUDA bf16 recipe's (the GEMMs round
+// to bf16 there anyway); elsewhere they would silently change the numerics,
+// so they are refused.
+TEST(LinearTest, Bf16ActivationsOnlyOnCudaWithTheBf16Recipe) {
+  ParameterRegistry registry(DType::kFloat64, 2);
+  Linear l(Fp64Context(&registry), "proj", 4, 3, false);
+  Tensor x = RandomTensor({5, 4}, 3);
+  Tensor y;
+  const absl::Status s = l.Forward(x.view(), &y, DType::kBFloat16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("all-bf16 recipe"), std::string::npos) << s;
+  EXPECT_TRUE(l.Forward(x.view(), &y, DType::kFloat64).ok());
+}
+
 TEST(LinearTest, ZeroRowsComputeNothing) {
   ParameterRegistry registry(DType::kFloat64, 2);
   Linear l(Fp64Context(&registry), "proj", 4, 3, false);

@@ -224,6 +224,11 @@ absl::Status Copy(const TensorView& src, const TensorView& dst) {
 }
 
 absl::Status Zero(const TensorView& x) {
+  if (x.device == Device::kCuda && x.dtype == DType::kBFloat16) {
+    // bf16 activations (engine/layers/attention.h's bf16 flow): zero bits.
+    if (x.numel() == 0) return absl::OkStatus();
+    return Cuda(cudaMemsetAsync(x.data, 0, x.nbytes(), static_cast<cudaStream_t>(kStream)), "Zero");
+  }
   RECFLEET_RETURN_IF_ERROR(CheckOperands("Zero", {{"x", &x}}));
   if (x.device == Device::kCuda) {
     if (x.numel() == 0) return absl::OkStatus();

@@ -44,7 +44,7 @@ absl::Status Scale(const TensorView& x, double weight);
 // acc += weight * x (weight rounded to the dtype first).
 absl::Status AddScaled(const TensorView& x, double weight, const TensorView& acc);
 absl::Status Copy(const TensorView& src, const TensorView& dst);
-// x = 0.
+// x = 0 (also for a bf16 tensor on CUDA).
 absl::Status Zero(const TensorView& x);
 // x[i] = 1 / numel(x), divided in x's dtype: the per-element weights of a
 // mean over x.

@@ -155,4 +155,60 @@ absl::Status StagedBatch::MarkConsumed(void* compute_stream) {
   return CudaStatus(cudaEventRecord(E(consumed_), S(compute_stream)), "batch consumed");
 }
 
+DeferredMean::~DeferredMean() {
+  if (done_ != nullptr) {
+    cudaEventSynchronize(E(done_));
+    cudaEventDestroy(E(done_));
+  }
+  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+}
+
+absl::Status DeferredMean::Enqueue(const TensorView& values) {
+  if (values.dtype != DType::kFloat32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeferredMean: values must be fp32, got ", values.DebugString()));
+  }
+  n_ = values.numel();
+  on_device_ = values.device == Device::kCuda;
+  enqueued_ = true;
+  if (!on_device_) {
+    double sum = 0;
+    for (int64_t i = 0; i < n_; ++i) sum += values.as<float>()[i];
+    host_mean_ = n_ > 0 ? sum / static_cast<double>(n_) : 0.0;
+    return absl::OkStatus();
+  }
+  if (done_ == nullptr) {
+    cudaEvent_t e;
+    RECFLEET_RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "loss read-back event"));
+    done_ = e;
+  }
+  const size_t bytes = static_cast<size_t>(n_) * sizeof(float);
+  if (bytes > capacity_) {
+    // The previous copy may still be writing the old buffer.
+    RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(E(done_)), "loss read-back"));
+    if (pinned_ != nullptr) cudaFreeHost(pinned_);
+    pinned_ = nullptr;
+    capacity_ = 0;
+    RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&pinned_, bytes), "cudaMallocHost"));
+    capacity_ = bytes;
+  }
+  if (bytes > 0) {
+    RECFLEET_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(pinned_, values.data, bytes, cudaMemcpyDeviceToHost, nullptr),
+        "loss read-back copy"));
+  }
+  return CudaStatus(cudaEventRecord(E(done_), nullptr), "loss read-back event");
+}
+
+absl::StatusOr<double> DeferredMean::Read() {
+  if (!enqueued_) return absl::FailedPreconditionError("DeferredMean::Read before Enqueue");
+  if (!on_device_) return host_mean_;
+  RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(E(done_)), "loss read-back"));
+  double sum = 0;
+  const float* v = static_cast<const float*>(pinned_);
+  for (int64_t i = 0; i < n_; ++i) sum += v[i];
+  return n_ > 0 ? sum / static_cast<double>(n_) : 0.0;
+}
+
 }  // namespace recfleet::engine::layers

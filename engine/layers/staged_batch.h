@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/batch.h"
 #include "kernels/tensor.h"
 
@@ -69,6 +70,32 @@ class StagedBatch {
   void* copied_ = nullptr;       // cudaEvent_t
   void* consumed_ = nullptr;     // cudaEvent_t
   bool copy_pending_ = false, consume_recorded_ = false;
+};
+
+// The mean of a vector the compute stream produces, read back without
+// stopping the stream: Enqueue copies fp32 values [n] (CUDA: into pinned
+// host memory with cudaMemcpyAsync on the legacy default stream, then an
+// event) and returns at once; Read waits for that copy only and averages on
+// the host. On the CPU Enqueue reads the values at once. One copy in flight
+// per object (a new Enqueue replaces an unread one). Not thread-safe.
+class DeferredMean {
+ public:
+  DeferredMean() = default;
+  ~DeferredMean();
+  DeferredMean(const DeferredMean&) = delete;
+  DeferredMean& operator=(const DeferredMean&) = delete;
+
+  absl::Status Enqueue(const TensorView& values);
+  // FailedPrecondition when nothing was enqueued.
+  absl::StatusOr<double> Read();
+
+ private:
+  void* pinned_ = nullptr;  // float[capacity_]
+  size_t capacity_ = 0;
+  void* done_ = nullptr;  // cudaEvent_t
+  int64_t n_ = 0;
+  bool enqueued_ = false, on_device_ = false;
+  double host_mean_ = 0;
 };
 
 }  // namespace recfleet::engine::layers

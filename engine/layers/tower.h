@@ -53,6 +53,8 @@ class BinaryCrossEntropy {
   // mean (synchronizing with the device).
   absl::Status Enqueue(const TensorView& logits, const TensorView& labels, Tensor* dlogits);
   absl::StatusOr<double> ReadLoss() const;
+  // The per-sample losses of the last Enqueue, [B] (valid until the next).
+  const TensorView& losses() const { return loss_.view(); }
 
  private:
   LayerContext ctx_;

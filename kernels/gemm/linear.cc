@@ -124,6 +124,14 @@ absl::Status LinearBackwardWeight(const TensorView& dy, const TensorView& x, con
                                 linear_internal::WgradOperand(x, false, recipe), recipe.wgrad,
                                 TensorView(), accumulate, dw, recipe, stream, context));
   if (dbias.data == nullptr) return absl::OkStatus();
+  return LinearBackwardBias(dy, dbias, accumulate, stream);
+}
+
+absl::Status LinearBackwardBias(const TensorView& dy, const TensorView& dbias, bool accumulate,
+                                void* stream) {
+  RECFLEET_RETURN_IF_ERROR(CheckInput(dy, "dy"));
+  RECFLEET_RETURN_IF_ERROR(CheckOptionalVector(dbias, "dbias", dy, dy.dim(1)));
+  if (dbias.data == nullptr) return absl::OkStatus();
   if (dy.device == Device::kCpu) return linear_internal::BiasGradCpu(dy, accumulate, dbias);
   return linear_internal::BiasGradCuda(dy, accumulate, dbias, stream);
 }

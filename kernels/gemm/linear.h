@@ -115,6 +115,12 @@ absl::Status LinearBackwardWeight(const TensorView& dy, const TensorView& x, con
                                   const LinearRecipe& recipe, void* stream = nullptr,
                                   LinearContext* context = nullptr);
 
+// dbias (+)= sum over rows of dy [M, N] alone (what LinearBackwardWeight
+// does with a dbias): for callers that hand the wgrad GEMM a rounded copy of
+// dy but want the bias gradient from dy itself.
+absl::Status LinearBackwardBias(const TensorView& dy, const TensorView& dbias, bool accumulate,
+                                void* stream = nullptr);
+
 }  // namespace recfleet
 
 #endif  // RECFLEET_KERNELS_GEMM_LINEAR_H_

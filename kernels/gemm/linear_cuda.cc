@@ -104,8 +104,12 @@ absl::Status SetAttr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr
 }
 
 // D (column-major [m, n], ld m) = op(A) op(B) (+ D when beta = 1).
+// With `bias` (of D's type, length m), the epilogue adds bias[row] to every
+// column of D in the same pass; NotFound when cuBLASLt has no such algorithm
+// for the shape (the caller then adds the bias itself).
 absl::Status LtMatmul(const LtOperand& a, const LtOperand& b, void* d, cudaDataType_t d_type,
-                      int64_t m, int64_t n, int64_t k, float beta, cudaStream_t stream) {
+                      int64_t m, int64_t n, int64_t k, float beta, cudaStream_t stream,
+                      const void* bias = nullptr) {
   cublasLtHandle_t handle;
   RECFLEET_RETURN_IF_ERROR(Handle(&handle));
   Desc desc;
@@ -123,6 +127,11 @@ absl::Status LtMatmul(const LtOperand& a, const LtOperand& b, void* d, cudaDataT
     RECFLEET_RETURN_IF_ERROR(
         SetAttr(desc.d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b.scale, "B scale pointer"));
   }
+  if (bias != nullptr) {
+    RECFLEET_RETURN_IF_ERROR(
+        SetAttr(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS, "bias epilogue"));
+    RECFLEET_RETURN_IF_ERROR(SetAttr(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias pointer"));
+  }
   Layout la, lb, ld;
   RECFLEET_RETURN_IF_ERROR(
       LtStatus(cublasLtMatrixLayoutCreate(&la.l, a.type, a.rows, a.cols, a.ld), "layout A"));
@@ -136,7 +145,8 @@ absl::Status LtMatmul(const LtOperand& a, const LtOperand& b, void* d, cudaDataT
   const std::string key = absl::StrCat(
       m, ",", n, ",", k, ",", a.type, ",", b.type, ",", d_type, ",", a.op, ",", b.op, ",",
       a.scale != nullptr ? static_cast<int>(a.scale_mode) : -1, ",",
-      a.scale != nullptr ? static_cast<int>(b.scale_mode) : -1, ",", beta != 0.0f);
+      a.scale != nullptr ? static_cast<int>(b.scale_mode) : -1, ",", beta != 0.0f, ",",
+      bias != nullptr);
   thread_local absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t> algos;
   thread_local int algos_device = -1;
   int device = 0;
@@ -160,6 +170,10 @@ absl::Status LtMatmul(const LtOperand& a, const LtOperand& b, void* d, cudaDataT
                                                                      ld.l, ld.l, pref.p, 1,
                                                                      &heuristic, &found),
                                       "heuristic"));
+    if (found == 0 && bias != nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "cuBLASLt has no bias-epilogue algorithm for this GEMM (m=", m, " n=", n, " k=", k, ")"));
+    }
     if (found == 0) {
       return absl::UnimplementedError(absl::StrCat(
           "cuBLASLt has no algorithm for this GEMM (m=", m, " n=", n, " k=", k, ")"));
@@ -464,6 +478,14 @@ absl::Status GemmCuda(GemmRole role, const Operand& a, const Operand& b, GemmPre
     }
     lt_a = Describe(pb, tb, b.transpose, n, k, false);
     lt_b = Describe(pa, ta, a.transpose, m, k, true);
+  }
+  // The bias rides in the GEMM's epilogue where cuBLASLt offers it (a bias of
+  // the output's dtype, an overwritten output): one pass over y fewer.
+  if (bias.data != nullptr && !accumulate && bias.dtype == c.dtype &&
+      precision != GemmPrecision::kFp8Block) {
+    const absl::Status fused =
+        LtMatmul(lt_a, lt_b, c.data, CudaType(c.dtype), n, m, k, 0.0f, s, bias.data);
+    if (!absl::IsNotFound(fused)) return fused;
   }
   RECFLEET_RETURN_IF_ERROR(
       LtMatmul(lt_a, lt_b, c.data, CudaType(c.dtype), n, m, k, accumulate ? 1.0f : 0.0f, s));
