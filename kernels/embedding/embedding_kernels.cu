@@ -3,6 +3,7 @@
 #include <cub/cub.cuh>
 
 #include "kernels/base/cuda_util.h"
+#include "kernels/embedding/sorted_runs.h"
 
 namespace recfleet::embedding_cuda {
 namespace {
@@ -122,33 +123,33 @@ __device__ __forceinline__ int64_t SortedKey(const void* keys, bool keys32, int6
                 : static_cast<int64_t>(__ldg(static_cast<const unsigned long long*>(keys) + p));
 }
 
-// Sorted keys are grouped by id >> lo (see BackwardAdagradImpl): with lo > 0
-// a bucket holds up to 2^lo distinct ids in occurrence order, so the
-// occurrences of one id are the positions of its bucket run that hold it.
-__device__ __forceinline__ bool SameBucket(int64_t a, int64_t b, int lo) {
-  return (a >> lo) == (b >> lo);
-}
+// The sorted key at position q, as sorted_runs wants it.
+struct SortedKeys {
+  const void* keys;
+  bool keys32;
+  __device__ __forceinline__ int64_t operator()(int64_t q) const {
+    return SortedKey(keys, keys32, q);
+  }
+};
 
 // The gradient of one distinct id: the sum of the rows of its occurrences,
-// the positions holding `id` in [start, end) (start holds it, with bag
-// first_bag).
+// the first at position `start` (bag first_bag), the others found by
+// sorted_runs::ForEachLaterOccurrence.
 template <typename GT, int V, int C>
 __device__ __forceinline__ void GatherGrad(const GT* __restrict__ grad, int64_t dim, int64_t d0,
-                                           int64_t stride, const Lookup& l, const void* keys,
-                                           bool keys32, int64_t id,
-                                           const int* __restrict__ bag_of, int64_t first_bag,
-                                           int64_t start, int64_t end, float (&g)[C][V]) {
+                                           int64_t stride, const Lookup& l,
+                                           const SortedKeys& key_at, int64_t n, int lo,
+                                           int64_t id, const int* __restrict__ bag_of,
+                                           int64_t first_bag, int64_t start, float (&g)[C][V]) {
 #pragma unroll
   for (int c = 0; c < C; ++c) {
 #pragma unroll
     for (int j = 0; j < V; ++j) g[c][j] = 0.0f;
   }
   AddGradRow<GT, V, C>(grad, dim, d0, stride, l, first_bag, g);
-  for (int64_t p = start + 1; p < end; ++p) {
-    if (SortedKey(keys, keys32, p) == id) {
-      AddGradRow<GT, V, C>(grad, dim, d0, stride, l, __ldg(bag_of + p), g);
-    }
-  }
+  sorted_runs::ForEachLaterOccurrence(key_at, n, start, id, lo, [&](int64_t q) {
+    AddGradRow<GT, V, C>(grad, dim, d0, stride, l, __ldg(bag_of + q), g);
+  });
 }
 
 // Sum over the `group` lanes of one run (xor offsets stay inside a group).
@@ -243,20 +244,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32,
                         (32 / group);
   if (first >= n) return;  // whole warp: the shuffles below need every lane
   const int64_t p = first + lane / group;
+  const SortedKeys key_at{keys, keys32};
   int64_t id = -1;
   bool active = false;
   int64_t bag0 = 0;
   if (p < n) {
-    id = SortedKey(keys, keys32, p);
+    id = key_at(p);
     bag0 = __ldg(bag_of + p);
-    active = true;
-    // Owner: no earlier position of the bucket run holds the id (with lo =
-    // 0, the predecessor only).
-    for (int64_t q = p - 1; q >= 0; --q) {
-      const int64_t k = SortedKey(keys, keys32, q);
-      if (k == id) active = false;
-      if (k == id || lo == 0 || !SameBucket(k, id, lo)) break;
-    }
+    active = sorted_runs::FirstOccurrence(key_at, p, id, lo);
   }
   TT* row = table + (active ? id : 0) * dim;
   float m0 = 0.0f;
@@ -271,19 +266,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32,
       for (int c = 0; c < C; ++c) {
         if (d0 + c * stride < dim) LoadRow<TT, V>(row + d0 + c * stride, policy, w[c]);
       }
-#pragma unroll
-      for (int c = 0; c < C; ++c) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) g[c][j] = 0.0f;
-      }
-      // The first occurrence before looking for more (most ids occur once),
-      // so its loads overlap the table row's.
-      AddGradRow<GT, V, C>(grad, dim, d0, stride, l, bag0, g);
-      for (int64_t q = p + 1; q < n; ++q) {
-        const int64_t k = SortedKey(keys, keys32, q);
-        if (!SameBucket(k, id, lo)) break;
-        if (k == id) AddGradRow<GT, V, C>(grad, dim, d0, stride, l, __ldg(bag_of + q), g);
-      }
+      // The first occurrence's gradient row is loaded before looking for
+      // more (most ids occur once), so its loads overlap the table row's.
+      GatherGrad<GT, V, C>(grad, dim, d0, stride, l, key_at, n, lo, id, bag_of, bag0, p, g);
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         if (d0 + c * stride < dim) {
@@ -307,12 +292,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32,
       }
     }
   } else {
-    int64_t end = p + 1;
-    while (active && end < n && SameBucket(SortedKey(keys, keys32, end), id, lo)) ++end;
     float sq = 0.0f;
     for (int64_t d = d0; active && d < dim; d += stride) {
       float g[1][V];
-      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, keys, keys32, id, bag_of, bag0, p, end, g);
+      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, key_at, n, lo, id, bag_of, bag0, p, g);
 #pragma unroll
       for (int j = 0; j < V; ++j) sq += g[0][j] * g[0][j];
     }
@@ -323,7 +306,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32,
       const uint64_t policy = EvictFirstPolicy();
       float g[1][V], w[V];
       LoadRow<TT, V>(row + d, policy, w);
-      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, keys, keys32, id, bag_of, bag0, p, end, g);
+      GatherGrad<GT, V, 1>(grad, dim, d, stride, l, key_at, n, lo, id, bag_of, bag0, p, g);
 #pragma unroll
       for (int j = 0; j < V; ++j) w[j] -= step * g[0][j];
       StoreRow<TT, V>(row + d, policy, w);
@@ -431,11 +414,9 @@ cudaError_t BackwardAdagradImpl(const Table& table, const Lookup& lookup, const 
   const int64_t n = lookup.num_ids;
   const int bits = KeyBits(table.rows);
   constexpr bool keys32 = sizeof(KeyT) == 4;
-  // The radix sort moves 8 bits per pass. Where the key width is one or two
-  // bits past a multiple of 8, sorting by id >> lo saves a pass; a bucket
-  // run then mixes up to 2^lo ids (few enough to scan), and the Adagrad
-  // kernel finds each id's occurrences inside it.
-  const int lo = bits > 8 && bits % 8 <= 2 ? bits % 8 : 0;
+  // Sorting by id >> lo saves a radix pass where lo > 0; the Adagrad kernel
+  // then finds each id's occurrences inside its bucket run.
+  const int lo = sorted_runs::LowBitsToSkip(bits);
 
   // Temporary storage: sized in a dry run of the arena (null base), then
   // allocated once.
