@@ -5,8 +5,12 @@
 #                                          # --config=device, copy binaries,
 #                                          # the C ABI .so, bench.py and the
 #                                          # non-system shared libs into DIR
-#   bench/kernels2/kernels2.sh run DIR OUT # on the GPU machine: run the gpu
-#                                          # tests, then bench.py; logs in OUT
+#   bench/kernels2/kernels2.sh run DIR OUT [BASE_SO]
+#       on the GPU machine: run the gpu tests, then bench.py; logs in OUT.
+#       With BASE_SO (another build's librecfleet_kernels2.so, e.g. main's),
+#       bench.py runs base, new, base, new in separate processes over the
+#       sections in $SECTIONS (default embedding_bf16,quantize,linear), so
+#       every ratio has a baseline from the same run.
 #
 # The GPU machine must provide libcublasLt.so.13 (CUDA 13 toolkit or the
 # nvidia-cublas Python package) and python3 with PyTorch.
@@ -39,9 +43,23 @@ case "$cmd" in
       if "$dir/$name" > "$out/$name.log" 2>&1; then echo "PASS $name"; else echo "FAIL $name"; status=1; fi
       grep -E '^\[  (FAILED|PASSED) |Failure|error' "$out/$name.log" | head -20 || true
     done
-    PYTHONUNBUFFERED=1 python3 "$dir/bench.py" --lib "$dir/librecfleet_kernels2.so" \
-      --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
+    base="${4:-}"
+    if [[ -z "$base" ]]; then
+      PYTHONUNBUFFERED=1 python3 "$dir/bench.py" --lib "$dir/librecfleet_kernels2.so" \
+        --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
+      exit $status
+    fi
+    for round in 1 2; do
+      for which in base new; do
+        lib="$dir/librecfleet_kernels2.so"
+        [[ "$which" == base ]] && lib="$base"
+        PYTHONUNBUFFERED=1 python3 "$dir/bench.py" --lib "$lib" \
+          --sections "${SECTIONS:-embedding_bf16,quantize,linear}" \
+          --json "$out/bench_${which}_${round}.json" 2>&1 | sed "s/^/[$which $round] /" |
+          tee -a "$out/bench.log"
+      done
+    done
     exit $status
     ;;
-  *) echo "usage: $0 stage DIR | run DIR OUT" >&2; exit 2 ;;
+  *) echo "usage: $0 stage DIR | run DIR OUT [BASE_SO]" >&2; exit 2 ;;
 esac

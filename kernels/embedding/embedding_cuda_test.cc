@@ -175,6 +175,13 @@ TEST(EmbeddingCudaTest, MatchesCpuReference) {
                    Pooling::kSum});
   CheckAgainstCpu({DType::kBFloat16, DType::kFloat32, DType::kInt64, 100000, 136, 131, true,
                    Pooling::kMean});
+  // Ids of 10 bits (1000 rows) are sorted by id >> 2: buckets of four ids
+  // whose occurrences interleave, ~16 occurrences per id; in registers (dim
+  // 128) and through the two-pass path (dim 600 fp32).
+  CheckAgainstCpu({DType::kBFloat16, DType::kBFloat16, DType::kInt64, 1000, 128, 800, true,
+                   Pooling::kSum});
+  CheckAgainstCpu({DType::kFloat32, DType::kFloat32, DType::kInt32, 1000, 600, 400, true,
+                   Pooling::kMean});
 }
 
 // A table past 2^31 elements: rows near the end must be addressed with

@@ -32,9 +32,10 @@ cudaError_t Forward(const Table& table, const Lookup& lookup, void* out, bool ou
                     void* stream);
 
 // Dedup + rowwise Adagrad: sorts (id, bag) pairs by id (32-bit keys when
-// the table has at most 2^32 rows); the lane group at the head of each run
-// of equal ids sums that id's gradient rows and updates its table row and
-// momentum. Temporaries come from cudaMallocAsync on `stream`.
+// the table has at most 2^32 rows; by id >> 1 or id >> 2 where that saves a
+// radix pass); the lane group at the first occurrence of each id sums that
+// id's gradient rows and updates its table row and momentum. Temporaries
+// come from cudaMallocAsync on `stream`.
 cudaError_t BackwardAdagrad(const Table& table, const Lookup& lookup, const void* grad,
                             bool grad_bf16, float learning_rate, float eps, float* momentum,
                             void* stream);

@@ -44,6 +44,14 @@
 // default stream), asynchronously; FP8 operand quantization takes temporary
 // device memory with cudaMallocAsync on that stream. Calls are reentrant
 // (one cuBLASLt handle per thread; workspaces are stream-ordered per call).
+// The first GEMM of each shape and precision on a thread whose M and N are
+// multiples of 128 (shapes that recur: dense layers, experts, benchmarks)
+// times cuBLASLt's candidate algorithms (up to 8) on `stream` and keeps the
+// fastest: that call waits for the stream, and two processes may pick
+// different algorithms (results then differ in the last bits). Other shapes
+// (jagged token counts, new with every batch) and calls under stream
+// capture keep the heuristic's first choice, so a step never waits for a
+// search. The per-thread choice cache is cleared at 4,096 shapes.
 // CUDA limits: kFp8Block needs m, n and k divisible by 16 (and M by 128 for
 // the wgrad Hadamard transform); kNative needs both
 // operands of one dtype (and an fp32 output for fp32 operands); otherwise

@@ -103,6 +103,84 @@ absl::Status SetAttr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr
   return LtStatus(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)), what);
 }
 
+// Picks the algorithm of one GEMM shape: with `time_candidates`, the
+// heuristic's candidates (up to kCandidates, each within the workspace) are
+// timed on `stream` writing a scratch output, and the fastest is kept (the
+// heuristic ranks them by a model, not by a measurement). Without it, or
+// under stream capture (no synchronization allowed), the first answer is
+// taken.
+absl::Status ChooseAlgo(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                        cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                        cublasLtMatrixLayout_t ld, const void* a, const void* b,
+                        cudaDataType_t d_type, int64_t m, int64_t n, cudaStream_t stream,
+                        bool time_candidates, cublasLtMatmulAlgo_t* out) {
+  constexpr int kCandidates = 8, kReps = 3;
+  Pref pref;
+  RECFLEET_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref.p), "preference"));
+  const size_t ws = kWorkspaceBytes;
+  RECFLEET_RETURN_IF_ERROR(LtStatus(
+      cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                           sizeof(ws)),
+      "workspace preference"));
+  cublasLtMatmulHeuristicResult_t found[kCandidates];
+  int count = 0;
+  RECFLEET_RETURN_IF_ERROR(LtStatus(
+      cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref.p, kCandidates, found,
+                                     &count),
+      "heuristic"));
+  if (count == 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("cuBLASLt has no algorithm for this GEMM (m=", m, " n=", n, ")"));
+  }
+  *out = found[0].algo;
+  if (!time_candidates) return absl::OkStatus();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  RECFLEET_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing"));
+  if (count == 1 || capture != cudaStreamCaptureStatusNone) return absl::OkStatus();
+  const size_t d_bytes = static_cast<size_t>(m) * n * (d_type == CUDA_R_32F ? 4 : 2);
+  StreamBuffer scratch(stream), workspace(stream);
+  RECFLEET_RETURN_IF_ERROR(scratch.Allocate(d_bytes));
+  RECFLEET_RETURN_IF_ERROR(workspace.Allocate(kWorkspaceBytes));
+  RECFLEET_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(scratch.get(), 0, d_bytes, stream), "clear scratch"));
+  cudaEvent_t start, stop;
+  RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&start), "cudaEventCreate"));
+  if (cudaEventCreate(&stop) != cudaSuccess) {
+    cudaEventDestroy(start);
+    return absl::InternalError("cudaEventCreate failed");
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  float best = -1.0f;
+  for (int i = 0; i < count; ++i) {
+    if (found[i].state != CUBLAS_STATUS_SUCCESS || found[i].workspaceSize > kWorkspaceBytes) {
+      continue;
+    }
+    auto run = [&] {
+      return cublasLtMatmul(handle, desc, &alpha, a, la, b, lb, &beta, scratch.get(), ld,
+                            scratch.get(), ld, &found[i].algo, workspace.get(), kWorkspaceBytes,
+                            stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a failing candidate is skipped
+    cudaEventRecord(start, stream);
+    bool ok = true;
+    for (int r = 0; r < kReps && ok; ++r) ok = run() == CUBLAS_STATUS_SUCCESS;
+    cudaEventRecord(stop, stream);
+    float ms = 0.0f;
+    if (!ok || cudaEventSynchronize(stop) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+      continue;
+    }
+    if (best < 0.0f || ms < best) {
+      best = ms;
+      *out = found[i].algo;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return CudaStatus(cudaGetLastError(), "GEMM algorithm timing");
+}
+
 // D (column-major [m, n], ld m) = op(A) op(B) (+ D when beta = 1).
 // With `bias` (of D's type, length m), the epilogue adds bias[row] to every
 // column of D in the same pass; NotFound when cuBLASLt has no such algorithm
@@ -157,28 +235,22 @@ absl::Status LtMatmul(const LtOperand& a, const LtOperand& b, void* d, cudaDataT
   }
   auto it = algos.find(key);
   if (it == algos.end()) {
-    Pref pref;
-    RECFLEET_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref.p), "preference"));
-    const size_t ws = kWorkspaceBytes;
-    RECFLEET_RETURN_IF_ERROR(LtStatus(
-        cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                             sizeof(ws)),
-        "workspace preference"));
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    RECFLEET_RETURN_IF_ERROR(LtStatus(cublasLtMatmulAlgoGetHeuristic(handle, desc.d, la.l, lb.l,
-                                                                     ld.l, ld.l, pref.p, 1,
-                                                                     &heuristic, &found),
-                                      "heuristic"));
-    if (found == 0 && bias != nullptr) {
+    cublasLtMatmulAlgo_t algo;
+    // Time the candidates only for shapes that recur: rows a multiple of 128
+    // (dense towers, experts, FSDP shards, benchmarks). Jagged token counts
+    // change with every batch, and timing each new one would stall the
+    // stream once per GEMM per step; they take the heuristic's first choice.
+    const bool time_candidates = m % 128 == 0 && n % 128 == 0;
+    const absl::Status chosen = ChooseAlgo(handle, desc.d, la.l, lb.l, ld.l, a.data, b.data,
+                                           d_type, m, n, stream, time_candidates, &algo);
+    if (absl::IsUnimplemented(chosen) && bias != nullptr) {
       return absl::NotFoundError(absl::StrCat(
           "cuBLASLt has no bias-epilogue algorithm for this GEMM (m=", m, " n=", n, " k=", k, ")"));
     }
-    if (found == 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          "cuBLASLt has no algorithm for this GEMM (m=", m, " n=", n, " k=", k, ")"));
-    }
-    it = algos.emplace(key, heuristic.algo).first;
+    RECFLEET_RETURN_IF_ERROR(chosen);
+    // Bounded: a long run of jagged shapes must not grow the cache forever.
+    if (algos.size() >= 4096) algos.clear();
+    it = algos.emplace(key, algo).first;
   }
   const float alpha = 1.0f;
   return LtStatus(cublasLtMatmul(handle, desc.d, &alpha, a.data, la.l, b.data, lb.l, &beta, d, ld.l,

@@ -407,6 +407,24 @@ __device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarg
 __device__ __forceinline__ void StoreDirect(const QuantizeArgs& a, const QuantizeTarget& t,
                                             const uint32_t (&word)[4][4], int64_t r0, int64_t c,
                                             int warp) {
+  const int64_t c0 = c - 4 * (threadIdx.x & 31);
+  if (a.cols % 4 == 0 && r0 + kTile <= a.rows && c0 + kTile <= a.cols) {
+    // Whole tile (uniform over the block): one pointer walked down the
+    // thread's rows, where the general path below spends ~20 instructions
+    // per store on 64-bit row arithmetic and bound checks.
+    uint8_t* group = t.q + (r0 + 4 * warp) * a.cols + c;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint8_t* out = group;
+#pragma unroll
+      for (int rr = 0; rr < 4; ++rr) {
+        *reinterpret_cast<uint32_t*>(out) = word[i][rr];
+        out += a.cols;
+      }
+      group += 4 * kWarps * a.cols;
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -447,6 +465,17 @@ __device__ __forceinline__ void StoreTransposed(const QuantizeArgs& a, const Qua
     for (int j = 0; j < 4; ++j) sm[(lane * 4 + j) * 32 + (g ^ lane)] = col[j];
   }
   __syncthreads();
+  if (a.rows % 4 == 0 && r0 + kTile <= a.rows && c0 + kTile <= a.cols) {
+    // Whole tile: one pointer walked down the warp's q rows (as StoreDirect).
+    uint8_t* out = t.q + (c0 + warp * (kTile / kWarps)) * a.rows + r0 + 4 * lane;
+#pragma unroll
+    for (int k = 0; k < kTile / kWarps; ++k) {
+      const int cc = warp * (kTile / kWarps) + k;
+      *reinterpret_cast<uint32_t*>(out) = sm[cc * 32 + (lane ^ (cc >> 2))];
+      out += a.rows;
+    }
+    return;
+  }
 #pragma unroll 4
   for (int k = 0; k < kTile / kWarps; ++k) {
     const int cc = warp * (kTile / kWarps) + k;  // tile column = q row
