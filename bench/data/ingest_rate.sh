@@ -4,7 +4,8 @@
 # `recfleet data ingest` process, and of data::Ingest alone (ingest_bench,
 # which leaves out process start-up). CPU time, because the machine may be
 # shared; wall seconds are printed too.
-# Usage: bench/data/ingest_rate.sh OLD_BIN NEW_BIN LOG [RUNS] [INGEST FLAGS...]
+# Usage: bench/data/ingest_rate.sh OLD_BIN NEW_BIN LOG [RUNS (default 3; needed before flags)]
+#          [INGEST FLAGS...]
 #   OLD_BIN, NEW_BIN: folders holding `recfleet` and `ingest_bench`
 #   LOG: an event log, e.g. bench/data/ml1m_shaped_log.py's output
 # Writes scratch data under ${TMPDIR:-/tmp}/recfleet-bench-ingest (removed at the end).
