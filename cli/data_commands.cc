@@ -243,8 +243,32 @@ int RunBalanceReport(const std::vector<std::string>& args) {
   return cli::kExitOk;
 }
 
+// Per batch of `batches`, the fit's relative error; prints them under
+// `title` when `each` and returns the largest and the mean absolute error.
+std::pair<double, double> PrintErrors(const char* title, const std::vector<BatchTime>& batches,
+                                      const CostModel& fit, bool each) {
+  if (batches.empty()) return {0, 0};
+  double worst = 0, sum = 0;
+  std::printf("%s\n", title);
+  for (const BatchTime& b : batches) {
+    double predicted = 0;
+    for (int64_t l : b.lengths) predicted += fit.SampleCost(l);
+    const double error = (predicted - b.seconds) / b.seconds;
+    worst = std::max(worst, std::fabs(error));
+    sum += std::fabs(error);
+    if (each) {
+      std::printf("  measured %.6g s, predicted %.6g s, error %+.2f%%\n", b.seconds, predicted,
+                  100 * error);
+    }
+  }
+  std::printf("  %zu batches: largest error %.2f%%, mean |error| %.2f%%\n", batches.size(),
+              100 * worst, 100 * sum / batches.size());
+  return {worst, sum / batches.size()};
+}
+
 int RunCalibrate(const std::vector<std::string>& args) {
-  auto flags = Flags::Parse(args, {"spec", "lengths", "batch-size", "repeats", "check-batches"});
+  auto flags = Flags::Parse(
+      args, {"spec", "lengths", "batch-size", "repeats", "fit-batches", "check-batches", "seed"});
   if (!flags.ok()) return Fail(flags.status(), "calibrate");
   if (!flags->Has("spec")) {
     return Fail(absl::InvalidArgumentError("--spec is required"), "calibrate");
@@ -252,8 +276,9 @@ int RunCalibrate(const std::vector<std::string>& args) {
   engine::CalibrationOptions o;
   RETURN_USAGE_IF_ERROR(flags->Get("batch-size", &o.batch_size), "calibrate");
   RETURN_USAGE_IF_ERROR(flags->Get("repeats", &o.repeats), "calibrate");
-  int check_batches = 4;
-  RETURN_USAGE_IF_ERROR(flags->Get("check-batches", &check_batches), "calibrate");
+  RETURN_USAGE_IF_ERROR(flags->Get("fit-batches", &o.fit_batches), "calibrate");
+  RETURN_USAGE_IF_ERROR(flags->Get("check-batches", &o.check_batches), "calibrate");
+  RETURN_USAGE_IF_ERROR(flags->Get("seed", &o.seed), "calibrate");
   if (flags->Has("lengths")) {
     o.lengths.clear();
     for (const std::string& l : List(flags->Str("lengths"))) {
@@ -270,36 +295,28 @@ int RunCalibrate(const std::vector<std::string>& args) {
   auto model = engine::BuildJobModel(*spec);
   if (!model.ok()) return Fail(model.status(), "calibrate");
   if (!flags->Has("lengths")) o.lengths = engine::CalibrationLengths(*model);
-  auto times = engine::TimeForwardBackward(*model, o);
-  if (!times.ok()) return Fail(times.status(), "calibrate");
-  auto fit = FitCostModel(*times);
-  if (!fit.ok()) return Fail(fit.status(), "calibrate");
-  std::printf("CPU engine forward+backward, batches of %d samples, median of %d (thread CPU time):\n",
-              o.batch_size, o.repeats);
-  std::printf("%8s %16s %16s %8s\n", "length", "measured s/smp", "fitted s/smp", "error%");
-  for (const CostMeasurement& m : *times) {
-    const double predicted = fit->SampleCost(m.length);
-    std::printf("%8lld %16.6g %16.6g %8.2f\n", static_cast<long long>(m.length), m.seconds,
-                predicted, 100 * (predicted - m.seconds) / m.seconds);
+  auto c = engine::Calibrate(*model, o);
+  if (!c.ok()) return Fail(c.status(), "calibrate");
+  const CostModel& fit = c->fit;
+  std::printf(
+      "CPU engine forward+backward, batches of %d samples, median of %d rounds after a warm-up "
+      "(thread CPU time)\n",
+      o.batch_size, o.repeats);
+  std::printf("one-length batches (seen by the fit):\n%8s %16s %16s %8s\n", "length",
+              "measured s/smp", "fitted s/smp", "error%");
+  for (const BatchTime& b : c->one_length) {
+    const double measured = b.seconds / b.lengths.size();
+    const double predicted = fit.SampleCost(b.lengths[0]);
+    std::printf("%8lld %16.6g %16.6g %8.2f\n", static_cast<long long>(b.lengths[0]), measured,
+                predicted, 100 * (predicted - measured) / measured);
   }
-  auto checks = engine::CheckMixedBatches(
-      *model, *fit, *std::max_element(o.lengths.begin(), o.lengths.end()), check_batches, o);
-  if (!checks.ok()) return Fail(checks.status(), "calibrate");
-  if (!checks->empty()) {
-    std::printf("batches of mixed lengths (uniform in 1..%lld), predicted vs measured:\n",
-                static_cast<long long>(*std::max_element(o.lengths.begin(), o.lengths.end())));
-    double worst = 0;
-    for (const engine::BatchCheck& c : *checks) {
-      const double error = (c.predicted_seconds - c.measured_seconds) / c.measured_seconds;
-      worst = std::max(worst, std::fabs(error));
-      std::printf("  measured %.6g s, predicted %.6g s, error %+.2f%%\n", c.measured_seconds,
-                  c.predicted_seconds, 100 * error);
-    }
-    std::printf("  largest error %.2f%%\n", 100 * worst);
-  }
+  const int64_t longest = *std::max_element(o.lengths.begin(), o.lengths.end());
+  const std::string mixed = absl::StrCat("batches of mixed lengths (uniform in 1..", longest, ")");
+  PrintErrors((mixed + ", seen by the fit:").c_str(), c->mixed_fit, fit, false);
+  PrintErrors((mixed + ", held out, predicted vs measured:").c_str(), c->held_out, fit, true);
   std::printf("# seconds per sample; paste into the job spec:\ndata:\n  bbs:\n    cost_weights:\n"
               "      per_sample: %.6g\n      linear: %.6g\n      quadratic: %.6g\n",
-              fit->per_sample, fit->linear, fit->quadratic);
+              fit.per_sample, fit.linear, fit.quadratic);
   return cli::kExitOk;
 }
 
@@ -372,11 +389,12 @@ RECFLEET_REGISTER_COMMAND({
     "Time the job's model per sequence length on the CPU engine and fit BBS cost weights",
     "recfleet data calibrate --spec JOB.yaml [--lengths L1,L2,... (default: 1 to the\n"
     "  spec's longest sequence)]\n"
-    "  [--batch-size 16] [--repeats 3] [--check-batches 4]\n"
-    "Builds the spec's GEM-lite, times forward+backward on synthetic batches of each\n"
-    "length, fits per_sample + linear * L + quadratic * L^2 (seconds, weights >= 0) and\n"
-    "prints them as spec.data.bbs.cost_weights, after timing --check-batches batches of\n"
-    "mixed lengths against the fit's prediction.",
+    "  [--batch-size 16] [--repeats 9] [--fit-batches 8] [--check-batches 8] [--seed 1]\n"
+    "Builds the spec's GEM-lite and times forward+backward on synthetic batches: one per\n"
+    "length (every sample that long) and fit + check batches of mixed lengths, each batch\n"
+    "once per round, median of the rounds. Fits per_sample + linear * L + quadratic * L^2\n"
+    "(seconds, weights >= 0) to the one-length and fit batches, shows its error on the\n"
+    "held-out check batches and prints the weights as spec.data.bbs.cost_weights.",
     RunCalibrate,
 });
 

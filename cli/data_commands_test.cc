@@ -1,11 +1,15 @@
 // Drives the registered `recfleet data ...` commands end to end.
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/jobs/spec_file.h"
+#include "data/cost_model.h"
 #include "data/dataset_file.h"
+#include "engine/job_model.h"
 #include "gtest/gtest.h"
 
 namespace recfleet::data {
@@ -69,8 +73,38 @@ TEST(DataCommandsTest, CalibratePrintsCostWeights) {
       "training: {steps: 1, dense_learning_rate: 0.01, sparse_learning_rate: 0.01}\n",
       f);
   std::fclose(f);
-  EXPECT_EQ(RunCommand("data calibrate", {"--spec", spec, "--batch-size", "2", "--repeats", "1"}),
-            cli::kExitOk);
+  testing::internal::CaptureStdout();
+  const int rc = RunCommand("data calibrate", {"--spec", spec, "--batch-size", "2", "--repeats", "1",
+                                               "--fit-batches", "2", "--check-batches", "3"});
+  const std::string out = testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, cli::kExitOk) << out;
+  EXPECT_NE(out.find("held out, predicted vs measured:\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("3 batches: largest error"), std::string::npos) << out;
+  // The printed snippet, pasted into the spec, is what the loader prices by.
+  const std::string marker = "paste into the job spec:\n";
+  ASSERT_NE(out.find(marker), std::string::npos) << out;
+  v1::JobSpec weights;
+  ASSERT_TRUE(
+      cli::YamlToMessage(out.substr(out.find(marker) + marker.size()), "stdout", "spec", &weights)
+          .ok())
+      << out;
+  const v1::BbsCostWeights& w = weights.data().bbs().cost_weights();
+  for (double v : {w.per_sample(), w.linear(), w.quadratic()}) {
+    EXPECT_TRUE(std::isfinite(v) && v >= 0) << v;
+  }
+  EXPECT_GT(w.per_sample() + w.linear() + w.quadratic(), 0);
+  auto job = cli::LoadJobSpec(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  job->MergeFrom(weights);
+  job->mutable_data()->mutable_bbs()->set_enabled(true);
+  job->mutable_data()->set_local_batch_size(128);
+  auto config = engine::BuildDataConfig(*job, "jobs/c", 2);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto cost = CostModel::Parse(config->cost_model());
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  EXPECT_NEAR(cost->per_sample, w.per_sample(), 1e-5 * w.per_sample());
+  EXPECT_NEAR(cost->linear, w.linear(), 1e-5 * w.linear());
+  EXPECT_NEAR(cost->quadratic, w.quadratic(), 1e-5 * w.quadratic());
   EXPECT_EQ(RunCommand("data calibrate", {"--spec", spec, "--lengths", "1,x"}), cli::kExitUsage);
   EXPECT_EQ(RunCommand("data calibrate", {}), cli::kExitUsage);
 }

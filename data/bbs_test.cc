@@ -144,6 +144,10 @@ TEST(CostModelTest, ParsesTermsAndLists) {
   EXPECT_FALSE(CostModel::Parse("cubic=1").ok());
   EXPECT_FALSE(CostModel::Parse("linear=x").ok());
   EXPECT_FALSE(CostModel::Parse("linear=0").ok());
+  // Weights must be finite and >= 0 (a NaN compares false with 0).
+  EXPECT_FALSE(CostModel::Parse("linear=-1").ok());
+  EXPECT_FALSE(CostModel::Parse("linear=1,quadratic=nan").ok());
+  EXPECT_FALSE(CostModel::Parse("linear=inf").ok());
 }
 
 TEST(BalanceTest, ReportHasEveryPolicyAndOrdersThem) {

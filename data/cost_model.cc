@@ -1,5 +1,7 @@
 #include "data/cost_model.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -35,7 +37,7 @@ absl::StatusOr<CostModel> CostModel::Parse(absl::string_view spec) {
   for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(part, absl::MaxSplits('=', 1));
     double v = 0;
-    if (!absl::SimpleAtod(kv.second, &v) || v < 0) {
+    if (!absl::SimpleAtod(kv.second, &v) || !std::isfinite(v) || v < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("cost spec '", spec, "': bad value in '", part, "'; ", expected));
     }
@@ -101,41 +103,57 @@ bool Solve(double a[3][3], double b[3], int n, double x[3]) {
 
 }  // namespace
 
-absl::StatusOr<CostModel> FitCostModel(const std::vector<CostMeasurement>& measurements) {
+absl::StatusOr<CostModel> FitCostModelToBatches(const std::vector<BatchTime>& batches) {
   std::set<int64_t> lengths;
-  int64_t longest = 1;
-  for (const CostMeasurement& m : measurements) {
-    if (m.length < 0 || !(m.seconds > 0) || !std::isfinite(m.seconds)) {
-      return absl::InvalidArgumentError(absl::StrCat("calibration: measurement at length ",
-                                                     m.length, " has time ", m.seconds,
-                                                     "; need lengths >= 0 and times > 0"));
+  for (const BatchTime& b : batches) {
+    if (b.lengths.empty() || !(b.seconds > 0) || !std::isfinite(b.seconds)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "calibration: a batch of ", b.lengths.size(), " samples has time ", b.seconds,
+          "; need non-empty batches and times > 0"));
     }
-    lengths.insert(m.length);
-    longest = std::max(longest, m.length);
+    for (int64_t l : b.lengths) {
+      if (l < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("calibration: length ", l, " in a timed batch; need lengths >= 0"));
+      }
+      lengths.insert(l);
+    }
   }
   if (lengths.size() < 3) {
     return absl::InvalidArgumentError(absl::StrCat(
         "calibration: need measurements at 3 or more distinct lengths, got ", lengths.size()));
   }
-  // Terms scaled to [0, 1] (L / longest) so the normal equations stay well
-  // conditioned; the weights are scaled back at the end.
-  auto term = [&](int t, int64_t length) {
-    const double l = static_cast<double>(length) / static_cast<double>(longest);
-    return t == 0 ? 1.0 : t == 1 ? l : l * l;
-  };
+  // Per batch, the three terms (samples, sum L, sum L^2), each scaled by
+  // its largest value so the normal equations stay well conditioned; the
+  // weights are scaled back at the end.
+  std::vector<std::array<double, 3>> terms(batches.size(), {0, 0, 0});
+  double scale[3] = {0, 0, 0};
+  for (size_t i = 0; i < batches.size(); ++i) {
+    for (int64_t length : batches[i].lengths) {
+      const double l = static_cast<double>(length);
+      terms[i][0] += 1;
+      terms[i][1] += l;
+      terms[i][2] += l * l;
+    }
+    for (int t = 0; t < 3; ++t) scale[t] = std::max(scale[t], terms[i][t]);
+  }
+  for (auto& row : terms) {
+    for (int t = 0; t < 3; ++t) row[t] = scale[t] > 0 ? row[t] / scale[t] : 0;
+  }
   double best_error = std::numeric_limits<double>::infinity();
   double best[3] = {0, 0, 0};
   for (int subset = 1; subset < 8; ++subset) {
-    int terms[3], n = 0;
+    int in[3], n = 0;
     for (int t = 0; t < 3; ++t) {
-      if (subset & (1 << t)) terms[n++] = t;
+      if (subset & (1 << t)) in[n++] = t;
     }
     double a[3][3] = {}, b[3] = {}, x[3] = {};
-    for (const CostMeasurement& m : measurements) {
-      const double w = 1.0 / (m.seconds * m.seconds);  // Relative error.
+    for (size_t k = 0; k < batches.size(); ++k) {
+      const double s = batches[k].seconds;
+      const double w = 1.0 / (s * s);  // Relative error.
       for (int i = 0; i < n; ++i) {
-        for (int j = 0; j < n; ++j) a[i][j] += w * term(terms[i], m.length) * term(terms[j], m.length);
-        b[i] += w * term(terms[i], m.length) * m.seconds;
+        for (int j = 0; j < n; ++j) a[i][j] += w * terms[k][in[i]] * terms[k][in[j]];
+        b[i] += w * terms[k][in[i]] * s;
       }
     }
     if (!Solve(a, b, n, x)) continue;
@@ -143,25 +161,33 @@ absl::StatusOr<CostModel> FitCostModel(const std::vector<CostMeasurement>& measu
     for (int i = 0; i < n; ++i) feasible &= x[i] >= 0;
     if (!feasible) continue;
     double error = 0;
-    for (const CostMeasurement& m : measurements) {
+    for (size_t k = 0; k < batches.size(); ++k) {
+      const double s = batches[k].seconds;
       double predicted = 0;
-      for (int i = 0; i < n; ++i) predicted += x[i] * term(terms[i], m.length);
-      error += (predicted - m.seconds) * (predicted - m.seconds) / (m.seconds * m.seconds);
+      for (int i = 0; i < n; ++i) predicted += x[i] * terms[k][in[i]];
+      error += (predicted - s) * (predicted - s) / (s * s);
     }
     if (error < best_error) {
       best_error = error;
       for (int t = 0; t < 3; ++t) best[t] = 0;
-      for (int i = 0; i < n; ++i) best[terms[i]] = x[i];
+      for (int i = 0; i < n; ++i) best[in[i]] = x[i];
     }
   }
   if (!std::isfinite(best_error)) {
     return absl::InvalidArgumentError("calibration: no non-negative fit of the measurements");
   }
   CostModel m;
-  m.per_sample = best[0];
-  m.linear = best[1] / static_cast<double>(longest);
-  m.quadratic = best[2] / (static_cast<double>(longest) * static_cast<double>(longest));
+  m.per_sample = scale[0] > 0 ? best[0] / scale[0] : 0;
+  m.linear = scale[1] > 0 ? best[1] / scale[1] : 0;
+  m.quadratic = scale[2] > 0 ? best[2] / scale[2] : 0;
   return m;
+}
+
+absl::StatusOr<CostModel> FitCostModel(const std::vector<CostMeasurement>& measurements) {
+  std::vector<BatchTime> batches;
+  batches.reserve(measurements.size());
+  for (const CostMeasurement& m : measurements) batches.push_back({{m.length}, m.seconds});
+  return FitCostModelToBatches(batches);
 }
 
 }  // namespace recfleet::data

@@ -40,7 +40,7 @@ struct CostModel {
 
   // Parses "linear", "quadratic", "windowed", "block" (that term alone with
   // weight 1), or a comma list "linear=1,quadratic=0.002,windowed=0.5,
-  // window=512,block=1,block_size=64,per_sample=300" (unset weights 0).
+  // window=512,block=1,block_size=64,per_sample=300" (unset weights 0; every weight finite and >= 0).
   static absl::StatusOr<CostModel> Parse(absl::string_view spec);
   // The comma-list form, which Parse accepts back.
   std::string ToString() const;
@@ -53,13 +53,25 @@ struct CostMeasurement {
   double seconds = 0;
 };
 
-// The per_sample + linear * L + quadratic * L^2 model closest to the
-// measurements in relative error (each measurement's residual divided by
-// its time, so short samples count as much as long ones), with every
-// weight >= 0 (a term whose best weight is negative is left out: the
-// non-negative least squares solution, found by trying each subset of the
-// three terms). Needs measurements at 3 or more distinct lengths, all
-// with seconds > 0. Weights are in seconds.
+// One timed batch for calibration: its samples' lengths and the seconds
+// the whole batch took.
+struct BatchTime {
+  std::vector<int64_t> lengths;
+  double seconds = 0;
+};
+
+// The model predicting a batch's time as per_sample * samples + linear *
+// sum(L) + quadratic * sum(L^2) closest to the measurements in relative
+// error (each batch's residual divided by its time, so short batches count
+// as much as long ones), with every weight >= 0 (a term whose best weight
+// is negative is left out: the non-negative least squares solution, found
+// by trying each subset of the three terms). Batches of mixed lengths fit
+// the way BBS uses the model (a base batch's cost is the sum over its
+// samples). Needs 3 or more distinct lengths among the samples and every
+// batch non-empty with seconds > 0. Weights are in seconds.
+absl::StatusOr<CostModel> FitCostModelToBatches(const std::vector<BatchTime>& batches);
+
+// The same fit for per-sample measurements (each a batch of one sample).
 absl::StatusOr<CostModel> FitCostModel(const std::vector<CostMeasurement>& measurements);
 
 }  // namespace recfleet::data

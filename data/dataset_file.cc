@@ -60,13 +60,17 @@ size_t ElemSize(DType t) { return t == DType::kInt64 ? 8 : 4; }
 // values or (u64 byte length, delta+varint bytes), whichever is smaller.
 void PutInt64Array(const int64_t* v, size_t n, int version, std::string* out) {
   if (version >= 2) {
-    const size_t coded = DeltaVarintSize(v, n);
+    // Encoded in place, once; rolled back to raw when that is not smaller.
+    const size_t start = out->size();
+    out->push_back(static_cast<char>(kDeltaVarint));
+    Put<uint64_t>(out, 0);
+    AppendDeltaVarint(v, n, out);
+    const uint64_t coded = out->size() - start - 9;
     if (coded + 8 < n * 8) {
-      out->push_back(static_cast<char>(kDeltaVarint));
-      Put<uint64_t>(out, coded);
-      AppendDeltaVarint(v, n, out);
+      std::memcpy(&(*out)[start + 1], &coded, sizeof(coded));
       return;
     }
+    out->resize(start);
     out->push_back(static_cast<char>(kRawArray));
   }
   out->append(reinterpret_cast<const char*>(v), n * 8);
@@ -389,6 +393,14 @@ absl::Status DatasetWriter::Write(const Batch& rows) {
   if (!(rows.schema() == *schema_)) {
     return absl::InvalidArgumentError(path_ + ": rows have a different schema than the file");
   }
+  // A caller that hands over whole blocks (ingest does) has them encoded
+  // directly, without copying every row into `pending_` first.
+  if (pending_.num_rows() == 0 && rows.num_rows() <= options_.max_rows_per_block &&
+      rows.ByteSize() < options_.max_block_bytes) {
+    if (rows.num_rows() == options_.max_rows_per_block) return WriteBlock(rows);
+    for (size_t r = 0; r < rows.num_rows(); ++r) pending_.AppendRow(rows, r);
+    return absl::OkStatus();
+  }
   for (size_t r = 0; r < rows.num_rows(); ++r) {
     pending_.AppendRow(rows, r);
     if (pending_.num_rows() >= options_.max_rows_per_block ||
@@ -401,16 +413,21 @@ absl::Status DatasetWriter::Write(const Batch& rows) {
 
 absl::Status DatasetWriter::FlushBlock() {
   if (pending_.num_rows() == 0) return absl::OkStatus();
-  EncodePayload(pending_, options_.format_version, &scratch_);
+  absl::Status st = WriteBlock(pending_);
+  pending_.Clear();
+  return st;
+}
+
+absl::Status DatasetWriter::WriteBlock(const Batch& rows) {
+  EncodePayload(rows, options_.format_version, &scratch_);
   std::string header;
   Put<uint32_t>(&header, kBlockMagic);
-  Put<uint32_t>(&header, static_cast<uint32_t>(pending_.num_rows()));
+  Put<uint32_t>(&header, static_cast<uint32_t>(rows.num_rows()));
   Put<uint64_t>(&header, scratch_.size());
   Put<uint32_t>(&header, Crc32c(scratch_.data(), scratch_.size()));
   Put<uint32_t>(&header, Crc32c(header.data(), header.size()));
-  index_.emplace_back(offset_, static_cast<uint32_t>(pending_.num_rows()));
-  rows_written_ += pending_.num_rows();
-  pending_.Clear();
+  index_.emplace_back(offset_, static_cast<uint32_t>(rows.num_rows()));
+  rows_written_ += rows.num_rows();
   if (auto st = WriteBytes(header.data(), header.size()); !st.ok()) return st;
   return WriteBytes(scratch_.data(), scratch_.size());
 }

@@ -57,7 +57,10 @@ class DatasetWriter {
  private:
   DatasetWriter(std::string path, std::FILE* f, std::shared_ptr<const Schema> schema,
                 WriterOptions options);
+  // Writes `pending_` as one block (if it has rows) and empties it.
   absl::Status FlushBlock();
+  // Writes `rows` as one block.
+  absl::Status WriteBlock(const Batch& rows);
   absl::Status WriteBytes(const void* p, size_t n);
 
   std::string path_;

@@ -27,7 +27,8 @@
 // and its sampled negatives share one reference.
 //
 // Memory is bounded: events are sorted in runs of sort_buffer_events
-// (40 bytes each) spilled to DIR and merged; beyond that, memory holds the
+// (40 bytes each, twice that while a run is sorted) spilled to DIR and
+// merged; beyond that, memory holds the
 // id vocabularies, the attribute tables and one user's events. A UTF-8
 // byte-order mark is stripped; a UTF-16 one, a non-numeric time or a
 // non-numeric or non-finite rating is an error naming the line (or, with

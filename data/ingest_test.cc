@@ -141,6 +141,43 @@ TEST(IngestTest, CsvWithColumnMappingAndUserSplit) {
   EXPECT_EQ(eval.num_rows(), 3 * eval_users.size());
 }
 
+// Lines are read in chunks: a line longer than a chunk, CRLF endings and
+// a last line without '\n' still parse. Ids are raw strings ("007" and
+// "7" differ) however they are looked up, and times in any number form
+// order with the integer ones.
+TEST(IngestTest, LongLinesLineEndingsAndIdForms) {
+  std::string line = "u1";
+  for (int i = 0; i < 300000; ++i) line += " x" + std::to_string(i % 5000);
+  IngestOptions o;
+  o.input = IngestOptions::Input::kSequences;
+  o.path = WriteText("long.txt", line + "\r\nu2 x1 x2\r\nu3 x3 x4");
+  o.max_history = 8;
+  auto stats = Ingest(o, Dir("out_long"));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->users, 3);
+  EXPECT_EQ(stats->items, 5000);
+  EXPECT_EQ(stats->events, 300004);
+
+  o = IngestOptions();
+  o.path = WriteText("forms.csv",
+                     "user_id,item_id,rating,timestamp\r\n7,007,4.5,1e3\r\n07,7,5,999\r\n7,7,3,1000");
+  o.eval_fraction = 0;
+  stats = Ingest(o, Dir("out_forms"));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->users, 2);
+  EXPECT_EQ(stats->items, 2);
+  Batch train = Read(Dir("out_forms/train.rfd"));
+  ASSERT_EQ(train.num_rows(), 3u);
+  // User "7": item "007" at 1e3 and item "7" at 1000 tie; file order wins.
+  EXPECT_EQ(Get(train, "user_id", 0), 1);
+  EXPECT_EQ(Get(train, "item_id", 0), 1);
+  EXPECT_EQ(Get(train, "timestamp", 0), 1000);
+  EXPECT_EQ(Get(train, "item_id", 1), 2);
+  EXPECT_EQ(train.Float(train.schema().Find("label"), 0), 1.0f);  // 4.5 >= 4.
+  EXPECT_EQ(train.Float(train.schema().Find("label"), 1), 0.0f);
+  EXPECT_EQ(Get(train, "user_id", 2), 2);
+}
+
 TEST(IngestTest, SequenceFileGetsSampledNegatives) {
   IngestOptions o;
   o.input = IngestOptions::Input::kSequences;

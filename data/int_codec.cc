@@ -22,18 +22,24 @@ size_t VarintBytes(uint64_t v) {
 }  // namespace
 
 void AppendDeltaVarint(const int64_t* values, size_t n, std::string* out) {
+  // Encoded into a stack buffer and appended in chunks: appending each
+  // value's few bytes separately costs more than encoding them.
+  constexpr size_t kChunk = 256;
+  char buf[kChunk * 10];
   int64_t prev = 0;
-  char buf[10];
-  for (size_t i = 0; i < n; ++i) {
-    uint64_t z = ZigzagDelta(values[i], prev);
-    prev = values[i];
-    size_t k = 0;
-    while (z >= 0x80) {
-      buf[k++] = static_cast<char>(z | 0x80);
-      z >>= 7;
+  for (size_t i = 0; i < n;) {
+    const size_t stop = i + kChunk < n ? i + kChunk : n;
+    char* p = buf;
+    for (; i < stop; ++i) {
+      uint64_t z = ZigzagDelta(values[i], prev);
+      prev = values[i];
+      while (z >= 0x80) {
+        *p++ = static_cast<char>(z | 0x80);
+        z >>= 7;
+      }
+      *p++ = static_cast<char>(z);
     }
-    buf[k++] = static_cast<char>(z);
-    out->append(buf, k);
+    out->append(buf, p - buf);
   }
 }
 

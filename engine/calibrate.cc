@@ -64,9 +64,11 @@ Batch SyntheticBatch(const JobModel& model, const std::vector<int64_t>& lengths,
 namespace {
 
 absl::Status CheckOptions(const JobModel& model, const CalibrationOptions& o) {
-  if (o.lengths.empty() || o.batch_size < 1 || o.repeats < 1) {
+  if (o.lengths.empty() || o.batch_size < 1 || o.repeats < 1 || o.fit_batches < 0 ||
+      o.check_batches < 0) {
     return absl::InvalidArgumentError(
-        "calibrate: need at least one length, batch_size >= 1 and repeats >= 1");
+        "calibrate: need at least one length, batch_size >= 1, repeats >= 1 and fit_batches, "
+        "check_batches >= 0");
   }
   for (int64_t length : o.lengths) {
     if (length < 0) return absl::InvalidArgumentError("calibrate: lengths must be >= 0");
@@ -78,59 +80,51 @@ absl::Status CheckOptions(const JobModel& model, const CalibrationOptions& o) {
   return absl::OkStatus();
 }
 
-// Median thread CPU seconds of ForwardBackward on `batch` over `repeats`
-// runs, after one untimed warm-up.
-absl::StatusOr<double> TimeBatch(GemLite<float>& gem, const Batch& batch, int repeats) {
-  std::vector<double> seconds;
-  for (int r = 0; r <= repeats; ++r) {
-    const double start = ThreadSeconds();
-    auto step = gem.ForwardBackward(batch);
-    if (!step.ok()) return step.status();
-    if (r > 0) seconds.push_back(ThreadSeconds() - start);
-  }
-  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
-  return seconds[seconds.size() / 2];
-}
-
 }  // namespace
 
-absl::StatusOr<std::vector<data::CostMeasurement>> TimeForwardBackward(
-    const JobModel& model, const CalibrationOptions& o) {
+absl::StatusOr<Calibration> Calibrate(const JobModel& model, const CalibrationOptions& o) {
   RECFLEET_RETURN_IF_ERROR(CheckOptions(model, o));
   auto gem = GemLite<float>::Create(model.config, model.schema);
   if (!gem.ok()) return gem.status();
-  std::vector<data::CostMeasurement> out;
-  for (int64_t length : o.lengths) {
-    const std::vector<int64_t> lengths(o.batch_size, length);
-    auto seconds = TimeBatch(**gem, SyntheticBatch(model, lengths, o.seed + length), o.repeats);
-    if (!seconds.ok()) return seconds.status();
-    out.push_back({length, *seconds / o.batch_size});
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<BatchCheck>> CheckMixedBatches(const JobModel& model,
-                                                          const data::CostModel& fit,
-                                                          int64_t longest, int batches,
-                                                          const CalibrationOptions& o) {
-  RECFLEET_RETURN_IF_ERROR(CheckOptions(model, o));
-  auto gem = GemLite<float>::Create(model.config, model.schema);
-  if (!gem.ok()) return gem.status();
+  const int64_t longest = std::max<int64_t>(1, *std::max_element(o.lengths.begin(), o.lengths.end()));
+  // Every timed batch: the one-length ones, then the mixed ones.
+  std::vector<data::BatchTime> timed;
+  for (int64_t length : o.lengths) timed.push_back({std::vector<int64_t>(o.batch_size, length), 0});
   std::mt19937_64 rng(o.seed ^ 0xC4EC);
-  std::vector<BatchCheck> out;
-  for (int b = 0; b < batches; ++b) {
+  for (int b = 0; b < o.fit_batches + o.check_batches; ++b) {
     std::vector<int64_t> lengths(o.batch_size);
-    BatchCheck check;
-    for (int64_t& l : lengths) {
-      l = 1 + static_cast<int64_t>(rng() % std::max<int64_t>(1, longest));
-      check.predicted_seconds += fit.SampleCost(l);
-    }
-    auto seconds = TimeBatch(**gem, SyntheticBatch(model, lengths, rng()), o.repeats);
-    if (!seconds.ok()) return seconds.status();
-    check.measured_seconds = *seconds;
-    out.push_back(check);
+    for (int64_t& l : lengths) l = 1 + static_cast<int64_t>(rng() % longest);
+    timed.push_back({std::move(lengths), 0});
   }
-  return out;
+  std::vector<Batch> batches;
+  for (size_t i = 0; i < timed.size(); ++i) {
+    batches.push_back(SyntheticBatch(model, timed[i].lengths, o.seed + i));
+  }
+  std::vector<std::vector<double>> seconds(timed.size());
+  for (int round = 0; round <= o.repeats; ++round) {
+    for (size_t i = 0; i < timed.size(); ++i) {
+      const double start = ThreadSeconds();
+      auto step = (*gem)->ForwardBackward(batches[i]);
+      if (!step.ok()) return step.status();
+      if (round > 0) seconds[i].push_back(ThreadSeconds() - start);
+    }
+  }
+  for (size_t i = 0; i < timed.size(); ++i) {
+    std::vector<double>& s = seconds[i];
+    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
+    timed[i].seconds = s[s.size() / 2];
+  }
+  Calibration c;
+  const size_t one = o.lengths.size(), fit_end = one + o.fit_batches;
+  c.one_length.assign(timed.begin(), timed.begin() + one);
+  c.mixed_fit.assign(timed.begin() + one, timed.begin() + fit_end);
+  c.held_out.assign(timed.begin() + fit_end, timed.end());
+  std::vector<data::BatchTime> seen = c.one_length;
+  seen.insert(seen.end(), c.mixed_fit.begin(), c.mixed_fit.end());
+  auto fit = data::FitCostModelToBatches(seen);
+  if (!fit.ok()) return fit.status();
+  c.fit = *fit;
+  return c;
 }
 
 }  // namespace recfleet::engine

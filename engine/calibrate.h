@@ -3,11 +3,12 @@
 
 // Calibrating Base Batch Shuffling's cost model in time: the job's real
 // GEM-lite (built from its JobSpec by engine/job_model.h) runs forward and
-// backward on synthetic batches whose samples all have one sequence
-// length, for several lengths; data::FitCostModel then fits per-sample,
-// linear and quadratic (attention) weights to the seconds per sample. CPU
-// engine (the reference kernels); a GPU job needs the same timing on its
-// device. Not thread-safe (one model per call).
+// backward on synthetic batches (every sample of one length, for several
+// lengths, and batches of mixed lengths); data::FitCostModelToBatches fits
+// per-sample, linear and quadratic (attention) weights to the batch times,
+// and batches of mixed lengths the fit never saw check its predictions.
+// CPU engine (the reference kernels); a GPU job needs the same timing on
+// its device. Not thread-safe (one model per call).
 
 #include <cstdint>
 #include <vector>
@@ -19,19 +20,33 @@
 namespace recfleet::engine {
 
 struct CalibrationOptions {
-  // Sequence lengths to time; see CalibrationLengths.
+  // Sequence lengths of the one-length batches; see CalibrationLengths.
   std::vector<int64_t> lengths = {1, 16, 64, 128, 256, 512};
   int batch_size = 16;  // Samples per timed batch.
-  int repeats = 3;      // Timed batches per length (after one untimed warm-up); the median counts.
-  uint64_t seed = 1;    // Ids and labels of the synthetic batches.
+  // Timed rounds after one untimed warm-up round; a round times every
+  // batch once, so a slow moment of a shared machine touches all batches
+  // alike instead of one length. The median per batch counts.
+  int repeats = 9;
+  // Batches of mixed lengths (uniform in 1..longest length) the fit sees,
+  // and more held out to check it.
+  int fit_batches = 8;
+  int check_batches = 8;
+  uint64_t seed = 1;  // Ids, labels and lengths of the synthetic batches.
 };
 
-// Seconds per sample of ForwardBackward for each length (thread CPU time,
-// so other processes on the machine do not inflate it). InvalidArgument
-// for an empty length list, batch_size or repeats < 1, or a model without
-// a sequence feature.
-absl::StatusOr<std::vector<data::CostMeasurement>> TimeForwardBackward(
-    const JobModel& model, const CalibrationOptions& options);
+struct Calibration {
+  std::vector<data::BatchTime> one_length;  // One per options.lengths entry.
+  std::vector<data::BatchTime> mixed_fit;   // Mixed lengths, seen by the fit.
+  std::vector<data::BatchTime> held_out;    // Mixed lengths, not seen by it.
+  data::CostModel fit;
+};
+
+// Times every batch (thread CPU seconds of ForwardBackward, so other
+// processes on the machine do not add to it) and fits the cost model to
+// the one-length and mixed_fit batches. InvalidArgument for an empty
+// length list, batch_size or repeats < 1, fit_batches or check_batches
+// < 0, or a model without a sequence feature.
+absl::StatusOr<Calibration> Calibrate(const JobModel& model, const CalibrationOptions& options);
 
 // Lengths worth timing for `model`: 1 up to its longest sequence
 // (max_length, which truncates longer histories; 512 when unlimited), at
@@ -42,18 +57,6 @@ std::vector<int64_t> CalibrationLengths(const JobModel& model);
 // hold that many events: ids uniform over each table, dense inputs 0,
 // labels alternating 0/1.
 Batch SyntheticBatch(const JobModel& model, const std::vector<int64_t>& lengths, uint64_t seed);
-
-// Checking a fit where it is used: batches of mixed lengths (uniform in
-// 1..longest), each timed like TimeForwardBackward and compared with the
-// sum of its samples' predicted costs.
-struct BatchCheck {
-  double measured_seconds = 0;
-  double predicted_seconds = 0;
-};
-absl::StatusOr<std::vector<BatchCheck>> CheckMixedBatches(const JobModel& model,
-                                                          const data::CostModel& fit,
-                                                          int64_t longest, int batches,
-                                                          const CalibrationOptions& options);
 
 }  // namespace recfleet::engine
 

@@ -1,7 +1,13 @@
 #include "services/dataloader/job_loader.h"
 
+#include <set>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "data/loader.h"
+#include "engine/job_model.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
 namespace recfleet::dataloader {
@@ -54,6 +60,78 @@ TEST(JobLoaderTest, EvalFileComesFromEvalDatasetOrBesideTheTrainingData) {
   EXPECT_EQ(ResolveEvalFile(uri, "/no/eval/here", o).status().code(), absl::StatusCode::kNotFound);
   // A training location without an eval.rfd: no evaluation.
   EXPECT_EQ(ResolveEvalFile(home + "/train.rfd", "", o).value_or("?"), "");
+}
+
+// The cost weights `recfleet data calibrate` fits go into the job spec
+// (data.bbs.cost_weights); the loader built from that spec deals by them.
+// Two specs that differ only in their weights get different deals of the
+// same window, and each deal is the better one under its own weights.
+TEST(JobLoaderTest, CostWeightsOfTheSpecDecideTheDeal) {
+  DatasetOptions o;
+  o.cache_dir = std::string(testing::TempDir()) + "/synthetic";
+  const std::string uri =
+      "synthetic://t?samples=3000&users=100&items=500&seed=3&"
+      "lengths=lognormal:mean=300,sigma=1.2,min=1,max=4000";
+  absl::StatusOr<DatasetFiles> files = ResolveDataset(uri, o);
+  ASSERT_TRUE(files.ok()) << files.status();
+  struct Run {
+    const char* weights;
+    data::CostModel cost;  // What the loader prices with.
+    std::shared_ptr<const data::StepPlan> plan;
+  };
+  // Linear (token counting) against a fit dominated by attention's L^2.
+  Run runs[2] = {{"linear: 1"}, {"per_sample: 0.0013 linear: 0.0001 quadratic: 7.1e-7"}};
+  for (Run& r : runs) {
+    v1::JobSpec spec;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+        absl::StrCat("data { dataset: '", uri, "' local_batch_size: 256 bbs { enabled: true ",
+                     "cost_weights { ", r.weights, " } } }"),
+        &spec));
+    absl::StatusOr<v1::DataConfig> config = engine::BuildDataConfig(spec, "jobs/w", 4);
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<data::LoaderOptions> lo = LoaderOptionsFor(*config, files->train);
+    ASSERT_TRUE(lo.ok()) << lo.status();
+    r.cost = lo->cost;
+    absl::StatusOr<std::unique_ptr<data::Loader>> loader = data::Loader::Open(*lo);
+    ASSERT_TRUE(loader.ok()) << loader.status();
+    absl::StatusOr<std::shared_ptr<const data::StepPlan>> plan = (*loader)->Plan(0, 0);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    r.plan = *plan;
+  }
+  EXPECT_DOUBLE_EQ(runs[1].cost.quadratic, 7.1e-7);
+  EXPECT_DOUBLE_EQ(runs[1].cost.per_sample, 0.0013);
+  const std::vector<int64_t> lengths = data::WindowLengths(*runs[0].plan);
+  ASSERT_EQ(lengths, data::WindowLengths(*runs[1].plan));  // The same window.
+  // Rank r's samples (window indices) in each deal.
+  auto rank_sets = [](const data::Deal& deal) {
+    std::vector<std::set<uint32_t>> sets;
+    for (const auto& rank : deal.ranks) {
+      sets.emplace_back();
+      for (const auto& base : rank) sets.back().insert(base.begin(), base.end());
+    }
+    return sets;
+  };
+  EXPECT_NE(rank_sets(runs[0].plan->deal), rank_sets(runs[1].plan->deal));
+  // Straggler gap of a deal priced by a cost model.
+  auto gap = [&](const data::Deal& deal, const data::CostModel& cost) {
+    double max = 0, sum = 0;
+    for (const auto& rank : deal.ranks) {
+      double c = 0;
+      for (const auto& base : rank) {
+        for (uint32_t i : base) c += cost.SampleCost(lengths[i]);
+      }
+      max = std::max(max, c);
+      sum += c;
+    }
+    return max / (sum / deal.ranks.size()) - 1;
+  };
+  for (int own = 0; own < 2; ++own) {
+    const data::CostModel& cost = runs[own].cost;
+    const double own_gap = gap(runs[own].plan->deal, cost);
+    const double other_gap = gap(runs[1 - own].plan->deal, cost);
+    EXPECT_NEAR(own_gap, runs[own].plan->gap, 1e-9);
+    EXPECT_LT(own_gap, other_gap) << "weights " << runs[own].weights;
+  }
 }
 
 }  // namespace
