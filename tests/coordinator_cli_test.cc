@@ -310,11 +310,11 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
   EXPECT_EQ(e->samples.at("recfleet_jobs{state=\"CANCELLED\"}"), 1);
   EXPECT_EQ(e->samples.at("recfleet_workers{state=\"idle\"}"), 2);
   EXPECT_EQ(e->samples.at("recfleet_jobs_created_total"), 1);
-  EXPECT_GE(e->samples.at("recfleet_rpc_duration_seconds_count{service=\"recfleet.v1.JobService\","
-                          "method=\"CreateJob\",code=\"INVALID_ARGUMENT\"}"),
+  EXPECT_GE(e->samples.at("recfleet_rpc_duration_seconds_count{code=\"INVALID_ARGUMENT\","
+                          "method=\"CreateJob\",service=\"recfleet.v1.JobService\"}"),
             1);
-  EXPECT_GE(e->samples.at("recfleet_rpc_duration_seconds_count{service=\"recfleet.v1.JobService\","
-                          "method=\"ListJobs\",code=\"UNAUTHENTICATED\"}"),
+  EXPECT_GE(e->samples.at("recfleet_rpc_duration_seconds_count{code=\"UNAUTHENTICATED\","
+                          "method=\"ListJobs\",service=\"recfleet.v1.JobService\"}"),
             1);
 
   // A second job, then the coordinator dies hard and comes back on its db.
