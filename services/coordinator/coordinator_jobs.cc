@@ -191,6 +191,22 @@ absl::StatusOr<Job> Coordinator::GetJob(const ::recfleet::v1::GetJobRequest& req
   return LoadJobLocked(*id);
 }
 
+absl::StatusOr<::recfleet::v1::ListJobEventsResponse> Coordinator::ListJobEvents(
+    const ::recfleet::v1::ListJobEventsRequest& request) {
+  absl::StatusOr<std::string> id = ParseJobName(request.name(), "name");
+  if (!id.ok()) return id.status();
+  absl::MutexLock lock(&mu_);
+  // NOT_FOUND for a job that never was (or was deleted), rather than an
+  // empty history.
+  if (absl::StatusOr<Job> job = LoadJobLocked(*id); !job.ok()) return job.status();
+  absl::StatusOr<std::vector<::recfleet::v1::JobTransition>> transitions =
+      store_->Transitions(*id);
+  if (!transitions.ok()) return transitions.status();
+  ::recfleet::v1::ListJobEventsResponse out;
+  for (auto& t : *transitions) *out.add_events() = std::move(t);
+  return out;
+}
+
 absl::StatusOr<::recfleet::v1::ListJobsResponse> Coordinator::ListJobs(
     const ::recfleet::v1::ListJobsRequest& request) {
   if (request.page_size() < 0 || request.page_size() > 1000) {

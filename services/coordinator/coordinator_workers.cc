@@ -66,6 +66,31 @@ absl::StatusOr<::recfleet::v1::RegisterWorkerResponse> Coordinator::RegisterWork
   return out;
 }
 
+::recfleet::v1::ListWorkersResponse Coordinator::ListWorkers() {
+  ::recfleet::v1::ListWorkersResponse out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, w] : registry_.workers()) {
+    ::recfleet::v1::WorkerInfo* info = out.add_workers();
+    // Field by field: the registration also holds the worker's credential.
+    info->set_worker_id(id);
+    info->set_host(w.info.host());
+    *info->mutable_gpus() = w.info.gpus();
+    *info->mutable_topology() = w.info.topology();
+    info->set_metrics_address(w.info.metrics_address());
+    info->set_state(w.idle() ? ::recfleet::v1::WorkerInfo::IDLE
+                             : ::recfleet::v1::WorkerInfo::ASSIGNED);
+    if (!w.idle()) {
+      info->set_job(JobName(w.job_id));
+      info->set_rank(w.rank);
+      info->set_restart_epoch(w.epoch);
+    }
+    *info->mutable_task() = w.task;
+    ToProto(w.registered, info->mutable_register_time());
+    ToProto(w.lease_expiry, info->mutable_lease_expire_time());
+  }
+  return out;
+}
+
 void Coordinator::HandleTaskLocked(WorkerRecord& w, const TaskStatus& task) {
   auto it = jobs_.find(w.job_id);
   if (it == jobs_.end()) return;
