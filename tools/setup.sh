@@ -24,6 +24,8 @@ PINNED=(
   # and the HTTP server and client of /metrics and /healthz (cpp-httplib).
   prometheus-cpp-dev=1.0.1-1
   libcpp-httplib-dev=0.11.4+ds-1+deb12u1
+  # The daemons' logs (levels, UTC timestamps).
+  libspdlog-dev=1:1.10.0+ds-0.4
   # deploy/tls/make-certs.sh (TLS tests and test clusters).
   openssl=3.0.22-1~deb12u2
   # tests/e2e:multi_host_test: network namespaces, veth pairs and a bridge.

@@ -20,6 +20,8 @@
 #include "services/common/client_tls_flags.h"
 #include "services/common/flags.h"
 #include "services/common/http_server.h"
+#include "services/common/log.h"
+#include "spdlog/spdlog.h"
 #include "worker/agent.h"
 #include "worker/training_task.h"
 #include "worker/worker_metrics.h"
@@ -60,45 +62,46 @@ int main(int argc, char** argv) {
   // unless told otherwise, on a port the OS picks.
   absl::SetFlag(&FLAGS_metrics_address, "127.0.0.1:0");
   absl::ParseCommandLine(argc, argv);
+  recfleet::InitLogging("recfleet-worker");
   const std::string work_dir = absl::GetFlag(FLAGS_work_dir);
   if (work_dir.empty()) {
-    std::fprintf(stderr, "recfleet-worker: --work_dir is required\n");
+    spdlog::error("--work_dir is required");
     return 2;
   }
   const std::string device = absl::GetFlag(FLAGS_device);
   if (device != "cpu" && device != "cuda") {
-    std::fprintf(stderr, "recfleet-worker: --device must be cpu or cuda, got '%s'\n", device.c_str());
+    spdlog::error("--device must be cpu or cuda, got '{}'", device);
     return 2;
   }
   if (device == "cuda") {
-    std::fprintf(stderr,
-                 "recfleet-worker: --device=cuda: the training engine runs on the CPU reference kernels only in "
-                 "this build; start CPU workers (--device=cpu)\n");
+    spdlog::error(
+        "--device=cuda: the training engine runs on the CPU reference kernels only in this build; "
+        "start CPU workers (--device=cpu)");
     return 2;
   }
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
-    std::fprintf(stderr,
-                 "recfleet-worker: --auth_token_file is the users' token; a worker registers with the workers' "
-                 "token: pass --worker_token_file (or set $RECFLEET_WORKER_TOKEN)\n");
+    spdlog::error(
+        "--auth_token_file is the users' token; a worker registers with the workers' token: pass "
+        "--worker_token_file (or set $RECFLEET_WORKER_TOKEN)");
     return 2;
   }
   absl::StatusOr<std::string> token_or = recfleet::LoadWorkerToken();
   if (!token_or.ok()) {
-    std::fprintf(stderr, "recfleet-worker: %s\n", std::string(token_or.status().message()).c_str());
+    spdlog::error("{}", std::string(token_or.status().message()));
     return 2;
   }
   const std::string token = *token_or;
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials_or =
       recfleet::MakeChannelCredentials(recfleet::ClientTlsOptionsFromFlags());
   if (!credentials_or.ok()) {
-    std::fprintf(stderr, "recfleet-worker: %s\n", std::string(credentials_or.status().message()).c_str());
+    spdlog::error("{}", std::string(credentials_or.status().message()));
     return 2;
   }
   // One set of credentials for the coordinator and every data loader: one
   // cluster CA signs them all.
   const std::shared_ptr<grpc::ChannelCredentials> credentials = *credentials_or;
   if (absl::GetFlag(FLAGS_tls_ca).empty()) {
-    std::fprintf(stderr, "recfleet-worker: plain text gRPC to the coordinator and data loaders (no --tls_ca)\n");
+    spdlog::warn("plain text gRPC to the coordinator and data loaders (no --tls_ca)");
   }
 
   recfleet::worker::WorkerMetrics metrics;
@@ -107,7 +110,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<recfleet::HttpServer>> started =
         recfleet::StartMetricsServer(absl::GetFlag(FLAGS_metrics_address), &metrics.registry());
     if (!started.ok()) {
-      std::fprintf(stderr, "recfleet-worker: --metrics_address: %s\n", started.status().ToString().c_str());
+      spdlog::error("--metrics_address: {}", started.status().ToString());
       return 2;
     }
     http = std::move(*started);
@@ -159,7 +162,7 @@ int main(int argc, char** argv) {
   stopper.join();
   if (http != nullptr) http->Stop();
   if (!s.ok()) {
-    std::fprintf(stderr, "recfleet-worker: %s\n", s.ToString().c_str());
+    spdlog::error("{}", s.ToString());
     return 1;
   }
   return 0;

@@ -8,6 +8,7 @@
 #include "services/coordinator/job_state.h"
 #include "services/coordinator/spec_validation.h"
 #include "services/coordinator/time_util.h"
+#include "spdlog/spdlog.h"
 
 namespace recfleet::coordinator {
 
@@ -101,7 +102,7 @@ void Coordinator::FailAttemptLocked(ActiveJob& aj, const std::string& reason,
       if (aj.restarts >= MaxRestarts(aj)) {
         s = EndJobLocked(aj, JobStatus::FAILED, "StartFailed",
                          absl::StrCat("failed to start ", aj.restarts + 1, " times; last failure: ", message));
-        if (!s.ok()) std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+        if (!s.ok()) spdlog::error("{}", std::string(s.message()));
         return;  // `aj` is gone.
       }
       ++aj.restarts;
@@ -116,7 +117,7 @@ void Coordinator::FailAttemptLocked(ActiveJob& aj, const std::string& reason,
     s = EndJobLocked(aj, JobStatus::FAILED, "RestartBudgetExhausted",
                      absl::StrCat("gave up after ", aj.restarts, " restarts; last failure: ",
                                   reason, ": ", message));
-    if (!s.ok()) std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+    if (!s.ok()) spdlog::error("{}", std::string(s.message()));
     return;  // `aj` is gone.
   } else {
     return;  // QUEUED / RESTARTING hold no workers.
@@ -124,7 +125,7 @@ void Coordinator::FailAttemptLocked(ActiveJob& aj, const std::string& reason,
   if (!s.ok()) {
     // The store refused the write; the job keeps its state and the next
     // failure report or lease sweep retries.
-    std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+    spdlog::error("{}", std::string(s.message()));
     return;
   }
   ReleaseWorkersLocked(aj);

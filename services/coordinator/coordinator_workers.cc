@@ -1,9 +1,8 @@
 #include "services/coordinator/coordinator.h"
 
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/time_util.h"
+#include "spdlog/spdlog.h"
 
 namespace recfleet::coordinator {
 
@@ -121,14 +120,12 @@ void Coordinator::HandleTaskLocked(WorkerRecord& w, const TaskStatus& task) {
       if (aj.progress.world_size() == 0 || aj.progress.rank_step(0) < steps) {
         if (!aj.early_success_logged) {
           aj.early_success_logged = true;
-          std::fprintf(stderr,
-                       "coordinator: %s: worker %s (rank 0) reports SUCCEEDED but its step "
-                       "reports reached step %lld of %lld; waiting for them\n",
-                       aj.job.name().c_str(), w.id.c_str(),
-                       static_cast<long long>(aj.progress.world_size() == 0
-                                                  ? 0
-                                                  : aj.progress.rank_step(0)),
-                       static_cast<long long>(steps));
+          spdlog::warn(
+              "{}: worker {} (rank 0) reports SUCCEEDED but its step reports reached step {} of "
+              "{}; waiting for them",
+              aj.job.name(), w.id,
+              static_cast<long long>(aj.progress.world_size() == 0 ? 0 : aj.progress.rank_step(0)),
+              static_cast<long long>(steps));
         }
         break;
       }
