@@ -34,6 +34,12 @@ TEST(LoaderMetricsTest, ExposesCountersGapsAndDepths) {
   EXPECT_EQ(t.find("# TYPE recfleet_dataloader_straggler_gap_count"), std::string::npos) << t;
   EXPECT_NE(t.find("recfleet_dataloader_queue_depth{rank=\"3\",recfleet_job=\"jobs/a\"} 2\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE recfleet_dataloader_samples_total counter"), std::string::npos);
+  m.EndStream("jobs/a", 3);
+  t = m.PrometheusText();
+  EXPECT_EQ(t.find("recfleet_dataloader_queue_depth{"), std::string::npos) << t;
+  EXPECT_NE(t.find("recfleet_dataloader_samples_total{rank=\"3\",recfleet_job=\"jobs/a\"} 128\n"),
+            std::string::npos)
+      << t;
 }
 
 }  // namespace
