@@ -1,5 +1,5 @@
-// `recfleet submit|get|list|cancel|delete|watch`: the job commands, talking to the
-// coordinator's JobService. Registered into the recfleet command table.
+// `recfleet submit|get|list|cancel|delete|watch|events|workers`: the job
+// commands, talking to the coordinator's JobService. Registered into the recfleet command table.
 
 #include <algorithm>
 #include <cstdio>
@@ -437,6 +437,56 @@ int Delete(const std::vector<std::string>& words) {
   return kExitOk;
 }
 
+int Events(const std::vector<std::string>& words) {
+  Args args;
+  Output out;
+  if (!Parse("events", words, WithConnection({"output"}), {"json"}, &args) ||
+      !OnePositional("events", args, "job name") || !OutputOf("events", args, &out)) {
+    return kExitUsage;
+  }
+  int code = kExitOk;
+  std::unique_ptr<JobClient> client = Connect("events", args, &code);
+  if (client == nullptr) return code;
+  absl::StatusOr<::recfleet::v1::ListJobEventsResponse> events =
+      client->ListJobEvents(JobArg(args.positional[0]));
+  if (!events.ok()) return Fail("events", events.status());
+  if (out != Output::kTable) {
+    PrintStructured(out, *events);
+  } else {
+    std::printf("%s", FormatEventTable({events->events().begin(), events->events().end()}).c_str());
+  }
+  return kExitOk;
+}
+
+int Workers(const std::vector<std::string>& words) {
+  Args args;
+  Output out;
+  if (!Parse("workers", words, WithConnection({"output"}), {"json"}, &args) ||
+      !OutputOf("workers", args, &out)) {
+    return kExitUsage;
+  }
+  if (!args.positional.empty()) {
+    std::fprintf(stderr, "recfleet workers: takes no arguments, got '%s'\n",
+                 args.positional[0].c_str());
+    return kExitUsage;
+  }
+  int code = kExitOk;
+  std::unique_ptr<JobClient> client = Connect("workers", args, &code);
+  if (client == nullptr) return code;
+  absl::StatusOr<::recfleet::v1::ListWorkersResponse> workers = client->ListWorkers();
+  if (!workers.ok()) return Fail("workers", workers.status());
+  if (out != Output::kTable) {
+    PrintStructured(out, *workers);
+  } else if (workers->workers().empty()) {
+    std::printf("no workers registered\n");
+  } else {
+    std::printf("%s", FormatWorkerTable({workers->workers().begin(), workers->workers().end()},
+                                        absl::Now())
+                          .c_str());
+  }
+  return kExitOk;
+}
+
 int WatchCommand(const std::vector<std::string>& words) {
   Args args;
   if (!Parse("watch", words, WithConnection({}), {"json", "progress"}, &args) ||
@@ -505,6 +555,28 @@ RECFLEET_REGISTER_COMMAND({
                  "\nexit codes: 0 deleted, 1 the job is not finished, 3 coordinator unreachable,\n"
                  "4 no such job"),
     Delete,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "events",
+    "Show a job's recorded state changes with times and reasons",
+    absl::StrCat("usage: recfleet events JOB [-o table|json|yaml]\n\nJOB is jobs/ID or ID. Every "
+                 "state change the coordinator recorded,\noldest first: when, from and to which "
+                 "state, the restart epoch, the\nreason and its message.\n\nflags:\n",
+                 kConnectionFlags, kOutputFlags,
+                 "\nexit codes: 0 ok, 3 coordinator unreachable, 4 no such job"),
+    Events,
+});
+
+RECFLEET_REGISTER_COMMAND({
+    "workers",
+    "List the registered workers: GPUs, topology, state, job, lease",
+    absl::StrCat("usage: recfleet workers [-o table|json|yaml]\n\nEvery worker with a live "
+                 "lease: its GPUs, where it sits (node, NVLink\ndomain, zone), whether it is "
+                 "IDLE or ASSIGNED (job, first rank), the task\nit last reported and the time "
+                 "left on its lease.\n\nflags:\n",
+                 kConnectionFlags, kOutputFlags, "\nexit codes: 0 ok, 3 coordinator unreachable"),
+    Workers,
 });
 
 RECFLEET_REGISTER_COMMAND({

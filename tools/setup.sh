@@ -20,6 +20,12 @@ PINNED=(
   libsqlite3-dev=3.40.1-2+deb12u2
   libgloo-dev=0.0~git20220518.5b14351-3
   libyaml-cpp-dev=0.7.0+dfsg-8+b1
+  # Prometheus metrics (prometheus-cpp's core: families, the text format)
+  # and the HTTP server and client of /metrics and /healthz (cpp-httplib).
+  prometheus-cpp-dev=1.0.1-1
+  libcpp-httplib-dev=0.11.4+ds-1+deb12u1
+  # The daemons' logs (levels, UTC timestamps).
+  libspdlog-dev=1:1.10.0+ds-0.4
   # deploy/tls/make-certs.sh (TLS tests and test clusters).
   openssl=3.0.22-1~deb12u2
   # tests/e2e:multi_host_test: network namespaces, veth pairs and a bridge.

@@ -33,6 +33,8 @@
 #include "services/common/flags.h"
 #include "services/common/http_server.h"
 #include "engine/cuda_device.h"
+#include "services/common/log.h"
+#include "spdlog/spdlog.h"
 #include "worker/agent.h"
 #include "worker/gpu_selection.h"
 #include "worker/training_task.h"
@@ -120,7 +122,7 @@ int RunPerGpu(const std::vector<std::string>& argv, const std::vector<int>& gpus
     --running;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code != 0) {
-      std::fprintf(stderr, "recfleet-worker: the worker of pid %d exited with %d\n", static_cast<int>(done), code);
+      spdlog::error("the worker of pid {} exited with {}", static_cast<int>(done), code);
       if (result == 0) result = code;
     }
   }
@@ -135,60 +137,61 @@ int main(int argc, char** argv) {
   // unless told otherwise, on a port the OS picks.
   absl::SetFlag(&FLAGS_metrics_address, "127.0.0.1:0");
   absl::ParseCommandLine(argc, argv);
+  recfleet::InitLogging("recfleet-worker");
   const std::string work_dir = absl::GetFlag(FLAGS_work_dir);
   if (work_dir.empty()) {
-    std::fprintf(stderr, "recfleet-worker: --work_dir is required\n");
+    spdlog::error("--work_dir is required");
     return 2;
   }
   const std::string device = absl::GetFlag(FLAGS_device);
   if (device != "cpu" && device != "cuda") {
-    std::fprintf(stderr, "recfleet-worker: --device must be cpu or cuda, got '%s'\n", device.c_str());
+    spdlog::error("--device must be cpu or cuda, got '{}'", device);
     return 2;
   }
   const std::string precision = absl::GetFlag(FLAGS_precision);
   if (precision != "bf16" && precision != "fp32") {
-    std::fprintf(stderr, "recfleet-worker: --precision must be bf16 or fp32, got '%s'\n", precision.c_str());
+    spdlog::error("--precision must be bf16 or fp32, got '{}'", precision);
     return 2;
   }
   std::optional<recfleet::engine::CudaDeviceInfo> gpu;
   if (device == "cuda") {
     absl::StatusOr<std::vector<recfleet::engine::CudaDeviceInfo>> devices = recfleet::engine::ListCudaDevices();
     if (!devices.ok()) {
-      std::fprintf(stderr, "recfleet-worker: --device cuda: %s\n", std::string(devices.status().message()).c_str());
+      spdlog::error("--device cuda: {}", std::string(devices.status().message()));
       return 2;
     }
     absl::StatusOr<std::vector<int>> chosen =
         recfleet::worker::SelectGpus(absl::GetFlag(FLAGS_gpus), static_cast<int>(devices->size()));
     if (!chosen.ok()) {
-      std::fprintf(stderr, "recfleet-worker: %s\n", std::string(chosen.status().message()).c_str());
+      spdlog::error("{}", std::string(chosen.status().message()));
       return 2;
     }
     if (chosen->size() > 1) return RunPerGpu(std::vector<std::string>(argv, argv + argc), *chosen, work_dir);
     gpu = (*devices)[chosen->front()];
   }
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
-    std::fprintf(stderr,
-                 "recfleet-worker: --auth_token_file is the users' token; a worker registers with the workers' "
-                 "token: pass --worker_token_file (or set $RECFLEET_WORKER_TOKEN)\n");
+    spdlog::error(
+        "--auth_token_file is the users' token; a worker registers with the workers' token: pass "
+        "--worker_token_file (or set $RECFLEET_WORKER_TOKEN)");
     return 2;
   }
   absl::StatusOr<std::string> token_or = recfleet::LoadWorkerToken();
   if (!token_or.ok()) {
-    std::fprintf(stderr, "recfleet-worker: %s\n", std::string(token_or.status().message()).c_str());
+    spdlog::error("{}", std::string(token_or.status().message()));
     return 2;
   }
   const std::string token = *token_or;
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials_or =
       recfleet::MakeChannelCredentials(recfleet::ClientTlsOptionsFromFlags());
   if (!credentials_or.ok()) {
-    std::fprintf(stderr, "recfleet-worker: %s\n", std::string(credentials_or.status().message()).c_str());
+    spdlog::error("{}", std::string(credentials_or.status().message()));
     return 2;
   }
   // One set of credentials for the coordinator and every data loader: one
   // cluster CA signs them all.
   const std::shared_ptr<grpc::ChannelCredentials> credentials = *credentials_or;
   if (absl::GetFlag(FLAGS_tls_ca).empty()) {
-    std::fprintf(stderr, "recfleet-worker: plain text gRPC to the coordinator and data loaders (no --tls_ca)\n");
+    spdlog::warn("plain text gRPC to the coordinator and data loaders (no --tls_ca)");
   }
 
   recfleet::worker::WorkerMetrics metrics;
@@ -197,7 +200,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<recfleet::HttpServer>> started =
         recfleet::StartMetricsServer(absl::GetFlag(FLAGS_metrics_address), &metrics.registry());
     if (!started.ok()) {
-      std::fprintf(stderr, "recfleet-worker: --metrics_address: %s\n", started.status().ToString().c_str());
+      spdlog::error("--metrics_address: {}", started.status().ToString());
       return 2;
     }
     http = std::move(*started);
@@ -229,8 +232,7 @@ int main(int argc, char** argv) {
     std::printf("worker GPU %d: %s, %.1f GiB, %s, MFU peak %.3g FLOP/s\n", gpu->index, gpu->name.c_str(),
                 gpu->memory_bytes / 1073741824.0, precision.c_str(), training.cuda_peak_flops);
     if (training.cuda_peak_flops <= 0) {
-      std::fprintf(stderr, "recfleet-worker: no known peak for '%s': MFU is not exported (pass --peak_flops)\n",
-                   gpu->name.c_str());
+      spdlog::warn("no known peak for '{}': MFU is not exported (pass --peak_flops)", gpu->name);
     }
     std::fflush(stdout);
   }
@@ -270,7 +272,7 @@ int main(int argc, char** argv) {
   stopper.join();
   if (http != nullptr) http->Stop();
   if (!s.ok()) {
-    std::fprintf(stderr, "recfleet-worker: %s\n", s.ToString().c_str());
+    spdlog::error("{}", s.ToString());
     return 1;
   }
   return 0;

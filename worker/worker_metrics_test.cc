@@ -22,7 +22,7 @@ TEST(WorkerMetricsTest, TaskInfoUsesRecfleetJobAndLeavesWithTheTask) {
   m.StartTask("jobs/a", 1, 4);
   std::string t = m.registry().Render();
   // `job` is the scrape target's label in Prometheus; ours is recfleet_job.
-  EXPECT_NE(t.find("recfleet_worker_task_info{recfleet_job=\"jobs/a\",rank=\"1\",world_size=\"4\"} 1\n"),
+  EXPECT_NE(t.find("recfleet_worker_task_info{rank=\"1\",recfleet_job=\"jobs/a\",world_size=\"4\"} 1\n"),
             std::string::npos)
       << t;
   m.StartTask("jobs/b", 0, 2);
@@ -30,7 +30,7 @@ TEST(WorkerMetricsTest, TaskInfoUsesRecfleetJobAndLeavesWithTheTask) {
   // The previous task's series is gone, not left at 0: a join on the info
   // series must find exactly one task per instance.
   EXPECT_EQ(t.find("jobs/a"), std::string::npos) << t;
-  EXPECT_NE(t.find("recfleet_worker_task_info{recfleet_job=\"jobs/b\",rank=\"0\",world_size=\"2\"} 1\n"),
+  EXPECT_NE(t.find("recfleet_worker_task_info{rank=\"0\",recfleet_job=\"jobs/b\",world_size=\"2\"} 1\n"),
             std::string::npos)
       << t;
   m.EndTask();

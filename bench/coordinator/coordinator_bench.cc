@@ -170,8 +170,9 @@ std::string Latency(std::vector<double> v) {
 std::string ServerP99(const metrics::Exposition& before, const metrics::Exposition& after,
                       const std::string& service, const std::string& method) {
   std::vector<std::pair<double, double>> buckets;  // (le, count delta)
-  const std::string prefix = absl::StrCat("recfleet_rpc_duration_seconds_bucket{service=\"", service,
-                                          "\",method=\"", method, "\",code=\"OK\",le=\"");
+  // prometheus-cpp prints labels sorted by name, le last.
+  const std::string prefix = absl::StrCat("recfleet_rpc_duration_seconds_bucket{code=\"OK\",method=\"",
+                                          method, "\",service=\"", service, "\",le=\"");
   for (const auto& [key, value] : after.samples) {
     if (key.rfind(prefix, 0) != 0) continue;
     std::string le = key.substr(prefix.size(), key.size() - prefix.size() - 2);

@@ -124,6 +124,30 @@ absl::StatusOr<::recfleet::v1::PlanJobResponse> JobClient::PlanJob(
   return response;
 }
 
+template <typename Stub, typename Request, typename Response>
+absl::StatusOr<Response> JobClient::Call(
+    Stub* stub, grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+    const Request& request) {
+  grpc::ClientContext context;
+  Prepare(&context, true);
+  Response response;
+  grpc::Status s = (stub->*method)(&context, request, &response);
+  if (!s.ok()) return Annotate(s, address_);
+  return response;
+}
+
+absl::StatusOr<::recfleet::v1::ListJobEventsResponse> JobClient::ListJobEvents(
+    const std::string& name) {
+  ::recfleet::v1::ListJobEventsRequest request;
+  request.set_name(name);
+  return Call(stub_.get(), &::recfleet::v1::JobService::Stub::ListJobEvents, request);
+}
+
+absl::StatusOr<::recfleet::v1::ListWorkersResponse> JobClient::ListWorkers() {
+  return Call(stub_.get(), &::recfleet::v1::JobService::Stub::ListWorkers,
+              ::recfleet::v1::ListWorkersRequest());
+}
+
 absl::Status JobClient::WatchJob(
     const std::string& name, bool include_progress,
     const std::function<void(const ::recfleet::v1::WatchJobResponse&)>& on_event) {

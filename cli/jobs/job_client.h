@@ -37,6 +37,10 @@ class JobClient {
   // A dry-run plan of `request.spec` on the workers registered now.
   absl::StatusOr<::recfleet::v1::PlanJobResponse> PlanJob(
       const ::recfleet::v1::PlanJobRequest& request);
+  // The job's recorded state changes, oldest first.
+  absl::StatusOr<::recfleet::v1::ListJobEventsResponse> ListJobEvents(const std::string& name);
+  // The registered workers.
+  absl::StatusOr<::recfleet::v1::ListWorkersResponse> ListWorkers();
   // Calls `on_event` for every message until the stream ends; returns the
   // stream's status (OK when the job reached a terminal state).
   absl::Status WatchJob(const std::string& name, bool include_progress,
@@ -48,6 +52,12 @@ class JobClient {
   JobClient(std::string address, std::string token, absl::Duration timeout,
             std::shared_ptr<grpc::ChannelCredentials> credentials);
   void Prepare(grpc::ClientContext* context, bool deadline) const;
+  // One unary call with the token and the deadline.
+  template <typename Stub, typename Request, typename Response>
+  absl::StatusOr<Response> Call(Stub* stub,
+                                grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                             Response*),
+                                const Request& request);
 
   std::string address_;
   std::string token_;

@@ -6,10 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -43,17 +45,9 @@ std::string Reason(const JobStatus& s) {
   return absl::StrCat(s.reason(), ": ", s.message());
 }
 
-}  // namespace
-
-std::string FormatJobTable(const std::vector<Job>& jobs) {
-  std::vector<std::vector<std::string>> rows = {
-      {"NAME", "DISPLAY_NAME", "STATE", "STEP", "WORKERS", "CREATED", "REASON"}};
-  for (const Job& j : jobs) {
-    rows.push_back({j.name(), j.spec().display_name().empty() ? "-" : j.spec().display_name(),
-                    JobStatus::State_Name(j.status().state()), StepText(j),
-                    absl::StrCat(j.spec().resources().workers()), Time(j.status().create_time()),
-                    j.status().reason()});
-  }
+// Columns padded to their widest cell plus two spaces; the first row is the
+// header. Cells hold no spaces where a column tool must split them.
+std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows) {
     for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
@@ -68,6 +62,66 @@ std::string FormatJobTable(const std::vector<Job>& jobs) {
     out += line + "\n";
   }
   return out;
+}
+
+std::string OrDash(const std::string& s) { return s.empty() ? "-" : s; }
+
+}  // namespace
+
+std::string FormatJobTable(const std::vector<Job>& jobs) {
+  std::vector<std::vector<std::string>> rows = {
+      {"NAME", "DISPLAY_NAME", "STATE", "STEP", "WORKERS", "CREATED", "REASON"}};
+  for (const Job& j : jobs) {
+    rows.push_back({j.name(), OrDash(j.spec().display_name()),
+                    JobStatus::State_Name(j.status().state()), StepText(j),
+                    absl::StrCat(j.spec().resources().workers()), Time(j.status().create_time()),
+                    j.status().reason()});
+  }
+  return FormatTable(rows);
+}
+
+std::string FormatEventTable(const std::vector<::recfleet::v1::JobTransition>& events) {
+  std::vector<std::vector<std::string>> rows = {
+      {"TIME", "FROM", "TO", "EPOCH", "REASON", "MESSAGE"}};
+  for (const auto& e : events) {
+    rows.push_back({Time(e.time()),
+                    e.from() == JobStatus::STATE_UNSPECIFIED ? "-" : JobStatus::State_Name(e.from()),
+                    JobStatus::State_Name(e.to()), absl::StrCat(e.restart_epoch()),
+                    OrDash(e.reason()), OrDash(e.message())});
+  }
+  return FormatTable(rows);
+}
+
+std::string FormatWorkerTable(const std::vector<::recfleet::v1::WorkerInfo>& workers,
+                              absl::Time now) {
+  using ::recfleet::v1::TaskStatus;
+  using ::recfleet::v1::WorkerInfo;
+  std::vector<std::vector<std::string>> rows = {{"WORKER", "HOST", "GPUS", "NODE", "NVLINK", "ZONE",
+                                                 "STATE", "JOB", "RANK", "TASK", "LEASE_LEFT"}};
+  for (const WorkerInfo& w : workers) {
+    // "8xH200": the count and the model of the first GPU, without spaces.
+    std::string gpus = "cpu";
+    if (w.gpus_size() > 0) {
+      std::string model = w.gpus(0).name();
+      if (absl::StartsWith(model, "NVIDIA ")) model = model.substr(7);
+      absl::StrReplaceAll({{" ", "-"}}, &model);
+      gpus = absl::StrCat(w.gpus_size(), "x", model.empty() ? "gpu" : model);
+    }
+    const bool assigned = w.state() == WorkerInfo::ASSIGNED;
+    std::string task = "-";
+    if (w.task().phase() != TaskStatus::PHASE_UNSPECIFIED) {
+      task = TaskStatus::Phase_Name(w.task().phase());
+    }
+    const absl::Time expiry = absl::FromUnixSeconds(w.lease_expire_time().seconds()) +
+                              absl::Nanoseconds(w.lease_expire_time().nanos());
+    rows.push_back({w.worker_id(), w.host(), gpus, OrDash(w.topology().node()),
+                    OrDash(w.topology().nvlink_domain()), OrDash(w.topology().zone()),
+                    assigned ? "ASSIGNED" : "IDLE", assigned ? w.job() : "-",
+                    assigned ? absl::StrCat(w.rank()) : "-", task,
+                    absl::StrFormat("%.1fs", absl::ToDoubleSeconds(std::max(
+                                                 expiry - now, absl::ZeroDuration())))});
+  }
+  return FormatTable(rows);
 }
 
 std::string FormatJobDetail(const Job& job) {

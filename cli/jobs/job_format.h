@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 
 #include "google/protobuf/message.h"
+#include "absl/time/time.h"
 #include "recfleet/v1/job_service.pb.h"
 
 namespace recfleet::cli {
@@ -21,6 +22,13 @@ std::string FormatJobTable(const std::vector<::recfleet::v1::Job>& jobs);
 // A key/value block with state, workers, times and progress.
 std::string FormatJobDetail(const ::recfleet::v1::Job& job);
 
+// TIME / FROM / TO / EPOCH / REASON / MESSAGE, one row per recorded state
+// change.
+std::string FormatEventTable(const std::vector<::recfleet::v1::JobTransition>& events);
+// WORKER / HOST / GPUS / NODE / NVLINK / ZONE / STATE / JOB / RANK / TASK /
+// LEASE_LEFT; the lease is counted from `now`.
+std::string FormatWorkerTable(const std::vector<::recfleet::v1::WorkerInfo>& workers,
+                              absl::Time now);
 // One line per watch event (no trailing newline).
 std::string FormatWatchEvent(const ::recfleet::v1::WatchJobResponse& event);
 

@@ -28,6 +28,48 @@ Job Sample() {
   return j;
 }
 
+TEST(JobFormatTest, EventTableHasOneRowPerTransition) {
+  std::vector<::recfleet::v1::JobTransition> events(2);
+  events[0].set_to(JobStatus::QUEUED);
+  events[0].set_reason("Created");
+  events[0].mutable_time()->set_seconds(1700000000);
+  events[1].set_from(JobStatus::QUEUED);
+  events[1].set_to(JobStatus::SCHEDULING);
+  events[1].set_restart_epoch(1);
+  events[1].set_reason("Placed");
+  events[1].set_message("2 workers");
+  events[1].mutable_time()->set_seconds(1700000061);
+  EXPECT_EQ(FormatEventTable(events),
+            "TIME                     FROM    TO          EPOCH  REASON   MESSAGE\n"
+            "2023-11-14 22:13:20 UTC  -       QUEUED      0      Created  -\n"
+            "2023-11-14 22:14:21 UTC  QUEUED  SCHEDULING  1      Placed   2 workers\n");
+}
+
+TEST(JobFormatTest, WorkerTableShowsGpusPlacementAndLease) {
+  std::vector<::recfleet::v1::WorkerInfo> workers(2);
+  workers[0].set_worker_id("w-1");
+  workers[0].set_host("10.0.0.5");
+  for (int i = 0; i < 8; ++i) workers[0].add_gpus()->set_name("NVIDIA H200");
+  workers[0].mutable_topology()->set_node("node-1");
+  workers[0].mutable_topology()->set_nvlink_domain("nvl-a");
+  workers[0].set_state(::recfleet::v1::WorkerInfo::ASSIGNED);
+  workers[0].set_job("jobs/j1");
+  workers[0].set_rank(8);
+  workers[0].mutable_task()->set_phase(::recfleet::v1::TaskStatus::RUNNING);
+  workers[0].mutable_lease_expire_time()->set_seconds(1700000012);
+  workers[1].set_worker_id("w-2");
+  workers[1].set_host("cpu-host");
+  workers[1].set_state(::recfleet::v1::WorkerInfo::IDLE);
+  workers[1].mutable_lease_expire_time()->set_seconds(1699999999);  // Already past.
+  EXPECT_EQ(FormatWorkerTable(workers, absl::FromUnixSeconds(1700000010)),
+            "WORKER  HOST      GPUS    NODE    NVLINK  ZONE  STATE     JOB      RANK  TASK     "
+            "LEASE_LEFT\n"
+            "w-1     10.0.0.5  8xH200  node-1  nvl-a   -     ASSIGNED  jobs/j1  8     RUNNING  "
+            "2.0s\n"
+            "w-2     cpu-host  cpu     -       -       -     IDLE      -        -     -        "
+            "0.0s\n");
+}
+
 TEST(JobFormatTest, TableAlignsColumns) {
   Job other = Sample();
   other.set_name("jobs/jlonger-name");

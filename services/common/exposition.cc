@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -34,7 +35,7 @@ bool ParseValue(const std::string& s, double* v) {
     *v = std::numeric_limits<double>::infinity();
   } else if (s == "-Inf") {
     *v = -std::numeric_limits<double>::infinity();
-  } else if (s == "NaN") {
+  } else if (absl::EqualsIgnoreCase(s, "NaN")) {  // prometheus-cpp writes "Nan".
     *v = std::nan("");
   } else {
     return absl::SimpleAtod(s, v);

@@ -3,6 +3,7 @@
 
 // Parses the Prometheus text exposition format 0.0.4 strictly enough to
 // catch malformed output: used by tests and benchmarks that scrape /metrics.
+// (prometheus-cpp writes the format but reads none of it.)
 
 #include <map>
 #include <string>
@@ -13,7 +14,8 @@ namespace recfleet::metrics {
 
 struct Exposition {
   // Series key (name plus the label set exactly as rendered,
-  // e.g. `recfleet_jobs{state="QUEUED"}`) -> value.
+  // e.g. `recfleet_jobs{state="QUEUED"}`; prometheus-cpp sorts labels by
+  // name, `le` last) -> value.
   std::map<std::string, double> samples;
   // Metric family name -> "counter" | "gauge" | "histogram" | ...
   std::map<std::string, std::string> types;

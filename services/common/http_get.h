@@ -2,8 +2,8 @@
 #define RECFLEET_SERVICES_COMMON_HTTP_GET_H_
 
 // A blocking HTTP/1.1 GET for operational endpoints (scraping /metrics in
-// tests, benchmarks and scripts). Not for general web use: no redirects, no
-// chunked encoding, no TLS.
+// tests, benchmarks and scripts), on cpp-httplib's client: plain HTTP, no
+// redirects followed, gzip answers decompressed.
 
 #include <string>
 
@@ -20,7 +20,7 @@ struct HttpGetResult {
 
 // GETs http://`address``path` ("127.0.0.1:9090", "/metrics"). Errors:
 // INVALID_ARGUMENT (bad address), UNAVAILABLE (connect/read failed),
-// DEADLINE_EXCEEDED (no full answer within `timeout`), DATA_LOSS (malformed).
+// DEADLINE_EXCEEDED (no full answer within `timeout`).
 absl::StatusOr<HttpGetResult> HttpGet(const std::string& address, const std::string& path,
                                       absl::Duration timeout = absl::Seconds(5));
 

@@ -31,6 +31,9 @@ std::string RawRequest(int port, const std::string& request) {
 TEST(HttpServerTest, ServesMetricsAndHealthz) {
   metrics::MetricRegistry registry;
   registry.AddCounter("recfleet_scraped_total", "Test counter.").Get().Increment(7);
+  auto& level = registry.AddGauge("recfleet_level", "Set by a collector.", {"recfleet_job", "rank"});
+  int collected = 0;
+  registry.AddCollector([&] { level.WithLabels({"jobs/a", "0"}).Set(++collected); });
   absl::StatusOr<std::unique_ptr<HttpServer>> server =
       StartMetricsServer("127.0.0.1:0", &registry);
   ASSERT_TRUE(server.ok()) << server.status();
@@ -40,10 +43,18 @@ TEST(HttpServerTest, ServesMetricsAndHealthz) {
   absl::StatusOr<HttpGetResult> got = HttpGet((*server)->address(), "/metrics?x=1");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->status, 200);
-  EXPECT_EQ(got->content_type, "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_EQ(got->content_type.rfind("text/plain", 0), 0u) << got->content_type;
   absl::StatusOr<metrics::Exposition> e = metrics::ParseExposition(got->body);
-  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e.ok()) << e.status() << "\n" << got->body;
   EXPECT_EQ(e->samples.at("recfleet_scraped_total"), 7);
+  EXPECT_EQ(e->types.at("recfleet_scraped_total"), "counter");
+  EXPECT_EQ(e->samples.at("recfleet_level{rank=\"0\",recfleet_job=\"jobs/a\"}"), 1);
+  // Every scrape runs the collectors again.
+  got = HttpGet((*server)->address(), "/metrics");
+  ASSERT_TRUE(got.ok());
+  e = metrics::ParseExposition(got->body);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->samples.at("recfleet_level{rank=\"0\",recfleet_job=\"jobs/a\"}"), 2);
 
   got = HttpGet((*server)->address(), "/healthz");
   ASSERT_TRUE(got.ok());
@@ -55,36 +66,57 @@ TEST(HttpServerTest, ServesMetricsAndHealthz) {
   EXPECT_EQ(got->status, 404);
 }
 
-TEST(HttpServerTest, RejectsOtherMethodsAndGarbage) {
-  HttpServer server;
-  server.Handle("/x", [] { return HttpServer::Response{200, "text/plain", "body"}; });
-  ASSERT_TRUE(server.Start("127.0.0.1:0").ok());
-  std::string post = RawRequest(server.port(), "POST /x HTTP/1.1\r\nHost: a\r\n\r\n");
-  EXPECT_EQ(post.rfind("HTTP/1.1 405 ", 0), 0u) << post;
-  std::string garbage = RawRequest(server.port(), "hello\r\n\r\n");
-  EXPECT_EQ(garbage.rfind("HTTP/1.1 400 ", 0), 0u) << garbage;
-  std::string head = RawRequest(server.port(), "HEAD /x HTTP/1.1\r\n\r\n");
+TEST(HttpServerTest, SurvivesBadClientsAndStops) {
+  metrics::MetricRegistry registry;
+  registry.AddGauge("recfleet_up", "Up.").Get().Set(1);
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = StartMetricsServer("127.0.0.1:0", &registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::string garbage = RawRequest(port, "hello\r\n\r\n");
+  EXPECT_EQ(garbage.rfind("HTTP/1.", 0), 0u) << garbage;
+  EXPECT_NE(garbage.find(" 400 Bad Request\r\n"), std::string::npos) << garbage;
+  std::string head = RawRequest(port, "HEAD /healthz HTTP/1.1\r\nHost: a\r\n\r\n");
   EXPECT_EQ(head.rfind("HTTP/1.1 200 ", 0), 0u) << head;
-  EXPECT_NE(head.find("Content-Length: 4\r\n"), std::string::npos);
-  EXPECT_EQ(head.find("body"), std::string::npos);
+  EXPECT_NE(head.find("Content-Length: 3\r\n"), std::string::npos) << head;
+  EXPECT_EQ(head.find("ok\n"), std::string::npos) << head;
+  // Prometheus asks for gzip; the text compresses well.
+  std::string gz = RawRequest(
+      port, "GET /metrics HTTP/1.1\r\nHost: a\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(gz.find("Content-Encoding: gzip\r\n"), std::string::npos) << gz;
   // Still serving after bad clients.
-  absl::StatusOr<HttpGetResult> got = HttpGet(server.address(), "/x");
-  ASSERT_TRUE(got.ok());
-  EXPECT_EQ(got->body, "body");
-  server.Stop();
-  server.Stop();
-  EXPECT_FALSE(HttpGet(server.address(), "/x").ok());
+  absl::StatusOr<HttpGetResult> got = HttpGet((*server)->address(), "/metrics");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_NE(got->body.find("recfleet_up 1\n"), std::string::npos) << got->body;
+  const std::string address = (*server)->address();
+  (*server)->Stop();
+  (*server)->Stop();
+  EXPECT_FALSE(HttpGet(address, "/metrics").ok());
+}
+
+TEST(HttpServerTest, OutlivesItsRegistry) {
+  auto registry = std::make_unique<metrics::MetricRegistry>();
+  registry->AddGauge("recfleet_gone", "Gone.").Get().Set(1);
+  absl::StatusOr<std::unique_ptr<HttpServer>> server =
+      StartMetricsServer("127.0.0.1:0", registry.get());
+  ASSERT_TRUE(server.ok()) << server.status();
+  registry.reset();
+  absl::StatusOr<HttpGetResult> got = HttpGet((*server)->address(), "/metrics");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->status, 200);
+  EXPECT_EQ(got->body.find("recfleet_gone"), std::string::npos) << got->body;
 }
 
 TEST(HttpServerTest, BindErrorsNameTheAddress) {
-  HttpServer first;
-  ASSERT_TRUE(first.Start("127.0.0.1:0").ok());
-  HttpServer second;
-  absl::Status s = second.Start(first.address());
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(s.message().find(first.address()), std::string::npos) << s;
-  HttpServer third;
-  EXPECT_EQ(third.Start("9090").code(), absl::StatusCode::kInvalidArgument);
+  metrics::MetricRegistry registry;
+  absl::StatusOr<std::unique_ptr<HttpServer>> first = StartMetricsServer("127.0.0.1:0", &registry);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<std::unique_ptr<HttpServer>> second =
+      StartMetricsServer((*first)->address(), &registry);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(second.status().message().find((*first)->address()), std::string::npos)
+      << second.status();
+  EXPECT_EQ(StartMetricsServer("9090", &registry).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

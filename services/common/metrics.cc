@@ -1,11 +1,9 @@
 #include "services/common/metrics.h"
 
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 
-#include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
 
 namespace recfleet::metrics {
 namespace internal {
@@ -15,62 +13,25 @@ void Fatal(const std::string& message) {
   std::abort();
 }
 
-namespace {
-
-void AppendLabels(const std::vector<std::string>& names, const std::vector<std::string>& values,
-                  const std::string* le, std::string* out) {
-  if (names.empty() && le == nullptr) return;
-  out->push_back('{');
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (i > 0) out->push_back(',');
-    absl::StrAppend(out, names[i], "=\"", EscapeLabelValue(values[i]), "\"");
-  }
-  if (le != nullptr) absl::StrAppend(out, names.empty() ? "" : ",", "le=\"", *le, "\"");
-  out->push_back('}');
+prometheus::Counter& AddSeries(prometheus::Family<prometheus::Counter>& family,
+                               const prometheus::Labels& labels, const std::vector<double>&) {
+  return family.Add(labels);
 }
 
-void AppendLine(const std::string& name, const std::vector<std::string>& names,
-                const std::vector<std::string>& values, const std::string* le, double v,
-                std::string* out) {
-  out->append(name);
-  AppendLabels(names, values, le, out);
-  absl::StrAppend(out, " ", FormatValue(v), "\n");
+prometheus::Gauge& AddSeries(prometheus::Family<prometheus::Gauge>& family,
+                             const prometheus::Labels& labels, const std::vector<double>&) {
+  return family.Add(labels);
 }
 
-}  // namespace
-
-void AppendSeries(const std::string& name, const std::vector<std::string>& label_names,
-                  const std::vector<std::string>& values, const Counter& c, std::string* out) {
-  AppendLine(name, label_names, values, nullptr, c.Value(), out);
-}
-
-void AppendSeries(const std::string& name, const std::vector<std::string>& label_names,
-                  const std::vector<std::string>& values, const Gauge& g, std::string* out) {
-  AppendLine(name, label_names, values, nullptr, g.Value(), out);
-}
-
-void AppendSeries(const std::string& name, const std::vector<std::string>& label_names,
-                  const std::vector<std::string>& values, const Histogram& h, std::string* out) {
-  Histogram::Snapshot s = h.Take();
-  const std::string bucket = name + "_bucket";
-  for (size_t i = 0; i <= s.upper_bounds.size(); ++i) {
-    std::string le = i < s.upper_bounds.size() ? FormatValue(s.upper_bounds[i]) : "+Inf";
-    AppendLine(bucket, label_names, values, &le, static_cast<double>(s.cumulative[i]), out);
-  }
-  AppendLine(name + "_sum", label_names, values, nullptr, s.sum, out);
-  AppendLine(name + "_count", label_names, values, nullptr, static_cast<double>(s.count), out);
+prometheus::Histogram& AddSeries(prometheus::Family<prometheus::Histogram>& family,
+                                 const prometheus::Labels& labels,
+                                 const std::vector<double>& bounds) {
+  return family.Add(labels, bounds);
 }
 
 }  // namespace internal
 
 namespace {
-
-// std::atomic<double>::fetch_add is C++20; a CAS loop does the same.
-void AtomicAdd(std::atomic<double>& target, double amount) {
-  double old = target.load(std::memory_order_relaxed);
-  while (!target.compare_exchange_weak(old, old + amount, std::memory_order_relaxed)) {
-  }
-}
 
 bool ValidName(const std::string& name, bool allow_colon) {
   if (name.empty()) return false;
@@ -83,6 +44,8 @@ bool ValidName(const std::string& name, bool allow_colon) {
   return true;
 }
 
+// prometheus-cpp 1.0.1 writes HELP text verbatim, so a newline in it would
+// end the line early; the format wants backslash and newline escaped.
 std::string EscapeHelp(const std::string& help) {
   std::string out;
   for (char c : help) {
@@ -97,49 +60,31 @@ std::string EscapeHelp(const std::string& help) {
   return out;
 }
 
+void CheckBounds(const std::vector<double>& bounds) {
+  for (size_t i = 1; i < bounds.size(); ++i) {
+    if (!(bounds[i] > bounds[i - 1])) {
+      internal::Fatal("histogram bounds must be strictly increasing, got " +
+                      std::to_string(bounds[i - 1]) + " then " + std::to_string(bounds[i]));
+    }
+  }
+}
+
 }  // namespace
 
 void Counter::Increment(double amount) {
-  if (!(amount >= 0)) return;
-  AtomicAdd(value_, amount);
-}
-
-void Gauge::Add(double amount) { AtomicAdd(value_, amount); }
-
-Histogram::Histogram(std::vector<double> upper_bounds)
-    : bounds_(std::move(upper_bounds)),
-      counts_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
-  for (size_t i = 1; i < bounds_.size(); ++i) {
-    if (!(bounds_[i] > bounds_[i - 1])) {
-      internal::Fatal("histogram bounds must be strictly increasing, got " +
-                      FormatValue(bounds_[i - 1]) + " then " + FormatValue(bounds_[i]));
-    }
-  }
-  for (size_t i = 0; i <= bounds_.size(); ++i) counts_[i].store(0);
-}
-
-void Histogram::Observe(double value) {
-  // Buckets are few (tens); a linear scan beats a binary search here.
-  size_t i = 0;
-  while (i < bounds_.size() && value > bounds_[i]) ++i;
-  counts_[i].fetch_add(1, std::memory_order_relaxed);
-  AtomicAdd(sum_, value);
-  count_.fetch_add(1, std::memory_order_relaxed);
+  if (!(amount >= 0)) return;  // prometheus-cpp drops negatives but adds NaN.
+  impl_.Increment(amount);
 }
 
 Histogram::Snapshot Histogram::Take() const {
+  prometheus::ClientMetric m = impl_.Collect();
   Snapshot s;
-  s.upper_bounds = bounds_;
-  s.cumulative.resize(bounds_.size() + 1);
-  uint64_t running = 0;
-  for (size_t i = 0; i <= bounds_.size(); ++i) {
-    running += counts_[i].load(std::memory_order_relaxed);
-    s.cumulative[i] = running;
+  for (const auto& b : m.histogram.bucket) {
+    s.cumulative.push_back(b.cumulative_count);
+    if (s.cumulative.size() < m.histogram.bucket.size()) s.upper_bounds.push_back(b.upper_bound);
   }
-  s.sum = sum_.load(std::memory_order_relaxed);
-  // A concurrent Observe may have bumped a bucket but not yet the count;
-  // report the bucket total so that count == the +Inf bucket, as required.
-  s.count = running;
+  s.sum = m.histogram.sample_sum;
+  s.count = m.histogram.sample_count;
   return s;
 }
 
@@ -155,34 +100,53 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
 
 std::vector<double> LatencyBuckets() { return ExponentialBuckets(50e-6, 2.0, 18); }
 
-std::string FormatValue(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  if (value == std::floor(value) && std::fabs(value) < 9007199254740992.0) {
-    return absl::StrCat(static_cast<int64_t>(value));
-  }
-  char buf[32];
-  // The shortest of %.15g / %.17g that round-trips.
-  std::snprintf(buf, sizeof(buf), "%.15g", value);
-  if (std::strtod(buf, nullptr) != value) std::snprintf(buf, sizeof(buf), "%.17g", value);
-  return buf;
-}
+// The registry's families plus its collectors, as prometheus-cpp collects
+// them. An Exposer may hold it (weakly, locking it per scrape) past the
+// MetricRegistry; Close() waits out a scrape in progress and empties it, so
+// no collector runs on a destroyed owner.
+class MetricRegistry::Collected : public prometheus::Collectable {
+ public:
+  explicit Collected(std::shared_ptr<prometheus::Registry> registry)
+      : registry_(std::move(registry)) {}
 
-std::string EscapeLabelValue(const std::string& value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out.push_back(c);
-    }
+  void Add(std::function<void()> collector) {
+    absl::MutexLock lock(&list_mu_);
+    collectors_.push_back(std::move(collector));
   }
-  return out;
+
+  void Close() {
+    absl::WriterMutexLock lock(&collect_mu_);
+    closed_ = true;
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    absl::ReaderMutexLock collecting(&collect_mu_);
+    if (closed_) return {};
+    std::vector<std::function<void()>> collectors;
+    {
+      absl::MutexLock lock(&list_mu_);
+      collectors = collectors_;
+    }
+    for (const auto& c : collectors) c();
+    return registry_->Collect();
+  }
+
+ private:
+  const std::shared_ptr<prometheus::Registry> registry_;
+  mutable absl::Mutex collect_mu_;
+  bool closed_ ABSL_GUARDED_BY(collect_mu_) = false;
+  mutable absl::Mutex list_mu_;
+  std::vector<std::function<void()>> collectors_ ABSL_GUARDED_BY(list_mu_);
+};
+
+MetricRegistry::MetricRegistry()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      collectable_(std::make_shared<Collected>(registry_)) {}
+
+MetricRegistry::~MetricRegistry() { collectable_->Close(); }
+
+std::shared_ptr<prometheus::Collectable> MetricRegistry::collectable() const {
+  return collectable_;
 }
 
 void MetricRegistry::CheckNewName(const std::string& name,
@@ -190,69 +154,53 @@ void MetricRegistry::CheckNewName(const std::string& name,
   if (!ValidName(name, /*allow_colon=*/true)) {
     internal::Fatal("invalid metric name '" + name + "': must match [a-zA-Z_:][a-zA-Z0-9_:]*");
   }
-  for (const Entry& e : entries_) {
-    if (e.name == name) internal::Fatal("metric " + name + " registered twice");
-  }
+  if (names_.count(name)) internal::Fatal("metric " + name + " registered twice");
   for (const std::string& l : labels) {
     if (!ValidName(l, /*allow_colon=*/false) || l.rfind("__", 0) == 0 || l == "le") {
       internal::Fatal("metric " + name + ": invalid label name '" + l +
                       "': must match [a-zA-Z_][a-zA-Z0-9_]*, not start with __, not be le");
     }
   }
+  names_.insert(name);
 }
 
 template <typename T>
 Family<T>& MetricRegistry::Add(const std::string& name, const std::string& help,
-                               const char* type, std::vector<std::string> label_names,
-                               std::function<std::unique_ptr<T>()> make) {
+                               std::vector<std::string> label_names, std::vector<double> bounds) {
   absl::MutexLock lock(&mu_);
   CheckNewName(name, label_names);
-  auto* family = new Family<T>(name, std::move(label_names), std::move(make));
-  entries_.push_back(Entry{name, help, type, std::unique_ptr<internal::FamilyBase>(family)});
+  auto& impl = prometheus::detail::Builder<typename T::Impl>()
+                   .Name(name)
+                   .Help(EscapeHelp(help))
+                   .Register(*registry_);
+  auto* family = new Family<T>(name, std::move(label_names), std::move(bounds), impl);
+  families_.emplace_back(family);
   return *family;
 }
 
 Family<Counter>& MetricRegistry::AddCounter(const std::string& name, const std::string& help,
                                             std::vector<std::string> label_names) {
-  return Add<Counter>(name, help, "counter", std::move(label_names),
-                      [] { return std::make_unique<Counter>(); });
+  return Add<Counter>(name, help, std::move(label_names), {});
 }
 
 Family<Gauge>& MetricRegistry::AddGauge(const std::string& name, const std::string& help,
                                         std::vector<std::string> label_names) {
-  return Add<Gauge>(name, help, "gauge", std::move(label_names),
-                    [] { return std::make_unique<Gauge>(); });
+  return Add<Gauge>(name, help, std::move(label_names), {});
 }
 
 Family<Histogram>& MetricRegistry::AddHistogram(const std::string& name, const std::string& help,
                                                 std::vector<std::string> label_names,
                                                 std::vector<double> upper_bounds) {
-  // Validate the bounds now rather than at the first WithLabels.
-  Histogram check(upper_bounds);
-  return Add<Histogram>(name, help, "histogram", std::move(label_names),
-                        [upper_bounds] { return std::make_unique<Histogram>(upper_bounds); });
+  CheckBounds(upper_bounds);
+  return Add<Histogram>(name, help, std::move(label_names), std::move(upper_bounds));
 }
 
 void MetricRegistry::AddCollector(std::function<void()> collector) {
-  absl::MutexLock lock(&mu_);
-  collectors_.push_back(std::move(collector));
+  collectable_->Add(std::move(collector));
 }
 
 std::string MetricRegistry::Render() const {
-  std::vector<std::function<void()>> collectors;
-  {
-    absl::MutexLock lock(&mu_);
-    collectors = collectors_;
-  }
-  for (const auto& c : collectors) c();
-  std::string out;
-  absl::MutexLock lock(&mu_);
-  for (const Entry& e : entries_) {
-    absl::StrAppend(&out, "# HELP ", e.name, " ", EscapeHelp(e.help), "\n");
-    absl::StrAppend(&out, "# TYPE ", e.name, " ", e.type, "\n");
-    e.family->AppendAll(&out);
-  }
-  return out;
+  return prometheus::TextSerializer().Serialize(collectable_->Collect());
 }
 
 }  // namespace recfleet::metrics

@@ -125,6 +125,8 @@ class Coordinator {
   absl::StatusOr<JobEvent> WatchSnapshot(const std::string& name);
   absl::StatusOr<std::vector<JobEvent>> WaitJobEvents(const std::string& name, int64_t after,
                                                       absl::Time deadline);
+  absl::StatusOr<::recfleet::v1::ListJobEventsResponse> ListJobEvents(
+      const ::recfleet::v1::ListJobEventsRequest& request);
 
   // ---- WorkerService (see worker_service.proto) ----
   absl::StatusOr<::recfleet::v1::RegisterWorkerResponse> RegisterWorker(
@@ -135,6 +137,7 @@ class Coordinator {
       const ::recfleet::v1::ReportStepRequest& request);
   absl::Status KvSet(const ::recfleet::v1::KvSetRequest& request);
   absl::StatusOr<::recfleet::v1::KvGetResponse> KvGet(const ::recfleet::v1::KvGetRequest& request);
+  ::recfleet::v1::ListWorkersResponse ListWorkers();
   // Calls `done` exactly once, possibly on another thread.
   void KvWait(const ::recfleet::v1::KvWaitRequest& request,
               std::function<void(absl::StatusOr<::recfleet::v1::KvWaitResponse>)> done);

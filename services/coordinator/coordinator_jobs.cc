@@ -10,6 +10,7 @@
 #include "services/coordinator/list_filter.h"
 #include "services/coordinator/spec_validation.h"
 #include "services/coordinator/time_util.h"
+#include "spdlog/spdlog.h"
 
 namespace recfleet::coordinator {
 
@@ -103,7 +104,7 @@ void Coordinator::FailAttemptLocked(ActiveJob& aj, const std::string& reason,
       if (aj.restarts >= MaxRestarts(aj)) {
         s = EndJobLocked(aj, JobStatus::FAILED, "StartFailed",
                          absl::StrCat("failed to start ", aj.restarts + 1, " times; last failure: ", message));
-        if (!s.ok()) std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+        if (!s.ok()) spdlog::error("{}", std::string(s.message()));
         return;  // `aj` is gone.
       }
       ++aj.restarts;
@@ -118,7 +119,7 @@ void Coordinator::FailAttemptLocked(ActiveJob& aj, const std::string& reason,
     s = EndJobLocked(aj, JobStatus::FAILED, "RestartBudgetExhausted",
                      absl::StrCat("gave up after ", aj.restarts, " restarts; last failure: ",
                                   reason, ": ", message));
-    if (!s.ok()) std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+    if (!s.ok()) spdlog::error("{}", std::string(s.message()));
     return;  // `aj` is gone.
   } else {
     return;  // QUEUED / RESTARTING hold no workers.
@@ -126,7 +127,7 @@ void Coordinator::FailAttemptLocked(ActiveJob& aj, const std::string& reason,
   if (!s.ok()) {
     // The store refused the write; the job keeps its state and the next
     // failure report or lease sweep retries.
-    std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+    spdlog::error("{}", std::string(s.message()));
     return;
   }
   ReleaseWorkersLocked(aj);
@@ -193,6 +194,22 @@ absl::StatusOr<Job> Coordinator::GetJob(const ::recfleet::v1::GetJobRequest& req
   if (!id.ok()) return id.status();
   absl::MutexLock lock(&mu_);
   return LoadJobLocked(*id);
+}
+
+absl::StatusOr<::recfleet::v1::ListJobEventsResponse> Coordinator::ListJobEvents(
+    const ::recfleet::v1::ListJobEventsRequest& request) {
+  absl::StatusOr<std::string> id = ParseJobName(request.name(), "name");
+  if (!id.ok()) return id.status();
+  absl::MutexLock lock(&mu_);
+  // NOT_FOUND for a job that never was (or was deleted), rather than an
+  // empty history.
+  if (absl::StatusOr<Job> job = LoadJobLocked(*id); !job.ok()) return job.status();
+  absl::StatusOr<std::vector<::recfleet::v1::JobTransition>> transitions =
+      store_->Transitions(*id);
+  if (!transitions.ok()) return transitions.status();
+  ::recfleet::v1::ListJobEventsResponse out;
+  for (auto& t : *transitions) *out.add_events() = std::move(t);
+  return out;
 }
 
 absl::StatusOr<::recfleet::v1::ListJobsResponse> Coordinator::ListJobs(

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/time_util.h"
+#include "spdlog/spdlog.h"
 
 namespace recfleet::coordinator {
 
@@ -89,8 +90,7 @@ void Coordinator::PublishProgressLocked(ActiveJob& aj) {
   aj.last_publish = options_.clock();
   *aj.job.mutable_status()->mutable_update_time() = aj.job.status().progress().update_time();
   if (absl::Status s = store_->SaveStatus(aj.id, aj.job.status()); !s.ok()) {
-    std::fprintf(stderr, "coordinator: saving progress of %s: %s\n", aj.job.name().c_str(),
-                 std::string(s.message()).c_str());
+    spdlog::error("saving progress of {}: {}", aj.job.name(), std::string(s.message()));
   }
   WatchJobResponse event;
   event.set_kind(WatchJobResponse::PROGRESS);

@@ -7,6 +7,7 @@
 #include "planner/report.h"
 #include "services/common/data_grant.h"
 #include "services/coordinator/spec_validation.h"
+#include "spdlog/spdlog.h"
 
 namespace recfleet::coordinator {
 
@@ -62,7 +63,7 @@ void Coordinator::PlaceLocked(ActiveJob& aj, const Placement& placement) {
                                       for (const std::string& id : ids) st.add_workers(id);
                                     });
   if (!s.ok()) {
-    std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+    spdlog::error("{}", std::string(s.message()));
     return;
   }
   if (!groups.ok()) {

@@ -539,6 +539,69 @@ TEST_F(CoordinatorTest, ExpiredLeaseIsNoticedAndTheJobRestarts) {
   EXPECT_EQ(e->samples.at("recfleet_job_transitions_total{to=\"RESTARTING\"}"), 1);
 }
 
+TEST_F(CoordinatorTest, ListWorkersShowsResourcesPlacementAndLease) {
+  Job job = Submit(2);
+  std::string w0 = Register("host-a"), w1 = Register("host-b");
+  const int64_t epoch = StartRunning(job.name(), {w0, w1});
+  clock_.Advance(absl::Seconds(4));
+  std::string idle = Register("host-c", "", "rack-7");
+  ::recfleet::v1::ListWorkersResponse list = coordinator_->ListWorkers();
+  ASSERT_EQ(list.workers_size(), 3);
+  std::map<std::string, ::recfleet::v1::WorkerInfo> by_id;
+  for (const auto& w : list.workers()) by_id[w.worker_id()] = w;
+  const ::recfleet::v1::WorkerInfo& a = by_id.at(w0);
+  EXPECT_EQ(a.host(), "host-a");
+  EXPECT_EQ(a.state(), ::recfleet::v1::WorkerInfo::ASSIGNED);
+  EXPECT_EQ(a.job(), job.name());
+  EXPECT_EQ(a.restart_epoch(), epoch);
+  EXPECT_EQ(a.task().phase(), TaskStatus::RUNNING);
+  EXPECT_EQ(by_id.at(w1).rank() + a.rank(), 1);  // Ranks 0 and 1, one each.
+  const ::recfleet::v1::WorkerInfo& c = by_id.at(idle);
+  EXPECT_EQ(c.state(), ::recfleet::v1::WorkerInfo::IDLE);
+  EXPECT_EQ(c.job(), "");
+  EXPECT_EQ(c.topology().node(), "rack-7");
+  // Leases run 10 s from the last registration or heartbeat.
+  EXPECT_EQ(c.lease_expire_time().seconds() - c.register_time().seconds(), 10);
+  EXPECT_EQ(c.register_time().seconds() - a.register_time().seconds(), 4);
+}
+
+TEST_F(CoordinatorTest, ListJobEventsReturnsEveryRecordedTransition) {
+  Job job = Submit(2);
+  std::string w0 = Register("host-a"), w1 = Register("host-b");
+  StartRunning(job.name(), {w0, w1});
+  clock_.Advance(absl::Seconds(3));
+  ::recfleet::v1::CancelJobRequest cancel;
+  cancel.set_name(job.name());
+  cancel.set_reason("enough");
+  ASSERT_TRUE(coordinator_->CancelJob(cancel).ok());
+  ::recfleet::v1::ListJobEventsRequest request;
+  request.set_name(job.name());
+  absl::StatusOr<::recfleet::v1::ListJobEventsResponse> events =
+      coordinator_->ListJobEvents(request);
+  ASSERT_TRUE(events.ok()) << events.status();
+  std::vector<JobState> to;
+  for (const auto& e : events->events()) to.push_back(e.to());
+  EXPECT_EQ(to, (std::vector<JobState>{JobStatus::QUEUED, JobStatus::SCHEDULING,
+                                       JobStatus::RUNNING, JobStatus::CANCELLED}));
+  for (int i = 1; i < events->events_size(); ++i) {
+    const auto& e = events->events(i);
+    EXPECT_EQ(e.from(), events->events(i - 1).to()) << i;
+    EXPECT_FALSE(e.reason().empty()) << i;
+    EXPECT_GE(e.time().seconds(), events->events(i - 1).time().seconds()) << i;
+  }
+  const auto& last = events->events(events->events_size() - 1);
+  EXPECT_EQ(last.time().seconds() - events->events(0).time().seconds(), 3);
+  EXPECT_NE(last.message().find("enough"), std::string::npos) << last.message();
+  // The same history as WatchJob's state changes.
+  EXPECT_EQ(History(job.name()), to);
+
+  request.set_name("jobs/nosuchjob");
+  EXPECT_EQ(coordinator_->ListJobEvents(request).status().code(), absl::StatusCode::kNotFound);
+  request.set_name("nosuchjob");
+  EXPECT_EQ(coordinator_->ListJobEvents(request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CoordinatorTest, RestartBudgetEndsInFailure) {
   ::recfleet::v1::CreateJobRequest r;
   *r.mutable_spec() = BuildableSpec(1);

@@ -1,9 +1,8 @@
 #include "services/coordinator/coordinator.h"
 
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/time_util.h"
+#include "spdlog/spdlog.h"
 
 namespace recfleet::coordinator {
 
@@ -66,6 +65,31 @@ absl::StatusOr<::recfleet::v1::RegisterWorkerResponse> Coordinator::RegisterWork
   return out;
 }
 
+::recfleet::v1::ListWorkersResponse Coordinator::ListWorkers() {
+  ::recfleet::v1::ListWorkersResponse out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, w] : registry_.workers()) {
+    ::recfleet::v1::WorkerInfo* info = out.add_workers();
+    // Field by field: the registration also holds the worker's credential.
+    info->set_worker_id(id);
+    info->set_host(w.info.host());
+    *info->mutable_gpus() = w.info.gpus();
+    *info->mutable_topology() = w.info.topology();
+    info->set_metrics_address(w.info.metrics_address());
+    info->set_state(w.idle() ? ::recfleet::v1::WorkerInfo::IDLE
+                             : ::recfleet::v1::WorkerInfo::ASSIGNED);
+    if (!w.idle()) {
+      info->set_job(JobName(w.job_id));
+      info->set_rank(w.rank);
+      info->set_restart_epoch(w.epoch);
+    }
+    *info->mutable_task() = w.task;
+    ToProto(w.registered, info->mutable_register_time());
+    ToProto(w.lease_expiry, info->mutable_lease_expire_time());
+  }
+  return out;
+}
+
 void Coordinator::HandleTaskLocked(WorkerRecord& w, const TaskStatus& task) {
   auto it = jobs_.find(w.job_id);
   if (it == jobs_.end()) return;
@@ -96,14 +120,12 @@ void Coordinator::HandleTaskLocked(WorkerRecord& w, const TaskStatus& task) {
       if (aj.progress.world_size() == 0 || aj.progress.rank_step(0) < steps) {
         if (!aj.early_success_logged) {
           aj.early_success_logged = true;
-          std::fprintf(stderr,
-                       "coordinator: %s: worker %s (rank 0) reports SUCCEEDED but its step "
-                       "reports reached step %lld of %lld; waiting for them\n",
-                       aj.job.name().c_str(), w.id.c_str(),
-                       static_cast<long long>(aj.progress.world_size() == 0
-                                                  ? 0
-                                                  : aj.progress.rank_step(0)),
-                       static_cast<long long>(steps));
+          spdlog::warn(
+              "{}: worker {} (rank 0) reports SUCCEEDED but its step reports reached step {} of "
+              "{}; waiting for them",
+              aj.job.name(), w.id,
+              static_cast<long long>(aj.progress.world_size() == 0 ? 0 : aj.progress.rank_step(0)),
+              static_cast<long long>(steps));
         }
         break;
       }

@@ -47,6 +47,22 @@ grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* context,
                      [&] { return FillResponse(coordinator_->PlanJob(*request), response); });
 }
 
+grpc::Status JobServiceImpl::ListJobEvents(grpc::ServerContext* context,
+                                           const ::recfleet::v1::ListJobEventsRequest* request,
+                                           ::recfleet::v1::ListJobEventsResponse* response) {
+  return guard_->Run(*context, "ListJobEvents",
+                     [&] { return FillResponse(coordinator_->ListJobEvents(*request), response); });
+}
+
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* context,
+                                         const ::recfleet::v1::ListWorkersRequest* /*request*/,
+                                         ::recfleet::v1::ListWorkersResponse* response) {
+  return guard_->Run(*context, "ListWorkers", [&] {
+    *response = coordinator_->ListWorkers();
+    return absl::OkStatus();
+  });
+}
+
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const ::recfleet::v1::WatchJobRequest* request,
                                       grpc::ServerWriter<WatchJobResponse>* writer) {

@@ -35,6 +35,12 @@ class JobServiceImpl final : public ::recfleet::v1::JobService::Service {
   grpc::Status WatchJob(grpc::ServerContext* context,
                         const ::recfleet::v1::WatchJobRequest* request,
                         grpc::ServerWriter<::recfleet::v1::WatchJobResponse>* writer) override;
+  grpc::Status ListJobEvents(grpc::ServerContext* context,
+                             const ::recfleet::v1::ListJobEventsRequest* request,
+                             ::recfleet::v1::ListJobEventsResponse* response) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context,
+                           const ::recfleet::v1::ListWorkersRequest* request,
+                           ::recfleet::v1::ListWorkersResponse* response) override;
 
  private:
   Coordinator* const coordinator_;

@@ -15,8 +15,10 @@
 #include "planner/yaml_io.h"
 #include "services/common/address.h"
 #include "services/common/flags.h"
+#include "services/common/log.h"
 #include "services/common/server_tls_flags.h"
 #include "services/coordinator/server.h"
+#include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "gRPC listen address host:port; port 0 = the OS picks (printed at start-up)");
@@ -38,6 +40,7 @@ ABSL_FLAG(std::string, address_file, "",
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("recfleet coordinator: job API, worker registry, gang scheduler");
   absl::ParseCommandLine(argc, argv);
+  recfleet::InitLogging("recfleet-coordinator");
 
   // Signals are taken by a sigwait below, not by handlers in random threads.
   sigset_t signals;
@@ -52,7 +55,7 @@ int main(int argc, char** argv) {
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   const double lease = absl::GetFlag(FLAGS_lease_seconds);
   if (!(lease > 0)) {
-    std::fprintf(stderr, "recfleet-coordinator: --lease_seconds must be > 0, got %g\n", lease);
+    spdlog::error("--lease_seconds must be > 0, got {}", lease);
     return 2;
   }
   options.coordinator.lease = absl::Seconds(lease);
@@ -60,22 +63,20 @@ int main(int argc, char** argv) {
   if (const std::string topology = absl::GetFlag(FLAGS_hardware_topology); !topology.empty()) {
     absl::StatusOr<recfleet::planner::Topology> hardware = recfleet::planner::LoadTopologyYaml(topology);
     if (!hardware.ok()) {
-      std::fprintf(stderr, "recfleet-coordinator: --hardware_topology: %s\n",
-                   std::string(hardware.status().message()).c_str());
+      spdlog::error("--hardware_topology: {}", std::string(hardware.status().message()));
       return 2;
     }
     options.coordinator.planner_hardware = *std::move(hardware);
   }
   absl::StatusOr<std::string> token = recfleet::LoadAuthToken();
   if (!token.ok()) {
-    std::fprintf(stderr, "recfleet-coordinator: %s\n", std::string(token.status().message()).c_str());
+    spdlog::error("{}", std::string(token.status().message()));
     return 2;
   }
   options.auth_token = *token;
   absl::StatusOr<std::string> worker_token = recfleet::LoadWorkerToken();
   if (!worker_token.ok()) {
-    std::fprintf(stderr, "recfleet-coordinator: %s\n",
-                 std::string(worker_token.status().message()).c_str());
+    spdlog::error("{}", std::string(worker_token.status().message()));
     return 2;
   }
   options.worker_token = *worker_token;
@@ -83,28 +84,28 @@ int main(int argc, char** argv) {
       recfleet::LoadSecret("--data_grant_key_file", absl::GetFlag(FLAGS_data_grant_key_file),
                            std::getenv("RECFLEET_DATA_GRANT_KEY"));
   if (!grant_key.ok()) {
-    std::fprintf(stderr, "recfleet-coordinator: %s\n", std::string(grant_key.status().message()).c_str());
+    spdlog::error("{}", std::string(grant_key.status().message()));
     return 2;
   }
   options.coordinator.data_grant_key = *grant_key;
   absl::StatusOr<recfleet::HostPort> listen = recfleet::ParseHostPort(options.listen_address, "--listen");
   if (!listen.ok()) {
-    std::fprintf(stderr, "recfleet-coordinator: %s\n", std::string(listen.status().message()).c_str());
+    spdlog::error("{}", std::string(listen.status().message()));
     return 2;
   }
   absl::StatusOr<recfleet::ServerTransport> transport =
       recfleet::MakeServerTransport(recfleet::ServerTlsOptionsFromFlags(), listen->host);
   if (!transport.ok()) {
-    std::fprintf(stderr, "recfleet-coordinator: %s\n", std::string(transport.status().message()).c_str());
+    spdlog::error("{}", std::string(transport.status().message()));
     return 2;
   }
-  if (!transport->tls) std::fprintf(stderr, "recfleet-coordinator: %s\n", transport->description.c_str());
+  if (!transport->tls) spdlog::warn("{}", transport->description);
   options.credentials = transport->credentials;
 
   absl::StatusOr<std::unique_ptr<recfleet::coordinator::CoordinatorServer>> server =
       recfleet::coordinator::CoordinatorServer::Start(options);
   if (!server.ok()) {
-    std::fprintf(stderr, "recfleet-coordinator: %s\n", server.status().ToString().c_str());
+    spdlog::error("{}", server.status().ToString());
     return 1;
   }
   std::printf("recfleet coordinator serving on %s (db %s, lease %gs, auth %s, %s)\n",
@@ -121,14 +122,13 @@ int main(int argc, char** argv) {
     std::string tmp = address_file + ".tmp";
     std::ofstream(tmp) << (*server)->address() << "\n";
     if (std::rename(tmp.c_str(), address_file.c_str()) != 0) {
-      std::fprintf(stderr, "recfleet-coordinator: cannot write --address_file %s\n",
-                   address_file.c_str());
+      spdlog::error("cannot write --address_file {}", address_file);
       return 1;
     }
   }
   int sig = 0;
   sigwait(&signals, &sig);
-  std::printf("recfleet coordinator: signal %d, shutting down\n", sig);
+  spdlog::info("signal {}, shutting down", sig);
   (*server)->Shutdown();
   return 0;
 }

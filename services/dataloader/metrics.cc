@@ -87,6 +87,10 @@ void LoaderMetrics::SetQueueDepth(const std::string& job, int rank, int depth) {
   queue_depth_.WithLabels({job, absl::StrCat(rank)}).Set(depth);
 }
 
+void LoaderMetrics::EndStream(const std::string& job, int rank) {
+  queue_depth_.Remove({job, absl::StrCat(rank)});
+}
+
 void LoaderMetrics::SetOpenJobs(int jobs) { open_jobs_.Set(jobs); }
 
 }  // namespace recfleet::dataloader

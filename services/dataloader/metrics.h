@@ -6,13 +6,14 @@
 // /metrics. Thread-safe.
 //
 // Exported (all prefixed recfleet_dataloader_):
-//   samples_total{rank}, bytes_total{rank}          counters of data sent
+//   samples_total{recfleet_job, rank}, bytes_total{recfleet_job, rank}   counters
 //   samples_per_second, bytes_per_second            rates over the last 10 s
 //   steps_total                                      steps dealt
 //   straggler_gap{recfleet_job, dealing="naive"|"policy"}   last step's gap
 //   step_straggler_gap_ratio{recfleet_job, dealing}         histogram of the
 //       per-step gaps (_bucket, _sum, _count: the mean gap and its quantiles)
-//   queue_depth{rank}                                prefetched batches waiting
+//   queue_depth{recfleet_job, rank}                  prefetched batches waiting
+//       (removed when the rank's stream ends)
 
 #include <chrono>
 #include <cstdint>
@@ -31,6 +32,9 @@ class LoaderMetrics {
   void RecordStep(const std::string& job, double policy_gap, double naive_gap);
   void RecordSent(const std::string& job, int rank, int64_t samples, int64_t bytes);
   void SetQueueDepth(const std::string& job, int rank, int depth);
+  // A rank's stream ended: its queue_depth series goes away (rather than
+  // staying at 0 for a job that no longer streams here).
+  void EndStream(const std::string& job, int rank);
   void SetOpenJobs(int jobs);
 
   const metrics::MetricRegistry& registry() const { return registry_; }

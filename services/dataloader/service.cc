@@ -139,7 +139,7 @@ grpc::Status DataLoaderService::StreamBatches(grpc::ServerContext* ctx,
   }
   queue.Close();
   producer.join();
-  metrics_->SetQueueDepth(req->config().job(), rank, 0);
+  metrics_->EndStream(req->config().job(), rank);
   return result;
 }
 
