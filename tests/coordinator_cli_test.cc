@@ -291,6 +291,12 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
                           "method=\"ListJobs\",service=\"recfleet.v1.JobService\"}"),
             1);
 
+  // The status page on the metrics address lists the job.
+  absl::StatusOr<HttpGetResult> status_page = HttpGet(coordinator_->metrics(), "/status");
+  ASSERT_TRUE(status_page.ok()) << status_page.status();
+  EXPECT_NE(status_page->body.find("<h1>recfleet coordinator</h1>"), std::string::npos);
+  EXPECT_NE(status_page->body.find(job), std::string::npos) << status_page->body.substr(0, 2000);
+
   // The workers, their leases renewed first (the CLI calls above may have
   // used most of the 5 s on a busy machine), then the job's recorded state
   // changes.

@@ -25,7 +25,8 @@ void HttpServer::Stop() {
 }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> StartMetricsServer(
-    const std::string& address, const metrics::MetricRegistry* registry) {
+    const std::string& address, const metrics::MetricRegistry* registry,
+    const std::map<std::string, std::function<std::string()>>& pages) {
   absl::StatusOr<HostPort> hp = ParseHostPort(address, "HTTP listen address");
   if (!hp.ok()) return hp.status();
   std::unique_ptr<HttpServer> s(new HttpServer());
@@ -54,6 +55,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartMetricsServer(
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain; charset=utf-8");
   });
+  for (const auto& [path, render] : pages) {
+    server.Get(path, [render = render](const httplib::Request&, httplib::Response& res) {
+      res.set_content(render(), "text/html; charset=utf-8");
+    });
+  }
   if (hp->port == 0) {
     s->port_ = server.bind_to_any_port(hp->host);
   } else if (server.bind_to_port(hp->host, hp->port)) {

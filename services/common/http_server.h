@@ -13,6 +13,8 @@
 // Thread-safety: Stop() from the owner thread; scrapes run on the server's
 // threads and call the registry's collectors there.
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -42,7 +44,8 @@ class HttpServer {
 
  private:
   friend absl::StatusOr<std::unique_ptr<HttpServer>> StartMetricsServer(
-      const std::string& address, const metrics::MetricRegistry* registry);
+      const std::string& address, const metrics::MetricRegistry* registry,
+      const std::map<std::string, std::function<std::string()>>& pages);
   HttpServer();
 
   std::unique_ptr<httplib::Server> server_;
@@ -55,8 +58,11 @@ class HttpServer {
 // at /metrics and "ok" at /healthz. `registry` may be destroyed before the
 // server: /metrics then serves an empty text. Errors: INVALID_ARGUMENT (bad
 // address), UNAVAILABLE (bind/listen failed).
+// `pages`: more GET paths (e.g. the coordinator's "/status"), each answered
+// with the HTML its function renders, called on a server thread per request.
 absl::StatusOr<std::unique_ptr<HttpServer>> StartMetricsServer(
-    const std::string& address, const metrics::MetricRegistry* registry);
+    const std::string& address, const metrics::MetricRegistry* registry,
+    const std::map<std::string, std::function<std::string()>>& pages = {});
 
 }  // namespace recfleet
 

@@ -77,8 +77,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   health->SetServingStatus("recfleet.v1.WorkerService", true);
 
   if (!options.metrics_address.empty()) {
-    absl::StatusOr<std::unique_ptr<HttpServer>> http =
-        StartMetricsServer(options.metrics_address, &s->registry_);
+    // The read-only status page rides on the metrics address: keep that
+    // address reachable by operators only (it lists jobs, labels and plans).
+    Coordinator* coordinator = s->coordinator_.get();
+    absl::StatusOr<std::unique_ptr<HttpServer>> http = StartMetricsServer(
+        options.metrics_address, &s->registry_,
+        {{"/status", [coordinator] { return coordinator->StatusPage(); }}});
     if (!http.ok()) {
       s->Shutdown();
       return http.status();
