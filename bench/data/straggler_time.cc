@@ -8,8 +8,12 @@
 // next to the gap the cost model predicted for the same deal.
 //
 //   straggler_time --spec JOB.yaml [--device cuda|cpu] [--precision bf16|fp32]
-//                  [--lengths SPEC] [--ranks 8] [--batch-size 1024]
-//                  [--base-batch 128] [--steps 3] [--cost SPEC] [--seed 1]
+//                  [--lengths SPEC | --dataset PATH] [--ranks 8]
+//                  [--batch-size 1024] [--base-batch 128] [--steps 3]
+//                  [--cost SPEC] [--seed 1]
+//
+// --dataset takes the windows a job's loader would deal from a dataset
+// (data::EpochWindows: the loader's own order) instead of independent draws.
 //
 // The spec's sequence max_length caps the drawn lengths (as the model
 // truncates histories). When several GPUs are lent, the same comparison
@@ -28,6 +32,7 @@
 #include "cli/jobs/spec_file.h"
 #include "data/bbs.h"
 #include "data/cost_model.h"
+#include "data/loader.h"
 #include "data/synth.h"
 #include "engine/calibrate.h"
 #include "engine/job_model.h"
@@ -52,7 +57,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<recfleet::cli::Flags> flags = recfleet::cli::Flags::Parse(
       std::vector<std::string>(argv + 1, argv + argc),
       {"spec", "device", "precision", "lengths", "ranks", "batch-size", "base-batch", "steps",
-       "cost", "seed"});
+       "cost", "seed", "dataset"});
   if (!flags.ok()) return Fail(std::string(flags.status().message()));
   if (!flags->Has("spec")) return Fail("--spec is required");
   int64_t ranks = 8, batch = 1024, base = 128, steps = 3, seed = 1;
@@ -95,6 +100,25 @@ int main(int argc, char** argv) {
   int64_t cap = 0;
   for (const auto& f : spec->model().features()) cap = std::max<int64_t>(cap, f.max_length());
   std::mt19937_64 rng(seed);
+  // --dataset: the loader's windows, cycled for --steps.
+  std::vector<std::vector<int64_t>> dataset_windows;
+  if (flags->Has("dataset")) {
+    auto files = data::ExpandDatasetPaths(flags->Str("dataset"));
+    if (!files.ok()) return Fail(std::string(files.status().message()));
+    data::LoaderOptions lo;
+    lo.files = *files;
+    lo.deal = deal;
+    lo.cost = *cost;
+    lo.seed = static_cast<uint64_t>(seed);
+    auto loader = data::Loader::Open(lo);
+    if (!loader.ok()) return Fail(std::string(loader.status().message()));
+    auto windows = data::EpochWindows(**loader, 1);
+    if (!windows.ok()) return Fail(std::string(windows.status().message()));
+    for (auto& w : *windows) {
+      if (static_cast<int>(w.size()) == deal.WindowSize()) dataset_windows.push_back(std::move(w));
+    }
+    if (dataset_windows.empty()) return Fail("the dataset has no full window at these sizes");
+  }
   // Forward + backward of one batch, wall time: ForwardBackward returns
   // after reading the loss back, so the device has finished it. The batch
   // runs once untimed first, so per-shape set-up (the attention's tile plan
@@ -121,8 +145,9 @@ int main(int argc, char** argv) {
   for (int64_t step = 0; step < steps; ++step) {
     std::vector<int64_t> window(deal.WindowSize());
     std::vector<double> costs(window.size());
+    if (!dataset_windows.empty()) window = dataset_windows[step % dataset_windows.size()];
     for (size_t i = 0; i < window.size(); ++i) {
-      window[i] = dist->Sample(rng);
+      if (dataset_windows.empty()) window[i] = dist->Sample(rng);
       if (cap > 0) window[i] = std::min(window[i], cap);
       costs[i] = cost->SampleCost(window[i]);
       tokens += window[i];
@@ -154,7 +179,10 @@ int main(int argc, char** argv) {
               "capped at %lld (mean %.1f, longest %.0f), dealing cost %s\n",
               device.c_str(), exec.bf16 ? "bf16" : "fp32", static_cast<long long>(ranks),
               static_cast<long long>(batch), static_cast<long long>(base),
-              static_cast<long long>(steps), flags->Str("lengths", "lognormal:mean=600,sigma=1.0,min=16,max=8192").c_str(),
+              static_cast<long long>(steps),
+              (flags->Has("dataset") ? "of " + flags->Str("dataset")
+                                     : flags->Str("lengths", "lognormal:mean=600,sigma=1.0,min=16,max=8192"))
+                  .c_str(),
               static_cast<long long>(cap), tokens / (steps * deal.WindowSize()), longest,
               cost->ToString().c_str());
   std::printf("%-16s %22s %22s %16s\n", "policy", "measured gap (mean)", "cost-model gap (mean)",
