@@ -122,11 +122,14 @@ int main(int argc, char** argv) {
   // Forward + backward of one batch, wall time: ForwardBackward returns
   // after reading the loss back, so the device has finished it. The batch
   // runs once untimed first, so per-shape set-up (the attention's tile plan
-  // for these offsets, pool growth) is not charged to one rank.
+  // for these offsets, pool growth) is not charged to one rank, then
+  // kTimedRuns times; the median counts (launch jitter matters for short
+  // batches).
+  constexpr int kTimedRuns = 5;
   auto time_batch = [&](const std::vector<int64_t>& lengths, uint64_t s) -> double {
     const engine::Batch b = engine::SyntheticBatch(*model, lengths, s);
-    double ms = 0;
-    for (int run = 0; run < 2; ++run) {
+    std::vector<double> ms;
+    for (int run = 0; run < 1 + kTimedRuns; ++run) {
       const auto t0 = std::chrono::steady_clock::now();
       absl::StatusOr<engine::StepResult> r = m.ForwardBackward(b);
       const auto t1 = std::chrono::steady_clock::now();
@@ -134,9 +137,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "straggler_time: %s\n", std::string(r.status().message()).c_str());
         std::exit(1);
       }
-      ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      if (run > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
-    return ms;
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
   };
   const data::Policy policies[] = {data::Policy::kNaive, data::Policy::kSortInterleave,
                                    data::Policy::kRecfleet};
