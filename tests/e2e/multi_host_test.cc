@@ -20,7 +20,7 @@
 namespace recfleet::e2e {
 namespace {
 
-constexpr int kSteps = 90;
+constexpr int kSteps = 300;  // long enough to be cut mid-run on a fast machine
 constexpr int kBatch = 32;
 constexpr int kCheckpointEvery = 10;
 
@@ -33,7 +33,10 @@ TEST(MultiHostTest, AJobSurvivesAHostCutOffTheNetworkWithoutSkippingOrRepeatingS
   TestNetwork& n = **net;
   // This test's own calls (JobService) come from the "client" host.
   ASSERT_TRUE(n.Enter("client").ok());
-  ASSERT_TRUE(MakeSyntheticDataset(dir + "/data", 8000).ok());
+  // One epoch covers the whole run (300 steps x 2 ranks x 32 = 19,200 training samples;
+  // the generator holds 20% out for eval), so the exactly-once check below sees each
+  // sample at most once.
+  ASSERT_TRUE(MakeSyntheticDataset(dir + "/data", 25000).ok());
 
   ClusterOptions options;
   options.dir = dir + "/cluster";
