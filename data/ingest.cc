@@ -70,14 +70,15 @@ class Vocab {
 };
 
 // A time field: integers (Unix seconds, the common case) directly, any
-// other number through SimpleAtod.
+// other number through SimpleAtod. Times are stored as int64, so a time
+// must be finite and within +-9.2e18.
 bool ParseTime(absl::string_view s, double* out) {
   int64_t v;
   if (s.size() <= 15 && ParseCanonicalInt(s, &v)) {  // Exact in a double.
     *out = static_cast<double>(v);
     return true;
   }
-  return absl::SimpleAtod(s, out);
+  return absl::SimpleAtod(s, out) && std::isfinite(*out) && std::abs(*out) < 9.2e18;
 }
 
 // A rating field: one digit (1..5 stars, 0/1 clicks) directly, any other
@@ -566,6 +567,17 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// A time's contribution to the content hash: the integer value for times
+// a uint64 holds (every ingest of ordinary timestamps hashes as before),
+// else the double's bits (a negative or huge time would make the integer
+// conversion undefined).
+uint64_t TimeBits(double t) {
+  if (t >= 0 && t < 18446744073709551616.0) return static_cast<uint64_t>(t);
+  uint64_t bits;
+  std::memcpy(&bits, &t, sizeof bits);
+  return bits;
+}
+
 }  // namespace
 
 std::string IngestStats::ToString() const {
@@ -596,8 +608,7 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
   auto add = [&](Event e) -> absl::Status {
     if (static_cast<size_t>(e.item) >= item_count.size()) item_count.resize(e.item + 1, 0);
     ++item_count[e.item];
-    content_hash = Mix(content_hash ^ Mix(e.user * 0x100000001B3ull + e.item) ^
-                       static_cast<uint64_t>(e.time));
+    content_hash = Mix(content_hash ^ Mix(e.user * 0x100000001B3ull + e.item) ^ TimeBits(e.time));
     ++progress.events;
     if ((progress.events & 0xFFFF) == 0) ticker.Tick(&progress);
     return sorter.Add(e);
@@ -645,7 +656,8 @@ absl::StatusOr<IngestStats> Ingest(const IngestOptions& o, const std::string& ou
       }
       Event e{0, 0, static_cast<double>(order), order, 1.0f, !implicit};
       if (*tc >= 0 && !ParseTime(fields[*tc], &e.time)) {
-        return f.FieldError(*tc, absl::StrCat("time '", fields[*tc], "' is not a number"));
+        return f.FieldError(*tc, absl::StrCat("time '", fields[*tc],
+                                              "' is not a finite number within +-9.2e18"));
       }
       if (*tc >= 0 && !std::isfinite(e.time)) {
         return f.FieldError(*tc, absl::StrCat("time '", fields[*tc], "' is not a finite number"));

@@ -113,6 +113,27 @@ TEST(IngestTest, DoubleColonWithoutHeaderUsesDefaultColumns) {
   EXPECT_EQ(stats->positives, 2);
 }
 
+// Times are stored as int64: one beyond that range is refused by name (a
+// fuzzer found 4.4e35 converted to an integer: undefined behaviour), and
+// negative times order events like any other.
+TEST(IngestTest, OutOfRangeTimesAreRefusedNegativeOnesOrder) {
+  IngestOptions o;
+  o.path = WriteText("huge.dat", "1::10::5::444444444444444444444444444444444444\n1::11::2::7\n");
+  o.eval_fraction = 0;
+  auto huge = Ingest(o, Dir("out_huge"));
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("is not a finite number within +-9.2e18"),
+            std::string::npos)
+      << huge.status();
+  o.path = WriteText("negative.dat", "1::10::5::30\n1::11::2::-5\n1::12::4::7\n");
+  auto stats = Ingest(o, Dir("out_negative"));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  Batch train = Read(Dir("out_negative/train.rfd"));
+  ASSERT_EQ(train.num_rows(), 3u);
+  EXPECT_EQ(Get(train, "item_id", 0), 2);  // Item "11" at time -5 first, "10" last.
+  EXPECT_EQ(Get(train, "item_id", 2), 1);
+}
+
 TEST(IngestTest, CsvWithColumnMappingAndUserSplit) {
   std::string text = "ts,who,what,stars\n";
   for (int u = 0; u < 200; ++u) {
