@@ -70,82 +70,60 @@ absl::StatusOr<Job> JobClient::CreateJob(const ::recfleet::v1::CreateJobRequest&
   return last;
 }
 
-absl::StatusOr<Job> JobClient::GetJob(const std::string& name) {
-  grpc::ClientContext context;
-  Prepare(&context, true);
-  ::recfleet::v1::GetJobRequest request;
-  request.set_name(name);
-  Job job;
-  grpc::Status s = stub_->GetJob(&context, request, &job);
-  if (!s.ok()) return Annotate(s, address_);
-  return job;
-}
-
-absl::StatusOr<::recfleet::v1::ListJobsResponse> JobClient::ListJobs(
-    const ::recfleet::v1::ListJobsRequest& request) {
-  grpc::ClientContext context;
-  Prepare(&context, true);
-  ::recfleet::v1::ListJobsResponse response;
-  grpc::Status s = stub_->ListJobs(&context, request, &response);
-  if (!s.ok()) return Annotate(s, address_);
-  return response;
-}
-
-absl::StatusOr<Job> JobClient::CancelJob(const std::string& name, const std::string& reason) {
-  grpc::ClientContext context;
-  Prepare(&context, true);
-  ::recfleet::v1::CancelJobRequest request;
-  request.set_name(name);
-  request.set_reason(reason);
-  Job job;
-  grpc::Status s = stub_->CancelJob(&context, request, &job);
-  if (!s.ok()) return Annotate(s, address_);
-  return job;
-}
-
-absl::Status JobClient::DeleteJob(const std::string& name) {
-  grpc::ClientContext context;
-  Prepare(&context, true);
-  ::recfleet::v1::DeleteJobRequest request;
-  request.set_name(name);
-  ::recfleet::v1::DeleteJobResponse response;
-  grpc::Status s = stub_->DeleteJob(&context, request, &response);
-  if (!s.ok()) return Annotate(s, address_);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<::recfleet::v1::PlanJobResponse> JobClient::PlanJob(
-    const ::recfleet::v1::PlanJobRequest& request) {
-  grpc::ClientContext context;
-  Prepare(&context, true);
-  ::recfleet::v1::PlanJobResponse response;
-  grpc::Status s = stub_->PlanJob(&context, request, &response);
-  if (!s.ok()) return Annotate(s, address_);
-  return response;
-}
-
-template <typename Stub, typename Request, typename Response>
+// One unary call of the JobService with the token and the deadline.
+template <typename Request, typename Response>
 absl::StatusOr<Response> JobClient::Call(
-    Stub* stub, grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+    grpc::Status (::recfleet::v1::JobService::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                           Response*),
     const Request& request) {
   grpc::ClientContext context;
   Prepare(&context, true);
   Response response;
-  grpc::Status s = (stub->*method)(&context, request, &response);
+  grpc::Status s = (stub_.get()->*method)(&context, request, &response);
   if (!s.ok()) return Annotate(s, address_);
   return response;
+}
+
+using Stub = ::recfleet::v1::JobService::Stub;
+
+absl::StatusOr<Job> JobClient::GetJob(const std::string& name) {
+  ::recfleet::v1::GetJobRequest request;
+  request.set_name(name);
+  return Call(&Stub::GetJob, request);
+}
+
+absl::StatusOr<::recfleet::v1::ListJobsResponse> JobClient::ListJobs(
+    const ::recfleet::v1::ListJobsRequest& request) {
+  return Call(&Stub::ListJobs, request);
+}
+
+absl::StatusOr<Job> JobClient::CancelJob(const std::string& name, const std::string& reason) {
+  ::recfleet::v1::CancelJobRequest request;
+  request.set_name(name);
+  request.set_reason(reason);
+  return Call(&Stub::CancelJob, request);
+}
+
+absl::Status JobClient::DeleteJob(const std::string& name) {
+  ::recfleet::v1::DeleteJobRequest request;
+  request.set_name(name);
+  return Call(&Stub::DeleteJob, request).status();
+}
+
+absl::StatusOr<::recfleet::v1::PlanJobResponse> JobClient::PlanJob(
+    const ::recfleet::v1::PlanJobRequest& request) {
+  return Call(&Stub::PlanJob, request);
 }
 
 absl::StatusOr<::recfleet::v1::ListJobEventsResponse> JobClient::ListJobEvents(
     const std::string& name) {
   ::recfleet::v1::ListJobEventsRequest request;
   request.set_name(name);
-  return Call(stub_.get(), &::recfleet::v1::JobService::Stub::ListJobEvents, request);
+  return Call(&Stub::ListJobEvents, request);
 }
 
 absl::StatusOr<::recfleet::v1::ListWorkersResponse> JobClient::ListWorkers() {
-  return Call(stub_.get(), &::recfleet::v1::JobService::Stub::ListWorkers,
-              ::recfleet::v1::ListWorkersRequest());
+  return Call(&Stub::ListWorkers, ::recfleet::v1::ListWorkersRequest());
 }
 
 absl::Status JobClient::WatchJob(

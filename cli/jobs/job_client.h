@@ -52,12 +52,13 @@ class JobClient {
   JobClient(std::string address, std::string token, absl::Duration timeout,
             std::shared_ptr<grpc::ChannelCredentials> credentials);
   void Prepare(grpc::ClientContext* context, bool deadline) const;
-  // One unary call with the token and the deadline.
-  template <typename Stub, typename Request, typename Response>
-  absl::StatusOr<Response> Call(Stub* stub,
-                                grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
-                                                             Response*),
-                                const Request& request);
+  // One unary call with the token and the deadline; transport errors name
+  // the address.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(
+      grpc::Status (::recfleet::v1::JobService::Stub::*method)(grpc::ClientContext*,
+                                                             const Request&, Response*),
+      const Request& request);
 
   std::string address_;
   std::string token_;
