@@ -160,10 +160,7 @@ SelfAttentionBlock::SelfAttentionBlock(const LayerContext& ctx, const std::strin
       attention_(ctx, heads, options) {}
 
 bool SelfAttentionBlock::Bf16Flow(const TensorView& x) const {
-  const int64_t dh = dim_ / heads_;
-  return x.device == Device::kCuda && ctx_.bf16_attention && (dh == 64 || dh == 128) &&
-         ctx_.recipe.forward == GemmPrecision::kBf16 && ctx_.recipe.dgrad == GemmPrecision::kBf16 &&
-         ctx_.recipe.wgrad == GemmPrecision::kBf16;
+  return x.device == Device::kCuda && attention_.Bf16(dim_ / heads_) && ctx_.AllBf16Linears();
 }
 
 absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {

@@ -41,11 +41,12 @@ class JaggedAttention {
   absl::Status Backward(const TensorView& d_out, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv);
 
+  // Whether calls run on the bf16 kernels: ctx.bf16_attention and a head
+  // dim they support (64 or 128); other head dims stay in fp32.
+  bool Bf16(int64_t head_dim) const;
+
  private:
   attention::AttentionInputs Inputs() const;
-  // Whether this call runs on the bf16 kernels: ctx.bf16_attention and a
-  // head dim they support (64 or 128); other head dims stay in fp32.
-  bool Bf16(int64_t head_dim) const;
 
   LayerContext ctx_;
   int64_t heads_;

@@ -92,6 +92,12 @@ struct LayerContext {
   // is 64 or 128; false (or another head dim) keeps the attention in the
   // activations' dtype.
   bool bf16_attention = false;
+
+  // Every GEMM of every linear layer in bf16 (the CUDA bf16 mode).
+  bool AllBf16Linears() const {
+    return recipe.forward == GemmPrecision::kBf16 && recipe.dgrad == GemmPrecision::kBf16 &&
+           recipe.wgrad == GemmPrecision::kBf16;
+  }
 };
 
 // `*t` becomes an uninitialized tensor of `shape` (storage reused when it

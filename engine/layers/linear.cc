@@ -53,9 +53,7 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
 
 bool Linear::SharesBf16Operands(const TensorView& x) const {
   return x.device == Device::kCuda &&
-         (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16) &&
-         ctx_.recipe.forward == GemmPrecision::kBf16 && ctx_.recipe.dgrad == GemmPrecision::kBf16 &&
-         ctx_.recipe.wgrad == GemmPrecision::kBf16;
+         (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16) && ctx_.AllBf16Linears();
 }
 
 absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool accumulate) {
