@@ -4,8 +4,11 @@
 // Plans depend only on the offsets and the mask, so they are cached per
 // device: the training step calls every attention layer, forward and
 // backward, with the same batch offsets, and only the first call pays for
-// planning and the upload (a synchronous copy). Temporaries come from the
-// stream-ordered allocator and are freed on the stream.
+// planning and the upload. In training every step brings new offsets, so
+// the upload is stream-ordered (pinned staging, cudaMemcpyAsync into
+// stream-ordered memory, freed behind the events of its last users): the
+// host never waits for the device. Temporaries come from the stream-ordered
+// allocator and are freed on the stream.
 
 #include <cuda_runtime.h>
 
@@ -13,9 +16,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -177,8 +183,134 @@ HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
   return plan;
 }
 
-// A plan in device memory. Lives in the cache until evicted.
+// Work-weighted mean number of streamed query tiles per key tile of the
+// Hopper dK/dV pass: sum(n^2) / sum(n) over its items, n the item's 64-row
+// query tiles.
+double MeanStreamedTiles(const std::vector<WorkItem>& key_tiles) {
+  double tiles = 0, weighted = 0;
+  for (const WorkItem& it : key_tiles) {
+    const double n = (it.inner_end - it.inner_begin + kTile - 1) / kTile;
+    tiles += n;
+    weighted += n * n;
+  }
+  return tiles > 0 ? weighted / tiles : 0.0;
+}
+
+// Pinned host memory in which plans are staged for their asynchronous
+// upload: a ring whose regions are reused once the copy out of them has
+// completed (one event per copy, polled, never waited on). When a plan does
+// not fit beside the copies still in flight the ring is replaced by a larger
+// one (the only pinned allocation, rare: the size doubles), and the old one
+// is freed once its copies are done. Not thread-safe (the cache's lock).
+class StagingRing {
+ public:
+  // A region of `bytes` bytes to fill now and copy from on `stream`; Commit
+  // after enqueuing the copy.
+  absl::StatusOr<char*> Reserve(size_t bytes) {
+    Reclaim();
+    if (in_flight_.empty()) head_ = 0;
+    std::optional<size_t> at = Fit(bytes);
+    if (!at.has_value()) {
+      char* grown = nullptr;
+      const size_t cap = std::max({2 * cap_, 2 * bytes, kMinBytes});
+      if (auto s = CudaCheck(cudaHostAlloc(reinterpret_cast<void**>(&grown), cap,
+                                           cudaHostAllocPortable),
+                             "cudaHostAlloc(plan staging)");
+          !s.ok()) {
+        return s;
+      }
+      if (buf_ != nullptr) retired_.push_back({buf_, std::move(in_flight_)});
+      in_flight_.clear();
+      buf_ = grown;
+      cap_ = cap;
+      head_ = 0;
+      at = 0;
+    }
+    reserved_ = {*at, *at + bytes, nullptr};
+    head_ = *at + bytes;
+    return buf_ + *at;
+  }
+
+  // Records, on `stream`, when the copy out of the last reserved region is
+  // done.
+  absl::Status Commit(cudaStream_t stream) {
+    cudaEvent_t done = nullptr;
+    if (!spare_events_.empty()) {
+      done = spare_events_.back();
+      spare_events_.pop_back();
+    } else if (auto s = CudaCheck(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
+                                  "cudaEventCreate(plan staging)");
+               !s.ok()) {
+      return s;
+    }
+    reserved_.done = done;
+    in_flight_.push_back(reserved_);
+    return CudaCheck(cudaEventRecord(done, stream), "cudaEventRecord(plan staging)");
+  }
+
+ private:
+  static constexpr size_t kMinBytes = size_t{1} << 20;
+  struct Copy {
+    size_t begin, end;
+    cudaEvent_t done;
+  };
+
+  // Where `bytes` fit beside the copies in flight: the live region runs from
+  // the oldest copy's start to head_, wrapped when head_ is not past it.
+  std::optional<size_t> Fit(size_t bytes) const {
+    if (buf_ == nullptr) return std::nullopt;
+    if (in_flight_.empty()) return bytes <= cap_ ? std::optional<size_t>(0) : std::nullopt;
+    const size_t tail = in_flight_.front().begin;
+    if (tail < head_) {  // not wrapped: [head_, cap_) or [0, tail)
+      if (head_ + bytes <= cap_) return head_;
+      if (bytes <= tail) return 0;
+      return std::nullopt;
+    }
+    if (head_ + bytes <= tail) return head_;  // wrapped: [head_, tail)
+    return std::nullopt;
+  }
+
+  // Drops the completed copies (oldest first) and frees retired rings whose
+  // copies all completed.
+  void Reclaim() {
+    auto drop_done = [this](std::deque<Copy>& copies) {
+      while (!copies.empty() && cudaEventQuery(copies.front().done) == cudaSuccess) {
+        spare_events_.push_back(copies.front().done);
+        copies.pop_front();
+      }
+    };
+    drop_done(in_flight_);
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      drop_done(it->second);
+      if (it->second.empty()) {
+        cudaFreeHost(it->first);
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  char* buf_ = nullptr;
+  size_t cap_ = 0;
+  size_t head_ = 0;
+  Copy reserved_{0, 0, nullptr};
+  std::deque<Copy> in_flight_;
+  std::vector<cudaEvent_t> spare_events_;
+  std::vector<std::pair<char*, std::deque<Copy>>> retired_;
+};
+
+// A plan in device memory: one stream-ordered allocation holding every list.
+// Lives in the cache until evicted and until its last user is done; every
+// launcher call records, on its stream, when its kernels stop reading the
+// plan (RecordUse), and the memory returns to the stream-ordered pool behind
+// those events, so a later plan can never overwrite it while a kernel still
+// reads it, and the host never waits.
 struct DevicePlan {
+  int device = 0;
+  void* memory = nullptr;
+  cudaEvent_t uploaded = nullptr;       // the upload's copy is done
+  cudaStream_t release_stream = nullptr;  // the cache's, for the ordered free
   WorkItem* forward_tiles = nullptr;
   WorkItem* grouped_tiles = nullptr;
   WorkItem* query_tiles = nullptr;
@@ -190,29 +322,65 @@ struct DevicePlan {
   int num_forward_tiles = 0, num_grouped_tiles = 0, num_query_tiles = 0, num_key_tiles = 0,
       num_wide_key_tiles = 0, num_blocks = 0;
   bool block_kernel = false;
+  double mean_streamed_key_tiles = 0.0;  // MeanStreamedTiles(wide key tiles)
+
+  // Marks the work enqueued on `stream` so far as reading the plan.
+  void RecordUse(cudaStream_t stream) const {
+    std::lock_guard<std::mutex> lock(uses_mu_);
+    for (auto& [s, event] : uses_) {
+      if (s == stream) {
+        cudaEventRecord(event, stream);
+        return;
+      }
+    }
+    cudaEvent_t event = nullptr;
+    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+      // Without an event the free could overtake the work: wait for it now
+      // (only where the driver cannot make an event).
+      cudaStreamSynchronize(stream);
+      return;
+    }
+    cudaEventRecord(event, stream);
+    uses_.emplace_back(stream, event);
+  }
 
   ~DevicePlan() {
-    for (void* p : {static_cast<void*>(forward_tiles), static_cast<void*>(grouped_tiles),
-                    static_cast<void*>(query_tiles),
-                    static_cast<void*>(key_tiles), static_cast<void*>(wide_key_tiles),
-                    static_cast<void*>(blocks),
-                    static_cast<void*>(q_offsets), static_cast<void*>(k_offsets)}) {
-      if (p != nullptr) cudaFree(p);
+    int current = 0;
+    cudaGetDevice(&current);
+    if (current != device) cudaSetDevice(device);
+    if (uploaded != nullptr) {
+      cudaStreamWaitEvent(release_stream, uploaded, 0);
+      cudaEventDestroy(uploaded);
     }
+    for (auto& [s, event] : uses_) {
+      cudaStreamWaitEvent(release_stream, event, 0);
+      cudaEventDestroy(event);  // released once it completes
+    }
+    if (memory != nullptr) cudaFreeAsync(memory, release_stream);
+    if (current != device) cudaSetDevice(current);
   }
+
+ private:
+  mutable std::mutex uses_mu_;
+  mutable std::vector<std::pair<cudaStream_t, cudaEvent_t>> uses_;
 };
 
-template <typename T>
-absl::Status Upload(const std::vector<T>& host, T** dev) {
-  if (host.empty()) return absl::OkStatus();
-  if (auto s = CudaCheck(cudaMalloc(reinterpret_cast<void**>(dev), host.size() * sizeof(T)),
-                         "cudaMalloc(plan)");
-      !s.ok()) {
-    return s;
-  }
-  return CudaCheck(cudaMemcpy(*dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-                   "cudaMemcpy(plan)");
-}
+// The caller's hold on a plan: when the launcher returns (any path), the
+// work it enqueued is recorded as a use of the plan.
+class PlanLease {
+ public:
+  PlanLease(std::shared_ptr<const DevicePlan> plan, cudaStream_t stream)
+      : plan_(std::move(plan)), stream_(stream) {}
+  PlanLease(const PlanLease&) = delete;
+  PlanLease& operator=(const PlanLease&) = delete;
+  ~PlanLease() { plan_->RecordUse(stream_); }
+  const DevicePlan& operator*() const { return *plan_; }
+  const DevicePlan* operator->() const { return plan_.get(); }
+
+ private:
+  std::shared_ptr<const DevicePlan> plan_;
+  cudaStream_t stream_;
+};
 
 std::vector<int64_t> Offsets(const JaggedView& j) {
   std::vector<int64_t> v(j.batch_size() + 1);
@@ -221,11 +389,13 @@ std::vector<int64_t> Offsets(const JaggedView& j) {
 }
 
 // Least-recently-used cache of device plans keyed by (device, mask, window,
-// offsets). Thread-safe.
+// offsets). A new plan is uploaded on the caller's stream (stream-ordered
+// allocation, copy from pinned staging, no host synchronization); a caller
+// on another stream waits for the upload on its own stream. Thread-safe.
 class PlanCache {
  public:
-  absl::StatusOr<std::shared_ptr<const DevicePlan>> Get(const AttentionInputs& in,
-                                                       const AttentionOptions& o) {
+  absl::StatusOr<std::unique_ptr<PlanLease>> Get(const AttentionInputs& in,
+                                                 const AttentionOptions& o, cudaStream_t stream) {
     int device = 0;
     if (auto s = CudaCheck(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
     const std::vector<int64_t> q_off = Offsets(in.q), k_off = Offsets(in.k);
@@ -238,10 +408,59 @@ class PlanCache {
     auto found = index_.find(key);
     if (found != index_.end()) {
       lru_.splice(lru_.begin(), lru_, found->second);
-      return found->second->second;
+      const std::shared_ptr<DevicePlan>& plan = found->second->second;
+      // Free where the upload ran on this stream; ordered where it did not.
+      if (auto s = CudaCheck(cudaStreamWaitEvent(stream, plan->uploaded, 0),
+                             "cudaStreamWaitEvent(plan)");
+          !s.ok()) {
+        return s;
+      }
+      return std::make_unique<PlanLease>(plan, stream);
     }
-    const HostPlan host = MakePlan(in, o);
+    auto plan = Upload(MakePlan(in, o), q_off, k_off, device, stream);
+    if (!plan.ok()) return plan.status();
+    lru_.emplace_front(key, *plan);
+    index_[key] = lru_.begin();
+    if (lru_.size() > kCapacity) {
+      index_.erase(lru_.back().first);
+      lru_.pop_back();  // in-flight users hold their own reference
+    }
+    return std::make_unique<PlanLease>(*plan, stream);
+  }
+
+ private:
+  static constexpr size_t kCapacity = 32;
+  static constexpr size_t kAlign = 256;
+  using Entry = std::pair<std::string, std::shared_ptr<DevicePlan>>;
+
+  // Per device: the staging ring and the stream on which plans are freed.
+  struct PerDevice {
+    StagingRing staging;
+    cudaStream_t release_stream = nullptr;
+  };
+
+  absl::StatusOr<PerDevice*> ForDevice(int device) {
+    PerDevice& d = devices_[device];
+    if (d.release_stream == nullptr) {
+      if (auto s = CudaCheck(cudaStreamCreateWithFlags(&d.release_stream, cudaStreamNonBlocking),
+                             "cudaStreamCreate(plan release)");
+          !s.ok()) {
+        return s;
+      }
+      KeepPoolMemory(device);
+    }
+    return &d;
+  }
+
+  absl::StatusOr<std::shared_ptr<DevicePlan>> Upload(const HostPlan& host,
+                                                     const std::vector<int64_t>& q_off,
+                                                     const std::vector<int64_t>& k_off,
+                                                     int device, cudaStream_t stream) {
+    auto per_device = ForDevice(device);
+    if (!per_device.ok()) return per_device.status();
     auto plan = std::make_shared<DevicePlan>();
+    plan->device = device;
+    plan->release_stream = (*per_device)->release_stream;
     plan->num_forward_tiles = static_cast<int>(host.forward_tiles.size());
     plan->num_grouped_tiles = static_cast<int>(host.grouped_tiles.size());
     plan->num_query_tiles = static_cast<int>(host.query_tiles.size());
@@ -249,28 +468,60 @@ class PlanCache {
     plan->num_wide_key_tiles = static_cast<int>(host.wide_key_tiles.size());
     plan->num_blocks = static_cast<int>(host.blocks.size());
     plan->block_kernel = host.block_kernel;
-    for (auto s : {Upload(host.forward_tiles, &plan->forward_tiles),
-                   Upload(host.grouped_tiles, &plan->grouped_tiles),
-                   Upload(host.query_tiles, &plan->query_tiles),
-                   Upload(host.key_tiles, &plan->key_tiles),
-                   Upload(host.wide_key_tiles, &plan->wide_key_tiles),
-                   Upload(host.blocks, &plan->blocks),
-                   Upload(q_off, &plan->q_offsets), Upload(k_off, &plan->k_offsets)}) {
-      if (!s.ok()) return s;
+    plan->mean_streamed_key_tiles = MeanStreamedTiles(host.wide_key_tiles);
+    // One allocation: each list at a kAlign-aligned offset.
+    struct Part {
+      const void* data;
+      size_t bytes;
+      void** dev;
+      size_t at;
+    };
+    auto part = [](const auto& v, auto** dev) {
+      return Part{v.data(), v.size() * sizeof(v[0]), reinterpret_cast<void**>(dev), 0};
+    };
+    Part parts[] = {part(host.forward_tiles, &plan->forward_tiles),
+                    part(host.grouped_tiles, &plan->grouped_tiles),
+                    part(host.query_tiles, &plan->query_tiles),
+                    part(host.key_tiles, &plan->key_tiles),
+                    part(host.wide_key_tiles, &plan->wide_key_tiles),
+                    part(host.blocks, &plan->blocks),
+                    part(q_off, &plan->q_offsets),
+                    part(k_off, &plan->k_offsets)};
+    size_t total = 0;
+    for (Part& pt : parts) {
+      pt.at = total;
+      total += (pt.bytes + kAlign - 1) / kAlign * kAlign;
     }
-    if (index_.empty()) KeepPoolMemory(device);
-    lru_.emplace_front(key, plan);
-    index_[key] = lru_.begin();
-    if (lru_.size() > kCapacity) {
-      index_.erase(lru_.back().first);
-      lru_.pop_back();  // in-flight users hold their own reference
+    auto staged = (*per_device)->staging.Reserve(total);
+    if (!staged.ok()) return staged.status();
+    for (const Part& pt : parts) {
+      if (pt.bytes > 0) std::memcpy(*staged + pt.at, pt.data, pt.bytes);
     }
-    return std::shared_ptr<const DevicePlan>(plan);
+    if (auto s = CudaCheck(cudaEventCreateWithFlags(&plan->uploaded, cudaEventDisableTiming),
+                           "cudaEventCreate(plan)");
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = CudaCheck(cudaMallocAsync(&plan->memory, total, stream), "cudaMallocAsync(plan)");
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = CudaCheck(cudaMemcpyAsync(plan->memory, *staged, total, cudaMemcpyHostToDevice,
+                                           stream),
+                           "cudaMemcpyAsync(plan)");
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = (*per_device)->staging.Commit(stream); !s.ok()) return s;
+    if (auto s = CudaCheck(cudaEventRecord(plan->uploaded, stream), "cudaEventRecord(plan)");
+        !s.ok()) {
+      return s;
+    }
+    for (const Part& pt : parts) {
+      *pt.dev = pt.bytes > 0 ? static_cast<char*>(plan->memory) + pt.at : nullptr;
+    }
+    return plan;
   }
-
- private:
-  static constexpr size_t kCapacity = 32;
-  using Entry = std::pair<std::string, std::shared_ptr<DevicePlan>>;
 
   // Keeps freed temporaries in the stream-ordered pool instead of returning
   // them to the driver at every synchronization.
@@ -285,6 +536,7 @@ class PlanCache {
   std::mutex mu_;
   std::list<Entry> lru_;
   std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+  std::unordered_map<int, PerDevice> devices_;
 };
 
 PlanCache& Plans() {
@@ -446,13 +698,24 @@ absl::StatusOr<float*> ZeroedDqAccum(const AttentionGrads& grads, Workspace& ws,
 }
 
 // How the Hopper backward forms dQ: inside the dK/dV pass by TMA
-// reduce-add into an fp32 buffer (the default at d = 128, as measured on
-// H200, bench/RESULTS.md), or by a separate query-stationary pass
-// (RECFLEET_ATTENTION_WGMMA_DQ=pass; always at d = 64 and without TMA).
-bool WgmmaFusedDq(const KernelParams& p) {
+// reduce-add into an fp32 buffer, or by a separate query-stationary pass.
+// The fused dQ saves the pass's recomputation of S and dP but pays per
+// query row for zeroing and converting the fp32 buffer and per step for the
+// consumers' dS exchange; measured on H200 (bench/RESULTS.md) it wins where
+// a key tile streams many query tiles (jagged self: hundreds; GDPA cross,
+// K/V = 256, Q 256..2048: ~22 on average) and loses where it streams few
+// (sliding window W = 256: 6). The rule: fused from
+// kFusedDqMinStreamedTiles on (work-weighted mean, MeanStreamedTiles).
+// RECFLEET_ATTENTION_WGMMA_DQ=pass or =fused forces either (for
+// re-measuring); without TMA always the pass.
+constexpr double kFusedDqMinStreamedTiles = 12.0;
+
+bool WgmmaFusedDq(const KernelParams& p, const DevicePlan& plan) {
   if (!cuda_impl::WgmmaFusedDqSupports(p)) return false;
   const char* mode = std::getenv("RECFLEET_ATTENTION_WGMMA_DQ");
-  return mode == nullptr || std::string(mode) != "pass";
+  if (mode != nullptr && std::string(mode) == "pass") return false;
+  if (mode != nullptr && std::string(mode) == "fused") return true;
+  return plan.mean_streamed_key_tiles >= kFusedDqMinStreamedTiles;
 }
 
 // The jagged backward's Hopper passes: dK/dV with dQ fused, or dQ then dK/dV.
@@ -464,7 +727,7 @@ absl::Status WgmmaBackward(const AttentionInputs& in, const DevicePlan& plan,
   p.q_rows = in.q.values.dim(0);
   p.kv_rows = in.k.values.dim(0);
   p.wgmma_tma = EnvFlag("RECFLEET_ATTENTION_WGMMA_TMA");
-  const bool fused = WgmmaFusedDq(p);
+  const bool fused = WgmmaFusedDq(p, plan);
   if (fused) {
     auto acc = ZeroedDqAccum(grads, ws, stream);
     if (!acc.ok()) return acc.status();
@@ -535,27 +798,28 @@ absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& o, T
                          TensorView lse) {
   if (auto s = CheckSizes(in); !s.ok()) return s;
   auto stream = static_cast<cudaStream_t>(o.cuda_stream);
-  auto plan = Plans().Get(in, o);
-  if (!plan.ok()) return plan.status();
+  auto lease = Plans().Get(in, o, stream);
+  if (!lease.ok()) return lease.status();
+  const DevicePlan& plan = ***lease;
   Workspace ws(stream);
-  auto prep = PrepareQk(in, o, **plan, ws, stream);
+  auto prep = PrepareQk(in, o, plan, ws, stream);
   if (!prep.ok()) return prep.status();
   KernelParams p = BaseParams(in, o, *prep);
   p.o = out.data;
   p.lse = lse.as<float>();
-  if ((*plan)->block_kernel) {
-    p.items = (*plan)->blocks;
-    p.num_items = (*plan)->num_blocks;
+  if (plan.block_kernel) {
+    p.items = plan.blocks;
+    p.num_items = plan.num_blocks;
     return CudaCheck(cuda_impl::LaunchBlockForward(p, stream), "block attention forward");
   }
-  p.items = (*plan)->forward_tiles;
-  p.num_items = (*plan)->num_forward_tiles;
+  p.items = plan.forward_tiles;
+  p.num_items = plan.num_forward_tiles;
   if (UseWgmmaForward(p)) {
     auto sms = SmCount();
     if (!sms.ok()) return sms.status();
     if (EnvFlag("RECFLEET_ATTENTION_WGMMA_GROUP")) {
-      p.items = (*plan)->grouped_tiles;
-      p.num_items = (*plan)->num_grouped_tiles;
+      p.items = plan.grouped_tiles;
+      p.num_items = plan.num_grouped_tiles;
     }
     p.wgmma_turns = EnvFlag("RECFLEET_ATTENTION_WGMMA_TURNS");
     p.wgmma_tma = EnvFlag("RECFLEET_ATTENTION_WGMMA_TMA");
@@ -574,9 +838,9 @@ absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& o,
                           const AttentionGrads& grads) {
   if (auto s = CheckSizes(in); !s.ok()) return s;
   auto stream = static_cast<cudaStream_t>(o.cuda_stream);
-  auto plan_or = Plans().Get(in, o);
-  if (!plan_or.ok()) return plan_or.status();
-  const DevicePlan& plan = **plan_or;
+  auto lease = Plans().Get(in, o, stream);
+  if (!lease.ok()) return lease.status();
+  const DevicePlan& plan = ***lease;
   Workspace ws(stream);
   auto prep = PrepareQk(in, o, plan, ws, stream);
   if (!prep.ok()) return prep.status();

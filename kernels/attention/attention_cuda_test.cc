@@ -6,12 +6,16 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -100,84 +104,133 @@ std::vector<int64_t> Offsets(const std::vector<int64_t>& lengths) {
   return off;
 }
 
-void RunCase(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(c.name);
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> q_off = Offsets(c.lq), k_off = Offsets(c.lk);
-  const int64_t batch = static_cast<int64_t>(c.lq.size());
-  const int64_t tq = q_off.back(), tk = k_off.back(), h = c.heads, d = c.d;
-  int64_t nbias = 0;
-  for (int64_t b = 0; b < batch; ++b) nbias += c.lq[b] * c.lk[b] * h;
-  Buffer q({tq, h, d}, &rng, 1.0), k({tk, h, d}, &rng, 1.0), v({tk, h, d}, &rng, 1.0);
-  Buffer bias({nbias}, &rng, 0.5), dout({tq, h, d}, &rng, 1.0);
-  Buffer out({tq, h, d}, nullptr, 0), dq({tq, h, d}, nullptr, 0), dk({tk, h, d}, nullptr, 0),
-      dv({tk, h, d}, nullptr, 0), dbias({nbias}, nullptr, 0);
-  const bool softmax = c.opts.activation == Activation::kSoftmax;
-  float* lse_dev = nullptr;
-  ASSERT_EQ(cudaMalloc(&lse_dev, std::max<int64_t>(tq * h, 1) * 4), cudaSuccess);
-
-  auto inputs = [&](bool device) {
-    AttentionInputs in;
-    in.q.values = device ? q.Device() : q.Exact();
-    in.q.offsets = MakeView(q_off.data(), DType::kInt64, {batch + 1});
-    in.k.values = device ? k.Device() : k.Exact();
-    in.k.offsets = MakeView(k_off.data(), DType::kInt64, {batch + 1});
-    in.v = device ? v.Device() : v.Exact();
-    if (c.bias) in.bias = device ? bias.Device() : bias.Exact();
-    return in;
-  };
-  // CUDA.
-  AttentionInputs din = inputs(true);
-  TensorView lse_view;
-  if (softmax) lse_view = MakeView(lse_dev, DType::kFloat32, {tq, h}, Device::kCuda);
-  absl::Status s = AttentionForward(din, c.opts, out.Device(), lse_view);
-  ASSERT_TRUE(s.ok()) << s;
-  AttentionGrads g{dq.Device(), dk.Device(), dv.Device(), c.bias ? dbias.Device() : TensorView()};
-  s = AttentionBackward(din, c.opts, out.Device(), lse_view, dout.Device(), g);
-  ASSERT_TRUE(s.ok()) << s;
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  out.Fetch();
-  dq.Fetch();
-  dk.Fetch();
-  dv.Fetch();
-  if (c.bias) dbias.Fetch();
-  std::vector<float> lse_got(tq * h);
-  if (softmax) {
-    ASSERT_EQ(cudaMemcpy(lse_got.data(), lse_dev, tq * h * 4, cudaMemcpyDeviceToHost),
-              cudaSuccess);
+// One case's device buffers and inputs (made synchronously), the CUDA
+// forward and backward enqueued on a stream, and the check against the
+// float64 reference once the stream is done.
+class CaseRun {
+ public:
+  CaseRun(const Case& c, uint64_t seed)
+      : c_(c),
+        rng_(seed),
+        q_off_(Offsets(c.lq)),
+        k_off_(Offsets(c.lk)),
+        batch_(static_cast<int64_t>(c.lq.size())),
+        tq_(q_off_.back()),
+        tk_(k_off_.back()),
+        nbias_(BiasElements(c)),
+        q_({tq_, c.heads, c.d}, &rng_, 1.0),
+        k_({tk_, c.heads, c.d}, &rng_, 1.0),
+        v_({tk_, c.heads, c.d}, &rng_, 1.0),
+        bias_({nbias_}, &rng_, 0.5),
+        dout_({tq_, c.heads, c.d}, &rng_, 1.0),
+        out_({tq_, c.heads, c.d}, nullptr, 0),
+        dq_({tq_, c.heads, c.d}, nullptr, 0),
+        dk_({tk_, c.heads, c.d}, nullptr, 0),
+        dv_({tk_, c.heads, c.d}, nullptr, 0),
+        dbias_({nbias_}, nullptr, 0),
+        softmax_(c.opts.activation == Activation::kSoftmax) {
+    EXPECT_EQ(cudaMalloc(&lse_dev_, std::max<int64_t>(tq_ * c.heads, 1) * 4), cudaSuccess);
   }
-  cudaFree(lse_dev);
+  ~CaseRun() { cudaFree(lse_dev_); }
 
-  // Reference on the same (exactly representable) values.
-  AttentionInputs rin = inputs(false);
-  std::vector<double> ref_out(tq * h * d), ref_lse(tq * h), rdq(tq * h * d), rdk(tk * h * d),
-      rdv(tk * h * d), rdbias(nbias);
-  TensorView ref_lse_view;
-  if (softmax) ref_lse_view = MakeView(ref_lse.data(), DType::kFloat64, {tq, h});
-  TensorView ref_out_view = MakeView(ref_out.data(), DType::kFloat64, {tq, h, d});
-  ASSERT_TRUE(AttentionForward(rin, c.opts, ref_out_view, ref_lse_view).ok());
-  AttentionGrads rg{MakeView(rdq.data(), DType::kFloat64, {tq, h, d}),
-                    MakeView(rdk.data(), DType::kFloat64, {tk, h, d}),
-                    MakeView(rdv.data(), DType::kFloat64, {tk, h, d}),
-                    c.bias ? MakeView(rdbias.data(), DType::kFloat64, {nbias}) : TensorView()};
-  ASSERT_TRUE(AttentionBackward(rin, c.opts, ref_out_view, ref_lse_view, dout.Exact(), rg).ok());
-
-  ExpectClose(out.host, ref_out, q_off, h * d, "out");
-  ExpectClose(dq.host, rdq, q_off, h * d, "dq");
-  ExpectClose(dk.host, rdk, k_off, h * d, "dk");
-  ExpectClose(dv.host, rdv, k_off, h * d, "dv");
-  if (c.bias) {
-    std::vector<int64_t> bias_off{0};
-    for (int64_t b = 0; b < batch; ++b) bias_off.push_back(bias_off.back() + c.lq[b] * c.lk[b]);
-    ExpectClose(dbias.host, rdbias, bias_off, h, "dbias");
+  // Forward then backward on `stream`; returns without waiting.
+  void Enqueue(cudaStream_t stream) {
+    AttentionOptions opts = c_.opts;
+    opts.cuda_stream = stream;
+    AttentionInputs din = Inputs(true);
+    absl::Status s = AttentionForward(din, opts, out_.Device(), LseView());
+    ASSERT_TRUE(s.ok()) << s;
+    AttentionGrads g{dq_.Device(), dk_.Device(), dv_.Device(),
+                     c_.bias ? dbias_.Device() : TensorView()};
+    s = AttentionBackward(din, opts, out_.Device(), LseView(), dout_.Device(), g);
+    ASSERT_TRUE(s.ok()) << s;
   }
-  for (int64_t i = 0; i < tq * h && softmax; ++i) {
-    if (std::isinf(ref_lse[i])) {
-      EXPECT_TRUE(std::isinf(lse_got[i]) && lse_got[i] < 0) << "lse " << i;
-    } else {
-      EXPECT_NEAR(lse_got[i], ref_lse[i], 2e-2 * (1 + std::abs(ref_lse[i]))) << "lse " << i;
+
+  // Compares with the reference; the enqueued work must be complete.
+  void Check() {
+    SCOPED_TRACE(c_.name);
+    const int64_t h = c_.heads, d = c_.d;
+    out_.Fetch();
+    dq_.Fetch();
+    dk_.Fetch();
+    dv_.Fetch();
+    if (c_.bias) dbias_.Fetch();
+    std::vector<float> lse_got(tq_ * h);
+    if (softmax_) {
+      ASSERT_EQ(cudaMemcpy(lse_got.data(), lse_dev_, tq_ * h * 4, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
+    // Reference on the same (exactly representable) values.
+    AttentionInputs rin = Inputs(false);
+    std::vector<double> ref_out(tq_ * h * d), ref_lse(tq_ * h), rdq(tq_ * h * d),
+        rdk(tk_ * h * d), rdv(tk_ * h * d), rdbias(nbias_);
+    TensorView ref_lse_view;
+    if (softmax_) ref_lse_view = MakeView(ref_lse.data(), DType::kFloat64, {tq_, h});
+    TensorView ref_out_view = MakeView(ref_out.data(), DType::kFloat64, {tq_, h, d});
+    ASSERT_TRUE(AttentionForward(rin, c_.opts, ref_out_view, ref_lse_view).ok());
+    AttentionGrads rg{MakeView(rdq.data(), DType::kFloat64, {tq_, h, d}),
+                      MakeView(rdk.data(), DType::kFloat64, {tk_, h, d}),
+                      MakeView(rdv.data(), DType::kFloat64, {tk_, h, d}),
+                      c_.bias ? MakeView(rdbias.data(), DType::kFloat64, {nbias_}) : TensorView()};
+    ASSERT_TRUE(
+        AttentionBackward(rin, c_.opts, ref_out_view, ref_lse_view, dout_.Exact(), rg).ok());
+
+    ExpectClose(out_.host, ref_out, q_off_, h * d, "out");
+    ExpectClose(dq_.host, rdq, q_off_, h * d, "dq");
+    ExpectClose(dk_.host, rdk, k_off_, h * d, "dk");
+    ExpectClose(dv_.host, rdv, k_off_, h * d, "dv");
+    if (c_.bias) {
+      std::vector<int64_t> bias_off{0};
+      for (int64_t b = 0; b < batch_; ++b) {
+        bias_off.push_back(bias_off.back() + c_.lq[b] * c_.lk[b]);
+      }
+      ExpectClose(dbias_.host, rdbias, bias_off, h, "dbias");
+    }
+    for (int64_t i = 0; i < tq_ * h && softmax_; ++i) {
+      if (std::isinf(ref_lse[i])) {
+        EXPECT_TRUE(std::isinf(lse_got[i]) && lse_got[i] < 0) << "lse " << i;
+      } else {
+        EXPECT_NEAR(lse_got[i], ref_lse[i], 2e-2 * (1 + std::abs(ref_lse[i]))) << "lse " << i;
+      }
     }
   }
+
+ private:
+  static int64_t BiasElements(const Case& c) {
+    int64_t n = 0;
+    for (size_t b = 0; b < c.lq.size(); ++b) n += c.lq[b] * c.lk[b] * c.heads;
+    return n;
+  }
+  AttentionInputs Inputs(bool device) {
+    AttentionInputs in;
+    in.q.values = device ? q_.Device() : q_.Exact();
+    in.q.offsets = MakeView(q_off_.data(), DType::kInt64, {batch_ + 1});
+    in.k.values = device ? k_.Device() : k_.Exact();
+    in.k.offsets = MakeView(k_off_.data(), DType::kInt64, {batch_ + 1});
+    in.v = device ? v_.Device() : v_.Exact();
+    if (c_.bias) in.bias = device ? bias_.Device() : bias_.Exact();
+    return in;
+  }
+  TensorView LseView() const {
+    if (!softmax_) return TensorView();
+    return MakeView(lse_dev_, DType::kFloat32, {tq_, c_.heads}, Device::kCuda);
+  }
+
+  Case c_;
+  std::mt19937_64 rng_;
+  std::vector<int64_t> q_off_, k_off_;
+  int64_t batch_, tq_, tk_, nbias_;
+  Buffer q_, k_, v_, bias_, dout_, out_, dq_, dk_, dv_, dbias_;
+  bool softmax_;
+  float* lse_dev_ = nullptr;
+};
+
+void RunCase(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.name);
+  CaseRun run(c, seed);
+  run.Enqueue(nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  run.Check();
 }
 
 const char* ActName(Activation a) {
@@ -436,6 +489,85 @@ TEST(AttentionCudaTest, AtomicDqMatchesReference) {
     }
   }
   unsetenv("RECFLEET_ATTENTION_DQ");
+}
+
+// Lengths for the plan tests: `n` sequences of random length below 300,
+// sequence 0 of length `first` (distinct `first` values make distinct
+// offsets, hence distinct plans).
+Case PlanCase(const std::string& name, int64_t first, std::mt19937_64& rng, Activation a) {
+  std::vector<int64_t> lens{first};
+  for (int i = 0; i < 5; ++i) lens.push_back(static_cast<int64_t>(rng() % 300));
+  Case c{name, lens, lens, 2, 128};
+  c.opts.activation = a;
+  c.opts.mask = Mask::kCausal;
+  return c;
+}
+
+// A training step brings new offsets: planning and uploading them must not
+// wait for the device. The stream is held by a host function until every
+// call has returned (or a watchdog gives up after 30 s); forward and
+// backward with eight new plans must return while it is held, and be
+// right once it runs.
+TEST(AttentionCudaTest, NewPlansDoNotWaitForTheDevice) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  std::mt19937_64 rng(900);
+  std::vector<std::unique_ptr<CaseRun>> runs;
+  for (int i = 0; i < 9; ++i) {
+    runs.push_back(std::make_unique<CaseRun>(
+        PlanCase(absl::StrCat("held stream, plan ", i), 1000 + i, rng,
+                 i % 2 ? Activation::kSilu : Activation::kSoftmax),
+        900 + i));
+  }
+  runs[0]->Enqueue(stream);  // the first plan on this device sets up staging
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+
+  std::atomic<bool> release{false};
+  auto hold = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(stream, hold, &release), cudaSuccess);
+  std::thread watchdog([&release] {
+    for (int i = 0; i < 3000 && !release.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    release.store(true);
+  });
+  for (size_t i = 1; i < runs.size(); ++i) runs[i]->Enqueue(stream);
+  const bool returned_while_held = !release.exchange(true);
+  watchdog.join();
+  EXPECT_TRUE(returned_while_held) << "a call waited for the held stream";
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (auto& run : runs) run->Check();
+  cudaStreamDestroy(stream);
+}
+
+// More new plans than the cache holds (32), enqueued on two streams without
+// waiting: evicted plans' memory is reused while kernels that read it may
+// still be queued. Each plan is also used from the other stream by a second
+// case with the same lengths (the upload on one stream, the use on the
+// other). Every result must match the reference.
+TEST(AttentionCudaTest, PlansEvictedAndReusedUnderLoad) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t streams[2];
+  for (cudaStream_t& s : streams) ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  std::mt19937_64 rng(950);
+  std::vector<std::unique_ptr<CaseRun>> runs;
+  for (int i = 0; i < 40; ++i) {
+    const Case c = PlanCase(absl::StrCat("under load, plan ", i), 2000 + i, rng,
+                            i % 3 == 0 ? Activation::kGelu : Activation::kSoftmax);
+    runs.push_back(std::make_unique<CaseRun>(c, 950 + 2 * i));
+    Case twin = c;
+    twin.name += " (other stream)";
+    runs.push_back(std::make_unique<CaseRun>(twin, 951 + 2 * i));
+  }
+  for (size_t i = 0; i < runs.size(); ++i) runs[i]->Enqueue(streams[(i + i / 2) % 2]);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (auto& run : runs) run->Check();
+  for (cudaStream_t& s : streams) cudaStreamDestroy(s);
 }
 
 TEST(AttentionCudaTest, RejectsUnsupportedHeadDim) {

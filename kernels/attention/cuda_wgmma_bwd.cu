@@ -42,7 +42,11 @@ struct BwdConfig {
   // dK/dV pass only: it also forms dQ = dS K per streamed query tile and adds
   // it into KernelParams::dq_accum by TMA reduce-add (no dQ pass).
   static constexpr bool kFusedDq = kFusedDqAtomics;
-  static_assert(!kFusedDq || (kDkDv && D == 128), "fused dQ: dK/dV pass at d = 128");
+  static_assert(!kFusedDq || kDkDv, "fused dQ: dK/dV pass only");
+  // Who forms a streamed tile's dQ block: at d = 128 each consumer the 64
+  // columns from 64 c; at d = 64 (one 64-column block) the consumers take
+  // turns by step parity, so each pays for every other step's dQ GEMM.
+  static constexpr bool kSplitDqColumns = D == 128;
   static constexpr int kStatRows = 128;   // 64 per consumer warpgroup
   static constexpr int kStreamRows = 64;  // rows of a streamed tile
   static constexpr int kStages = 3;
@@ -340,7 +344,9 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
         // consumer writing step n + 1's cannot meet the other's step n GEMM.
         StoreDsT<R>(ds_buf, pds, c * 64 + warp * 16 + g, t);
         FenceProxyAsync();
-        NamedBarArrive(kDsBar + 2 * (iter & 1) + c, 2 * kWgThreads);
+        if (C::kSplitDqColumns || c != (iter & 1)) {
+          NamedBarArrive(kDsBar + 2 * (iter & 1) + c, 2 * kWgThreads);
+        }
       }
       FenceRegs(pds);
       FenceRegs(o1);
@@ -357,21 +363,26 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
       if constexpr (kDkDv) FenceRegs(o2);
       BarArrive(empty + 8 * s);
       if constexpr (C::kFusedDq) {
+        if (!C::kSplitDqColumns && c != (iter & 1)) continue;  // the other's turn (d = 64)
         // A GEMM step of its own: with dS and P still held by the one above,
         // the registers would not suffice (ptxas serializes the chain).
         float dq[8][4];
         // The other consumer's half of dS^T (it arrives there after
         // writing it; a consumer is at most one step ahead of the other, so
-        // two barriers per consumer, by step parity, keep the counts apart).
+        // two barriers per consumer, by step parity, keep the counts apart;
+        // at d = 64 the consumer whose turn it is waits for the other's
+        // half, and the other waits in the next step, which bounds the lead
+        // to one step the same way).
+        const int dq_col0 = C::kSplitDqColumns ? 64 * c : 0;
         NamedBarSync(kDsBar + 2 * (iter & 1) + (1 - c), 2 * kWgThreads);
         WgFence();
-        GemmDq(dq, ds_buf, x_s + c * C::kStatRows * 128);
+        GemmDq(dq, ds_buf, x_s + (dq_col0 / 64) * C::kStatRows * 128);
         WgCommit();
         WgWait0();
         FenceRegs(dq);
         FenceRegs(o1);
         FenceRegs(o2);
-        // This consumer's dQ block [64 queries][64 columns from 64 c] through
+        // This consumer's dQ block [64 queries][64 columns from dq_col0] through
         // shared memory into dq_accum; the previous block's reduce must have
         // read the buffer first.
         const uint32_t blk = base + C::kDq + c * C::kDqBlockBytes;
@@ -397,7 +408,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
         if (tid == 0) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            TmaReduceAdd(&dq_map, blk + h * 64 * 128, 64 * c + 32 * h, it.head,
+            TmaReduceAdd(&dq_map, blk + h * 64 * 128, dq_col0 + 32 * h, it.head,
                          static_cast<int>(it.q_start + col0));
           }
         }
@@ -452,7 +463,7 @@ template <bool kDkDv>
 int DispatchBackward(const KernelParams& p, int sms, void* stream) {
   return DispatchKernel(p, [&](auto d, auto a) {
     constexpr int D = decltype(d)::value, A = decltype(a)::value;
-    if constexpr (kDkDv && D == 128) {
+    if constexpr (kDkDv) {
       if (p.dq_accum != nullptr) return LaunchBackward<BwdConfig<D, true, true>, A>(p, sms, stream);
     }
     return LaunchBackward<BwdConfig<D, kDkDv>, A>(p, sms, stream);
@@ -465,7 +476,7 @@ bool WgmmaBackwardSupports(const KernelParams& p) {
   return (p.head_dim == 64 || p.head_dim == 128) && !p.rope;
 }
 
-bool WgmmaFusedDqSupports(const KernelParams& p) { return p.head_dim == 128 && p.wgmma_tma; }
+bool WgmmaFusedDqSupports(const KernelParams& p) { return p.wgmma_tma; }
 
 int LaunchJaggedBackwardDqWgmma(const KernelParams& p, int sms, void* stream) {
   return DispatchBackward<false>(p, sms, stream);
