@@ -108,12 +108,30 @@ def wgmma_dq_pass(fn):
     return with_env(fn, "RECFLEET_ATTENTION_WGMMA_DQ", "pass")
 
 
+def wgmma_dq_fused(fn):
+    """fn with the Hopper backward's dQ by TMA reduce-add inside the dK/dV
+    pass whatever the per-shape rule picks."""
+    return with_env(fn, "RECFLEET_ATTENTION_WGMMA_DQ", "fused")
+
+
+def wgmma_one_stat_buffer(fn):
+    """fn with the Hopper backward's stationary tiles in one buffer (no
+    prefetch of the next item's)."""
+    return with_env(fn, "RECFLEET_ATTENTION_WGMMA_STAT_PREFETCH", "0")
+
+
 def bwd_variants(workload, impl, flops, fn):
     """fwd+bwd rows of the backward's alternatives: the Hopper backward with
-    a dQ pass, the mma.sync backward, the mma.sync backward's atomic dQ."""
+    the fused dQ and with the dQ pass forced (the default picks per shape),
+    and with one stationary buffer; with --mma_bwd also the mma.sync
+    backward and its atomic dQ."""
+    record(workload, f"{impl}, wgmma bwd fused dQ", "fwd+bwd", flops, wgmma_dq_fused(fn))
     record(workload, f"{impl}, wgmma bwd dQ pass", "fwd+bwd", flops, wgmma_dq_pass(fn))
-    record(workload, f"{impl}, mma.sync bwd", "fwd+bwd", flops, mma_backward(fn))
-    record(workload, f"{impl}, mma.sync bwd atomic dQ", "fwd+bwd", flops, atomic_dq(fn))
+    record(workload, f"{impl}, wgmma bwd one stationary buffer", "fwd+bwd", flops,
+           wgmma_one_stat_buffer(fn))
+    if MMA_BWD[0]:
+        record(workload, f"{impl}, mma.sync bwd", "fwd+bwd", flops, mma_backward(fn))
+        record(workload, f"{impl}, mma.sync bwd atomic dQ", "fwd+bwd", flops, atomic_dq(fn))
 
 
 def mma_forward(fn):
@@ -140,6 +158,8 @@ def wgmma_no_turns(fn):
 
 
 FWD_VARIANTS = [True]
+# Whether bwd_variants times the mma.sync backward too (--mma_bwd).
+MMA_BWD = [False]
 
 
 def wgmma_variants(workload, impl, flops, fn, switches=()):
@@ -523,11 +543,14 @@ def main():
                     help="comma-separated subset of the workloads to run, in this order")
     ap.add_argument("--no_fwd_variants", action="store_true",
                     help="skip the rows of the Hopper forward's switched-off variants")
+    ap.add_argument("--mma_bwd", action="store_true",
+                    help="also time the mma.sync backward and its atomic dQ")
     ap.add_argument("--profile", action="store_true",
                     help="only run the kernels a few times (for ncu), no timing")
     args = ap.parse_args()
     DEADLINE[0] = time.time() + args.budget_s
     FWD_VARIANTS[0] = not args.no_fwd_variants
+    MMA_BWD[0] = args.mma_bwd
     lib = ctypes.CDLL(args.lib)
     lib.rf_attention_forward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
     lib.rf_attention_backward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]

@@ -35,7 +35,9 @@
 // host memory: the launcher plans the tile schedule from them on the host
 // (non-empty tiles only, longest first) and caches the plan per device and
 // batch, so the first call with new offsets pays for planning and a small
-// synchronous upload, later calls (every layer, forward and backward) do not.
+// upload, later calls (every layer, forward and backward) do not. The upload
+// is stream-ordered (pinned staging, no wait for the device), so a training
+// step with new offsets does not synchronize the host.
 // None of the functions allocates caller-visible memory; the CUDA path takes
 // stream-ordered temporaries (pre-pass buffers) and frees them on the same
 // stream. Calls are thread-safe as long as concurrent calls do not share
@@ -45,15 +47,17 @@
 // units, x * Phi(x) with Phi fitted on |x| <= 4 (GELU error <= 5e-5 there)
 // and clamped outside (error <= 2e-5 |x|); with QK-norm the scores stay in
 // [-|scale|, |scale|] (plus bias). SiLU uses one tanh.approx per score. The
-// backward's dQ comes from a separate pass by default (measured faster on
-// H200 than fp32 atomics from the dK/dV pass; RECFLEET_ATTENTION_DQ=atomic
-// selects the latter). BlockAttention with equal Q and K/V lengths runs a
+// Hopper backward (head dim 64 and 128) adds dQ by TMA reduce-add from the
+// dK/dV pass where a key tile streams many query tiles and runs a separate
+// dQ pass where it streams few (the rule and its measurements:
+// attention_cuda.cc, bench/RESULTS.md); the mma.sync backward's dQ comes
+// from a separate pass (RECFLEET_ATTENTION_DQ=atomic: fp32 atomics). BlockAttention with equal Q and K/V lengths runs a
 // dedicated kernel with RoPE fused; elsewhere QK-norm and RoPE are row-wise
-// pre/post passes. The forward at head dim 128 (any activation, mask and
-// bias; not the fused-RoPE block kernel) runs a Hopper kernel (wgmma from
-// shared memory, a TMA/cp.async producer warpgroup feeding two consumer
+// pre/post passes. The forward at head dim 64 and 128 (any activation, mask
+// and bias; not the fused-RoPE block kernel) runs a Hopper kernel (wgmma
+// from shared memory, a TMA/cp.async producer warpgroup feeding two consumer
 // warpgroups that take turns on the tensor cores, persistent over the
-// longest-first tile plan); head dim 64 runs the mma.sync kernel.
+// longest-first tile plan).
 // RECFLEET_ATTENTION_FWD=mma forces the mma.sync kernel everywhere;
 // RECFLEET_ATTENTION_WGMMA_TURNS=0, _TMA=0 and _GROUP=0 switch off the
 // Hopper kernel's turn-taking, TMA loads and the grouping of query tiles

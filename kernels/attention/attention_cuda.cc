@@ -727,6 +727,7 @@ absl::Status WgmmaBackward(const AttentionInputs& in, const DevicePlan& plan,
   p.q_rows = in.q.values.dim(0);
   p.kv_rows = in.k.values.dim(0);
   p.wgmma_tma = EnvFlag("RECFLEET_ATTENTION_WGMMA_TMA");
+  p.wgmma_stat_prefetch = EnvFlag("RECFLEET_ATTENTION_WGMMA_STAT_PREFETCH");
   const bool fused = WgmmaFusedDq(p, plan);
   if (fused) {
     auto acc = ZeroedDqAccum(grads, ws, stream);

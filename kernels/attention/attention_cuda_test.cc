@@ -413,9 +413,11 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
 
 // The Hopper backward (the default at d = 64 and 128): dK/dV over 128-key
 // tiles streaming 64-query tiles through a three-stage ring in a persistent
-// grid, with dQ added by TMA reduce-add (d = 128 with TMA) or from a
-// separate pass over 128-query tiles (RECFLEET_ATTENTION_WGMMA_DQ=pass, and
-// always at d = 64 or without TMA). Lengths around both tile sizes,
+// grid, with dQ added by TMA reduce-add (RECFLEET_ATTENTION_WGMMA_DQ=fused;
+// at d = 64 the consumers take turns) or from a separate pass over 128-query
+// tiles (=pass, and always without TMA), the next item's stationary tiles
+// prefetched into a second buffer (where shared memory allows; switched off
+// together with TMA). Lengths around both tile sizes,
 // sequences long enough for the ring to wrap within an item, more items
 // than SMs (the stationary tiles reload), every activation with each mask,
 // bias (dbias); then the mma.sync backward (RECFLEET_ATTENTION_BWD=mma) on
@@ -435,6 +437,7 @@ TEST(AttentionCudaTest, HopperBackwardTileEdges) {
     for (const char* tma : {"1", "0"}) {
       if (std::string(bwd) != "wgmma" && std::string(tma) == "0") continue;
       setenv("RECFLEET_ATTENTION_WGMMA_TMA", tma, 1);
+      setenv("RECFLEET_ATTENTION_WGMMA_STAT_PREFETCH", tma, 1);
       for (int64_t d : {64, 128}) {
         for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
           for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
@@ -464,6 +467,7 @@ TEST(AttentionCudaTest, HopperBackwardTileEdges) {
   unsetenv("RECFLEET_ATTENTION_BWD");
   unsetenv("RECFLEET_ATTENTION_WGMMA_DQ");
   unsetenv("RECFLEET_ATTENTION_WGMMA_TMA");
+  unsetenv("RECFLEET_ATTENTION_WGMMA_STAT_PREFETCH");
 }
 
 // The backward's dQ through fp32 atomics in the dK/dV pass instead of the
@@ -507,20 +511,26 @@ Case PlanCase(const std::string& name, int64_t first, std::mt19937_64& rng, Acti
 // wait for the device. The stream is held by a host function until every
 // call has returned (or a watchdog gives up after 30 s); forward and
 // backward with eight new plans must return while it is held, and be
-// right once it runs.
+// right once it runs. Each held case's kernels ran before (a twin with one
+// more, empty, sequence: a different plan with the same tiles), since a
+// kernel's first launch may load its module, which may wait for the device.
 TEST(AttentionCudaTest, NewPlansDoNotWaitForTheDevice) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   std::mt19937_64 rng(900);
-  std::vector<std::unique_ptr<CaseRun>> runs;
-  for (int i = 0; i < 9; ++i) {
-    runs.push_back(std::make_unique<CaseRun>(
-        PlanCase(absl::StrCat("held stream, plan ", i), 1000 + i, rng,
-                 i % 2 ? Activation::kSilu : Activation::kSoftmax),
-        900 + i));
+  std::vector<std::unique_ptr<CaseRun>> warm, held;
+  for (int i = 0; i < 8; ++i) {
+    const Case c = PlanCase(absl::StrCat("held stream, plan ", i), 1000 + i, rng,
+                            i % 2 ? Activation::kSilu : Activation::kSoftmax);
+    Case twin = c;
+    twin.name += " (twin, before)";
+    twin.lq.push_back(0);
+    twin.lk.push_back(0);
+    warm.push_back(std::make_unique<CaseRun>(twin, 900 + i));
+    held.push_back(std::make_unique<CaseRun>(c, 900 + i));
   }
-  runs[0]->Enqueue(stream);  // the first plan on this device sets up staging
+  for (auto& run : warm) run->Enqueue(stream);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
 
   std::atomic<bool> release{false};
@@ -536,12 +546,13 @@ TEST(AttentionCudaTest, NewPlansDoNotWaitForTheDevice) {
     }
     release.store(true);
   });
-  for (size_t i = 1; i < runs.size(); ++i) runs[i]->Enqueue(stream);
+  for (auto& run : held) run->Enqueue(stream);
   const bool returned_while_held = !release.exchange(true);
   watchdog.join();
   EXPECT_TRUE(returned_while_held) << "a call waited for the held stream";
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  for (auto& run : runs) run->Check();
+  for (auto& run : warm) run->Check();
+  for (auto& run : held) run->Check();
   cudaStreamDestroy(stream);
 }
 

@@ -94,6 +94,10 @@ struct KernelParams {
   // items); off, every tile ends with a step of its own for it (and starts
   // with a discarded P V).
   bool wgmma_chain = true;
+  // Hopper backward: the next item's stationary tiles load into a second
+  // buffer while this item is computed (where shared memory allows); off,
+  // one buffer, reloaded once both consumers finished the item.
+  bool wgmma_stat_prefetch = true;
   int64_t q_rows = 0;   // rows of q and dout (the Hopper kernels' tensor maps)
   int64_t kv_rows = 0;  // rows of k and v
 };

@@ -43,33 +43,42 @@ struct BwdConfig {
   // it into KernelParams::dq_accum by TMA reduce-add (no dQ pass).
   static constexpr bool kFusedDq = kFusedDqAtomics;
   static_assert(!kFusedDq || kDkDv, "fused dQ: dK/dV pass only");
-  // Who forms a streamed tile's dQ block: at d = 128 each consumer the 64
-  // columns from 64 c; at d = 64 (one 64-column block) the consumers take
-  // turns by step parity, so each pays for every other step's dQ GEMM.
-  static constexpr bool kSplitDqColumns = D == 128;
   static constexpr int kStatRows = 128;   // 64 per consumer warpgroup
   static constexpr int kStreamRows = 64;  // rows of a streamed tile
   static constexpr int kStages = 3;
   static constexpr int kStatBytes = kStatRows * D * 2;
   static constexpr int kStreamBytes = kStreamRows * D * 2;
-  // Byte offsets from the 1024-aligned base (swizzled tiles 1024-aligned):
-  // X, Y, the A and B rings; for the fused dQ, dS^T of the key tile x the
-  // streamed queries (bf16, swizzled, two buffers) and each consumer's fp32
-  // dQ block [kStreamRows][64]; the streamed rows' softmax statistics
-  // ([stage][lse2 | dsum][row] floats); the barriers.
-  static constexpr int kX = 0;
-  static constexpr int kY = kStatBytes;
-  static constexpr int kA = 2 * kStatBytes;
-  static constexpr int kB = kA + kStages * kStreamBytes;
   static constexpr int kDsBytes = kStatRows * kStreamRows * 2;
   static constexpr int kDqBlockBytes = kStreamRows * 64 * 4;
+  static constexpr int kNumBars = 6 + 3 * kStages;
+  static constexpr int SmemBytes(int stat_bufs) {
+    return stat_bufs * 2 * kStatBytes + 2 * kStages * kStreamBytes +
+           (kFusedDq ? 2 * kDsBytes + 2 * kDqBlockBytes : 0) + kStages * 2 * kStreamRows * 4 +
+           8 * kNumBars + 1024;
+  }
+  // Buffers of the stationary pair: two where shared memory allows (every
+  // configuration but the fused dQ at d = 128), so that the next item's pair
+  // loads while this item's last streamed tiles are still computed (items
+  // with few streamed tiles otherwise wait for that load each time).
+  static constexpr int kStatBufs = SmemBytes(2) <= 227 * 1024 ? 2 : 1;
+  // Byte offsets from the 1024-aligned base (swizzled tiles 1024-aligned):
+  // the stationary pairs (X, Y of buffer b at b * kStatPairBytes), the A and
+  // B rings; for the fused dQ, dS^T of the key tile x the streamed queries
+  // (bf16, swizzled, two buffers) and each consumer's fp32 dQ block
+  // [kStreamRows][64]; the streamed rows' softmax statistics ([stage][lse2 |
+  // dsum][row] floats); the barriers.
+  static constexpr int kStatPairBytes = 2 * kStatBytes;
+  static constexpr int kX = 0;
+  static constexpr int kY = kStatBytes;
+  static constexpr int kA = kStatBufs * kStatPairBytes;
+  static constexpr int kB = kA + kStages * kStreamBytes;
   static constexpr int kDs = kB + kStages * kStreamBytes;
   static constexpr int kDq = kDs + (kFusedDq ? 2 * kDsBytes : 0);
   static constexpr int kStats = kDq + (kFusedDq ? 2 * kDqBlockBytes : 0);
   static constexpr int kBars = kStats + kStages * 2 * kStreamRows * 4;
   static_assert(kDs % 1024 == 0 && kDsBytes % 1024 == 0, "swizzled tiles are 1024-aligned");
-  static constexpr int kNumBars = 3 + 3 * kStages;
-  static constexpr int kSmemBytes = kBars + 8 * kNumBars + 1024;
+  static constexpr int kSmemBytes = SmemBytes(kStatBufs);
+  static_assert(kSmemBytes == kBars + 8 * kNumBars + 1024, "layout");
   static constexpr int kCtaThreads = 3 * kWgThreads;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
@@ -200,16 +209,24 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
                         const __grid_constant__ CUtensorMap dq_map, bool tma) {
   constexpr int D = C::D, R = C::kStreamRows, kS = C::kStages;
   constexpr bool kDkDv = C::kDkDv;
+  // Fused dQ: who forms a streamed tile's dQ block. At d = 128 each consumer
+  // the 64 columns from 64 c; at d = 64 (one 64-column block) the consumers
+  // take turns by step parity, so each pays for every other step's GEMM.
+  constexpr bool kSplitDqColumns = D == 128;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023) & ~1023u;
   float* stats = reinterpret_cast<float*>(smem_raw + (base - raw) + C::kStats);
   const uint32_t x_s = base + C::kX, y_s = base + C::kY, a_s = base + C::kA, b_s = base + C::kB;
-  // Barriers: the stationary pair landed (x_full, y_full) and released
-  // (stat_empty); per stage, A and B landed and the stage released.
+  // Barriers: per stationary buffer, the pair landed (x_full, y_full) and
+  // released (stat_empty); per stage, A and B landed and the stage released.
   const uint32_t bars = base + C::kBars;
-  const uint32_t x_full = bars, y_full = bars + 8, stat_empty = bars + 16;
-  const uint32_t a_full = bars + 24, b_full = a_full + 8 * kS, empty = b_full + 8 * kS;
+  const uint32_t x_full = bars, y_full = bars + 16, stat_empty = bars + 32;
+  const uint32_t a_full = bars + 48, b_full = a_full + 8 * kS, empty = b_full + 8 * kS;
+  // Item i's stationary pair: buffer i % stat_bufs, its (i / stat_bufs)-th use.
+  const int stat_bufs = p.wgmma_stat_prefetch ? C::kStatBufs : 1;
+  auto stat_buf = [stat_bufs](int item) { return stat_bufs == 2 ? item & 1 : 0; };
+  auto stat_phase = [stat_bufs](int item) { return (stat_bufs == 2 ? item >> 1 : item) & 1; };
   const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
   const int total = p.num_items * p.heads;
   const bf16* q = static_cast<const bf16*>(p.q);
@@ -218,9 +235,11 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
   const bf16* dout = static_cast<const bf16*>(p.dout);
 
   if (threadIdx.x == 0) {
-    BarInit(x_full, kWgThreads);
-    BarInit(y_full, kWgThreads);
-    BarInit(stat_empty, 2 * kWgThreads);
+    for (int b = 0; b < 2; ++b) {
+      BarInit(x_full + 8 * b, kWgThreads);
+      BarInit(y_full + 8 * b, kWgThreads);
+      BarInit(stat_empty + 8 * b, 2 * kWgThreads);
+    }
     for (int s = 0; s < kS; ++s) {
       BarInit(a_full + 8 * s, kWgThreads);
       BarInit(b_full + 8 * s, kWgThreads);
@@ -243,11 +262,12 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
       const int64_t a_start = kDkDv ? it.q_start : it.k_start;
       const int x_len = kDkDv ? it.k_len : it.q_len, a_len = kDkDv ? it.q_len : it.k_len;
       const int n_tiles = (it.inner_end - it.inner_begin + R - 1) / R;
-      BarWait(stat_empty, (item & 1) ^ 1);
-      FillTile<D, C::kStatRows>(x_s, &x_map, tma, xg, x_start, it.tile_row, x_len, it.head,
-                                p.heads, tid, x_full);
-      FillTile<D, C::kStatRows>(y_s, &y_map, tma, yg, x_start, it.tile_row, x_len, it.head,
-                                p.heads, tid, y_full);
+      const int sb = stat_buf(item);
+      BarWait(stat_empty + 8 * sb, stat_phase(item) ^ 1);
+      FillTile<D, C::kStatRows>(x_s + sb * C::kStatPairBytes, &x_map, tma, xg, x_start,
+                                it.tile_row, x_len, it.head, p.heads, tid, x_full + 8 * sb);
+      FillTile<D, C::kStatRows>(y_s + sb * C::kStatPairBytes, &y_map, tma, yg, x_start,
+                                it.tile_row, x_len, it.head, p.heads, tid, y_full + 8 * sb);
       for (int n = 0; n < n_tiles; ++n, ++iter) {
         const int s = iter % kS, parity = ((iter / kS) & 1) ^ 1;
         const int row0 = it.inner_begin + n * R;
@@ -278,7 +298,6 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int c = wg;  // stationary rows [64 c, 64 c + 64) of the tile
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const uint32_t x_rows = x_s + c * 64 * 128, y_rows = y_s + c * 64 * 128;
   int iter = 0, item = 0;
   for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
     const WorkItem it = ItemAt(p, w);
@@ -297,8 +316,11 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
     float o1[D / 8][4], o2[kDkDv ? D / 8 : 1][4];
     Zero(o1);
     Zero(o2);
-    BarWait(x_full, item & 1);
-    BarWait(y_full, item & 1);
+    const int sb = stat_buf(item);
+    const uint32_t x_sb = x_s + sb * C::kStatPairBytes, y_sb = y_s + sb * C::kStatPairBytes;
+    const uint32_t x_rows = x_sb + c * 64 * 128, y_rows = y_sb + c * 64 * 128;
+    BarWait(x_full + 8 * sb, stat_phase(item));
+    BarWait(y_full + 8 * sb, stat_phase(item));
     for (int n = 0; n < n_tiles; ++n, ++iter) {
       const int s = iter % kS, parity = (iter / kS) & 1;
       const int col0 = it.inner_begin + n * R;
@@ -344,7 +366,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
         // consumer writing step n + 1's cannot meet the other's step n GEMM.
         StoreDsT<R>(ds_buf, pds, c * 64 + warp * 16 + g, t);
         FenceProxyAsync();
-        if (C::kSplitDqColumns || c != (iter & 1)) {
+        if (kSplitDqColumns || c != (iter & 1)) {
           NamedBarArrive(kDsBar + 2 * (iter & 1) + c, 2 * kWgThreads);
         }
       }
@@ -363,7 +385,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
       if constexpr (kDkDv) FenceRegs(o2);
       BarArrive(empty + 8 * s);
       if constexpr (C::kFusedDq) {
-        if (!C::kSplitDqColumns && c != (iter & 1)) continue;  // the other's turn (d = 64)
+        if (!kSplitDqColumns && c != (iter & 1)) continue;  // the other's turn (d = 64)
         // A GEMM step of its own: with dS and P still held by the one above,
         // the registers would not suffice (ptxas serializes the chain).
         float dq[8][4];
@@ -373,10 +395,10 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
         // at d = 64 the consumer whose turn it is waits for the other's
         // half, and the other waits in the next step, which bounds the lead
         // to one step the same way).
-        const int dq_col0 = C::kSplitDqColumns ? 64 * c : 0;
+        const int dq_col0 = kSplitDqColumns ? 64 * c : 0;
         NamedBarSync(kDsBar + 2 * (iter & 1) + (1 - c), 2 * kWgThreads);
         WgFence();
-        GemmDq(dq, ds_buf, x_s + (dq_col0 / 64) * C::kStatRows * 128);
+        GemmDq(dq, ds_buf, x_sb + (dq_col0 / 64) * C::kStatRows * 128);
         WgCommit();
         WgWait0();
         FenceRegs(dq);
@@ -414,7 +436,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
         }
       }
     }
-    BarArrive(stat_empty);
+    BarArrive(stat_empty + 8 * sb);
     const float one[2] = {1.f, 1.f};
     if constexpr (kDkDv) {
       StoreRows<D>(p.dk, o1, it.k_start, row0, it.k_len, it.head, p.heads, one);
