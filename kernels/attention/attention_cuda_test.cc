@@ -521,7 +521,7 @@ TEST(AttentionCudaTest, NewPlansDoNotWaitForTheDevice) {
   std::mt19937_64 rng(900);
   std::vector<std::unique_ptr<CaseRun>> warm, held;
   for (int i = 0; i < 8; ++i) {
-    const Case c = PlanCase(absl::StrCat("held stream, plan ", i), 1000 + i, rng,
+    const Case c = PlanCase(absl::StrCat("held stream, plan ", i), 400 + i, rng,
                             i % 2 ? Activation::kSilu : Activation::kSoftmax);
     Case twin = c;
     twin.name += " (twin, before)";
@@ -568,7 +568,7 @@ TEST(AttentionCudaTest, PlansEvictedAndReusedUnderLoad) {
   std::mt19937_64 rng(950);
   std::vector<std::unique_ptr<CaseRun>> runs;
   for (int i = 0; i < 40; ++i) {
-    const Case c = PlanCase(absl::StrCat("under load, plan ", i), 2000 + i, rng,
+    const Case c = PlanCase(absl::StrCat("under load, plan ", i), 300 + i, rng,
                             i % 3 == 0 ? Activation::kGelu : Activation::kSoftmax);
     runs.push_back(std::make_unique<CaseRun>(c, 950 + 2 * i));
     Case twin = c;
