@@ -255,7 +255,10 @@ struct GemLite<T>::Impl {
     for (size_t l = 0; l < blocks.size(); ++l) {
       RECFLEET_RETURN_IF_ERROR(blocks[l]->Forward({history[l].view(), hist_off}, &history[l + 1]));
     }
-    RECFLEET_RETURN_IF_ERROR(final_norm->Forward(history.back().view(), &history_normed));
+    // A bf16 history (the blocks' bf16 flow) stays bf16 through the final
+    // norm: cross-attention and PMA take it as their bf16 GEMM operand.
+    RECFLEET_RETURN_IF_ERROR(
+        final_norm->Forward(history.back().view(), &history_normed, history.back().dtype()));
     const JaggedView hist{history_normed.view(), hist_off};
 
     // Cross branch: tokens attend to the history (residual), PMA pools it.
@@ -351,6 +354,13 @@ struct GemLite<T>::Impl {
       dfeature_views.push_back(dfeatures[f].view());
     }
     RECFLEET_RETURN_IF_ERROR(sparse.Backward(step_batch(), dfeature_views, dhistory.view()));
+    if (on_device()) {
+      // The history-sized activations and gradients are dead until the next
+      // forward: back to the pool (stream-ordered), so the next step's
+      // forward allocates into free memory instead of beside them.
+      for (Tensor& t : history) t = Tensor();
+      for (Tensor* t : {&history_normed, &dhistory_normed, &dhistory}) *t = Tensor();
+    }
     return staged[current].MarkConsumed(nullptr);
   }
 

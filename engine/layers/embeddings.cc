@@ -342,6 +342,13 @@ absl::Status SparseEmbeddings::ReduceDuplicates(const Batch& batch) {
     if (n > 0) {
       RECFLEET_RETURN_IF_ERROR(ops::ScatterAddRows(t.grad_rows.view(), t.slots.view(), t.reduced_rows.view()));
     }
+    // Only the reduced rows are read from here on (the Adagrad step, the
+    // dense table gradient): the per-use rows, one per history token, go
+    // back to the pool (stream-ordered) instead of staying beside the next
+    // step's activations.
+    absl::StatusOr<Tensor> none = Tensor::Empty(ctx_.dtype, {0, dim_}, ctx_.allocator);
+    if (!none.ok()) return none.status();
+    t.grad_rows = *std::move(none);
   }
   return absl::OkStatus();
 }
