@@ -200,6 +200,7 @@ struct GemLite<T>::Impl {
     RECFLEET_RETURN_IF_ERROR(CheckBatch(b));
     if (!on_device()) return absl::OkStatus();
     RECFLEET_RETURN_IF_ERROR(staged[1 - current].Stage(b, execution.device));
+    sparse.PrepareGradientIds(staged[1 - current]);
     prefetched = true;
     return absl::OkStatus();
   }

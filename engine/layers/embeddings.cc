@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <thread>
 #include <utility>
 
@@ -272,32 +273,70 @@ absl::Status SparseEmbeddings::CollectTableGradients(const StagedBatch& staged,
         ops::Copy(dhistory, RowSlice(tables_[t].grad_rows.view(), filled[t], filled[t] + L)));
     filled[t] += L;
   }
-  if (ctx_.allocator->device() == Device::kCuda) return ReduceDuplicates(batch);
+  if (ctx_.allocator->device() == Device::kCuda) return ReduceDuplicates(staged);
   return absl::OkStatus();
 }
 
-absl::Status SparseEmbeddings::ReduceDuplicates(const Batch& batch) {
-  const int64_t L = batch.sequence[0].offsets.back();
+DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses) {
+  DeduplicatedIds d;
+  absl::flat_hash_map<int64_t, int64_t> index;
+  d.slots.reserve(uses.size());
+  for (int64_t id : uses) {
+    auto [it, fresh] = index.try_emplace(id, static_cast<int64_t>(d.unique.size()));
+    if (fresh) d.unique.push_back(id);
+    d.slots.push_back(it->second);
+  }
+  return d;
+}
+
+std::vector<std::vector<int64_t>> SparseEmbeddings::TableUses(const Batch& batch) const {
+  const int64_t L = batch.sequence.empty() ? 0 : batch.sequence[0].offsets.back();
+  std::vector<std::vector<int64_t>> uses(schema_.tables.size());
+  for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
+    std::vector<int64_t>& u = uses[schema_.id_lists[f].table];
+    u.insert(u.end(), batch.id_lists[f].ids.begin(), batch.id_lists[f].ids.end());
+  }
+  for (size_t f = 0; f < schema_.sequence_fields.size(); ++f) {
+    std::vector<int64_t>& u = uses[schema_.sequence_fields[f].table];
+    u.insert(u.end(), batch.sequence[f].ids.begin(), batch.sequence[f].ids.begin() + L);
+  }
+  return uses;
+}
+
+void SparseEmbeddings::PrepareGradientIds(const StagedBatch& staged) {
+  if (ctx_.allocator->device() != Device::kCuda || storage_ != TableStorage::kInternal ||
+      staged.batch() == nullptr) {
+    return;
+  }
+  if (prepared_.valid()) prepared_.wait();  // At most one in flight.
+  prepared_for_ = &staged;
+  prepared_generation_ = staged.generation();
+  prepared_ = std::async(std::launch::async, [uses = TableUses(*staged.batch())] {
+    std::vector<DeduplicatedIds> out;
+    for (const std::vector<int64_t>& u : uses) out.push_back(Deduplicate(u));
+    return out;
+  });
+}
+
+absl::Status SparseEmbeddings::ReduceDuplicates(const StagedBatch& staged) {
+  std::vector<DeduplicatedIds> dedup;
+  if (prepared_.valid() && prepared_for_ == &staged &&
+      prepared_generation_ == staged.generation()) {
+    dedup = prepared_.get();
+  } else {
+    for (const std::vector<int64_t>& u : TableUses(*staged.batch())) {
+      dedup.push_back(Deduplicate(u));
+    }
+  }
+  prepared_for_ = nullptr;
   for (size_t k = 0; k < tables_.size(); ++k) {
     Table& t = tables_[k];
     const int64_t n = t.grad_ids.numel();
-    // The uses in grad_ids' order: the table's id-list features, then its
-    // sequence fields.
-    absl::flat_hash_map<int64_t, int64_t> index;
-    std::vector<int64_t> unique, slots;
-    slots.reserve(n);
-    auto use = [&](int64_t id) {
-      auto [it, fresh] = index.try_emplace(id, static_cast<int64_t>(unique.size()));
-      if (fresh) unique.push_back(id);
-      slots.push_back(it->second);
-    };
-    for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
-      if (schema_.id_lists[f].table != static_cast<int>(k)) continue;
-      for (int64_t id : batch.id_lists[f].ids) use(id);
-    }
-    for (size_t f = 0; f < schema_.sequence_fields.size(); ++f) {
-      if (schema_.sequence_fields[f].table != static_cast<int>(k)) continue;
-      for (int64_t i = 0; i < L; ++i) use(batch.sequence[f].ids[i]);
+    const std::vector<int64_t>& unique = dedup[k].unique;
+    const std::vector<int64_t>& slots = dedup[k].slots;
+    if (static_cast<int64_t>(slots.size()) != n) {
+      return absl::InternalError(absl::StrCat("table ", k, ": ", slots.size(),
+                                              " deduplicated uses for ", n, " gradient rows"));
     }
     const int64_t u = static_cast<int64_t>(unique.size());
     const size_t bytes = (u + n) * sizeof(int64_t);
