@@ -8,7 +8,9 @@
 // time (CUDA events at the step boundaries), useful model FLOPs from the real
 // jagged lengths and local MFU against 989 TFLOP/s (dense bf16 H100/H200
 // SXM) and against the measured ~790 TFLOP/s bf16 GEMM ceiling, and the
-// device memory peak. Then --profile-steps more steps with CUDA events
+// device memory peak. Then at least 5 more steps back to back under CUPTI
+// (bench/e2e/gpu_busy.h): GPU idle, and the busy and idle time per kernel
+// name ("gpu_idle" in the JSON). Then --profile-steps more steps with CUDA events
 // around every phase the layers mark (embedding, attention, GEMM,
 // optimizer; the rest of the step is "other", idle gaps included) and the
 // host's time to issue each step; and, with --search-s > 0, the largest
