@@ -336,8 +336,18 @@ struct GemLite<T>::Impl {
     // Sequence branch, last block first; every block updates dhistory in place.
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {L, d}, &dhistory));
     RECFLEET_RETURN_IF_ERROR(final_norm->Backward(dhistory_normed.view(), dhistory.view()));
+    if (on_device()) {
+      // Cross-attention and PMA are done with the normed history (their
+      // backward ran), and so is the final norm: free both before the
+      // blocks' backward, where the step's memory peaks.
+      history_normed = Tensor();
+      dhistory_normed = Tensor();
+    }
     for (int l = static_cast<int>(blocks.size()) - 1; l >= 0; --l) {
       RECFLEET_RETURN_IF_ERROR(blocks[l]->Backward(dhistory.view(), dhistory.view()));
+      // Block l's output was block l + 1's input (its backward ran) and the
+      // final norm's: dead now.
+      if (on_device()) history[l + 1] = Tensor();
     }
 
     // Tokens: numeric-feature projection and the pooled id lists.
@@ -360,7 +370,7 @@ struct GemLite<T>::Impl {
       // forward: back to the pool (stream-ordered), so the next step's
       // forward allocates into free memory instead of beside them.
       for (Tensor& t : history) t = Tensor();
-      for (Tensor* t : {&history_normed, &dhistory_normed, &dhistory}) *t = Tensor();
+      dhistory = Tensor();
     }
     return staged[current].MarkConsumed(nullptr);
   }
