@@ -200,6 +200,7 @@ struct GemLite<T>::Impl {
     RECFLEET_RETURN_IF_ERROR(CheckBatch(b));
     if (!on_device()) return absl::OkStatus();
     RECFLEET_RETURN_IF_ERROR(staged[1 - current].Stage(b, execution.device));
+    sparse.PrepareGradientIds(staged[1 - current]);
     prefetched = true;
     return absl::OkStatus();
   }
@@ -255,7 +256,10 @@ struct GemLite<T>::Impl {
     for (size_t l = 0; l < blocks.size(); ++l) {
       RECFLEET_RETURN_IF_ERROR(blocks[l]->Forward({history[l].view(), hist_off}, &history[l + 1]));
     }
-    RECFLEET_RETURN_IF_ERROR(final_norm->Forward(history.back().view(), &history_normed));
+    // A bf16 history (the blocks' bf16 flow) stays bf16 through the final
+    // norm: cross-attention and PMA take it as their bf16 GEMM operand.
+    RECFLEET_RETURN_IF_ERROR(
+        final_norm->Forward(history.back().view(), &history_normed, history.back().dtype()));
     const JaggedView hist{history_normed.view(), hist_off};
 
     // Cross branch: tokens attend to the history (residual), PMA pools it.
@@ -332,8 +336,18 @@ struct GemLite<T>::Impl {
     // Sequence branch, last block first; every block updates dhistory in place.
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {L, d}, &dhistory));
     RECFLEET_RETURN_IF_ERROR(final_norm->Backward(dhistory_normed.view(), dhistory.view()));
+    if (on_device()) {
+      // Cross-attention and PMA are done with the normed history (their
+      // backward ran), and so is the final norm: free both before the
+      // blocks' backward, where the step's memory peaks.
+      history_normed = Tensor();
+      dhistory_normed = Tensor();
+    }
     for (int l = static_cast<int>(blocks.size()) - 1; l >= 0; --l) {
       RECFLEET_RETURN_IF_ERROR(blocks[l]->Backward(dhistory.view(), dhistory.view()));
+      // Block l's output was block l + 1's input (its backward ran) and the
+      // final norm's: dead now.
+      if (on_device()) history[l + 1] = Tensor();
     }
 
     // Tokens: numeric-feature projection and the pooled id lists.
@@ -351,6 +365,13 @@ struct GemLite<T>::Impl {
       dfeature_views.push_back(dfeatures[f].view());
     }
     RECFLEET_RETURN_IF_ERROR(sparse.Backward(step_batch(), dfeature_views, dhistory.view()));
+    if (on_device()) {
+      // The history-sized activations and gradients are dead until the next
+      // forward: back to the pool (stream-ordered), so the next step's
+      // forward allocates into free memory instead of beside them.
+      for (Tensor& t : history) t = Tensor();
+      dhistory = Tensor();
+    }
     return staged[current].MarkConsumed(nullptr);
   }
 

@@ -69,8 +69,12 @@ struct ExecutionOptions {
   // CUDA only. false: fp32 throughout (GEMMs in full fp32, the fp32
   // attention kernels): the mode that matches the CPU model to fp32
   // rounding. true: every linear's GEMMs in bf16 and the attention on the
-  // bf16 tensor-core kernels, with fp32 master weights, optimizer state and
-  // activations between layers.
+  // bf16 tensor-core kernels, with fp32 master weights and optimizer state;
+  // where the attention's head dim suits those kernels (64 or 128) the
+  // sequence branch's residual stream, its final norm and the q/k/v/
+  // attention activations of every attention layer are bf16 too, with the
+  // norms' statistics, residual adds and the gradient stream in fp32; the
+  // dense interaction and the heads keep fp32 activations.
   bool bf16 = false;
   // CUDA only. false: ForwardBackward waits for the step's losses before it
   // returns (the host stops once per step). true: it only enqueues their

@@ -8,12 +8,15 @@
 // time (CUDA events at the step boundaries), useful model FLOPs from the real
 // jagged lengths and local MFU against 989 TFLOP/s (dense bf16 H100/H200
 // SXM) and against the measured ~790 TFLOP/s bf16 GEMM ceiling, and the
-// device memory peak. Then --profile-steps more steps with CUDA events
+// device memory peak. Then at least 5 more steps back to back under CUPTI
+// (bench/e2e/gpu_busy.h): GPU idle, and the busy and idle time per kernel
+// name ("gpu_idle" in the JSON). Then --profile-steps more steps with CUDA events
 // around every phase the layers mark (embedding, attention, GEMM,
 // optimizer; the rest of the step is "other", idle gaps included) and the
 // host's time to issue each step; and, with --search-s > 0, the largest
 // batch that fits: k file batches concatenated into one, k doubling until
-// the device is out of memory (bounded by that many seconds).
+// the device is out of memory, then bisected (bounded by that many
+// seconds).
 //
 //   engine_bench --job config_a.yaml --batches batches.bin --json out.json
 //                [--steps 20] [--warmup 5] [--profile-steps 3]
@@ -261,11 +264,26 @@ int main(int argc, char** argv) {
       if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
       absl::StatusOr<recfleet::bench::GpuBusy> busy = (*meter)->Stop();
       if (!busy.ok()) return Fail(std::string(busy.status().message()));
+      // Per-step milliseconds by record name: where the busy and idle time go.
+      auto shares = [&](const std::vector<recfleet::bench::GpuBusy::Share>& v) {
+        std::string j = "[";
+        for (const auto& e : v) {
+          absl::StrAppend(&j, j.size() > 1 ? ", " : "",
+                          absl::StrFormat("{\"name\": \"%s\", \"ms_per_step\": %.4f, "
+                                          "\"count_per_step\": %.1f}",
+                                          e.name, e.ms / idle_steps,
+                                          static_cast<double>(e.count) / idle_steps));
+        }
+        return j + "]";
+      };
       gpu_idle = absl::StrFormat(
           "{\"steps\": %d, \"window_ms\": %.3f, \"busy_ms\": %.3f, \"idle_fraction\": %.4f, "
-          "\"records\": %lld}",
+          "\"records\": %lld, \"gaps\": %lld, \"gaps_over_50us_ms\": %.3f, "
+          "\"busy_by_name\": %s, \"idle_before\": %s, \"idle_after\": %s}",
           idle_steps, busy->window_ms, busy->busy_ms, busy->idle_fraction(),
-          static_cast<long long>(busy->records));
+          static_cast<long long>(busy->records), static_cast<long long>(busy->gaps),
+          busy->gaps_over_50us_ms, shares(busy->busy_by_name), shares(busy->idle_before),
+          shares(busy->idle_after));
     }
   }
 
@@ -306,11 +324,13 @@ int main(int argc, char** argv) {
         (profiled_ms - named) / n, host_issue_ms / n);
   }
 
-  // The largest batch that fits: k file batches in one step, k doubling.
+  // The largest batch that fits: k file batches in one step, k doubling
+  // until a step fails, then bisected between the last k that fit and the
+  // first that did not (PyTorch's search steps finer than doubling too).
   int64_t largest = 0;
   if (search_s > 0) {
     const auto start = std::chrono::steady_clock::now();
-    for (size_t k = 1; k <= 1024; k *= 2) {
+    auto fits = [&](size_t k) {
       std::vector<Batch> parts;
       for (size_t i = 0; i < k; ++i) parts.push_back((*batches)[i % batches->size()]);
       const Batch big = Concat(parts);
@@ -320,15 +340,26 @@ int main(int argc, char** argv) {
       if (st.ok() && cudaDeviceSynchronize() != cudaSuccess) {
         st = absl::InternalError(cudaGetErrorString(cudaGetLastError()));
       }
-      if (!st.ok()) {
-        std::fprintf(stderr, "batch %lld: %s\n", static_cast<long long>(big.size),
-                     std::string(st.message()).c_str());
+      std::fprintf(stderr, "batch %lld: %s\n", static_cast<long long>(big.size),
+                   st.ok() ? "fits" : std::string(st.message()).c_str());
+      if (st.ok()) largest = std::max<int64_t>(largest, big.size);
+      return st.ok();
+    };
+    auto out_of_time = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+             search_s;
+    };
+    size_t good = 0, bad = 0;
+    for (size_t k = 1; k <= 1024 && !out_of_time(); k *= 2) {
+      if (!fits(k)) {
+        bad = k;
         break;
       }
-      largest = big.size;
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > search_s) {
-        break;
-      }
+      good = k;
+    }
+    while (good > 0 && bad > good + 1 && !out_of_time()) {
+      const size_t mid = (good + bad) / 2;
+      (fits(mid) ? good : bad) = mid;
     }
   }
 

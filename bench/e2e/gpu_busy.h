@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -23,6 +25,21 @@ struct GpuBusy {
   double busy_ms = 0;     // union of the records' intervals
   int64_t records = 0;    // kernels + copies + sets seen
   double idle_fraction() const { return window_ms > 0 ? 1.0 - busy_ms / window_ms : 0.0; }
+
+  // Where the time goes, by record name (a kernel's demangled name cut to
+  // 96 characters, "memcpy <kind>", "memset"), at most kTop each, largest
+  // first: device time per name, and each idle gap charged to the record
+  // the GPU waited for (the first one after the gap: what the host had not
+  // yet launched) and to the record before it (what the host did after).
+  struct Share {
+    std::string name;
+    double ms = 0;
+    int64_t count = 0;
+  };
+  static constexpr size_t kTop = 12;
+  std::vector<Share> busy_by_name, idle_before, idle_after;
+  int64_t gaps = 0;            // idle gaps in the window
+  double gaps_over_50us_ms = 0;  // their total length where longer than 50 us
 };
 
 class GpuBusyMeter {

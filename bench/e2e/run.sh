@@ -4,10 +4,11 @@
 # (attention-heavy) and config_b.yaml (dense-heavy), in one run.
 #
 #   bench/e2e/run.sh stage DIR    # build machine: build make_batches (and
-#                                 # engine_bench when the target exists) with
+#                                 # engine_bench, model_cuda_test) with
 #                                 # --config=device; copy them, their
 #                                 # non-system shared libs, the Python files
-#                                 # and the job specs into DIR
+#                                 # and the job specs into DIR (about 84 MB,
+#                                 # 25 MB as a .tgz: pack it to carry it)
 #   bench/e2e/run.sh run DIR OUT  # GPU machine: per config, make_batches ->
 #                                 # batches.bin + model.json in a scratch dir,
 #                                 # bench_torch.py per mode, then engine_bench;
@@ -29,12 +30,18 @@ dir="${2:?artifact directory}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 case "$cmd" in
   stage)
+    # The engine's side of the benchmark and its GPU correctness test
+    # (engine/model_cuda_test, run before the benchmark), once they exist.
     targets=(//bench/e2e:make_batches)
-    # The engine's side of the benchmark, once it exists.
-    if bazel query //bench/e2e:engine_bench >/dev/null 2>&1; then targets+=(//bench/e2e:engine_bench); fi
+    for t in //bench/e2e:engine_bench //engine:model_cuda_test; do
+      if bazel query "$t" >/dev/null 2>&1; then targets+=("$t"); fi
+    done
     bazel build --config=device "${targets[@]}"
     mkdir -p "$dir/lib"
-    for t in "${targets[@]}"; do install -m 755 "bazel-bin/bench/e2e/${t##*:}" "$dir/"; done
+    for t in "${targets[@]}"; do
+      p="${t#//}"
+      install -m 755 "bazel-bin/${p%%:*}/${t##*:}" "$dir/"
+    done
     install -m 644 "$here"/gemlite_torch.py "$here"/bench_torch.py "$here"/config_a.yaml \
       "$here"/config_b.yaml "$dir/"
     install -m 755 "$here"/run.sh "$dir/"
@@ -103,12 +110,19 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     if not r.get("ok", True):
         print(f"{os.path.basename(path)}: FAILED {r.get('error', '')[:300]}")
         continue
+    # The PyTorch side's keys, else engine_bench's.
     mb = r.get("max_batch") or {}
+    median = r.get("step_ms", {}).get("median", r.get("median_step_ms"))
+    peak = r.get("peak_memory_gib")
+    if peak is None and r.get("peak_memory_bytes") is not None:
+        peak = round(r["peak_memory_bytes"] / 2**30, 2)
+    idle = (r.get("gpu_idle") or {}).get("idle_fraction")
     print(f"{os.path.basename(path)}: batch {r.get('batch_size')} samples/s {r.get('samples_per_s')} "
-          f"median step {r.get('step_ms', {}).get('median')} ms  {r.get('tflops')} TFLOP/s "
-          f"MFU {r.get('mfu_vs_989')} (vs 790: {r.get('mfu_vs_790_measured_gemm')}) "
-          f"peak {r.get('peak_memory_gib')} GiB  max batch {mb.get('largest_fitting')}  "
-          f"first step {r.get('first_step_s')} s")
+          f"median step {median} ms  {r.get('tflops')} TFLOP/s "
+          f"MFU {r.get('mfu_vs_989', r.get('mfu_989'))} "
+          f"(vs 790: {r.get('mfu_vs_790_measured_gemm', r.get('mfu_790'))}) "
+          f"peak {peak} GiB  max batch {mb.get('largest_fitting', r.get('largest_batch_fitting'))}  "
+          f"first step {r.get('first_step_s')} s" + (f"  GPU idle {idle}" if idle is not None else ""))
 PY
     exit $status
     ;;

@@ -1,5 +1,6 @@
 #include "engine/layers/attention.h"
 
+#include <initializer_list>
 #include <utility>
 
 #include "engine/layers/ops.h"
@@ -32,6 +33,10 @@ JaggedAttention::JaggedAttention(const LayerContext& ctx, int64_t heads,
 
 bool JaggedAttention::Bf16(int64_t head_dim) const {
   return ctx_.bf16_attention && (head_dim == 64 || head_dim == 128);
+}
+
+bool JaggedAttention::Bf16Flow(const TensorView& x, int64_t dim) const {
+  return x.device == Device::kCuda && Bf16(dim / heads_) && ctx_.AllBf16Linears();
 }
 
 attention::AttentionInputs JaggedAttention::Inputs() const {
@@ -146,6 +151,18 @@ absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView
 
 // ---- SelfAttentionBlock ------------------------------------------------------
 
+namespace {
+
+// Step-sized tensors a layer no longer needs: back to the pool
+// (stream-ordered, so kernels already enqueued still read them) for the
+// layers that run next. The host engine keeps them for reuse.
+void Release(Device device, std::initializer_list<Tensor*> tensors) {
+  if (device != Device::kCuda) return;
+  for (Tensor* t : tensors) *t = Tensor();
+}
+
+}  // namespace
+
 SelfAttentionBlock::SelfAttentionBlock(const LayerContext& ctx, const std::string& name,
                                        int64_t dim, int64_t heads,
                                        const attention::AttentionOptions& options)
@@ -159,38 +176,32 @@ SelfAttentionBlock::SelfAttentionBlock(const LayerContext& ctx, const std::strin
       o_(ctx, name + ".o", dim, dim, true),
       attention_(ctx, heads, options) {}
 
-bool SelfAttentionBlock::Bf16Flow(const TensorView& x) const {
-  return x.device == Device::kCuda && attention_.Bf16(dim_ / heads_) && ctx_.AllBf16Linears();
-}
-
 absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
   shape_ = x.values.shape;
-  bf16_flow_ = Bf16Flow(x.values);
-  RECFLEET_RETURN_IF_ERROR(norm_.Forward(x.values, &normed_));
-  TensorView qkv_in = normed_.view();
+  bf16_flow_ = attention_.Bf16Flow(x.values, dim_);
   const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
-  if (bf16_flow_) {
-    // One bf16 copy of the normed input for the three projections (which
-    // round it to bf16 anyway); the fp32 one is not needed again.
-    RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, normed_.shape(), &normed16_));
-    RECFLEET_RETURN_IF_ERROR(ops::Convert(normed_.view(), normed16_.view()));
-    normed_ = Tensor();
-    qkv_in = normed16_.view();
-  }
-  RECFLEET_RETURN_IF_ERROR(q_.Forward(qkv_in, &q_out_, inner));
-  RECFLEET_RETURN_IF_ERROR(k_.Forward(qkv_in, &k_out_, inner));
-  RECFLEET_RETURN_IF_ERROR(v_.Forward(qkv_in, &v_out_, inner));
+  // With the flow the norm writes the bf16 operand of the three
+  // projections directly.
+  RECFLEET_RETURN_IF_ERROR(norm_.Forward(x.values, &normed_, inner));
+  RECFLEET_RETURN_IF_ERROR(q_.Forward(normed_.view(), &q_out_, inner));
+  RECFLEET_RETURN_IF_ERROR(k_.Forward(normed_.view(), &k_out_, inner));
+  RECFLEET_RETURN_IF_ERROR(v_.Forward(normed_.view(), &v_out_, inner));
   RECFLEET_RETURN_IF_ERROR(attention_.Forward({q_out_.view(), x.offsets},
                                               {k_out_.view(), x.offsets}, v_out_.view(),
                                               &attn_out_));
-  RECFLEET_RETURN_IF_ERROR(o_.Forward(attn_out_.view(), &proj_));
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, x.values.shape, y));
-  return ops::Add(x.values, proj_.view(), y->view());
+  RECFLEET_RETURN_IF_ERROR(o_.Forward(attn_out_.view(), &proj_, inner));
+  RECFLEET_RETURN_IF_ERROR(
+      AllocateTyped(ctx_, bf16_flow_ ? DType::kBFloat16 : x.values.dtype, x.values.shape, y));
+  RECFLEET_RETURN_IF_ERROR(ops::Add(x.values, proj_.view(), y->view()));
+  // The backward needs o's input, not its output.
+  Release(x.values.device, {&proj_});
+  return absl::OkStatus();
 }
 
 absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView& dx) {
   // With the bf16 flow the gradients between o, the attention and q/k/v
-  // are bf16 too (each consumer would round them to bf16 itself).
+  // are bf16 too (each consumer would round them to bf16 itself); the
+  // gradient of the norm's output sums three GEMMs and stays fp32.
   const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
   for (Tensor* t : {&d_attn_, &dq_, &dk_, &dv_}) {
     RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, shape_, t));
@@ -205,14 +216,9 @@ absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView
   RECFLEET_RETURN_IF_ERROR(v_.Backward(dv_.view(), d_normed_.view(), true));
   RECFLEET_RETURN_IF_ERROR(norm_.Backward(d_normed_.view(), d_branch_.view()));
   RECFLEET_RETURN_IF_ERROR(ops::Add(dy, d_branch_.view(), dx));
-  // This block's activations and scratch are dead until its next forward:
-  // back to the pool (stream-ordered) so the blocks below reuse the memory.
-  if (dy.device == Device::kCuda) {
-    for (Tensor* t : {&normed_, &normed16_, &q_out_, &k_out_, &v_out_, &attn_out_, &proj_,
-                      &d_attn_, &dq_, &dk_, &dv_, &d_normed_, &d_branch_}) {
-      *t = Tensor();
-    }
-  }
+  // This block's activations and scratch are dead until its next forward.
+  Release(dy.device, {&normed_, &q_out_, &k_out_, &v_out_, &attn_out_, &proj_, &d_attn_, &dq_,
+                      &dk_, &dv_, &d_normed_, &d_branch_});
   return absl::OkStatus();
 }
 
@@ -230,29 +236,36 @@ CrossAttention::CrossAttention(const LayerContext& ctx, const std::string& name,
 
 absl::Status CrossAttention::Forward(const JaggedView& tokens, const JaggedView& history,
                                      Tensor* y) {
-  RECFLEET_RETURN_IF_ERROR(q_.Forward(tokens.values, &q_out_));
-  RECFLEET_RETURN_IF_ERROR(k_.Forward(history.values, &k_out_));
-  RECFLEET_RETURN_IF_ERROR(v_.Forward(history.values, &v_out_));
+  bf16_flow_ = attention_.Bf16Flow(history.values, dim_);
+  const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
+  RECFLEET_RETURN_IF_ERROR(q_.Forward(tokens.values, &q_out_, inner));
+  RECFLEET_RETURN_IF_ERROR(k_.Forward(history.values, &k_out_, inner));
+  RECFLEET_RETURN_IF_ERROR(v_.Forward(history.values, &v_out_, inner));
   RECFLEET_RETURN_IF_ERROR(attention_.Forward({q_out_.view(), tokens.offsets},
                                               {k_out_.view(), history.offsets}, v_out_.view(),
                                               &attn_out_));
   RECFLEET_RETURN_IF_ERROR(o_.Forward(attn_out_.view(), &proj_));
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, tokens.values.shape, y));
-  return ops::Add(tokens.values, proj_.view(), y->view());
+  RECFLEET_RETURN_IF_ERROR(ops::Add(tokens.values, proj_.view(), y->view()));
+  Release(tokens.values.device, {&proj_});
+  return absl::OkStatus();
 }
 
 absl::Status CrossAttention::Backward(const TensorView& dy, const TensorView& dtokens,
                                       const TensorView& dhistory) {
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, q_out_.shape(), &d_attn_));
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, q_out_.shape(), &dq_));
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, k_out_.shape(), &dk_));
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, v_out_.shape(), &dv_));
+  const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, q_out_.shape(), &d_attn_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, q_out_.shape(), &dq_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, k_out_.shape(), &dk_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, v_out_.shape(), &dv_));
   RECFLEET_RETURN_IF_ERROR(ops::Copy(dy, dtokens));  // The residual path.
   RECFLEET_RETURN_IF_ERROR(o_.Backward(dy, d_attn_.view(), false));
   RECFLEET_RETURN_IF_ERROR(attention_.Backward(d_attn_.view(), dq_.view(), dk_.view(), dv_.view()));
   RECFLEET_RETURN_IF_ERROR(q_.Backward(dq_.view(), dtokens, true));
   RECFLEET_RETURN_IF_ERROR(k_.Backward(dk_.view(), dhistory, true));
-  return v_.Backward(dv_.view(), dhistory, true);
+  RECFLEET_RETURN_IF_ERROR(v_.Backward(dv_.view(), dhistory, true));
+  Release(dy.device, {&q_out_, &k_out_, &v_out_, &attn_out_, &d_attn_, &dq_, &dk_, &dv_});
+  return absl::OkStatus();
 }
 
 // ---- Pma -------------------------------------------------------------------------
@@ -270,11 +283,19 @@ Pma::Pma(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t 
 
 absl::Status Pma::Forward(const JaggedView& history, Tensor* y) {
   const int64_t batch = history.batch_size(), rows = batch * num_queries_;
+  bf16_flow_ = attention_.Bf16Flow(history.values, dim_);
+  const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
   RECFLEET_RETURN_IF_ERROR(UniformOffsets(batch, num_queries_, &query_offsets_));
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, dim_}, &q_));
-  RECFLEET_RETURN_IF_ERROR(ops::RepeatRows(queries_->value.view(), batch, q_.view()));
-  RECFLEET_RETURN_IF_ERROR(k_.Forward(history.values, &k_out_));
-  RECFLEET_RETURN_IF_ERROR(v_.Forward(history.values, &v_out_));
+  Tensor* repeated = bf16_flow_ ? &q32_ : &q_;
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, dim_}, repeated));
+  RECFLEET_RETURN_IF_ERROR(ops::RepeatRows(queries_->value.view(), batch, repeated->view()));
+  if (bf16_flow_) {
+    RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, {rows, dim_}, &q_));
+    RECFLEET_RETURN_IF_ERROR(ops::Convert(q32_.view(), q_.view()));
+    q32_ = Tensor();
+  }
+  RECFLEET_RETURN_IF_ERROR(k_.Forward(history.values, &k_out_, inner));
+  RECFLEET_RETURN_IF_ERROR(v_.Forward(history.values, &v_out_, inner));
   RECFLEET_RETURN_IF_ERROR(attention_.Forward({q_.view(), query_offsets_.view()},
                                               {k_out_.view(), history.offsets}, v_out_.view(),
                                               &attn_out_));
@@ -282,15 +303,25 @@ absl::Status Pma::Forward(const JaggedView& history, Tensor* y) {
 }
 
 absl::Status Pma::Backward(const TensorView& dy, const TensorView& dhistory) {
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, q_.shape(), &d_attn_));
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, q_.shape(), &dq_));
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, k_out_.shape(), &dk_));
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, v_out_.shape(), &dv_));
+  const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, q_.shape(), &d_attn_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, q_.shape(), &dq_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, k_out_.shape(), &dk_));
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, v_out_.shape(), &dv_));
   RECFLEET_RETURN_IF_ERROR(o_.Backward(dy, d_attn_.view(), false));
   RECFLEET_RETURN_IF_ERROR(attention_.Backward(d_attn_.view(), dq_.view(), dk_.view(), dv_.view()));
-  RECFLEET_RETURN_IF_ERROR(ops::AccumulateRepeats(dq_.view(), queries_->grad.view()));
+  TensorView dq = dq_.view();
+  if (bf16_flow_) {
+    // The queries' gradient sums over the batch in fp32.
+    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, q_.shape(), &dq32_));
+    RECFLEET_RETURN_IF_ERROR(ops::Convert(dq, dq32_.view()));
+    dq = dq32_.view();
+  }
+  RECFLEET_RETURN_IF_ERROR(ops::AccumulateRepeats(dq, queries_->grad.view()));
   RECFLEET_RETURN_IF_ERROR(k_.Backward(dk_.view(), dhistory, true));
-  return v_.Backward(dv_.view(), dhistory, true);
+  RECFLEET_RETURN_IF_ERROR(v_.Backward(dv_.view(), dhistory, true));
+  Release(dy.device, {&q_, &k_out_, &v_out_, &attn_out_, &d_attn_, &dq_, &dk_, &dv_, &dq32_});
+  return absl::OkStatus();
 }
 
 }  // namespace recfleet::engine::layers

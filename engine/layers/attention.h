@@ -44,6 +44,12 @@ class JaggedAttention {
   // Whether calls run on the bf16 kernels: ctx.bf16_attention and a head
   // dim they support (64 or 128); other head dims stay in fp32.
   bool Bf16(int64_t head_dim) const;
+  // Whether a layer built on this attention keeps its inner activations and
+  // their gradients in bf16 (the "bf16 flow"): CUDA, the bf16 kernels for
+  // this head dim, and an all-bf16 linear recipe, so that the projections
+  // write bf16 q, k, v, the attention reads and writes bf16, and nothing
+  // between layers that round to bf16 anyway makes an fp32 round trip.
+  bool Bf16Flow(const TensorView& x, int64_t dim) const;
 
  private:
   attention::AttentionInputs Inputs() const;
@@ -64,17 +70,16 @@ class SelfAttentionBlock {
   SelfAttentionBlock(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
                      const attention::AttentionOptions& options);
 
+  // With the bf16 flow (JaggedAttention::Bf16Flow) y is bf16, whatever x's
+  // dtype: the residual stream between blocks is bf16 (the norm, the
+  // projections and the residual add read and write bf16; the norm's
+  // statistics and the add are computed in fp32). Otherwise y has x's dtype.
   absl::Status Forward(const JaggedView& x, Tensor* y);
   // dx = dy + the gradient through the attention branch; dx may alias dy.
+  // dy and dx are of the model's dtype (the gradient stream stays fp32).
   absl::Status Backward(const TensorView& dy, const TensorView& dx);
 
  private:
-  // CUDA, bf16 attention kernels for this head dim and an all-bf16 linear
-  // recipe: the projections write bf16 q, k, v, the attention reads and
-  // writes bf16, and so do their gradients (no fp32 round trips between
-  // layers that round to bf16 anyway); the residual stream stays fp32.
-  bool Bf16Flow(const TensorView& x) const;
-
   LayerContext ctx_;
   int64_t dim_, heads_;
   RmsNorm norm_;
@@ -83,7 +88,7 @@ class SelfAttentionBlock {
   Shape shape_;
   bool bf16_flow_ = false;
   // Activations of the last forward (released after the backward on CUDA).
-  Tensor normed_, normed16_, q_out_, k_out_, v_out_, attn_out_, proj_;
+  Tensor normed_, q_out_, k_out_, v_out_, attn_out_, proj_;
   // Backward scratch.
   Tensor d_attn_, dq_, dk_, dv_, d_normed_, d_branch_;
 };
@@ -93,7 +98,9 @@ class CrossAttention {
   CrossAttention(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads);
 
   // tokens [T, dim] and history [L, dim] share the batch size; every token
-  // of sample b sees all of b's history (softmax, no positions).
+  // of sample b sees all of b's history (softmax, no positions). With the
+  // bf16 flow the history may be bf16 and q, k, v, the attention and their
+  // gradients are bf16; y (like tokens) is of the model's dtype.
   absl::Status Forward(const JaggedView& tokens, const JaggedView& history, Tensor* y);
   // dtokens (overwritten) = dy + the gradient through Q; dhistory
   // [L, dim] gets the gradient through K and V *added*.
@@ -105,6 +112,7 @@ class CrossAttention {
   int64_t dim_;
   Linear q_, k_, v_, o_;
   JaggedAttention attention_;
+  bool bf16_flow_ = false;
   Tensor q_out_, k_out_, v_out_, attn_out_, proj_;
   Tensor d_attn_, dq_, dk_, dv_;
 };
@@ -115,6 +123,7 @@ class Pma {
   Pma(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
       int64_t queries);
 
+  // With the bf16 flow as CrossAttention's; y is of the model's dtype.
   absl::Status Forward(const JaggedView& history, Tensor* y);
   // dhistory [L, dim] gets the gradient through K and V *added*.
   absl::Status Backward(const TensorView& dy, const TensorView& dhistory);
@@ -127,9 +136,11 @@ class Pma {
   RegisteredParameter queries_;
   Linear k_, v_, o_;
   JaggedAttention attention_;
+  bool bf16_flow_ = false;
   Tensor query_offsets_;
-  Tensor q_, k_out_, v_out_, attn_out_;
-  Tensor d_attn_, dq_, dk_, dv_;
+  // q_: the repeated queries (bf16 with the flow, from q32_).
+  Tensor q32_, q_, k_out_, v_out_, attn_out_;
+  Tensor d_attn_, dq_, dk_, dv_, dq32_;
 };
 
 // Offsets [batch + 1] of `per_sample` rows per sample: 0, n, 2n, ...

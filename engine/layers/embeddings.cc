@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <thread>
 #include <utility>
 
@@ -204,20 +205,33 @@ absl::Status SparseEmbeddings::Forward(const StagedBatch& staged,
           EmbeddingBagForward(tables_[feat.table].value.view(), ids, feat.pooling, out.view()));
     }
   }
-  // Sequence events -> tokens: the sum of their fields' embeddings.
-  RECFLEET_RETURN_IF_ERROR(AllocateZeros(ctx_, {L, dim_}, history));
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {L, dim_}, &field_));
-  for (size_t f = 0; f < schema_.sequence_fields.size() && L > 0; ++f) {
+  // Sequence events -> tokens: the sum of their fields' embeddings. The
+  // first field is looked up into the tokens directly, later ones into a
+  // scratch that is added (the same sums as adding every field to zeros,
+  // two passes over [L, dim] fewer).
+  const size_t fields = schema_.sequence_fields.size();
+  if (fields == 0) return AllocateZeros(ctx_, {L, dim_}, history);
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {L, dim_}, history));
+  if (fields > 1) RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {L, dim_}, &field_));
+  for (size_t f = 0; f < fields && L > 0; ++f) {
     const int table = schema_.sequence_fields[f].table;
-    TensorView field = field_.view();
+    TensorView field = f == 0 ? history->view() : field_.view();
     if (storage_ == TableStorage::kExternal) {
-      field = RowSlice(pooled[table], bags.sequence_base[f], bags.sequence_base[f] + L);
+      const TensorView rows =
+          RowSlice(pooled[table], bags.sequence_base[f], bags.sequence_base[f] + L);
+      if (f == 0) {
+        RECFLEET_RETURN_IF_ERROR(ops::Copy(rows, field));
+        continue;
+      }
+      field = rows;
     } else {
       RECFLEET_RETURN_IF_ERROR(
           EmbeddingSequenceForward(tables_[table].value.view(), staged.sequence_ids(f), field));
     }
-    RECFLEET_RETURN_IF_ERROR(ops::Add(history->view(), field, history->view()));
+    if (f > 0) RECFLEET_RETURN_IF_ERROR(ops::Add(history->view(), field, history->view()));
   }
+  // The scratch is step-sized and dead now: back to the pool on a device.
+  if (ctx_.allocator->device() == Device::kCuda) field_ = Tensor();
   return absl::OkStatus();
 }
 
@@ -272,32 +286,70 @@ absl::Status SparseEmbeddings::CollectTableGradients(const StagedBatch& staged,
         ops::Copy(dhistory, RowSlice(tables_[t].grad_rows.view(), filled[t], filled[t] + L)));
     filled[t] += L;
   }
-  if (ctx_.allocator->device() == Device::kCuda) return ReduceDuplicates(batch);
+  if (ctx_.allocator->device() == Device::kCuda) return ReduceDuplicates(staged);
   return absl::OkStatus();
 }
 
-absl::Status SparseEmbeddings::ReduceDuplicates(const Batch& batch) {
-  const int64_t L = batch.sequence[0].offsets.back();
+DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses) {
+  DeduplicatedIds d;
+  absl::flat_hash_map<int64_t, int64_t> index;
+  d.slots.reserve(uses.size());
+  for (int64_t id : uses) {
+    auto [it, fresh] = index.try_emplace(id, static_cast<int64_t>(d.unique.size()));
+    if (fresh) d.unique.push_back(id);
+    d.slots.push_back(it->second);
+  }
+  return d;
+}
+
+std::vector<std::vector<int64_t>> SparseEmbeddings::TableUses(const Batch& batch) const {
+  const int64_t L = batch.sequence.empty() ? 0 : batch.sequence[0].offsets.back();
+  std::vector<std::vector<int64_t>> uses(schema_.tables.size());
+  for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
+    std::vector<int64_t>& u = uses[schema_.id_lists[f].table];
+    u.insert(u.end(), batch.id_lists[f].ids.begin(), batch.id_lists[f].ids.end());
+  }
+  for (size_t f = 0; f < schema_.sequence_fields.size(); ++f) {
+    std::vector<int64_t>& u = uses[schema_.sequence_fields[f].table];
+    u.insert(u.end(), batch.sequence[f].ids.begin(), batch.sequence[f].ids.begin() + L);
+  }
+  return uses;
+}
+
+void SparseEmbeddings::PrepareGradientIds(const StagedBatch& staged) {
+  if (ctx_.allocator->device() != Device::kCuda || storage_ != TableStorage::kInternal ||
+      staged.batch() == nullptr) {
+    return;
+  }
+  if (prepared_.valid()) prepared_.wait();  // At most one in flight.
+  prepared_for_ = &staged;
+  prepared_generation_ = staged.generation();
+  prepared_ = std::async(std::launch::async, [uses = TableUses(*staged.batch())] {
+    std::vector<DeduplicatedIds> out;
+    for (const std::vector<int64_t>& u : uses) out.push_back(Deduplicate(u));
+    return out;
+  });
+}
+
+absl::Status SparseEmbeddings::ReduceDuplicates(const StagedBatch& staged) {
+  std::vector<DeduplicatedIds> dedup;
+  if (prepared_.valid() && prepared_for_ == &staged &&
+      prepared_generation_ == staged.generation()) {
+    dedup = prepared_.get();
+  } else {
+    for (const std::vector<int64_t>& u : TableUses(*staged.batch())) {
+      dedup.push_back(Deduplicate(u));
+    }
+  }
+  prepared_for_ = nullptr;
   for (size_t k = 0; k < tables_.size(); ++k) {
     Table& t = tables_[k];
     const int64_t n = t.grad_ids.numel();
-    // The uses in grad_ids' order: the table's id-list features, then its
-    // sequence fields.
-    absl::flat_hash_map<int64_t, int64_t> index;
-    std::vector<int64_t> unique, slots;
-    slots.reserve(n);
-    auto use = [&](int64_t id) {
-      auto [it, fresh] = index.try_emplace(id, static_cast<int64_t>(unique.size()));
-      if (fresh) unique.push_back(id);
-      slots.push_back(it->second);
-    };
-    for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
-      if (schema_.id_lists[f].table != static_cast<int>(k)) continue;
-      for (int64_t id : batch.id_lists[f].ids) use(id);
-    }
-    for (size_t f = 0; f < schema_.sequence_fields.size(); ++f) {
-      if (schema_.sequence_fields[f].table != static_cast<int>(k)) continue;
-      for (int64_t i = 0; i < L; ++i) use(batch.sequence[f].ids[i]);
+    const std::vector<int64_t>& unique = dedup[k].unique;
+    const std::vector<int64_t>& slots = dedup[k].slots;
+    if (static_cast<int64_t>(slots.size()) != n) {
+      return absl::InternalError(absl::StrCat("table ", k, ": ", slots.size(),
+                                              " deduplicated uses for ", n, " gradient rows"));
     }
     const int64_t u = static_cast<int64_t>(unique.size());
     const size_t bytes = (u + n) * sizeof(int64_t);
@@ -342,6 +394,13 @@ absl::Status SparseEmbeddings::ReduceDuplicates(const Batch& batch) {
     if (n > 0) {
       RECFLEET_RETURN_IF_ERROR(ops::ScatterAddRows(t.grad_rows.view(), t.slots.view(), t.reduced_rows.view()));
     }
+    // Only the reduced rows are read from here on (the Adagrad step, the
+    // dense table gradient): the per-use rows, one per history token, go
+    // back to the pool (stream-ordered) instead of staying beside the next
+    // step's activations.
+    absl::StatusOr<Tensor> none = Tensor::Empty(ctx_.dtype, {0, dim_}, ctx_.allocator);
+    if (!none.ok()) return none.status();
+    t.grad_rows = *std::move(none);
   }
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 // Not thread-safe.
 
 #include <cstdint>
+#include <future>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,6 +41,14 @@ struct TableLookups {
 };
 
 namespace layers {
+
+// One table's uses in a batch, deduplicated: the distinct ids in first-use
+// order, and per use the index of its id among them.
+struct DeduplicatedIds {
+  std::vector<int64_t> unique;
+  std::vector<int64_t> slots;
+};
+DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses);
 
 // The initial value of element (row, col) of table `table`: a N(0, stddev^2)
 // draw that depends only on (seed, table, row, col), so tables split over
@@ -78,6 +87,13 @@ class SparseEmbeddings {
   // sums for PooledGradients (external).
   absl::Status Backward(const StagedBatch& staged, absl::Span<const TensorView> dfeatures,
                         const TensorView& dhistory);
+  // CUDA, internal storage (a no-op otherwise): starts deduplicating the
+  // table ids of the batch just staged into `staged` on a worker thread,
+  // for the Backward that trains this staging of it (the ids are copied
+  // now, like the batch itself), so the hashing of every id of the step
+  // runs beside the thread that launches the GPU work instead of on it. A
+  // Backward on any other staging deduplicates inline, as without it.
+  void PrepareGradientIds(const StagedBatch& staged);
   // External storage, after Backward: [bags, dim] per table, in Lookups'
   // order. Valid until the next Backward.
   std::vector<TensorView> PooledGradients() const;
@@ -137,7 +153,10 @@ class SparseEmbeddings {
                                      const TensorView& dhistory);
   // CUDA: fills unique_ids, slots and reduced_rows of every table from the
   // batch's host ids and the per-use grad_rows.
-  absl::Status ReduceDuplicates(const Batch& batch);
+  absl::Status ReduceDuplicates(const StagedBatch& staged);
+  // Per table, its uses in `batch` in grad_ids' order: the table's id-list
+  // features (schema order), then its sequence fields.
+  std::vector<std::vector<int64_t>> TableUses(const Batch& batch) const;
   absl::Status CollectPooledGradients(const StagedBatch& staged,
                                       absl::Span<const TensorView> dfeatures,
                                       const TensorView& dhistory);
@@ -149,6 +168,11 @@ class SparseEmbeddings {
   std::vector<Table> tables_;
   std::vector<Tensor> pooled_grads_;
   Tensor field_;
+  // PrepareGradientIds' work in flight, per table, and the staging it is
+  // for (object and generation).
+  std::future<std::vector<DeduplicatedIds>> prepared_;
+  const StagedBatch* prepared_for_ = nullptr;
+  uint64_t prepared_generation_ = 0;
 };
 
 }  // namespace layers

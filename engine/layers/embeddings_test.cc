@@ -37,6 +37,19 @@ Batch TwoSamples() {
 
 double Row(const TensorView& table, int64_t r, int64_t c) { return table.as<double>()[r * kDim + c]; }
 
+// The CUDA step's gradient reduction: distinct ids in first-use order, and
+// every use pointing at its id's slot.
+TEST(DeduplicateTest, FirstUseOrderAndSlots) {
+  const std::vector<int64_t> uses = {7, 3, 7, 7, 0, 3, 9};
+  const DeduplicatedIds d = Deduplicate(uses);
+  EXPECT_EQ(d.unique, (std::vector<int64_t>{7, 3, 0, 9}));
+  EXPECT_EQ(d.slots, (std::vector<int64_t>{0, 1, 0, 0, 2, 1, 3}));
+  for (size_t i = 0; i < uses.size(); ++i) EXPECT_EQ(d.unique[d.slots[i]], uses[i]);
+  const DeduplicatedIds none = Deduplicate({});
+  EXPECT_TRUE(none.unique.empty());
+  EXPECT_TRUE(none.slots.empty());
+}
+
 TEST(SparseEmbeddingsTest, ForwardPoolsAndSumsByHand) {
   ParameterRegistry registry(DType::kFloat64, 1);
   SparseEmbeddings e(Fp64Context(&registry), Schema(), kDim, TableStorage::kInternal, 7, 0.5);

@@ -87,10 +87,12 @@ struct LayerContext {
   // Precision of every linear layer's GEMMs. The CPU engine computes at the
   // storage precision.
   LinearRecipe recipe{GemmPrecision::kNative, GemmPrecision::kNative, GemmPrecision::kNative};
-  // CUDA: attention runs on the bf16 tensor-core kernels (q/k/v converted
-  // from the fp32 activations, gradients converted back) where the head dim
-  // is 64 or 128; false (or another head dim) keeps the attention in the
-  // activations' dtype.
+  // CUDA: attention runs on the bf16 tensor-core kernels where the head dim
+  // is 64 or 128 (with an all-bf16 linear recipe the attention layers keep
+  // q/k/v and their gradients, and the sequence residual stream, in bf16:
+  // the bf16 flow of JaggedAttention::Bf16Flow; otherwise q/k/v are
+  // converted from the fp32 activations and the gradients back); false (or
+  // another head dim) keeps the attention in the activations' dtype.
   bool bf16_attention = false;
 
   // Every GEMM of every linear layer in bf16 (the CUDA bf16 mode).

@@ -79,19 +79,17 @@ absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool a
       dy_op, x_op, w_.grad.view(), has_bias_ && !shared ? b_.grad.view() : TensorView(),
       /*accumulate=*/true, ctx_.recipe));
   absl::Status status;
-  if (dx.data != nullptr && !accumulate) {
-    status = LinearBackwardInput(dy_op, w_op, Reshaped(dx, {rows, in_}), ctx_.recipe);
-  } else if (dx.data != nullptr) {
-    status = AllocateTyped(ctx_, dx.dtype, {rows, in_}, &dx_scratch_);
-    if (status.ok()) status = LinearBackwardInput(dy_op, w_op, dx_scratch_.view(), ctx_.recipe);
-    if (status.ok()) status = ops::Add(dx, dx_scratch_.view(), dx);
+  if (dx.data != nullptr) {
+    // A fan-in (`accumulate`) is summed in the GEMM's epilogue.
+    const TensorView dx2 = Reshaped(dx, {rows, in_});
+    status = accumulate ? LinearBackwardInputAccumulate(dy_op, w_op, dx2, ctx_.recipe)
+                        : LinearBackwardInput(dy_op, w_op, dx2, ctx_.recipe);
   }
-  // The copies and the scratch are step-sized: give them back to the pool
-  // (stream-ordered, so the GEMMs above still read them) for the layers
-  // whose backward comes next.
+  // The copies are step-sized: give them back to the pool (stream-ordered,
+  // so the GEMMs above still read them) for the layers whose backward comes
+  // next.
   x_bf16_ = Tensor();
   dy_bf16_ = Tensor();
-  dx_scratch_ = Tensor();
   return status;
 }
 
@@ -100,10 +98,20 @@ RmsNorm::RmsNorm(const LayerContext& ctx, const std::string& name, int64_t dim)
   ctx.parameters->Register(&gamma_, name, {dim}, ParameterInit{0.0, 1.0});
 }
 
-absl::Status RmsNorm::Forward(const TensorView& x, Tensor* y) {
+absl::Status RmsNorm::Forward(const TensorView& x, Tensor* y) { return Forward(x, y, ctx_.dtype); }
+
+absl::Status RmsNorm::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
   const int64_t rows = x.dim(0);
   x_ = x;
-  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows, dim_}, y));
+  if ((x.dtype != ctx_.dtype || y_dtype != ctx_.dtype) &&
+      (x.device != Device::kCuda || ctx_.dtype != DType::kFloat32 ||
+       (x.dtype != DType::kBFloat16 && x.dtype != DType::kFloat32) ||
+       (y_dtype != DType::kBFloat16 && y_dtype != DType::kFloat32))) {
+    return absl::InvalidArgumentError(absl::StrCat("RmsNorm: a ", DTypeName(x.dtype), " input or ",
+                                                   DTypeName(y_dtype),
+                                                   " output needs CUDA and an fp32 model"));
+  }
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, y_dtype, {rows, dim_}, y));
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {rows}, &rstd_));
   if (rows == 0) return absl::OkStatus();
   return RmsNormForward(Reshaped(x, {rows, dim_}), gamma_.value.view(), kEpsilon, y->view(),

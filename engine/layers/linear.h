@@ -32,9 +32,9 @@ class Linear {
   // bf16 anyway: chains of such layers then pass bf16 activations.
   absl::Status Forward(const TensorView& x, Tensor* y, DType y_dtype);
   // Adds dW = dy^T x and db to the gradients. dx [rows, in] (= dy W) is
-  // overwritten, or with `accumulate` added to; an empty view (data ==
-  // nullptr) skips it. dy and an overwritten dx may be bf16 under the same
-  // condition as above.
+  // overwritten, or with `accumulate` added to (in the GEMM's epilogue, no
+  // scratch); an empty view (data == nullptr) skips it. dy and dx may be
+  // bf16 under the same condition as above.
   absl::Status Backward(const TensorView& dy, const TensorView& dx, bool accumulate);
 
   int64_t in() const { return in_; }
@@ -57,7 +57,6 @@ class Linear {
   bool has_bias_;
   Parameter w_, b_;
   TensorView x_;
-  Tensor dx_scratch_;
   Tensor x_bf16_, w_bf16_, dy_bf16_;
 };
 
@@ -72,7 +71,13 @@ class RmsNorm {
 
   // y = x / sqrt(mean(x^2) + eps) * gamma over rows of x [rows, dim].
   absl::Status Forward(const TensorView& x, Tensor* y);
-  // dx [rows, dim] is overwritten; gamma's gradient accumulates.
+  // The same with y allocated in `y_dtype`. On CUDA (fp32 model) x and y
+  // may each be fp32 or bf16: the statistics are fp32 either way, and a
+  // bf16 y is rounded once, so a bf16 activation stream needs no separate
+  // conversion pass.
+  absl::Status Forward(const TensorView& x, Tensor* y, DType y_dtype);
+  // dx [rows, dim] is overwritten; gamma's gradient accumulates. On CUDA dy
+  // and dx may be fp32 or bf16 independently of x.
   absl::Status Backward(const TensorView& dy, const TensorView& dx);
 
   Parameter& gamma() { return gamma_; }

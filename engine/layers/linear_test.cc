@@ -69,6 +69,17 @@ TEST(LinearTest, Bf16ActivationsOnlyOnCudaWithTheBf16Recipe) {
   EXPECT_TRUE(l.Forward(x.view(), &y, DType::kFloat64).ok());
 }
 
+TEST(RmsNormTest, Bf16OutputOnlyOnCuda) {
+  ParameterRegistry registry(DType::kFloat64, 2);
+  RmsNorm norm(Fp64Context(&registry), "norm", 4);
+  Tensor x = RandomTensor({5, 4}, 3);
+  Tensor y;
+  const absl::Status s = norm.Forward(x.view(), &y, DType::kBFloat16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("needs CUDA"), std::string::npos) << s;
+  EXPECT_TRUE(norm.Forward(x.view(), &y, DType::kFloat64).ok());
+}
+
 TEST(LinearTest, ZeroRowsComputeNothing) {
   ParameterRegistry registry(DType::kFloat64, 2);
   Linear l(Fp64Context(&registry), "proj", 4, 3, false);

@@ -112,6 +112,25 @@ absl::Status Dispatch(DType dtype, F&& f) {
 }  // namespace
 
 absl::Status Add(const TensorView& a, const TensorView& b, const TensorView& out) {
+  const auto is16 = [](const TensorView& t) { return t.dtype == DType::kBFloat16; };
+  if (is16(a) || is16(b) || is16(out)) {
+    // The bf16 activation stream of the CUDA engine: each operand fp32 or
+    // bf16, summed in fp32.
+    for (const auto& [what, t] : {std::pair<const char*, const TensorView*>{"a", &a},
+                                  {"b", &b}, {"out", &out}}) {
+      if (t->device != Device::kCuda || t->data == nullptr ||
+          (t->dtype != DType::kFloat32 && !is16(*t))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ops::Add: bf16 operands are for CUDA tensors of fp32 or bf16; ", what, " is ",
+            t->DebugString()));
+      }
+    }
+    RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "b", b, a.numel()));
+    RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "out", out, a.numel()));
+    return Cuda(ops_cuda::AddMixed(a.data, is16(a), b.data, is16(b), out.data, is16(out),
+                                   a.numel(), kStream),
+                "Add");
+  }
   RECFLEET_RETURN_IF_ERROR(CheckOperands("Add", {{"a", &a}, {"b", &b}, {"out", &out}}));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "b", b, a.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "out", out, a.numel()));

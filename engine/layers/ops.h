@@ -30,7 +30,8 @@
 namespace recfleet::engine::ops {
 
 // ---- elementwise (operands of equal numel; `out`/`acc` may alias an input)
-// out = a + b.
+// out = a + b. On CUDA, also with any of a, b, out in bf16 (the rest fp32):
+// the sum is taken in fp32 and rounded once to out's dtype.
 absl::Status Add(const TensorView& a, const TensorView& b, const TensorView& out);
 // out = a * b.
 absl::Status Mul(const TensorView& a, const TensorView& b, const TensorView& out);

@@ -136,7 +136,32 @@ __global__ void FromBf16Kernel(const __nv_bfloat16* x, float* y, int64_t n) {
   RECFLEET_GRID_LOOP(i, n) { y[i] = __bfloat162float(x[i]); }
 }
 
+__device__ __forceinline__ float LoadMixed(const void* p, bool bf16, int64_t i) {
+  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i])
+              : static_cast<const float*>(p)[i];
+}
+
+__global__ void AddMixedKernel(const void* a, bool a16, const void* b, bool b16, void* out,
+                               bool out16, int64_t n) {
+  RECFLEET_GRID_LOOP(i, n) {
+    const float s = LoadMixed(a, a16, i) + LoadMixed(b, b16, i);
+    if (out16) {
+      static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(s);
+    } else {
+      static_cast<float*>(out)[i] = s;
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t AddMixed(const void* a, bool a_bf16, const void* b, bool b_bf16, void* out,
+                     bool out_bf16, int64_t n, void* stream) {
+  if (n == 0) return cudaSuccess;
+  AddMixedKernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(a, a_bf16, b, b_bf16, out, out_bf16,
+                                                             n);
+  return cudaGetLastError();
+}
 
 cudaError_t ScatterAddRows(const float* rows, const int64_t* slots, int64_t n, int64_t dim,
                            float* out, void* stream) {

@@ -18,6 +18,11 @@ namespace recfleet::engine::ops_cuda {
 cudaError_t Elementwise(int kind, const float* a, const float* b, const float* c, float w,
                         float* out, int64_t n, void* stream);
 
+// out = a + b over n elements, each operand fp32 or (flag set) bf16; the
+// sum is taken in fp32 and rounded once to out's type.
+cudaError_t AddMixed(const void* a, bool a_bf16, const void* b, bool b_bf16, void* out,
+                     bool out_bf16, int64_t n, void* stream);
+
 // out [times * n] = x [n] repeated; dx [n] += sum over the `times` blocks of dy.
 cudaError_t RepeatRows(const float* x, int64_t n, int64_t times, float* out, void* stream);
 cudaError_t AccumulateRepeats(const float* dy, int64_t n, int64_t times, float* dx, void* stream);

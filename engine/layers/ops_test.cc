@@ -1,6 +1,7 @@
 #include "engine/layers/ops.h"
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "engine/layers/test_util.h"
@@ -125,6 +126,12 @@ TEST(OpsTest, HostTransfersAndErrors) {
   EXPECT_EQ(Add(fp32_gpu, fp32, fp32).code(), absl::StatusCode::kInvalidArgument);
   Tensor two = TensorOf({2}, {0, 0});
   EXPECT_EQ(Copy(x.view(), two.view()).code(), absl::StatusCode::kInvalidArgument);
+  // bf16 operands are the CUDA engine's bf16 activation stream only.
+  std::vector<uint16_t> h(3);
+  const TensorView bf16 = MakeView(h.data(), DType::kBFloat16, {3});
+  const absl::Status host_bf16 = Add(fp32, bf16, fp32);
+  EXPECT_EQ(host_bf16.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(host_bf16.message().find("bf16 operands are for CUDA"), std::string::npos) << host_bf16;
 }
 
 TEST(OpsTest, ScatterAddRowsSumsRowsPerSlot) {

@@ -69,6 +69,7 @@ absl::Status StagedBatch::EnsureBuffers(size_t bytes) {
 
 absl::Status StagedBatch::Stage(const Batch& b, Device device) {
   batch_ = &b;
+  ++generation_;
   const int64_t tokens = b.sequence.empty() ? 0 : b.sequence[0].offsets.back();
   std::vector<Piece> pieces;
   size_t total = 0;

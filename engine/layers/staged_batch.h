@@ -44,6 +44,8 @@ class StagedBatch {
   absl::Status MarkConsumed(void* compute_stream);
 
   const Batch* batch() const { return batch_; }
+  // Counts Stage() calls: tells one staging of a Batch object from the next.
+  uint64_t generation() const { return generation_; }
   // int64 [n] ids and [size + 1] offsets of id-list feature f.
   JaggedView id_list(size_t f) const { return id_lists_[f]; }
   // int64 [tokens] ids of sequence field f, and the shared offsets.
@@ -58,6 +60,7 @@ class StagedBatch {
   absl::Status EnsureBuffers(size_t bytes);
 
   const Batch* batch_ = nullptr;
+  uint64_t generation_ = 0;
   std::vector<JaggedView> id_lists_;
   std::vector<TensorView> sequence_ids_;
   TensorView sequence_offsets_, dense_, labels_[2];

@@ -89,9 +89,11 @@ absl::Status LinearForward(const TensorView& x, const TensorView& w, const Tenso
               context);
 }
 
-absl::Status LinearBackwardInput(const TensorView& dy, const TensorView& w, const TensorView& dx,
-                                 const LinearRecipe& recipe, void* stream,
-                                 LinearContext* context) {
+namespace {
+
+absl::Status BackwardInput(const TensorView& dy, const TensorView& w, const TensorView& dx,
+                           bool accumulate, const LinearRecipe& recipe, void* stream,
+                           LinearContext* context) {
   RECFLEET_RETURN_IF_ERROR(CheckInput(dy, "dy"));
   const int64_t m = dy.dim(0), n = dy.dim(1);
   RECFLEET_RETURN_IF_ERROR(CheckInput(w, "w"));
@@ -99,8 +101,22 @@ absl::Status LinearBackwardInput(const TensorView& dy, const TensorView& w, cons
   RECFLEET_RETURN_IF_ERROR(CheckMatrix(w, "w", dy, n, k));
   RECFLEET_RETURN_IF_ERROR(CheckMatrix(dx, "dx", dy, m, k));
   return Gemm(linear_internal::GemmRole::kDgrad, {dy, false, ScaleBlock::k1x128},
-              {w, true, ScaleBlock::k128x128}, recipe.dgrad, TensorView(), false, dx, recipe,
+              {w, true, ScaleBlock::k128x128}, recipe.dgrad, TensorView(), accumulate, dx, recipe,
               stream, context);
+}
+
+}  // namespace
+
+absl::Status LinearBackwardInput(const TensorView& dy, const TensorView& w, const TensorView& dx,
+                                 const LinearRecipe& recipe, void* stream,
+                                 LinearContext* context) {
+  return BackwardInput(dy, w, dx, /*accumulate=*/false, recipe, stream, context);
+}
+
+absl::Status LinearBackwardInputAccumulate(const TensorView& dy, const TensorView& w,
+                                           const TensorView& dx, const LinearRecipe& recipe,
+                                           void* stream, LinearContext* context) {
+  return BackwardInput(dy, w, dx, /*accumulate=*/true, recipe, stream, context);
 }
 
 absl::Status LinearBackwardWeight(const TensorView& dy, const TensorView& x, const TensorView& dw,

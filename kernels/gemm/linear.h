@@ -115,6 +115,14 @@ absl::Status LinearBackwardInput(const TensorView& dy, const TensorView& w, cons
                                  const LinearRecipe& recipe, void* stream = nullptr,
                                  LinearContext* context = nullptr);
 
+// dx += dy W, the sum taken in the GEMM's epilogue (accumulated in fp32,
+// rounded once to dx's dtype): for an input that feeds several layers, whose
+// gradients would otherwise each go through a scratch buffer and an add.
+absl::Status LinearBackwardInputAccumulate(const TensorView& dy, const TensorView& w,
+                                           const TensorView& dx, const LinearRecipe& recipe,
+                                           void* stream = nullptr,
+                                           LinearContext* context = nullptr);
+
 // dw (+)= dy^T x and, when dbias.data != nullptr, dbias (+)= sum over rows of
 // dy. With accumulate = true the results are added to dw/dbias (gradient
 // accumulation over micro-batches); otherwise they are overwritten.

@@ -64,6 +64,17 @@ TEST(LinearTest, WeightGradientAccumulates) {
   for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(db2[i], 2 * db1[i], 1e-14);
 }
 
+TEST(LinearTest, InputGradientAccumulates) {
+  const int64_t m = 4, k = 3, n = 2;
+  std::vector<double> dy = RandomDoubles(m * n), w = RandomDoubles(n * k);
+  std::vector<double> once(m * k), acc = RandomDoubles(m * k);
+  const std::vector<double> start = acc;
+  ASSERT_TRUE(LinearBackwardInput(V(dy, {m, n}), V(w, {n, k}), V(once, {m, k}), kNative).ok());
+  ASSERT_TRUE(
+      LinearBackwardInputAccumulate(V(dy, {m, n}), V(w, {n, k}), V(acc, {m, k}), kNative).ok());
+  for (int64_t i = 0; i < m * k; ++i) EXPECT_NEAR(acc[i], start[i] + once[i], 1e-12) << i;
+}
+
 TEST(LinearTest, Bf16RecipeRoundsOperandsOnly) {
   const int64_t m = 3, k = 40, n = 4;
   std::vector<double> x = RandomDoubles(m * k), w = RandomDoubles(n * k), y(m * n), want(m * n);
