@@ -60,7 +60,8 @@ class RankRun {
     void Abort(absl::string_view reason) {
       if (world != nullptr) world->Abort(reason);
       if (!groups.has_value()) return;
-      for (comm::Communicator* c : {groups->fsdp(), groups->replica(), groups->tables(), groups->table_replica()}) {
+      for (comm::Communicator* c :
+           {groups->fsdp(), groups->replica(), groups->tables(), groups->table_replica(), groups->expert()}) {
         if (c != nullptr) c->Abort(reason);
       }
     }
@@ -229,12 +230,21 @@ absl::Status RankRun::Connect() {
   std::shared_ptr<Comms> comms = comms_;
   control_.OnStop([comms] { comms->Abort("task stopped by the worker (abort or shutdown)"); });
   if (a_.rank() == 0) {
-    std::fprintf(stderr, "worker: %s layout: FSDP groups of %d x %d replicas, tables over %d x %d copies\n",
+    std::fprintf(stderr,
+                 "worker: %s layout: FSDP groups of %d x %d replicas, tables over %d x %d copies%s, experts over "
+                 "groups of %d\n",
                  Describe().c_str(), comms_->groups->fsdp()->size(), comms_->groups->replica()->size(),
-                 comms_->groups->tables()->size(), comms_->groups->table_replica()->size());
+                 comms_->groups->tables()->size(), comms_->groups->table_replica()->size(),
+                 a_.plan().sparse().tables_size() > 0 ? " as planned" : " (balanced, no plan)",
+                 comms_->groups->expert() != nullptr ? comms_->groups->expert()->size() : 1);
+  }
+  // The plan's table placements, when the coordinator planned the job.
+  std::vector<dist::PlannedTable> planned_tables;
+  for (const v1::TableShardingPlan& t : a_.plan().sparse().tables()) {
+    planned_tables.push_back({t.table(), t.sharding(), t.num_shards(), {t.ranks().begin(), t.ranks().end()}});
   }
   absl::StatusOr<std::unique_ptr<DistributedModel>> model = DistributedModel::Create(
-      job_model_.config, job_model_.schema, &*comms_->groups, comms_->world.get());
+      job_model_.config, job_model_.schema, &*comms_->groups, comms_->world.get(), planned_tables);
   if (!model.ok()) return model.status();
   model_ = *std::move(model);
   return absl::OkStatus();

@@ -68,6 +68,27 @@ TEST(TrainingGroupSpecsTest, FallsBackToHintsAndToTheFsdpGroupForTables) {
   EXPECT_EQ(Ranks((*specs)[3]), (std::vector<int>{0}));
 }
 
+TEST(TrainingGroupSpecsTest, ExpertGroupsGiveAFifthSpec) {
+  const std::vector<NamedGroup> plan = {{"fsdp/0", {0, 1, 2, 3}}, {"expert/moe/0", {0, 1}}, {"expert/moe/1", {2, 3}}};
+  auto specs = TrainingGroupSpecs(3, 4, plan, {});
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  ASSERT_EQ(specs->size(), 5u);
+  EXPECT_EQ((*specs)[4].name, "expert");
+  EXPECT_EQ((*specs)[4].index, 1);
+  EXPECT_EQ(Ranks((*specs)[4]), (std::vector<int>{2, 3}));
+  EXPECT_EQ(TrainingGroupSpecs(3, 4, {{"fsdp/0", {0, 1, 2, 3}}}, {})->size(), 4u);
+  // Two expert modules, or expert groups that miss ranks, are refused.
+  EXPECT_FALSE(TrainingGroupSpecs(0, 2, {{"fsdp/0", {0, 1}}, {"expert/a/0", {0, 1}}, {"expert/b/0", {0, 1}}}, {}).ok());
+  EXPECT_FALSE(TrainingGroupSpecs(0, 4, {{"fsdp/0", {0, 1, 2, 3}}, {"expert/moe/0", {0, 1}}}, {}).ok());
+}
+
+TEST(TrainingGroupSpecsTest, RefusesV3SayingWhy) {
+  auto specs = TrainingGroupSpecs(0, 2, {{"fsdp/0", {0, 1}}, {"table_shards/0", {0, 1}}}, {});
+  EXPECT_EQ(specs.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(specs.status().message().find("V3"), absl::string_view::npos) << specs.status();
+  EXPECT_NE(specs.status().message().find("table_sharding_group_size"), absl::string_view::npos) << specs.status();
+}
+
 TEST(TrainingGroupSpecsTest, RejectsBrokenPlans) {
   EXPECT_FALSE(TrainingGroupSpecs(0, 4, {{"fsdp/0", {0, 1}}, {"fsdp/1", {2}}}, {}).ok());          // Sizes.
   EXPECT_FALSE(TrainingGroupSpecs(0, 4, {{"fsdp/0", {0, 1}}, {"fsdp/1", {1, 2}}}, {}).ok());       // Overlap.

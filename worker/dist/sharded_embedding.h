@@ -2,9 +2,11 @@
 #define RECFLEET_WORKER_DIST_SHARDED_EMBEDDING_H_
 
 // Embedding tables sharded over a model-parallel group ("table group"),
-// table-wise (a whole table on one rank) or row-wise (contiguous row blocks
-// on every rank), optionally replicated across a replica group that trains
-// the same shards on other data (2D sparse parallelism, replicated tables).
+// table-wise (a whole table on one rank), row-wise (contiguous row blocks on
+// a list of ranks) or column-wise (contiguous column slices on a list of
+// ranks), as a plan places them, optionally replicated across a replica
+// group that trains the same shards on other data (2D sparse parallelism,
+// replicated tables).
 //
 // One step, for a batch of id lists per table on every rank:
 //  Forward   ids go to the ranks owning their rows (all-to-all of bag
@@ -17,7 +19,10 @@
 //            gradients (broadcasts over the replica group) and apply one
 //            rowwise-Adagrad step with the gradient summed over every bag of
 //            every rank, exactly as one rank holding the whole table and the
-//            whole global batch would (kernels/embedding).
+//            whole global batch would (kernels/embedding). Rowwise Adagrad
+//            scales a row by the mean square of its whole gradient, so the
+//            holders of a column-wise table's slices first exchange each
+//            touched row's sum of squares over their slices (all-to-all).
 //
 // The result is the single-rank result up to floating-point summation order.
 // Replicas apply identical updates in identical order, so their shards stay
@@ -60,14 +65,39 @@ struct EmbeddingTableConfig {
 };
 
 enum class TableSharding : uint8_t {
-  kTableWise,  // The whole table on group rank `owner`.
-  kRowWise,    // Rows split into contiguous blocks of ceil(rows / G).
+  kTableWise,   // The whole table on group rank `owner`.
+  kRowWise,     // Rows in contiguous blocks of ceil(rows / n) on the n `ranks`.
+  kColumnWise,  // Columns in n equal slices (dim / n each) on the n `ranks`.
 };
 
 struct TablePlacement {
   TableSharding sharding = TableSharding::kTableWise;
   int owner = 0;  // kTableWise only.
+  // kRowWise / kColumnWise: the group ranks holding block (slice) 0, 1, ...
+  // in order, each at most once; empty means every group rank, 0..G-1.
+  std::vector<int> ranks = {};
 };
+
+// One table as a plan places it inside its model-parallel group (mirrors
+// recfleet.v1.TableShardingPlan): sharding "TW", "CW", "TWRW" or "RW",
+// `ranks` the group positions holding the shards in shard order (empty for
+// "RW": every position).
+struct PlannedTable {
+  std::string table;
+  std::string sharding;
+  int num_shards = 1;
+  std::vector<int> ranks;
+};
+
+// The placements of `tables` exactly as `planned` (one entry per table, in
+// the same order and with the same names) chose them, in a group of
+// `group_size`: TW on its rank, CW slices and TWRW / RW row blocks on the
+// listed ranks in order. InvalidArgument naming the table when an entry
+// does not fit (unknown sharding, shard count and ranks disagreeing, a rank
+// outside the group, another table's name).
+absl::StatusOr<std::vector<TablePlacement>> PlacementsFromPlan(const std::vector<EmbeddingTableConfig>& tables,
+                                                               const std::vector<PlannedTable>& planned,
+                                                               int group_size);
 
 // A placement balanced by bytes when no plan gives one: a table larger than
 // an even share of all tables (total / group_size) is split row-wise; the
@@ -89,7 +119,18 @@ class EmbeddingShardingPlan {
 
   // Rows [first, second) of table t held by group rank r (empty if none).
   std::pair<int64_t, int64_t> RowRange(int t, int r) const;
-  // Tables with at least one row on group rank r, ascending.
+  // Columns [first, second) of those rows that rank r holds: all of them
+  // unless the table is column-wise (empty if it holds none).
+  std::pair<int64_t, int64_t> ColumnRange(int t, int r) const;
+  int64_t Columns(int t, int r) const {
+    const auto c = ColumnRange(t, r);
+    return c.second - c.first;
+  }
+  // Shards of table t, and the index of group rank r among their holders
+  // (-1 if it holds none).
+  int NumShards(int t) const;
+  int ShardIndex(int t, int r) const;
+  // Tables with at least one element on group rank r, ascending.
   const std::vector<int>& TablesOn(int r) const { return tables_on_[r]; }
 
  private:
@@ -113,9 +154,10 @@ class ShardedEmbeddingCollection {
 
   const EmbeddingShardingPlan& plan() const { return plan_; }
 
-  // This rank's rows of table t: [RowRange(t, rank)] x dim fp32, and their
-  // Adagrad accumulators [rows] fp32, on the communicators' device. Zero
-  // rows if it holds none.
+  // This rank's part of table t: [RowRange(t, rank)] x [ColumnRange(t,
+  // rank)] fp32, and the Adagrad accumulators of those rows [rows] fp32
+  // (every slice holder of a column-wise table keeps the same), on the
+  // communicators' device. Zero rows if it holds none.
   TensorView shard(int t);
   TensorView momentum(int t);
 
@@ -161,6 +203,12 @@ class ShardedEmbeddingCollection {
   // Replaces the pending bags and `grads` of every local table by their
   // union over the replica group, in replica-rank order.
   absl::Status GatherReplicas(std::vector<std::vector<float>>& grads);
+  // For every local column-wise table of more than one slice: adds to the
+  // accumulator of each row that `grads` touch the difference between the
+  // mean square of the row's whole gradient (every slice's, exchanged with
+  // the other holders) and of this slice's, so the kernel's rowwise-Adagrad
+  // step, which adds the slice's own mean square, lands on the whole row's.
+  absl::Status AlignColumnSliceAccumulators(const std::vector<std::vector<float>>& grads);
 
   EmbeddingShardingPlan plan_;
   comm::Communicator* table_group_;
