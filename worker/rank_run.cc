@@ -83,6 +83,9 @@ class RankRun {
   absl::Status EvaluateAndReport(int64_t step);
   // One line on stderr: samples/s and MFU over the attempt's steps.
   void PrintSummary() const;
+  // The peak FLOP/s MFU divides by: the given one, else the CUDA device's
+  // datasheet peak by name; none on the CPU.
+  void ResolvePeak();
   void LogSamples(const Loaded& loaded);
   bool on_cuda() const { return options_.device == Device::kCuda; }
   std::string Describe() const { return absl::StrCat(a_.job(), " rank ", a_.rank(), "/", a_.world_size()); }
@@ -124,7 +127,10 @@ class RankRun {
     double flops = 0, step_seconds = 0, compute_seconds = 0, comm_seconds = 0;
   } totals_;
   bool first_step_done_ = false;
-  double peak_flops_ = 0;
+  // The peak /metrics divides by, the one the summary line divides by (0:
+  // none, "n/a"), and where it comes from.
+  double peak_flops_ = 0, summary_peak_flops_ = 0;
+  std::string peak_source_;
   double loss_sum_ = 0;
   int64_t loss_steps_ = 0;
 };
@@ -460,7 +466,7 @@ absl::Status RankRun::EvaluateAndReport(int64_t step) {
 }
 
 absl::Status RankRun::Run() {
-  peak_flops_ = on_cuda() ? options_.cuda_peak_flops : kCpuNominalPeakFlops;
+  ResolvePeak();
   metrics_->StartTask(a_.job(), a_.rank(), a_.world_size(), peak_flops_);
   // However the task ends, its info series leaves /metrics with it.
   absl::Cleanup end_task = [this] { metrics_->EndTask(); };
@@ -494,18 +500,43 @@ absl::Status RankRun::Run() {
   return reporter_.Flush(/*force=*/true);
 }
 
+void RankRun::ResolvePeak() {
+  if (!on_cuda()) {
+    peak_flops_ = kCpuNominalPeakFlops;
+    summary_peak_flops_ = 0;
+    peak_source_ = absl::StrFormat("cpu: no datasheet peak for a CPU rank; /metrics divides by a nominal %.3g FLOP/s",
+                                   kCpuNominalPeakFlops);
+    return;
+  }
+  const std::string precision = options_.bf16 ? "cuda bf16" : "cuda fp32";
+  peak_flops_ = options_.cuda_peak_flops;
+  peak_source_ = precision + ", the given peak";
+  if (peak_flops_ <= 0) {
+    std::string name = absl::StrCat("CUDA device ", options_.gpu_index);
+    absl::StatusOr<std::vector<engine::CudaDeviceInfo>> devices = engine::ListCudaDevices();
+    if (devices.ok()) {
+      for (const engine::CudaDeviceInfo& d : *devices) {
+        if (d.index == options_.gpu_index) name = d.name;
+      }
+    }
+    peak_flops_ = PeakBf16FlopsOf(name);
+    peak_source_ = peak_flops_ > 0 ? absl::StrCat(precision, ", dense bf16 datasheet peak of ", name)
+                                   : absl::StrCat(precision, ": no known peak for ", name, " (recfleet-worker --peak_flops)");
+  }
+  summary_peak_flops_ = peak_flops_;
+}
+
 void RankRun::PrintSummary() const {
   if (totals_.steps == 0 || totals_.step_seconds <= 0) return;
-  const MfuRatios mfu = ComputeMfu(totals_.flops, totals_.compute_seconds, totals_.step_seconds, peak_flops_);
   std::fprintf(stderr,
                "worker: %s summary over %lld steps after the first: %.1f samples/s, step %.2f ms (compute %.2f, "
-               "comm %.2f), %.2f useful TFLOP/s, local MFU %.4f, scaling ratio %.4f, E2E MFU %.4f (peak %.3g "
-               "FLOP/s, %s)\n",
+               "comm %.2f), %.2f useful TFLOP/s, %s\n",
                Describe().c_str(), static_cast<long long>(totals_.steps), totals_.samples / totals_.step_seconds,
                1e3 * totals_.step_seconds / totals_.steps, 1e3 * totals_.compute_seconds / totals_.steps,
                1e3 * totals_.comm_seconds / totals_.steps, totals_.flops / totals_.step_seconds * 1e-12,
-               mfu.local_mfu, mfu.scaling_ratio, mfu.e2e_mfu, peak_flops_,
-               on_cuda() ? (options_.bf16 ? "cuda bf16" : "cuda fp32") : "cpu");
+               MfuSummary(totals_.flops, totals_.compute_seconds, totals_.step_seconds, summary_peak_flops_,
+                          peak_source_)
+                   .c_str());
 }
 
 }  // namespace

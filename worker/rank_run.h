@@ -87,8 +87,11 @@ struct TrainingOptions {
   Device device = Device::kCpu;
   int gpu_index = 0;
   bool bf16 = true;
-  // Peak FLOP/s that MFU divides by: `cuda_peak_flops` on CUDA (0: MFU not
-  // exported), kCpuNominalPeakFlops (worker_metrics.h) on the CPU.
+  // Peak FLOP/s that MFU divides by: `cuda_peak_flops` on CUDA (0: the
+  // device's dense bf16 datasheet peak by name, PeakBf16FlopsOf; MFU is not
+  // exported and the summary says "n/a" when that is unknown too),
+  // kCpuNominalPeakFlops (worker_metrics.h) for the CPU's /metrics (the
+  // summary line says "n/a": a CPU has no datasheet peak).
   double cuda_peak_flops = 0;
 };
 
