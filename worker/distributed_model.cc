@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "kernels/ops/adam.h"
+#include "worker/dist/staged.h"
 
 namespace recfleet::worker {
 namespace {
@@ -89,9 +90,20 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
   adagrad.learning_rate = static_cast<float>(config.adagrad_learning_rate);
   adagrad.eps = 1e-8f;  // The engine's own tables use the same.
   comm::Communicator* table_replica = groups->table_replica()->size() > 1 ? groups->table_replica() : nullptr;
-  absl::StatusOr<std::unique_ptr<dist::ShardedEmbeddingCollection>> collection =
-      dist::ShardedEmbeddingCollection::Create(*std::move(plan), groups->tables(), table_replica, adagrad);
+  absl::StatusOr<std::unique_ptr<dist::ShardedEmbeddingCollection>> collection = dist::ShardedEmbeddingCollection::Create(
+      *std::move(plan), groups->tables(), table_replica, adagrad, groups->table_shards());
   if (!collection.ok()) return collection.status();
+  // One copy of every stored part goes into checkpoints: the lowest table
+  // replica storing it (without V3, replica 0; under V3 each part of the
+  // shard group's split is stored by one rank per copy of the tables).
+  m->records_tables_ = groups->table_replica()->rank() == 0;
+  if (groups->table_shards() != nullptr && groups->table_shards()->size() > 1) {
+    const int replicas = groups->table_replica()->size();
+    std::vector<int64_t> part = {groups->table_shards()->rank()}, parts(replicas);
+    if (absl::Status s = dist::StagedAllGather(*groups->table_replica(), part, parts); !s.ok()) return s;
+    m->records_tables_ =
+        std::find(parts.begin(), parts.end(), part[0]) - parts.begin() == groups->table_replica()->rank();
+  }
   m->tables_ = *std::move(collection);
   if (groups->expert() != nullptr && groups->expert()->size() > 1) {
     absl::StatusOr<std::unique_ptr<dist::ExpertAllToAll>> router =
@@ -239,14 +251,14 @@ absl::Status DistributedModel::Save(CheckpointShard* shard) {
     (*shard)["dense.adam_m"] = FloatRecord(adam_m_.data() + (first - base), end - first);
     (*shard)["dense.adam_v"] = FloatRecord(adam_v_.data() + (first - base), end - first);
   }
-  if (groups_->table_replica()->rank() == 0) {
+  if (records_tables_) {
     const int rank = groups_->tables()->rank();
     const dist::EmbeddingShardingPlan& plan = tables_->plan();
     for (int t : plan.TablesOn(rank)) {
       const std::pair<int64_t, int64_t> cols = plan.ColumnRange(t, rank);
       // Every slice of a column-wise table holds the same accumulators; the
       // first slice records them.
-      SaveTableBlock(shard, t, config_.dim, plan.RowRange(t, rank), cols, tables_->shard(t).as<float>(),
+      SaveTableBlock(shard, t, config_.dim, tables_->StoredRows(t), cols, tables_->shard(t).as<float>(),
                      cols.first == 0 ? tables_->momentum(t).as<float>() : nullptr);
     }
   }
@@ -282,7 +294,7 @@ absl::Status DistributedModel::Restore(const std::vector<CheckpointShard>& shard
   const int rank = groups_->tables()->rank();
   const dist::EmbeddingShardingPlan& plan = tables_->plan();
   for (int t : plan.TablesOn(rank)) {
-    if (absl::Status s = RestoreTableBlock(shards, t, config_.dim, plan.RowRange(t, rank), plan.ColumnRange(t, rank),
+    if (absl::Status s = RestoreTableBlock(shards, t, config_.dim, tables_->StoredRows(t), plan.ColumnRange(t, rank),
                                            tables_->shard(t).as<float>(), tables_->momentum(t).as<float>());
         !s.ok()) {
       return s;

@@ -11,8 +11,11 @@
 //   sparse  the embedding tables sharded over the table group exactly as
 //           the plan placed them (table-wise, row-wise on listed ranks,
 //           column-wise; worker/dist/sharded_embedding.h), replicated
-//           across the table-replica group; lookups and rowwise-Adagrad
-//           updates go through all-to-alls to the owning ranks.
+//           across the table-replica group, or under V3 split again over
+//           the plan's "table_shards/" group (each block all-gathered for
+//           the step, the whole block, not only its touched rows);
+//           lookups and rowwise-Adagrad updates go through all-to-alls to
+//           the owning ranks.
 //   experts with an expert-parallel group (the plan's "expert/" groups),
 //           each rank computes only its block of the experts, on the tokens
 //           of the whole group (token all-to-all, worker/dist/
@@ -106,6 +109,7 @@ class DistributedModel : public RankModel {
   std::optional<dist::FsdpFlatParameter> dense_;
   std::unique_ptr<dist::ShardedEmbeddingCollection> tables_;
   std::unique_ptr<dist::ExpertAllToAll> router_;  // Null without expert parallelism.
+  bool records_tables_ = false;  // Whether Save records this rank's table parts.
   std::vector<TensorView> dense_params_, dense_grads_;
   int64_t dense_numel_ = 0;
   // Local shard of the flat dense parameters and its AdamW moments.

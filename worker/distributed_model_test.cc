@@ -118,9 +118,9 @@ void ExpectMatches(DistributedModel& m, const Reference& ref, int rank) {
   if (rank == 0) std::printf("rank 0: dense parameters' max relative error %.2e\n", dense_error);
   const dist::EmbeddingShardingPlan& plan = m.tables().plan();
   auto& tables = const_cast<dist::ShardedEmbeddingCollection&>(m.tables());
-  const int table_rank = rank % plan.group_size();  // Consecutive table groups.
+  const int table_rank = tables.group_rank();
   for (int t : plan.TablesOn(table_rank)) {
-    const auto [first, end] = plan.RowRange(t, table_rank);
+    const auto [first, end] = tables.StoredRows(t);
     const auto [c0, c1] = plan.ColumnRange(t, table_rank);
     const int64_t dim = plan.table(t).dim;
     std::vector<float> expected;
@@ -204,6 +204,16 @@ void ExpectPlanTrainsLikeOneRank(const dist::ParallelismHints& hints,
     bool has_expert_groups = false;
     for (const dist::NamedGroup& g : plan_groups) has_expert_groups |= g.name.rfind("expert/", 0) == 0;
     EXPECT_EQ((*m)->expert_parallel(), has_expert_groups);
+    // Under V3 a rank stores only its part of every block of two rows or more.
+    bool v3 = false;
+    for (const dist::NamedGroup& g : plan_groups) v3 |= g.name.rfind("table_shards/", 0) == 0;
+    const dist::EmbeddingShardingPlan& sharding = (*m)->tables().plan();
+    for (int t : sharding.TablesOn((*m)->tables().group_rank())) {
+      const auto block = sharding.RowRange(t, (*m)->tables().group_rank());
+      const auto stored = (*m)->tables().StoredRows(t);
+      if (block.second - block.first < 2) continue;
+      EXPECT_EQ(stored.second - stored.first < block.second - block.first, v3) << "table " << t;
+    }
     // Shard i of every table sits on the rank the plan lists i-th.
     for (size_t t = 0; t < plan.size(); ++t) {
       for (size_t i = 0; i < plan[t].ranks.size(); ++i) {
@@ -273,6 +283,49 @@ TEST(DistributedModelTest, ExpertParallelGroupWiderThanTheExpertsTrainsLikeOneRa
                                {"fsdp/1", {2, 3}},
                                {"tables/0", {0, 1, 2, 3}},
                                {"expert/moe/0", {0, 1, 2, 3}}});
+}
+
+// V3: tables over {0, 2} and {1, 3}, each position's shards split again
+// over {0, 1} and {2, 3} (gathered for every step); column-, row- and
+// table-wise tables.
+const std::vector<dist::NamedGroup> kV3Groups = {{"fsdp/0", {0, 1, 2, 3}},
+                                                  {"tables/0", {0, 2}},
+                                                  {"tables/1", {1, 3}},
+                                                  {"table_shards/0", {0, 1}},
+                                                  {"table_shards/1", {2, 3}}};
+
+std::vector<dist::PlannedTable> MixedOverTwo(const std::vector<engine::FeatureSchema::Table>& tables) {
+  std::vector<dist::PlannedTable> p;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    p.push_back(t % 3 == 0   ? dist::PlannedTable{tables[t].name, "CW", 2, {1, 0}}
+                : t % 3 == 1 ? dist::PlannedTable{tables[t].name, "RW", 2, {}}
+                             : dist::PlannedTable{tables[t].name, "TW", 1, {static_cast<int>(t % 2)}});
+  }
+  return p;
+}
+
+TEST(DistributedModelTest, V3ShardGroupsTrainLikeOneRank) {
+  ExpectPlanTrainsLikeOneRank({}, MixedOverTwo, kV3Groups);
+}
+
+// A V3 checkpoint holds every part once and resumes under a plain layout.
+TEST(DistributedModelTest, V3CheckpointResumesUnderAnotherLayout) {
+  const engine::MovieLensCtr data = Data();
+  const Reference ref = TrainOneRank(data, kSteps);
+  std::vector<CheckpointShard> saved(kWorld);
+  OnRanks({}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world, MixedOverTwo(data.schema().tables));
+    ASSERT_TRUE(m.ok()) << m.status();
+    Train(**m, data, rank, 0, kSteps / 2);
+    ASSERT_TRUE((*m)->Save(&saved[rank]).ok());
+  }, kV3Groups);
+  OnRanks({4, 1, 4}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE((*m)->Restore(saved).ok());
+    Train(**m, data, rank, kSteps / 2, kSteps);
+    ExpectMatches(**m, ref, rank);
+  });
 }
 
 // Whole tables on the ranks the plan names (not the balanced rule's), plus

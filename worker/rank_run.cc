@@ -61,7 +61,8 @@ class RankRun {
       if (world != nullptr) world->Abort(reason);
       if (!groups.has_value()) return;
       for (comm::Communicator* c :
-           {groups->fsdp(), groups->replica(), groups->tables(), groups->table_replica(), groups->expert()}) {
+           {groups->fsdp(), groups->replica(), groups->tables(), groups->table_replica(), groups->expert(),
+            groups->table_shards()}) {
         if (c != nullptr) c->Abort(reason);
       }
     }

@@ -133,13 +133,6 @@ absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank,
   if (!tables.ok()) return tables.status();
   std::string expert_prefix;
   for (const NamedGroup& g : plan_groups) {
-    if (absl::StartsWith(g.name, "table_shards/")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan group ", g.name, ": the plan chose the V3 sparse layout, which splits every table group's "
-          "shards again over a \"table_shards/\" group and all-gathers the touched rows before each lookup; "
-          "workers hold whole table-group shards and have no such gather yet, so they cannot train it. "
-          "Set spec.parallelism.table_sharding_group_size so the tables fit one table group (V2)"));
-    }
     if (absl::StartsWith(g.name, "expert/")) {
       const std::string prefix = g.name.substr(0, g.name.find_last_of('/') + 1);
       if (!expert_prefix.empty() && prefix != expert_prefix) {
@@ -150,6 +143,9 @@ absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank,
       expert_prefix = prefix;
     }
   }
+  absl::StatusOr<std::map<int, std::vector<int>>> table_shards =
+      GroupsWithPrefix(plan_groups, "table_shards/", world_size);
+  if (!table_shards.ok()) return table_shards.status();
   absl::StatusOr<std::map<int, std::vector<int>>> experts =
       expert_prefix.empty() ? std::map<int, std::vector<int>>() : GroupsWithPrefix(plan_groups, expert_prefix, world_size);
   if (!experts.ok()) return experts.status();
@@ -167,6 +163,21 @@ absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank,
   for (const auto& [index, ranks] : *experts) {
     if (std::find(ranks.begin(), ranks.end(), rank) != ranks.end()) specs.push_back({"expert", index, ranks});
   }
+  // V3: the ranks splitting this rank's table shards must hold the same
+  // shards (one position in several table groups): part of its table
+  // replica group.
+  const std::vector<int>& table_replicas = specs[3].ranks;
+  for (const auto& [index, ranks] : *table_shards) {
+    if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) continue;
+    for (int r : ranks) {
+      if (std::find(table_replicas.begin(), table_replicas.end(), r) == table_replicas.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("plan group table_shards/", index, ": rank ", r,
+                                                       " holds other table shards than rank ", rank,
+                                                       " (another position in its tables group)"));
+      }
+    }
+    specs.push_back({"table_shards", index, ranks});
+  }
   return specs;
 }
 
@@ -179,8 +190,8 @@ absl::StatusOr<TrainingGroups> TrainingGroups::Build(const ParallelLayout& layou
 
 absl::StatusOr<TrainingGroups> TrainingGroups::BuildFromSpecs(int rank, const std::vector<comm::ProcessGroupSpec>& specs,
                                                               comm::KvStore& store, const comm::CommFactory& factory) {
-  if (specs.size() != 4 && specs.size() != 5) {
-    return absl::InvalidArgumentError(absl::StrCat("training groups: 4 or 5 specs expected, got ", specs.size()));
+  if (specs.size() < 4) {
+    return absl::InvalidArgumentError(absl::StrCat("training groups: at least 4 specs expected, got ", specs.size()));
   }
   absl::StatusOr<comm::ProcessGroups> dense =
       comm::ProcessGroups::BuildFromSpecs(rank, {specs[0], specs[1]}, store, factory);
@@ -189,10 +200,11 @@ absl::StatusOr<TrainingGroups> TrainingGroups::BuildFromSpecs(int rank, const st
       comm::ProcessGroups::BuildFromSpecs(rank, {specs[2], specs[3]}, store, factory);
   if (!sparse.ok()) return sparse.status();
   TrainingGroups groups{*std::move(dense), *std::move(sparse), std::nullopt};
-  if (specs.size() == 5) {
-    absl::StatusOr<comm::ProcessGroups> experts = comm::ProcessGroups::BuildFromSpecs(rank, {specs[4]}, store, factory);
-    if (!experts.ok()) return experts.status();
-    groups.experts.emplace(*std::move(experts));
+  if (specs.size() > 4) {
+    absl::StatusOr<comm::ProcessGroups> extra =
+        comm::ProcessGroups::BuildFromSpecs(rank, {specs.begin() + 4, specs.end()}, store, factory);
+    if (!extra.ok()) return extra.status();
+    groups.extra.emplace(*std::move(extra));
   }
   return groups;
 }

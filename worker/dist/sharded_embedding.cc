@@ -107,7 +107,7 @@ int EmbeddingShardingPlan::ShardIndex(int t, int r) const {
 namespace {
 
 // Block i of n contiguous blocks of ceil(size / n) over [0, size).
-std::pair<int64_t, int64_t> Block(int64_t size, int i, int n) {
+std::pair<int64_t, int64_t> ContiguousBlock(int64_t size, int i, int n) {
   const int64_t per = (size + n - 1) / n;
   const int64_t first = std::min(size, i * per);
   return {first, std::min(size, first + per)};
@@ -120,7 +120,7 @@ std::pair<int64_t, int64_t> EmbeddingShardingPlan::RowRange(int t, int r) const 
   const int i = ShardIndex(t, r);
   if (i < 0 || Columns(t, r) == 0) return {0, 0};
   if (placements_[t].sharding != TableSharding::kRowWise) return {0, rows};
-  return Block(rows, i, NumShards(t));
+  return ContiguousBlock(rows, i, NumShards(t));
 }
 
 std::pair<int64_t, int64_t> EmbeddingShardingPlan::ColumnRange(int t, int r) const {
@@ -128,7 +128,7 @@ std::pair<int64_t, int64_t> EmbeddingShardingPlan::ColumnRange(int t, int r) con
   const int i = ShardIndex(t, r);
   if (i < 0) return {0, 0};
   if (placements_[t].sharding != TableSharding::kColumnWise) return {0, dim};
-  return Block(dim, i, NumShards(t));
+  return ContiguousBlock(dim, i, NumShards(t));
 }
 
 absl::StatusOr<std::vector<TablePlacement>> PlacementsFromPlan(const std::vector<EmbeddingTableConfig>& tables,
@@ -176,58 +176,125 @@ absl::StatusOr<std::vector<TablePlacement>> PlacementsFromPlan(const std::vector
 
 absl::StatusOr<std::unique_ptr<ShardedEmbeddingCollection>> ShardedEmbeddingCollection::Create(
     EmbeddingShardingPlan plan, comm::Communicator* table_group, comm::Communicator* replica_group,
-    RowwiseAdagradConfig optimizer) {
+    RowwiseAdagradConfig optimizer, comm::Communicator* shard_group) {
   if (table_group == nullptr) return absl::InvalidArgumentError("sharded embeddings: table_group is null");
   if (table_group->size() != plan.group_size()) {
     return absl::InvalidArgumentError(absl::StrCat("sharded embeddings: the plan is for a group of ",
                                                    plan.group_size(), " ranks but table_group has ",
                                                    table_group->size()));
   }
-  if (replica_group != nullptr && replica_group->device() != table_group->device()) {
-    return absl::InvalidArgumentError("sharded embeddings: table_group and replica_group live on different devices");
+  for (comm::Communicator* other : {replica_group, shard_group}) {
+    if (other != nullptr && other->device() != table_group->device()) {
+      return absl::InvalidArgumentError("sharded embeddings: the table, replica and shard groups live on different devices");
+    }
   }
-  const Device device = table_group->device();
-  std::vector<DeviceBuffer> shards, momenta;
-  for (int t = 0; t < plan.num_tables(); ++t) {
-    const auto range = plan.RowRange(t, table_group->rank());
-    const int64_t rows = range.second - range.first;
-    const int64_t cols = plan.Columns(t, table_group->rank());
-    absl::StatusOr<DeviceBuffer> shard = DeviceBuffer::Zeros(device, rows * cols * sizeof(float));
+  if (shard_group != nullptr && shard_group->size() < 2) shard_group = nullptr;
+  std::unique_ptr<ShardedEmbeddingCollection> c(
+      new ShardedEmbeddingCollection(std::move(plan), table_group, replica_group, optimizer, shard_group));
+  // Stored rows only (padded to equal parts for the all-gather under V3).
+  for (int t = 0; t < c->plan_.num_tables(); ++t) {
+    const int64_t cols = c->plan_.Columns(t, table_group->rank());
+    const int64_t rows = c->ShardDegree() > 1 ? c->PartRows(t) : c->StoredRows(t).second - c->StoredRows(t).first;
+    absl::StatusOr<DeviceBuffer> shard = DeviceBuffer::Zeros(c->device_, rows * cols * sizeof(float));
     if (!shard.ok()) return shard.status();
-    absl::StatusOr<DeviceBuffer> momentum = DeviceBuffer::Zeros(device, rows * sizeof(float));
+    absl::StatusOr<DeviceBuffer> momentum = DeviceBuffer::Zeros(c->device_, rows * sizeof(float));
     if (!momentum.ok()) return momentum.status();
-    shards.push_back(*std::move(shard));
-    momenta.push_back(*std::move(momentum));
+    c->shards_.push_back(*std::move(shard));
+    c->momenta_.push_back(*std::move(momentum));
   }
-  return std::unique_ptr<ShardedEmbeddingCollection>(new ShardedEmbeddingCollection(
-      std::move(plan), table_group, replica_group, optimizer, std::move(shards), std::move(momenta)));
+  return c;
 }
 
 ShardedEmbeddingCollection::ShardedEmbeddingCollection(EmbeddingShardingPlan plan, comm::Communicator* table_group,
                                                        comm::Communicator* replica_group,
-                                                       RowwiseAdagradConfig optimizer,
-                                                       std::vector<DeviceBuffer> shards,
-                                                       std::vector<DeviceBuffer> momenta)
+                                                       RowwiseAdagradConfig optimizer, comm::Communicator* shard_group)
     : plan_(std::move(plan)),
       table_group_(table_group),
       replica_group_(replica_group),
+      shard_group_(shard_group),
       optimizer_(optimizer),
-      device_(table_group->device()),
-      shards_(std::move(shards)),
-      momenta_(std::move(momenta)) {}
+      device_(table_group->device()) {}
+
+int64_t ShardedEmbeddingCollection::PartRows(int t) const {
+  const auto [first, end] = plan_.RowRange(t, table_group_->rank());
+  return (end - first + ShardDegree() - 1) / ShardDegree();
+}
+
+std::pair<int64_t, int64_t> ShardedEmbeddingCollection::StoredRows(int t) const {
+  const auto [first, end] = plan_.RowRange(t, table_group_->rank());
+  if (ShardDegree() == 1) return {first, end};
+  const auto part = ContiguousBlock(end - first, shard_group_->rank(), ShardDegree());
+  return {first + part.first, first + part.second};
+}
 
 TensorView ShardedEmbeddingCollection::shard(int t) {
-  const int64_t rows = static_cast<int64_t>(momenta_[t].size() / sizeof(float));
-  return shards_[t].View(DType::kFloat32, {rows, plan_.Columns(t, table_group_->rank())});
+  const auto [first, end] = StoredRows(t);
+  const int64_t cols = plan_.Columns(t, table_group_->rank());
+  // While the block is gathered, this rank's part sits at its offset in it.
+  const int64_t offset = gathered_ ? shard_group_->rank() * PartRows(t) : 0;
+  return MakeView(static_cast<float*>(shards_[t].data()) + offset * cols, DType::kFloat32, {end - first, cols},
+                  device_);
 }
 
 TensorView ShardedEmbeddingCollection::momentum(int t) {
-  return momenta_[t].View(DType::kFloat32, {static_cast<int64_t>(momenta_[t].size() / sizeof(float))});
+  const auto [first, end] = StoredRows(t);
+  const int64_t offset = gathered_ ? shard_group_->rank() * PartRows(t) : 0;
+  return MakeView(static_cast<float*>(momenta_[t].data()) + offset, DType::kFloat32, {end - first}, device_);
+}
+
+TensorView ShardedEmbeddingCollection::Block(int t) {
+  const auto [first, end] = plan_.RowRange(t, table_group_->rank());
+  return shards_[t].View(DType::kFloat32, {end - first, plan_.Columns(t, table_group_->rank())});
+}
+
+TensorView ShardedEmbeddingCollection::BlockMomentum(int t) {
+  const auto [first, end] = plan_.RowRange(t, table_group_->rank());
+  return momenta_[t].View(DType::kFloat32, {end - first});
+}
+
+absl::Status ShardedEmbeddingCollection::GatherBlocks() {
+  if (ShardDegree() == 1) return absl::OkStatus();
+  if (absl::Status s = ReleaseBlocks(); !s.ok()) return s;
+  const int d = ShardDegree();
+  for (int t : plan_.TablesOn(table_group_->rank())) {
+    const int64_t part = PartRows(t), cols = plan_.Columns(t, table_group_->rank());
+    for (auto [buffer, width] : {std::pair<DeviceBuffer*, int64_t>{&shards_[t], cols}, {&momenta_[t], 1}}) {
+      absl::StatusOr<DeviceBuffer> block = DeviceBuffer::Zeros(device_, d * part * width * sizeof(float));
+      if (!block.ok()) return block.status();
+      if (absl::Status s = shard_group_->AllGather(buffer->View(DType::kFloat32, {part * width}),
+                                                   block->View(DType::kFloat32, {d * part * width}));
+          !s.ok()) {
+        return s;
+      }
+      *buffer = *std::move(block);
+    }
+  }
+  gathered_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status ShardedEmbeddingCollection::ReleaseBlocks() {
+  if (!gathered_) return absl::OkStatus();
+  const int me = shard_group_->rank();
+  for (int t : plan_.TablesOn(table_group_->rank())) {
+    const int64_t part = PartRows(t), cols = plan_.Columns(t, table_group_->rank());
+    for (auto [buffer, width] : {std::pair<DeviceBuffer*, int64_t>{&shards_[t], cols}, {&momenta_[t], 1}}) {
+      std::vector<float> block(buffer->size() / sizeof(float));
+      if (absl::Status s = buffer->CopyToHost(block.data(), buffer->size()); !s.ok()) return s;
+      absl::StatusOr<DeviceBuffer> own =
+          DeviceBuffer::FromHost(device_, block.data() + me * part * width, part * width * sizeof(float));
+      if (!own.ok()) return own.status();
+      *buffer = *std::move(own);
+    }
+  }
+  gathered_ = false;
+  return absl::OkStatus();
 }
 
 absl::Status ShardedEmbeddingCollection::Initialize(const std::function<float(int, int64_t, int64_t)>& value) {
+  if (absl::Status s = ReleaseBlocks(); !s.ok()) return s;
   for (int t = 0; t < plan_.num_tables(); ++t) {
-    const int64_t first = plan_.RowRange(t, table_group_->rank()).first;
+    const int64_t first = StoredRows(t).first;
     const int64_t first_col = plan_.ColumnRange(t, table_group_->rank()).first;
     const int64_t cols = shard(t).dim(1);
     const int64_t rows = shard(t).dim(0);
@@ -285,6 +352,9 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
   pending_.valid = false;
   if (absl::Status s = CheckIds(ids); !s.ok()) return s;
   if (absl::Status s = CheckPerTable(out, "out"); !s.ok()) return s;
+  // V3: the whole block of every local table, from its parts (again after
+  // any change to the stored parts, e.g. a restore).
+  if (absl::Status s = GatherBlocks(); !s.ok()) return s;
   const int num_tables = plan_.num_tables();
   std::vector<int64_t> my_bags(num_tables);
   for (int t = 0; t < num_tables; ++t) {
@@ -371,7 +441,7 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
     absl::StatusOr<DeviceBuffer> out_dev = Stage(device_, partial[k]);
     if (!out_dev.ok()) return out_dev.status();
     JaggedView bags{View<int64_t>(*ids_dev, pending_.ids[k].size()), View<int64_t>(*offsets_dev, served + 1)};
-    absl::Status s = EmbeddingBagForward(shard(t), bags, Pooling::kSum, out_dev->View(DType::kFloat32, {served, cols}));
+    absl::Status s = EmbeddingBagForward(Block(t), bags, Pooling::kSum, out_dev->View(DType::kFloat32, {served, cols}));
     if (!s.ok()) return s;
     if (s = out_dev->CopyToHost(partial[k].data(), partial[k].size() * sizeof(float)); !s.ok()) return s;
   }
@@ -498,10 +568,12 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
     if (!grads_dev.ok()) return grads_dev.status();
     JaggedView jagged{View<int64_t>(*ids_dev, pending_.ids[k].size()), View<int64_t>(*offsets_dev, bags + 1)};
     absl::Status s = EmbeddingBagBackwardAdagrad(grads_dev->View(DType::kFloat32, {bags, plan_.Columns(t, me)}), jagged,
-                                                 Pooling::kSum, optimizer_, shard(t), momentum(t));
+                                                 Pooling::kSum, optimizer_, Block(t), BlockMomentum(t));
     if (!s.ok()) return s;
   }
-  return absl::OkStatus();
+  // V3: every holder of the block applied the same update; each keeps its
+  // part.
+  return ReleaseBlocks();
 }
 
 absl::Status ShardedEmbeddingCollection::GatherReplicas(std::vector<std::vector<float>>& grads) {
@@ -624,7 +696,7 @@ absl::Status ShardedEmbeddingCollection::AlignColumnSliceAccumulators(const std:
     const double dim = static_cast<double>(plan_.table(t).dim);
     const double cols = static_cast<double>(plan_.Columns(t, me));
     // Slices summed in slice order, so every holder computes the same.
-    std::vector<float> accumulators(momentum(t).numel());
+    std::vector<float> accumulators(momenta_[t].size() / sizeof(float));
     if (absl::Status s = momenta_[t].CopyToHost(accumulators.data(), accumulators.size() * sizeof(float)); !s.ok()) {
       return s;
     }

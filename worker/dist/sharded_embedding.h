@@ -145,21 +145,31 @@ class EmbeddingShardingPlan {
 class ShardedEmbeddingCollection {
  public:
   // `table_group` shards the tables (its size must equal the plan's);
-  // `replica_group` (nullptr: none) holds the same shards elsewhere. Not
-  // owned; both must outlive the collection.
+  // `replica_group` (nullptr: none) holds the same shards elsewhere;
+  // `shard_group` (nullptr or one rank: none; V3) holds the same shards in
+  // other table groups and splits their rows: each member stores one part
+  // (contiguous rows, ceil(rows / size) each), and Forward all-gathers the
+  // whole block over it, kept until BackwardAndUpdate has applied the
+  // update (every member applies the same one: the shard group must lie
+  // inside the replica group). Not owned; all must outlive the collection.
   static absl::StatusOr<std::unique_ptr<ShardedEmbeddingCollection>> Create(EmbeddingShardingPlan plan,
                                                                             comm::Communicator* table_group,
                                                                             comm::Communicator* replica_group,
-                                                                            RowwiseAdagradConfig optimizer);
+                                                                            RowwiseAdagradConfig optimizer,
+                                                                            comm::Communicator* shard_group = nullptr);
 
   const EmbeddingShardingPlan& plan() const { return plan_; }
 
-  // This rank's part of table t: [RowRange(t, rank)] x [ColumnRange(t,
-  // rank)] fp32, and the Adagrad accumulators of those rows [rows] fp32
-  // (every slice holder of a column-wise table keeps the same), on the
+  // This rank's part of table t: [StoredRows(t)] x [ColumnRange(t, rank)]
+  // fp32, and the Adagrad accumulators of those rows [rows] fp32 (every
+  // slice holder of a column-wise table keeps the same), on the
   // communicators' device. Zero rows if it holds none.
   TensorView shard(int t);
   TensorView momentum(int t);
+  // The rows of table t this rank stores: RowRange(t, rank), or its part of
+  // them under V3.
+  std::pair<int64_t, int64_t> StoredRows(int t) const;
+  int group_rank() const { return table_group_->rank(); }
 
   // Sets every local row element to value(table, global_row, column) and
   // zeroes the accumulators. Deterministic initialization that every layout
@@ -194,7 +204,19 @@ class ShardedEmbeddingCollection {
 
   ShardedEmbeddingCollection(EmbeddingShardingPlan plan, comm::Communicator* table_group,
                              comm::Communicator* replica_group, RowwiseAdagradConfig optimizer,
-                             std::vector<DeviceBuffer> shards, std::vector<DeviceBuffer> momenta);
+                             comm::Communicator* shard_group);
+
+  int ShardDegree() const { return shard_group_ == nullptr ? 1 : shard_group_->size(); }
+  // V3: rows of each part of table t's block (the last ones padded).
+  int64_t PartRows(int t) const;
+  // The whole block [RowRange(t, rank)] x columns the kernels work on
+  // (the gathered one under V3).
+  TensorView Block(int t);
+  TensorView BlockMomentum(int t);
+  // V3: all-gathers every local table's block from the shard group's parts;
+  // ReleaseBlocks keeps this rank's part only. No-ops otherwise.
+  absl::Status GatherBlocks();
+  absl::Status ReleaseBlocks();
 
   absl::Status CheckIds(absl::Span<const JaggedView> ids) const;
   // Checks one [bags, dim] fp32 host buffer per table.
@@ -213,10 +235,12 @@ class ShardedEmbeddingCollection {
   EmbeddingShardingPlan plan_;
   comm::Communicator* table_group_;
   comm::Communicator* replica_group_;
+  comm::Communicator* shard_group_;
   RowwiseAdagradConfig optimizer_;
   Device device_;
   std::vector<DeviceBuffer> shards_;
   std::vector<DeviceBuffer> momenta_;
+  bool gathered_ = false;  // V3: shards_ / momenta_ hold whole blocks.
   Pending pending_;
 };
 
