@@ -121,6 +121,7 @@ struct GemLite<T>::Impl {
   std::unique_ptr<layers::Tower> towers[kNumHeads];
   layers::BinaryCrossEntropy bce[kNumHeads];
   int64_t adam_step = 0;
+  double loss_weight = 1.0;  // set_loss_weight.
   // The batch arrays on the model's device: staged[current] serves the step
   // in flight, the other one takes a prefetched batch.
   layers::StagedBatch staged[2];
@@ -307,7 +308,9 @@ struct GemLite<T>::Impl {
 
     RECFLEET_RETURN_IF_ERROR(layers::AllocateZeros(ctx, {B, config.expert_out}, &dmix));
     for (int k = 0; k < kNumHeads; ++k) {
-      if (has_head[k]) RECFLEET_RETURN_IF_ERROR(towers[k]->Backward(dlogits[k].view(), dmix.view(), true));
+      if (!has_head[k]) continue;
+      if (loss_weight != 1.0) RECFLEET_RETURN_IF_ERROR(ops::Scale(dlogits[k].view(), loss_weight));
+      RECFLEET_RETURN_IF_ERROR(towers[k]->Backward(dlogits[k].view(), dmix.view(), true));
     }
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, D}, &dz));
     RECFLEET_RETURN_IF_ERROR(moe->Backward(dmix.view(), dz.view(), /*accumulate=*/false));
@@ -521,6 +524,16 @@ absl::Status GemLite<T>::Prefetch(const Batch& next) {
 template <typename T>
 void GemLite<T>::SetPhaseTimer(layers::PhaseTimer* timer) {
   impl_->phases.timer = timer;
+}
+
+template <typename T>
+void GemLite<T>::set_loss_weight(double weight) {
+  impl_->loss_weight = weight;
+}
+
+template <typename T>
+void GemLite<T>::SetExpertRouter(layers::ExpertRouter* router) {
+  impl_->moe->SetRouter(router);
 }
 
 template <typename T>

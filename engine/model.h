@@ -28,6 +28,7 @@
 #include "absl/types/span.h"
 #include "engine/batch.h"
 #include "engine/layers/embeddings.h"  // TableStorage, TableLookups.
+#include "engine/layers/moe.h"  // ExpertRouter.
 #include "engine/model_config.h"
 #include "engine/tensor.h"
 
@@ -113,6 +114,17 @@ class GemLite {
   void SetPhaseTimer(layers::PhaseTimer* timer);
   // Logits of one head, [batch.size].
   absl::StatusOr<std::vector<double>> Predict(const Batch& batch, Head head);
+
+  // Data parallelism across processes: the gradients ForwardBackward
+  // computes are those of `weight` x the mean loss (this rank's share of a
+  // global batch, so gradients that meet on other ranks, such as an
+  // expert's, arrive already weighted). Reported losses stay unweighted.
+  // 1 (the default): the plain mean.
+  void set_loss_weight(double weight);
+  // Expert parallelism for the mixture of experts (layers/moe.h); not owned,
+  // null (the default) computes every expert here. Every forward (Predict
+  // included) then runs the router's collectives.
+  void SetExpertRouter(layers::ExpertRouter* router);
 
   // External tables. Per table of the schema, the bags `batch` looks up,
   // in this order: for every id-list feature on the table (schema order) one

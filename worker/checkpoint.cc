@@ -352,4 +352,57 @@ int64_t CopyRecordOverlap(const std::string& record, std::pair<int64_t, int64_t>
   return end - first;
 }
 
+void SaveTableBlock(CheckpointShard* shard, int table, int64_t dim, std::pair<int64_t, int64_t> rows,
+                    std::pair<int64_t, int64_t> cols, const float* values, const float* momentum) {
+  const std::string key = absl::StrCat("table.", table);
+  const int64_t n = rows.second - rows.first;
+  (*shard)[key + ".rows"] = absl::StrCat(rows.first, " ", rows.second);
+  if (cols.first != 0 || cols.second != dim) (*shard)[key + ".cols"] = absl::StrCat(cols.first, " ", cols.second);
+  (*shard)[key + ".value"] = FloatRecord(values, n * (cols.second - cols.first));
+  if (momentum != nullptr) (*shard)[key + ".adagrad"] = FloatRecord(momentum, n);
+}
+
+absl::Status RestoreTableBlock(const std::vector<CheckpointShard>& shards, int table, int64_t dim,
+                               std::pair<int64_t, int64_t> rows, std::pair<int64_t, int64_t> cols, float* values,
+                               float* momentum) {
+  const std::string key = absl::StrCat("table.", table);
+  const int64_t width = cols.second - cols.first;
+  int64_t cells = 0, accumulators = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const CheckpointShard& s = shards[i];
+    std::optional<std::pair<int64_t, int64_t>> r = RangeRecord(s, key + ".rows");
+    if (!r) continue;
+    const std::pair<int64_t, int64_t> c = RangeRecord(s, key + ".cols").value_or(std::make_pair(int64_t{0}, dim));
+    auto value = s.find(key + ".value");
+    const int64_t src_width = c.second - c.first;
+    if (value == s.end() || c.first < 0 || c.second > dim || src_width < 0 ||
+        value->second.size() != static_cast<size_t>((r->second - r->first) * src_width) * sizeof(float)) {
+      return absl::DataLossError(absl::StrCat("checkpoint shard ", i, ": ", key, " does not match its rows and columns"));
+    }
+    const int64_t r0 = std::max(r->first, rows.first), r1 = std::min(r->second, rows.second);
+    const int64_t c0 = std::max(c.first, cols.first), c1 = std::min(c.second, cols.second);
+    if (r0 < r1 && c0 < c1) {
+      for (int64_t row = r0; row < r1; ++row) {
+        std::memcpy(values + (row - rows.first) * width + (c0 - cols.first),
+                    value->second.data() + ((row - r->first) * src_width + (c0 - c.first)) * sizeof(float),
+                    static_cast<size_t>(c1 - c0) * sizeof(float));
+      }
+      cells += (r1 - r0) * (c1 - c0);
+    }
+    auto adagrad = s.find(key + ".adagrad");
+    if (adagrad == s.end()) continue;
+    const int64_t n = CopyRecordOverlap(adagrad->second, *r, 1, rows, momentum);
+    if (n < 0) return absl::DataLossError(absl::StrCat("checkpoint shard ", i, ": ", key, ".adagrad does not match its rows"));
+    accumulators += n;
+  }
+  const int64_t n = rows.second - rows.first;
+  if (cells != n * width || accumulators != n) {
+    return absl::DataLossError(absl::StrCat("checkpoint covers ", cells, " of the ", n * width, " elements and ",
+                                            accumulators, " of the ", n, " accumulators of this rank's rows [",
+                                            rows.first, ", ", rows.second, ") x columns [", cols.first, ", ",
+                                            cols.second, ") of table ", table));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace recfleet::worker

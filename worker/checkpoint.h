@@ -83,6 +83,23 @@ std::optional<std::pair<int64_t, int64_t>> RangeRecord(const CheckpointShard& sh
 int64_t CopyRecordOverlap(const std::string& record, std::pair<int64_t, int64_t> src, int64_t width,
                           std::pair<int64_t, int64_t> dst, float* out);
 
+// Embedding tables in checkpoints: a block of table `table` (`dim`
+// columns), rows [rows) x columns [cols), as records "table.<t>.rows",
+// "table.<t>.cols" (only for a column slice), "table.<t>.value" (the block,
+// row-major) and "table.<t>.adagrad" (the rows' accumulators; only when
+// `momentum` is given: of a column-wise table's slices only one records
+// them, as every slice holds the same).
+void SaveTableBlock(CheckpointShard* shard, int table, int64_t dim, std::pair<int64_t, int64_t> rows,
+                    std::pair<int64_t, int64_t> cols, const float* values, const float* momentum);
+// Fills block [rows) x [cols) of table `table` (`values`, row-major, and
+// the rows' accumulators `momentum`) from whatever blocks of it `shards`
+// hold, under any other layout. DataLoss naming the shard when a record
+// does not match its ranges, or naming the table when the records do not
+// cover every element and every row's accumulator of the block.
+absl::Status RestoreTableBlock(const std::vector<CheckpointShard>& shards, int table, int64_t dim,
+                               std::pair<int64_t, int64_t> rows, std::pair<int64_t, int64_t> cols, float* values,
+                               float* momentum);
+
 }  // namespace recfleet::worker
 
 #endif  // RECFLEET_WORKER_CHECKPOINT_H_

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "kernels/ops/adam.h"
+#include "worker/dist/staged.h"
 
 namespace recfleet::worker {
 namespace {
@@ -31,7 +32,8 @@ void Resize(V& v, size_t n) {
 absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const engine::GemLiteConfig& config,
                                                                            const engine::FeatureSchema& schema,
                                                                            const dist::TrainingGroups* groups,
-                                                                           comm::Communicator* world) {
+                                                                           comm::Communicator* world,
+                                                                           const std::vector<dist::PlannedTable>& planned_tables) {
   std::unique_ptr<DistributedModel> m(new DistributedModel());
   m->config_ = config;
   m->groups_ = groups;
@@ -72,17 +74,43 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
     tables.push_back({t.name, t.rows, config.dim, Pooling::kSum});
   }
   const int table_group = groups->tables()->size();
+  std::vector<dist::TablePlacement> placements;
+  if (planned_tables.empty()) {
+    placements = dist::BalancedTablePlacements(tables, table_group);
+  } else {
+    absl::StatusOr<std::vector<dist::TablePlacement>> from_plan =
+        dist::PlacementsFromPlan(tables, planned_tables, table_group);
+    if (!from_plan.ok()) return from_plan.status();
+    placements = *std::move(from_plan);
+  }
   absl::StatusOr<dist::EmbeddingShardingPlan> plan =
-      dist::EmbeddingShardingPlan::Create(tables, dist::BalancedTablePlacements(tables, table_group), table_group);
+      dist::EmbeddingShardingPlan::Create(tables, std::move(placements), table_group);
   if (!plan.ok()) return plan.status();
   RowwiseAdagradConfig adagrad;
   adagrad.learning_rate = static_cast<float>(config.adagrad_learning_rate);
   adagrad.eps = 1e-8f;  // The engine's own tables use the same.
   comm::Communicator* table_replica = groups->table_replica()->size() > 1 ? groups->table_replica() : nullptr;
-  absl::StatusOr<std::unique_ptr<dist::ShardedEmbeddingCollection>> collection =
-      dist::ShardedEmbeddingCollection::Create(*std::move(plan), groups->tables(), table_replica, adagrad);
+  absl::StatusOr<std::unique_ptr<dist::ShardedEmbeddingCollection>> collection = dist::ShardedEmbeddingCollection::Create(
+      *std::move(plan), groups->tables(), table_replica, adagrad, groups->table_shards());
   if (!collection.ok()) return collection.status();
+  // One copy of every stored part goes into checkpoints: the lowest table
+  // replica storing it (without V3, replica 0; under V3 each part of the
+  // shard group's split is stored by one rank per copy of the tables).
+  m->records_tables_ = groups->table_replica()->rank() == 0;
+  if (groups->table_shards() != nullptr && groups->table_shards()->size() > 1) {
+    const int replicas = groups->table_replica()->size();
+    std::vector<int64_t> part = {groups->table_shards()->rank()}, parts(replicas);
+    if (absl::Status s = dist::StagedAllGather(*groups->table_replica(), part, parts); !s.ok()) return s;
+    m->records_tables_ =
+        std::find(parts.begin(), parts.end(), part[0]) - parts.begin() == groups->table_replica()->rank();
+  }
   m->tables_ = *std::move(collection);
+  if (groups->expert() != nullptr && groups->expert()->size() > 1) {
+    absl::StatusOr<std::unique_ptr<dist::ExpertAllToAll>> router =
+        dist::ExpertAllToAll::Create(groups->expert(), config.num_experts);
+    if (!router.ok()) return router.status();
+    m->router_ = *std::move(router);
+  }
   const engine::GemLiteConfig init = config;
   if (absl::Status s = m->tables_->Initialize([&init](int t, int64_t row, int64_t col) {
         return static_cast<float>(engine::InitialTableValue(init, t, row, col));
@@ -145,11 +173,6 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
   t = Clock::now();
   if (absl::Status s = Lookup(&*lookups); !s.ok()) return s;
   times->comm_seconds += Since(t);
-  t = Clock::now();
-  absl::StatusOr<engine::StepResult> result = model_->ForwardBackward(batch, pooled_views_);
-  if (!result.ok()) return result.status();
-  times->compute_seconds += Since(t);
-
   // This rank's share of the global batch weighs its mean-loss gradients.
   t = Clock::now();
   int64_t global = batch.size;
@@ -157,12 +180,17 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
     return s;
   }
   times->comm_seconds += Since(t);
+  model_->set_loss_weight(static_cast<double>(batch.size) / static_cast<double>(global));
+  // The expert all-to-alls run inside the step; their time counts as
+  // compute here.
   t = Clock::now();
-  const float weight = static_cast<float>(batch.size) / static_cast<float>(global);
+  model_->SetExpertRouter(router_.get());
+  absl::StatusOr<engine::StepResult> result = model_->ForwardBackward(batch, pooled_views_);
+  model_->SetExpertRouter(nullptr);
+  if (!result.ok()) return result.status();
   int64_t offset = 0;
   for (const TensorView& g : dense_grads_) {
-    const float* src = g.as<float>();
-    for (int64_t i = 0; i < g.numel(); ++i) full_grad_[offset + i] = weight * src[i];
+    std::memcpy(full_grad_.data() + offset, g.data, g.nbytes());
     offset += g.numel();
   }
   times->compute_seconds += Since(t);
@@ -185,10 +213,6 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
     return s;
   }
   std::vector<TensorView> pooled_grads = model_->PooledGradients();
-  for (const TensorView& g : pooled_grads) {
-    float* p = g.as<float>();
-    for (int64_t i = 0; i < g.numel(); ++i) p[i] *= weight;
-  }
   times->compute_seconds += Since(t);
   t = Clock::now();
   if (absl::Status s = tables_->BackwardAndUpdate(pooled_grads); !s.ok()) return s;
@@ -227,14 +251,15 @@ absl::Status DistributedModel::Save(CheckpointShard* shard) {
     (*shard)["dense.adam_m"] = FloatRecord(adam_m_.data() + (first - base), end - first);
     (*shard)["dense.adam_v"] = FloatRecord(adam_v_.data() + (first - base), end - first);
   }
-  if (groups_->table_replica()->rank() == 0) {
+  if (records_tables_) {
     const int rank = groups_->tables()->rank();
-    for (int t : tables_->plan().TablesOn(rank)) {
-      const auto [first, end] = tables_->plan().RowRange(t, rank);
-      const std::string key = absl::StrCat("table.", t);
-      (*shard)[key + ".rows"] = absl::StrCat(first, " ", end);
-      (*shard)[key + ".value"] = FloatRecord(tables_->shard(t).as<float>(), (end - first) * config_.dim);
-      (*shard)[key + ".adagrad"] = FloatRecord(tables_->momentum(t).as<float>(), end - first);
+    const dist::EmbeddingShardingPlan& plan = tables_->plan();
+    for (int t : plan.TablesOn(rank)) {
+      const std::pair<int64_t, int64_t> cols = plan.ColumnRange(t, rank);
+      // Every slice of a column-wise table holds the same accumulators; the
+      // first slice records them.
+      SaveTableBlock(shard, t, config_.dim, tables_->StoredRows(t), cols, tables_->shard(t).as<float>(),
+                     cols.first == 0 ? tables_->momentum(t).as<float>() : nullptr);
     }
   }
   return absl::OkStatus();
@@ -243,10 +268,7 @@ absl::Status DistributedModel::Save(CheckpointShard* shard) {
 absl::Status DistributedModel::Restore(const std::vector<CheckpointShard>& shards) {
   const auto dense_range = DenseRange();
   const int64_t base = dense_->layout().ShardOffset(groups_->fsdp()->rank());
-  const int rank = groups_->tables()->rank();
-  const std::vector<int>& local_tables = tables_->plan().TablesOn(rank);
   int64_t dense_covered = 0;
-  std::vector<int64_t> rows_covered(local_tables.size(), 0);
   std::optional<int64_t> adam_step;
   for (size_t i = 0; i < shards.size(); ++i) {
     const CheckpointShard& s = shards[i];
@@ -264,28 +286,18 @@ absl::Status DistributedModel::Restore(const std::vector<CheckpointShard>& shard
       }
       dense_covered += n;
     }
-    for (size_t k = 0; k < local_tables.size(); ++k) {
-      const int t = local_tables[k];
-      const std::string key = absl::StrCat("table.", t);
-      std::optional<std::pair<int64_t, int64_t>> r = RangeRecord(s, key + ".rows");
-      if (!r) continue;
-      const std::pair<int64_t, int64_t> mine = tables_->plan().RowRange(t, rank);
-      auto value = s.find(key + ".value"), adagrad = s.find(key + ".adagrad");
-      const int64_t a = value == s.end() ? -1 : CopyRecordOverlap(value->second, *r, config_.dim, mine, tables_->shard(t).as<float>());
-      const int64_t b = adagrad == s.end() ? -1 : CopyRecordOverlap(adagrad->second, *r, 1, mine, tables_->momentum(t).as<float>());
-      if (a < 0 || b < 0) return absl::DataLossError(absl::StrCat("checkpoint shard ", i, ": ", key, " does not match its rows"));
-      rows_covered[k] += a;
-    }
   }
   if (dense_covered != dense_range.second - dense_range.first) {
     return absl::DataLossError(absl::StrCat("checkpoint covers ", dense_covered, " of this rank's ",
                                             dense_range.second - dense_range.first, " dense parameters"));
   }
-  for (size_t k = 0; k < local_tables.size(); ++k) {
-    const auto [first, end] = tables_->plan().RowRange(local_tables[k], rank);
-    if (rows_covered[k] != end - first) {
-      return absl::DataLossError(absl::StrCat("checkpoint covers ", rows_covered[k], " of this rank's ", end - first,
-                                              " rows of table ", tables_->plan().table(local_tables[k]).name));
+  const int rank = groups_->tables()->rank();
+  const dist::EmbeddingShardingPlan& plan = tables_->plan();
+  for (int t : plan.TablesOn(rank)) {
+    if (absl::Status s = RestoreTableBlock(shards, t, config_.dim, tables_->StoredRows(t), plan.ColumnRange(t, rank),
+                                           tables_->shard(t).as<float>(), tables_->momentum(t).as<float>());
+        !s.ok()) {
+      return s;
     }
   }
   adam_step_ = adam_step.value_or(0);

@@ -8,14 +8,26 @@
 //           reduce-scattered), replicated across the replica group (shard
 //           gradients all-reduced); AdamW steps the local shard only, and
 //           the shard is all the optimizer state this rank holds;
-//   sparse  the embedding tables sharded over the table group (table-wise
-//           or row-wise, worker/dist/sharded_embedding.h), replicated
-//           across the table-replica group; lookups and rowwise-Adagrad
-//           updates go through all-to-alls to the owning ranks.
-// Every rank's loss is the mean over its own samples; gradients are
-// weighted by each rank's share of the global batch, so N ranks train
-// exactly like one rank on the concatenated batch (up to float summation
-// order), with any local batch sizes.
+//   sparse  the embedding tables sharded over the table group exactly as
+//           the plan placed them (table-wise, row-wise on listed ranks,
+//           column-wise; worker/dist/sharded_embedding.h), replicated
+//           across the table-replica group, or under V3 split again over
+//           the plan's "table_shards/" group (each block all-gathered for
+//           the step, the whole block, not only its touched rows);
+//           lookups and rowwise-Adagrad updates go through all-to-alls to
+//           the owning ranks.
+//   experts with an expert-parallel group (the plan's "expert/" groups),
+//           each rank computes only its block of the experts, on the tokens
+//           of the whole group (token all-to-all, worker/dist/
+//           expert_parallel.h); the experts' parameters stay in the FSDP
+//           buffer (so expert parallelism saves compute, not memory, yet),
+//           where a rank's zero gradients for the experts it does not
+//           compute make the reductions add up each expert's owners'.
+//           Predict (eval) computes every expert locally.
+// Every rank's loss is the mean over its own samples; the engine weights
+// its gradients by the rank's share of the global batch (known before the
+// forward), so N ranks train exactly like one rank on the concatenated
+// batch (up to float summation order), with any local batch sizes.
 //
 // Checkpoints are layout-independent: each shard's owner (replica 0 of it)
 // records its element or row range with values and optimizer state, and a
@@ -36,6 +48,7 @@
 #include "engine/model_config.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/communicator.h"
+#include "worker/dist/expert_parallel.h"
 #include "worker/dist/fsdp.h"
 #include "worker/dist/layout.h"
 #include "worker/dist/sharded_embedding.h"
@@ -46,11 +59,17 @@ namespace recfleet::worker {
 class DistributedModel : public RankModel {
  public:
   // `groups` (the rank's four training groups) and `world` (every rank of
-  // the job) are not owned and must outlive the model.
-  static absl::StatusOr<std::unique_ptr<DistributedModel>> Create(const engine::GemLiteConfig& config,
-                                                                  const engine::FeatureSchema& schema,
-                                                                  const dist::TrainingGroups* groups,
-                                                                  comm::Communicator* world);
+  // the job) are not owned and must outlive the model. `planned_tables`:
+  // the plan's sharding of every schema table inside the table group (in
+  // schema order); empty (no plan, e.g. a layout from hints only): a
+  // balanced placement (dist::BalancedTablePlacements). InvalidArgument
+  // naming the table when the plan does not fit the schema or the group.
+  static absl::StatusOr<std::unique_ptr<DistributedModel>> Create(
+      const engine::GemLiteConfig& config, const engine::FeatureSchema& schema, const dist::TrainingGroups* groups,
+      comm::Communicator* world, const std::vector<dist::PlannedTable>& planned_tables = {});
+  // Whether the mixture of experts runs expert-parallel (groups->expert()
+  // of more than one rank).
+  bool expert_parallel() const { return router_ != nullptr; }
 
   // One synchronous training step on this rank's `batch` (>= 1 sample).
   absl::StatusOr<engine::StepResult> TrainStep(const engine::Batch& batch, Times* times);
@@ -89,6 +108,8 @@ class DistributedModel : public RankModel {
   comm::Communicator* world_ = nullptr;
   std::optional<dist::FsdpFlatParameter> dense_;
   std::unique_ptr<dist::ShardedEmbeddingCollection> tables_;
+  std::unique_ptr<dist::ExpertAllToAll> router_;  // Null without expert parallelism.
+  bool records_tables_ = false;  // Whether Save records this rank's table parts.
   std::vector<TensorView> dense_params_, dense_grads_;
   int64_t dense_numel_ = 0;
   // Local shard of the flat dense parameters and its AdamW moments.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <vector>
 
 #include "engine/testing/movielens.h"
@@ -117,18 +118,40 @@ void ExpectMatches(DistributedModel& m, const Reference& ref, int rank) {
   if (rank == 0) std::printf("rank 0: dense parameters' max relative error %.2e\n", dense_error);
   const dist::EmbeddingShardingPlan& plan = m.tables().plan();
   auto& tables = const_cast<dist::ShardedEmbeddingCollection&>(m.tables());
-  const int table_rank = rank % plan.group_size();  // Consecutive table groups.
+  const int table_rank = tables.group_rank();
   for (int t : plan.TablesOn(table_rank)) {
-    const auto [first, end] = plan.RowRange(t, table_rank);
+    const auto [first, end] = tables.StoredRows(t);
+    const auto [c0, c1] = plan.ColumnRange(t, table_rank);
     const int64_t dim = plan.table(t).dim;
-    EXPECT_LT(RelativeError(tables.shard(t).as<float>(), ref.tables[t].data() + first * dim, (end - first) * dim), 1e-5)
+    std::vector<float> expected;
+    for (int64_t row = first; row < end; ++row) {
+      expected.insert(expected.end(), ref.tables[t].begin() + row * dim + c0, ref.tables[t].begin() + row * dim + c1);
+    }
+    EXPECT_LT(RelativeError(tables.shard(t).as<float>(), expected.data(), expected.size()), 1e-5)
         << "rank " << rank << " table " << t;
   }
 }
 
-// Runs `fn(rank, groups, world)` on kWorld Gloo ranks laid out by `hints`.
+// The losses of every step on kWorld ranks (the sample-weighted mean of
+// the ranks' own means) against one rank's on the global batches.
+std::vector<double> OneRankLosses(const engine::MovieLensCtr& data, int steps) {
+  auto model = engine::GemLite<float>::Create(Config(), data.schema());
+  EXPECT_TRUE(model.ok());
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    auto r = (*model)->ForwardBackward(data.MakeBatch(false, GlobalSamples(data, step, kWorld)));
+    EXPECT_TRUE(r.ok());
+    losses.push_back(r->ctr_loss);
+    EXPECT_TRUE((*model)->ApplyUpdates().ok());
+  }
+  return losses;
+}
+
+// Runs `fn(rank, groups, world)` on kWorld Gloo ranks laid out by the plan's
+// groups `plan_groups`, or by `hints` without them.
 void OnRanks(const dist::ParallelismHints& hints,
-             const std::function<void(int, const dist::TrainingGroups&, comm::Communicator&)>& fn) {
+             const std::function<void(int, const dist::TrainingGroups&, comm::Communicator&)>& fn,
+             const std::vector<dist::NamedGroup>& plan_groups = {}) {
   comm::InProcessKvStore store;
   comm::CommOptions options;
   options.timeout = absl::Seconds(60);
@@ -141,7 +164,7 @@ void OnRanks(const dist::ParallelismHints& hints,
     comm::PrefixKvStore world_store(&store, "world/");
     auto world = factory(world_store, rank, kWorld);
     ASSERT_TRUE(world.ok()) << world.status();
-    auto specs = dist::TrainingGroupSpecs(rank, kWorld, {}, hints);
+    auto specs = dist::TrainingGroupSpecs(rank, kWorld, plan_groups, hints);
     ASSERT_TRUE(specs.ok()) << specs.status();
     auto groups = dist::TrainingGroups::BuildFromSpecs(rank, *specs, store, factory);
     ASSERT_TRUE(groups.ok()) << groups.status();
@@ -149,12 +172,173 @@ void OnRanks(const dist::ParallelismHints& hints,
   });
 }
 
-void Train(DistributedModel& m, const engine::MovieLensCtr& data, int rank, int from, int to) {
+void Train(DistributedModel& m, const engine::MovieLensCtr& data, int rank, int from, int to,
+           std::vector<double>* weighted_losses = nullptr) {
   for (int step = from; step < to; ++step) {
     DistributedModel::Times times;
-    auto r = m.TrainStep(data.MakeBatch(false, Samples(data, step, rank)), &times);
+    const std::vector<int64_t> samples = Samples(data, step, rank);
+    auto r = m.TrainStep(data.MakeBatch(false, samples), &times);
     ASSERT_TRUE(r.ok()) << r.status();
+    if (weighted_losses != nullptr) {
+      const double share = static_cast<double>(samples.size()) / GlobalSamples(data, step, kWorld).size();
+      weighted_losses->push_back(r->ctr_loss * share);
+    }
   }
+}
+
+// Trains kSteps on kWorld ranks laid out by `hints` with the tables placed
+// by `planned(schema tables)`, and checks every step's global loss and the
+// final parameters (dense and every rank's table block) against one rank.
+void ExpectPlanTrainsLikeOneRank(const dist::ParallelismHints& hints,
+                                 const std::function<std::vector<dist::PlannedTable>(
+                                     const std::vector<engine::FeatureSchema::Table>&)>& planned,
+                                 const std::vector<dist::NamedGroup>& plan_groups = {}) {
+  const engine::MovieLensCtr data = Data();
+  const Reference ref = TrainOneRank(data, kSteps);
+  const std::vector<double> ref_losses = OneRankLosses(data, kSteps);
+  std::vector<std::vector<double>> losses(kWorld);
+  OnRanks(hints, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    const std::vector<dist::PlannedTable> plan = planned(data.schema().tables);
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world, plan);
+    ASSERT_TRUE(m.ok()) << m.status();
+    bool has_expert_groups = false;
+    for (const dist::NamedGroup& g : plan_groups) has_expert_groups |= g.name.rfind("expert/", 0) == 0;
+    EXPECT_EQ((*m)->expert_parallel(), has_expert_groups);
+    // Under V3 a rank stores only its part of every block of two rows or more.
+    bool v3 = false;
+    for (const dist::NamedGroup& g : plan_groups) v3 |= g.name.rfind("table_shards/", 0) == 0;
+    const dist::EmbeddingShardingPlan& sharding = (*m)->tables().plan();
+    for (int t : sharding.TablesOn((*m)->tables().group_rank())) {
+      const auto block = sharding.RowRange(t, (*m)->tables().group_rank());
+      const auto stored = (*m)->tables().StoredRows(t);
+      if (block.second - block.first < 2) continue;
+      EXPECT_EQ(stored.second - stored.first < block.second - block.first, v3) << "table " << t;
+    }
+    // Shard i of every table sits on the rank the plan lists i-th.
+    for (size_t t = 0; t < plan.size(); ++t) {
+      for (size_t i = 0; i < plan[t].ranks.size(); ++i) {
+        EXPECT_EQ((*m)->tables().plan().ShardIndex(t, plan[t].ranks[i]), static_cast<int>(i)) << "table " << t;
+      }
+    }
+    Train(**m, data, rank, 0, kSteps, &losses[rank]);
+    ExpectMatches(**m, ref, rank);
+  }, plan_groups);
+  for (int step = 0; step < kSteps; ++step) {
+    double global = 0;
+    for (int r = 0; r < kWorld; ++r) global += losses[r][step];
+    EXPECT_NEAR(global, ref_losses[step], 1e-5 * std::abs(ref_losses[step])) << "step " << step;
+  }
+}
+
+// Every table in 4 column slices, each table's slices on the ranks in
+// another order, tables over all 4 ranks.
+TEST(DistributedModelTest, PlannedColumnWiseTablesTrainLikeOneRank) {
+  ExpectPlanTrainsLikeOneRank({2, 2, 4}, [](const std::vector<engine::FeatureSchema::Table>& tables) {
+    std::vector<dist::PlannedTable> p;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      std::vector<int> ranks;
+      for (int i = 0; i < 4; ++i) ranks.push_back(static_cast<int>((t + 3 * i) % 4));
+      p.push_back({tables[t].name, "CW", 4, ranks});
+    }
+    return p;
+  });
+}
+
+// Row blocks over the whole group ("RW") and over two listed ranks, last
+// first ("TWRW"), alternating, with the tables replicated twice (each
+// shard's bags and gradients gathered across the copies).
+TEST(DistributedModelTest, PlannedRowWiseTablesTrainLikeOneRank) {
+  ExpectPlanTrainsLikeOneRank({2, 2, 2}, [](const std::vector<engine::FeatureSchema::Table>& tables) {
+    std::vector<dist::PlannedTable> p;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      p.push_back(t % 2 == 0 ? dist::PlannedTable{tables[t].name, "RW", 2, {}}
+                             : dist::PlannedTable{tables[t].name, "TWRW", 2, {1, 0}});
+    }
+    return p;
+  });
+}
+
+std::vector<dist::PlannedTable> RowWiseEverywhere(const std::vector<engine::FeatureSchema::Table>& tables) {
+  std::vector<dist::PlannedTable> p;
+  for (const engine::FeatureSchema::Table& t : tables) p.push_back({t.name, "RW", 4, {}});
+  return p;
+}
+
+// The plan's expert-parallel groups: two groups of two ranks, one expert
+// on each rank; every token goes to both ranks of its group and back.
+TEST(DistributedModelTest, ExpertParallelGroupsTrainLikeOneRank) {
+  ExpectPlanTrainsLikeOneRank({}, RowWiseEverywhere,
+                              {{"fsdp/0", {0, 1, 2, 3}},
+                               {"tables/0", {0, 1, 2, 3}},
+                               {"expert/moe/0", {0, 1}},
+                               {"expert/moe/1", {2, 3}}});
+}
+
+// One expert-parallel group over all four ranks with two experts: ranks 2
+// and 3 compute none, yet send their tokens and get the outputs back;
+// FSDP groups of two replicated twice around it.
+TEST(DistributedModelTest, ExpertParallelGroupWiderThanTheExpertsTrainsLikeOneRank) {
+  ExpectPlanTrainsLikeOneRank({}, RowWiseEverywhere,
+                              {{"fsdp/0", {0, 1}},
+                               {"fsdp/1", {2, 3}},
+                               {"tables/0", {0, 1, 2, 3}},
+                               {"expert/moe/0", {0, 1, 2, 3}}});
+}
+
+// V3: tables over {0, 2} and {1, 3}, each position's shards split again
+// over {0, 1} and {2, 3} (gathered for every step); column-, row- and
+// table-wise tables.
+const std::vector<dist::NamedGroup> kV3Groups = {{"fsdp/0", {0, 1, 2, 3}},
+                                                  {"tables/0", {0, 2}},
+                                                  {"tables/1", {1, 3}},
+                                                  {"table_shards/0", {0, 1}},
+                                                  {"table_shards/1", {2, 3}}};
+
+std::vector<dist::PlannedTable> MixedOverTwo(const std::vector<engine::FeatureSchema::Table>& tables) {
+  std::vector<dist::PlannedTable> p;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    p.push_back(t % 3 == 0   ? dist::PlannedTable{tables[t].name, "CW", 2, {1, 0}}
+                : t % 3 == 1 ? dist::PlannedTable{tables[t].name, "RW", 2, {}}
+                             : dist::PlannedTable{tables[t].name, "TW", 1, {static_cast<int>(t % 2)}});
+  }
+  return p;
+}
+
+TEST(DistributedModelTest, V3ShardGroupsTrainLikeOneRank) {
+  ExpectPlanTrainsLikeOneRank({}, MixedOverTwo, kV3Groups);
+}
+
+// A V3 checkpoint holds every part once and resumes under a plain layout.
+TEST(DistributedModelTest, V3CheckpointResumesUnderAnotherLayout) {
+  const engine::MovieLensCtr data = Data();
+  const Reference ref = TrainOneRank(data, kSteps);
+  std::vector<CheckpointShard> saved(kWorld);
+  OnRanks({}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world, MixedOverTwo(data.schema().tables));
+    ASSERT_TRUE(m.ok()) << m.status();
+    Train(**m, data, rank, 0, kSteps / 2);
+    ASSERT_TRUE((*m)->Save(&saved[rank]).ok());
+  }, kV3Groups);
+  OnRanks({4, 1, 4}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE((*m)->Restore(saved).ok());
+    Train(**m, data, rank, kSteps / 2, kSteps);
+    ExpectMatches(**m, ref, rank);
+  });
+}
+
+// Whole tables on the ranks the plan names (not the balanced rule's), plus
+// one column-wise table on two of them, as a plan mixes them.
+TEST(DistributedModelTest, PlannedTableWiseAndMixedTablesTrainLikeOneRank) {
+  ExpectPlanTrainsLikeOneRank({4, 1, 4}, [](const std::vector<engine::FeatureSchema::Table>& tables) {
+    std::vector<dist::PlannedTable> p;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      p.push_back(t == 1 ? dist::PlannedTable{tables[t].name, "CW", 2, {3, 1}}
+                         : dist::PlannedTable{tables[t].name, "TW", 1, {static_cast<int>(3 - t % 4)}});
+    }
+    return p;
+  });
 }
 
 // The acceptance layout: FSDP 2 x replicas 2, tables sharded over 2 (and

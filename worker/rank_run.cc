@@ -60,7 +60,9 @@ class RankRun {
     void Abort(absl::string_view reason) {
       if (world != nullptr) world->Abort(reason);
       if (!groups.has_value()) return;
-      for (comm::Communicator* c : {groups->fsdp(), groups->replica(), groups->tables(), groups->table_replica()}) {
+      for (comm::Communicator* c :
+           {groups->fsdp(), groups->replica(), groups->tables(), groups->table_replica(), groups->expert(),
+            groups->table_shards()}) {
         if (c != nullptr) c->Abort(reason);
       }
     }
@@ -82,6 +84,9 @@ class RankRun {
   absl::Status EvaluateAndReport(int64_t step);
   // One line on stderr: samples/s and MFU over the attempt's steps.
   void PrintSummary() const;
+  // The peak FLOP/s MFU divides by: the given one, else the CUDA device's
+  // datasheet peak by name; none on the CPU.
+  void ResolvePeak();
   void LogSamples(const Loaded& loaded);
   bool on_cuda() const { return options_.device == Device::kCuda; }
   std::string Describe() const { return absl::StrCat(a_.job(), " rank ", a_.rank(), "/", a_.world_size()); }
@@ -123,7 +128,10 @@ class RankRun {
     double flops = 0, step_seconds = 0, compute_seconds = 0, comm_seconds = 0;
   } totals_;
   bool first_step_done_ = false;
-  double peak_flops_ = 0;
+  // The peak /metrics divides by, the one the summary line divides by (0:
+  // none, "n/a"), and where it comes from.
+  double peak_flops_ = 0, summary_peak_flops_ = 0;
+  std::string peak_source_;
   double loss_sum_ = 0;
   int64_t loss_steps_ = 0;
 };
@@ -229,12 +237,21 @@ absl::Status RankRun::Connect() {
   std::shared_ptr<Comms> comms = comms_;
   control_.OnStop([comms] { comms->Abort("task stopped by the worker (abort or shutdown)"); });
   if (a_.rank() == 0) {
-    std::fprintf(stderr, "worker: %s layout: FSDP groups of %d x %d replicas, tables over %d x %d copies\n",
+    std::fprintf(stderr,
+                 "worker: %s layout: FSDP groups of %d x %d replicas, tables over %d x %d copies%s, experts over "
+                 "groups of %d\n",
                  Describe().c_str(), comms_->groups->fsdp()->size(), comms_->groups->replica()->size(),
-                 comms_->groups->tables()->size(), comms_->groups->table_replica()->size());
+                 comms_->groups->tables()->size(), comms_->groups->table_replica()->size(),
+                 a_.plan().sparse().tables_size() > 0 ? " as planned" : " (balanced, no plan)",
+                 comms_->groups->expert() != nullptr ? comms_->groups->expert()->size() : 1);
+  }
+  // The plan's table placements, when the coordinator planned the job.
+  std::vector<dist::PlannedTable> planned_tables;
+  for (const v1::TableShardingPlan& t : a_.plan().sparse().tables()) {
+    planned_tables.push_back({t.table(), t.sharding(), t.num_shards(), {t.ranks().begin(), t.ranks().end()}});
   }
   absl::StatusOr<std::unique_ptr<DistributedModel>> model = DistributedModel::Create(
-      job_model_.config, job_model_.schema, &*comms_->groups, comms_->world.get());
+      job_model_.config, job_model_.schema, &*comms_->groups, comms_->world.get(), planned_tables);
   if (!model.ok()) return model.status();
   model_ = *std::move(model);
   return absl::OkStatus();
@@ -450,7 +467,7 @@ absl::Status RankRun::EvaluateAndReport(int64_t step) {
 }
 
 absl::Status RankRun::Run() {
-  peak_flops_ = on_cuda() ? options_.cuda_peak_flops : kCpuNominalPeakFlops;
+  ResolvePeak();
   metrics_->StartTask(a_.job(), a_.rank(), a_.world_size(), peak_flops_);
   // However the task ends, its info series leaves /metrics with it.
   absl::Cleanup end_task = [this] { metrics_->EndTask(); };
@@ -484,18 +501,43 @@ absl::Status RankRun::Run() {
   return reporter_.Flush(/*force=*/true);
 }
 
+void RankRun::ResolvePeak() {
+  if (!on_cuda()) {
+    peak_flops_ = kCpuNominalPeakFlops;
+    summary_peak_flops_ = 0;
+    peak_source_ = absl::StrFormat("cpu: no datasheet peak for a CPU rank; /metrics divides by a nominal %.3g FLOP/s",
+                                   kCpuNominalPeakFlops);
+    return;
+  }
+  const std::string precision = options_.bf16 ? "cuda bf16" : "cuda fp32";
+  peak_flops_ = options_.cuda_peak_flops;
+  peak_source_ = precision + ", the given peak";
+  if (peak_flops_ <= 0) {
+    std::string name = absl::StrCat("CUDA device ", options_.gpu_index);
+    absl::StatusOr<std::vector<engine::CudaDeviceInfo>> devices = engine::ListCudaDevices();
+    if (devices.ok()) {
+      for (const engine::CudaDeviceInfo& d : *devices) {
+        if (d.index == options_.gpu_index) name = d.name;
+      }
+    }
+    peak_flops_ = PeakBf16FlopsOf(name);
+    peak_source_ = peak_flops_ > 0 ? absl::StrCat(precision, ", dense bf16 datasheet peak of ", name)
+                                   : absl::StrCat(precision, ": no known peak for ", name, " (recfleet-worker --peak_flops)");
+  }
+  summary_peak_flops_ = peak_flops_;
+}
+
 void RankRun::PrintSummary() const {
   if (totals_.steps == 0 || totals_.step_seconds <= 0) return;
-  const MfuRatios mfu = ComputeMfu(totals_.flops, totals_.compute_seconds, totals_.step_seconds, peak_flops_);
   std::fprintf(stderr,
                "worker: %s summary over %lld steps after the first: %.1f samples/s, step %.2f ms (compute %.2f, "
-               "comm %.2f), %.2f useful TFLOP/s, local MFU %.4f, scaling ratio %.4f, E2E MFU %.4f (peak %.3g "
-               "FLOP/s, %s)\n",
+               "comm %.2f), %.2f useful TFLOP/s, %s\n",
                Describe().c_str(), static_cast<long long>(totals_.steps), totals_.samples / totals_.step_seconds,
                1e3 * totals_.step_seconds / totals_.steps, 1e3 * totals_.compute_seconds / totals_.steps,
                1e3 * totals_.comm_seconds / totals_.steps, totals_.flops / totals_.step_seconds * 1e-12,
-               mfu.local_mfu, mfu.scaling_ratio, mfu.e2e_mfu, peak_flops_,
-               on_cuda() ? (options_.bf16 ? "cuda bf16" : "cuda fp32") : "cpu");
+               MfuSummary(totals_.flops, totals_.compute_seconds, totals_.step_seconds, summary_peak_flops_,
+                          peak_source_)
+                   .c_str());
 }
 
 }  // namespace

@@ -11,7 +11,8 @@
 //     rank's data from the job's DataConfig: streamed by the assignment's
 //     data-loader, or dealt in-process by the same loader code.
 //  2. Joins the job's collectives (Gloo) through `store`: the world, and
-//     the four training groups (FSDP, replica, tables, table replica) from
+//     the training groups (FSDP, replica, tables, table replica, and the
+//     expert-parallel group when the plan has one) from
 //     the plan's groups in the assignment, or from the spec's parallelism
 //     hints when it carries none. A stop request aborts every communicator
 //     so no collective waits out its timeout.
@@ -21,8 +22,10 @@
 //     twice.
 //  4. Trains synchronously. CPU ranks: DistributedModel, dense parameters
 //     sharded FSDP-style inside the FSDP group and replicated across groups,
-//     embedding tables sharded over the table group (all-to-all lookups
-//     and updates); the same parameters as one rank on the global batch.
+//     embedding tables sharded over the table group exactly as the
+//     assignment's plan placed them (all-to-all lookups and updates), the
+//     experts spread over the plan's expert-parallel group (token
+//     all-to-alls); the same parameters as one rank on the global batch.
 //     CUDA (options.device): SingleRankModel on the GPU, a world of one
 //     only: a job of several CUDA ranks fails with FailedPrecondition (GPU
 //     ranks do not exchange gradients yet). Each step loads the next batch
@@ -84,8 +87,11 @@ struct TrainingOptions {
   Device device = Device::kCpu;
   int gpu_index = 0;
   bool bf16 = true;
-  // Peak FLOP/s that MFU divides by: `cuda_peak_flops` on CUDA (0: MFU not
-  // exported), kCpuNominalPeakFlops (worker_metrics.h) on the CPU.
+  // Peak FLOP/s that MFU divides by: `cuda_peak_flops` on CUDA (0: the
+  // device's dense bf16 datasheet peak by name, PeakBf16FlopsOf; MFU is not
+  // exported and the summary says "n/a" when that is unknown too),
+  // kCpuNominalPeakFlops (worker_metrics.h) for the CPU's /metrics (the
+  // summary line says "n/a": a CPU has no datasheet peak).
   double cuda_peak_flops = 0;
 };
 

@@ -112,13 +112,11 @@ absl::Status SingleRankModel::Save(CheckpointShard* shard) {
     (*shard)[key] = FloatRecord(host.data(), dense_numel_);
   }
   for (int t = 0; t < model_->num_tables(); ++t) {
-    const std::string key = absl::StrCat("table.", t);
     const TensorView value = model_->Table(t);
-    (*shard)[key + ".rows"] = absl::StrCat(0, " ", value.dim(0));
+    std::vector<float> momentum;
     if (absl::Status s = Gather({value}, &host); !s.ok()) return s;
-    (*shard)[key + ".value"] = FloatRecord(host.data(), value.numel());
-    if (absl::Status s = Gather({model_->TableMomentum(t)}, &host); !s.ok()) return s;
-    (*shard)[key + ".adagrad"] = FloatRecord(host.data(), value.dim(0));
+    if (absl::Status s = Gather({model_->TableMomentum(t)}, &momentum); !s.ok()) return s;
+    SaveTableBlock(shard, t, value.dim(1), {0, value.dim(0)}, {0, value.dim(1)}, host.data(), momentum.data());
   }
   return absl::OkStatus();
 }
@@ -160,25 +158,11 @@ absl::Status SingleRankModel::Restore(const std::vector<CheckpointShard>& shards
   }
   for (int t = 0; t < model_->num_tables(); ++t) {
     const TensorView table = model_->Table(t);
-    const std::pair<int64_t, int64_t> rows{0, table.dim(0)};
     std::vector<float> values(table.numel()), momentum(table.dim(0));
-    int64_t covered = 0;
-    const std::string key = absl::StrCat("table.", t);
-    for (size_t i = 0; i < shards.size(); ++i) {
-      const CheckpointShard& s = shards[i];
-      std::optional<std::pair<int64_t, int64_t>> r = RangeRecord(s, key + ".rows");
-      if (!r) continue;
-      auto v = s.find(key + ".value"), a = s.find(key + ".adagrad");
-      const int64_t nv = v == s.end() ? -1 : CopyRecordOverlap(v->second, *r, config_.dim, rows, values.data());
-      const int64_t na = a == s.end() ? -1 : CopyRecordOverlap(a->second, *r, 1, rows, momentum.data());
-      if (nv < 0 || na < 0) {
-        return absl::DataLossError(absl::StrCat("checkpoint shard ", i, ": ", key, " does not match its rows"));
-      }
-      covered += nv;
-    }
-    if (covered != table.dim(0)) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint covers ", covered, " of ", table.dim(0), " rows of table ", t));
+    if (absl::Status s = RestoreTableBlock(shards, t, table.dim(1), {0, table.dim(0)}, {0, table.dim(1)},
+                                           values.data(), momentum.data());
+        !s.ok()) {
+      return s;
     }
     if (absl::Status s = Scatter(values, {table}); !s.ok()) return s;
     if (absl::Status s = Scatter(momentum, {model_->TableMomentum(t)}); !s.ok()) return s;

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 
 namespace recfleet::worker {
 namespace {
@@ -15,6 +16,16 @@ double PeakBf16FlopsOf(const std::string& device_name) {
   // Dense bf16 tensor-core peak of the SXM parts (H100 and H200 share it).
   if (absl::StrContains(device_name, "H100") || absl::StrContains(device_name, "H200")) return 989e12;
   return 0;
+}
+
+std::string MfuSummary(double flops, double compute_seconds, double step_seconds, double peak_flops,
+                       const std::string& peak_source) {
+  const MfuRatios r = ComputeMfu(flops, compute_seconds, step_seconds, peak_flops);
+  if (peak_flops <= 0) {
+    return absl::StrFormat("local MFU n/a, scaling ratio %.4f, E2E MFU n/a (%s)", r.scaling_ratio, peak_source);
+  }
+  return absl::StrFormat("local MFU %.4f, scaling ratio %.4f, E2E MFU %.4f (peak %.3g FLOP/s, %s)", r.local_mfu,
+                         r.scaling_ratio, r.e2e_mfu, peak_flops, peak_source);
 }
 
 MfuRatios ComputeMfu(double flops, double compute_seconds, double step_seconds, double peak_flops) {

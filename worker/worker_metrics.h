@@ -43,6 +43,14 @@ struct MfuRatios {
 };
 MfuRatios ComputeMfu(double flops, double compute_seconds, double step_seconds, double peak_flops);
 
+// The MFU figures of a summary line: "local MFU 0.4123, scaling ratio
+// 0.9100, E2E MFU 0.3752 (peak 9.89e+14 FLOP/s, <peak_source>)", or, when
+// `peak_flops` is 0 (no known peak), "local MFU n/a, scaling ratio 0.9100,
+// E2E MFU n/a (<peak_source>)" with `peak_source` saying why: never an MFU
+// of 0 that only means "unknown".
+std::string MfuSummary(double flops, double compute_seconds, double step_seconds, double peak_flops,
+                       const std::string& peak_source);
+
 struct StepTimes {
   double data_wait_seconds = 0;
   double compute_seconds = 0;

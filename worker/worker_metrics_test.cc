@@ -99,5 +99,14 @@ TEST(WorkerMetricsTest, ExportsMfuScalingRatioAndExposedComm) {
   EXPECT_DOUBLE_EQ(SeriesValue(u, "recfleet_worker_scaling_ratio"), 0.5) << u;
 }
 
+TEST(MfuSummaryTest, SaysNotApplicableWithTheReasonInsteadOfZero) {
+  const std::string known = MfuSummary(4e12, 0.008, 0.010, 1e15, "dense bf16 datasheet of NVIDIA H200");
+  EXPECT_EQ(known,
+            "local MFU 0.5000, scaling ratio 0.8000, E2E MFU 0.4000 (peak 1e+15 FLOP/s, dense bf16 datasheet of "
+            "NVIDIA H200)");
+  const std::string unknown = MfuSummary(4e12, 0.008, 0.010, 0, "CPU rank: no known peak FLOP/s");
+  EXPECT_EQ(unknown, "local MFU n/a, scaling ratio 0.8000, E2E MFU n/a (CPU rank: no known peak FLOP/s)");
+}
+
 }  // namespace
 }  // namespace recfleet::worker

@@ -524,33 +524,20 @@ struct Config {
   }
 };
 
-// The planner's table layout in worker/dist's terms (table-wise on its
-// first rank, or row-wise over the group).
+// The planner's table layout in worker/dist's terms, as the workers read
+// it from a plan (dist::PlacementsFromPlan).
 absl::StatusOr<dist::EmbeddingShardingPlan> Placement(const planner::Plan& plan,
                                                       const ModelShape& m) {
   std::vector<dist::EmbeddingTableConfig> tables;
-  std::vector<dist::TablePlacement> placements;
+  std::vector<dist::PlannedTable> planned;
   for (const planner::TableSharding& ts : plan.sparse.sharding.tables) {
     tables.push_back({ts.name, m.rows, kDim, Pooling::kSum});
-    switch (ts.type) {
-      case planner::ShardingType::kTableWise:
-        placements.push_back({dist::TableSharding::kTableWise, ts.ranks.empty() ? 0 : ts.ranks[0]});
-        break;
-      case planner::ShardingType::kRowWise:
-      case planner::ShardingType::kTableWiseRowWise:
-        if (ts.num_shards != plan.sparse.mp_group) {
-          return absl::UnimplementedError(absl::StrCat(
-              "table ", ts.name, ": ", ts.num_shards, " row shards over a group of ",
-              plan.sparse.mp_group, "; worker/dist shards rows over the whole group"));
-        }
-        placements.push_back({dist::TableSharding::kRowWise, 0});
-        break;
-      case planner::ShardingType::kColumnWise:
-        return absl::UnimplementedError(
-            absl::StrCat("table ", ts.name, ": column-wise sharding is not in worker/dist"));
-    }
+    planned.push_back({ts.name, planner::ShardingTypeName(ts.type), ts.num_shards, ts.ranks});
   }
-  return dist::EmbeddingShardingPlan::Create(std::move(tables), std::move(placements),
+  absl::StatusOr<std::vector<dist::TablePlacement>> placements =
+      dist::PlacementsFromPlan(tables, planned, plan.sparse.mp_group);
+  if (!placements.ok()) return placements.status();
+  return dist::EmbeddingShardingPlan::Create(std::move(tables), *std::move(placements),
                                              plan.sparse.mp_group);
 }
 

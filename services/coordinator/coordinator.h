@@ -29,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -160,6 +161,7 @@ class Coordinator {
     ::recfleet::v1::Job job;
     int ranks_per_worker = 1;
     std::vector<::recfleet::v1::ProcessGroup> groups;
+    std::optional<::recfleet::v1::Plan> plan;  // Of this attempt's groups.
     std::set<std::string> started;  // Workers that reported RUNNING this epoch.
     ProgressAggregator progress;  // This attempt's step reports.
     // Rank 0 claimed SUCCEEDED before its step reports reached the last

@@ -72,6 +72,7 @@ void Coordinator::PlaceLocked(ActiveJob& aj, const Placement& placement) {
     return;
   }
   aj.groups = std::move(groups->groups);
+  aj.plan = std::move(groups->plan);
   aj.ranks_per_worker = placement.ranks_per_worker;
   aj.started.clear();
   // Ranks resume from the last checkpoint every rank had reached.
@@ -93,6 +94,7 @@ Assignment Coordinator::AssignmentLocked(const WorkerRecord& w, const ActiveJob&
   a.set_rank(w.rank);
   a.set_world_size(static_cast<int32_t>(WorldSize(aj.job.spec())));
   for (const auto& g : aj.groups) *a.add_groups() = g;
+  if (aj.plan.has_value()) *a.mutable_plan() = *aj.plan;
   a.set_loader_address(options_.loader_address);
   // The job's data configuration, derived from its spec here so every rank
   // (and the loader it asks) deals by the same rules. CreateJob checked the

@@ -284,6 +284,14 @@ TEST_F(CoordinatorTest, SchedulerAssignsThePlansGroupsAndRecordsItsSummary) {
   EXPECT_EQ(a->groups(0).name(), "world");
   EXPECT_EQ(names.count("fsdp/0"), 1u);
   EXPECT_EQ(names.count("tables/0"), 1u);
+  // The plan itself travels along: every table's placement, in spec order,
+  // for the ranks to execute exactly.
+  ASSERT_EQ(a->plan().sparse().tables_size(), placed.spec().model().tables_size());
+  for (int t = 0; t < placed.spec().model().tables_size(); ++t) {
+    EXPECT_EQ(a->plan().sparse().tables(t).table(), placed.spec().model().tables(t).name());
+    EXPECT_FALSE(a->plan().sparse().tables(t).sharding().empty());
+  }
+  EXPECT_EQ(a->plan().world_size(), 2);
   EXPECT_NE(AssignmentOf(Beat(w1)), nullptr);
 }
 

@@ -43,6 +43,9 @@ std::optional<Placement> PlaceGang(const ::recfleet::v1::JobSpec& spec,
 struct GroupPlan {
   std::vector<::recfleet::v1::ProcessGroup> groups;
   std::string summary;
+  // The plan the groups come from, handed to every rank (table placements);
+  // unset without a planner.
+  std::optional<::recfleet::v1::Plan> plan;
 };
 
 // Decides a placed job's groups. The coordinator's default plans the job

@@ -428,7 +428,7 @@ GroupPlanner PlanningGroupPlanner(planner::Topology hardware) {
                                           const Placement& placement) -> absl::StatusOr<GroupPlan> {
     absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, placement, hardware);
     if (!plan.ok()) return plan.status();
-    return GroupPlan{PlanGroups(*plan), PlanSummary(*plan)};
+    return GroupPlan{PlanGroups(*plan), PlanSummary(*plan), PlanToProto(*plan)};
   };
 }
 

@@ -131,13 +131,24 @@ absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank,
   if (!fsdp.ok()) return fsdp.status();
   absl::StatusOr<std::map<int, std::vector<int>>> tables = GroupsWithPrefix(plan_groups, "tables/", world_size);
   if (!tables.ok()) return tables.status();
+  std::string expert_prefix;
   for (const NamedGroup& g : plan_groups) {
-    if (absl::StartsWith(g.name, "table_shards/")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan group ", g.name, ": tables sharded across table groups (V3) cannot be trained yet; "
-          "set spec.parallelism.table_sharding_group_size so the tables fit one group"));
+    if (absl::StartsWith(g.name, "expert/")) {
+      const std::string prefix = g.name.substr(0, g.name.find_last_of('/') + 1);
+      if (!expert_prefix.empty() && prefix != expert_prefix) {
+        return absl::InvalidArgumentError(absl::StrCat("plan groups ", expert_prefix, "* and ", prefix,
+                                                       "*: expert parallelism for more than one module; GEM-lite "
+                                                       "has one mixture of experts"));
+      }
+      expert_prefix = prefix;
     }
   }
+  absl::StatusOr<std::map<int, std::vector<int>>> table_shards =
+      GroupsWithPrefix(plan_groups, "table_shards/", world_size);
+  if (!table_shards.ok()) return table_shards.status();
+  absl::StatusOr<std::map<int, std::vector<int>>> experts =
+      expert_prefix.empty() ? std::map<int, std::vector<int>>() : GroupsWithPrefix(plan_groups, expert_prefix, world_size);
+  if (!experts.ok()) return experts.status();
   if (fsdp->empty()) {
     absl::StatusOr<ParallelLayout> layout = ParallelLayout::FromHints(world_size, hints);
     if (!layout.ok()) return layout.status();
@@ -149,6 +160,24 @@ absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank,
   std::vector<comm::ProcessGroupSpec> specs;
   if (absl::Status s = AppendGroupAndAcross(rank, *fsdp, "fsdp", "replica", &specs); !s.ok()) return s;
   if (absl::Status s = AppendGroupAndAcross(rank, *tables, "tables", "table_replica", &specs); !s.ok()) return s;
+  for (const auto& [index, ranks] : *experts) {
+    if (std::find(ranks.begin(), ranks.end(), rank) != ranks.end()) specs.push_back({"expert", index, ranks});
+  }
+  // V3: the ranks splitting this rank's table shards must hold the same
+  // shards (one position in several table groups): part of its table
+  // replica group.
+  const std::vector<int>& table_replicas = specs[3].ranks;
+  for (const auto& [index, ranks] : *table_shards) {
+    if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) continue;
+    for (int r : ranks) {
+      if (std::find(table_replicas.begin(), table_replicas.end(), r) == table_replicas.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("plan group table_shards/", index, ": rank ", r,
+                                                       " holds other table shards than rank ", rank,
+                                                       " (another position in its tables group)"));
+      }
+    }
+    specs.push_back({"table_shards", index, ranks});
+  }
   return specs;
 }
 
@@ -161,8 +190,8 @@ absl::StatusOr<TrainingGroups> TrainingGroups::Build(const ParallelLayout& layou
 
 absl::StatusOr<TrainingGroups> TrainingGroups::BuildFromSpecs(int rank, const std::vector<comm::ProcessGroupSpec>& specs,
                                                               comm::KvStore& store, const comm::CommFactory& factory) {
-  if (specs.size() != 4) {
-    return absl::InvalidArgumentError(absl::StrCat("training groups: 4 specs expected, got ", specs.size()));
+  if (specs.size() < 4) {
+    return absl::InvalidArgumentError(absl::StrCat("training groups: at least 4 specs expected, got ", specs.size()));
   }
   absl::StatusOr<comm::ProcessGroups> dense =
       comm::ProcessGroups::BuildFromSpecs(rank, {specs[0], specs[1]}, store, factory);
@@ -170,7 +199,14 @@ absl::StatusOr<TrainingGroups> TrainingGroups::BuildFromSpecs(int rank, const st
   absl::StatusOr<comm::ProcessGroups> sparse =
       comm::ProcessGroups::BuildFromSpecs(rank, {specs[2], specs[3]}, store, factory);
   if (!sparse.ok()) return sparse.status();
-  return TrainingGroups{*std::move(dense), *std::move(sparse)};
+  TrainingGroups groups{*std::move(dense), *std::move(sparse), std::nullopt};
+  if (specs.size() > 4) {
+    absl::StatusOr<comm::ProcessGroups> extra =
+        comm::ProcessGroups::BuildFromSpecs(rank, {specs.begin() + 4, specs.end()}, store, factory);
+    if (!extra.ok()) return extra.status();
+    groups.extra.emplace(*std::move(extra));
+  }
+  return groups;
 }
 
 }  // namespace dist

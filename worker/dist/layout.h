@@ -11,6 +11,7 @@
 // ProcessGroups::BuildFromSpecs per side (dense, sparse).
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,29 +60,41 @@ struct NamedGroup {
 //   replica, table_replica
 //                  the ranks at `rank`'s position in every fsdp (tables)
 //                  group, in group-index order: those holding the same shard.
+//   expert         (only when the plan has expert-parallel groups) the
+//                  "expert/<module>/<i>" group holding it;
+//   table_shards   (V3 only) the "table_shards/<i>" group holding it: ranks
+//                  at its position in other table groups, which split the
+//                  rows of the shards they hold.
 // Without any "fsdp/" group the layout comes from `hints` (FromHints).
 // InvalidArgument when a prefix's groups do not split the world into
-// equal-size groups, or the plan has V3 "table_shards/" groups (sharding
-// tables across table groups is not executable here yet).
+// equal-size groups, when expert groups name more than one module
+// (GEM-lite has one mixture of experts), or when a "table_shards/" group
+// holds ranks of different table positions.
 absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank, int world_size,
                                                                        const std::vector<NamedGroup>& plan_groups,
                                                                        const ParallelismHints& hints);
 
 // The communicators of one rank: "fsdp" and "replica" (dense), "tables" and
-// "table_replica" (sparse).
+// "table_replica" (sparse), and "expert" and "table_shards" when the plan
+// has such groups.
 struct TrainingGroups {
   comm::ProcessGroups dense;
   comm::ProcessGroups sparse;
+  std::optional<comm::ProcessGroups> extra;
 
   comm::Communicator* fsdp() const { return dense.Get("fsdp"); }
   comm::Communicator* replica() const { return dense.Get("replica"); }
   comm::Communicator* tables() const { return sparse.Get("tables"); }
   comm::Communicator* table_replica() const { return sparse.Get("table_replica"); }
+  // Null without expert parallelism / without V3.
+  comm::Communicator* expert() const { return extra.has_value() ? extra->Get("expert") : nullptr; }
+  comm::Communicator* table_shards() const { return extra.has_value() ? extra->Get("table_shards") : nullptr; }
 
   // Every rank calls this with the same layout and store namespace.
   static absl::StatusOr<TrainingGroups> Build(const ParallelLayout& layout, int rank, comm::KvStore& store,
                                               const comm::CommFactory& factory);
-  // The same from explicit specs (TrainingGroupSpecs' order).
+  // The same from explicit specs (TrainingGroupSpecs' order: the four, then
+  // "expert" and "table_shards" where present).
   static absl::StatusOr<TrainingGroups> BuildFromSpecs(int rank, const std::vector<comm::ProcessGroupSpec>& specs,
                                                        comm::KvStore& store, const comm::CommFactory& factory);
 };

@@ -68,12 +68,46 @@ TEST(TrainingGroupSpecsTest, FallsBackToHintsAndToTheFsdpGroupForTables) {
   EXPECT_EQ(Ranks((*specs)[3]), (std::vector<int>{0}));
 }
 
+TEST(TrainingGroupSpecsTest, ExpertGroupsGiveAFifthSpec) {
+  const std::vector<NamedGroup> plan = {{"fsdp/0", {0, 1, 2, 3}}, {"expert/moe/0", {0, 1}}, {"expert/moe/1", {2, 3}}};
+  auto specs = TrainingGroupSpecs(3, 4, plan, {});
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  ASSERT_EQ(specs->size(), 5u);
+  EXPECT_EQ((*specs)[4].name, "expert");
+  EXPECT_EQ((*specs)[4].index, 1);
+  EXPECT_EQ(Ranks((*specs)[4]), (std::vector<int>{2, 3}));
+  EXPECT_EQ(TrainingGroupSpecs(3, 4, {{"fsdp/0", {0, 1, 2, 3}}}, {})->size(), 4u);
+  // Two expert modules, or expert groups that miss ranks, are refused.
+  EXPECT_FALSE(TrainingGroupSpecs(0, 2, {{"fsdp/0", {0, 1}}, {"expert/a/0", {0, 1}}, {"expert/b/0", {0, 1}}}, {}).ok());
+  EXPECT_FALSE(TrainingGroupSpecs(0, 4, {{"fsdp/0", {0, 1, 2, 3}}, {"expert/moe/0", {0, 1}}}, {}).ok());
+}
+
+TEST(TrainingGroupSpecsTest, V3ShardGroupsSplitOnePositionsShards) {
+  // Tables over {0, 2} and {1, 3}; ranks 0 and 1 (and 2 and 3) hold the
+  // same position, so they may split its shards.
+  const std::vector<NamedGroup> plan = {{"fsdp/0", {0, 1, 2, 3}},
+                                        {"tables/0", {0, 2}},
+                                        {"tables/1", {1, 3}},
+                                        {"table_shards/0", {0, 1}},
+                                        {"table_shards/1", {2, 3}}};
+  auto specs = TrainingGroupSpecs(2, 4, plan, {});
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  ASSERT_EQ(specs->size(), 5u);
+  EXPECT_EQ((*specs)[4].name, "table_shards");
+  EXPECT_EQ(Ranks((*specs)[4]), (std::vector<int>{2, 3}));
+  // Ranks of different positions cannot split shards.
+  auto wrong = TrainingGroupSpecs(
+      0, 4, {{"fsdp/0", {0, 1, 2, 3}}, {"tables/0", {0, 1}}, {"tables/1", {2, 3}}, {"table_shards/0", {0, 1}},
+             {"table_shards/1", {2, 3}}},
+      {});
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TrainingGroupSpecsTest, RejectsBrokenPlans) {
   EXPECT_FALSE(TrainingGroupSpecs(0, 4, {{"fsdp/0", {0, 1}}, {"fsdp/1", {2}}}, {}).ok());          // Sizes.
   EXPECT_FALSE(TrainingGroupSpecs(0, 4, {{"fsdp/0", {0, 1}}, {"fsdp/1", {1, 2}}}, {}).ok());       // Overlap.
   EXPECT_FALSE(TrainingGroupSpecs(0, 4, {{"fsdp/0", {0, 1}}}, {}).ok());                           // Coverage.
   EXPECT_FALSE(TrainingGroupSpecs(0, 2, {{"fsdp/x", {0, 1}}}, {}).ok());                           // Name.
-  EXPECT_FALSE(TrainingGroupSpecs(0, 2, {{"fsdp/0", {0, 1}}, {"table_shards/0", {0, 1}}}, {}).ok());  // V3.
   EXPECT_FALSE(TrainingGroupSpecs(0, 4, {}, {3, 0, 0}).ok());                                      // Hints.
   EXPECT_FALSE(TrainingGroupSpecs(4, 4, {}, {}).ok());                                             // Rank.
 }

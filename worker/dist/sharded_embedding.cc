@@ -2,69 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "worker/dist/staged.h"
 
 namespace recfleet {
 namespace dist {
-namespace {
-
-template <typename T>
-DType DTypeOf();
-template <>
-DType DTypeOf<int64_t>() { return DType::kInt64; }
-template <>
-DType DTypeOf<float>() { return DType::kFloat32; }
-
-// A copy of a host vector on `device`.
-template <typename T>
-absl::StatusOr<DeviceBuffer> Stage(Device device, const std::vector<T>& v) {
-  return DeviceBuffer::FromHost(device, v.data(), v.size() * sizeof(T));
-}
-
-template <typename T>
-TensorView View(const DeviceBuffer& b, int64_t n) {
-  return b.View(DTypeOf<T>(), {n});
-}
-
-// Runs the collective `op(in, out)` on host vectors through buffers on the
-// communicator's device (plain copies on the host), so routing stays host
-// logic whatever the device.
-template <typename T, typename Op>
-absl::Status Staged(Device device, const std::vector<T>& in, std::vector<T>& out, Op op) {
-  absl::StatusOr<DeviceBuffer> din = Stage(device, in);
-  if (!din.ok()) return din.status();
-  absl::StatusOr<DeviceBuffer> dout = DeviceBuffer::Zeros(device, out.size() * sizeof(T));
-  if (!dout.ok()) return dout.status();
-  absl::Status s = op(View<T>(*din, in.size()), View<T>(*dout, out.size()));
-  if (!s.ok()) return s;
-  return dout->CopyToHost(out.data(), out.size() * sizeof(T));
-}
-
-template <typename T>
-absl::Status StagedBroadcast(comm::Communicator& c, std::vector<T>& v, int root) {
-  absl::StatusOr<DeviceBuffer> d = Stage(c.device(), v);
-  if (!d.ok()) return d.status();
-  if (absl::Status s = c.Broadcast(View<T>(*d, v.size()), root); !s.ok()) return s;
-  return d->CopyToHost(v.data(), v.size() * sizeof(T));
-}
-
-template <typename T>
-absl::Status StagedAllToAll(comm::Communicator& c, const std::vector<T>& in, const std::vector<int64_t>& send_counts,
-                            std::vector<T>& out, const std::vector<int64_t>& recv_counts) {
-  return Staged(c.device(), in, out, [&](const TensorView& i, const TensorView& o) {
-    return c.AllToAll(i, send_counts, o, recv_counts);
-  });
-}
-
-int64_t Sum(const std::vector<int64_t>& v) {
-  int64_t s = 0;
-  for (int64_t x : v) s += x;
-  return s;
-}
-
-}  // namespace
-
 std::vector<TablePlacement> BalancedTablePlacements(const std::vector<EmbeddingTableConfig>& tables, int group_size) {
   std::vector<TablePlacement> out(tables.size());
   if (group_size <= 1) return out;
@@ -112,6 +56,25 @@ absl::StatusOr<EmbeddingShardingPlan> EmbeddingShardingPlan::Create(std::vector<
                                                      placements[t].owner, " is not a group rank in [0, ",
                                                      group_size, ")"));
     }
+    std::vector<bool> seen(group_size, false);
+    for (int r : placements[t].ranks) {
+      if (r < 0 || r >= group_size) {
+        return absl::InvalidArgumentError(absl::StrCat("sharding plan: table ", t, " ('", c.name, "') lists rank ", r,
+                                                       ", not a group rank in [0, ", group_size, ")"));
+      }
+      if (seen[r]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sharding plan: table ", t, " ('", c.name, "') lists rank ", r, " twice"));
+      }
+      seen[r] = true;
+    }
+    if (placements[t].sharding == TableSharding::kColumnWise) {
+      const int64_t slices = placements[t].ranks.empty() ? group_size : placements[t].ranks.size();
+      if (c.dim % slices != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("sharding plan: table ", t, " ('", c.name, "') has ", c.dim,
+                                                       " columns, not ", slices, " equal column slices"));
+      }
+    }
   }
   EmbeddingShardingPlan plan;
   plan.tables_ = std::move(tables);
@@ -127,74 +90,217 @@ absl::StatusOr<EmbeddingShardingPlan> EmbeddingShardingPlan::Create(std::vector<
   return plan;
 }
 
+int EmbeddingShardingPlan::NumShards(int t) const {
+  const TablePlacement& p = placements_[t];
+  if (p.sharding == TableSharding::kTableWise) return 1;
+  return p.ranks.empty() ? group_size_ : static_cast<int>(p.ranks.size());
+}
+
+int EmbeddingShardingPlan::ShardIndex(int t, int r) const {
+  const TablePlacement& p = placements_[t];
+  if (p.sharding == TableSharding::kTableWise) return r == p.owner ? 0 : -1;
+  if (p.ranks.empty()) return r;
+  const auto it = std::find(p.ranks.begin(), p.ranks.end(), r);
+  return it == p.ranks.end() ? -1 : static_cast<int>(it - p.ranks.begin());
+}
+
+namespace {
+
+// Block i of n contiguous blocks of ceil(size / n) over [0, size).
+std::pair<int64_t, int64_t> ContiguousBlock(int64_t size, int i, int n) {
+  const int64_t per = (size + n - 1) / n;
+  const int64_t first = std::min(size, i * per);
+  return {first, std::min(size, first + per)};
+}
+
+}  // namespace
+
 std::pair<int64_t, int64_t> EmbeddingShardingPlan::RowRange(int t, int r) const {
   const int64_t rows = tables_[t].rows;
-  if (placements_[t].sharding == TableSharding::kTableWise) {
-    return r == placements_[t].owner ? std::make_pair(int64_t{0}, rows) : std::make_pair(int64_t{0}, int64_t{0});
+  const int i = ShardIndex(t, r);
+  if (i < 0 || Columns(t, r) == 0) return {0, 0};
+  if (placements_[t].sharding != TableSharding::kRowWise) return {0, rows};
+  return ContiguousBlock(rows, i, NumShards(t));
+}
+
+std::pair<int64_t, int64_t> EmbeddingShardingPlan::ColumnRange(int t, int r) const {
+  const int64_t dim = tables_[t].dim;
+  const int i = ShardIndex(t, r);
+  if (i < 0) return {0, 0};
+  if (placements_[t].sharding != TableSharding::kColumnWise) return {0, dim};
+  return ContiguousBlock(dim, i, NumShards(t));
+}
+
+absl::StatusOr<std::vector<TablePlacement>> PlacementsFromPlan(const std::vector<EmbeddingTableConfig>& tables,
+                                                               const std::vector<PlannedTable>& planned,
+                                                               int group_size) {
+  if (planned.size() != tables.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: ", planned.size(), " table shardings for ", tables.size(),
+                                                   " tables; the plan is for another model"));
   }
-  const int64_t per = (rows + group_size_ - 1) / group_size_;
-  const int64_t first = std::min(rows, r * per);
-  return {first, std::min(rows, first + per)};
+  std::vector<TablePlacement> out;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const PlannedTable& p = planned[t];
+    const std::string what = absl::StrCat("plan: table ", t, " ('", tables[t].name, "')");
+    if (p.table != tables[t].name) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " is planned as '", p.table, "'; tables out of order"));
+    }
+    for (int r : p.ranks) {
+      if (r < 0 || r >= group_size) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", p.sharding, " shard on rank ", r,
+                                                       ", outside the model-parallel group of ", group_size));
+      }
+    }
+    const bool every_rank = p.ranks.empty();
+    const int listed = every_rank ? group_size : static_cast<int>(p.ranks.size());
+    if (p.num_shards != listed) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", p.num_shards, " ", p.sharding, " shards but ",
+                                                     listed, " ranks hold them"));
+    }
+    if (p.sharding == "TW") {
+      if (p.ranks.size() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": table-wise on ", p.ranks.size(), " ranks, need one"));
+      }
+      out.push_back({TableSharding::kTableWise, p.ranks[0]});
+    } else if (p.sharding == "CW") {
+      out.push_back({TableSharding::kColumnWise, 0, p.ranks});
+    } else if (p.sharding == "RW" || p.sharding == "TWRW") {
+      out.push_back({TableSharding::kRowWise, 0, p.ranks});
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": unknown sharding '", p.sharding, "' (TW, CW, TWRW or RW)"));
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<ShardedEmbeddingCollection>> ShardedEmbeddingCollection::Create(
     EmbeddingShardingPlan plan, comm::Communicator* table_group, comm::Communicator* replica_group,
-    RowwiseAdagradConfig optimizer) {
+    RowwiseAdagradConfig optimizer, comm::Communicator* shard_group) {
   if (table_group == nullptr) return absl::InvalidArgumentError("sharded embeddings: table_group is null");
   if (table_group->size() != plan.group_size()) {
     return absl::InvalidArgumentError(absl::StrCat("sharded embeddings: the plan is for a group of ",
                                                    plan.group_size(), " ranks but table_group has ",
                                                    table_group->size()));
   }
-  if (replica_group != nullptr && replica_group->device() != table_group->device()) {
-    return absl::InvalidArgumentError("sharded embeddings: table_group and replica_group live on different devices");
+  for (comm::Communicator* other : {replica_group, shard_group}) {
+    if (other != nullptr && other->device() != table_group->device()) {
+      return absl::InvalidArgumentError("sharded embeddings: the table, replica and shard groups live on different devices");
+    }
   }
-  const Device device = table_group->device();
-  std::vector<DeviceBuffer> shards, momenta;
-  for (int t = 0; t < plan.num_tables(); ++t) {
-    const auto range = plan.RowRange(t, table_group->rank());
-    const int64_t rows = range.second - range.first;
-    absl::StatusOr<DeviceBuffer> shard = DeviceBuffer::Zeros(device, rows * plan.table(t).dim * sizeof(float));
+  if (shard_group != nullptr && shard_group->size() < 2) shard_group = nullptr;
+  std::unique_ptr<ShardedEmbeddingCollection> c(
+      new ShardedEmbeddingCollection(std::move(plan), table_group, replica_group, optimizer, shard_group));
+  // Stored rows only (padded to equal parts for the all-gather under V3).
+  for (int t = 0; t < c->plan_.num_tables(); ++t) {
+    const int64_t cols = c->plan_.Columns(t, table_group->rank());
+    const int64_t rows = c->ShardDegree() > 1 ? c->PartRows(t) : c->StoredRows(t).second - c->StoredRows(t).first;
+    absl::StatusOr<DeviceBuffer> shard = DeviceBuffer::Zeros(c->device_, rows * cols * sizeof(float));
     if (!shard.ok()) return shard.status();
-    absl::StatusOr<DeviceBuffer> momentum = DeviceBuffer::Zeros(device, rows * sizeof(float));
+    absl::StatusOr<DeviceBuffer> momentum = DeviceBuffer::Zeros(c->device_, rows * sizeof(float));
     if (!momentum.ok()) return momentum.status();
-    shards.push_back(*std::move(shard));
-    momenta.push_back(*std::move(momentum));
+    c->shards_.push_back(*std::move(shard));
+    c->momenta_.push_back(*std::move(momentum));
   }
-  return std::unique_ptr<ShardedEmbeddingCollection>(new ShardedEmbeddingCollection(
-      std::move(plan), table_group, replica_group, optimizer, std::move(shards), std::move(momenta)));
+  return c;
 }
 
 ShardedEmbeddingCollection::ShardedEmbeddingCollection(EmbeddingShardingPlan plan, comm::Communicator* table_group,
                                                        comm::Communicator* replica_group,
-                                                       RowwiseAdagradConfig optimizer,
-                                                       std::vector<DeviceBuffer> shards,
-                                                       std::vector<DeviceBuffer> momenta)
+                                                       RowwiseAdagradConfig optimizer, comm::Communicator* shard_group)
     : plan_(std::move(plan)),
       table_group_(table_group),
       replica_group_(replica_group),
+      shard_group_(shard_group),
       optimizer_(optimizer),
-      device_(table_group->device()),
-      shards_(std::move(shards)),
-      momenta_(std::move(momenta)) {}
+      device_(table_group->device()) {}
+
+int64_t ShardedEmbeddingCollection::PartRows(int t) const {
+  const auto [first, end] = plan_.RowRange(t, table_group_->rank());
+  return (end - first + ShardDegree() - 1) / ShardDegree();
+}
+
+std::pair<int64_t, int64_t> ShardedEmbeddingCollection::StoredRows(int t) const {
+  const auto [first, end] = plan_.RowRange(t, table_group_->rank());
+  if (ShardDegree() == 1) return {first, end};
+  const auto part = ContiguousBlock(end - first, shard_group_->rank(), ShardDegree());
+  return {first + part.first, first + part.second};
+}
 
 TensorView ShardedEmbeddingCollection::shard(int t) {
-  const int64_t rows = static_cast<int64_t>(momenta_[t].size() / sizeof(float));
-  return shards_[t].View(DType::kFloat32, {rows, plan_.table(t).dim});
+  const auto [first, end] = StoredRows(t);
+  const int64_t cols = plan_.Columns(t, table_group_->rank());
+  // While the block is gathered, this rank's part sits at its offset in it.
+  const int64_t offset = gathered_ ? shard_group_->rank() * PartRows(t) : 0;
+  return MakeView(static_cast<float*>(shards_[t].data()) + offset * cols, DType::kFloat32, {end - first, cols},
+                  device_);
 }
 
 TensorView ShardedEmbeddingCollection::momentum(int t) {
-  return momenta_[t].View(DType::kFloat32, {static_cast<int64_t>(momenta_[t].size() / sizeof(float))});
+  const auto [first, end] = StoredRows(t);
+  const int64_t offset = gathered_ ? shard_group_->rank() * PartRows(t) : 0;
+  return MakeView(static_cast<float*>(momenta_[t].data()) + offset, DType::kFloat32, {end - first}, device_);
+}
+
+TensorView ShardedEmbeddingCollection::Block(int t) {
+  const auto [first, end] = plan_.RowRange(t, table_group_->rank());
+  return shards_[t].View(DType::kFloat32, {end - first, plan_.Columns(t, table_group_->rank())});
+}
+
+TensorView ShardedEmbeddingCollection::BlockMomentum(int t) {
+  const auto [first, end] = plan_.RowRange(t, table_group_->rank());
+  return momenta_[t].View(DType::kFloat32, {end - first});
+}
+
+absl::Status ShardedEmbeddingCollection::GatherBlocks() {
+  if (ShardDegree() == 1) return absl::OkStatus();
+  if (absl::Status s = ReleaseBlocks(); !s.ok()) return s;
+  const int d = ShardDegree();
+  for (int t : plan_.TablesOn(table_group_->rank())) {
+    const int64_t part = PartRows(t), cols = plan_.Columns(t, table_group_->rank());
+    for (auto [buffer, width] : {std::pair<DeviceBuffer*, int64_t>{&shards_[t], cols}, {&momenta_[t], 1}}) {
+      absl::StatusOr<DeviceBuffer> block = DeviceBuffer::Zeros(device_, d * part * width * sizeof(float));
+      if (!block.ok()) return block.status();
+      if (absl::Status s = shard_group_->AllGather(buffer->View(DType::kFloat32, {part * width}),
+                                                   block->View(DType::kFloat32, {d * part * width}));
+          !s.ok()) {
+        return s;
+      }
+      *buffer = *std::move(block);
+    }
+  }
+  gathered_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status ShardedEmbeddingCollection::ReleaseBlocks() {
+  if (!gathered_) return absl::OkStatus();
+  const int me = shard_group_->rank();
+  for (int t : plan_.TablesOn(table_group_->rank())) {
+    const int64_t part = PartRows(t), cols = plan_.Columns(t, table_group_->rank());
+    for (auto [buffer, width] : {std::pair<DeviceBuffer*, int64_t>{&shards_[t], cols}, {&momenta_[t], 1}}) {
+      std::vector<float> block(buffer->size() / sizeof(float));
+      if (absl::Status s = buffer->CopyToHost(block.data(), buffer->size()); !s.ok()) return s;
+      absl::StatusOr<DeviceBuffer> own =
+          DeviceBuffer::FromHost(device_, block.data() + me * part * width, part * width * sizeof(float));
+      if (!own.ok()) return own.status();
+      *buffer = *std::move(own);
+    }
+  }
+  gathered_ = false;
+  return absl::OkStatus();
 }
 
 absl::Status ShardedEmbeddingCollection::Initialize(const std::function<float(int, int64_t, int64_t)>& value) {
+  if (absl::Status s = ReleaseBlocks(); !s.ok()) return s;
   for (int t = 0; t < plan_.num_tables(); ++t) {
-    const int64_t first = plan_.RowRange(t, table_group_->rank()).first;
-    const int64_t dim = plan_.table(t).dim;
+    const int64_t first = StoredRows(t).first;
+    const int64_t first_col = plan_.ColumnRange(t, table_group_->rank()).first;
+    const int64_t cols = shard(t).dim(1);
     const int64_t rows = shard(t).dim(0);
-    std::vector<float> rows_host(rows * dim);
+    std::vector<float> rows_host(rows * cols);
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < dim; ++c) rows_host[r * dim + c] = value(t, first + r, c);
+      for (int64_t c = 0; c < cols; ++c) rows_host[r * cols + c] = value(t, first + r, first_col + c);
     }
     if (absl::Status s = shards_[t].CopyFromHost(rows_host.data(), rows_host.size() * sizeof(float)); !s.ok()) {
       return s;
@@ -246,6 +352,9 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
   pending_.valid = false;
   if (absl::Status s = CheckIds(ids); !s.ok()) return s;
   if (absl::Status s = CheckPerTable(out, "out"); !s.ok()) return s;
+  // V3: the whole block of every local table, from its parts (again after
+  // any change to the stored parts, e.g. a restore).
+  if (absl::Status s = GatherBlocks(); !s.ok()) return s;
   const int num_tables = plan_.num_tables();
   std::vector<int64_t> my_bags(num_tables);
   for (int t = 0; t < num_tables; ++t) {
@@ -323,7 +432,8 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
   for (int k = 0; k < num_mine; ++k) {
     const int t = mine[k];
     const int64_t served = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
-    partial[k].resize(served * plan_.table(t).dim);
+    const int64_t cols = plan_.Columns(t, me);
+    partial[k].resize(served * cols);
     absl::StatusOr<DeviceBuffer> ids_dev = Stage(device_, pending_.ids[k]);
     if (!ids_dev.ok()) return ids_dev.status();
     absl::StatusOr<DeviceBuffer> offsets_dev = Stage(device_, pending_.offsets[k]);
@@ -331,8 +441,7 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
     absl::StatusOr<DeviceBuffer> out_dev = Stage(device_, partial[k]);
     if (!out_dev.ok()) return out_dev.status();
     JaggedView bags{View<int64_t>(*ids_dev, pending_.ids[k].size()), View<int64_t>(*offsets_dev, served + 1)};
-    absl::Status s = EmbeddingBagForward(shard(t), bags, Pooling::kSum,
-                                         out_dev->View(DType::kFloat32, {served, plan_.table(t).dim}));
+    absl::Status s = EmbeddingBagForward(Block(t), bags, Pooling::kSum, out_dev->View(DType::kFloat32, {served, cols}));
     if (!s.ok()) return s;
     if (s = out_dev->CopyToHost(partial[k].data(), partial[k].size() * sizeof(float)); !s.ok()) return s;
   }
@@ -342,16 +451,16 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
   std::vector<int64_t> emb_counts(group, 0), emb_recv_counts(group, 0), next_bag(num_mine, 0);
   for (int p = 0; p < group; ++p) {
     for (int k = 0; k < num_mine; ++k) {
-      const int64_t dim = plan_.table(mine[k]).dim;
+      const int64_t cols = plan_.Columns(mine[k], me);
       const int64_t n = Bags(p, mine[k]);
-      emb_send.insert(emb_send.end(), partial[k].begin() + next_bag[k] * dim,
-                      partial[k].begin() + (next_bag[k] + n) * dim);
+      emb_send.insert(emb_send.end(), partial[k].begin() + next_bag[k] * cols,
+                      partial[k].begin() + (next_bag[k] + n) * cols);
       next_bag[k] += n;
-      emb_counts[p] += n * dim;
+      emb_counts[p] += n * cols;
     }
   }
   for (int d = 0; d < group; ++d) {
-    for (int t : plan_.TablesOn(d)) emb_recv_counts[d] += my_bags[t] * plan_.table(t).dim;
+    for (int t : plan_.TablesOn(d)) emb_recv_counts[d] += my_bags[t] * plan_.Columns(t, d);
   }
   std::vector<float> emb_recv(Sum(emb_recv_counts));
   if (absl::Status s = StagedAllToAll(*table_group_, emb_send, emb_counts, emb_recv, emb_recv_counts); !s.ok()) {
@@ -360,9 +469,14 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
 
   std::vector<std::vector<float>> result(num_tables);
   for (int t = 0; t < num_tables; ++t) result[t].assign(my_bags[t] * plan_.table(t).dim, 0.0f);
+  // Row blocks add up; column slices land in their own columns.
   for (int d = 0, pos = 0; d < group; ++d) {
     for (int t : plan_.TablesOn(d)) {
-      for (float& x : result[t]) x += emb_recv[pos++];
+      const int64_t dim = plan_.table(t).dim;
+      const auto [c0, c1] = plan_.ColumnRange(t, d);
+      for (int64_t b = 0; b < my_bags[t]; ++b) {
+        for (int64_t c = c0; c < c1; ++c) result[t][b * dim + c] += emb_recv[pos++];
+      }
     }
   }
   pending_.own_lengths.assign(num_tables, {});
@@ -395,29 +509,36 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
   }
 
   const int group = table_group_->size();
-  const std::vector<int>& mine = plan_.TablesOn(table_group_->rank());
+  const int me = table_group_->rank();
+  const std::vector<int>& mine = plan_.TablesOn(me);
   const int num_mine = static_cast<int>(mine.size());
 
-  // Each owner gets the gradient of every bag it served, per table; mean
-  // pooling divides by the full bag length, which only this rank knows.
+  // Each owner gets the gradient of every bag it served (its columns of
+  // it), per table; mean pooling divides by the full bag length, which only
+  // this rank knows.
+  std::vector<std::vector<float>> host_grads(num_tables);
+  for (int t = 0; t < num_tables; ++t) {
+    host_grads[t].resize(grads[t].numel());
+    if (absl::Status s = CopyViewToHost(grads[t], host_grads[t].data()); !s.ok()) return s;
+  }
   std::vector<float> send;
   std::vector<int64_t> send_counts(group, 0), recv_counts(group, 0);
   for (int d = 0; d < group; ++d) {
     for (int t : plan_.TablesOn(d)) {
       const int64_t dim = plan_.table(t).dim;
+      const auto [c0, c1] = plan_.ColumnRange(t, d);
       const bool mean = plan_.table(t).pooling == Pooling::kMean;
-      std::vector<float> g(grads[t].numel());
-      if (absl::Status s = CopyViewToHost(grads[t], g.data()); !s.ok()) return s;
+      const std::vector<float>& g = host_grads[t];
       const std::vector<int64_t>& lengths = pending_.own_lengths[t];
       for (size_t b = 0; b < lengths.size(); ++b) {
         const float scale = mean && lengths[b] > 0 ? 1.0f / static_cast<float>(lengths[b]) : 1.0f;
-        for (int64_t c = 0; c < dim; ++c) send.push_back(g[b * dim + c] * scale);
+        for (int64_t c = c0; c < c1; ++c) send.push_back(g[b * dim + c] * scale);
       }
-      send_counts[d] += static_cast<int64_t>(lengths.size()) * dim;
+      send_counts[d] += static_cast<int64_t>(lengths.size()) * (c1 - c0);
     }
   }
   for (int p = 0; p < group; ++p) {
-    for (int t : mine) recv_counts[p] += Bags(p, t) * plan_.table(t).dim;
+    for (int t : mine) recv_counts[p] += Bags(p, t) * plan_.Columns(t, me);
   }
   std::vector<float> recv(Sum(recv_counts));
   if (absl::Status s = StagedAllToAll(*table_group_, send, send_counts, recv, recv_counts); !s.ok()) return s;
@@ -427,7 +548,7 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
   std::vector<std::vector<float>> served_grads(num_mine);
   for (int p = 0, pos = 0; p < group; ++p) {
     for (int k = 0; k < num_mine; ++k) {
-      const int64_t n = Bags(p, mine[k]) * plan_.table(mine[k]).dim;
+      const int64_t n = Bags(p, mine[k]) * plan_.Columns(mine[k], me);
       served_grads[k].insert(served_grads[k].end(), recv.begin() + pos, recv.begin() + pos + n);
       pos += n;
     }
@@ -435,6 +556,7 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
   if (replica_group_ != nullptr && replica_group_->size() > 1) {
     if (absl::Status s = GatherReplicas(served_grads); !s.ok()) return s;
   }
+  if (absl::Status s = AlignColumnSliceAccumulators(served_grads); !s.ok()) return s;
   for (int k = 0; k < num_mine; ++k) {
     const int t = mine[k];
     const int64_t bags = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
@@ -445,11 +567,13 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
     absl::StatusOr<DeviceBuffer> grads_dev = Stage(device_, served_grads[k]);
     if (!grads_dev.ok()) return grads_dev.status();
     JaggedView jagged{View<int64_t>(*ids_dev, pending_.ids[k].size()), View<int64_t>(*offsets_dev, bags + 1)};
-    absl::Status s = EmbeddingBagBackwardAdagrad(grads_dev->View(DType::kFloat32, {bags, plan_.table(t).dim}), jagged,
-                                                 Pooling::kSum, optimizer_, shard(t), momentum(t));
+    absl::Status s = EmbeddingBagBackwardAdagrad(grads_dev->View(DType::kFloat32, {bags, plan_.Columns(t, me)}), jagged,
+                                                 Pooling::kSum, optimizer_, Block(t), BlockMomentum(t));
     if (!s.ok()) return s;
   }
-  return absl::OkStatus();
+  // V3: every holder of the block applied the same update; each keeps its
+  // part.
+  return ReleaseBlocks();
 }
 
 absl::Status ShardedEmbeddingCollection::GatherReplicas(std::vector<std::vector<float>>& grads) {
@@ -490,7 +614,7 @@ absl::Status ShardedEmbeddingCollection::GatherReplicas(std::vector<std::vector<
       for (int64_t b = 0; b < bags; ++b) offsets[k].push_back(offsets[k].back() + q_ints[pos++]);
       ids[k].insert(ids[k].end(), q_ints.begin() + pos, q_ints.begin() + pos + n_ids);
       pos += n_ids;
-      const int64_t n_floats = bags * plan_.table(mine[k]).dim;
+      const int64_t n_floats = bags * plan_.Columns(mine[k], table_group_->rank());
       union_grads[k].insert(union_grads[k].end(), q_floats.begin() + fpos, q_floats.begin() + fpos + n_floats);
       fpos += n_floats;
     }
@@ -498,6 +622,94 @@ absl::Status ShardedEmbeddingCollection::GatherReplicas(std::vector<std::vector<
   pending_.offsets = std::move(offsets);
   pending_.ids = std::move(ids);
   grads = std::move(union_grads);
+  return absl::OkStatus();
+}
+
+absl::Status ShardedEmbeddingCollection::AlignColumnSliceAccumulators(const std::vector<std::vector<float>>& grads) {
+  const int group = table_group_->size();
+  const int me = table_group_->rank();
+  const std::vector<int>& mine = plan_.TablesOn(me);
+  // Per local sliced table: its touched rows (ascending; every holder got
+  // the same ids, so the same list) and this slice's sum of squares of each
+  // row's summed gradient.
+  std::vector<int> sliced;  // Indexes into `mine`.
+  std::vector<std::vector<int64_t>> rows(mine.size());
+  std::vector<std::vector<double>> own(mine.size());
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const int t = mine[k];
+    if (plan_.placement(t).sharding != TableSharding::kColumnWise || plan_.NumShards(t) < 2) continue;
+    sliced.push_back(static_cast<int>(k));
+    const int64_t cols = plan_.Columns(t, me);
+    std::map<int64_t, std::vector<double>> summed;
+    const std::vector<int64_t>& off = pending_.offsets[k];
+    for (size_t b = 0; b + 1 < off.size(); ++b) {
+      for (int64_t i = off[b]; i < off[b + 1]; ++i) {
+        std::vector<double>& g = summed[pending_.ids[k][i]];
+        g.resize(cols, 0.0);
+        for (int64_t c = 0; c < cols; ++c) g[c] += grads[k][b * cols + c];
+      }
+    }
+    for (const auto& [row, g] : summed) {
+      rows[k].push_back(row);
+      double sq = 0;
+      for (double x : g) sq += x * x;
+      own[k].push_back(sq);
+    }
+  }
+  // The exchange is a collective of the whole group: every rank joins it
+  // when any table is sliced, whether or not it holds a slice.
+  bool any_sliced = false;
+  for (int t = 0; t < plan_.num_tables(); ++t) {
+    any_sliced = any_sliced || (plan_.placement(t).sharding == TableSharding::kColumnWise && plan_.NumShards(t) > 1);
+  }
+  if (!any_sliced) return absl::OkStatus();
+
+  // Every other holder of a sliced table gets this slice's sums, tables in
+  // ascending order (the order both sides walk).
+  std::vector<float> send;
+  std::vector<int64_t> send_counts(group, 0), recv_counts(group, 0);
+  for (int d = 0; d < group; ++d) {
+    for (int k : sliced) {
+      if (d == me || plan_.ShardIndex(mine[k], d) < 0) continue;
+      send.insert(send.end(), own[k].begin(), own[k].end());
+      send_counts[d] += static_cast<int64_t>(own[k].size());
+      recv_counts[d] += static_cast<int64_t>(own[k].size());
+    }
+  }
+  std::vector<float> recv(Sum(recv_counts));
+  if (absl::Status s = StagedAllToAll(*table_group_, send, send_counts, recv, recv_counts); !s.ok()) return s;
+  // Per sliced table, per slice index: the sums (own slice from `own`).
+  std::vector<std::vector<std::vector<double>>> slices(mine.size());
+  for (int k : sliced) {
+    slices[k].resize(plan_.NumShards(mine[k]));
+    slices[k][plan_.ShardIndex(mine[k], me)] = own[k];
+  }
+  for (int p = 0, pos = 0; p < group; ++p) {
+    for (int k : sliced) {
+      if (p == me || plan_.ShardIndex(mine[k], p) < 0) continue;
+      slices[k][plan_.ShardIndex(mine[k], p)].assign(recv.begin() + pos, recv.begin() + pos + own[k].size());
+      pos += static_cast<int>(own[k].size());
+    }
+  }
+  for (int k : sliced) {
+    const int t = mine[k];
+    const double dim = static_cast<double>(plan_.table(t).dim);
+    const double cols = static_cast<double>(plan_.Columns(t, me));
+    // Slices summed in slice order, so every holder computes the same.
+    std::vector<float> accumulators(momenta_[t].size() / sizeof(float));
+    if (absl::Status s = momenta_[t].CopyToHost(accumulators.data(), accumulators.size() * sizeof(float)); !s.ok()) {
+      return s;
+    }
+    for (size_t i = 0; i < rows[k].size(); ++i) {
+      double whole = 0;
+      for (const std::vector<double>& slice : slices[k]) whole += slice[i];
+      accumulators[rows[k][i]] += static_cast<float>(whole / dim - own[k][i] / cols);
+    }
+    if (absl::Status s = momenta_[t].CopyFromHost(accumulators.data(), accumulators.size() * sizeof(float));
+        !s.ok()) {
+      return s;
+    }
+  }
   return absl::OkStatus();
 }
 

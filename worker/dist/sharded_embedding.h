@@ -2,9 +2,11 @@
 #define RECFLEET_WORKER_DIST_SHARDED_EMBEDDING_H_
 
 // Embedding tables sharded over a model-parallel group ("table group"),
-// table-wise (a whole table on one rank) or row-wise (contiguous row blocks
-// on every rank), optionally replicated across a replica group that trains
-// the same shards on other data (2D sparse parallelism, replicated tables).
+// table-wise (a whole table on one rank), row-wise (contiguous row blocks on
+// a list of ranks) or column-wise (contiguous column slices on a list of
+// ranks), as a plan places them, optionally replicated across a replica
+// group that trains the same shards on other data (2D sparse parallelism,
+// replicated tables).
 //
 // One step, for a batch of id lists per table on every rank:
 //  Forward   ids go to the ranks owning their rows (all-to-all of bag
@@ -17,7 +19,10 @@
 //            gradients (broadcasts over the replica group) and apply one
 //            rowwise-Adagrad step with the gradient summed over every bag of
 //            every rank, exactly as one rank holding the whole table and the
-//            whole global batch would (kernels/embedding).
+//            whole global batch would (kernels/embedding). Rowwise Adagrad
+//            scales a row by the mean square of its whole gradient, so the
+//            holders of a column-wise table's slices first exchange each
+//            touched row's sum of squares over their slices (all-to-all).
 //
 // The result is the single-rank result up to floating-point summation order.
 // Replicas apply identical updates in identical order, so their shards stay
@@ -60,14 +65,39 @@ struct EmbeddingTableConfig {
 };
 
 enum class TableSharding : uint8_t {
-  kTableWise,  // The whole table on group rank `owner`.
-  kRowWise,    // Rows split into contiguous blocks of ceil(rows / G).
+  kTableWise,   // The whole table on group rank `owner`.
+  kRowWise,     // Rows in contiguous blocks of ceil(rows / n) on the n `ranks`.
+  kColumnWise,  // Columns in n equal slices (dim / n each) on the n `ranks`.
 };
 
 struct TablePlacement {
   TableSharding sharding = TableSharding::kTableWise;
   int owner = 0;  // kTableWise only.
+  // kRowWise / kColumnWise: the group ranks holding block (slice) 0, 1, ...
+  // in order, each at most once; empty means every group rank, 0..G-1.
+  std::vector<int> ranks = {};
 };
+
+// One table as a plan places it inside its model-parallel group (mirrors
+// recfleet.v1.TableShardingPlan): sharding "TW", "CW", "TWRW" or "RW",
+// `ranks` the group positions holding the shards in shard order (empty for
+// "RW": every position).
+struct PlannedTable {
+  std::string table;
+  std::string sharding;
+  int num_shards = 1;
+  std::vector<int> ranks;
+};
+
+// The placements of `tables` exactly as `planned` (one entry per table, in
+// the same order and with the same names) chose them, in a group of
+// `group_size`: TW on its rank, CW slices and TWRW / RW row blocks on the
+// listed ranks in order. InvalidArgument naming the table when an entry
+// does not fit (unknown sharding, shard count and ranks disagreeing, a rank
+// outside the group, another table's name).
+absl::StatusOr<std::vector<TablePlacement>> PlacementsFromPlan(const std::vector<EmbeddingTableConfig>& tables,
+                                                               const std::vector<PlannedTable>& planned,
+                                                               int group_size);
 
 // A placement balanced by bytes when no plan gives one: a table larger than
 // an even share of all tables (total / group_size) is split row-wise; the
@@ -89,7 +119,18 @@ class EmbeddingShardingPlan {
 
   // Rows [first, second) of table t held by group rank r (empty if none).
   std::pair<int64_t, int64_t> RowRange(int t, int r) const;
-  // Tables with at least one row on group rank r, ascending.
+  // Columns [first, second) of those rows that rank r holds: all of them
+  // unless the table is column-wise (empty if it holds none).
+  std::pair<int64_t, int64_t> ColumnRange(int t, int r) const;
+  int64_t Columns(int t, int r) const {
+    const auto c = ColumnRange(t, r);
+    return c.second - c.first;
+  }
+  // Shards of table t, and the index of group rank r among their holders
+  // (-1 if it holds none).
+  int NumShards(int t) const;
+  int ShardIndex(int t, int r) const;
+  // Tables with at least one element on group rank r, ascending.
   const std::vector<int>& TablesOn(int r) const { return tables_on_[r]; }
 
  private:
@@ -104,20 +145,31 @@ class EmbeddingShardingPlan {
 class ShardedEmbeddingCollection {
  public:
   // `table_group` shards the tables (its size must equal the plan's);
-  // `replica_group` (nullptr: none) holds the same shards elsewhere. Not
-  // owned; both must outlive the collection.
+  // `replica_group` (nullptr: none) holds the same shards elsewhere;
+  // `shard_group` (nullptr or one rank: none; V3) holds the same shards in
+  // other table groups and splits their rows: each member stores one part
+  // (contiguous rows, ceil(rows / size) each), and Forward all-gathers the
+  // whole block over it, kept until BackwardAndUpdate has applied the
+  // update (every member applies the same one: the shard group must lie
+  // inside the replica group). Not owned; all must outlive the collection.
   static absl::StatusOr<std::unique_ptr<ShardedEmbeddingCollection>> Create(EmbeddingShardingPlan plan,
                                                                             comm::Communicator* table_group,
                                                                             comm::Communicator* replica_group,
-                                                                            RowwiseAdagradConfig optimizer);
+                                                                            RowwiseAdagradConfig optimizer,
+                                                                            comm::Communicator* shard_group = nullptr);
 
   const EmbeddingShardingPlan& plan() const { return plan_; }
 
-  // This rank's rows of table t: [RowRange(t, rank)] x dim fp32, and their
-  // Adagrad accumulators [rows] fp32, on the communicators' device. Zero
-  // rows if it holds none.
+  // This rank's part of table t: [StoredRows(t)] x [ColumnRange(t, rank)]
+  // fp32, and the Adagrad accumulators of those rows [rows] fp32 (every
+  // slice holder of a column-wise table keeps the same), on the
+  // communicators' device. Zero rows if it holds none.
   TensorView shard(int t);
   TensorView momentum(int t);
+  // The rows of table t this rank stores: RowRange(t, rank), or its part of
+  // them under V3.
+  std::pair<int64_t, int64_t> StoredRows(int t) const;
+  int group_rank() const { return table_group_->rank(); }
 
   // Sets every local row element to value(table, global_row, column) and
   // zeroes the accumulators. Deterministic initialization that every layout
@@ -152,7 +204,19 @@ class ShardedEmbeddingCollection {
 
   ShardedEmbeddingCollection(EmbeddingShardingPlan plan, comm::Communicator* table_group,
                              comm::Communicator* replica_group, RowwiseAdagradConfig optimizer,
-                             std::vector<DeviceBuffer> shards, std::vector<DeviceBuffer> momenta);
+                             comm::Communicator* shard_group);
+
+  int ShardDegree() const { return shard_group_ == nullptr ? 1 : shard_group_->size(); }
+  // V3: rows of each part of table t's block (the last ones padded).
+  int64_t PartRows(int t) const;
+  // The whole block [RowRange(t, rank)] x columns the kernels work on
+  // (the gathered one under V3).
+  TensorView Block(int t);
+  TensorView BlockMomentum(int t);
+  // V3: all-gathers every local table's block from the shard group's parts;
+  // ReleaseBlocks keeps this rank's part only. No-ops otherwise.
+  absl::Status GatherBlocks();
+  absl::Status ReleaseBlocks();
 
   absl::Status CheckIds(absl::Span<const JaggedView> ids) const;
   // Checks one [bags, dim] fp32 host buffer per table.
@@ -161,14 +225,22 @@ class ShardedEmbeddingCollection {
   // Replaces the pending bags and `grads` of every local table by their
   // union over the replica group, in replica-rank order.
   absl::Status GatherReplicas(std::vector<std::vector<float>>& grads);
+  // For every local column-wise table of more than one slice: adds to the
+  // accumulator of each row that `grads` touch the difference between the
+  // mean square of the row's whole gradient (every slice's, exchanged with
+  // the other holders) and of this slice's, so the kernel's rowwise-Adagrad
+  // step, which adds the slice's own mean square, lands on the whole row's.
+  absl::Status AlignColumnSliceAccumulators(const std::vector<std::vector<float>>& grads);
 
   EmbeddingShardingPlan plan_;
   comm::Communicator* table_group_;
   comm::Communicator* replica_group_;
+  comm::Communicator* shard_group_;
   RowwiseAdagradConfig optimizer_;
   Device device_;
   std::vector<DeviceBuffer> shards_;
   std::vector<DeviceBuffer> momenta_;
+  bool gathered_ = false;  // V3: shards_ / momenta_ hold whole blocks.
   Pending pending_;
 };
 

@@ -34,10 +34,62 @@ TEST(EmbeddingShardingPlanTest, RowRangesCoverEveryRowOnce) {
   }
 }
 
+TEST(EmbeddingShardingPlanTest, ListedRanksHoldRowBlocksAndColumnSlicesInOrder) {
+  auto plan = EmbeddingShardingPlan::Create({{"rows", 10, 2}, {"cols", 3, 8}},
+                                            {{TableSharding::kRowWise, 0, {2, 0}},
+                                             {TableSharding::kColumnWise, 0, {3, 1}}},
+                                            4);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->RowRange(0, 2), std::make_pair(int64_t{0}, int64_t{5}));
+  EXPECT_EQ(plan->RowRange(0, 0), std::make_pair(int64_t{5}, int64_t{10}));
+  EXPECT_EQ(plan->RowRange(0, 1).first, plan->RowRange(0, 1).second);
+  EXPECT_EQ(plan->ColumnRange(0, 0), std::make_pair(int64_t{0}, int64_t{2}));
+  // Column slices: every row, slice 0 on rank 3, slice 1 on rank 1.
+  EXPECT_EQ(plan->RowRange(1, 3), std::make_pair(int64_t{0}, int64_t{3}));
+  EXPECT_EQ(plan->ColumnRange(1, 3), std::make_pair(int64_t{0}, int64_t{4}));
+  EXPECT_EQ(plan->ColumnRange(1, 1), std::make_pair(int64_t{4}, int64_t{8}));
+  EXPECT_EQ(plan->Columns(1, 0), 0);
+  EXPECT_EQ(plan->TablesOn(0), (std::vector<int>{0}));
+  EXPECT_EQ(plan->TablesOn(1), (std::vector<int>{1}));
+  EXPECT_TRUE(plan->TablesOn(2) == std::vector<int>{0});
+  EXPECT_EQ(plan->TablesOn(3), (std::vector<int>{1}));
+}
+
+TEST(PlacementsFromPlanTest, KeepsThePlansChoiceForEveryTable) {
+  const std::vector<EmbeddingTableConfig> tables = {{"a", 10, 8}, {"b", 10, 8}, {"c", 10, 8}, {"d", 10, 8}};
+  auto p = PlacementsFromPlan(
+      tables, {{"a", "TW", 1, {2}}, {"b", "CW", 2, {3, 0}}, {"c", "TWRW", 2, {0, 1}}, {"d", "RW", 4, {}}}, 4);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)[0].sharding, TableSharding::kTableWise);
+  EXPECT_EQ((*p)[0].owner, 2);
+  EXPECT_EQ((*p)[1].sharding, TableSharding::kColumnWise);
+  EXPECT_EQ((*p)[1].ranks, (std::vector<int>{3, 0}));
+  EXPECT_EQ((*p)[2].sharding, TableSharding::kRowWise);
+  EXPECT_EQ((*p)[2].ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ((*p)[3].sharding, TableSharding::kRowWise);
+  EXPECT_TRUE((*p)[3].ranks.empty());
+  // Entries that do not describe these tables on this group are refused by name.
+  auto wrong_name = PlacementsFromPlan(tables, {{"a", "TW", 1, {0}}, {"x", "TW", 1, {0}}, {"c", "TW", 1, {0}},
+                                                {"d", "TW", 1, {0}}}, 4);
+  EXPECT_NE(wrong_name.status().message().find("'b'"), absl::string_view::npos) << wrong_name.status();
+  auto outside = PlacementsFromPlan(tables, {{"a", "TW", 1, {4}}, {"b", "TW", 1, {0}}, {"c", "TW", 1, {0}},
+                                             {"d", "TW", 1, {0}}}, 4);
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
+  auto unknown = PlacementsFromPlan(tables, {{"a", "DP", 1, {0}}, {"b", "TW", 1, {0}}, {"c", "TW", 1, {0}},
+                                             {"d", "TW", 1, {0}}}, 4);
+  EXPECT_NE(unknown.status().message().find("unknown sharding 'DP'"), absl::string_view::npos);
+  auto miscount = PlacementsFromPlan(tables, {{"a", "CW", 4, {0, 1}}, {"b", "TW", 1, {0}}, {"c", "TW", 1, {0}},
+                                              {"d", "TW", 1, {0}}}, 4);
+  EXPECT_EQ(miscount.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(EmbeddingShardingPlanTest, RejectsBadPlans) {
   EXPECT_FALSE(EmbeddingShardingPlan::Create({{"a", 10, 2}}, {}, 2).ok());
   EXPECT_FALSE(EmbeddingShardingPlan::Create({{"a", 0, 2}}, {{}}, 2).ok());
   EXPECT_FALSE(EmbeddingShardingPlan::Create({{"a", 10, 2}}, {{TableSharding::kTableWise, 2}}, 2).ok());
+  EXPECT_FALSE(EmbeddingShardingPlan::Create({{"a", 10, 2}}, {{TableSharding::kRowWise, 0, {0, 0}}}, 2).ok());
+  EXPECT_FALSE(EmbeddingShardingPlan::Create({{"a", 10, 2}}, {{TableSharding::kRowWise, 0, {2}}}, 2).ok());
+  EXPECT_FALSE(EmbeddingShardingPlan::Create({{"a", 10, 3}}, {{TableSharding::kColumnWise, 0, {0, 1}}}, 2).ok());
 }
 
 comm::CommFactory GlooConnector() {

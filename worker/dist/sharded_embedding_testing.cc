@@ -24,17 +24,25 @@ float Init(int t, int64_t row, int64_t col) { return 0.01f * static_cast<float>(
 void CheckAgainstWholeTables(int group, comm::TestMemory& memory, const GroupConnector& connect) {
   const std::vector<EmbeddingTableConfig> tables = {{"sum_rows", 11, 3, Pooling::kSum},
                                                     {"mean_rows", 5, 2, Pooling::kMean},
-                                                    {"tokens", 9, 4, Pooling::kSum}};
-  const std::vector<TablePlacement> placements = {
-      {TableSharding::kRowWise}, {TableSharding::kRowWise}, {TableSharding::kTableWise, group - 1}};
+                                                    {"tokens", 9, 4, Pooling::kSum},
+                                                    {"mean_cols", 7, 6, Pooling::kMean}};
+  // Row blocks on every rank and on a listed subset (last rank first),
+  // column slices on every rank in reverse order.
+  std::vector<int> subset = {group - 1}, reversed;
+  if (group > 2) subset.push_back(0);
+  for (int r = group - 1; r >= 0; --r) reversed.push_back(r);
+  const std::vector<TablePlacement> placements = {{TableSharding::kRowWise},
+                                                  {TableSharding::kRowWise, 0, subset},
+                                                  {TableSharding::kTableWise, group - 1},
+                                                  {TableSharding::kColumnWise, 0, reversed}};
   const RowwiseAdagradConfig adagrad = {0.1f, 1e-8f};
-  constexpr int kTables = 3;
+  constexpr int kTables = 4;
   // bags[t][r]: rank r's bags of table t; begin[t][r]: its first global bag.
   std::vector<std::vector<int64_t>> bags(kTables, std::vector<int64_t>(group)), begin = bags;
   std::vector<int64_t> total(kTables, 0);
   for (int t = 0; t < kTables; ++t) {
     for (int r = 0; r < group; ++r) {
-      bags[t][r] = t == 2 ? 3 * r + 1 : r + 2 - t;
+      bags[t][r] = t == 2 ? 3 * r + 1 : t == 3 ? 2 + r % 2 : r + 2 - t;
       begin[t][r] = total[t];
       total[t] += bags[t][r];
     }
@@ -118,14 +126,17 @@ void CheckAgainstWholeTables(int group, comm::TestMemory& memory, const GroupCon
     EXPECT_EQ((*coll)->BackwardAndUpdate(grads).code(), absl::StatusCode::kFailedPrecondition);
     for (int t = 0; t < kTables; ++t) {
       const auto range = plan->RowRange(t, rank);
+      const auto [c0, c1] = plan->ColumnRange(t, rank);
       std::vector<float> sh((*coll)->shard(t).numel()), mom((*coll)->momentum(t).numel());
       memory.Download(rank, sh.data(), (*coll)->shard(t).data, sh.size() * sizeof(float));
       memory.Download(rank, mom.data(), (*coll)->momentum(t).data, mom.size() * sizeof(float));
       for (int64_t row = range.first; row < range.second; ++row) {
-        EXPECT_NEAR(mom[row - range.first], ref_mom[t][row], 1e-6 * std::max(1.0f, ref_mom[t][row]));
-        for (int64_t c = 0; c < tables[t].dim; ++c) {
-          EXPECT_NEAR(sh[(row - range.first) * tables[t].dim + c], ref[t][row * tables[t].dim + c], 1e-6)
-              << "table " << t << " row " << row << " rank " << rank;
+        // A column slice's accumulators are the whole row's.
+        EXPECT_NEAR(mom[row - range.first], ref_mom[t][row], 1e-6 * std::max(1.0f, ref_mom[t][row]))
+            << "table " << t << " row " << row << " rank " << rank;
+        for (int64_t c = c0; c < c1; ++c) {
+          EXPECT_NEAR(sh[(row - range.first) * (c1 - c0) + c - c0], ref[t][row * tables[t].dim + c], 1e-6)
+              << "table " << t << " row " << row << " col " << c << " rank " << rank;
         }
       }
     }

@@ -3,9 +3,11 @@
 
 // A backend-independent check of ShardedEmbeddingCollection, run by the
 // Gloo test on threads and by the NCCL test on GPUs: one Forward and one
-// BackwardAndUpdate over `group` ranks (three tables: row-wise sum, row-wise
-// mean, a table-wise per-token lookup; uneven bag counts, empty bags,
-// repeated ids) against the embedding kernels on whole host tables.
+// BackwardAndUpdate over `group` ranks (four tables: row-wise sum over
+// every rank, row-wise mean over a subset, a table-wise per-token lookup,
+// column-wise mean over every rank in reverse order; uneven bag counts,
+// empty bags, repeated ids) against the embedding kernels on whole host
+// tables.
 
 #include "worker/comm/conformance.h"
 #include "worker/comm/process_groups.h"

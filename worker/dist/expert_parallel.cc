@@ -1,0 +1,168 @@
+#include "worker/dist/expert_parallel.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "worker/dist/staged.h"
+
+namespace recfleet {
+namespace dist {
+namespace {
+
+absl::Status CheckShape(const TensorView& v, const char* what, int64_t rows, int64_t cols) {
+  if (v.dtype != DType::kFloat32 || v.rank() != 2 || v.dim(0) != rows || v.dim(1) != cols) {
+    return absl::InvalidArgumentError(absl::StrCat("expert all-to-all: ", what, " must be fp32 [", rows, ", ", cols,
+                                                   "], got ", v.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<float> ToHost(const TensorView& v, absl::Status* status) {
+  std::vector<float> host(v.numel());
+  *status = CopyViewToHost(v, host.data());
+  return host;
+}
+
+}  // namespace
+
+std::pair<int, int> ExpertBlock(int num_experts, int group_size, int rank) {
+  const int per = (num_experts + group_size - 1) / group_size;
+  const int first = std::min(num_experts, rank * per);
+  return {first, std::min(num_experts, first + per)};
+}
+
+absl::StatusOr<std::unique_ptr<ExpertAllToAll>> ExpertAllToAll::Create(comm::Communicator* group, int num_experts) {
+  if (group == nullptr) return absl::InvalidArgumentError("expert all-to-all: group is null");
+  if (num_experts < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("expert all-to-all: ", num_experts, " experts; need >= 1"));
+  }
+  return std::unique_ptr<ExpertAllToAll>(new ExpertAllToAll(group, num_experts));
+}
+
+ExpertAllToAll::ExpertAllToAll(comm::Communicator* group, int num_experts)
+    : group_(group), num_experts_(num_experts) {
+  const auto [first, end] = ExpertBlock(num_experts, group->size(), group->rank());
+  for (int e = first; e < end; ++e) local_.push_back(e);
+}
+
+int ExpertAllToAll::Experts(int rank) const {
+  const auto [first, end] = ExpertBlock(num_experts_, group_->size(), rank);
+  return end - first;
+}
+
+absl::Status ExpertAllToAll::Exchange(const std::vector<float>& in, const std::vector<int64_t>& send_rows,
+                                      std::vector<float>& out, const std::vector<int64_t>& recv_rows, int64_t width) {
+  std::vector<int64_t> send_counts(send_rows.size()), recv_counts(recv_rows.size());
+  for (size_t q = 0; q < send_rows.size(); ++q) send_counts[q] = send_rows[q] * width;
+  for (size_t p = 0; p < recv_rows.size(); ++p) recv_counts[p] = recv_rows[p] * width;
+  out.assign(Sum(recv_counts), 0.0f);
+  return StagedAllToAll(*group_, in, send_counts, out, recv_counts);
+}
+
+absl::StatusOr<int64_t> ExpertAllToAll::Route(int64_t batch) {
+  const int group = group_->size();
+  batch_.assign(group, 0);
+  if (absl::Status s = StagedAllGather(*group_, std::vector<int64_t>{batch}, batch_); !s.ok()) return s;
+  first_.assign(group, 0);
+  for (int p = 1; p < group; ++p) first_[p] = first_[p - 1] + batch_[p - 1];
+  routed_ = local_.empty() ? 0 : first_.back() + batch_.back();
+  return routed_;
+}
+
+absl::Status ExpertAllToAll::DispatchTokens(const TensorView& x, const TensorView& routed) {
+  const int group = group_->size(), me = group_->rank();
+  in_ = x.rank() == 2 ? x.dim(1) : 0;
+  if (absl::Status s = CheckShape(x, "tokens", batch_[me], in_); !s.ok()) return s;
+  if (absl::Status s = CheckShape(routed, "routed tokens", routed_, in_); !s.ok()) return s;
+  absl::Status status;
+  const std::vector<float> tokens = ToHost(x, &status);
+  if (!status.ok()) return status;
+  std::vector<float> send, recv;
+  std::vector<int64_t> send_rows(group, 0), recv_rows(group, 0);
+  for (int q = 0; q < group; ++q) {
+    if (Experts(q) == 0) continue;
+    send.insert(send.end(), tokens.begin(), tokens.end());
+    send_rows[q] = batch_[me];
+  }
+  for (int p = 0; p < group && !local_.empty(); ++p) recv_rows[p] = batch_[p];
+  if (absl::Status s = Exchange(send, send_rows, recv, recv_rows, in_); !s.ok()) return s;
+  return CopyHostToView(recv.data(), routed);
+}
+
+absl::Status ExpertAllToAll::ReturnOutputs(const TensorView& local_out, const TensorView& outputs) {
+  const int group = group_->size(), me = group_->rank();
+  const int64_t num_local = static_cast<int64_t>(local_.size());
+  out_ = outputs.rank() == 2 ? outputs.dim(1) : 0;
+  if (absl::Status s = CheckShape(local_out, "local expert outputs", num_local * routed_, out_); !s.ok()) return s;
+  if (absl::Status s = CheckShape(outputs, "expert outputs", num_experts_ * batch_[me], out_); !s.ok()) return s;
+  absl::Status status;
+  const std::vector<float> local = ToHost(local_out, &status);
+  if (!status.ok()) return status;
+  // Rank p gets, per local expert, the rows of its tokens.
+  std::vector<float> send, recv;
+  std::vector<int64_t> send_rows(group, 0), recv_rows(group, 0);
+  for (int p = 0; p < group; ++p) {
+    for (int64_t i = 0; i < num_local; ++i) {
+      const auto begin = local.begin() + (i * routed_ + first_[p]) * out_;
+      send.insert(send.end(), begin, begin + batch_[p] * out_);
+    }
+    send_rows[p] = num_local * batch_[p];
+    recv_rows[p] = Experts(p) * batch_[me];
+  }
+  // Experts arrive in rank order, each rank's in ascending order: expert
+  // order, the layout of `outputs`.
+  if (absl::Status s = Exchange(send, send_rows, recv, recv_rows, out_); !s.ok()) return s;
+  return CopyHostToView(recv.data(), outputs);
+}
+
+absl::Status ExpertAllToAll::DispatchGradients(const TensorView& d_outputs, const TensorView& d_local_out) {
+  const int group = group_->size(), me = group_->rank();
+  const int64_t num_local = static_cast<int64_t>(local_.size());
+  if (absl::Status s = CheckShape(d_outputs, "expert output gradients", num_experts_ * batch_[me], out_); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckShape(d_local_out, "local expert output gradients", num_local * routed_, out_); !s.ok()) {
+    return s;
+  }
+  absl::Status status;
+  const std::vector<float> send = ToHost(d_outputs, &status);  // Expert order: rank q's block at its experts.
+  if (!status.ok()) return status;
+  std::vector<float> recv;
+  std::vector<int64_t> send_rows(group, 0), recv_rows(group, 0);
+  for (int q = 0; q < group; ++q) send_rows[q] = Experts(q) * batch_[me];
+  for (int p = 0; p < group; ++p) recv_rows[p] = num_local * batch_[p];
+  if (absl::Status s = Exchange(send, send_rows, recv, recv_rows, out_); !s.ok()) return s;
+  // From each rank p: per local expert i, its tokens' rows.
+  std::vector<float> local(num_local * routed_ * out_);
+  for (int p = 0, pos = 0; p < group; ++p) {
+    for (int64_t i = 0; i < num_local; ++i) {
+      const int64_t n = batch_[p] * out_;
+      std::copy(recv.begin() + pos, recv.begin() + pos + n, local.begin() + (i * routed_ + first_[p]) * out_);
+      pos += static_cast<int>(n);
+    }
+  }
+  return CopyHostToView(local.data(), d_local_out);
+}
+
+absl::Status ExpertAllToAll::ReturnTokenGradients(const TensorView& d_routed, const TensorView& dx) {
+  const int group = group_->size(), me = group_->rank();
+  if (absl::Status s = CheckShape(d_routed, "routed token gradients", routed_, in_); !s.ok()) return s;
+  if (absl::Status s = CheckShape(dx, "token gradients", batch_[me], in_); !s.ok()) return s;
+  absl::Status status;
+  const std::vector<float> send = ToHost(d_routed, &status);  // Rank order: rank p's rows at first_[p].
+  if (!status.ok()) return status;
+  std::vector<float> recv;
+  std::vector<int64_t> send_rows(group, 0), recv_rows(group, 0);
+  for (int p = 0; p < group && !local_.empty(); ++p) send_rows[p] = batch_[p];
+  for (int q = 0; q < group; ++q) recv_rows[q] = Experts(q) > 0 ? batch_[me] : 0;
+  if (absl::Status s = Exchange(send, send_rows, recv, recv_rows, in_); !s.ok()) return s;
+  // Summed over the experts' ranks in rank order.
+  std::vector<float> sum(batch_[me] * in_, 0.0f);
+  for (size_t pos = 0; pos < recv.size(); pos += sum.size()) {
+    for (size_t j = 0; j < sum.size(); ++j) sum[j] += recv[pos + j];
+  }
+  return CopyHostToView(sum.data(), dx);
+}
+
+}  // namespace dist
+}  // namespace recfleet
