@@ -167,7 +167,9 @@ start() {
     done
     server_tls=(--tls_cert="$dir/tls/server.pem" --tls_key="$dir/tls/server.key"
       --data_grant_key_file="$dir/data-grant-key")
-    loader_tls=("${server_tls[@]}" --auth_token_file="$dir/worker-token")
+    # `recfleet data serve` spells its flags in kebab-case.
+    loader_tls=(--tls-cert="$dir/tls/server.pem" --tls-key="$dir/tls/server.key"
+      --data-grant-key-file="$dir/data-grant-key" --auth-token-file="$dir/worker-token")
     server_tls+=(--auth_token_file="$dir/token" --worker_token_file="$dir/worker-token")
     client_tls=(--tls_ca="$dir/tls/ca.pem" --worker_token_file="$dir/worker-token")
   fi
