@@ -19,9 +19,11 @@
 #include "cli/flags.h"
 #include "services/common/data_grant.h"
 #include "services/common/flags.h"
+#include "services/common/log.h"
 #include "services/common/tls.h"
 #include "services/dataloader/client.h"
 #include "services/dataloader/server.h"
+#include "spdlog/spdlog.h"
 
 namespace recfleet::dataloader {
 namespace {
@@ -73,7 +75,7 @@ absl::Status SecureServer(const Flags& f, ServerOptions* so) {
   tls.insecure_plaintext = insecure == "yes";
   absl::StatusOr<ServerTransport> transport = MakeServerTransport(tls, so->host);
   if (!transport.ok()) return transport.status();
-  if (!transport->tls) std::fprintf(stderr, "recfleet data serve: %s\n", transport->description.c_str());
+  if (!transport->tls) spdlog::warn("{}", transport->description);
   so->credentials = transport->credentials;
   return absl::OkStatus();
 }
@@ -106,6 +108,15 @@ int RunServe(const std::vector<std::string>& args) {
                                    "auth-token-file", "data-grant-key-file", "tls-cert", "tls-key", "tls-client-ca",
                                    "insecure-plaintext"});
   if (!f.ok()) return cli::kExitUsage;
+  // A daemon from here on: log lines with time and level on stderr.
+  InitLogging("recfleet-dataloader");
+  // Block the stop signals before any thread starts (gRPC starts its own as
+  // soon as credentials are made), then wait for them on a dedicated thread.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   ServerOptions so;
   for (auto [name, ptr] : std::vector<std::pair<const char*, int*>>{
            {"port", &so.port}, {"metrics-port", &so.metrics_port}, {"prefetch", &so.service.prefetch}}) {
@@ -116,13 +127,6 @@ int RunServe(const std::vector<std::string>& args) {
   so.datasets.cache_dir = f->Str("cache-dir", "");
   if (auto st = SecureServer(*f, &so); !st.ok()) return Fail(st, "serve");
 
-  // Block the stop signals before any thread starts, then wait for them on
-  // a dedicated thread.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   auto server = LoaderServer::Start(so);
   if (!server.ok()) return Fail(server.status(), "serve");
   std::printf("data loader on %s (metrics: http://%s:%d/metrics), serving every job that asks; datasets from %s\n",
@@ -133,10 +137,12 @@ int RunServe(const std::vector<std::string>& args) {
   std::thread waiter([s, stop] {
     int sig;
     sigwait(&stop, &sig);
+    spdlog::info("signal {}, shutting down", sig);
     s->Shutdown();
   });
   s->Wait();
   waiter.join();
+  spdlog::info("stopped");
   return cli::kExitOk;
 }
 
