@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "services/common/log.h"
 #include "cli/jobs/spec_file.h"
 #include "data/dataset_file.h"
 #include "data/synth.h"
@@ -143,6 +144,9 @@ int Run(const std::vector<std::string>& args) {
   absl::StatusOr<Flags> flags = ParseCommandFlags(
       "train", args, {"local", "dataset", "checkpoint-dir", "data-root", "steps", "log-every", "device", "precision"});
   if (!flags.ok()) return kExitUsage;
+  // The worker's step code logs its progress through spdlog: to stderr, with
+  // time and level, apart from this command's own lines on stdout.
+  InitLogging("recfleet-train");
   const std::string job_path = flags->Str("local"), dataset = flags->Str("dataset");
   const std::string checkpoint_dir = flags->Str("checkpoint-dir"), data_root = flags->Str("data-root");
   const std::string device = flags->Str("device", "cpu"), precision = flags->Str("precision");
