@@ -1,6 +1,8 @@
 // Loops over every command linked into the `recfleet` binary: `--help` and
-// `-h` exit 0 and print the command's usage, which names the command.
+// `-h` exit 0 and print the command's usage, which names the command and
+// spells every flag in kebab-case (one style across the CLI).
 
+#include <regex>
 #include <string>
 
 #include "cli/command.h"
@@ -18,6 +20,9 @@ TEST(AllCommandsHelpTest, EveryCommandPrintsItsUsage) {
       EXPECT_EQ(RunCommand(*c, {flag}), kExitOk) << c->name;
       const std::string out = testing::internal::GetCapturedStdout();
       EXPECT_NE(out.find("recfleet " + c->name), std::string::npos) << c->name << ": " << out;
+      std::smatch snake;
+      EXPECT_FALSE(std::regex_search(out, snake, std::regex("--[a-z0-9]+_[a-z0-9_]*")))
+          << c->name << ": usage names " << snake.str() << "; CLI flags are --kebab-case";
     }
   }
 }

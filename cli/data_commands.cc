@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "cli/progress.h"
 #include "cli/jobs/spec_file.h"
 #include "data/balance.h"
 #include "data/dataset_file.h"
@@ -52,7 +53,7 @@ std::vector<std::string> List(const std::string& s) {
 }
 
 int RunIngest(const std::vector<std::string>& args) {
-  auto flags = Flags::Parse(args, {"input",
+  auto flags = cli::ParseCommandFlags("data ingest", args, {"input",
                                    "format",
                                    "out",
                                    "delimiter",
@@ -75,7 +76,7 @@ int RunIngest(const std::vector<std::string>& args) {
                                    "negative-sampling",
                                    "bad-ratings",
                                    "sort-buffer-events"});
-  if (!flags.ok()) return Fail(flags.status(), "ingest");
+  if (!flags.ok()) return cli::kExitUsage;
   IngestOptions o;
   o.path = flags->Str("input");
   std::string out = flags->Str("out");
@@ -128,20 +129,17 @@ int RunIngest(const std::vector<std::string>& args) {
   } else if (bad_ratings != "error") {
     return Fail(absl::InvalidArgumentError("--bad-ratings must be error or skip"), "ingest");
   }
-  // One line rewritten in place, only for a person watching a terminal
-  // (logs and pipes get the summary alone).
-  const bool tty = isatty(STDERR_FILENO) != 0;
+  // A line rewritten in place, only for a person watching a terminal (logs
+  // and pipes get the summary alone). The total is not known before the end.
+  cli::Progress progress("ingest: reading", 0, "events read");
   double seconds = 0;
-  o.progress = [tty, &seconds](const IngestProgress& p) {
+  o.progress = [&progress, &seconds](const IngestProgress& p) {
     seconds = p.seconds;
-    if (!tty) return;
-    std::fprintf(stderr, "\r\033[K%s: %lld events read, %lld samples written, %.1f s (%.0f events/s)",
-                 p.phase, static_cast<long long>(p.events), static_cast<long long>(p.samples),
-                 p.seconds, p.seconds > 0 ? p.events / p.seconds : 0.0);
-    if (std::string_view(p.phase) == "done") std::fputc('\n', stderr);
+    progress.SetLabel(absl::StrCat("ingest: ", p.phase, ", ", p.samples, " samples written,"));
+    progress.Update(p.events);
   };
   auto stats = Ingest(o, out);
-  if (tty && !stats.ok()) std::fputc('\n', stderr);
+  progress.Finish();
   if (!stats.ok()) return Fail(stats.status(), "ingest");
   std::printf("ingested %s -> %s/{train,eval}.rfd + %s in %.2f s (%.0f events/s): %s\n",
               o.path.c_str(), out.c_str(), kSequenceFileName, seconds,
@@ -150,9 +148,9 @@ int RunIngest(const std::vector<std::string>& args) {
 }
 
 int RunSynth(const std::vector<std::string>& args) {
-  auto flags = Flags::Parse(args, {"out", "samples", "lengths", "items", "users", "zipf", "dense",
+  auto flags = cli::ParseCommandFlags("data synth", args, {"out", "samples", "lengths", "items", "users", "zipf", "dense",
                                    "clusters", "eval-fraction", "seed", "rows-per-block"});
-  if (!flags.ok()) return Fail(flags.status(), "synth");
+  if (!flags.ok()) return cli::kExitUsage;
   SynthOptions o;
   std::string out = flags->Str("out");
   if (out.empty()) return Fail(absl::InvalidArgumentError("--out is required"), "synth");
@@ -170,7 +168,11 @@ int RunSynth(const std::vector<std::string>& args) {
   RETURN_USAGE_IF_ERROR(flags->Get("eval-fraction", &o.eval_fraction), "synth");
   RETURN_USAGE_IF_ERROR(flags->Get("seed", &o.seed), "synth");
   RETURN_USAGE_IF_ERROR(flags->Get("rows-per-block", &o.rows_per_block), "synth");
-  if (auto st = GenerateSynthetic(o, out); !st.ok()) return Fail(st, "synth");
+  cli::Progress progress("synth", o.samples, "samples");
+  o.progress = [&progress](int64_t done) { progress.Update(done); };
+  absl::Status generated = GenerateSynthetic(o, out);
+  progress.Finish();
+  if (!generated.ok()) return Fail(generated, "synth");
   auto auc = PlantedAuc(out + "/eval.rfd");
   if (!auc.ok()) return Fail(auc.status(), "synth");
   std::printf("wrote %s/{train,eval}.rfd: %lld samples; planted-model (Bayes) AUC on eval: %.4f\n",
@@ -179,9 +181,9 @@ int RunSynth(const std::vector<std::string>& args) {
 }
 
 int RunBalanceReport(const std::vector<std::string>& args) {
-  auto flags = Flags::Parse(args, {"dataset", "ranks", "batch-size", "base-batch", "cost", "seed",
+  auto flags = cli::ParseCommandFlags("data balance-report", args, {"dataset", "ranks", "batch-size", "base-batch", "cost", "seed",
                                    "length-feature", "epochs"});
-  if (!flags.ok()) return Fail(flags.status(), "balance-report");
+  if (!flags.ok()) return cli::kExitUsage;
   int ranks = 8, batch = 1024, base = 128, epochs = 1;
   uint64_t seed = 1;
   RETURN_USAGE_IF_ERROR(flags->Get("ranks", &ranks), "balance-report");
@@ -267,9 +269,10 @@ std::pair<double, double> PrintErrors(const char* title, const std::vector<Batch
 }
 
 int RunCalibrate(const std::vector<std::string>& args) {
-  auto flags = Flags::Parse(
+  auto flags = cli::ParseCommandFlags(
+      "data calibrate",
       args, {"spec", "lengths", "batch-size", "repeats", "fit-batches", "check-batches", "seed"});
-  if (!flags.ok()) return Fail(flags.status(), "calibrate");
+  if (!flags.ok()) return cli::kExitUsage;
   if (!flags->Has("spec")) {
     return Fail(absl::InvalidArgumentError("--spec is required"), "calibrate");
   }
@@ -321,8 +324,8 @@ int RunCalibrate(const std::vector<std::string>& args) {
 }
 
 int RunInfo(const std::vector<std::string>& args) {
-  auto flags = Flags::Parse(args, {"dataset", "verify"});
-  if (!flags.ok()) return Fail(flags.status(), "info");
+  auto flags = cli::ParseCommandFlags("data info", args, {"dataset", "verify"});
+  if (!flags.ok()) return cli::kExitUsage;
   auto files = ExpandDatasetPaths(flags->Str("dataset"));
   if (!files.ok()) return Fail(files.status(), "info");
   for (const std::string& path : *files) {
@@ -343,8 +346,8 @@ int RunInfo(const std::vector<std::string>& args) {
 }
 
 int RunPlantedAuc(const std::vector<std::string>& args) {
-  auto flags = Flags::Parse(args, {"dataset"});
-  if (!flags.ok()) return Fail(flags.status(), "planted-auc");
+  auto flags = cli::ParseCommandFlags("data planted-auc", args, {"dataset"});
+  if (!flags.ok()) return cli::kExitUsage;
   auto auc = PlantedAuc(flags->Str("dataset"));
   if (!auc.ok()) return Fail(auc.status(), "planted-auc");
   std::printf("%.6f\n", *auc);
@@ -368,7 +371,7 @@ RECFLEET_REGISTER_COMMAND({
     "  [--sort-buffer-events 8388608]   (events sorted in memory; more spill to DIR)\n"
     "Writes DIR/train.rfd, DIR/eval.rfd (samples referencing histories), DIR/sequences.rfs\n"
     "(each user's events, once), DIR/vocab_user.tsv, DIR/vocab_item.tsv. Shows progress\n"
-    "on a terminal.",
+    "(events read, rate) when stdout and stderr are terminals.",
     RunIngest,
 });
 
@@ -380,7 +383,8 @@ RECFLEET_REGISTER_COMMAND({
     "max=50000 | fixed:N]\n"
     "  [--items 100000] [--users 10000] [--zipf 1.1] [--dense 4] [--clusters 32]\n"
     "  [--eval-fraction 0.1] [--seed 1] [--rows-per-block 256]\n"
-    "Prints the planted model's (best achievable) AUC on the eval split.",
+    "Prints the planted model's (best achievable) AUC on the eval split. Shows a progress\n"
+    "bar (rate, ETA) when stdout and stderr are terminals.",
     RunSynth,
 });
 

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cli/command.h"
+#include "cli/flags.h"
 #include "cli/jobs/job_client.h"
 #include "cli/jobs/job_format.h"
 #include "cli/jobs/spec_file.h"
@@ -35,10 +36,10 @@ using ::recfleet::v1::JobStatus;
 
 constexpr char kConnectionFlags[] =
     "  --coordinator HOST:PORT  coordinator address (default: $RECFLEET_COORDINATOR)\n"
-    "  --auth_token_file FILE   bearer token file (default: $RECFLEET_AUTH_TOKEN)\n"
-    "  --tls_ca FILE            CA that verifies the coordinator; TLS on when set\n"
+    "  --auth-token-file FILE   bearer token file (default: $RECFLEET_AUTH_TOKEN)\n"
+    "  --tls-ca FILE            CA that verifies the coordinator; TLS on when set\n"
     "                           (default: $RECFLEET_TLS_CA)\n"
-    "  --tls_cert FILE, --tls_key FILE  client certificate for mutual TLS\n"
+    "  --tls-cert FILE, --tls-key FILE  client certificate for mutual TLS\n"
     "                           (default: $RECFLEET_TLS_CERT, $RECFLEET_TLS_KEY)\n"
     "  --timeout SECONDS        deadline of each call (default 10)\n";
 // Commands that print a job or a list of jobs.
@@ -51,69 +52,27 @@ constexpr char kJsonFlag[] = "  --json                   print JSON instead of t
 constexpr absl::Duration kWatchMinBackoff = absl::Milliseconds(250);
 constexpr absl::Duration kWatchMaxBackoff = absl::Seconds(8);
 
-// Parsed command line of one command: flags (--name value / --name=value /
-// --bool) and positional words.
-struct Args {
-  std::map<std::string, std::string> flags;
-  std::vector<std::string> positional;
-  std::vector<std::string> repeated_state;  // --state may repeat.
-
-  bool Has(const std::string& f) const { return flags.count(f) > 0; }
-  std::string Get(const std::string& f, const std::string& fallback = "") const {
-    auto it = flags.find(f);
-    return it == flags.end() ? fallback : it->second;
-  }
-};
-
-// Returns false (after printing why) on an unknown flag or a missing value.
-bool Parse(const std::string& command, const std::vector<std::string>& words,
-           const std::set<std::string>& value_flags, const std::set<std::string>& bool_flags,
-           Args* out) {
-  for (size_t i = 0; i < words.size(); ++i) {
-    std::string w = words[i];
-    if (w == "-o" && (value_flags.count("output") > 0)) w = "--output";  // The short form.
-    if (w == "-l" && (value_flags.count("selector") > 0)) w = "--selector";  // kubectl's.
-    if (w.rfind("--", 0) != 0 || w == "--") {
-      out->positional.push_back(w);
-      continue;
-    }
-    std::string name = w.substr(2), value;
-    bool inline_value = false;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      inline_value = true;
-    }
-    if (bool_flags.count(name)) {
-      out->flags[name] = inline_value ? value : "true";
-    } else if (value_flags.count(name)) {
-      if (!inline_value) {
-        if (i + 1 >= words.size()) {
-          std::fprintf(stderr, "recfleet %s: --%s needs a value\n", command.c_str(), name.c_str());
-          return false;
-        }
-        value = words[++i];
-      }
-      if (name == "state") {
-        out->repeated_state.push_back(value);
-      } else {
-        out->flags[name] = value;
-      }
-    } else {
-      std::fprintf(stderr, "recfleet %s: unknown flag --%s; see `recfleet help %s`\n",
-                   command.c_str(), name.c_str(), command.c_str());
-      return false;
-    }
-  }
-  return true;
+// Parses a job command's flags: the connection flags, `values` and
+// `switches`; "-o" is --output and "-l" --selector where the command has
+// them. Prints what is wrong (and deprecations).
+absl::StatusOr<Flags> Parse(const std::string& command, const std::vector<std::string>& words,
+                            const std::set<std::string>& values, const std::set<std::string>& switches) {
+  FlagSpec spec;
+  spec.values = values;
+  spec.values.insert({"coordinator", "auth-token-file", "tls-ca", "tls-cert", "tls-key", "timeout"});
+  spec.switches = switches;
+  if (values.count("output") > 0) spec.short_names['o'] = "output";
+  if (values.count("selector") > 0) spec.short_names['l'] = "selector";  // kubectl's.
+  spec.positional = true;
+  return ParseCommandFlags(command, words, spec);
 }
 
 enum class Output { kTable, kJson, kYaml };
 
 // The output format of a command that takes -o / --output / --json.
 // Returns false (after printing why) for an unknown format.
-bool OutputOf(const std::string& command, const Args& args, Output* out) {
-  const std::string f = args.Has("json") ? "json" : args.Get("output", "table");
+bool OutputOf(const std::string& command, const Flags& args, Output* out) {
+  const std::string f = args.Bool("json") ? "json" : args.Str("output", "table");
   if (f == "table" || f == "text") {
     *out = Output::kTable;
   } else if (f == "json") {
@@ -135,11 +94,6 @@ void PrintStructured(Output out, const google::protobuf::Message& message) {
   } else {
     std::printf("%s\n", ToJson(message, true).c_str());
   }
-}
-
-std::set<std::string> WithConnection(std::set<std::string> flags) {
-  flags.insert({"coordinator", "auth_token_file", "tls_ca", "tls_cert", "tls_key", "timeout"});
-  return flags;
 }
 
 int ExitCodeFor(const absl::Status& s) {
@@ -172,42 +126,42 @@ int Fail(const std::string& command, const absl::Status& s) {
                  absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str());
   }
   if (s.code() == absl::StatusCode::kUnauthenticated) {
-    std::fprintf(stderr, "hint: set RECFLEET_AUTH_TOKEN or pass --auth_token_file\n");
+    std::fprintf(stderr, "hint: set RECFLEET_AUTH_TOKEN or pass --auth-token-file\n");
   }
   return ExitCodeFor(s);
 }
 
 // Connects using the common flags; prints and returns nullptr on error.
-std::unique_ptr<JobClient> Connect(const std::string& command, const Args& args, int* exit_code) {
-  std::string address = args.Get("coordinator");
+std::unique_ptr<JobClient> Connect(const std::string& command, const Flags& args, int* exit_code) {
+  std::string address = args.Str("coordinator");
   if (address.empty()) {
     const char* env = std::getenv("RECFLEET_COORDINATOR");
     address = env != nullptr ? env : "";
   }
   absl::StatusOr<std::string> token =
-      LoadAuthToken(args.Get("auth_token_file"), std::getenv("RECFLEET_AUTH_TOKEN"));
+      LoadAuthToken(args.Str("auth-token-file"), std::getenv("RECFLEET_AUTH_TOKEN"));
   if (!token.ok()) {
     *exit_code = kExitUsage;
     Fail(command, token.status());
     return nullptr;
   }
   double timeout = 10;
-  if (args.Has("timeout") && (!absl::SimpleAtod(args.Get("timeout"), &timeout) || timeout <= 0)) {
+  if (args.Has("timeout") && (!absl::SimpleAtod(args.Str("timeout"), &timeout) || timeout <= 0)) {
     std::fprintf(stderr, "recfleet %s: --timeout must be a number of seconds > 0, got '%s'\n",
-                 command.c_str(), args.Get("timeout").c_str());
+                 command.c_str(), args.Str("timeout").c_str());
     *exit_code = kExitUsage;
     return nullptr;
   }
   // A flag wins over its environment variable.
   auto flag_or_env = [&args](const char* flag, const char* env) {
-    if (args.Has(flag)) return args.Get(flag);
+    if (args.Has(flag)) return args.Str(flag);
     const char* value = std::getenv(env);
     return std::string(value != nullptr ? value : "");
   };
   TlsOptions tls;
-  tls.ca_file = flag_or_env("tls_ca", "RECFLEET_TLS_CA");
-  tls.cert_file = flag_or_env("tls_cert", "RECFLEET_TLS_CERT");
-  tls.key_file = flag_or_env("tls_key", "RECFLEET_TLS_KEY");
+  tls.ca_file = flag_or_env("tls-ca", "RECFLEET_TLS_CA");
+  tls.cert_file = flag_or_env("tls-cert", "RECFLEET_TLS_CERT");
+  tls.key_file = flag_or_env("tls-key", "RECFLEET_TLS_KEY");
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(tls);
   if (!credentials.ok()) {
@@ -230,10 +184,10 @@ std::string JobArg(const std::string& word) {
   return absl::StartsWith(word, "jobs/") ? word : "jobs/" + word;
 }
 
-bool OnePositional(const std::string& command, const Args& args, const char* what) {
-  if (args.positional.size() == 1) return true;
+bool OnePositional(const std::string& command, const Flags& args, const char* what) {
+  if (args.positional().size() == 1) return true;
   std::fprintf(stderr, "recfleet %s: expected exactly one %s, got %zu; see `recfleet help %s`\n",
-               command.c_str(), what, args.positional.size(), command.c_str());
+               command.c_str(), what, args.positional().size(), command.c_str());
   return false;
 }
 
@@ -278,13 +232,13 @@ std::string NewRequestId() {
 }
 
 int Submit(const std::vector<std::string>& words) {
-  Args args;
-  if (!Parse("submit", words, WithConnection({"request_id", "job_id"}), {"json", "watch", "progress"},
-             &args) ||
-      !OnePositional("submit", args, "job file")) {
+  absl::StatusOr<Flags> parsed = Parse("submit", words, {"request-id", "job-id"}, {"json", "watch", "progress"});
+  if (!parsed.ok()) return kExitUsage;
+  const Flags& args = *parsed;
+  if (!OnePositional("submit", args, "job file")) {
     return kExitUsage;
   }
-  absl::StatusOr<::recfleet::v1::JobSpec> spec = LoadJobSpec(args.positional[0]);
+  absl::StatusOr<::recfleet::v1::JobSpec> spec = LoadJobSpec(args.positional()[0]);
   if (!spec.ok()) {
     Fail("submit", spec.status());
     return kExitUsage;
@@ -295,33 +249,34 @@ int Submit(const std::vector<std::string>& words) {
   ::recfleet::v1::CreateJobRequest request;
   *request.mutable_spec() = *std::move(spec);
   // A request id makes the client's own retries idempotent.
-  request.set_request_id(args.Has("request_id") ? args.Get("request_id") : NewRequestId());
-  request.set_job_id(args.Get("job_id"));
+  request.set_request_id(args.Has("request-id") ? args.Str("request-id") : NewRequestId());
+  request.set_job_id(args.Str("job-id"));
   absl::StatusOr<Job> job = client->CreateJob(request);
   if (!job.ok()) return Fail("submit", job.status());
-  const bool json = args.Has("json");
+  const bool json = args.Bool("json");
   if (json) {
-    std::printf("%s\n", ToJson(*job, !args.Has("watch")).c_str());
+    std::printf("%s\n", ToJson(*job, !args.Bool("watch")).c_str());
   } else {
     std::printf("%s submitted (%s). Follow it with: recfleet watch %s\n", job->name().c_str(),
                 JobStatus::State_Name(job->status().state()).c_str(), job->name().c_str());
   }
   std::fflush(stdout);
-  if (args.Has("watch")) return Watch(*client, job->name(), args.Has("progress"), json);
+  if (args.Bool("watch")) return Watch(*client, job->name(), args.Bool("progress"), json);
   return kExitOk;
 }
 
 int Get(const std::vector<std::string>& words) {
-  Args args;
   Output out;
-  if (!Parse("get", words, WithConnection({"output"}), {"json"}, &args) ||
-      !OnePositional("get", args, "job name") || !OutputOf("get", args, &out)) {
+  absl::StatusOr<Flags> parsed = Parse("get", words, {"output"}, {"json"});
+  if (!parsed.ok()) return kExitUsage;
+  const Flags& args = *parsed;
+  if (!OnePositional("get", args, "job name") || !OutputOf("get", args, &out)) {
     return kExitUsage;
   }
   int code = kExitOk;
   std::unique_ptr<JobClient> client = Connect("get", args, &code);
   if (client == nullptr) return code;
-  absl::StatusOr<Job> job = client->GetJob(JobArg(args.positional[0]));
+  absl::StatusOr<Job> job = client->GetJob(JobArg(args.positional()[0]));
   if (!job.ok()) return Fail("get", job.status());
   if (out == Output::kTable) {
     std::printf("%s", FormatJobDetail(*job).c_str());
@@ -332,21 +287,20 @@ int Get(const std::vector<std::string>& words) {
 }
 
 int List(const std::vector<std::string>& words) {
-  Args args;
   Output out;
-  if (!Parse("list", words,
-             WithConnection({"state", "page_size", "page_token", "output", "filter", "selector"}),
-             {"json", "all"}, &args) ||
-      !OutputOf("list", args, &out)) {
+  absl::StatusOr<Flags> parsed = Parse("list", words, {"state", "page-size", "page-token", "output", "filter", "selector"}, {"json", "all"});
+  if (!parsed.ok()) return kExitUsage;
+  const Flags& args = *parsed;
+  if (!OutputOf("list", args, &out)) {
     return kExitUsage;
   }
-  if (!args.positional.empty()) {
+  if (!args.positional().empty()) {
     std::fprintf(stderr, "recfleet list: takes no arguments, got '%s'\n",
-                 args.positional[0].c_str());
+                 args.positional()[0].c_str());
     return kExitUsage;
   }
   ::recfleet::v1::ListJobsRequest request;
-  for (const std::string& s : args.repeated_state) {
+  for (const std::string& s : args.All("state")) {
     JobStatus::State state;
     if (!JobStatus::State_Parse(absl::AsciiStrToUpper(s), &state) ||
         state == JobStatus::STATE_UNSPECIFIED) {
@@ -359,14 +313,14 @@ int List(const std::vector<std::string>& words) {
     request.add_states(state);
   }
   int page_size = 0;
-  if (args.Has("page_size") && !absl::SimpleAtoi(args.Get("page_size"), &page_size)) {
-    std::fprintf(stderr, "recfleet list: --page_size must be an integer, got '%s'\n",
-                 args.Get("page_size").c_str());
+  if (args.Has("page-size") && !absl::SimpleAtoi(args.Str("page-size"), &page_size)) {
+    std::fprintf(stderr, "recfleet list: --page-size must be an integer, got '%s'\n",
+                 args.Str("page-size").c_str());
     return kExitUsage;
   }
   request.set_page_size(page_size);
-  request.set_page_token(args.Get("page_token"));
-  absl::StatusOr<std::string> filter = ListFilter(args.Get("filter"), args.Get("selector"));
+  request.set_page_token(args.Str("page-token"));
+  absl::StatusOr<std::string> filter = ListFilter(args.Str("filter"), args.Str("selector"));
   if (!filter.ok()) {
     std::fprintf(stderr, "recfleet list: %s\n", std::string(filter.status().message()).c_str());
     return kExitUsage;
@@ -383,7 +337,7 @@ int List(const std::vector<std::string>& words) {
     jobs.insert(jobs.end(), page->jobs().begin(), page->jobs().end());
     next = page->next_page_token();
     request.set_page_token(next);
-  } while (args.Has("all") && !next.empty());
+  } while (args.Bool("all") && !next.empty());
   if (out != Output::kTable) {
     ::recfleet::v1::ListJobsResponse all;
     for (const Job& j : jobs) *all.add_jobs() = j;
@@ -397,22 +351,23 @@ int List(const std::vector<std::string>& words) {
   }
   std::printf("%s", FormatJobTable(jobs).c_str());
   if (!next.empty()) {
-    std::printf("(more: recfleet list --page_token %s, or --all)\n", next.c_str());
+    std::printf("(more: recfleet list --page-token %s, or --all)\n", next.c_str());
   }
   return kExitOk;
 }
 
 int Cancel(const std::vector<std::string>& words) {
-  Args args;
   Output out;
-  if (!Parse("cancel", words, WithConnection({"reason", "output"}), {"json"}, &args) ||
-      !OnePositional("cancel", args, "job name") || !OutputOf("cancel", args, &out)) {
+  absl::StatusOr<Flags> parsed = Parse("cancel", words, {"reason", "output"}, {"json"});
+  if (!parsed.ok()) return kExitUsage;
+  const Flags& args = *parsed;
+  if (!OnePositional("cancel", args, "job name") || !OutputOf("cancel", args, &out)) {
     return kExitUsage;
   }
   int code = kExitOk;
   std::unique_ptr<JobClient> client = Connect("cancel", args, &code);
   if (client == nullptr) return code;
-  absl::StatusOr<Job> job = client->CancelJob(JobArg(args.positional[0]), args.Get("reason"));
+  absl::StatusOr<Job> job = client->CancelJob(JobArg(args.positional()[0]), args.Str("reason"));
   if (!job.ok()) return Fail("cancel", job.status());
   if (out != Output::kTable) {
     PrintStructured(out, *job);
@@ -423,32 +378,34 @@ int Cancel(const std::vector<std::string>& words) {
 }
 
 int Delete(const std::vector<std::string>& words) {
-  Args args;
-  if (!Parse("delete", words, WithConnection({}), {}, &args) ||
-      !OnePositional("delete", args, "job name")) {
+  absl::StatusOr<Flags> parsed = Parse("delete", words, {}, {});
+  if (!parsed.ok()) return kExitUsage;
+  const Flags& args = *parsed;
+  if (!OnePositional("delete", args, "job name")) {
     return kExitUsage;
   }
   int code = kExitOk;
   std::unique_ptr<JobClient> client = Connect("delete", args, &code);
   if (client == nullptr) return code;
-  const std::string name = JobArg(args.positional[0]);
+  const std::string name = JobArg(args.positional()[0]);
   if (absl::Status s = client->DeleteJob(name); !s.ok()) return Fail("delete", s);
   std::printf("%s deleted\n", name.c_str());
   return kExitOk;
 }
 
 int Events(const std::vector<std::string>& words) {
-  Args args;
   Output out;
-  if (!Parse("events", words, WithConnection({"output"}), {"json"}, &args) ||
-      !OnePositional("events", args, "job name") || !OutputOf("events", args, &out)) {
+  absl::StatusOr<Flags> parsed = Parse("events", words, {"output"}, {"json"});
+  if (!parsed.ok()) return kExitUsage;
+  const Flags& args = *parsed;
+  if (!OnePositional("events", args, "job name") || !OutputOf("events", args, &out)) {
     return kExitUsage;
   }
   int code = kExitOk;
   std::unique_ptr<JobClient> client = Connect("events", args, &code);
   if (client == nullptr) return code;
   absl::StatusOr<::recfleet::v1::ListJobEventsResponse> events =
-      client->ListJobEvents(JobArg(args.positional[0]));
+      client->ListJobEvents(JobArg(args.positional()[0]));
   if (!events.ok()) return Fail("events", events.status());
   if (out != Output::kTable) {
     PrintStructured(out, *events);
@@ -459,15 +416,16 @@ int Events(const std::vector<std::string>& words) {
 }
 
 int Workers(const std::vector<std::string>& words) {
-  Args args;
   Output out;
-  if (!Parse("workers", words, WithConnection({"output"}), {"json"}, &args) ||
-      !OutputOf("workers", args, &out)) {
+  absl::StatusOr<Flags> parsed = Parse("workers", words, {"output"}, {"json"});
+  if (!parsed.ok()) return kExitUsage;
+  const Flags& args = *parsed;
+  if (!OutputOf("workers", args, &out)) {
     return kExitUsage;
   }
-  if (!args.positional.empty()) {
+  if (!args.positional().empty()) {
     std::fprintf(stderr, "recfleet workers: takes no arguments, got '%s'\n",
-                 args.positional[0].c_str());
+                 args.positional()[0].c_str());
     return kExitUsage;
   }
   int code = kExitOk;
@@ -488,25 +446,26 @@ int Workers(const std::vector<std::string>& words) {
 }
 
 int WatchCommand(const std::vector<std::string>& words) {
-  Args args;
-  if (!Parse("watch", words, WithConnection({}), {"json", "progress"}, &args) ||
-      !OnePositional("watch", args, "job name")) {
+  absl::StatusOr<Flags> parsed = Parse("watch", words, {}, {"json", "progress"});
+  if (!parsed.ok()) return kExitUsage;
+  const Flags& args = *parsed;
+  if (!OnePositional("watch", args, "job name")) {
     return kExitUsage;
   }
   int code = kExitOk;
   std::unique_ptr<JobClient> client = Connect("watch", args, &code);
   if (client == nullptr) return code;
-  return Watch(*client, JobArg(args.positional[0]), args.Has("progress"), args.Has("json"));
+  return Watch(*client, JobArg(args.positional()[0]), args.Bool("progress"), args.Bool("json"));
 }
 
 RECFLEET_REGISTER_COMMAND({
     "submit",
     "Submit a job from a YAML or JSON JobSpec file",
     absl::StrCat("usage: recfleet submit JOB.yaml|JOB.json [--watch [--progress]] "
-                 "[--job_id ID] [--request_id ID]\n\n"
-                 "Validates and queues the job; prints its name (jobs/ID with --job_id:\n"
+                 "[--job-id ID] [--request-id ID]\n\n"
+                 "Validates and queues the job; prints its name (jobs/ID with --job-id:\n"
                  "1-63 of [a-z0-9-], starting with a letter). With --watch, follows it\n"
-                 "like `recfleet watch`. Retries are safe: the same --request_id never\n"
+                 "like `recfleet watch`. Retries are safe: the same --request-id never\n"
                  "creates a second job (one is generated when not given).\n\nflags:\n",
                  kConnectionFlags, kJsonFlag,
                  "\nexit codes: 0 ok, 1 rejected/failed, 2 usage or unreadable file,\n"
@@ -527,7 +486,7 @@ RECFLEET_REGISTER_COMMAND({
     "list",
     "List jobs, newest first",
     absl::StrCat("usage: recfleet list [--state STATE]... [-l KEY=VALUE,...] [--filter EXPR] "
-                 "[--page_size N] [--page_token T] [--all] [-o table|json|yaml]\n\nflags:\n",
+                 "[--page-size N] [--page-token T] [--all] [-o table|json|yaml]\n\nflags:\n",
                  kConnectionFlags, kOutputFlags,
                  "  --state STATE            only jobs in STATE (repeatable)\n"
                  "  -l, --selector K=V,...   only jobs whose labels have these values\n"

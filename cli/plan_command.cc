@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "cli/command.h"
+#include "cli/flags.h"
 #include "cli/jobs/job_client.h"
 #include "cli/jobs/spec_file.h"
 #include "planner/planner.h"
@@ -34,7 +35,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: recfleet plan JOB.yaml --topology TOPO.yaml [--json] [--html OUT.html] "
     "[--max-rows N]\n"
-    "       recfleet plan JOB.yaml --coordinator HOST:PORT [--auth_token_file FILE] "
+    "       recfleet plan JOB.yaml --coordinator HOST:PORT [--auth-token-file FILE] "
     "[--timeout S] [--json]\n"
     "\n"
     "Plans how the job spreads over the fleet (FSDP group, expert parallelism, V1/V2/V3\n"
@@ -50,7 +51,7 @@ constexpr char kUsage[] =
     "  --coordinator HOST:PORT  plan on a running coordinator instead, on the workers it\n"
     "                           would pick now (JOB.yaml must be a job file); default\n"
     "                           without --topology: $RECFLEET_COORDINATOR\n"
-    "  --auth_token_file FILE   bearer token file (default: $RECFLEET_AUTH_TOKEN)\n"
+    "  --auth-token-file FILE   bearer token file (default: $RECFLEET_AUTH_TOKEN)\n"
     "  --timeout SECONDS        deadline of the call (default 10)\n"
     "  --json                   print the plan as JSON instead of tables\n"
     "  --html FILE              also write a one-page HTML report (memory bars, traffic\n"
@@ -119,7 +120,7 @@ int RunRemote(const std::string& job_path, const std::string& address,
     std::fprintf(stderr, "recfleet plan: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
                  std::string(s.message()).c_str());
     if (absl::IsUnauthenticated(s)) {
-      std::fprintf(stderr, "hint: set RECFLEET_AUTH_TOKEN or pass --auth_token_file\n");
+      std::fprintf(stderr, "hint: set RECFLEET_AUTH_TOKEN or pass --auth-token-file\n");
     }
     return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ? cli::kExitUnavailable
                                                                  : cli::kExitFailure;
@@ -137,43 +138,24 @@ int RunRemote(const std::string& job_path, const std::string& address,
 }
 
 int Run(const std::vector<std::string>& args) {
-  std::string job_path, topology_path, html_path, coordinator, token_file, timeout, rows_flag;
-  bool json = false;
+  cli::FlagSpec spec;
+  spec.values = {"topology", "html", "coordinator", "auth-token-file", "timeout", "max-rows"};
+  spec.switches = {"json"};
+  spec.positional = true;
+  absl::StatusOr<cli::Flags> flags = cli::ParseCommandFlags("plan", args, spec);
+  if (!flags.ok()) return cli::kExitUsage;
+  std::string topology_path = flags->Str("topology"), html_path = flags->Str("html");
+  std::string coordinator = flags->Str("coordinator"), token_file = flags->Str("auth-token-file");
+  std::string timeout = flags->Str("timeout"), rows_flag = flags->Str("max-rows");
+  const bool json = flags->Bool("json");
   TextOptions text;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* flag, std::string* out) {
-      const std::string eq = std::string(flag) + "=";
-      if (absl::StartsWith(a, eq)) {
-        *out = a.substr(eq.size());
-        return true;
-      }
-      if (a == flag && i + 1 < args.size()) {
-        *out = args[++i];
-        return true;
-      }
-      return false;
-    };
-    if (a == "--json") {
-      json = true;
-    } else if (a == "--help" || a == "-h") {
-      std::printf("%s\n", kUsage);
-      return cli::kExitOk;
-    } else if (value("--topology", &topology_path) || value("--html", &html_path) ||
-               value("--coordinator", &coordinator) ||
-               value("--auth_token_file", &token_file) || value("--timeout", &timeout)) {
-    } else if (value("--max-rows", &rows_flag)) {
-      if (!absl::SimpleAtoi(rows_flag, &text.max_rows) || text.max_rows < 1) {
-        return Usage("--max-rows takes a whole number >= 1");
-      }
-    } else if (absl::StartsWith(a, "-")) {
-      return Usage("unknown or incomplete flag '" + a + "'");
-    } else if (job_path.empty()) {
-      job_path = a;
-    } else {
-      return Usage("one job file only; got '" + job_path + "' and '" + a + "'");
-    }
+  if (!rows_flag.empty() && (!absl::SimpleAtoi(rows_flag, &text.max_rows) || text.max_rows < 1)) {
+    return Usage("--max-rows takes a whole number >= 1");
   }
+  if (flags->positional().size() > 1) {
+    return Usage("one job file only; got '" + flags->positional()[0] + "' and '" + flags->positional()[1] + "'");
+  }
+  const std::string job_path = flags->positional().empty() ? "" : flags->positional()[0];
   if (job_path.empty()) return Usage("missing JOB.yaml");
   if (!topology_path.empty() && !coordinator.empty()) {
     return Usage("--topology (plan here) and --coordinator (plan there) exclude each other");

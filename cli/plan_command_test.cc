@@ -140,7 +140,7 @@ TEST(PlanCommandTest, CoordinatorFlagsAreChecked) {
   EXPECT_EQ(plan->run({spec, "--coordinator", "not-an-address"}), cli::kExitUsage);
   EXPECT_EQ(plan->run({spec, "--coordinator", "127.0.0.1:1", "--timeout", "-1"}),
             cli::kExitUsage);
-  EXPECT_EQ(plan->run({spec, "--coordinator", "127.0.0.1:1", "--auth_token_file",
+  EXPECT_EQ(plan->run({spec, "--coordinator", "127.0.0.1:1", "--auth-token-file",
                        TempPath("no-such-token")}),
             cli::kExitUsage);
   // Nothing listens on port 1.

@@ -19,9 +19,11 @@
 #include "cli/flags.h"
 #include "services/common/data_grant.h"
 #include "services/common/flags.h"
+#include "services/common/log.h"
 #include "services/common/tls.h"
 #include "services/dataloader/client.h"
 #include "services/dataloader/server.h"
+#include "spdlog/spdlog.h"
 
 namespace recfleet::dataloader {
 namespace {
@@ -43,57 +45,57 @@ int Fail(const absl::Status& s, const char* cmd) {
   }
 }
 
-// The secret shared with the coordinator, from --data_grant_key_file or
+// The secret shared with the coordinator, from --data-grant-key-file or
 // $RECFLEET_DATA_GRANT_KEY ("" = none).
 absl::StatusOr<std::string> DataGrantKey(const Flags& f) {
-  return LoadSecret("--data_grant_key_file", f.Str("data_grant_key_file"),
+  return LoadSecret("--data-grant-key-file", f.Str("data-grant-key-file"),
                     std::getenv("RECFLEET_DATA_GRANT_KEY"));
 }
 
-// TLS and bearer token of the server from the security flags (spelled as
-// in every recfleet binary, services/common/tls.h); prints the plain-text
-// notice.
+// TLS and bearer token of the server from the security flags (the daemons'
+// flags of services/common/tls.h, in the CLI's kebab-case); prints the
+// plain-text notice.
 absl::Status SecureServer(const Flags& f, ServerOptions* so) {
   absl::StatusOr<std::string> token =
-      LoadAuthToken(f.Str("auth_token_file"), std::getenv("RECFLEET_AUTH_TOKEN"));
+      LoadAuthToken(f.Str("auth-token-file"), std::getenv("RECFLEET_AUTH_TOKEN"));
   if (!token.ok()) return token.status();
   so->auth_token = *token;
   absl::StatusOr<std::string> key = DataGrantKey(f);
   if (!key.ok()) return key.status();
   so->data_grant_key = *key;
   TlsOptions tls;
-  tls.cert_file = f.Str("tls_cert");
-  tls.key_file = f.Str("tls_key");
-  tls.client_ca_file = f.Str("tls_client_ca");
-  const std::string insecure = f.Str("insecure_plaintext", "no");
+  tls.cert_file = f.Str("tls-cert");
+  tls.key_file = f.Str("tls-key");
+  tls.client_ca_file = f.Str("tls-client-ca");
+  const std::string insecure = f.Str("insecure-plaintext", "no");
   if (insecure != "yes" && insecure != "no") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--insecure_plaintext takes yes or no, got '", insecure, "'"));
+        absl::StrCat("--insecure-plaintext takes yes or no, got '", insecure, "'"));
   }
   tls.insecure_plaintext = insecure == "yes";
   absl::StatusOr<ServerTransport> transport = MakeServerTransport(tls, so->host);
   if (!transport.ok()) return transport.status();
-  if (!transport->tls) std::fprintf(stderr, "recfleet data serve: %s\n", transport->description.c_str());
+  if (!transport->tls) spdlog::warn("{}", transport->description);
   so->credentials = transport->credentials;
   return absl::OkStatus();
 }
 
-// The client side: TLS from --tls_ca/--tls_cert/--tls_key, the token from
-// --auth_token_file or $RECFLEET_AUTH_TOKEN, and, for an operator holding
+// The client side: TLS from --tls-ca/--tls-cert/--tls-key, the token from
+// --auth-token-file or $RECFLEET_AUTH_TOKEN, and, for an operator holding
 // the data-grant key, `config`'s grant signed with it.
 absl::StatusOr<ConnectOptions> SecureClient(const Flags& f, const v1::DataConfig& config) {
   ConnectOptions connect;
   absl::StatusOr<std::string> token =
-      LoadAuthToken(f.Str("auth_token_file"), std::getenv("RECFLEET_AUTH_TOKEN"));
+      LoadAuthToken(f.Str("auth-token-file"), std::getenv("RECFLEET_AUTH_TOKEN"));
   if (!token.ok()) return token.status();
   connect.auth_token = *token;
   absl::StatusOr<std::string> key = DataGrantKey(f);
   if (!key.ok()) return key.status();
   if (!key->empty()) connect.data_grant = SignDataGrant(*key, config);
   TlsOptions tls;
-  tls.ca_file = f.Str("tls_ca");
-  tls.cert_file = f.Str("tls_cert");
-  tls.key_file = f.Str("tls_key");
+  tls.ca_file = f.Str("tls-ca");
+  tls.cert_file = f.Str("tls-cert");
+  tls.key_file = f.Str("tls-key");
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = MakeChannelCredentials(tls);
   if (!credentials.ok()) return credentials.status();
   connect.credentials = *credentials;
@@ -101,9 +103,20 @@ absl::StatusOr<ConnectOptions> SecureClient(const Flags& f, const v1::DataConfig
 }
 
 int RunServe(const std::vector<std::string>& args) {
-  auto f = Flags::Parse(args, {"data-root", "cache-dir", "host", "port", "metrics-port", "prefetch", "auth_token_file",
-                               "data_grant_key_file", "tls_cert", "tls_key", "tls_client_ca", "insecure_plaintext"});
-  if (!f.ok()) return Fail(f.status(), "serve");
+  auto f = cli::ParseCommandFlags("data serve", args,
+                                  {"data-root", "cache-dir", "host", "port", "metrics-port", "prefetch",
+                                   "auth-token-file", "data-grant-key-file", "tls-cert", "tls-key", "tls-client-ca",
+                                   "insecure-plaintext"});
+  if (!f.ok()) return cli::kExitUsage;
+  // A daemon from here on: log lines with time and level on stderr.
+  InitLogging("recfleet-dataloader");
+  // Block the stop signals before any thread starts (gRPC starts its own as
+  // soon as credentials are made), then wait for them on a dedicated thread.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   ServerOptions so;
   for (auto [name, ptr] : std::vector<std::pair<const char*, int*>>{
            {"port", &so.port}, {"metrics-port", &so.metrics_port}, {"prefetch", &so.service.prefetch}}) {
@@ -114,13 +127,6 @@ int RunServe(const std::vector<std::string>& args) {
   so.datasets.cache_dir = f->Str("cache-dir", "");
   if (auto st = SecureServer(*f, &so); !st.ok()) return Fail(st, "serve");
 
-  // Block the stop signals before any thread starts, then wait for them on
-  // a dedicated thread.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   auto server = LoaderServer::Start(so);
   if (!server.ok()) return Fail(server.status(), "serve");
   std::printf("data loader on %s (metrics: http://%s:%d/metrics), serving every job that asks; datasets from %s\n",
@@ -131,19 +137,21 @@ int RunServe(const std::vector<std::string>& args) {
   std::thread waiter([s, stop] {
     int sig;
     sigwait(&stop, &sig);
+    spdlog::info("signal {}, shutting down", sig);
     s->Shutdown();
   });
   s->Wait();
   waiter.join();
+  spdlog::info("stopped");
   return cli::kExitOk;
 }
 
 int RunFetch(const std::vector<std::string>& args) {
-  auto f = Flags::Parse(args, {"server", "dataset", "job", "ranks", "batch-size", "base-batch", "policy", "cost",
-                               "seed", "rank", "epoch", "start-step", "end-step", "auth_token_file",
-                               "data_grant_key_file", "tls_ca",
-                               "tls_cert", "tls_key"});
-  if (!f.ok()) return Fail(f.status(), "fetch");
+  auto f = cli::ParseCommandFlags("data fetch", args,
+                                  {"server", "dataset", "job", "ranks", "batch-size", "base-batch", "policy", "cost",
+                                   "seed", "rank", "epoch", "start-step", "end-step", "auth-token-file",
+                                   "data-grant-key-file", "tls-ca", "tls-cert", "tls-key"});
+  if (!f.ok()) return cli::kExitUsage;
   // The job's data configuration, as the coordinator would derive it.
   v1::DataConfig config;
   config.set_job(f->Str("job", "fetch"));
@@ -200,16 +208,16 @@ RECFLEET_REGISTER_COMMAND({
     "Run a data-loader instance: BBS-dealt rank batches of any number of jobs over gRPC, /metrics",
     "recfleet data serve [--data-root DIR] [--cache-dir DIR] [--prefetch 4]\n"
     "  [--host 127.0.0.1] [--port 0] [--metrics-port 0 (-1: none)]\n"
-    "  [--auth_token_file FILE (default $RECFLEET_AUTH_TOKEN)]\n"
-    "  [--data_grant_key_file FILE (default $RECFLEET_DATA_GRANT_KEY)]\n"
-    "  [--tls_cert PEM --tls_key PEM [--tls_client_ca PEM]] [--insecure_plaintext no|yes]\n"
+    "  [--auth-token-file FILE (default $RECFLEET_AUTH_TOKEN)]\n"
+    "  [--data-grant-key-file FILE (default $RECFLEET_DATA_GRANT_KEY)]\n"
+    "  [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--insecure-plaintext no|yes]\n"
     "Each job's dataset, ranks, batch sizes and BBS policy come with its requests (the job's\n"
     "DataConfig, set by the coordinator from the JobSpec); relative dataset paths are taken\n"
     "from --data-root, synthetic:// datasets are generated into --cache-dir.\n"
-    "With a data-grant key (the coordinator's --data_grant_key_file) a job's data goes only\n"
+    "With a data-grant key (the one the coordinator signs grants with) a job's data goes only\n"
     "to requests carrying its grant, which the coordinator hands to the job's ranks.\n"
-    "Serves until SIGINT/SIGTERM. Without --tls_cert only a loopback --host may\n"
-    "serve plain text, unless --insecure_plaintext yes is given.",
+    "Serves until SIGINT/SIGTERM. Without --tls-cert only a loopback --host may\n"
+    "serve plain text, unless --insecure-plaintext yes is given.",
     RunServe,
 });
 
@@ -219,8 +227,8 @@ RECFLEET_REGISTER_COMMAND({
     "recfleet data fetch --server HOST:PORT --dataset LOCATION [--ranks 1] [--batch-size 1024]\n"
     "  [--base-batch 128] [--policy recfleet|sort-interleave|naive] [--cost linear] [--seed 1]\n"
     "  [--job NAME] [--rank 0] [--epoch 0] [--start-step 0] [--end-step 0 (= end of epoch)]\n"
-    "  [--auth_token_file FILE (default $RECFLEET_AUTH_TOKEN)] [--tls_ca PEM [--tls_cert PEM --tls_key PEM]]\n"
-    "  [--data_grant_key_file FILE (default $RECFLEET_DATA_GRANT_KEY): sign the grant a loader with that key needs]",
+    "  [--auth-token-file FILE (default $RECFLEET_AUTH_TOKEN)] [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]\n"
+    "  [--data-grant-key-file FILE (default $RECFLEET_DATA_GRANT_KEY): sign the grant a loader with that key needs]",
     RunFetch,
 });
 

@@ -18,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/command.h"
+#include "cli/flags.h"
+#include "services/common/log.h"
 #include "cli/jobs/spec_file.h"
 #include "data/dataset_file.h"
 #include "data/synth.h"
@@ -139,37 +141,25 @@ double ItemPopularityAuc(const engine::JobModel& model, const v1::JobSpec& spec,
 }
 
 int Run(const std::vector<std::string>& args) {
-  std::string job_path, dataset, checkpoint_dir, data_root, device = "cpu", precision;
+  absl::StatusOr<Flags> flags = ParseCommandFlags(
+      "train", args, {"local", "dataset", "checkpoint-dir", "data-root", "steps", "log-every", "device", "precision"});
+  if (!flags.ok()) return kExitUsage;
+  // The worker's step code logs its progress through spdlog: to stderr, with
+  // time and level, apart from this command's own lines on stdout.
+  InitLogging("recfleet-train");
+  const std::string job_path = flags->Str("local"), dataset = flags->Str("dataset");
+  const std::string checkpoint_dir = flags->Str("checkpoint-dir"), data_root = flags->Str("data-root");
+  const std::string device = flags->Str("device", "cpu"), precision = flags->Str("precision");
   int64_t steps = -1, log_every = -1;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("%s\n", kUsage);
-      return kExitOk;
-    }
-    if (i + 1 >= args.size()) return Fail(absl::StrFormat("%s needs a value\n%s", a, kUsage), kExitUsage);
-    const std::string& v = args[++i];
-    if (a == "--local") {
-      job_path = v;
-    } else if (a == "--dataset") {
-      dataset = v;
-    } else if (a == "--checkpoint-dir") {
-      checkpoint_dir = v;
-    } else if (a == "--data-root") {
-      data_root = v;
-    } else if (a == "--steps") {
-      if (!absl::SimpleAtoi(v, &steps) || steps < 1) return Fail("--steps needs an integer >= 1", kExitUsage);
-    } else if (a == "--log-every") {
-      if (!absl::SimpleAtoi(v, &log_every) || log_every < 0) return Fail("--log-every needs an integer >= 0", kExitUsage);
-    } else if (a == "--device") {
-      if (v != "cpu" && v != "cuda") return Fail("--device is cpu or cuda", kExitUsage);
-      device = v;
-    } else if (a == "--precision") {
-      if (v != "fp32" && v != "bf16") return Fail("--precision is fp32 or bf16", kExitUsage);
-      precision = v;
-    } else {
-      return Fail(absl::StrFormat("unknown argument '%s'\n%s", a, kUsage), kExitUsage);
-    }
+  if (!flags->Get("steps", &steps).ok() || (flags->Has("steps") && steps < 1)) {
+    return Fail("--steps needs an integer >= 1", kExitUsage);
+  }
+  if (!flags->Get("log-every", &log_every).ok() || (flags->Has("log-every") && log_every < 0)) {
+    return Fail("--log-every needs an integer >= 0", kExitUsage);
+  }
+  if (device != "cpu" && device != "cuda") return Fail("--device is cpu or cuda", kExitUsage);
+  if (!precision.empty() && precision != "fp32" && precision != "bf16") {
+    return Fail("--precision is fp32 or bf16", kExitUsage);
   }
   if (job_path.empty()) return Fail(absl::StrFormat("pass --local JOB.yaml\n%s", kUsage), kExitUsage);
   if (device == "cpu" && !precision.empty()) {

@@ -129,7 +129,7 @@ TEST(TrainCommandTest, RejectsWhatTheJobCannotBuildAndBadFlags) {
   EXPECT_NE(device_err.find("--device is cpu or cuda"), std::string::npos) << device_err;
   EXPECT_NE(device_err.find("--precision applies to --device cuda only"), std::string::npos) << device_err;
   testing::internal::CaptureStdout();
-  EXPECT_EQ(train->run({"--help"}), kExitOk);
+  EXPECT_EQ(RunCommand(*train, {"--help"}), kExitOk);  // --help is RunCommand's, as for every command.
   EXPECT_NE(testing::internal::GetCapturedStdout().find("usage: recfleet train --local"), std::string::npos);
 }
 

@@ -250,6 +250,7 @@ absl::Status GenerateSynthetic(const SynthOptions& o, const std::string& dir) {
   std::vector<int64_t> history;
   std::vector<float> dense(o.dense_features);
   for (int64_t i = 0; i < o.samples; ++i) {
+    if (o.progress && i % 1024 == 0) o.progress(i);
     int64_t user = 1 + static_cast<int64_t>(rng() % o.num_users);
     int64_t pref = static_cast<int64_t>(SplitMix64(user ^ o.seed) % o.clusters);
     history.resize(o.lengths.Sample(rng));
@@ -278,6 +279,7 @@ absl::Status GenerateSynthetic(const SynthOptions& o, const std::string& dir) {
     if (auto st = writers[s]->Write(rows[s]); !st.ok()) return st;
     if (auto st = writers[s]->Close(); !st.ok()) return st;
   }
+  if (o.progress) o.progress(o.samples);
   return absl::OkStatus();
 }
 

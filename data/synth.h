@@ -11,6 +11,7 @@
 // the features, so no "answer" column ever sits next to the features.
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,6 +59,9 @@ struct SynthOptions {
   double eval_fraction = 0.1;  // Each sample goes to eval with this chance.
   uint64_t seed = 1;
   size_t rows_per_block = 256;
+  // Called with the number of samples generated so far, every 1024 samples
+  // and once at the end (for a progress display); may be empty.
+  std::function<void(int64_t)> progress;
 };
 
 // The planted logistic model: logit = bias + sum_j w_j * dense_j

@@ -148,11 +148,11 @@ TEST_F(CoordinatorCliTest, EndToEnd) {
   EXPECT_NE(r.output.find("UNAUTHENTICATED"), std::string::npos) << r.output;
 
   // Submit twice with one request id: one job.
-  r = Cli("submit " + example + " --request_id demo-1");
+  r = Cli("submit " + example + " --request-id demo-1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string job = SubmittedName(r);
   ASSERT_EQ(job.rfind("jobs/", 0), 0u) << r.output;
-  r = Cli("submit " + example + " --request_id demo-1");
+  r = Cli("submit " + example + " --request-id demo-1");
   EXPECT_EQ(SubmittedName(r), job) << r.output;
   r = Cli("list --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -408,7 +408,7 @@ TEST_F(CoordinatorCliTest, PlanOnTheCoordinator) {
   EXPECT_NE(r.output.find("UNAUTHENTICATED"), std::string::npos) << r.output;
 
   // No workers yet: the coordinator says what is missing.
-  r = Cli("plan " + example + flags + " --auth_token_file " + token_file_, false);
+  r = Cli("plan " + example + flags + " --auth-token-file " + token_file_, false);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("spec.resources.workers"), std::string::npos) << r.output;
 
@@ -421,7 +421,7 @@ TEST_F(CoordinatorCliTest, PlanOnTheCoordinator) {
     v1::RegisterWorkerResponse resp;
     ASSERT_TRUE(stub->RegisterWorker(&ctx, req, &resp).ok());
   }
-  r = Cli("plan " + example + flags + " --auth_token_file " + token_file_, false);
+  r = Cli("plan " + example + flags + " --auth-token-file " + token_file_, false);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("on 2 worker(s)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dense mesh (2D FSDP)"), std::string::npos) << r.output;

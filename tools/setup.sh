@@ -35,7 +35,9 @@ PINNED=(
   clang-14=1:14.0.6-12
   libclang-rt-14-dev=1:14.0.6-12
   pkg-config=1.8.1-1
-  # promtool, for //deploy/prometheus:rules_test (`promtool test rules`).
+  # promtool, for //deploy/prometheus:rules_test (`promtool test rules`), and
+  # the Prometheus server //tests/e2e:prometheus_test scrapes a local cluster with
+  # (deploy/local/cluster.sh --prometheus).
   prometheus=2.42.0+ds-5+deb12u1
   # //cli:plan_html_render_test: headless Chromium renders `recfleet plan --html`.
   chromium-headless-shell=156.0.8078.114-1~deb12u1

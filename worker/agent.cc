@@ -4,7 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
+#include "spdlog/spdlog.h"
 
 namespace recfleet::worker {
 namespace {
@@ -113,8 +115,9 @@ absl::Status Agent::Register() {
   if (response.heartbeat_interval_seconds() > 0) {
     heartbeat_interval_ = absl::Seconds(response.heartbeat_interval_seconds());
   }
-  std::fprintf(stderr, "worker %s: registered (lease %.1f s, heartbeat every %.2f s)\n",
-               response.worker_id().c_str(), response.lease_seconds(), absl::ToDoubleSeconds(heartbeat_interval_));
+  spdlog::info("{}", absl::StrFormat("worker %s: registered (lease %.1f s, heartbeat every %.2f s)",
+                                     response.worker_id().c_str(), response.lease_seconds(),
+                                     absl::ToDoubleSeconds(heartbeat_interval_)));
   if (first && on_registered_) on_registered_(response.worker_id());
   return absl::OkStatus();
 }
@@ -145,15 +148,16 @@ void Agent::StartTask(const v1::Assignment& assignment) {
   task_ = std::make_unique<Task>();
   task_->assignment = assignment;
   task_->control.reset(new TaskControl(worker_id(), credential_));
-  std::fprintf(stderr, "worker %s: assignment %s rank %d/%d epoch %d resume_step %d\n", worker_id().c_str(),
-               assignment.job().c_str(), assignment.rank(), assignment.world_size(),
-               static_cast<int>(assignment.restart_epoch()), static_cast<int>(assignment.resume_step()));
+  spdlog::info(
+      "{}", absl::StrFormat("worker %s: assignment %s rank %d/%d epoch %d resume_step %d", worker_id().c_str(),
+                            assignment.job().c_str(), assignment.rank(), assignment.world_size(),
+                            static_cast<int>(assignment.restart_epoch()), static_cast<int>(assignment.resume_step())));
   Task* task = task_.get();
   task->thread = std::thread([this, task] {
     absl::Status result = runner_->Run(task->assignment, *task->control);
-    std::fprintf(stderr, "worker %s: task %s epoch %d ended: %s\n", task->control->worker_id().c_str(),
-                 task->assignment.job().c_str(), static_cast<int>(task->assignment.restart_epoch()),
-                 result.ToString().c_str());
+    spdlog::info("{}", absl::StrFormat("worker %s: task %s epoch %d ended: %s", task->control->worker_id().c_str(),
+                                       task->assignment.job().c_str(),
+                                       static_cast<int>(task->assignment.restart_epoch()), result.ToString().c_str()));
     absl::MutexLock lock(&task->mu);
     task->done = true;
     task->result = std::move(result);
@@ -181,8 +185,8 @@ void Agent::Apply(const v1::WorkerCommand& command) {
     const v1::Abort& abort = command.abort();
     if (task_ != nullptr && task_->assignment.job() == abort.job() &&
         task_->assignment.restart_epoch() <= abort.restart_epoch() && !task_->aborted) {
-      std::fprintf(stderr, "worker %s: abort %s epoch %d: %s\n", worker_id().c_str(), abort.job().c_str(),
-                   static_cast<int>(abort.restart_epoch()), abort.reason().c_str());
+      spdlog::warn("{}", absl::StrFormat("worker %s: abort %s epoch %d: %s", worker_id().c_str(), abort.job().c_str(),
+                                         static_cast<int>(abort.restart_epoch()), abort.reason().c_str()));
       task_->control->RequestStop();
       task_->aborted = true;
     }
@@ -208,7 +212,7 @@ absl::Status Agent::Run() {
   while (true) {
     absl::Status s = Register();
     if (s.ok()) break;
-    std::fprintf(stderr, "worker: cannot register yet: %s\n", s.ToString().c_str());
+    spdlog::warn("{}", absl::StrFormat("cannot register yet: %s", s.ToString().c_str()));
     if (shutdown_.WaitForNotificationWithTimeout(options_.register_retry)) return absl::OkStatus();
   }
   // A finished task is reported at once rather than a heartbeat later.
@@ -216,11 +220,11 @@ absl::Status Agent::Run() {
   do {
     absl::Status s = Heartbeat();
     if (s.code() == absl::StatusCode::kNotFound) {
-      std::fprintf(stderr, "worker %s: lease lost (%s); registering again\n", worker_id().c_str(),
-                   std::string(s.message()).c_str());
+      spdlog::warn("{}", absl::StrFormat("worker %s: lease lost (%s); registering again", worker_id().c_str(),
+                                         std::string(s.message()).c_str()));
       s = Register();
     }
-    if (!s.ok()) std::fprintf(stderr, "worker %s: %s\n", worker_id().c_str(), s.ToString().c_str());
+    if (!s.ok()) spdlog::warn("{}", absl::StrFormat("worker %s: %s", worker_id().c_str(), s.ToString().c_str()));
     const absl::Time next = absl::Now() + heartbeat_interval_;
     while (absl::Now() < next && !shutdown_.HasBeenNotified()) {
       const bool done = task_ != nullptr && TaskThreadDone();

@@ -13,15 +13,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "data/dataset_file.h"
-#include "engine/metrics.h"
-#include "engine/job_model.h"
 #include "engine/cuda_device.h"
-#include "worker/rank_data.h"
+#include "engine/job_model.h"
+#include "engine/metrics.h"
+#include "spdlog/spdlog.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
-#include "worker/distributed_model.h"
-#include "worker/single_rank_model.h"
 #include "worker/dist/layout.h"
+#include "worker/distributed_model.h"
+#include "worker/rank_data.h"
+#include "worker/single_rank_model.h"
 
 namespace recfleet::worker {
 namespace {
@@ -213,8 +214,8 @@ absl::Status RankRun::Connect() {
         SingleRankModel::Create(job_model_.config, job_model_.schema, exec);
     if (!model.ok()) return model.status();
     model_ = *std::move(model);
-    std::fprintf(stderr, "worker: %s trains on CUDA device %d (%s), a world of one\n", Describe().c_str(),
-                 options_.gpu_index, options_.bf16 ? "bf16" : "fp32");
+    spdlog::info("{}", absl::StrFormat("%s trains on CUDA device %d (%s), a world of one", Describe().c_str(),
+                                       options_.gpu_index, options_.bf16 ? "bf16" : "fp32"));
     return absl::OkStatus();
   }
 
@@ -237,13 +238,13 @@ absl::Status RankRun::Connect() {
   std::shared_ptr<Comms> comms = comms_;
   control_.OnStop([comms] { comms->Abort("task stopped by the worker (abort or shutdown)"); });
   if (a_.rank() == 0) {
-    std::fprintf(stderr,
-                 "worker: %s layout: FSDP groups of %d x %d replicas, tables over %d x %d copies%s, experts over "
-                 "groups of %d\n",
-                 Describe().c_str(), comms_->groups->fsdp()->size(), comms_->groups->replica()->size(),
-                 comms_->groups->tables()->size(), comms_->groups->table_replica()->size(),
-                 a_.plan().sparse().tables_size() > 0 ? " as planned" : " (balanced, no plan)",
-                 comms_->groups->expert() != nullptr ? comms_->groups->expert()->size() : 1);
+    spdlog::info("{}", absl::StrFormat("%s layout: FSDP groups of %d x %d replicas, tables over %d x %d copies%s, "
+                                       "experts over groups of %d",
+                                       Describe().c_str(), comms_->groups->fsdp()->size(),
+                                       comms_->groups->replica()->size(), comms_->groups->tables()->size(),
+                                       comms_->groups->table_replica()->size(),
+                                       a_.plan().sparse().tables_size() > 0 ? " as planned" : " (balanced, no plan)",
+                                       comms_->groups->expert() != nullptr ? comms_->groups->expert()->size() : 1));
   }
   // The plan's table placements, when the coordinator planned the job.
   std::vector<dist::PlannedTable> planned_tables;
@@ -273,8 +274,9 @@ absl::StatusOr<int64_t> RankRun::AgreeOnResumeStep() {
     if (!latest.ok()) return latest.status();
     step = latest->value_or(0);
     if (step != a_.resume_step()) {
-      std::fprintf(stderr, "worker: %s: assignment says resume at step %lld, newest complete checkpoint is %lld\n",
-                   Describe().c_str(), static_cast<long long>(a_.resume_step()), static_cast<long long>(step));
+      spdlog::warn("{}", absl::StrFormat("%s: assignment says resume at step %lld, newest complete checkpoint is %lld",
+                                         Describe().c_str(), static_cast<long long>(a_.resume_step()),
+                                         static_cast<long long>(step)));
     }
   }
   if (absl::Status s = comms_->world->Broadcast(MakeView(&step, DType::kInt64, {1}), 0); !s.ok()) return s;
@@ -294,8 +296,8 @@ absl::Status RankRun::Restore(int64_t step) {
   if (!absl::SimpleAtoi(shards[a_.rank()]["samples"], &samples_done_)) {
     return absl::DataLossError(absl::StrCat("checkpoint step ", step, " shard ", a_.rank(), " has no sample count"));
   }
-  std::fprintf(stderr, "worker: %s resumed from checkpoint step %lld in %s (optimizer state included)\n",
-               Describe().c_str(), static_cast<long long>(step), checkpoint_dir_.c_str());
+  spdlog::info("{}", absl::StrFormat("%s resumed from checkpoint step %lld in %s (optimizer state included)",
+                                     Describe().c_str(), static_cast<long long>(step), checkpoint_dir_.c_str()));
   return absl::OkStatus();
 }
 
@@ -395,13 +397,14 @@ absl::Status RankRun::Step(int64_t step) {
   stats.set_loss(loss);
   reporter_.ReportStep(stats);
   if (options_.log_every > 0 && step % options_.log_every == 0) {
-    std::fprintf(stderr,
-                 "worker: %s step %lld/%lld loss %.4f | %.0f samples/s, %.2f useful GFLOP/s | step %.1f ms "
-                 "(data %.1f, compute %.1f, comm %.1f)\n",
-                 Describe().c_str(), static_cast<long long>(step), static_cast<long long>(spec_.training().steps()),
-                 loss_sum_ / loss_steps_, metrics_->samples_per_second(), metrics_->useful_flops_per_second() * 1e-9,
-                 times.step_seconds * 1e3, times.data_wait_seconds * 1e3, times.compute_seconds * 1e3,
-                 times.comm_seconds * 1e3);
+    spdlog::info("{}",
+                 absl::StrFormat("%s step %lld/%lld loss %.4f | %.0f samples/s, %.2f useful GFLOP/s | step %.1f ms "
+                                 "(data %.1f, compute %.1f, comm %.1f)",
+                                 Describe().c_str(), static_cast<long long>(step),
+                                 static_cast<long long>(spec_.training().steps()), loss_sum_ / loss_steps_,
+                                 metrics_->samples_per_second(), metrics_->useful_flops_per_second() * 1e-9,
+                                 times.step_seconds * 1e3, times.data_wait_seconds * 1e3, times.compute_seconds * 1e3,
+                                 times.comm_seconds * 1e3));
     loss_sum_ = 0;
     loss_steps_ = 0;
   }
@@ -460,9 +463,9 @@ absl::Status RankRun::EvaluateAndReport(int64_t step) {
   eval.set_auc(m->auc);
   eval.set_ne(m->normalized_entropy);
   reporter_.ReportEval(eval);
-  std::fprintf(stderr, "worker: %s eval at step %lld: AUC %.4f NE %.4f log loss %.4f (%lld samples)\n",
-               Describe().c_str(), static_cast<long long>(step), m->auc, m->normalized_entropy, m->log_loss,
-               static_cast<long long>(m->count));
+  spdlog::info("{}", absl::StrFormat("%s eval at step %lld: AUC %.4f NE %.4f log loss %.4f (%lld samples)",
+                                     Describe().c_str(), static_cast<long long>(step), m->auc, m->normalized_entropy,
+                                     m->log_loss, static_cast<long long>(m->count)));
   return reporter_.Flush(/*force=*/true);
 }
 
@@ -482,9 +485,10 @@ absl::Status RankRun::Run() {
   const int64_t steps = spec_.training().steps();
   const int64_t ckpt_every = spec_.training().checkpoint_every();
   const int64_t eval_every = spec_.training().eval_every();
-  std::fprintf(stderr, "worker: %s training steps %lld..%lld, %lld samples per rank-step, checkpoints in %s\n",
-               Describe().c_str(), static_cast<long long>(*resume + 1), static_cast<long long>(steps),
-               static_cast<long long>(spec_.data().local_batch_size()), checkpoint_dir_.c_str());
+  spdlog::info("{}",
+               absl::StrFormat("%s training steps %lld..%lld, %lld samples per rank-step, checkpoints in %s",
+                               Describe().c_str(), static_cast<long long>(*resume + 1), static_cast<long long>(steps),
+                               static_cast<long long>(spec_.data().local_batch_size()), checkpoint_dir_.c_str()));
   for (int64_t step = *resume + 1; step <= steps; ++step) {
     if (control_.stop_requested()) return absl::CancelledError(absl::StrCat(Describe(), " stopped at step ", step));
     if (absl::Status s = Step(step); !s.ok()) return s;
@@ -529,15 +533,15 @@ void RankRun::ResolvePeak() {
 
 void RankRun::PrintSummary() const {
   if (totals_.steps == 0 || totals_.step_seconds <= 0) return;
-  std::fprintf(stderr,
-               "worker: %s summary over %lld steps after the first: %.1f samples/s, step %.2f ms (compute %.2f, "
-               "comm %.2f), %.2f useful TFLOP/s, %s\n",
-               Describe().c_str(), static_cast<long long>(totals_.steps), totals_.samples / totals_.step_seconds,
-               1e3 * totals_.step_seconds / totals_.steps, 1e3 * totals_.compute_seconds / totals_.steps,
-               1e3 * totals_.comm_seconds / totals_.steps, totals_.flops / totals_.step_seconds * 1e-12,
-               MfuSummary(totals_.flops, totals_.compute_seconds, totals_.step_seconds, summary_peak_flops_,
-                          peak_source_)
-                   .c_str());
+  spdlog::info("{}", absl::StrFormat("%s summary over %lld steps after the first: %.1f samples/s, step %.2f ms "
+                                     "(compute %.2f, comm %.2f), %.2f useful TFLOP/s, %s",
+                                     Describe().c_str(), static_cast<long long>(totals_.steps),
+                                     totals_.samples / totals_.step_seconds, 1e3 * totals_.step_seconds / totals_.steps,
+                                     1e3 * totals_.compute_seconds / totals_.steps,
+                                     1e3 * totals_.comm_seconds / totals_.steps,
+                                     totals_.flops / totals_.step_seconds * 1e-12,
+                                     MfuSummary(totals_.flops, totals_.compute_seconds, totals_.step_seconds,
+                                                summary_peak_flops_, peak_source_)));
 }
 
 }  // namespace

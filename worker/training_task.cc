@@ -5,7 +5,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
+#include "spdlog/spdlog.h"
 #include "worker/comm/grpc_kv_store.h"
 
 namespace recfleet::worker {
@@ -58,8 +60,8 @@ class Reporter : public ProgressSink {
       }
       // Progress reports are advisory while training: it continues through a
       // coordinator hiccup, and the lease (heartbeats) decides liveness.
-      std::fprintf(stderr, "worker: ReportStep failed (%d step(s) kept for the next report): %s\n",
-                   pending_.steps_size(), s.error_message().c_str());
+      spdlog::warn("{}", absl::StrFormat("ReportStep failed (%d step(s) kept for the next report): %s",
+                                         pending_.steps_size(), s.error_message().c_str()));
       if (!force || attempt >= kForcedAttempts) return absl::OkStatus();
       std::this_thread::sleep_for(std::chrono::seconds(1));
     }

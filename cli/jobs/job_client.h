@@ -3,7 +3,7 @@
 
 // The CLI's connection to the coordinator's JobService: address from
 // --coordinator or $RECFLEET_COORDINATOR, bearer token from
-// $RECFLEET_AUTH_TOKEN (or --auth_token_file), TLS from --tls_ca (or
+// $RECFLEET_AUTH_TOKEN (or --auth-token-file), TLS from --tls-ca (or
 // $RECFLEET_TLS_CA), a deadline on every unary call. Not thread-safe (one
 // command, one client).
 

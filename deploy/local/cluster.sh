@@ -5,7 +5,8 @@
 #
 #   deploy/local/cluster.sh start DIR [--workers N] [--lease SECONDS] [--bin BINDIR]
 #                                     [--loader] [--data-root DIR] [--topology FILE] [--tls]
-#                                     [--worker-flag FLAG]...
+#                                     [--worker-flag FLAG]... [--prometheus]
+#                                     [--scrape-interval DURATION]
 #   deploy/local/cluster.sh stop DIR
 #
 # --tls: every gRPC connection over TLS (certificates from
@@ -27,6 +28,14 @@
 # Binaries come from --bin (default: the repository's bazel-bin).
 # --worker-flag passes FLAG to every worker (e.g. --worker-flag --device=cuda
 # for GPU workers; tools/gpu_demo.sh).
+# Prometheus: `start` writes DIR/prometheus/ ready to scrape the cluster:
+# deploy/prometheus/prometheus.yml and recfleet-rules.yml, and the file_sd
+# target files that configuration reads (targets/coordinator.json,
+# dataloader.json, worker.json). --prometheus also starts a Prometheus server
+# (Debian's `prometheus`, on PATH) on it at 127.0.0.1 on a port the OS picks,
+# data in DIR/prometheus/data, address in DIR/prometheus.address;
+# --scrape-interval sets its scrape and rule-evaluation interval (default:
+# prometheus.yml's).
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2; }
@@ -43,6 +52,8 @@ data_root=$(pwd)
 topology="$root/deploy/local/cpu-topology.yaml"
 tls=0
 worker_flags=()
+prometheus=0
+scrape_interval=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --loader) loader=1; shift ;;
@@ -53,6 +64,8 @@ while [[ $# -gt 0 ]]; do
     --topology) topology=$2; shift 2 ;;
     --tls) tls=1; shift ;;
     --worker-flag) worker_flags+=("$2"); shift 2 ;;
+    --prometheus) prometheus=1; shift ;;
+    --scrape-interval) scrape_interval=$2; shift 2 ;;
     *) echo "cluster.sh: unknown flag $1" >&2; usage ;;
   esac
 done
@@ -80,6 +93,65 @@ wait_line() {
   return 1
 }
 
+# Writes DIR/prometheus/: the repository's Prometheus configuration and rules
+# and one file_sd target file per scrape job, from DIR/metrics.txt
+# ("NAME http://HOST:PORT/metrics" lines).
+write_prometheus_config() {
+  local p="$dir/prometheus"
+  mkdir -p "$p/targets"
+  cp "$root/deploy/prometheus/recfleet-rules.yml" "$p/"
+  if [[ -n $scrape_interval ]]; then
+    sed -E "s/^(  (scrape|evaluation)_interval:).*/\1 $scrape_interval/" \
+      "$root/deploy/prometheus/prometheus.yml" >"$p/prometheus.yml"
+  else
+    cp "$root/deploy/prometheus/prometheus.yml" "$p/"
+  fi
+  chmod u+w "$p/prometheus.yml" "$p/recfleet-rules.yml"
+  local kind name url
+  for kind in coordinator dataloader worker; do
+    local targets=()
+    while read -r name url; do
+      case $name in
+        coordinator) [[ $kind == coordinator ]] || continue ;;
+        loader) [[ $kind == dataloader ]] || continue ;;
+        worker*) [[ $kind == worker ]] || continue ;;
+        *) continue ;;
+      esac
+      url=${url#http://}
+      targets+=("\"${url%%/*}\"")
+    done <"$dir/metrics.txt"
+    local joined
+    joined=$(IFS=,; echo "${targets[*]-}")
+    # Written whole, then renamed: Prometheus watches these files.
+    echo "[{\"targets\": [$joined]}]" >"$p/targets/$kind.json.tmp"
+    mv "$p/targets/$kind.json.tmp" "$p/targets/$kind.json"
+  done
+}
+
+# Starts Prometheus on DIR/prometheus/prometheus.yml; prints its address.
+start_prometheus() {
+  command -v prometheus >/dev/null || {
+    echo "cluster.sh: --prometheus needs Debian's prometheus package (tools/setup.sh installs it)" >&2
+    return 1
+  }
+  prometheus --config.file="$dir/prometheus/prometheus.yml" \
+    --storage.tsdb.path="$dir/prometheus/data" --web.listen-address=127.0.0.1:0 \
+    >"$dir/prometheus.log" 2>&1 &
+  local pid=$!
+  echo "$pid" >>"$dir/pids"
+  # Prometheus logs the port it got: msg="Listening on" address=127.0.0.1:PORT
+  local line
+  line=$(wait_line "$dir/prometheus.log" ".*msg=\"Listening on\" address=" "$pid") || return 1
+  echo "${line##*address=}" >"$dir/prometheus.address"
+  for _ in $(seq 1 100); do
+    grep -q 'msg="Server is ready to receive web requests."' "$dir/prometheus.log" && return 0
+    sleep 0.1
+  done
+  echo "cluster.sh: Prometheus did not become ready:" >&2
+  tail -20 "$dir/prometheus.log" >&2
+  return 1
+}
+
 start() {
   mkdir -p "$dir"
   : > "$dir/pids"
@@ -95,7 +167,9 @@ start() {
     done
     server_tls=(--tls_cert="$dir/tls/server.pem" --tls_key="$dir/tls/server.key"
       --data_grant_key_file="$dir/data-grant-key")
-    loader_tls=("${server_tls[@]}" --auth_token_file="$dir/worker-token")
+    # `recfleet data serve` spells its flags in kebab-case.
+    loader_tls=(--tls-cert="$dir/tls/server.pem" --tls-key="$dir/tls/server.key"
+      --data-grant-key-file="$dir/data-grant-key" --auth-token-file="$dir/worker-token")
     server_tls+=(--auth_token_file="$dir/token" --worker_token_file="$dir/worker-token")
     client_tls=(--tls_ca="$dir/tls/ca.pem" --worker_token_file="$dir/worker-token")
   fi
@@ -132,12 +206,19 @@ start() {
     echo "$pid" >>"$dir/pids"
     echo "worker$i $(wait_line "$dir/worker$i.log" "worker metrics: " "$pid")" >>"$dir/metrics.txt"
   done
+  write_prometheus_config
+  [[ $prometheus == 0 ]] || start_prometheus
   echo "coordinator: $address (logs and state in $dir)"
   [[ -z $loader_address ]] || echo "data-loader: $loader_address"
   if [[ $tls == 1 ]]; then
     echo "TLS on; for the CLI: export RECFLEET_TLS_CA=$dir/tls/ca.pem RECFLEET_AUTH_TOKEN=\$(cat $dir/token)"
   fi
   sed 's/^/metrics: /' "$dir/metrics.txt"
+  if [[ $prometheus == 1 ]]; then
+    echo "prometheus: http://$(cat "$dir/prometheus.address") (config in $dir/prometheus)"
+  else
+    echo "prometheus: prometheus --config.file=$dir/prometheus/prometheus.yml scrapes this cluster"
+  fi
 }
 
 stop() {

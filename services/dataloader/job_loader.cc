@@ -263,16 +263,26 @@ absl::StatusOr<std::shared_ptr<const data::StepPlan>> JobLoader::TakePlan(int64_
 absl::StatusOr<std::shared_ptr<JobLoader>> JobLoaders::Get(const v1::DataConfig& config) {
   if (config.job().empty()) return absl::InvalidArgumentError("data config job is required (the job's name)");
   const std::string key = config.SerializeAsString();
+  std::vector<std::string> closed;
   {
     absl::MutexLock l(&mu_);
     const absl::Time now = absl::Now();
     for (auto it = jobs_.begin(); it != jobs_.end();) {
-      if (now - it->second.last_use > idle_close_ && it->second.loader.use_count() == 1) {
+      if (it->first != config.job() && now - it->second.last_use > idle_close_ &&
+          it->second.loader.use_count() == 1) {
+        closed.push_back(it->first);
         it = jobs_.erase(it);
       } else {
         ++it;
       }
     }
+  }
+  if (on_close_) {
+    for (const std::string& job : closed) on_close_(job);
+  }
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Time now = absl::Now();
     auto it = jobs_.find(config.job());
     if (it != jobs_.end()) {
       if (it->second.key != key) {

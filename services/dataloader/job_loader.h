@@ -16,6 +16,7 @@
 // and then read like a directory.
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -113,11 +114,14 @@ class JobLoader {
 // shared by every later request with the same DataConfig. A request naming
 // the same job with another configuration is refused (FailedPrecondition),
 // so two ranks of one job can never be dealt by different rules. Jobs
-// unused for `idle_close` are closed. Thread-safe.
+// unused for `idle_close` and read by no stream are closed when the next
+// request comes, and `on_close` (when set) is told each closed job's name,
+// outside the lock. Thread-safe.
 class JobLoaders {
  public:
-  explicit JobLoaders(DatasetOptions options, absl::Duration idle_close = absl::Minutes(30))
-      : options_(std::move(options)), idle_close_(idle_close) {}
+  explicit JobLoaders(DatasetOptions options, absl::Duration idle_close = absl::Minutes(30),
+                      std::function<void(const std::string& job)> on_close = nullptr)
+      : options_(std::move(options)), idle_close_(idle_close), on_close_(std::move(on_close)) {}
 
   absl::StatusOr<std::shared_ptr<JobLoader>> Get(const v1::DataConfig& config);
   int open_jobs();
@@ -130,6 +134,7 @@ class JobLoaders {
   };
   const DatasetOptions options_;
   const absl::Duration idle_close_;
+  const std::function<void(const std::string&)> on_close_;
   absl::Mutex mu_;
   std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);  // By job name.
 };

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "data/loader.h"
+#include "data/synth.h"
 #include "engine/job_model.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -132,6 +133,41 @@ TEST(JobLoaderTest, CostWeightsOfTheSpecDecideTheDeal) {
     EXPECT_NEAR(own_gap, runs[own].plan->gap, 1e-9);
     EXPECT_LT(own_gap, other_gap) << "weights " << runs[own].weights;
   }
+}
+
+// An idle job is closed when another request comes, and its name goes to
+// on_close (the loader's metrics drop its series then); a job a stream
+// still reads, or the job being asked for, stays open.
+TEST(JobLoadersTest, IdleJobsCloseAndAreReported) {
+  const std::string dir = std::string(testing::TempDir()) + "/idle_data";
+  data::SynthOptions so;
+  so.samples = 300;
+  so.num_items = 100;
+  so.rows_per_block = 64;
+  ASSERT_TRUE(data::GenerateSynthetic(so, dir).ok());
+  auto config = [&dir](const std::string& job) {
+    v1::DataConfig c;
+    c.set_job(job);
+    c.set_dataset(dir);
+    c.set_num_ranks(1);
+    c.set_local_batch_size(16);
+    c.set_base_batch_size(16);
+    c.set_micro_batches(1);
+    c.set_policy("recfleet");
+    c.set_cost_model("linear=1");
+    return c;
+  };
+  std::vector<std::string> closed;
+  JobLoaders jobs(DatasetOptions(), absl::ZeroDuration(), [&closed](const std::string& job) { closed.push_back(job); });
+  ASSERT_TRUE(jobs.Get(config("jobs/a")).ok());      // Nobody holds it afterwards.
+  auto held = jobs.Get(config("jobs/b"));             // Held, like an open stream.
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(closed, std::vector<std::string>{"jobs/a"});
+  EXPECT_EQ(jobs.open_jobs(), 1);
+  ASSERT_TRUE(jobs.Get(config("jobs/b")).ok());      // Asked for again: stays open.
+  ASSERT_TRUE(jobs.Get(config("jobs/c")).ok());
+  EXPECT_EQ(closed, std::vector<std::string>{"jobs/a"});  // b is still held.
+  EXPECT_EQ(jobs.open_jobs(), 2);
 }
 
 }  // namespace

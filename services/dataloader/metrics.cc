@@ -79,12 +79,38 @@ void LoaderMetrics::RecordSent(const std::string& job, int rank, int64_t samples
   bytes_.WithLabels({job, r}).Increment(static_cast<double>(bytes));
   int64_t now = Now();
   absl::MutexLock l(&mu_);
+  job_ranks_[job].insert(r);
   sample_rate_.Add(now, static_cast<double>(samples));
   byte_rate_.Add(now, static_cast<double>(bytes));
 }
 
 void LoaderMetrics::SetQueueDepth(const std::string& job, int rank, int depth) {
+  {
+    absl::MutexLock l(&mu_);
+    job_ranks_[job].insert(absl::StrCat(rank));
+  }
   queue_depth_.WithLabels({job, absl::StrCat(rank)}).Set(depth);
+}
+
+void LoaderMetrics::EndJob(const std::string& job) {
+  std::set<std::string> ranks;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = job_ranks_.find(job);
+    if (it != job_ranks_.end()) {
+      ranks = std::move(it->second);
+      job_ranks_.erase(it);
+    }
+  }
+  for (const std::string& r : ranks) {
+    samples_.Remove({job, r});
+    bytes_.Remove({job, r});
+    queue_depth_.Remove({job, r});
+  }
+  for (const char* dealing : {"naive", "policy"}) {
+    gap_.Remove({job, dealing});
+    gap_histogram_.Remove({job, dealing});
+  }
 }
 
 void LoaderMetrics::EndStream(const std::string& job, int rank) {

@@ -14,9 +14,12 @@
 //       per-step gaps (_bucket, _sum, _count: the mean gap and its quantiles)
 //   queue_depth{recfleet_job, rank}                  prefetched batches waiting
 //       (removed when the rank's stream ends)
+// A job's series are removed when the loader closes the job (EndJob).
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 
 #include "absl/synchronization/mutex.h"
@@ -35,6 +38,9 @@ class LoaderMetrics {
   // A rank's stream ended: its queue_depth series goes away (rather than
   // staying at 0 for a job that no longer streams here).
   void EndStream(const std::string& job, int rank);
+  // The loader closed `job`: every series labelled with it goes away
+  // (samples, bytes, straggler gaps, queue depths).
+  void EndJob(const std::string& job);
   void SetOpenJobs(int jobs);
 
   const metrics::MetricRegistry& registry() const { return registry_; }
@@ -64,6 +70,8 @@ class LoaderMetrics {
 
   const std::chrono::steady_clock::time_point start_;
   mutable absl::Mutex mu_;
+  // The rank label values seen per job, to remove its series by name.
+  std::map<std::string, std::set<std::string>> job_ranks_ ABSL_GUARDED_BY(mu_);
   Rate sample_rate_ ABSL_GUARDED_BY(mu_);
   Rate byte_rate_ ABSL_GUARDED_BY(mu_);
 };

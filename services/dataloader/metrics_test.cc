@@ -42,5 +42,28 @@ TEST(LoaderMetricsTest, ExposesCountersGapsAndDepths) {
       << t;
 }
 
+TEST(LoaderMetricsTest, ClosingAJobRemovesEveryOneOfItsSeries) {
+  LoaderMetrics m;
+  for (const char* job : {"jobs/a", "jobs/b"}) {
+    m.RecordSent(job, 0, 10, 100);
+    m.RecordSent(job, 1, 10, 100);
+    m.RecordStep(job, 0.001, 0.25);
+    m.SetQueueDepth(job, 1, 2);
+  }
+  m.EndJob("jobs/a");
+  const std::string t = m.PrometheusText();
+  EXPECT_EQ(t.find("recfleet_job=\"jobs/a\""), std::string::npos) << t;
+  // The other job's series stay.
+  for (const char* series :
+       {"recfleet_dataloader_samples_total{rank=\"0\",recfleet_job=\"jobs/b\"} 10\n",
+        "recfleet_dataloader_bytes_total{rank=\"1\",recfleet_job=\"jobs/b\"} 100\n",
+        "recfleet_dataloader_straggler_gap{dealing=\"policy\",recfleet_job=\"jobs/b\"} 0.001\n",
+        "recfleet_dataloader_step_straggler_gap_ratio_count{dealing=\"naive\",recfleet_job=\"jobs/b\"} 1\n",
+        "recfleet_dataloader_queue_depth{rank=\"1\",recfleet_job=\"jobs/b\"} 2\n"}) {
+    EXPECT_NE(t.find(series), std::string::npos) << series << " missing from\n" << t;
+  }
+  m.EndJob("jobs/never-seen");  // No-op.
+}
+
 }  // namespace
 }  // namespace recfleet::dataloader

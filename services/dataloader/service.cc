@@ -6,10 +6,16 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "services/dataloader/convert.h"
+#include "spdlog/spdlog.h"
 
 namespace recfleet::dataloader {
 namespace {
+
+// A job no stream reads and no request named for this long is closed (its
+// data and metrics series released); a later request opens it again.
+constexpr absl::Duration kIdleClose = absl::Minutes(30);
 
 // A bounded FIFO between a stream's producer and its writer.
 template <typename T>
@@ -62,11 +68,17 @@ grpc::Status ToGrpc(const absl::Status& s) {
 }
 
 DataLoaderService::DataLoaderService(DatasetOptions datasets, ServiceOptions options, LoaderMetrics* metrics)
-    : options_(options), metrics_(metrics), jobs_(std::move(datasets)) {}
+    : options_(options),
+      metrics_(metrics),
+      jobs_(std::move(datasets), kIdleClose, [metrics](const std::string& job) {
+        spdlog::info("closed {}: no request for {}", job, absl::FormatDuration(kIdleClose));
+        metrics->EndJob(job);
+      }) {}
 
 absl::StatusOr<std::shared_ptr<JobLoader>> DataLoaderService::Job(const recfleet::v1::DataConfig& config) {
   absl::StatusOr<std::shared_ptr<JobLoader>> job = jobs_.Get(config);
   metrics_->SetOpenJobs(jobs_.open_jobs());
+  if (!job.ok()) spdlog::warn("cannot open {}: {}", config.job(), job.status().ToString());
   return job;
 }
 
@@ -140,6 +152,10 @@ grpc::Status DataLoaderService::StreamBatches(grpc::ServerContext* ctx,
   queue.Close();
   producer.join();
   metrics_->EndStream(req->config().job(), rank);
+  if (!result.ok() && result.error_code() != grpc::StatusCode::CANCELLED) {
+    spdlog::warn("{} rank {} epoch {}: stream ended: {}", req->config().job(), rank, req->epoch(),
+                 result.error_message());
+  }
   return result;
 }
 

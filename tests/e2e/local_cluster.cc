@@ -111,9 +111,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
     server_security = tls_server;
     server_security.push_back("--auth_token_file=" + options.dir + "/token");
     server_security.push_back("--worker_token_file=" + options.dir + "/worker-token");
-    // The loader's callers are workers: its bearer token is theirs.
-    loader_security = tls_server;
-    loader_security.push_back("--auth_token_file=" + options.dir + "/worker-token");
+    // The loader's callers are workers: its bearer token is theirs. It is
+    // `recfleet data serve`, whose flags are kebab-case.
+    loader_security = {"--tls-cert=" + tls + "/server.pem", "--tls-key=" + tls + "/server.key",
+                       "--data-grant-key-file=" + options.dir + "/data-grant-key",
+                       "--auth-token-file=" + options.dir + "/worker-token"};
     c->worker_security_ = {"--tls_ca=" + tls + "/ca.pem", "--worker_token_file=" + options.dir + "/worker-token"};
     std::ifstream ca_in(tls + "/ca.pem");
     std::stringstream ca;
