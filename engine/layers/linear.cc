@@ -105,9 +105,10 @@ absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool a
       RECFLEET_RETURN_IF_ERROR(LinearBackwardBias(dy2, b_.grad.view(), /*accumulate=*/true));
     }
   }
-  RECFLEET_RETURN_IF_ERROR(LinearBackwardWeight(
-      dy_op, x_op, w_.grad.view(), has_bias_ && !shared ? b_.grad.view() : TensorView(),
-      /*accumulate=*/true, RecipeFor(rows), /*stream=*/nullptr, Fp8ContextFor(rows)));
+  // dgrad before wgrad: with an FP8 weight gradient, the FP8 context keeps
+  // dy^T from the dgrad for the wgrad that follows; in the other order that
+  // copy would outlive the step and match the next step's dy (the pool
+  // hands out the same address) in place of its new values.
   absl::Status status;
   if (dx.data != nullptr && !accumulate) {
     status = LinearBackwardInput(dy_op, w_op, Reshaped(dx, {rows, in_}), RecipeFor(rows),
@@ -119,6 +120,11 @@ absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool a
                                    /*stream=*/nullptr, Fp8ContextFor(rows));
     }
     if (status.ok()) status = ops::Add(dx, dx_scratch_.view(), dx);
+  }
+  if (status.ok()) {
+    status = LinearBackwardWeight(
+        dy_op, x_op, w_.grad.view(), has_bias_ && !shared ? b_.grad.view() : TensorView(),
+        /*accumulate=*/true, RecipeFor(rows), /*stream=*/nullptr, Fp8ContextFor(rows));
   }
   // The copies and the scratch are step-sized: give them back to the pool
   // (stream-ordered, so the GEMMs above still read them) for the layers
