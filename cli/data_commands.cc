@@ -245,39 +245,49 @@ int RunBalanceReport(const std::vector<std::string>& args) {
   return cli::kExitOk;
 }
 
-// Per batch of `batches`, the fit's relative error; prints them under
-// `title` when `each` and returns the largest and the mean absolute error.
-std::pair<double, double> PrintErrors(const char* title, const std::vector<BatchTime>& batches,
-                                      const CostModel& fit, bool each) {
-  if (batches.empty()) return {0, 0};
-  double worst = 0, sum = 0;
+// Prints the fit's relative error on `batches` under `title`: per batch
+// when `each`, then the largest and the mean.
+void PrintErrors(const char* title, const std::vector<BatchTime>& batches, const CostModel& fit,
+                 bool each) {
+  if (batches.empty()) return;
   std::printf("%s\n", title);
-  for (const BatchTime& b : batches) {
-    double predicted = 0;
-    for (int64_t l : b.lengths) predicted += fit.SampleCost(l);
-    const double error = (predicted - b.seconds) / b.seconds;
-    worst = std::max(worst, std::fabs(error));
-    sum += std::fabs(error);
-    if (each) {
-      std::printf("  measured %.6g s, predicted %.6g s, error %+.2f%%\n", b.seconds, predicted,
-                  100 * error);
-    }
+  for (const BatchTime& b : each ? batches : std::vector<BatchTime>()) {
+    const double predicted = engine::PredictedSeconds(fit, b.lengths);
+    std::printf("  measured %.6g s, predicted %.6g s, error %+.2f%%\n", b.seconds, predicted,
+                100 * (predicted - b.seconds) / b.seconds);
   }
+  const engine::PredictionError e = engine::FitError(fit, batches);
   std::printf("  %zu batches: largest error %.2f%%, mean |error| %.2f%%\n", batches.size(),
-              100 * worst, 100 * sum / batches.size());
-  return {worst, sum / batches.size()};
+              100 * e.largest, 100 * e.mean);
 }
 
 int RunCalibrate(const std::vector<std::string>& args) {
-  auto flags = cli::ParseCommandFlags(
-      "data calibrate",
-      args, {"spec", "lengths", "batch-size", "repeats", "fit-batches", "check-batches", "seed"});
+  auto flags = cli::ParseCommandFlags("data calibrate", args,
+                                      {"spec", "lengths", "batch-size", "repeats", "warmup",
+                                       "fit-batches", "check-batches", "seed", "device", "precision"});
   if (!flags.ok()) return cli::kExitUsage;
   if (!flags->Has("spec")) {
     return Fail(absl::InvalidArgumentError("--spec is required"), "calibrate");
   }
   engine::CalibrationOptions o;
+  const std::string device = flags->Str("device", "cpu");
+  const std::string precision = flags->Str("precision", "bf16");
+  if (device != "cpu" && device != "cuda") {
+    return Fail(absl::InvalidArgumentError("--device is cpu or cuda, got '" + device + "'"),
+                "calibrate");
+  }
+  if (precision != "bf16" && precision != "fp32") {
+    return Fail(absl::InvalidArgumentError("--precision is bf16 or fp32, got '" + precision + "'"),
+                "calibrate");
+  }
+  o.device = device == "cuda" ? Device::kCuda : Device::kCpu;
+  o.bf16 = precision == "bf16";
+  // A GPU step's time is only worth fitting at the batch the job's ranks
+  // train (small batches are bound by kernel launches, not by lengths);
+  // the CUDA engine's first steps pick GEMM algorithms: two warm-up rounds.
+  if (o.device == Device::kCuda) o.warmup = 2;
   RETURN_USAGE_IF_ERROR(flags->Get("batch-size", &o.batch_size), "calibrate");
+  RETURN_USAGE_IF_ERROR(flags->Get("warmup", &o.warmup), "calibrate");
   RETURN_USAGE_IF_ERROR(flags->Get("repeats", &o.repeats), "calibrate");
   RETURN_USAGE_IF_ERROR(flags->Get("fit-batches", &o.fit_batches), "calibrate");
   RETURN_USAGE_IF_ERROR(flags->Get("check-batches", &o.check_batches), "calibrate");
@@ -298,13 +308,23 @@ int RunCalibrate(const std::vector<std::string>& args) {
   auto model = engine::BuildJobModel(*spec);
   if (!model.ok()) return Fail(model.status(), "calibrate");
   if (!flags->Has("lengths")) o.lengths = engine::CalibrationLengths(*model);
+  if (o.device == Device::kCuda && !flags->Has("batch-size")) {
+    o.batch_size = std::max(1, spec->data().local_batch_size());
+  }
   auto c = engine::Calibrate(*model, o);
   if (!c.ok()) return Fail(c.status(), "calibrate");
   const CostModel& fit = c->fit;
-  std::printf(
-      "CPU engine forward+backward, batches of %d samples, median of %d rounds after a warm-up "
-      "(thread CPU time)\n",
-      o.batch_size, o.repeats);
+  if (o.device == Device::kCuda) {
+    std::printf(
+        "CUDA engine (%s) training step (forward+backward+update), batches of %d samples, median "
+        "of %d rounds after %d warm-up rounds (CUDA events)\n",
+        precision.c_str(), o.batch_size, o.repeats, o.warmup);
+  } else {
+    std::printf(
+        "CPU engine forward+backward, batches of %d samples, median of %d rounds after %d "
+        "warm-up round(s) (thread CPU time)\n",
+        o.batch_size, o.repeats, o.warmup);
+  }
   std::printf("one-length batches (seen by the fit):\n%8s %16s %16s %8s\n", "length",
               "measured s/smp", "fitted s/smp", "error%");
   for (const BatchTime& b : c->one_length) {
@@ -314,7 +334,9 @@ int RunCalibrate(const std::vector<std::string>& args) {
                 predicted, 100 * (predicted - measured) / measured);
   }
   const int64_t longest = *std::max_element(o.lengths.begin(), o.lengths.end());
-  const std::string mixed = absl::StrCat("batches of mixed lengths (uniform in 1..", longest, ")");
+  const std::string mixed = absl::StrCat(
+      "batches of mixed lengths (uniform in 1..cap, cap per batch in ", std::max<int64_t>(1, longest / 8),
+      "..", longest, ")");
   PrintErrors((mixed + ", seen by the fit:").c_str(), c->mixed_fit, fit, false);
   PrintErrors((mixed + ", held out, predicted vs measured:").c_str(), c->held_out, fit, true);
   std::printf("# seconds per sample; paste into the job spec:\ndata:\n  bbs:\n    cost_weights:\n"
@@ -390,13 +412,16 @@ RECFLEET_REGISTER_COMMAND({
 
 RECFLEET_REGISTER_COMMAND({
     "data calibrate",
-    "Time the job's model per sequence length on the CPU engine and fit BBS cost weights",
+    "Time the job's model per sequence length (CPU or CUDA engine) and fit BBS cost weights",
     "recfleet data calibrate --spec JOB.yaml [--lengths L1,L2,... (default: 1 to the\n"
-    "  spec's longest sequence)]\n"
-    "  [--batch-size 16] [--repeats 9] [--fit-batches 8] [--check-batches 8] [--seed 1]\n"
-    "Builds the spec's GEM-lite and times forward+backward on synthetic batches: one per\n"
-    "length (every sample that long) and fit + check batches of mixed lengths, each batch\n"
-    "once per round, median of the rounds. Fits per_sample + linear * L + quadratic * L^2\n"
+    "  spec's longest sequence)] [--device cpu|cuda] [--precision bf16|fp32 (cuda)]\n"
+    "  [--batch-size 16 (cpu) | the spec's local_batch_size (cuda)] [--repeats 9]\n"
+    "  [--warmup 1 (cpu) | 2 (cuda)] [--fit-batches 8] [--check-batches 8] [--seed 1]\n"
+    "Builds the spec's GEM-lite and times it on synthetic batches: one per length (every\n"
+    "sample that long) and fit + check batches of mixed lengths, each batch once per round,\n"
+    "median of the rounds. cpu: forward+backward in thread CPU time (CPU jobs). cuda: the\n"
+    "GPU worker's step (forward+backward+update) with CUDA events on the current device.\n"
+    "Fits per_sample + linear * L + quadratic * L^2\n"
     "(seconds, weights >= 0) to the one-length and fit batches, shows its error on the\n"
     "held-out check batches and prints the weights as spec.data.bbs.cost_weights.",
     RunCalibrate,

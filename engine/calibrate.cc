@@ -3,10 +3,12 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/cuda_device.h"
 #include "engine/model.h"
 
 namespace recfleet::engine {
@@ -64,11 +66,11 @@ Batch SyntheticBatch(const JobModel& model, const std::vector<int64_t>& lengths,
 namespace {
 
 absl::Status CheckOptions(const JobModel& model, const CalibrationOptions& o) {
-  if (o.lengths.empty() || o.batch_size < 1 || o.repeats < 1 || o.fit_batches < 0 ||
-      o.check_batches < 0) {
+  if (o.lengths.empty() || o.batch_size < 1 || o.repeats < 1 || o.warmup < 0 ||
+      o.fit_batches < 0 || o.check_batches < 0) {
     return absl::InvalidArgumentError(
-        "calibrate: need at least one length, batch_size >= 1, repeats >= 1 and fit_batches, "
-        "check_batches >= 0");
+        "calibrate: need at least one length, batch_size >= 1, repeats >= 1 and warmup, "
+        "fit_batches, check_batches >= 0");
   }
   for (int64_t length : o.lengths) {
     if (length < 0) return absl::InvalidArgumentError("calibrate: lengths must be >= 0");
@@ -80,33 +82,79 @@ absl::Status CheckOptions(const JobModel& model, const CalibrationOptions& o) {
   return absl::OkStatus();
 }
 
+// Seconds of one training step of `model` on `batch`, as the options'
+// device measures them.
+class StepTimer {
+ public:
+  explicit StepTimer(Device device) : device_(device), events_(2) {}
+
+  absl::StatusOr<double> Time(GemLite<float>& model, const Batch& batch) {
+    if (device_ == Device::kCpu) {
+      const double start = ThreadSeconds();
+      RECFLEET_RETURN_IF_ERROR(model.ForwardBackward(batch).status());
+      return ThreadSeconds() - start;
+    }
+    RECFLEET_RETURN_IF_ERROR(events_.Mark(0));
+    RECFLEET_RETURN_IF_ERROR(model.ForwardBackward(batch).status());
+    RECFLEET_RETURN_IF_ERROR(model.ApplyUpdates());
+    RECFLEET_RETURN_IF_ERROR(events_.Mark(1));
+    return events_.Seconds(0, 1);
+  }
+
+ private:
+  Device device_;
+  CudaStreamTimer events_;  // Unused on the CPU (it creates events lazily).
+};
+
 }  // namespace
+
+double PredictedSeconds(const data::CostModel& fit, const std::vector<int64_t>& lengths) {
+  double seconds = 0;
+  for (int64_t l : lengths) seconds += fit.SampleCost(l);
+  return seconds;
+}
+
+PredictionError FitError(const data::CostModel& fit, const std::vector<data::BatchTime>& batches) {
+  PredictionError e;
+  if (batches.empty()) return e;
+  for (const data::BatchTime& b : batches) {
+    const double error = std::fabs(PredictedSeconds(fit, b.lengths) - b.seconds) / b.seconds;
+    e.largest = std::max(e.largest, error);
+    e.mean += error / static_cast<double>(batches.size());
+  }
+  return e;
+}
 
 absl::StatusOr<Calibration> Calibrate(const JobModel& model, const CalibrationOptions& o) {
   RECFLEET_RETURN_IF_ERROR(CheckOptions(model, o));
-  auto gem = GemLite<float>::Create(model.config, model.schema);
+  ExecutionOptions execution;
+  execution.device = o.device;
+  execution.bf16 = o.device == Device::kCuda && o.bf16;
+  auto gem = GemLite<float>::Create(model.config, model.schema, TableStorage::kInternal, execution);
   if (!gem.ok()) return gem.status();
   const int64_t longest = std::max<int64_t>(1, *std::max_element(o.lengths.begin(), o.lengths.end()));
   // Every timed batch: the one-length ones, then the mixed ones.
   std::vector<data::BatchTime> timed;
   for (int64_t length : o.lengths) timed.push_back({std::vector<int64_t>(o.batch_size, length), 0});
   std::mt19937_64 rng(o.seed ^ 0xC4EC);
+  const int64_t lowest_cap = std::max<int64_t>(1, longest / 8);
   for (int b = 0; b < o.fit_batches + o.check_batches; ++b) {
+    const int64_t cap = lowest_cap + static_cast<int64_t>(rng() % (longest - lowest_cap + 1));
     std::vector<int64_t> lengths(o.batch_size);
-    for (int64_t& l : lengths) l = 1 + static_cast<int64_t>(rng() % longest);
+    for (int64_t& l : lengths) l = 1 + static_cast<int64_t>(rng() % cap);
     timed.push_back({std::move(lengths), 0});
   }
   std::vector<Batch> batches;
   for (size_t i = 0; i < timed.size(); ++i) {
     batches.push_back(SyntheticBatch(model, timed[i].lengths, o.seed + i));
   }
+  StepTimer timer(o.device);
   std::vector<std::vector<double>> seconds(timed.size());
-  for (int round = 0; round <= o.repeats; ++round) {
+  for (int round = 0; round < o.warmup + o.repeats; ++round) {
     for (size_t i = 0; i < timed.size(); ++i) {
-      const double start = ThreadSeconds();
-      auto step = (*gem)->ForwardBackward(batches[i]);
-      if (!step.ok()) return step.status();
-      if (round > 0) seconds[i].push_back(ThreadSeconds() - start);
+      absl::StatusOr<double> t = timer.Time(**gem, batches[i]);
+      if (!t.ok()) return t.status();
+      if (round >= o.warmup) seconds[i].push_back(*t);
     }
   }
   for (size_t i = 0; i < timed.size(); ++i) {

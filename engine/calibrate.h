@@ -7,8 +7,9 @@
 // lengths, and batches of mixed lengths); data::FitCostModelToBatches fits
 // per-sample, linear and quadratic (attention) weights to the batch times,
 // and batches of mixed lengths the fit never saw check its predictions.
-// CPU engine (the reference kernels); a GPU job needs the same timing on
-// its device. Not thread-safe (one model per call).
+// On the CPU engine (the reference kernels, for CPU jobs) or the CUDA engine
+// (GPU jobs: the step a GPU worker runs, timed on the device). Not
+// thread-safe (one model per call).
 
 #include <cstdint>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "data/cost_model.h"
 #include "engine/job_model.h"
+#include "kernels/tensor.h"
 
 namespace recfleet::engine {
 
@@ -27,11 +29,24 @@ struct CalibrationOptions {
   // batch once, so a slow moment of a shared machine touches all batches
   // alike instead of one length. The median per batch counts.
   int repeats = 9;
-  // Batches of mixed lengths (uniform in 1..longest length) the fit sees,
-  // and more held out to check it.
+  // Untimed rounds before them: the first steps of a CUDA model pick
+  // cuBLASLt algorithms and grow the memory pool.
+  int warmup = 1;
+  // Batches of mixed lengths the fit sees, and more held out to check it.
+  // Each batch draws its own cap uniform in [longest / 8, longest] and its
+  // lengths uniform in 1..cap, so the batches' total lengths differ (equal
+  // totals would check nothing but the per-batch mean).
   int fit_batches = 8;
   int check_batches = 8;
   uint64_t seed = 1;  // Ids, labels and lengths of the synthetic batches.
+  // kCpu: ForwardBackward on the reference kernels, timed in thread CPU
+  // seconds (other processes on the machine do not add to it).
+  // kCuda: the step a GPU worker runs (worker/single_rank_model.h:
+  // ForwardBackward then ApplyUpdates, the losses read back in between),
+  // timed with CUDA events on the engine's stream; the process's current
+  // CUDA device (engine/cuda_device.h).
+  Device device = Device::kCpu;
+  bool bf16 = true;  // kCuda: bf16 GEMMs and attention, as workers run by default.
 };
 
 struct Calibration {
@@ -41,11 +56,23 @@ struct Calibration {
   data::CostModel fit;
 };
 
-// Times every batch (thread CPU seconds of ForwardBackward, so other
-// processes on the machine do not add to it) and fits the cost model to
-// the one-length and mixed_fit batches. InvalidArgument for an empty
-// length list, batch_size or repeats < 1, fit_batches or check_batches
-// < 0, or a model without a sequence feature.
+// What `fit` predicts for a batch of samples with these lengths: the sum
+// of their costs (seconds), as BBS prices a base batch.
+double PredictedSeconds(const data::CostModel& fit, const std::vector<int64_t>& lengths);
+
+// The largest error |predicted - measured| / measured of `fit` over
+// `batches`, and the mean of those errors; {0, 0} for no batches.
+struct PredictionError {
+  double largest = 0;
+  double mean = 0;
+};
+PredictionError FitError(const data::CostModel& fit, const std::vector<data::BatchTime>& batches);
+
+// Times every batch (see CalibrationOptions::device) and fits the cost
+// model to the one-length and mixed_fit batches. InvalidArgument for an
+// empty length list, batch_size or repeats < 1, warmup, fit_batches or
+// check_batches < 0, or a model without a sequence feature; the CUDA
+// engine's errors (no device, out of memory) as they come.
 absl::StatusOr<Calibration> Calibrate(const JobModel& model, const CalibrationOptions& options);
 
 // Lengths worth timing for `model`: 1 up to its longest sequence

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "data/cost_model.h"
@@ -82,6 +83,48 @@ void CrossBranch(const v1::ModelSpec& m, GemLiteConfig& c, Problems& p) {
   if (a.rope()) p.Unsupported("model.cross.attention.rope", "no rotary embedding across two sequences");
   if (a.qk_norm()) p.Unsupported("model.cross.attention.qk_norm", "cross-attention has no QK-norm");
   if (a.bias()) p.Unsupported("model.cross.attention.bias", "GEM-lite has no learned attention bias");
+}
+
+// model.precision -> c.fp8, after the dense modules and features are known
+// (a recipe naming a module the model lacks is an error, not a no-op).
+void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfig& c, Problems& p) {
+  const v1::PrecisionRecipe& r = m.precision();
+  const std::string f = "model.precision";
+  const std::vector<std::string>& known = Fp8ModuleNames();
+  for (int i = 0; i < r.fp8_modules_size(); ++i) {
+    const std::string& name = r.fp8_modules(i);
+    const std::string field = absl::StrCat(f, ".fp8_modules[", i, "]");
+    const auto clash = std::find_if(c.fp8.modules.begin(), c.fp8.modules.end(), [&](const std::string& seen) {
+      return seen == name || absl::StartsWith(seen, name + ".") || absl::StartsWith(name, seen + ".");
+    });
+    if (name == "sequence" || name == "cross" || name == "pma") {
+      p.Unsupported(field, absl::StrCat("FP8 inside the attention blocks ('", name, "'); FP8 modules are ",
+                                        absl::StrJoin(known, ", ")));
+    } else if (std::find(known.begin(), known.end(), name) == known.end()) {
+      p.Bad(field, absl::StrCat("names no module: '", name, "'; one of ", absl::StrJoin(known, ", ")));
+    } else if (clash != c.fp8.modules.end()) {
+      p.Bad(field, absl::StrCat("'", name, "' repeats or overlaps '", *clash, "'"));
+    } else if (name == "dcn" && c.dcn_layers == 0) {
+      p.Bad(field, "names 'dcn' but spec.model.dense has no DCN module");
+    } else if (name == "dense_proj" && schema.num_dense == 0) {
+      p.Bad(field, "names 'dense_proj' but the model has no NUMERIC feature to project");
+    } else {
+      c.fp8.modules.push_back(name);
+    }
+  }
+  if (r.scale_granularity() == v1::PrecisionRecipe::MX_32X32) {
+    p.Unsupported(f + ".scale_granularity",
+                  "32x32 E8M0 blocks in the linear layers; use BLOCK_1X128_128X128 (1x128 activations, 128x128 weights)");
+  }
+  if (r.weight_gradient() == v1::PrecisionRecipe::FP8_HADAMARD_STOCHASTIC) {
+    p.Unsupported(f + ".weight_gradient", "Hadamard + stochastic rounding in the engine; use BF16 or FP8");
+  }
+  const bool tuned = r.scale_granularity() != v1::PrecisionRecipe::SCALE_GRANULARITY_UNSPECIFIED ||
+                     r.weight_gradient() != v1::PrecisionRecipe::WEIGHT_GRADIENT_UNSPECIFIED;
+  if (tuned && r.fp8_modules_size() == 0) {
+    p.Bad(f + ".fp8_modules", "is empty, so scale_granularity and weight_gradient apply to nothing; name modules");
+  }
+  c.fp8.fp8_weight_gradients = r.weight_gradient() == v1::PrecisionRecipe::FP8;
 }
 
 void DenseModules(const v1::ModelSpec& m, GemLiteConfig& c, Problems& p) {
@@ -241,6 +284,7 @@ absl::StatusOr<JobModel> BuildJobModel(const v1::JobSpec& spec) {
   CrossBranch(m, c, p);
   DenseModules(m, c, p);
   Heads(m, out, p);
+  Precision(m, out.schema, c, p);
   const v1::TrainingSpec& t = spec.training();
   if (t.dense_learning_rate() > 0) c.learning_rate = t.dense_learning_rate();
   if (t.sparse_learning_rate() > 0) c.adagrad_learning_rate = t.sparse_learning_rate();
@@ -262,7 +306,9 @@ std::string JobModel::DebugString() const {
                                config.expert_out, " tower=", config.tower_hidden,
                                " mlp_activation=", static_cast<int>(config.mlp_activation),
                                " lr=", config.learning_rate, " wd=", config.weight_decay,
-                               " adagrad_lr=", config.adagrad_learning_rate, " seed=", config.seed, "\n");
+                               " adagrad_lr=", config.adagrad_learning_rate, " seed=", config.seed,
+                               " fp8=", absl::StrJoin(config.fp8.modules, ","),
+                               " fp8_wgrad=", config.fp8.fp8_weight_gradients, "\n");
   for (const auto& t : schema.tables) absl::StrAppend(&s, "table ", t.name, " rows=", t.rows, "\n");
   for (size_t i = 0; i < schema.id_lists.size(); ++i) {
     const auto& f = schema.id_lists[i];
@@ -341,6 +387,11 @@ absl::Status CheckBuildable(const v1::JobSpec& spec) {
     problems.push_back(
         "spec.resources.workers: a GPU job (gpus_per_worker = 1) trains on one GPU for now (GPU ranks do not "
         "exchange gradients yet); set workers = 1, or gpus_per_worker = 0 to train on several CPU workers");
+  }
+  if (spec.model().precision().fp8_modules_size() > 0 && spec.resources().gpus_per_worker() == 0) {
+    problems.push_back(
+        "spec.model.precision.fp8_modules: FP8 needs a GPU job (resources.gpus_per_worker = 1); CPU workers "
+        "compute in fp32, so leave fp8_modules empty");
   }
   if (spec.parallelism().expert_parallel()) {
     problems.push_back(

@@ -124,6 +124,80 @@ TEST(JobModelTest, RejectsWhatGemLiteDoesNotBuildYet) {
   EXPECT_TRUE(CheckBuildable(Spec()).ok()) << CheckBuildable(Spec());
 }
 
+// model.precision: the named modules' linear layers run FP8 on a GPU job;
+// a recipe the engine cannot honor is refused by field, never dropped.
+TEST(JobModelTest, PrecisionRecipeIsBuiltOrRefusedByField) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_resources()->set_gpus_per_worker(1);
+  v1::PrecisionRecipe* r = spec.mutable_model()->mutable_precision();
+  r->add_fp8_modules("dcn");
+  r->add_fp8_modules("moe.experts.l1");
+  r->set_weight_gradient(v1::PrecisionRecipe::FP8);
+  absl::StatusOr<JobModel> m = BuildJobModel(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config.fp8.modules, (std::vector<std::string>{"dcn", "moe.experts.l1"}));
+  EXPECT_TRUE(m->config.fp8.fp8_weight_gradients);
+  EXPECT_TRUE(m->config.fp8.Holds("dcn0"));
+  EXPECT_TRUE(m->config.fp8.Holds("moe.expert1.l1"));
+  EXPECT_FALSE(m->config.fp8.Holds("moe.expert1.l2"));  // The late layer stays bf16.
+  EXPECT_FALSE(m->config.fp8.Holds("moe.gate"));
+  EXPECT_FALSE(m->config.fp8.Holds("ctr.l1"));
+  EXPECT_FALSE(m->config.fp8.Holds("seq0.q"));
+  EXPECT_TRUE(CheckBuildable(spec).ok()) << CheckBuildable(spec);
+  EXPECT_NE(m->DebugString(), BuildJobModel(Spec())->DebugString());
+
+  struct Case {
+    std::function<void(v1::PrecisionRecipe&)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::PrecisionRecipe& p) { p.add_fp8_modules("mlp"); },
+       "spec.model.precision.fp8_modules[0] names no module: 'mlp'; one of dense_proj, dcn"},
+      {[](v1::PrecisionRecipe& p) { p.add_fp8_modules("sequence"); },
+       "spec.model.precision.fp8_modules[0]: not supported yet (FP8 inside the attention blocks"},
+      {[](v1::PrecisionRecipe& p) {
+         p.add_fp8_modules("moe.experts");
+         p.add_fp8_modules("moe.experts.l2");
+       },
+       "spec.model.precision.fp8_modules[1] 'moe.experts.l2' repeats or overlaps 'moe.experts'"},
+      {[](v1::PrecisionRecipe& p) {
+         p.add_fp8_modules("towers");
+         p.set_scale_granularity(v1::PrecisionRecipe::MX_32X32);
+       },
+       "spec.model.precision.scale_granularity: not supported yet"},
+      {[](v1::PrecisionRecipe& p) {
+         p.add_fp8_modules("towers");
+         p.set_weight_gradient(v1::PrecisionRecipe::FP8_HADAMARD_STOCHASTIC);
+       },
+       "spec.model.precision.weight_gradient: not supported yet"},
+      {[](v1::PrecisionRecipe& p) { p.set_weight_gradient(v1::PrecisionRecipe::FP8); },
+       "spec.model.precision.fp8_modules is empty, so scale_granularity and weight_gradient apply to nothing"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec bad = Spec();
+    bad.mutable_resources()->set_gpus_per_worker(1);
+    c.change(*bad.mutable_model()->mutable_precision());
+    const absl::Status st = BuildJobModel(bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_NE(st.message().find(c.message), std::string::npos) << st.message();
+  }
+  // A module the model lacks: no DCN, no numeric features.
+  v1::JobSpec no_dcn = Spec();
+  no_dcn.mutable_model()->mutable_dense()->DeleteSubrange(0, 1);
+  no_dcn.mutable_model()->mutable_precision()->add_fp8_modules("dcn");
+  EXPECT_NE(BuildJobModel(no_dcn).status().message().find("names 'dcn' but spec.model.dense has no DCN module"),
+            std::string::npos)
+      << BuildJobModel(no_dcn).status();
+  // FP8 on a CPU job: CreateJob refuses it; the CPU engine refuses it too.
+  spec.mutable_resources()->set_gpus_per_worker(0);
+  EXPECT_NE(CheckBuildable(spec).message().find("spec.model.precision.fp8_modules: FP8 needs a GPU job"),
+            std::string::npos)
+      << CheckBuildable(spec);
+  const absl::Status cpu = GemLite<float>::Create(m->config, m->schema).status();
+  EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(cpu.message().find("need device cuda"), std::string::npos) << cpu;
+}
+
 TEST(JobModelTest, DataConfigComesFromTheSpec) {
   v1::JobSpec spec = Spec();
   spec.mutable_data()->set_local_batch_size(256);

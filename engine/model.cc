@@ -60,7 +60,7 @@ struct GemLite<T>::Impl {
         num_tokens(static_cast<int64_t>(s.id_lists.size()) + (s.num_dense > 0 ? 1 : 0)),
         interaction_dim((num_tokens + c.pma_queries) * c.dim),
         params(kDType<T>, c.seed, allocator),
-        ctx(MakeContext(e, allocator, &params, &flops, &phases)),
+        ctx(MakeContext(c, e, allocator, &params, &flops, &phases)),
         sparse(ctx, s, c.dim, st, c.seed, c.embedding_init_std),
         bce{layers::BinaryCrossEntropy(ctx), layers::BinaryCrossEntropy(ctx)} {
     const int64_t d = c.dim;
@@ -88,14 +88,19 @@ struct GemLite<T>::Impl {
     }
   }
 
-  static layers::LayerContext MakeContext(const ExecutionOptions& e, Allocator* allocator,
-                                          layers::ParameterRegistry* params,
+  static layers::LayerContext MakeContext(const GemLiteConfig& c, const ExecutionOptions& e,
+                                          Allocator* allocator, layers::ParameterRegistry* params,
                                           layers::FlopCounter* flops,
                                           const layers::PhaseHook* phases) {
     layers::LayerContext ctx{kDType<T>, allocator, params, flops, phases};
     if (e.bf16) {
       ctx.recipe = LinearRecipe{GemmPrecision::kBf16, GemmPrecision::kBf16, GemmPrecision::kBf16};
       ctx.bf16_attention = true;
+    }
+    if (!c.fp8.empty()) {
+      ctx.linear_recipe_of = [fp8 = c.fp8, base = ctx.recipe](const std::string& linear) {
+        return fp8.Holds(linear) ? fp8.Recipe() : base;
+      };
     }
     return ctx;
   }
@@ -443,6 +448,11 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
     allocator = *cuda;
   } else if (execution.bf16) {
     return absl::InvalidArgumentError("bf16 execution needs device cuda");
+  }
+  if (!config.fp8.empty() && execution.device != Device::kCuda) {
+    return absl::InvalidArgumentError(
+        "FP8 linear layers (model.precision.fp8_modules) need device cuda; the CPU engine computes "
+        "in fp32");
   }
   return std::unique_ptr<GemLite<T>>(
       new GemLite<T>(std::make_unique<Impl>(config, schema, storage, execution, allocator)));

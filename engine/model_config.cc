@@ -1,7 +1,11 @@
 #include "engine/model_config.h"
 
+#include <algorithm>
+
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace recfleet::engine {
 namespace {
@@ -12,6 +16,33 @@ absl::Status Bad(absl::string_view field, absl::string_view expected, double got
 }
 
 }  // namespace
+
+const std::vector<std::string>& Fp8ModuleNames() {
+  static const std::vector<std::string>* names = new std::vector<std::string>{
+      "dense_proj", "dcn", "moe.gate", "moe.experts", "moe.experts.l1", "moe.experts.l2", "towers"};
+  return *names;
+}
+
+bool Fp8Recipe::Holds(const std::string& linear) const {
+  // Linear names as engine/model.cc and engine/layers/ give them.
+  const bool expert = absl::StartsWith(linear, "moe.expert");
+  for (const std::string& m : modules) {
+    if ((m == "dense_proj" && linear == "dense_proj") || (m == "moe.gate" && linear == "moe.gate") ||
+        (m == "dcn" && absl::StartsWith(linear, "dcn")) ||
+        (m == "moe.experts" && expert) ||
+        (m == "moe.experts.l1" && expert && absl::EndsWith(linear, ".l1")) ||
+        (m == "moe.experts.l2" && expert && absl::EndsWith(linear, ".l2")) ||
+        (m == "towers" && (absl::StartsWith(linear, "ctr.") || absl::StartsWith(linear, "cvr.")))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+LinearRecipe Fp8Recipe::Recipe() const {
+  return LinearRecipe{GemmPrecision::kFp8Block, GemmPrecision::kFp8Block,
+                      fp8_weight_gradients ? GemmPrecision::kFp8Block : GemmPrecision::kBf16};
+}
 
 absl::Status GemLiteConfig::Validate() const {
   if (dim < 1) return Bad("dim", ">= 1", dim);
@@ -33,6 +64,13 @@ absl::Status GemLiteConfig::Validate() const {
   if (!(weight_decay >= 0)) return Bad("weight_decay", ">= 0", weight_decay);
   if (!(adagrad_learning_rate >= 0)) return Bad("adagrad_learning_rate", ">= 0", adagrad_learning_rate);
   if (!(embedding_init_std > 0)) return Bad("embedding_init_std", "> 0", embedding_init_std);
+  for (const std::string& m : fp8.modules) {
+    const std::vector<std::string>& known = Fp8ModuleNames();
+    if (std::find(known.begin(), known.end(), m) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.fp8.modules: unknown module '", m,
+                                                     "'; one of ", absl::StrJoin(known, ", ")));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -10,13 +10,36 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/attention/attention.h"
+#include "kernels/gemm/linear.h"
 #include "kernels/ops/activation.h"
 
 namespace recfleet::engine {
+
+// The linear layers that run FP8 (the JobSpec's model.precision, see
+// proto/recfleet/v1/job.proto PrecisionRecipe): by module, with 1x128 /
+// 128x128 block scales (LinearRecipe's kFp8Block). Every other linear layer
+// keeps the model's precision. CUDA only.
+struct Fp8Recipe {
+  // PrecisionRecipe.fp8_modules names: "dense_proj", "dcn", "moe.gate",
+  // "moe.experts", "moe.experts.l1", "moe.experts.l2", "towers".
+  std::vector<std::string> modules;
+  bool fp8_weight_gradients = false;  // Else the FP8 modules' dW GEMMs run bf16.
+
+  bool empty() const { return modules.empty(); }
+  // Whether the linear layer named `linear` (its parameter name without
+  // ".w": "dcn0", "moe.expert3.l1", "ctr.l1") belongs to a named module.
+  bool Holds(const std::string& linear) const;
+  // The GEMM recipe of an FP8 layer.
+  LinearRecipe Recipe() const;
+};
+
+// The module names Fp8Recipe::modules accepts, in the model's forward order.
+const std::vector<std::string>& Fp8ModuleNames();
 
 struct GemLiteConfig {
   // Width of every embedding and token; a multiple of `heads`.
@@ -55,6 +78,8 @@ struct GemLiteConfig {
   double adagrad_learning_rate = 0.05;
   double embedding_init_std = 0.05;
   uint64_t seed = 1;
+
+  Fp8Recipe fp8;  // Linear layers in FP8 (CUDA); empty: none.
 
   // InvalidArgument naming the first bad field and its accepted range.
   absl::Status Validate() const;

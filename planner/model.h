@@ -95,6 +95,9 @@ struct PrecisionRecipe {
   // boundary halve their bytes.
   bool fp8_kept_activations = false;
   double fp8_speedup = 2.0;  // FP8 GEMM peak over bf16.
+  // The recipe as the job states it (JobSpec model.precision), shown in the
+  // plan's decisions; empty: no per-layer recipe given.
+  std::string recipe;
 };
 
 // Fractions of peak each kind of work reaches (measured per layer on one

@@ -602,6 +602,16 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
                                     GiBText(full), GiBText(ctx.usable - other), GiBText(other),
                                     MsText(ev.step.recompute_s))});
   }
+  // The job's per-layer precision recipe, as the step estimate used it.
+  if (!request.precision.recipe.empty()) {
+    plan.decisions.push_back(
+        {"precision", request.precision.recipe,
+         absl::StrFormat("the job's recipe (model.precision); GEMMs of %s estimated at %.1fx the bf16 rate",
+                         request.precision.fp8_modules.empty()
+                             ? std::string("no planned module")
+                             : absl::StrJoin(request.precision.fp8_modules, ", "),
+                         request.precision.fp8_speedup)});
+  }
   // What the hints cost against the planner's own best.
   if (!hints_text.empty()) {
     Decision dec{"parallelism hints", hints_text};

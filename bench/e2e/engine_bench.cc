@@ -17,10 +17,17 @@
 // batch that fits: k file batches concatenated into one, k doubling until
 // the device is out of memory, then bisected (bounded by that many
 // seconds).
+// --fp8 MODULES (comma list, model.precision.fp8_modules of the spec, e.g.
+// "dcn,moe.experts") and --fp8-wgrad bf16|fp8 set the spec's per-layer
+// precision recipe before the model is built; --eval-batches N holds the
+// file's last N batches out of training and reports the CTR head's eval NE
+// and AUC on them right after the timed steps (the same steps for every
+// recipe).
 //
 //   engine_bench --job config_a.yaml --batches batches.bin --json out.json
 //                [--steps 20] [--warmup 5] [--profile-steps 3]
 //                [--precision bf16|fp32] [--search-s 60]
+//                [--fp8 MODULES] [--fp8-wgrad bf16|fp8] [--eval-batches N]
 
 #include <cuda_runtime_api.h>
 
@@ -36,10 +43,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "bench/e2e/batch_file.h"
 #include "bench/e2e/gpu_busy.h"
 #include "cli/jobs/spec_file.h"
 #include "engine/job_model.h"
+#include "engine/metrics.h"
 #include "engine/model.h"
 #include "engine/tensor.h"
 
@@ -130,8 +139,8 @@ int Fail(const std::string& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string job, batches_path, json, precision = "bf16";
-  int steps = 20, warmup = 5, profile_steps = 3;
+  std::string job, batches_path, json, precision = "bf16", fp8, fp8_wgrad = "bf16";
+  int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0;
   double search_s = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -143,6 +152,14 @@ int main(int argc, char** argv) {
       json = v;
     } else if (a == "--precision") {
       precision = v;
+    } else if (a == "--fp8") {
+      fp8 = v;
+    } else if (a == "--fp8-wgrad") {
+      fp8_wgrad = v;
+    } else if (a == "--eval-batches") {
+      if (!absl::SimpleAtoi(v, &eval_batches) || eval_batches < 0) {
+        return Fail("--eval-batches needs an integer >= 0");
+      }
     } else if (a == "--steps") {
       if (!absl::SimpleAtoi(v, &steps) || steps < 1) return Fail("--steps needs an integer >= 1");
     } else if (a == "--profile-steps") {
@@ -159,17 +176,28 @@ int main(int argc, char** argv) {
   }
   if (job.empty() || batches_path.empty()) {
     return Fail("usage: engine_bench --job SPEC.yaml --batches FILE [--json OUT] [--steps N] "
-                "[--warmup N] [--precision bf16|fp32]");
+                "[--warmup N] [--precision bf16|fp32] [--fp8 MODULES] [--fp8-wgrad bf16|fp8] "
+                "[--eval-batches N]");
   }
   if (precision != "bf16" && precision != "fp32") return Fail("--precision is bf16 or fp32");
+  if (fp8_wgrad != "bf16" && fp8_wgrad != "fp8") return Fail("--fp8-wgrad is bf16 or fp8");
   absl::StatusOr<recfleet::v1::JobSpec> spec = recfleet::cli::LoadJobSpec(job);
   if (!spec.ok()) return Fail(std::string(spec.status().message()));
+  recfleet::v1::PrecisionRecipe* recipe = spec->mutable_model()->mutable_precision();
+  for (absl::string_view module : absl::StrSplit(fp8, ',', absl::SkipEmpty())) {
+    recipe->add_fp8_modules(std::string(module));
+  }
+  if (fp8_wgrad == "fp8") recipe->set_weight_gradient(recfleet::v1::PrecisionRecipe::FP8);
   absl::StatusOr<recfleet::engine::JobModel> model = recfleet::engine::BuildJobModel(*spec);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   absl::StatusOr<std::vector<recfleet::engine::Batch>> batches =
       recfleet::bench::ReadBatchFile(batches_path);
   if (!batches.ok()) return Fail(std::string(batches.status().message()));
-  if (batches->empty()) return Fail("the batch file holds no batches");
+  if (static_cast<int>(batches->size()) <= eval_batches) {
+    return Fail("the batch file needs more batches than --eval-batches");
+  }
+  // Training cycles over the first `train` batches; the rest are for eval.
+  const size_t train = batches->size() - eval_batches;
 
   recfleet::engine::ExecutionOptions exec;
   exec.device = recfleet::Device::kCuda;
@@ -200,11 +228,11 @@ int main(int argc, char** argv) {
       if (!recfleet::engine::ResetCudaMemoryPeak().ok()) return Fail("memory peak reset");
       CUDA_OR_FAIL(cudaEventRecord(marks[0], nullptr));
     }
-    const recfleet::engine::Batch& b = (*batches)[s % batches->size()];
+    const recfleet::engine::Batch& b = (*batches)[s % train];
     absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
     if (!r.ok()) return Fail(std::string(r.status().message()));
     if (s + 1 < total) {
-      if (absl::Status p = m.Prefetch((*batches)[(s + 1) % batches->size()]); !p.ok()) {
+      if (absl::Status p = m.Prefetch((*batches)[(s + 1) % train]); !p.ok()) {
         return Fail(std::string(p.message()));
       }
     }
@@ -230,6 +258,25 @@ int main(int argc, char** argv) {
     ms.push_back(t);
   }
   for (cudaEvent_t& e : marks) cudaEventDestroy(e);
+  // Eval NE / AUC of the CTR head on the held-out batches, after exactly
+  // warmup + steps training steps.
+  std::string eval = "null";
+  if (eval_batches > 0) {
+    std::vector<double> logits, labels;
+    for (size_t i = train; i < batches->size(); ++i) {
+      const Batch& b = (*batches)[i];
+      absl::StatusOr<std::vector<double>> z = m.Predict(b, recfleet::engine::Head::kCtr);
+      if (!z.ok()) return Fail(std::string(z.status().message()));
+      logits.insert(logits.end(), z->begin(), z->end());
+      labels.insert(labels.end(), b.ctr_labels.begin(), b.ctr_labels.end());
+    }
+    absl::StatusOr<recfleet::engine::BinaryMetrics> metrics =
+        recfleet::engine::ComputeBinaryMetrics(logits, labels);
+    if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
+    eval = absl::StrFormat("{\"samples\": %lld, \"ctr_ne\": %.6f, \"ctr_auc\": %.6f}",
+                           static_cast<long long>(metrics->count), metrics->normalized_entropy,
+                           metrics->auc);
+  }
   absl::StatusOr<recfleet::engine::DeviceMemoryStats> mem = recfleet::engine::CudaMemoryStats();
   if (!mem.ok()) return Fail(std::string(mem.status().message()));
   double total_ms = 0, total_flops = 0, total_samples = 0;
@@ -250,10 +297,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "GPU idle not measured: %s\n", std::string(meter.status().message()).c_str());
     } else {
       for (int s = 0; s < idle_steps; ++s) {
-        const recfleet::engine::Batch& b = (*batches)[(total + s) % batches->size()];
+        const recfleet::engine::Batch& b = (*batches)[(total + s) % train];
         absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
         if (!r.ok()) return Fail(std::string(r.status().message()));
-        if (absl::Status p = m.Prefetch((*batches)[(total + s + 1) % batches->size()]); !p.ok()) {
+        if (absl::Status p = m.Prefetch((*batches)[(total + s + 1) % train]); !p.ok()) {
           return Fail(std::string(p.message()));
         }
         if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
@@ -293,7 +340,7 @@ int main(int argc, char** argv) {
   double profiled_ms = 0, host_issue_ms = 0;
   if (profile_steps > 0) m.SetPhaseTimer(&timer);
   for (int s = 0; s < profile_steps; ++s) {
-    const Batch& b = (*batches)[(total + s) % batches->size()];
+    const Batch& b = (*batches)[(total + s) % train];
     CUDA_OR_FAIL(cudaEventRecord(begin, nullptr));
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
@@ -332,7 +379,7 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     auto fits = [&](size_t k) {
       std::vector<Batch> parts;
-      for (size_t i = 0; i < k; ++i) parts.push_back((*batches)[i % batches->size()]);
+      for (size_t i = 0; i < k; ++i) parts.push_back((*batches)[i % train]);
       const Batch big = Concat(parts);
       absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(big);
       absl::Status st = r.status();
@@ -374,12 +421,12 @@ int main(int argc, char** argv) {
       "\"mean_step_ms\": %.3f, \"useful_flops_per_step\": %.6g, \"tflops\": %.2f, "
       "\"mfu_989\": %.4f, \"mfu_790\": %.4f, \"peak_memory_bytes\": %llu, "
       "\"reserved_memory_bytes\": %llu, \"last_loss\": %.5f, \"phases\": %s, \"gpu_idle\": %s, "
-      "\"largest_batch_fitting\": %lld}",
+      "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s}",
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
       static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle,
-      static_cast<long long>(largest));
+      static_cast<long long>(largest), fp8, fp8_wgrad, eval);
   std::printf("%s\n", out.c_str());
   if (!json.empty()) std::ofstream(json) << out << "\n";
   return 0;

@@ -19,6 +19,9 @@
 // and not movable (the parameter registry holds pointers into them).
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "engine/tensor.h"
@@ -94,11 +97,16 @@ struct LayerContext {
   // converted from the fp32 activations and the gradients back); false (or
   // another head dim) keeps the attention in the activations' dtype.
   bool bf16_attention = false;
+  // Per-layer exceptions to `recipe` (the job's precision recipe, e.g. FP8
+  // expert MLPs): the recipe of the linear layer named `name`. Unset:
+  // `recipe` for every layer. AllBf16Linears speaks of `recipe` only.
+  std::function<LinearRecipe(const std::string& name)> linear_recipe_of;
 
   // Every GEMM of every linear layer in bf16 (the CUDA bf16 mode).
-  bool AllBf16Linears() const {
-    return recipe.forward == GemmPrecision::kBf16 && recipe.dgrad == GemmPrecision::kBf16 &&
-           recipe.wgrad == GemmPrecision::kBf16;
+  bool AllBf16Linears() const { return AllBf16(recipe); }
+  static bool AllBf16(const LinearRecipe& r) {
+    return r.forward == GemmPrecision::kBf16 && r.dgrad == GemmPrecision::kBf16 &&
+           r.wgrad == GemmPrecision::kBf16;
   }
 };
 

@@ -9,13 +9,39 @@
 #include "common/status_macros.h"
 
 namespace recfleet::engine::layers {
+namespace {
+
+bool HasFp8(const LinearRecipe& r) {
+  return r.forward == GemmPrecision::kFp8Block || r.dgrad == GemmPrecision::kFp8Block ||
+         r.wgrad == GemmPrecision::kFp8Block;
+}
+
+}  // namespace
 
 Linear::Linear(const LayerContext& ctx, const std::string& name, int64_t in, int64_t out,
                bool bias)
-    : ctx_(ctx), in_(in), out_(out), has_bias_(bias) {
+    : ctx_(ctx),
+      recipe_(ctx.linear_recipe_of ? ctx.linear_recipe_of(name) : ctx.recipe),
+      in_(in),
+      out_(out),
+      has_bias_(bias) {
   ctx.parameters->Register(&w_, name + ".w", {out, in},
                            ParameterInit{1.0 / std::sqrt(static_cast<double>(in)), 0.0});
   if (bias) ctx.parameters->Register(&b_, name + ".b", {out}, ParameterInit{});
+  // The FP8 GEMMs need K and N divisible by 16 (a head's 1-wide logit is
+  // not): such a layer keeps the model's recipe.
+  if (HasFp8(recipe_) && (in % 16 != 0 || out % 16 != 0)) recipe_ = ctx.recipe;
+  if (HasFp8(recipe_) && ctx.allocator->device() == Device::kCuda) {
+    fp8_ = std::make_unique<LinearContext>();
+  }
+}
+
+const LinearRecipe& Linear::RecipeFor(int64_t rows) const {
+  return HasFp8(recipe_) && rows % 16 != 0 ? ctx_.recipe : recipe_;
+}
+
+LinearContext* Linear::Fp8ContextFor(int64_t rows) const {
+  return HasFp8(RecipeFor(rows)) ? fp8_.get() : nullptr;
 }
 
 absl::Status Linear::Forward(const TensorView& x, Tensor* y) { return Forward(x, y, ctx_.dtype); }
@@ -38,7 +64,10 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
   if (ctx_.flops != nullptr) ctx_.flops->linear += 2.0 * rows * in_ * out_;
   const TensorView bias = has_bias_ ? b_.value.view() : TensorView();
   if (!forward_shared_) {
-    return LinearForward(Reshaped(x, {rows, in_}), w_.value.view(), bias, y->view(), ctx_.recipe);
+    // The weight may have changed since the last step: quantize it anew.
+    if (fp8_ != nullptr) fp8_->InvalidateWeight();
+    return LinearForward(Reshaped(x, {rows, in_}), w_.value.view(), bias, y->view(),
+                         RecipeFor(rows), /*stream=*/nullptr, Fp8ContextFor(rows));
   }
   TensorView x_op = Reshaped(x, {rows, in_});
   if (x.dtype != DType::kBFloat16) {
@@ -48,12 +77,13 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
   }
   RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, {out_, in_}, &w_bf16_));
   RECFLEET_RETURN_IF_ERROR(ops::Convert(w_.value.view(), w_bf16_.view()));
-  return LinearForward(x_op, w_bf16_.view(), bias, y->view(), ctx_.recipe);
+  return LinearForward(x_op, w_bf16_.view(), bias, y->view(), RecipeFor(rows));
 }
 
 bool Linear::SharesBf16Operands(const TensorView& x) const {
   return x.device == Device::kCuda &&
-         (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16) && ctx_.AllBf16Linears();
+         (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16) &&
+         LayerContext::AllBf16(RecipeFor(x.dim(0)));
 }
 
 absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool accumulate) {
@@ -75,15 +105,23 @@ absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool a
       RECFLEET_RETURN_IF_ERROR(LinearBackwardBias(dy2, b_.grad.view(), /*accumulate=*/true));
     }
   }
-  RECFLEET_RETURN_IF_ERROR(LinearBackwardWeight(
-      dy_op, x_op, w_.grad.view(), has_bias_ && !shared ? b_.grad.view() : TensorView(),
-      /*accumulate=*/true, ctx_.recipe));
+  // dgrad before wgrad: with an FP8 weight gradient, the FP8 context keeps
+  // dy^T from the dgrad for the wgrad that follows; in the other order that
+  // copy would outlive the step and match the next step's dy (the pool
+  // hands out the same address) in place of its new values.
   absl::Status status;
   if (dx.data != nullptr) {
     // A fan-in (`accumulate`) is summed in the GEMM's epilogue.
     const TensorView dx2 = Reshaped(dx, {rows, in_});
-    status = accumulate ? LinearBackwardInputAccumulate(dy_op, w_op, dx2, ctx_.recipe)
-                        : LinearBackwardInput(dy_op, w_op, dx2, ctx_.recipe);
+    status = accumulate ? LinearBackwardInputAccumulate(dy_op, w_op, dx2, RecipeFor(rows),
+                                                        /*stream=*/nullptr, Fp8ContextFor(rows))
+                        : LinearBackwardInput(dy_op, w_op, dx2, RecipeFor(rows), /*stream=*/nullptr,
+                                              Fp8ContextFor(rows));
+  }
+  if (status.ok()) {
+    status = LinearBackwardWeight(
+        dy_op, x_op, w_.grad.view(), has_bias_ && !shared ? b_.grad.view() : TensorView(),
+        /*accumulate=*/true, RecipeFor(rows), /*stream=*/nullptr, Fp8ContextFor(rows));
   }
   // The copies are step-sized: give them back to the pool (stream-ordered,
   // so the GEMMs above still read them) for the layers whose backward comes

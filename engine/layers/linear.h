@@ -8,6 +8,7 @@
 // empty) are valid and compute nothing.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -20,7 +21,8 @@ namespace recfleet::engine::layers {
 class Linear {
  public:
   // Registers `name`.w [out, in] (N(0, 1/in)) and, with bias, `name`.b
-  // [out] (zeros).
+  // [out] (zeros). Its GEMMs run ctx.linear_recipe_of(name) when set (the
+  // job's per-layer recipe), else ctx.recipe; see RecipeFor.
   Linear(const LayerContext& ctx, const std::string& name, int64_t in, int64_t out, bool bias);
   Linear(const Linear&) = delete;
   Linear& operator=(const Linear&) = delete;
@@ -51,8 +53,17 @@ class Linear {
   // numerics equal the unshared path's.
   bool SharesBf16Operands(const TensorView& x) const;
   bool forward_shared_ = false;  // The last Forward took the shared path.
+  // The one place the layer's precision is decided: its own recipe, except
+  // that an FP8 layer runs a call of `rows` rows the FP8 GEMMs cannot take
+  // (not a multiple of 16, e.g. an eval batch) at ctx.recipe. The FP8
+  // context (quantized W and W^T once per Forward, X^T kept for the weight
+  // gradient) comes with the FP8 calls; null otherwise.
+  const LinearRecipe& RecipeFor(int64_t rows) const;
+  LinearContext* Fp8ContextFor(int64_t rows) const;
 
   LayerContext ctx_;
+  LinearRecipe recipe_;
+  std::unique_ptr<LinearContext> fp8_;  // CUDA, when recipe_ has an FP8 GEMM.
   int64_t in_, out_;
   bool has_bias_;
   Parameter w_, b_;

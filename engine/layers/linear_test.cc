@@ -1,8 +1,11 @@
 #include "engine/layers/linear.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "engine/layers/test_util.h"
+#include "kernels/gemm/linear.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -88,6 +91,51 @@ TEST(LinearTest, ZeroRowsComputeNothing) {
   ASSERT_TRUE(l.Forward(x.view(), &y).ok());
   EXPECT_EQ(y.shape(), (Shape{0, 3}));
   EXPECT_TRUE(l.Backward(y.view(), x.view(), false).ok());
+}
+
+// The job's per-layer recipe (ctx.linear_recipe_of) picks each layer's
+// GEMMs by name: the named layer computes exactly what the FP8 kernels
+// compute (the CPU reference quantizes the same way), another layer keeps
+// ctx.recipe, and a call whose rows the FP8 GEMMs cannot take (not a
+// multiple of 16) or a layer too narrow for them runs at ctx.recipe too.
+TEST(LinearTest, PerLayerRecipeByName) {
+  ParameterRegistry registry(DType::kFloat64, 3);
+  LayerContext ctx = Fp64Context(&registry);
+  const LinearRecipe fp8{GemmPrecision::kFp8Block, GemmPrecision::kFp8Block,
+                         GemmPrecision::kBf16};
+  ctx.linear_recipe_of = [&](const std::string& name) {
+    return name == "fp8" || name == "narrow" ? fp8 : ctx.recipe;
+  };
+  Linear named(ctx, "fp8", 32, 32, true), other(ctx, "other", 32, 32, true);
+  Linear narrow(ctx, "narrow", 32, 1, false);
+  std::copy_n(named.weight().value.data<double>(), 32 * 32, other.weight().value.data<double>());
+  auto expect = [&](Linear& l, const Tensor& x, const LinearRecipe& recipe) {
+    Tensor y, want = Tensor::HostZeros(DType::kFloat64, {x.shape()[0], l.out()});
+    ASSERT_TRUE(l.Forward(x.view(), &y).ok());
+    const TensorView bias = l.bias() != nullptr ? l.bias()->value.view() : TensorView();
+    ASSERT_TRUE(LinearForward(x.view(), l.weight().value.view(), bias, want.view(), recipe).ok());
+    EXPECT_EQ(Values(y.view()), Values(want.view())) << x.shape()[0] << " rows";
+  };
+  const Tensor x32 = RandomTensor({32, 32}, 4), x5 = RandomTensor({5, 32}, 5);
+  expect(named, x32, fp8);
+  expect(named, x5, ctx.recipe);
+  expect(other, x32, ctx.recipe);
+  expect(narrow, x32, ctx.recipe);
+  // FP8 changes the result (E4M3 keeps 3 mantissa bits): the recipe is not
+  // a no-op.
+  Tensor a, b;
+  ASSERT_TRUE(named.Forward(x32.view(), &a).ok());
+  ASSERT_TRUE(other.Forward(x32.view(), &b).ok());
+  EXPECT_NE(Values(a.view()), Values(b.view()));
+  // The backward runs the same recipe (dgrad FP8, wgrad as the recipe says).
+  Tensor dy = RandomTensor({32, 32}, 6);
+  Tensor dx = Tensor::HostZeros(DType::kFloat64, {32, 32});
+  Tensor want = Tensor::HostZeros(DType::kFloat64, {32, 32});
+  ASSERT_TRUE(named.Forward(x32.view(), &a).ok());
+  ASSERT_TRUE(registry.ZeroGradients().ok());
+  ASSERT_TRUE(named.Backward(dy.view(), dx.view(), false).ok());
+  ASSERT_TRUE(LinearBackwardInput(dy.view(), named.weight().value.view(), want.view(), fp8).ok());
+  EXPECT_EQ(Values(dx.view()), Values(want.view()));
 }
 
 TEST(RmsNormTest, ForwardByHandAndBackward) {

@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "planner/planner.h"
 
@@ -201,6 +203,7 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
   }
 
   int64_t width = input_width;
+  std::string dcn_module, expert_module;  // Planner names of the spec's DCN and MoE/MLP.
   for (int i = 0; i < model.dense_size(); ++i) {
     const v1::DenseModule& dm = model.dense(i);
     planner::DenseModule m;
@@ -236,6 +239,7 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
             absl::StrCat("spec.model.dense[", i, "]: one of mlp, dcn or moe is required"));
     }
     if (!dm.name().empty()) m.name = dm.name();
+    (dm.has_dcn() ? dcn_module : expert_module) = m.name;
     request.model.modules.push_back(m);
   }
 
@@ -247,6 +251,27 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
     dims.push_back(1);
     FillMlp(width, dims, &m);
     request.model.modules.push_back(m);
+  }
+
+  // The engine's FP8 modules (engine/model_config.h Fp8Recipe) as the
+  // planner's modules; the numeric projection has no module of its own.
+  const v1::PrecisionRecipe& precision = model.precision();
+  for (const std::string& name : precision.fp8_modules()) {
+    if (name == "dcn" && !dcn_module.empty()) request.precision.fp8_modules.insert(dcn_module);
+    if (absl::StartsWith(name, "moe.") && !expert_module.empty()) {
+      request.precision.fp8_modules.insert(expert_module);
+    }
+    if (name == "towers") {
+      for (const planner::DenseModule& m : request.model.modules) {
+        if (absl::StartsWith(m.name, "head.")) request.precision.fp8_modules.insert(m.name);
+      }
+    }
+  }
+  if (precision.fp8_modules_size() > 0) {
+    request.precision.recipe = absl::StrCat(
+        "FP8 (E4M3, 1x128 activation / 128x128 weight scales) in ", absl::StrJoin(precision.fp8_modules(), ", "),
+        "; weight gradients ",
+        precision.weight_gradient() == v1::PrecisionRecipe::FP8 ? "FP8" : "bf16", "; every other layer bf16");
   }
 
   const v1::ParallelismHints& hints = spec.parallelism();

@@ -188,6 +188,38 @@ TEST(PlanAdapterTest, SmallCpuGangsOfAnySizePlan) {
   }
 }
 
+// The job's precision recipe reaches the planner: its FP8 modules are
+// estimated at the FP8 rate (a shorter step) and the plan states the recipe.
+TEST(PlanAdapterTest, PrecisionRecipeIsPlannedAndShown) {
+  Placement p;
+  p.ranks_per_worker = 8;
+  p.workers = {Worker("a", "n1", "n1", "z1")};
+  auto spec = ValidSpec(1);
+  spec.mutable_resources()->set_gpus_per_worker(8);
+  auto bf16 = PlanPlacement(spec, p, DefaultHardware());
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  auto* recipe = spec.mutable_model()->mutable_precision();
+  recipe->add_fp8_modules("moe.experts.l1");
+  recipe->add_fp8_modules("towers");
+  auto request = PlanRequestFromSpec(spec);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->precision.fp8_modules,
+            (std::set<std::string>{"moe1", "head.ctr", "head.cvr"}));
+  auto fp8 = PlanPlacement(spec, p, DefaultHardware());
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_LT(fp8->step.dense_compute_s, bf16->step.dense_compute_s);
+  std::string shown;
+  const ::recfleet::v1::Plan fp8_proto = PlanToProto(*fp8), bf16_proto = PlanToProto(*bf16);
+  for (const auto& d : fp8_proto.decisions()) {
+    if (d.dimension() == "precision") shown = d.chosen();
+  }
+  EXPECT_NE(shown.find("FP8 (E4M3, 1x128 activation / 128x128 weight scales) in moe.experts.l1, towers; "
+                       "weight gradients bf16"),
+            std::string::npos)
+      << shown;
+  for (const auto& d : bf16_proto.decisions()) EXPECT_NE(d.dimension(), "precision");
+}
+
 TEST(PlanAdapterTest, ParallelismHintsConstrainThePlan) {
   Placement p;
   p.ranks_per_worker = 8;

@@ -100,6 +100,11 @@ v1::AttentionSpec& SeqAtt(JobSpec& s) { return *M(s).mutable_sequence()->mutable
 v1::AttentionSpec& CrossAtt(JobSpec& s) { return *M(s).mutable_cross()->mutable_attention(); }
 v1::DataSpec& D(JobSpec& s) { return *s.mutable_data(); }
 v1::TrainingSpec& T(JobSpec& s) { return *s.mutable_training(); }
+v1::PrecisionRecipe& Fp8(JobSpec& s) { return *M(s).mutable_precision(); }
+void GpuJob(JobSpec& s) {
+  s.mutable_resources()->set_workers(1);
+  s.mutable_resources()->set_gpus_per_worker(1);
+}
 
 const Decision H = Decision::kHonored;
 const Decision R = Decision::kRejected;
@@ -207,6 +212,26 @@ const std::map<std::string, Field>& Fields() {
       {"model.heads.kind", {H, [](JobSpec& s) { M(s).mutable_heads(0)->set_kind(v1::Head::CVR); }}},
       {"model.heads.label", {H, [](JobSpec& s) { M(s).mutable_heads(0)->set_label("clicked"); }}},
       {"model.heads.hidden_dims", {H, [](JobSpec& s) { M(s).mutable_heads(0)->set_hidden_dims(0, 8); }}},
+      // The precision recipe is for GPU jobs (CreateJob refuses FP8 on CPU
+      // workers), so each change also makes the job one GPU worker.
+      {"model.precision.fp8_modules",
+       {H, [](JobSpec& s) {
+          GpuJob(s);
+          Fp8(s).add_fp8_modules("dcn");
+        }}},
+      {"model.precision.weight_gradient",
+       {H, [](JobSpec& s) {
+          GpuJob(s);
+          Fp8(s).add_fp8_modules("dcn");
+          Fp8(s).set_weight_gradient(v1::PrecisionRecipe::FP8);
+        }}},
+      {"model.precision.scale_granularity",
+       {R,
+        [](JobSpec& s) {
+          GpuJob(s);
+          Fp8(s).add_fp8_modules("dcn");
+          Fp8(s).set_scale_granularity(v1::PrecisionRecipe::MX_32X32);
+        }}},
       {"model.heads.loss_weight",
        {R, [](JobSpec& s) { M(s).mutable_heads(0)->set_loss_weight(0.5); }, "spec.model.heads[0].loss_weight"}},
       {"data.dataset", {H, [](JobSpec& s) { D(s).set_dataset("data/other"); }}},
