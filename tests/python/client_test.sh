@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# //tests/python:client_test: builds and installs the recfleet package the way
-# `pip install ./python` does (setup.py generating the gRPC stubs from proto/
-# with grpcio-tools), into a scratch folder, and runs client_test.py
-# against the coordinator and CLI binaries. Offline: the pinned packages come
-# from the repository's .venv/, which tools/setup.sh makes from
-# python/requirements.lock.
+# //tests/python:client_test and :checkpoint_test: builds and installs the
+# recfleet package the way `pip install ./python` does (setup.py generating the
+# gRPC stubs from proto/ with grpcio-tools), into a scratch folder, and runs
+# the unittest file named by $1 (default client_test.py) against the binaries.
+# Offline: the pinned packages come from the repository's .venv/, which
+# tools/setup.sh makes from python/requirements.lock.
 set -euo pipefail
+test_py=${1:-client_test.py}
 
 runfiles="$TEST_SRCDIR/$TEST_WORKSPACE"
 # The runfiles are links into the source tree; .venv/ sits at its root.
@@ -28,6 +29,7 @@ export RECFLEET_CLI_BIN="$runfiles/cli/recfleet"
 export RECFLEET_MAKE_CERTS="$runfiles/deploy/tls/make-certs.sh"
 export RECFLEET_DEMO_SPEC="$runfiles/deploy/examples/job-gemlite.yaml"
 export RECFLEET_RFD_V1="$runfiles/fuzz/corpus/rfd_reader/synth-3-blocks.rfd"
+export RECFLEET_CHECKPOINT_FIXTURE="$runfiles/tests/python/checkpoint_fixture"
 cd "$work"
-PYTHONPATH="$work/site" "$python" "$runfiles/tests/python/client_test.py" -v 2>&1 |
+PYTHONPATH="$work/site" "$python" "$runfiles/tests/python/$test_py" -v 2>&1 |
   tee "$work/unittest.log"
