@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/batch_concat.h"
 #include "engine/calibrate.h"
 #include "engine/job_model.h"
 #include "engine/model.h"
@@ -25,9 +26,7 @@
 #include "gtest/gtest.h"
 #include "recfleet/v1/job.pb.h"
 #include "services/coordinator/plan_adapter.h"
-#include "worker/comm/gloo_communicator.h"
-#include "worker/comm/kv_store.h"
-#include "worker/comm/testing.h"
+#include "worker/dist/gloo_ranks_testing.h"
 #include "worker/distributed_model.h"
 
 namespace recfleet {
@@ -85,26 +84,6 @@ coordinator::Placement TwoHostsOfTwo() {
   return p;
 }
 
-// k batches as one, samples in order.
-engine::Batch Concat(const std::vector<engine::Batch>& parts) {
-  engine::Batch out = parts[0];
-  auto append = [](engine::IdList& to, const engine::IdList& from) {
-    const int64_t base = static_cast<int64_t>(to.ids.size());
-    to.ids.insert(to.ids.end(), from.ids.begin(), from.ids.end());
-    for (size_t i = 1; i < from.offsets.size(); ++i) to.offsets.push_back(base + from.offsets[i]);
-  };
-  for (size_t p = 1; p < parts.size(); ++p) {
-    const engine::Batch& b = parts[p];
-    out.size += b.size;
-    for (size_t f = 0; f < out.id_lists.size(); ++f) append(out.id_lists[f], b.id_lists[f]);
-    for (size_t f = 0; f < out.sequence.size(); ++f) append(out.sequence[f], b.sequence[f]);
-    out.dense.insert(out.dense.end(), b.dense.begin(), b.dense.end());
-    out.ctr_labels.insert(out.ctr_labels.end(), b.ctr_labels.begin(), b.ctr_labels.end());
-    out.cvr_labels.insert(out.cvr_labels.end(), b.cvr_labels.begin(), b.cvr_labels.end());
-  }
-  return out;
-}
-
 // Rank r's batch of step s: 2 + (r + s) % 3 samples (uneven on purpose)
 // with histories of 1 to 8 events.
 engine::Batch RankBatch(const engine::JobModel& model, int step, int rank) {
@@ -116,7 +95,7 @@ engine::Batch RankBatch(const engine::JobModel& model, int step, int rank) {
 engine::Batch GlobalBatch(const engine::JobModel& model, int step) {
   std::vector<engine::Batch> parts;
   for (int r = 0; r < kWorld; ++r) parts.push_back(RankBatch(model, step, r));
-  return Concat(parts);
+  return engine::ConcatBatches(parts);
 }
 
 double RelativeError(const float* a, const float* b, int64_t n) {
@@ -201,26 +180,12 @@ void ExpectPlanTrainsLikeOneRank(double hbm_bytes, bool v3) {
   const std::vector<float> reference_dense = DenseParameters(**reference);
 
   std::vector<std::vector<double>> weighted_losses(kWorld);
-  comm::InProcessKvStore store;
-  comm::CommOptions options;
-  options.timeout = absl::Seconds(60);
-  comm::RunOnThreads(kWorld, [&](int rank) {
-    auto transport = comm::GlooTransport::Create("127.0.0.1");
-    ASSERT_TRUE(transport.ok());
-    const comm::CommFactory factory = [&](comm::KvStore& s, int r, int n) {
-      return comm::ConnectGloo(s, r, n, *transport, options);
-    };
-    comm::PrefixKvStore world_store(&store, "world/");
-    auto world = factory(world_store, rank, kWorld);
-    ASSERT_TRUE(world.ok()) << world.status();
-    auto specs = dist::TrainingGroupSpecs(rank, kWorld, plan_groups, hints);
-    ASSERT_TRUE(specs.ok()) << specs.status();
-    auto groups = dist::TrainingGroups::BuildFromSpecs(rank, *specs, store, factory);
-    ASSERT_TRUE(groups.ok()) << groups.status();
-    auto m = worker::DistributedModel::Create(model->config, model->schema, &*groups, world->get(), planned_tables);
+  dist::RunOnGlooRanks(kWorld, plan_groups, hints, [&](int rank, const dist::TrainingGroups& groups,
+                                                       comm::Communicator& world) {
+    auto m = worker::DistributedModel::Create(model->config, model->schema, &groups, &world, planned_tables);
     ASSERT_TRUE(m.ok()) << m.status();
     EXPECT_EQ((*m)->expert_parallel(), expert_groups);
-    EXPECT_EQ(groups->table_shards() != nullptr, v3);
+    EXPECT_EQ(groups.table_shards() != nullptr, v3);
     // Shard i of every table sits on the group position the plan lists i-th.
     for (size_t t = 0; t < planned_tables.size(); ++t) {
       for (size_t i = 0; i < planned_tables[t].ranks.size(); ++i) {
