@@ -7,10 +7,22 @@
 // dense parameters and table blocks must equal one rank's training on the
 // concatenated batches.
 //
-// The spec is chosen so the planner's sharding rule (planner/sharding.h:
-// the coarsest option within one rank's fair share of memory and lookup
-// cost) has to mix layouts: "items" carries most lookups (the history and
-// the candidate), "users" about half the bytes, "cats" almost nothing.
+// A model this small fits replicated on any real GPU, and the planner then
+// picks pure data parallelism (tables whole on every rank, no EP). So the
+// GPUs are given tens of MB of HBM (the coordinator takes hardware numbers
+// from a topology file just as well): the tables fit only sharded and the
+// planner's sharding rule (planner/sharding.h: the coarsest option within
+// one rank's fair share of memory and lookup cost) mixes layouts: "items"
+// carries most lookups (history and candidate) and goes column-wise,
+// "users" and "cats" table-wise. Wide experts (1024 hidden units) and a
+// planned local batch of 4 make the experts' weights cost more to gather
+// than their tokens to exchange, so the planner runs them expert-parallel.
+// The HBM sizes below come from the planner's memory model for this spec;
+// the printed plan shows what it chose if they ever need re-picking.
+// Row-wise layouts do not appear: the planner shards these tables over
+// groups of two (one NVLink domain, where TWRW is not an option), and there
+// CW x2 (64 columns, 32 per slice at least) comes before RW x2 with the
+// same shard size.
 
 #include <cmath>
 #include <cstdio>
