@@ -19,10 +19,10 @@
 // than their tokens to exchange, so the planner runs them expert-parallel.
 // The HBM sizes below come from the planner's memory model for this spec;
 // the printed plan shows what it chose if they ever need re-picking.
-// Row-wise layouts do not appear: the planner shards these tables over
-// groups of two (one NVLink domain, where TWRW is not an option), and there
-// CW x2 (64 columns, 32 per slice at least) comes before RW x2 with the
-// same shard size.
+// The planner shards these tables over groups of two (one NVLink domain,
+// where TWRW is not an option), and there CW x2 (64 columns, 32 per slice
+// at least) comes before RW x2 with the same shard size, so row-wise needs
+// narrower tables (the 32-wide case below).
 
 #include <cmath>
 #include <cstdio>
@@ -47,7 +47,8 @@ namespace {
 constexpr int kWorld = 4;
 constexpr int kSteps = 6;
 
-v1::JobSpec Spec() {
+// Every table `dim` wide (GEM-lite takes one width, the sequence's too).
+v1::JobSpec Spec(int dim) {
   static constexpr char kSpec[] = R"pb(
     display_name: "planned-training"
     resources { workers: 2 gpus_per_worker: 2 }
@@ -77,6 +78,8 @@ v1::JobSpec Spec() {
   )pb";
   v1::JobSpec spec;
   EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kSpec, &spec));
+  for (auto& t : *spec.mutable_model()->mutable_tables()) t.set_dim(dim);
+  spec.mutable_model()->mutable_sequence()->set_model_dim(dim);
   return spec;
 }
 
@@ -128,10 +131,11 @@ std::vector<float> DenseParameters(engine::GemLite<float>& m) {
   return out;
 }
 
-// Plans Spec() on two hosts of two GPUs of `hbm_bytes` each, checks that
-// the plan has the expected shape, and trains it (see the top).
-void ExpectPlanTrainsLikeOneRank(double hbm_bytes, bool v3) {
-  const v1::JobSpec spec = Spec();
+// Plans Spec(dim) on two hosts of two GPUs of `hbm_bytes` each, checks
+// that the plan has the expected shape (mixed table layouts, V3 or V2,
+// expert-parallel or not), and trains it (see the top).
+void ExpectPlanTrainsLikeOneRank(double hbm_bytes, bool v3, bool expert_parallel = true, int dim = 64) {
+  const v1::JobSpec spec = Spec(dim);
   absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
   ASSERT_TRUE(model.ok()) << model.status();
 
@@ -160,7 +164,7 @@ void ExpectPlanTrainsLikeOneRank(double hbm_bytes, bool v3) {
   EXPECT_GE(kinds.size(), 2u) << "the plan should mix table layouts";
   EXPECT_EQ(plan.sparse().scheme(), v3 ? "V3" : "V2");
   ASSERT_EQ(plan.dense().experts_size(), 1);
-  EXPECT_GT(plan.dense().experts(0).ep_degree(), 1) << "the plan should run the experts expert-parallel";
+  EXPECT_EQ(plan.dense().experts(0).ep_degree() > 1, expert_parallel) << plan.dense().experts(0).reason();
 
   // What the worker takes from its assignment (worker/rank_run.cc).
   std::vector<dist::NamedGroup> plan_groups;
@@ -170,7 +174,7 @@ void ExpectPlanTrainsLikeOneRank(double hbm_bytes, bool v3) {
     expert_groups |= g.name().rfind("expert/", 0) == 0;
     table_shard_groups |= g.name().rfind("table_shards/", 0) == 0;
   }
-  EXPECT_TRUE(expert_groups);
+  EXPECT_EQ(expert_groups, expert_parallel);
   EXPECT_EQ(table_shard_groups, v3);
   std::vector<dist::PlannedTable> planned_tables;
   for (const v1::TableShardingPlan& t : plan.sparse().tables()) {
@@ -254,6 +258,13 @@ TEST(PlannedTrainingTest, V3ColumnWiseAndExpertParallelPlanTrainsLikeOneRank) {
 // 20.5 MB: two copies of the tables over groups of two (V2).
 TEST(PlannedTrainingTest, V2ColumnWiseAndExpertParallelPlanTrainsLikeOneRank) {
   ExpectPlanTrainsLikeOneRank(20.5e6, /*v3=*/false);
+}
+
+// 32-wide tables cannot be split by columns (32 per slice at least), so
+// the lookup-heavy "items" goes row-wise over the pair; at 8.5 MB the
+// planner keeps the experts on plain FSDP.
+TEST(PlannedTrainingTest, V3RowWisePlanTrainsLikeOneRank) {
+  ExpectPlanTrainsLikeOneRank(8.5e6, /*v3=*/true, /*expert_parallel=*/false, /*dim=*/32);
 }
 
 }  // namespace
