@@ -21,6 +21,7 @@
 #include "cli/flags.h"
 #include "cli/jobs/job_client.h"
 #include "cli/jobs/spec_file.h"
+#include "engine/job_model.h"
 #include "planner/planner.h"
 #include "planner/report.h"
 #include "planner/yaml_io.h"
@@ -56,6 +57,9 @@ constexpr char kUsage[] =
     "  --json                   print the plan as JSON instead of tables\n"
     "  --html FILE              also write a one-page HTML report (memory bars, traffic\n"
     "                           per level; --topology only)\n"
+    "  --what-if                plan a job file `recfleet submit` would refuse (e.g. several\n"
+    "                           GPUs per worker, which recfleet does not run yet); without it\n"
+    "                           a job file must pass the same checks as submission\n"
     "  --max-rows N             rows per table in the text output (default 40; --topology\n"
     "                           only)\n"
     "\n"
@@ -78,13 +82,26 @@ bool IsJobSpecFile(const std::string& path) {
   return false;
 }
 
-absl::StatusOr<PlanRequest> LoadJob(const std::string& path) {
+// What `recfleet submit` meets at CreateJob after the structural checks:
+// whether recfleet builds the job, so a plan never shows a job the
+// coordinator would then refuse. OK with `what_if`.
+absl::Status CheckBuildable(const std::string& path, const ::recfleet::v1::JobSpec& spec, bool what_if) {
+  if (what_if) return absl::OkStatus();
+  if (absl::Status s = engine::CheckBuildable(spec); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": `recfleet submit` would refuse this job: ", s.message(),
+                                                   " (--what-if plans it anyway)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PlanRequest> LoadJob(const std::string& path, bool what_if) {
   if (!IsJobSpecFile(path)) return LoadJobYaml(path);
   absl::StatusOr<::recfleet::v1::JobSpec> spec = cli::LoadJobSpec(path);
   if (!spec.ok()) return spec.status();
   if (absl::Status s = coordinator::ValidateJobSpec(*spec); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
   }
+  if (absl::Status s = CheckBuildable(path, *spec, what_if); !s.ok()) return s;
   return coordinator::PlanRequestFromSpec(*spec);
 }
 
@@ -95,7 +112,7 @@ int Usage(const std::string& problem) {
 
 // Plans on the coordinator at `address` (JobService.PlanJob).
 int RunRemote(const std::string& job_path, const std::string& address,
-              const std::string& token_file, const std::string& timeout_text, bool json) {
+              const std::string& token_file, const std::string& timeout_text, bool json, bool what_if) {
   if (!IsJobSpecFile(job_path)) {
     return Usage("--coordinator plans job files (what `recfleet submit` takes); '" + job_path +
                  "' is in the planner's own format: plan it with --topology");
@@ -109,6 +126,12 @@ int RunRemote(const std::string& job_path, const std::string& address,
   if (!token.ok()) return Usage(std::string(token.status().message()));
   absl::StatusOr<::recfleet::v1::JobSpec> spec = cli::LoadJobSpec(job_path);
   if (!spec.ok()) return Usage(std::string(spec.status().message()));
+  // The coordinator's PlanJob checks the structure (and answers with the
+  // field), not what recfleet builds: that is checked here, on a
+  // well-formed spec, as CreateJob orders the two.
+  if (coordinator::ValidateJobSpec(*spec).ok()) {
+    if (absl::Status s = CheckBuildable(job_path, *spec, what_if); !s.ok()) return Usage(std::string(s.message()));
+  }
   absl::StatusOr<std::unique_ptr<cli::JobClient>> client =
       cli::JobClient::Connect(address, *token, absl::Seconds(timeout));
   if (!client.ok()) return Usage(std::string(client.status().message()));
@@ -140,14 +163,14 @@ int RunRemote(const std::string& job_path, const std::string& address,
 int Run(const std::vector<std::string>& args) {
   cli::FlagSpec spec;
   spec.values = {"topology", "html", "coordinator", "auth-token-file", "timeout", "max-rows"};
-  spec.switches = {"json"};
+  spec.switches = {"json", "what-if"};
   spec.positional = true;
   absl::StatusOr<cli::Flags> flags = cli::ParseCommandFlags("plan", args, spec);
   if (!flags.ok()) return cli::kExitUsage;
   std::string topology_path = flags->Str("topology"), html_path = flags->Str("html");
   std::string coordinator = flags->Str("coordinator"), token_file = flags->Str("auth-token-file");
   std::string timeout = flags->Str("timeout"), rows_flag = flags->Str("max-rows");
-  const bool json = flags->Bool("json");
+  const bool json = flags->Bool("json"), what_if = flags->Bool("what-if");
   TextOptions text;
   if (!rows_flag.empty() && (!absl::SimpleAtoi(rows_flag, &text.max_rows) || text.max_rows < 1)) {
     return Usage("--max-rows takes a whole number >= 1");
@@ -171,12 +194,12 @@ int Run(const std::vector<std::string>& args) {
     if (!html_path.empty() || !rows_flag.empty()) {
       return Usage("--html and --max-rows need --topology (the coordinator returns the report)");
     }
-    return RunRemote(job_path, coordinator, token_file, timeout, json);
+    return RunRemote(job_path, coordinator, token_file, timeout, json, what_if);
   }
 
   absl::StatusOr<Topology> topology = LoadTopologyYaml(topology_path);
   if (!topology.ok()) return Usage(std::string(topology.status().message()));
-  absl::StatusOr<PlanRequest> request = LoadJob(job_path);
+  absl::StatusOr<PlanRequest> request = LoadJob(job_path, what_if);
   if (!request.ok()) return Usage(std::string(request.status().message()));
   absl::StatusOr<Plan> plan = MakePlan(*topology, *request);
   if (!plan.ok()) {

@@ -65,7 +65,8 @@ TEST(PlanCommandTest, PlansWritesHtmlAndReportsErrorsWithExitCodes) {
   // 1e11 rows x 64 x 4 bytes cannot fit on one host: exit 1, not a crash.
   const std::string huge = Write(
       "huge.yaml", "batch: {local: 128}\nmodel: {tables: [{name: item, rows: 1.0e11, dim: 64}]}\n");
-  EXPECT_EQ(plan->run({huge, "--topology", topo}), cli::kExitFailure);
+  // (Not a model GEM-lite builds, so planned as a what-if.)
+  EXPECT_EQ(plan->run({huge, "--topology", topo, "--what-if"}), cli::kExitFailure);
 }
 
 TEST(PlanCommandTest, PlansAJobSpecFileThroughTheAdapter) {
@@ -81,7 +82,7 @@ TEST(PlanCommandTest, PlansAJobSpecFileThroughTheAdapter) {
   EXPECT_NE(out.find("moe1"), std::string::npos);
   EXPECT_NE(out.find("\"sequence\""), std::string::npos);
 
-  // A JobSpec file whose table cannot fit: exit 1; an invalid one: exit 2.
+  // A JobSpec file whose table cannot fit: exit 1; a malformed one: exit 2.
   const std::string huge = Write("huge-spec.yaml", R"(
 model:
   tables: [{name: ids, rows: 100000000000, dim: 64}]
@@ -91,7 +92,8 @@ data: {dataset: "file:///tmp/x", local_batch_size: 128}
 resources: {workers: 2}
 training: {steps: 1, dense_learning_rate: 0.001, sparse_learning_rate: 0.01}
 )");
-  EXPECT_EQ(plan->run({huge, "--topology", topo}), cli::kExitFailure);
+  // (Not a model GEM-lite builds, so planned as a what-if.)
+  EXPECT_EQ(plan->run({huge, "--topology", topo, "--what-if"}), cli::kExitFailure);
   const std::string bad = Write("bad-spec.yaml", R"(
 model:
   tables: [{name: ids, rows: 1000, dim: 0}]
@@ -104,13 +106,18 @@ training: {steps: 1, dense_learning_rate: 0.001, sparse_learning_rate: 0.01}
   EXPECT_EQ(plan->run({bad, "--topology", topo}), cli::kExitUsage);
 }
 
-TEST(PlanCommandTest, JobHintsAreHonoredAndExplained) {
-  const cli::Command* plan = PlanCommand();
-  ASSERT_NE(plan, nullptr);
+// The example job file's text.
+std::string ExampleJob() {
   std::ifstream in("deploy/examples/job-gemlite.yaml");
   std::stringstream ss;
   ss << in.rdbuf();
-  std::string text = ss.str();
+  return ss.str();
+}
+
+TEST(PlanCommandTest, JobHintsAreHonoredAndExplained) {
+  const cli::Command* plan = PlanCommand();
+  ASSERT_NE(plan, nullptr);
+  std::string text = ExampleJob();
   const size_t at = text.find("parallelism: {}");
   ASSERT_NE(at, std::string::npos);
   text.replace(at, 15, "parallelism: {fsdp_group_size: 1}");
@@ -123,6 +130,43 @@ TEST(PlanCommandTest, JobHintsAreHonoredAndExplained) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("parallelism hints"), std::string::npos) << out;
+}
+
+// A job file goes through the checks `recfleet submit` meets, so plan shows
+// nothing CreateJob would refuse; --what-if plans such a job anyway.
+TEST(PlanCommandTest, JobFilesMeetTheSubmissionChecks) {
+  const cli::Command* plan = PlanCommand();
+  ASSERT_NE(plan, nullptr);
+  const std::string base = ExampleJob();
+  const std::string topo = "deploy/examples/topology-small.yaml";
+  // An FP8 recipe on a CPU job (gpus_per_worker: 0): structurally fine,
+  // refused at submission.
+  std::string fp8 = base;
+  const size_t at = fp8.find("\nmodel:\n");
+  ASSERT_NE(at, std::string::npos);
+  fp8.insert(at + 8, "  precision: {fp8_modules: [dcn]}\n");
+  const std::string fp8_job = Write("fp8-on-cpu.yaml", fp8);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(plan->run({fp8_job, "--topology", topo}), cli::kExitUsage);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("would refuse"), std::string::npos) << err;
+  EXPECT_NE(err.find("spec.model.precision.fp8_modules"), std::string::npos) << err;
+  // Also before asking a coordinator (nothing listens on port 1: a job that
+  // passed would exit kExitUnavailable).
+  EXPECT_EQ(plan->run({fp8_job, "--coordinator", "127.0.0.1:1", "--timeout", "2"}), cli::kExitUsage);
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(plan->run({fp8_job, "--topology", topo, "--what-if"}), cli::kExitOk);
+  ::testing::internal::GetCapturedStdout();
+  // Several GPUs per worker: planned only as a what-if.
+  std::string gpus = base;
+  const size_t g = gpus.find("gpus_per_worker: 0");
+  ASSERT_NE(g, std::string::npos);
+  gpus.replace(g, 18, "gpus_per_worker: 8");
+  const std::string gpu_job = Write("eight-gpus.yaml", gpus);
+  EXPECT_EQ(plan->run({gpu_job, "--topology", topo}), cli::kExitUsage);
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(plan->run({gpu_job, "--topology", topo, "--what-if"}), cli::kExitOk);
+  ::testing::internal::GetCapturedStdout();
 }
 
 TEST(PlanCommandTest, CoordinatorFlagsAreChecked) {

@@ -382,7 +382,7 @@ absl::Status CheckBuildable(const v1::JobSpec& spec) {
   if (spec.resources().gpus_per_worker() > 1) {
     problems.push_back(
         "spec.resources.gpus_per_worker: not supported yet above 1 (a GPU worker trains one rank on one GPU; set 1, "
-        "or 0 for CPU workers. `recfleet plan` plans larger GPU jobs)");
+        "or 0 for CPU workers. `recfleet plan --what-if` plans larger GPU jobs)");
   } else if (spec.resources().gpus_per_worker() == 1 && spec.resources().workers() > 1) {
     problems.push_back(
         "spec.resources.workers: a GPU job (gpus_per_worker = 1) trains on one GPU for now (GPU ranks do not "

@@ -9,9 +9,7 @@
 #include "engine/testing/movielens.h"
 #include "engine/testing/synthetic.h"
 #include "gtest/gtest.h"
-#include "worker/comm/gloo_communicator.h"
-#include "worker/comm/kv_store.h"
-#include "worker/comm/testing.h"
+#include "worker/dist/gloo_ranks_testing.h"
 #include "worker/single_rank_model.h"
 
 namespace recfleet::worker {
@@ -152,24 +150,7 @@ std::vector<double> OneRankLosses(const engine::MovieLensCtr& data, int steps) {
 void OnRanks(const dist::ParallelismHints& hints,
              const std::function<void(int, const dist::TrainingGroups&, comm::Communicator&)>& fn,
              const std::vector<dist::NamedGroup>& plan_groups = {}) {
-  comm::InProcessKvStore store;
-  comm::CommOptions options;
-  options.timeout = absl::Seconds(60);
-  comm::RunOnThreads(kWorld, [&](int rank) {
-    auto transport = comm::GlooTransport::Create("127.0.0.1");
-    ASSERT_TRUE(transport.ok());
-    const comm::CommFactory factory = [&](comm::KvStore& s, int r, int n) {
-      return comm::ConnectGloo(s, r, n, *transport, options);
-    };
-    comm::PrefixKvStore world_store(&store, "world/");
-    auto world = factory(world_store, rank, kWorld);
-    ASSERT_TRUE(world.ok()) << world.status();
-    auto specs = dist::TrainingGroupSpecs(rank, kWorld, plan_groups, hints);
-    ASSERT_TRUE(specs.ok()) << specs.status();
-    auto groups = dist::TrainingGroups::BuildFromSpecs(rank, *specs, store, factory);
-    ASSERT_TRUE(groups.ok()) << groups.status();
-    fn(rank, *groups, **world);
-  });
+  dist::RunOnGlooRanks(kWorld, plan_groups, hints, fn);
 }
 
 void Train(DistributedModel& m, const engine::MovieLensCtr& data, int rank, int from, int to,

@@ -47,6 +47,7 @@
 #include "bench/e2e/batch_file.h"
 #include "bench/e2e/gpu_busy.h"
 #include "cli/jobs/spec_file.h"
+#include "engine/batch_concat.h"
 #include "engine/job_model.h"
 #include "engine/metrics.h"
 #include "engine/model.h"
@@ -104,26 +105,6 @@ class EventPhaseTimer : public recfleet::engine::layers::PhaseTimer {
   std::vector<MarkAt> marks_;
   size_t used_ = 0;
 };
-
-// k batches as one (samples of a after those of b).
-Batch Concat(const std::vector<Batch>& parts) {
-  Batch out = parts[0];
-  for (size_t p = 1; p < parts.size(); ++p) {
-    const Batch& b = parts[p];
-    out.size += b.size;
-    auto append = [](recfleet::engine::IdList& to, const recfleet::engine::IdList& from) {
-      const int64_t base = static_cast<int64_t>(to.ids.size());
-      to.ids.insert(to.ids.end(), from.ids.begin(), from.ids.end());
-      for (size_t i = 1; i < from.offsets.size(); ++i) to.offsets.push_back(base + from.offsets[i]);
-    };
-    for (size_t f = 0; f < out.id_lists.size(); ++f) append(out.id_lists[f], b.id_lists[f]);
-    for (size_t f = 0; f < out.sequence.size(); ++f) append(out.sequence[f], b.sequence[f]);
-    out.dense.insert(out.dense.end(), b.dense.begin(), b.dense.end());
-    out.ctr_labels.insert(out.ctr_labels.end(), b.ctr_labels.begin(), b.ctr_labels.end());
-    out.cvr_labels.insert(out.cvr_labels.end(), b.cvr_labels.begin(), b.cvr_labels.end());
-  }
-  return out;
-}
 
 int Fail(const std::string& m) {
   std::fprintf(stderr, "engine_bench: %s\n", m.c_str());
@@ -380,7 +361,7 @@ int main(int argc, char** argv) {
     auto fits = [&](size_t k) {
       std::vector<Batch> parts;
       for (size_t i = 0; i < k; ++i) parts.push_back((*batches)[i % train]);
-      const Batch big = Concat(parts);
+      const Batch big = recfleet::engine::ConcatBatches(parts);
       absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(big);
       absl::Status st = r.status();
       if (st.ok()) st = m.ApplyUpdates();

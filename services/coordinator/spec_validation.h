@@ -33,8 +33,9 @@ std::vector<FieldViolation> SpecFieldViolations(const ::recfleet::v1::JobSpec& s
 // and whose google.rpc.BadRequest detail (services/common/rpc_status.h)
 // holds them one by one.
 // Structural only: what recfleet does not build yet (engine::CheckBuildable)
-// is checked on top of it where a job is to run (CreateJob, train --local);
-// a dry-run plan (PlanJob, `recfleet plan`) accepts any well-formed spec.
+// is checked on top of it where a job is to run (CreateJob, train --local)
+// and by `recfleet plan` (unless --what-if); the coordinator's dry-run
+// PlanJob accepts any well-formed spec.
 absl::Status ValidateJobSpec(const ::recfleet::v1::JobSpec& spec);
 
 // World size the spec asks for: workers * max(gpus_per_worker, 1).
