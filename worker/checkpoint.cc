@@ -352,6 +352,45 @@ int64_t CopyRecordOverlap(const std::string& record, std::pair<int64_t, int64_t>
   return end - first;
 }
 
+namespace {
+
+std::string DenseSlotPrefix(int slot) { return slot == 0 ? "dense" : absl::StrCat("dense.", slot); }
+
+}  // namespace
+
+void SaveDenseSlice(CheckpointShard* shard, int slot, std::pair<int64_t, int64_t> range, const float* value,
+                    const float* adam_m, const float* adam_v) {
+  const std::string prefix = DenseSlotPrefix(slot);
+  const int64_t n = range.second - range.first;
+  (*shard)[prefix + ".range"] = absl::StrCat(range.first, " ", range.second);
+  (*shard)[prefix + ".value"] = FloatRecord(value, n);
+  (*shard)[prefix + ".adam_m"] = FloatRecord(adam_m, n);
+  (*shard)[prefix + ".adam_v"] = FloatRecord(adam_v, n);
+}
+
+absl::StatusOr<int64_t> RestoreDenseSlice(const std::vector<CheckpointShard>& shards,
+                                          std::pair<int64_t, int64_t> range, float* value, float* adam_m,
+                                          float* adam_v) {
+  int64_t covered = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    for (int slot = 0; slot < kDenseSlots; ++slot) {
+      const std::string prefix = DenseSlotPrefix(slot);
+      std::optional<std::pair<int64_t, int64_t>> r = RangeRecord(shards[i], prefix + ".range");
+      if (!r) continue;
+      int64_t n = 0;
+      for (auto [key, dst] : {std::pair<std::string, float*>{prefix + ".value", value},
+                              {prefix + ".adam_m", adam_m},
+                              {prefix + ".adam_v", adam_v}}) {
+        auto rec = shards[i].find(key);
+        n = rec == shards[i].end() ? -1 : CopyRecordOverlap(rec->second, *r, 1, range, dst);
+        if (n < 0) return absl::DataLossError(absl::StrCat("checkpoint shard ", i, ": ", key, " does not match its range"));
+      }
+      covered += n;
+    }
+  }
+  return covered;
+}
+
 void SaveTableBlock(CheckpointShard* shard, int table, int64_t dim, std::pair<int64_t, int64_t> rows,
                     std::pair<int64_t, int64_t> cols, const float* values, const float* momentum) {
   const std::string key = absl::StrCat("table.", table);

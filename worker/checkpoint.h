@@ -83,6 +83,25 @@ std::optional<std::pair<int64_t, int64_t>> RangeRecord(const CheckpointShard& sh
 int64_t CopyRecordOverlap(const std::string& record, std::pair<int64_t, int64_t> src, int64_t width,
                           std::pair<int64_t, int64_t> dst, float* out);
 
+// Dense parameters in checkpoints: slices [range) of the flat dense vector
+// (every parameter in DenseParameterNames order), as records
+// "<prefix>.range", "<prefix>.value", "<prefix>.adam_m" and
+// "<prefix>.adam_v", prefix "dense" for a shard's slot 0 and "dense.<slot>"
+// for slot 1 .. kDenseSlots - 1 (a rank may hold several slices: the FSDP
+// shard of the other parameters on both sides of the experts, and its
+// experts). Every element is recorded by one shard only.
+inline constexpr int kDenseSlots = 3;
+void SaveDenseSlice(CheckpointShard* shard, int slot, std::pair<int64_t, int64_t> range, const float* value,
+                    const float* adam_m, const float* adam_v);
+// Copies the elements of [range) that any slice of `shards` holds into
+// value / adam_m / adam_v (element range.first at [0]); returns how many
+// it copied (range.second - range.first when the checkpoint covers the
+// range), or DataLoss naming the shard when a record does not match its
+// range.
+absl::StatusOr<int64_t> RestoreDenseSlice(const std::vector<CheckpointShard>& shards,
+                                          std::pair<int64_t, int64_t> range, float* value, float* adam_m,
+                                          float* adam_v);
+
 // Embedding tables in checkpoints: a block of table `table` (`dim`
 // columns), rows [rows) x columns [cols), as records "table.<t>.rows",
 // "table.<t>.cols" (only for a column slice), "table.<t>.value" (the block,

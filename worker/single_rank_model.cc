@@ -123,7 +123,6 @@ absl::Status SingleRankModel::Save(CheckpointShard* shard) {
 
 absl::Status SingleRankModel::Restore(const std::vector<CheckpointShard>& shards) {
   std::vector<float> value(dense_numel_), adam_m(dense_numel_), adam_v(dense_numel_);
-  int64_t dense_covered = 0;
   std::optional<int64_t> adam_step;
   const std::pair<int64_t, int64_t> all_dense{0, dense_numel_};
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -131,21 +130,12 @@ absl::Status SingleRankModel::Restore(const std::vector<CheckpointShard>& shards
     absl::StatusOr<int64_t> step = CheckpointAdamStep(s, i, fingerprint_);
     if (!step.ok()) return step.status();
     adam_step = *step;
-    std::optional<std::pair<int64_t, int64_t>> r = RangeRecord(s, "dense.range");
-    if (!r) continue;
-    int64_t n = 0;
-    for (auto [key, dst] : {std::pair<const char*, std::vector<float>*>{"dense.value", &value},
-                            {"dense.adam_m", &adam_m},
-                            {"dense.adam_v", &adam_v}}) {
-      auto rec = s.find(key);
-      n = rec == s.end() ? -1 : CopyRecordOverlap(rec->second, *r, 1, all_dense, dst->data());
-      if (n < 0) return absl::DataLossError(absl::StrCat("checkpoint shard ", i, ": ", key, " does not match its range"));
-    }
-    dense_covered += n;
   }
+  absl::StatusOr<int64_t> dense_covered = RestoreDenseSlice(shards, all_dense, value.data(), adam_m.data(), adam_v.data());
+  if (!dense_covered.ok()) return dense_covered.status();
   if (!adam_step) return absl::DataLossError("checkpoint has no shards");
-  if (dense_covered != dense_numel_) {
-    return absl::DataLossError(absl::StrCat("checkpoint covers ", dense_covered, " of ", dense_numel_,
+  if (*dense_covered != dense_numel_) {
+    return absl::DataLossError(absl::StrCat("checkpoint covers ", *dense_covered, " of ", dense_numel_,
                                             " dense parameters"));
   }
   const std::pair<const std::vector<float>*, int> dense[] = {{&value, 0}, {&adam_m, 1}, {&adam_v, 2}};

@@ -22,8 +22,11 @@ worker/rank_run.cc):
                        the flat dense vector, then "table.<name>:<rows>x<dim>;"
                        per embedding table, in table-index order
   adam_step, step, samples   decimal integers
-  dense.range          "<first> <end>": the slice of the flat dense vector this
-                       shard holds (FSDP shards hold one slice each)
+  dense.range          "<first> <end>": a slice of the flat dense vector this
+                       shard holds; "dense.1.range" and "dense.2.range" (with
+                       their .value/.adam_m/.adam_v) more slices: an FSDP shard
+                       on both sides of the experts, and the rank's own experts
+                       under expert parallelism
   dense.value, dense.adam_m, dense.adam_v   float32 over that slice
   table.<t>.rows       "<first> <end>": the rows of table t this shard holds
   table.<t>.cols       "<first> <end>": the columns, only for a column slice
@@ -272,6 +275,11 @@ class _Cover:
         return self.array
 
 
+# The record prefixes of a shard's dense slices (worker/checkpoint.h
+# kDenseSlots).
+DENSE_SLOTS = ("dense", "dense.1", "dense.2")
+
+
 def assemble(step, shards):
     """A Checkpoint from the records of every rank (as read_step returns)."""
     fingerprints = {s.get("fingerprint") for s in shards}
@@ -286,12 +294,14 @@ def assemble(step, shards):
               for name, rows, dim in table_spec]
     for i, s in enumerate(shards):
         where = f"checkpoint step {step} shard {i}"
-        r = _range(s, "dense.range", where)
-        if r is not None:
+        for prefix in DENSE_SLOTS:
+            r = _range(s, f"{prefix}.range", where)
+            if r is None:
+                continue
             if r[0] < 0 or r[1] > numel:
-                raise CheckpointError(f"{where}: dense.range {r} outside [0, {numel})")
+                raise CheckpointError(f"{where}: {prefix}.range {r} outside [0, {numel})")
             for k, cover in flat.items():
-                cover.put(slice(*r), _floats(s, f"dense.{k}", r[1] - r[0], where))
+                cover.put(slice(*r), _floats(s, f"{prefix}.{k}", r[1] - r[0], where))
         for t, (_, rows, dim) in enumerate(table_spec):
             key = f"table.{t}"
             rr = _range(s, key + ".rows", where)

@@ -3,12 +3,14 @@
 //   checkpoint_fixture write DIR
 //     writes a complete 3-rank checkpoint (step 7) through the worker's
 //     checkpoint writer, with the layouts a distributed job produces: the
-//     flat dense vector split into FSDP ranges, table "item" split by rows,
+//     flat dense vector split into FSDP ranges on both sides of an
+//     expert-parallel span (elements [4, 6), one "expert" on each of ranks
+//     0 and 1, as their third slice), table "item" split by rows,
 //     table "user" split by columns (only the first slice recording the
 //     accumulators). Element values follow formulas the test recomputes.
 //   checkpoint_fixture dump DIR WORLD_SIZE OUT
 //     reads the newest complete checkpoint of DIR with the worker's reader
-//     and restore functions (ReadCheckpointShard, CopyRecordOverlap,
+//     and restore functions (ReadCheckpointShard, RestoreDenseSlice,
 //     RestoreTableBlock), the way a resuming rank does, and writes what they
 //     assembled to OUT: meta.txt ("step N", "adam_step N") and raw
 //     little-endian float32 files dense.value.f32, dense.adam_m.f32,
@@ -51,22 +53,23 @@ void SaveBlock(CheckpointShard* shard, int t, int64_t dim, std::pair<int64_t, in
 }
 
 absl::Status Write(const std::string& dir) {
-  const std::pair<int64_t, int64_t> dense_ranges[kWorld] = {{0, 4}, {4, kDenseNumel}, {0, 0}};
+  // Per rank, its slices of the flat dense vector by slot (empty: none).
+  const std::pair<int64_t, int64_t> dense_slices[kWorld][kDenseSlots] = {
+      {{0, 4}, {0, 0}, {4, 5}}, {{0, 0}, {6, kDenseNumel}, {5, 6}}, {{0, 0}, {0, 0}, {0, 0}}};
   for (int rank = 0; rank < kWorld; ++rank) {
     CheckpointShard shard;
     shard["fingerprint"] = "mlp.w:6;mlp.b:3;table.item:5x4;table.user:4x6;";
     shard["adam_step"] = "11";
     shard["samples"] = "1408";
     shard["step"] = absl::StrCat(kStep);
-    const auto [first, end] = dense_ranges[rank];
-    if (end > first) {
-      shard["dense.range"] = absl::StrCat(first, " ", end);
-      for (const auto& [key, moment] : {std::pair<const char*, int>{"dense.value", 0}, {"dense.adam_m", 1},
-                                        {"dense.adam_v", 2}}) {
-        std::vector<float> v;
-        for (int64_t i = first; i < end; ++i) v.push_back(Dense(i, moment));
-        shard[key] = FloatRecord(v.data(), end - first);
+    for (int slot = 0; slot < kDenseSlots; ++slot) {
+      const auto [first, end] = dense_slices[rank][slot];
+      if (end <= first) continue;
+      std::vector<float> v[3];
+      for (int moment = 0; moment < 3; ++moment) {
+        for (int64_t i = first; i < end; ++i) v[moment].push_back(Dense(i, moment));
       }
+      SaveDenseSlice(&shard, slot, {first, end}, v[0].data(), v[1].data(), v[2].data());
     }
     // Table 0, "item" (5 x 4), row-wise over ranks 0 and 1.
     if (rank == 0) SaveBlock(&shard, 0, 4, {0, 2}, {0, 4}, true);
@@ -111,18 +114,14 @@ absl::Status Dump(const std::string& dir, int world, const std::string& out) {
       return absl::DataLossError(absl::StrCat("fingerprint entry ", entry));
     }
   }
-  for (const char* key : {"dense.value", "dense.adam_m", "dense.adam_v"}) {
-    std::vector<float> flat(dense_numel);
-    int64_t covered = 0;
-    for (const CheckpointShard& s : shards) {
-      std::optional<std::pair<int64_t, int64_t>> r = RangeRecord(s, "dense.range");
-      if (!r) continue;
-      const int64_t n = CopyRecordOverlap(s.at(key), *r, 1, {0, dense_numel}, flat.data());
-      if (n < 0) return absl::DataLossError(absl::StrCat(key, " does not match its range"));
-      covered += n;
-    }
-    if (covered != dense_numel) return absl::DataLossError(absl::StrCat(key, " covers ", covered, " of ", dense_numel));
-    if (absl::Status s = WriteFloats(absl::StrCat(out, "/", key, ".f32"), flat); !s.ok()) return s;
+  std::vector<float> value(dense_numel), adam_m(dense_numel), adam_v(dense_numel);
+  absl::StatusOr<int64_t> covered = RestoreDenseSlice(shards, {0, dense_numel}, value.data(), adam_m.data(), adam_v.data());
+  if (!covered.ok()) return covered.status();
+  if (*covered != dense_numel) return absl::DataLossError(absl::StrCat("dense covers ", *covered, " of ", dense_numel));
+  for (const auto& [key, flat] : {std::pair<const char*, const std::vector<float>*>{"dense.value", &value},
+                                  {"dense.adam_m", &adam_m},
+                                  {"dense.adam_v", &adam_v}}) {
+    if (absl::Status s = WriteFloats(absl::StrCat(out, "/", key, ".f32"), *flat); !s.ok()) return s;
   }
   for (size_t t = 0; t < tables.size(); ++t) {
     const auto& [name, shape] = tables[t];

@@ -1,7 +1,7 @@
 """The Python checkpoint reader (recfleet.checkpoint) and its .safetensors
 export, on checkpoints the C++ side wrote: one from `recfleet train --local`
 (a world of one) and a 3-rank one with row- and column-sharded tables and FSDP
-dense ranges (checkpoint_fixture write). Each is compared element for element
+dense ranges around expert-parallel slices (checkpoint_fixture write). Each is compared element for element
 with what the worker's own restore code assembles from it (checkpoint_fixture
 dump), then exported and read back through the safetensors package.
 
@@ -108,7 +108,8 @@ class TrainedCheckpointTest(Base):
 
 
 class ShardedCheckpointTest(Base):
-    """A 3-rank checkpoint: dense in FSDP ranges, table "item" by rows, table
+    """A 3-rank checkpoint: dense in FSDP ranges on both sides of two
+    expert-parallel slices ("dense.1" and "dense.2" records), table "item" by rows, table
     "user" by columns with the accumulators in the first slice only."""
 
     def setUp(self):

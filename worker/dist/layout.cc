@@ -160,8 +160,8 @@ absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank,
   std::vector<comm::ProcessGroupSpec> specs;
   if (absl::Status s = AppendGroupAndAcross(rank, *fsdp, "fsdp", "replica", &specs); !s.ok()) return s;
   if (absl::Status s = AppendGroupAndAcross(rank, *tables, "tables", "table_replica", &specs); !s.ok()) return s;
-  for (const auto& [index, ranks] : *experts) {
-    if (std::find(ranks.begin(), ranks.end(), rank) != ranks.end()) specs.push_back({"expert", index, ranks});
+  if (!experts->empty()) {
+    if (absl::Status s = AppendGroupAndAcross(rank, *experts, "expert", "expert_replica", &specs); !s.ok()) return s;
   }
   // V3: the ranks splitting this rank's table shards must hold the same
   // shards (one position in several table groups): part of its table

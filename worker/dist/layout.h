@@ -62,6 +62,8 @@ struct NamedGroup {
 //                  group, in group-index order: those holding the same shard.
 //   expert         (only when the plan has expert-parallel groups) the
 //                  "expert/<module>/<i>" group holding it;
+//   expert_replica (with expert) the ranks at `rank`'s position in every
+//                  expert group: those owning the same experts;
 //   table_shards   (V3 only) the "table_shards/<i>" group holding it: ranks
 //                  at its position in other table groups, which split the
 //                  rows of the shards they hold.
@@ -75,8 +77,8 @@ absl::StatusOr<std::vector<comm::ProcessGroupSpec>> TrainingGroupSpecs(int rank,
                                                                        const ParallelismHints& hints);
 
 // The communicators of one rank: "fsdp" and "replica" (dense), "tables" and
-// "table_replica" (sparse), and "expert" and "table_shards" when the plan
-// has such groups.
+// "table_replica" (sparse), and "expert", "expert_replica" and
+// "table_shards" when the plan has such groups.
 struct TrainingGroups {
   comm::ProcessGroups dense;
   comm::ProcessGroups sparse;
@@ -88,13 +90,16 @@ struct TrainingGroups {
   comm::Communicator* table_replica() const { return sparse.Get("table_replica"); }
   // Null without expert parallelism / without V3.
   comm::Communicator* expert() const { return extra.has_value() ? extra->Get("expert") : nullptr; }
+  comm::Communicator* expert_replica() const {
+    return extra.has_value() ? extra->Get("expert_replica") : nullptr;
+  }
   comm::Communicator* table_shards() const { return extra.has_value() ? extra->Get("table_shards") : nullptr; }
 
   // Every rank calls this with the same layout and store namespace.
   static absl::StatusOr<TrainingGroups> Build(const ParallelLayout& layout, int rank, comm::KvStore& store,
                                               const comm::CommFactory& factory);
   // The same from explicit specs (TrainingGroupSpecs' order: the four, then
-  // "expert" and "table_shards" where present).
+  // "expert", "expert_replica" and "table_shards" where present).
   static absl::StatusOr<TrainingGroups> BuildFromSpecs(int rank, const std::vector<comm::ProcessGroupSpec>& specs,
                                                        comm::KvStore& store, const comm::CommFactory& factory);
 };

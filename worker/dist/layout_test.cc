@@ -68,14 +68,18 @@ TEST(TrainingGroupSpecsTest, FallsBackToHintsAndToTheFsdpGroupForTables) {
   EXPECT_EQ(Ranks((*specs)[3]), (std::vector<int>{0}));
 }
 
-TEST(TrainingGroupSpecsTest, ExpertGroupsGiveAFifthSpec) {
+TEST(TrainingGroupSpecsTest, ExpertGroupsGiveTheExpertAndExpertReplicaSpecs) {
   const std::vector<NamedGroup> plan = {{"fsdp/0", {0, 1, 2, 3}}, {"expert/moe/0", {0, 1}}, {"expert/moe/1", {2, 3}}};
   auto specs = TrainingGroupSpecs(3, 4, plan, {});
   ASSERT_TRUE(specs.ok()) << specs.status();
-  ASSERT_EQ(specs->size(), 5u);
+  ASSERT_EQ(specs->size(), 6u);
   EXPECT_EQ((*specs)[4].name, "expert");
   EXPECT_EQ((*specs)[4].index, 1);
   EXPECT_EQ(Ranks((*specs)[4]), (std::vector<int>{2, 3}));
+  // Rank 3 owns the experts rank 1 owns in the other group.
+  EXPECT_EQ((*specs)[5].name, "expert_replica");
+  EXPECT_EQ((*specs)[5].index, 1);
+  EXPECT_EQ(Ranks((*specs)[5]), (std::vector<int>{1, 3}));
   EXPECT_EQ(TrainingGroupSpecs(3, 4, {{"fsdp/0", {0, 1, 2, 3}}}, {})->size(), 4u);
   // Two expert modules, or expert groups that miss ranks, are refused.
   EXPECT_FALSE(TrainingGroupSpecs(0, 2, {{"fsdp/0", {0, 1}}, {"expert/a/0", {0, 1}}, {"expert/b/0", {0, 1}}}, {}).ok());
