@@ -201,6 +201,14 @@ void ExpectPlanTrainsLikeOneRank(double hbm_bytes, bool v3, bool expert_parallel
     auto m = worker::DistributedModel::Create(model->config, model->schema, &groups, &world, planned_tables);
     ASSERT_TRUE(m.ok()) << m.status();
     EXPECT_EQ((*m)->expert_parallel(), expert_groups);
+    // Expert-parallel ranks store only their experts: 1/EP of the experts'
+    // bytes (EP divides the experts here).
+    if (expert_groups) {
+      EXPECT_GT((*m)->expert_parameter_bytes(), 0);
+      EXPECT_EQ((*m)->stored_expert_parameter_bytes() * groups.expert()->size(), (*m)->expert_parameter_bytes());
+    } else {
+      EXPECT_EQ((*m)->stored_expert_parameter_bytes(), 0);
+    }
     EXPECT_EQ(groups.table_shards() != nullptr, v3);
     // Shard i of every table sits on the group position the plan lists i-th.
     for (size_t t = 0; t < planned_tables.size(); ++t) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -42,24 +43,55 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
       engine::GemLite<float>::Create(config, schema, engine::TableStorage::kExternal);
   if (!model.ok()) return model.status();
   m->model_ = *std::move(model);
+  m->expert_span_ = {-1, -1};
   for (const std::string& name : m->model_->DenseParameterNames()) {
     m->dense_params_.push_back(m->model_->DenseParameter(name));
     m->dense_grads_.push_back(m->model_->DenseGradient(name));
+    m->dense_offsets_.push_back(m->dense_numel_);
     m->dense_numel_ += m->dense_params_.back().numel();
+    if (absl::StartsWith(name, "moe.expert")) {
+      if (m->expert_span_.first < 0) m->expert_span_.first = m->dense_offsets_.back();
+      if (m->expert_span_.second >= 0 && m->expert_span_.second != m->dense_offsets_.back()) {
+        return absl::InternalError(absl::StrCat("dense parameter ", name, ": the experts' parameters are not contiguous"));
+      }
+      m->expert_span_.second = m->dense_numel_;
+    }
   }
   m->fingerprint_ = ModelFingerprint(*m->model_, schema, config.dim);
+  if (groups->expert() != nullptr && groups->expert()->size() > 1) {
+    absl::StatusOr<std::unique_ptr<dist::ExpertAllToAll>> router =
+        dist::ExpertAllToAll::Create(groups->expert(), config.num_experts);
+    if (!router.ok()) return router.status();
+    m->router_ = *std::move(router);
+  }
+  if (m->router_ == nullptr || m->expert_span_.first < 0) {
+    m->expert_span_ = {m->dense_numel_, m->dense_numel_};
+  } else {
+    // Every expert has the same shape; blocks of experts are contiguous.
+    const int64_t per_expert = (m->expert_span_.second - m->expert_span_.first) / config.num_experts;
+    const auto [first, end] = dist::ExpertBlock(config.num_experts, groups->expert()->size(), groups->expert()->rank());
+    m->own_experts_ = {m->expert_span_.first + first * per_expert, m->expert_span_.first + end * per_expert};
+    m->expert_block_numel_ = dist::ExpertBlock(config.num_experts, groups->expert()->size(), 0).second * per_expert;
+  }
   comm::Communicator* replica = groups->replica()->size() > 1 ? groups->replica() : nullptr;
-  absl::StatusOr<dist::FsdpFlatParameter> dense = dist::FsdpFlatParameter::Create(m->dense_numel_, groups->fsdp(), replica);
+  const int64_t fsdp_numel = m->dense_numel_ - (m->expert_span_.second - m->expert_span_.first);
+  absl::StatusOr<dist::FsdpFlatParameter> dense = dist::FsdpFlatParameter::Create(fsdp_numel, groups->fsdp(), replica);
   if (!dense.ok()) return dense.status();
   m->dense_.emplace(*std::move(dense));
   const dist::FlatShardLayout& layout = m->dense_->layout();
   // Every rank built the same initial parameters (the engine seeds them
-  // from the config); each keeps its shard.
+  // from the config); each keeps its shard and its experts.
+  const int64_t own = m->own_experts_.second - m->own_experts_.first;
   m->full_.assign(layout.padded_numel, 0.0f);
-  int64_t offset = 0;
-  for (const TensorView& v : m->dense_params_) {
-    std::memcpy(m->full_.data() + offset, v.data, v.nbytes());
-    offset += v.numel();
+  Resize(m->expert_value_, own);
+  for (size_t i = 0; i < m->dense_params_.size(); ++i) {
+    const TensorView& v = m->dense_params_[i];
+    const int64_t o = m->dense_offsets_[i];
+    if (o < m->expert_span_.first || o >= m->expert_span_.second) {
+      std::memcpy(m->full_.data() + m->Compact(o), v.data, v.nbytes());
+    } else if (o >= m->own_experts_.first && o < m->own_experts_.second) {
+      std::memcpy(m->expert_value_.data() + (o - m->own_experts_.first), v.data, v.nbytes());
+    }
   }
   const int64_t first = layout.ShardOffset(groups->fsdp()->rank());
   m->shard_.assign(m->full_.begin() + first, m->full_.begin() + first + layout.shard_numel);
@@ -67,6 +99,9 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
   m->adam_v_.assign(layout.shard_numel, 0.0f);
   Resize(m->shard_grad_, layout.shard_numel);
   m->full_grad_.assign(layout.padded_numel, 0.0f);
+  m->expert_m_.assign(own, 0.0f);
+  m->expert_v_.assign(own, 0.0f);
+  Resize(m->expert_grad_, own);
 
   std::vector<dist::EmbeddingTableConfig> tables;
   for (const engine::FeatureSchema::Table& t : schema.tables) {
@@ -105,12 +140,6 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
         std::find(parts.begin(), parts.end(), part[0]) - parts.begin() == groups->table_replica()->rank();
   }
   m->tables_ = *std::move(collection);
-  if (groups->expert() != nullptr && groups->expert()->size() > 1) {
-    absl::StatusOr<std::unique_ptr<dist::ExpertAllToAll>> router =
-        dist::ExpertAllToAll::Create(groups->expert(), config.num_experts);
-    if (!router.ok()) return router.status();
-    m->router_ = *std::move(router);
-  }
   const engine::GemLiteConfig init = config;
   if (absl::Status s = m->tables_->Initialize([&init](int t, int64_t row, int64_t col) {
         return static_cast<float>(engine::InitialTableValue(init, t, row, col));
@@ -124,18 +153,43 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
 std::pair<int64_t, int64_t> DistributedModel::DenseRange() const {
   const dist::FlatShardLayout& layout = dense_->layout();
   const int64_t first = layout.ShardOffset(groups_->fsdp()->rank());
-  return {std::min(first, dense_numel_), std::min(first + layout.shard_numel, dense_numel_)};
+  return {std::min(first, layout.numel), std::min(first + layout.shard_numel, layout.numel)};
 }
 
-absl::Status DistributedModel::GatherDense() {
+absl::Status DistributedModel::GatherForStep() {
   const dist::FlatShardLayout& layout = dense_->layout();
   if (absl::Status s = dense_->AllGather(Flat(shard_, layout.shard_numel), Flat(full_, layout.padded_numel)); !s.ok()) {
     return s;
   }
-  int64_t offset = 0;
-  for (const TensorView& v : dense_params_) {
-    std::memcpy(v.data, full_.data() + offset, v.nbytes());
-    offset += v.numel();
+  for (size_t i = 0; i < dense_params_.size(); ++i) {
+    const TensorView& v = dense_params_[i];
+    const int64_t o = dense_offsets_[i];
+    if (o < expert_span_.first || o >= expert_span_.second) {
+      std::memcpy(v.data, full_.data() + Compact(o), v.nbytes());
+    } else if (o >= own_experts_.first && o < own_experts_.second) {
+      std::memcpy(v.data, expert_value_.data() + (o - own_experts_.first), v.nbytes());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedModel::GatherDense() {
+  if (absl::Status s = GatherForStep(); !s.ok()) return s;
+  if (router_ == nullptr) return absl::OkStatus();
+  // Block r of the group starts at expert r x (block size): the gathered
+  // blocks are the experts' span in order, padded at the end.
+  comm::Communicator& group = *groups_->expert();
+  std::vector<float> block(expert_block_numel_, 0.0f), all(expert_block_numel_ * group.size());
+  std::copy(expert_value_.begin(), expert_value_.begin() + (own_experts_.second - own_experts_.first), block.begin());
+  if (absl::Status s = group.AllGather(Flat(block, expert_block_numel_), Flat(all, static_cast<int64_t>(all.size())));
+      !s.ok()) {
+    return s;
+  }
+  for (size_t i = 0; i < dense_params_.size(); ++i) {
+    const int64_t o = dense_offsets_[i];
+    if (o >= expert_span_.first && o < expert_span_.second) {
+      std::memcpy(dense_params_[i].data, all.data() + (o - expert_span_.first), dense_params_[i].nbytes());
+    }
   }
   return absl::OkStatus();
 }
@@ -164,7 +218,7 @@ absl::Status DistributedModel::Lookup(const std::vector<engine::TableLookups>* l
 
 absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Batch& batch, Times* times) {
   Clock::time_point t = Clock::now();
-  if (absl::Status s = GatherDense(); !s.ok()) return s;
+  if (absl::Status s = GatherForStep(); !s.ok()) return s;
   times->comm_seconds += Since(t);
   t = Clock::now();
   absl::StatusOr<std::vector<engine::TableLookups>> lookups = model_->TableLookupsOf(batch);
@@ -188,10 +242,14 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
   absl::StatusOr<engine::StepResult> result = model_->ForwardBackward(batch, pooled_views_);
   model_->SetExpertRouter(nullptr);
   if (!result.ok()) return result.status();
-  int64_t offset = 0;
-  for (const TensorView& g : dense_grads_) {
-    std::memcpy(full_grad_.data() + offset, g.data, g.nbytes());
-    offset += g.numel();
+  for (size_t i = 0; i < dense_grads_.size(); ++i) {
+    const TensorView& g = dense_grads_[i];
+    const int64_t o = dense_offsets_[i];
+    if (o < expert_span_.first || o >= expert_span_.second) {
+      std::memcpy(full_grad_.data() + Compact(o), g.data, g.nbytes());
+    } else if (o >= own_experts_.first && o < own_experts_.second) {
+      std::memcpy(expert_grad_.data() + (o - own_experts_.first), g.data, g.nbytes());
+    }
   }
   times->compute_seconds += Since(t);
   const dist::FlatShardLayout& layout = dense_->layout();
@@ -200,6 +258,13 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
                                                Flat(shard_grad_, layout.shard_numel), dist::GradReduction::kSum);
       !s.ok()) {
     return s;
+  }
+  // Each owned expert's gradient: summed over the expert groups' tokens on
+  // this rank already, over the other expert groups here.
+  const int64_t own = own_experts_.second - own_experts_.first;
+  comm::Communicator* expert_replica = groups_->expert_replica();
+  if (own > 0 && expert_replica != nullptr && expert_replica->size() > 1) {
+    if (absl::Status s = expert_replica->AllReduce(Flat(expert_grad_, own), comm::ReduceOp::kSum); !s.ok()) return s;
   }
   times->comm_seconds += Since(t);
   t = Clock::now();
@@ -211,6 +276,13 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
                                 Flat(adam_v_, layout.shard_numel));
       !s.ok()) {
     return s;
+  }
+  if (own > 0) {
+    if (absl::Status s = AdamStep(adam, adam_step_, Flat(expert_value_, own), Flat(expert_grad_, own),
+                                  Flat(expert_m_, own), Flat(expert_v_, own));
+        !s.ok()) {
+      return s;
+    }
   }
   std::vector<TensorView> pooled_grads = model_->PooledGradients();
   times->compute_seconds += Since(t);
@@ -242,14 +314,26 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
 absl::Status DistributedModel::Save(CheckpointShard* shard) {
   (*shard)["fingerprint"] = fingerprint_;
   (*shard)["adam_step"] = absl::StrCat(adam_step_);
-  // Replica 0 of each shard records it; the other replicas hold copies.
+  // Replica 0 of each shard (expert replica 0 of each expert block)
+  // records it; the other replicas hold copies. The FSDP shard's range
+  // lies on either side of the experts in the flat dense vector.
+  const int64_t experts = expert_span_.second - expert_span_.first;
   if (groups_->replica()->rank() == 0) {
     const auto [first, end] = DenseRange();
     const int64_t base = dense_->layout().ShardOffset(groups_->fsdp()->rank());
-    (*shard)["dense.range"] = absl::StrCat(first, " ", end);
-    (*shard)["dense.value"] = FloatRecord(shard_.data() + (first - base), end - first);
-    (*shard)["dense.adam_m"] = FloatRecord(adam_m_.data() + (first - base), end - first);
-    (*shard)["dense.adam_v"] = FloatRecord(adam_v_.data() + (first - base), end - first);
+    const int64_t split = std::clamp(expert_span_.first, first, end);
+    if (first < split) {
+      SaveDenseSlice(shard, 0, {first, split}, shard_.data() + (first - base), adam_m_.data() + (first - base),
+                     adam_v_.data() + (first - base));
+    }
+    if (split < end) {
+      SaveDenseSlice(shard, 1, {split + experts, end + experts}, shard_.data() + (split - base),
+                     adam_m_.data() + (split - base), adam_v_.data() + (split - base));
+    }
+  }
+  comm::Communicator* expert_replica = groups_->expert_replica();
+  if (own_experts_.first < own_experts_.second && (expert_replica == nullptr || expert_replica->rank() == 0)) {
+    SaveDenseSlice(shard, 2, own_experts_, expert_value_.data(), expert_m_.data(), expert_v_.data());
   }
   if (records_tables_) {
     const int rank = groups_->tables()->rank();
@@ -266,30 +350,36 @@ absl::Status DistributedModel::Save(CheckpointShard* shard) {
 }
 
 absl::Status DistributedModel::Restore(const std::vector<CheckpointShard>& shards) {
-  const auto dense_range = DenseRange();
-  const int64_t base = dense_->layout().ShardOffset(groups_->fsdp()->rank());
-  int64_t dense_covered = 0;
   std::optional<int64_t> adam_step;
   for (size_t i = 0; i < shards.size(); ++i) {
-    const CheckpointShard& s = shards[i];
-    absl::StatusOr<int64_t> step = CheckpointAdamStep(s, i, fingerprint_);
+    absl::StatusOr<int64_t> step = CheckpointAdamStep(shards[i], i, fingerprint_);
     if (!step.ok()) return step.status();
     adam_step = *step;
-    if (std::optional<std::pair<int64_t, int64_t>> r = RangeRecord(s, "dense.range")) {
-      int64_t n = 0;
-      for (auto [key, dst] : {std::pair<const char*, std::vector<float>*>{"dense.value", &shard_},
-                              {"dense.adam_m", &adam_m_},
-                              {"dense.adam_v", &adam_v_}}) {
-        auto rec = s.find(key);
-        n = rec == s.end() ? -1 : CopyRecordOverlap(rec->second, *r, 1, dense_range, dst->data() + (dense_range.first - base));
-        if (n < 0) return absl::DataLossError(absl::StrCat("checkpoint shard ", i, ": ", key, " does not match its range"));
-      }
-      dense_covered += n;
-    }
   }
-  if (dense_covered != dense_range.second - dense_range.first) {
-    return absl::DataLossError(absl::StrCat("checkpoint covers ", dense_covered, " of this rank's ",
-                                            dense_range.second - dense_range.first, " dense parameters"));
+  // This rank's ranges of the flat dense vector: its FSDP shard on either
+  // side of the experts, and its own experts.
+  const auto [first, end] = DenseRange();
+  const int64_t base = dense_->layout().ShardOffset(groups_->fsdp()->rank());
+  const int64_t experts = expert_span_.second - expert_span_.first;
+  const int64_t split = std::clamp(expert_span_.first, first, end);
+  struct Slice {
+    std::pair<int64_t, int64_t> range;
+    float *value, *adam_m, *adam_v;
+  };
+  const Slice slices[] = {
+      {{first, split}, shard_.data() + (first - base), adam_m_.data() + (first - base), adam_v_.data() + (first - base)},
+      {{split + experts, end + experts}, shard_.data() + (split - base), adam_m_.data() + (split - base),
+       adam_v_.data() + (split - base)},
+      {own_experts_, expert_value_.data(), expert_m_.data(), expert_v_.data()}};
+  for (const Slice& slice : slices) {
+    if (slice.range.first >= slice.range.second) continue;
+    absl::StatusOr<int64_t> covered = RestoreDenseSlice(shards, slice.range, slice.value, slice.adam_m, slice.adam_v);
+    if (!covered.ok()) return covered.status();
+    if (*covered != slice.range.second - slice.range.first) {
+      return absl::DataLossError(absl::StrCat("checkpoint covers ", *covered, " of this rank's ",
+                                              slice.range.second - slice.range.first, " dense parameters [",
+                                              slice.range.first, ", ", slice.range.second, ")"));
+    }
   }
   const int rank = groups_->tables()->rank();
   const dist::EmbeddingShardingPlan& plan = tables_->plan();

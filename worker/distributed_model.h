@@ -19,18 +19,28 @@
 //   experts with an expert-parallel group (the plan's "expert/" groups),
 //           each rank computes only its block of the experts, on the tokens
 //           of the whole group (token all-to-all, worker/dist/
-//           expert_parallel.h); the experts' parameters stay in the FSDP
-//           buffer (so expert parallelism saves compute, not memory, yet),
-//           where a rank's zero gradients for the experts it does not
-//           compute make the reductions add up each expert's owners'.
-//           Predict (eval) computes every expert locally.
+//           expert_parallel.h), and stores and steps only the parameters
+//           of those experts with their AdamW moments (1/EP of the experts'
+//           bytes), outside the FSDP buffer: their gradients are
+//           all-reduced over the "expert_replica" group only (the ranks
+//           owning the same experts in the other expert groups). GatherDense
+//           all-gathers the experts over the expert group into the engine
+//           model, for Predict and for export.
+//           Predict (eval) computes every expert locally on those gathered
+//           weights rather than through the all-to-all: the eval rounds of
+//           RankRun give a rank past its slice of the eval set no batch
+//           (Predict(nullptr)), while the token all-to-all needs every rank
+//           of the group in every round, and the engine has no zero-token
+//           MoE forward to join it with.
 // Every rank's loss is the mean over its own samples; the engine weights
 // its gradients by the rank's share of the global batch (known before the
 // forward), so N ranks train exactly like one rank on the concatenated
 // batch (up to float summation order), with any local batch sizes.
 //
-// Checkpoints are layout-independent: each shard's owner (replica 0 of it)
-// records its element or row range with values and optimizer state, and a
+// Checkpoints are layout-independent: each shard's owner (replica 0 of it,
+// of an expert block expert replica 0) records its element or row ranges
+// (dense ranges of the flat vector of every parameter, experts included;
+// worker/checkpoint.h SaveDenseSlice) with values and optimizer state, and a
 // restore copies whatever overlaps the restoring rank's ranges, so a
 // checkpoint can be resumed under another FSDP or table layout.
 //
@@ -93,12 +103,26 @@ class DistributedModel : public RankModel {
   engine::GemLite<float>& engine_model() { return *model_; }
   const dist::ShardedEmbeddingCollection& tables() const { return *tables_; }
   int64_t adam_step() const { return adam_step_; }
+  // Bytes of the experts' parameters (all experts), of those this rank
+  // stores (its own under expert parallelism, else none: they sit in the
+  // FSDP shard), and of this rank's FSDP shard of the other dense
+  // parameters. The AdamW moments double each.
+  int64_t expert_parameter_bytes() const { return (expert_span_.second - expert_span_.first) * sizeof(float); }
+  int64_t stored_expert_parameter_bytes() const { return static_cast<int64_t>(expert_value_.size() * sizeof(float)); }
+  int64_t dense_shard_bytes() const { return static_cast<int64_t>(shard_.size() * sizeof(float)); }
 
  private:
   DistributedModel() = default;
-  // The dense parameters' range [first, second) of the flat buffer this
+  // The dense parameters' range [first, second) of the FSDP buffer this
   // rank's shard holds, clipped to the unpadded size.
   std::pair<int64_t, int64_t> DenseRange() const;
+  // FSDP buffer offset of flat dense vector offset `flat` (outside the
+  // experts' span).
+  int64_t Compact(int64_t flat) const {
+    return flat < expert_span_.first ? flat : flat - (expert_span_.second - expert_span_.first);
+  }
+  // FSDP all-gather into the engine model, plus this rank's own experts.
+  absl::Status GatherForStep();
   // Writes pooled rows of the tables for `lookups` (empty bags when null).
   absl::Status Lookup(const std::vector<engine::TableLookups>* lookups);
 
@@ -111,7 +135,15 @@ class DistributedModel : public RankModel {
   std::unique_ptr<dist::ExpertAllToAll> router_;  // Null without expert parallelism.
   bool records_tables_ = false;  // Whether Save records this rank's table parts.
   std::vector<TensorView> dense_params_, dense_grads_;
-  int64_t dense_numel_ = 0;
+  std::vector<int64_t> dense_offsets_;  // Of each parameter in the flat dense vector.
+  int64_t dense_numel_ = 0;             // Of the flat dense vector, experts included.
+  // The experts' parameters span [expert_span_) of the flat dense vector
+  // (empty at its end without expert parallelism), this rank's experts
+  // [own_experts_); the FSDP buffer holds the rest, closed up (Compact).
+  std::pair<int64_t, int64_t> expert_span_{0, 0}, own_experts_{0, 0};
+  int64_t expert_block_numel_ = 0;  // The largest expert block of the group.
+  // This rank's experts' parameters, AdamW moments and gradients.
+  std::vector<float> expert_value_, expert_m_, expert_v_, expert_grad_;
   // Local shard of the flat dense parameters and its AdamW moments.
   std::vector<float> shard_, adam_m_, adam_v_, shard_grad_;
   int64_t adam_step_ = 0;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "engine/testing/movielens.h"
@@ -101,15 +103,20 @@ double RelativeError(const float* a, const float* b, int64_t n) {
   return diff / std::max(norm, 1e-30);
 }
 
-// Every rank's dense parameters and table rows against the reference.
-void ExpectMatches(DistributedModel& m, const Reference& ref, int rank) {
-  ASSERT_TRUE(m.GatherDense().ok());
+// The engine model's dense parameters, flat, in DenseParameterNames order.
+std::vector<float> DenseOf(engine::GemLite<float>& e) {
   std::vector<float> dense;
-  engine::GemLite<float>& e = m.engine_model();
   for (const std::string& name : e.DenseParameterNames()) {
     const TensorView v = e.DenseParameter(name);
     dense.insert(dense.end(), v.as<float>(), v.as<float>() + v.numel());
   }
+  return dense;
+}
+
+// Every rank's dense parameters and table rows against the reference.
+void ExpectMatches(DistributedModel& m, const Reference& ref, int rank) {
+  ASSERT_TRUE(m.GatherDense().ok());
+  const std::vector<float> dense = DenseOf(m.engine_model());
   ASSERT_EQ(dense.size(), ref.dense.size());
   const double dense_error = RelativeError(dense.data(), ref.dense.data(), dense.size());
   EXPECT_LT(dense_error, 1e-5) << "rank " << rank << " dense";
@@ -167,6 +174,38 @@ void Train(DistributedModel& m, const engine::MovieLensCtr& data, int rank, int 
   }
 }
 
+// Under expert parallelism a rank stores its block of the experts (1/EP of
+// the experts' bytes when EP divides the experts), outside its FSDP shard;
+// without it, none (the experts sit in the FSDP shard).
+void ExpectStoresOwnExpertsOnly(DistributedModel& m, const dist::TrainingGroups& groups) {
+  const int64_t total = m.expert_parameter_bytes();
+  if (!m.expert_parallel()) {
+    EXPECT_EQ(m.stored_expert_parameter_bytes(), 0);
+    return;
+  }
+  const int ep = groups.expert()->size();
+  const auto [first, end] = dist::ExpertBlock(Config().num_experts, ep, groups.expert()->rank());
+  EXPECT_GT(total, 0);
+  EXPECT_EQ(m.stored_expert_parameter_bytes(), total / Config().num_experts * (end - first));
+  if (Config().num_experts % ep == 0) {
+    EXPECT_EQ(m.stored_expert_parameter_bytes() * ep, total);
+  }
+  // Before: every rank's FSDP shard held 1/FSDP of all dense bytes, experts
+  // included, and the step gathered all of them.
+  const int64_t dense_total = static_cast<int64_t>(DenseOf(m.engine_model()).size() * sizeof(float));
+  const int64_t fsdp = groups.fsdp()->size();
+  EXPECT_EQ(m.dense_shard_bytes(), ((dense_total - total) / 4 + fsdp - 1) / fsdp * 4);
+  if (groups.expert()->rank() == 0 && groups.fsdp()->rank() == 0) {
+    std::printf("EP %d, FSDP %lld: experts %lld B of %lld B dense; stored per rank: FSDP shard %lld B + experts %lld B "
+                "(before: FSDP shard %lld B, experts in it); gathered per step %lld B (before %lld B)\n",
+                ep, static_cast<long long>(fsdp), static_cast<long long>(total), static_cast<long long>(dense_total),
+                static_cast<long long>(m.dense_shard_bytes()), static_cast<long long>(m.stored_expert_parameter_bytes()),
+                static_cast<long long>((dense_total / 4 + fsdp - 1) / fsdp * 4),
+                static_cast<long long>(dense_total - total + m.stored_expert_parameter_bytes()),
+                static_cast<long long>(dense_total));
+  }
+}
+
 // Trains kSteps on kWorld ranks laid out by `hints` with the tables placed
 // by `planned(schema tables)`, and checks every step's global loss and the
 // final parameters (dense and every rank's table block) against one rank.
@@ -185,6 +224,7 @@ void ExpectPlanTrainsLikeOneRank(const dist::ParallelismHints& hints,
     bool has_expert_groups = false;
     for (const dist::NamedGroup& g : plan_groups) has_expert_groups |= g.name.rfind("expert/", 0) == 0;
     EXPECT_EQ((*m)->expert_parallel(), has_expert_groups);
+    ExpectStoresOwnExpertsOnly(**m, groups);
     // Under V3 a rank stores only its part of every block of two rows or more.
     bool v3 = false;
     for (const dist::NamedGroup& g : plan_groups) v3 |= g.name.rfind("table_shards/", 0) == 0;
@@ -247,12 +287,13 @@ std::vector<dist::PlannedTable> RowWiseEverywhere(const std::vector<engine::Feat
 
 // The plan's expert-parallel groups: two groups of two ranks, one expert
 // on each rank; every token goes to both ranks of its group and back.
+const std::vector<dist::NamedGroup> kExpertGroups = {{"fsdp/0", {0, 1, 2, 3}},
+                                                      {"tables/0", {0, 1, 2, 3}},
+                                                      {"expert/moe/0", {0, 1}},
+                                                      {"expert/moe/1", {2, 3}}};
+
 TEST(DistributedModelTest, ExpertParallelGroupsTrainLikeOneRank) {
-  ExpectPlanTrainsLikeOneRank({}, RowWiseEverywhere,
-                              {{"fsdp/0", {0, 1, 2, 3}},
-                               {"tables/0", {0, 1, 2, 3}},
-                               {"expert/moe/0", {0, 1}},
-                               {"expert/moe/1", {2, 3}}});
+  ExpectPlanTrainsLikeOneRank({}, RowWiseEverywhere, kExpertGroups);
 }
 
 // One expert-parallel group over all four ranks with two experts: ranks 2
@@ -289,6 +330,20 @@ TEST(DistributedModelTest, V3ShardGroupsTrainLikeOneRank) {
   ExpectPlanTrainsLikeOneRank({}, MixedOverTwo, kV3Groups);
 }
 
+// Resumes `saved` (written after kSteps / 2) on four ranks holding FSDP and
+// tables over all of them, with no expert parallelism, and trains to the end
+// like one rank.
+void ExpectResumesOnFourRanksLikeOneRank(const engine::MovieLensCtr& data, const Reference& ref,
+                                         const std::vector<CheckpointShard>& saved) {
+  OnRanks({4, 1, 4}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE((*m)->Restore(saved).ok());
+    Train(**m, data, rank, kSteps / 2, kSteps);
+    ExpectMatches(**m, ref, rank);
+  });
+}
+
 // A V3 checkpoint holds every part once and resumes under a plain layout.
 TEST(DistributedModelTest, V3CheckpointResumesUnderAnotherLayout) {
   const engine::MovieLensCtr data = Data();
@@ -300,13 +355,47 @@ TEST(DistributedModelTest, V3CheckpointResumesUnderAnotherLayout) {
     Train(**m, data, rank, 0, kSteps / 2);
     ASSERT_TRUE((*m)->Save(&saved[rank]).ok());
   }, kV3Groups);
-  OnRanks({4, 1, 4}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
-    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world);
+  ExpectResumesOnFourRanksLikeOneRank(data, ref, saved);
+}
+
+// An expert-parallel checkpoint records every expert once (with the other
+// dense parameters, every element once) and resumes under a layout without
+// expert parallelism, and on one rank.
+TEST(DistributedModelTest, ExpertParallelCheckpointResumesUnderAnotherLayoutAndOnOneRank) {
+  const engine::MovieLensCtr data = Data();
+  const Reference ref = TrainOneRank(data, kSteps);
+  std::vector<CheckpointShard> saved(kWorld);
+  int64_t expert_bytes = 0;
+  OnRanks({}, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world) {
+    auto m = DistributedModel::Create(Config(), data.schema(), &groups, &world, RowWiseEverywhere(data.schema().tables));
     ASSERT_TRUE(m.ok()) << m.status();
-    ASSERT_TRUE((*m)->Restore(saved).ok());
-    Train(**m, data, rank, kSteps / 2, kSteps);
-    ExpectMatches(**m, ref, rank);
-  });
+    ASSERT_TRUE((*m)->expert_parallel());
+    if (rank == 0) expert_bytes = (*m)->expert_parameter_bytes();
+    Train(**m, data, rank, 0, kSteps / 2);
+    ASSERT_TRUE((*m)->Save(&saved[rank]).ok());
+  }, kExpertGroups);
+  int64_t recorded = 0, recorded_experts = 0;
+  for (const CheckpointShard& s : saved) {
+    for (const char* key : {"dense.range", "dense.1.range", "dense.2.range"}) {
+      if (std::optional<std::pair<int64_t, int64_t>> r = RangeRecord(s, key)) {
+        recorded += r->second - r->first;
+        if (std::string(key) == "dense.2.range") recorded_experts += r->second - r->first;
+      }
+    }
+  }
+  EXPECT_EQ(recorded, static_cast<int64_t>(ref.dense.size()));
+  EXPECT_EQ(recorded_experts * static_cast<int64_t>(sizeof(float)), expert_bytes);
+  ExpectResumesOnFourRanksLikeOneRank(data, ref, saved);
+  auto single = SingleRankModel::Create(Config(), data.schema(), engine::ExecutionOptions());
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_TRUE((*single)->Restore(saved).ok());
+  for (int step = kSteps / 2; step < kSteps; ++step) {
+    RankModel::Times times;
+    ASSERT_TRUE((*single)->TrainStep(data.MakeBatch(false, GlobalSamples(data, step, kWorld)), &times, nullptr).ok());
+  }
+  const std::vector<float> dense = DenseOf((*single)->engine_model());
+  ASSERT_EQ(dense.size(), ref.dense.size());
+  EXPECT_LT(RelativeError(dense.data(), ref.dense.data(), dense.size()), 1e-5);
 }
 
 // Whole tables on the ranks the plan names (not the balanced rule's), plus
@@ -400,11 +489,7 @@ TEST(DistributedModelTest, SingleRankCheckpointsInterchangeWithDistributedOnes) 
     ASSERT_TRUE((*resumed)->TrainStep(data.MakeBatch(false, GlobalSamples(data, step, kWorld)), &times, nullptr).ok());
   }
   engine::GemLite<float>& e = (*resumed)->engine_model();
-  std::vector<float> dense;
-  for (const std::string& name : e.DenseParameterNames()) {
-    const TensorView v = e.DenseParameter(name);
-    dense.insert(dense.end(), v.as<float>(), v.as<float>() + v.numel());
-  }
+  const std::vector<float> dense = DenseOf(e);
   ASSERT_EQ(dense.size(), ref.dense.size());
   EXPECT_LT(RelativeError(dense.data(), ref.dense.data(), dense.size()), 1e-5);
   for (int t = 0; t < e.num_tables(); ++t) {
