@@ -34,6 +34,7 @@
 #include "engine/calibrate.h"
 #include "engine/job_model.h"
 #include "engine/model.h"
+#include "engine/testing/compare.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "recfleet/v1/job.pb.h"
@@ -113,24 +114,6 @@ engine::Batch GlobalBatch(const engine::JobModel& model, int step) {
   return engine::ConcatBatches(parts);
 }
 
-double RelativeError(const float* a, const float* b, int64_t n) {
-  double diff = 0, norm = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    norm = std::max(norm, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / std::max(norm, 1e-30);
-}
-
-std::vector<float> DenseParameters(engine::GemLite<float>& m) {
-  std::vector<float> out;
-  for (const std::string& name : m.DenseParameterNames()) {
-    const TensorView v = m.DenseParameter(name);
-    out.insert(out.end(), v.as<float>(), v.as<float>() + v.numel());
-  }
-  return out;
-}
-
 // Plans Spec(dim) on two hosts of two GPUs of `hbm_bytes` each, checks
 // that the plan has the expected shape (mixed table layouts, V3 or V2,
 // expert-parallel or not), and trains it (see the top).
@@ -193,7 +176,7 @@ void ExpectPlanTrainsLikeOneRank(double hbm_bytes, bool v3, bool expert_parallel
     reference_losses.push_back(r->ctr_loss);
     ASSERT_TRUE((*reference)->ApplyUpdates().ok());
   }
-  const std::vector<float> reference_dense = DenseParameters(**reference);
+  const std::vector<float> reference_dense = engine::FlatDenseParameters(**reference);
 
   std::vector<std::vector<double>> weighted_losses(kWorld);
   dist::RunOnGlooRanks(kWorld, plan_groups, hints, [&](int rank, const dist::TrainingGroups& groups,
@@ -226,9 +209,9 @@ void ExpectPlanTrainsLikeOneRank(double hbm_bytes, bool v3, bool expert_parallel
     }
     // Dense parameters, and this rank's block of every table it holds.
     ASSERT_TRUE((*m)->GatherDense().ok());
-    const std::vector<float> dense = DenseParameters((*m)->engine_model());
+    const std::vector<float> dense = engine::FlatDenseParameters((*m)->engine_model());
     ASSERT_EQ(dense.size(), reference_dense.size());
-    const double dense_error = RelativeError(dense.data(), reference_dense.data(), dense.size());
+    const double dense_error = engine::MaxRelativeError(dense.data(), reference_dense.data(), dense.size());
     EXPECT_LT(dense_error, 1e-5) << "rank " << rank;
     if (rank == 0) std::printf("rank 0: dense parameters' max relative error %.2e\n", dense_error);
     const dist::ShardedEmbeddingCollection& tables = (*m)->tables();
@@ -243,7 +226,7 @@ void ExpectPlanTrainsLikeOneRank(double hbm_bytes, bool v3, bool expert_parallel
       for (int64_t row = first; row < end; ++row) {
         expected.insert(expected.end(), full.as<float>() + row * dim + c0, full.as<float>() + row * dim + c1);
       }
-      EXPECT_LT(RelativeError(const_cast<dist::ShardedEmbeddingCollection&>(tables).shard(t).as<float>(),
+      EXPECT_LT(engine::MaxRelativeError(const_cast<dist::ShardedEmbeddingCollection&>(tables).shard(t).as<float>(),
                               expected.data(), expected.size()),
                 1e-5)
           << "rank " << rank << " table " << t;

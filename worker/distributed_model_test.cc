@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/testing/compare.h"
 #include "engine/testing/movielens.h"
 #include "engine/testing/synthetic.h"
 #include "gtest/gtest.h"
@@ -83,10 +84,7 @@ Reference TrainOneRank(const engine::MovieLensCtr& data, int steps) {
     EXPECT_TRUE((*model)->ApplyUpdates().ok());
   }
   Reference r;
-  for (const std::string& name : (*model)->DenseParameterNames()) {
-    const TensorView v = (*model)->DenseParameter(name);
-    r.dense.insert(r.dense.end(), v.as<float>(), v.as<float>() + v.numel());
-  }
+  r.dense = engine::FlatDenseParameters(**model);
   for (int t = 0; t < (*model)->num_tables(); ++t) {
     const TensorView v = (*model)->Table(t);
     r.tables.emplace_back(v.as<float>(), v.as<float>() + v.numel());
@@ -94,31 +92,12 @@ Reference TrainOneRank(const engine::MovieLensCtr& data, int steps) {
   return r;
 }
 
-double RelativeError(const float* a, const float* b, int64_t n) {
-  double diff = 0, norm = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    norm = std::max(norm, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / std::max(norm, 1e-30);
-}
-
-// The engine model's dense parameters, flat, in DenseParameterNames order.
-std::vector<float> DenseOf(engine::GemLite<float>& e) {
-  std::vector<float> dense;
-  for (const std::string& name : e.DenseParameterNames()) {
-    const TensorView v = e.DenseParameter(name);
-    dense.insert(dense.end(), v.as<float>(), v.as<float>() + v.numel());
-  }
-  return dense;
-}
-
 // Every rank's dense parameters and table rows against the reference.
 void ExpectMatches(DistributedModel& m, const Reference& ref, int rank) {
   ASSERT_TRUE(m.GatherDense().ok());
-  const std::vector<float> dense = DenseOf(m.engine_model());
+  const std::vector<float> dense = engine::FlatDenseParameters(m.engine_model());
   ASSERT_EQ(dense.size(), ref.dense.size());
-  const double dense_error = RelativeError(dense.data(), ref.dense.data(), dense.size());
+  const double dense_error = engine::MaxRelativeError(dense.data(), ref.dense.data(), dense.size());
   EXPECT_LT(dense_error, 1e-5) << "rank " << rank << " dense";
   if (rank == 0) std::printf("rank 0: dense parameters' max relative error %.2e\n", dense_error);
   const dist::EmbeddingShardingPlan& plan = m.tables().plan();
@@ -132,7 +111,7 @@ void ExpectMatches(DistributedModel& m, const Reference& ref, int rank) {
     for (int64_t row = first; row < end; ++row) {
       expected.insert(expected.end(), ref.tables[t].begin() + row * dim + c0, ref.tables[t].begin() + row * dim + c1);
     }
-    EXPECT_LT(RelativeError(tables.shard(t).as<float>(), expected.data(), expected.size()), 1e-5)
+    EXPECT_LT(engine::MaxRelativeError(tables.shard(t).as<float>(), expected.data(), expected.size()), 1e-5)
         << "rank " << rank << " table " << t;
   }
 }
@@ -192,7 +171,7 @@ void ExpectStoresOwnExpertsOnly(DistributedModel& m, const dist::TrainingGroups&
   }
   // Before: every rank's FSDP shard held 1/FSDP of all dense bytes, experts
   // included, and the step gathered all of them.
-  const int64_t dense_total = static_cast<int64_t>(DenseOf(m.engine_model()).size() * sizeof(float));
+  const int64_t dense_total = static_cast<int64_t>(engine::FlatDenseParameters(m.engine_model()).size() * sizeof(float));
   const int64_t fsdp = groups.fsdp()->size();
   EXPECT_EQ(m.dense_shard_bytes(), ((dense_total - total) / 4 + fsdp - 1) / fsdp * 4);
   if (groups.expert()->rank() == 0 && groups.fsdp()->rank() == 0) {
@@ -393,9 +372,9 @@ TEST(DistributedModelTest, ExpertParallelCheckpointResumesUnderAnotherLayoutAndO
     RankModel::Times times;
     ASSERT_TRUE((*single)->TrainStep(data.MakeBatch(false, GlobalSamples(data, step, kWorld)), &times, nullptr).ok());
   }
-  const std::vector<float> dense = DenseOf((*single)->engine_model());
+  const std::vector<float> dense = engine::FlatDenseParameters((*single)->engine_model());
   ASSERT_EQ(dense.size(), ref.dense.size());
-  EXPECT_LT(RelativeError(dense.data(), ref.dense.data(), dense.size()), 1e-5);
+  EXPECT_LT(engine::MaxRelativeError(dense.data(), ref.dense.data(), dense.size()), 1e-5);
 }
 
 // Whole tables on the ranks the plan names (not the balanced rule's), plus
@@ -489,11 +468,11 @@ TEST(DistributedModelTest, SingleRankCheckpointsInterchangeWithDistributedOnes) 
     ASSERT_TRUE((*resumed)->TrainStep(data.MakeBatch(false, GlobalSamples(data, step, kWorld)), &times, nullptr).ok());
   }
   engine::GemLite<float>& e = (*resumed)->engine_model();
-  const std::vector<float> dense = DenseOf(e);
+  const std::vector<float> dense = engine::FlatDenseParameters(e);
   ASSERT_EQ(dense.size(), ref.dense.size());
-  EXPECT_LT(RelativeError(dense.data(), ref.dense.data(), dense.size()), 1e-5);
+  EXPECT_LT(engine::MaxRelativeError(dense.data(), ref.dense.data(), dense.size()), 1e-5);
   for (int t = 0; t < e.num_tables(); ++t) {
-    EXPECT_LT(RelativeError(e.Table(t).as<float>(), ref.tables[t].data(), e.Table(t).numel()), 1e-5) << "table " << t;
+    EXPECT_LT(engine::MaxRelativeError(e.Table(t).as<float>(), ref.tables[t].data(), e.Table(t).numel()), 1e-5) << "table " << t;
   }
   // Another model's checkpoint is refused, not half-restored.
   engine::GemLiteConfig other = Config();
