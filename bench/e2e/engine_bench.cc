@@ -277,7 +277,15 @@ int main(int argc, char** argv) {
     if (!meter.ok()) {
       std::fprintf(stderr, "GPU idle not measured: %s\n", std::string(meter.status().message()).c_str());
     } else {
+      // The host's side of the same steps: issuing a step (forward,
+      // backward, prefetch, update) and waiting for the previous step's
+      // losses. An issue time near the GPU's step time with no wait means
+      // the host, not the GPU, sets the pace (launch-bound: what CUDA
+      // graphs would remove); a wait means the queue stayed full.
+      double issue_ms = 0, wait_ms = 0;
+      using Clock = std::chrono::steady_clock;
       for (int s = 0; s < idle_steps; ++s) {
+        const auto t0 = Clock::now();
         const recfleet::engine::Batch& b = (*batches)[(total + s) % train];
         absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
         if (!r.ok()) return Fail(std::string(r.status().message()));
@@ -285,7 +293,10 @@ int main(int argc, char** argv) {
           return Fail(std::string(p.message()));
         }
         if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
+        const auto t1 = Clock::now();
         if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
+        issue_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+        wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
         pending = *r;
       }
       CUDA_OR_FAIL(cudaDeviceSynchronize());
@@ -307,11 +318,12 @@ int main(int argc, char** argv) {
       gpu_idle = absl::StrFormat(
           "{\"steps\": %d, \"window_ms\": %.3f, \"busy_ms\": %.3f, \"idle_fraction\": %.4f, "
           "\"records\": %lld, \"gaps\": %lld, \"gaps_over_50us_ms\": %.3f, "
+          "\"host_issue_ms_per_step\": %.3f, \"host_wait_ms_per_step\": %.3f, "
           "\"busy_by_name\": %s, \"idle_before\": %s, \"idle_after\": %s}",
           idle_steps, busy->window_ms, busy->busy_ms, busy->idle_fraction(),
           static_cast<long long>(busy->records), static_cast<long long>(busy->gaps),
-          busy->gaps_over_50us_ms, shares(busy->busy_by_name), shares(busy->idle_before),
-          shares(busy->idle_after));
+          busy->gaps_over_50us_ms, issue_ms / idle_steps, wait_ms / idle_steps,
+          shares(busy->busy_by_name), shares(busy->idle_before), shares(busy->idle_after));
     }
   }
 

@@ -116,7 +116,11 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     peak = r.get("peak_memory_gib")
     if peak is None and r.get("peak_memory_bytes") is not None:
         peak = round(r["peak_memory_bytes"] / 2**30, 2)
-    idle = (r.get("gpu_idle") or {}).get("idle_fraction")
+    gi = r.get("gpu_idle") or {}
+    idle = gi.get("idle_fraction")
+    if idle is not None and gi.get("host_issue_ms_per_step") is not None:
+        idle = (f"{idle} (host per step: issue {gi['host_issue_ms_per_step']} ms, "
+                f"wait {gi['host_wait_ms_per_step']} ms)")
     print(f"{os.path.basename(path)}: batch {r.get('batch_size')} samples/s {r.get('samples_per_s')} "
           f"median step {median} ms  {r.get('tflops')} TFLOP/s "
           f"MFU {r.get('mfu_vs_989', r.get('mfu_989'))} "
