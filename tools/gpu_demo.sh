@@ -141,6 +141,11 @@ echo "worker, scraped from /metrics while training: samples/s ${qps:-n/a}, local
   "E2E MFU ${e2e:-n/a}, scaling ratio ${scaling:-n/a}"
 echo "samples/s over the steps after the first: worker ${worker_rate:-n/a}," \
   "train --local ${local_rate:-n/a}"
+# The last eval of each run: "AUC x NE y" (NE < 1: better than predicting
+# the base rate of the held-out samples).
+eval_of() { sed -n 's/.*eval at step \([0-9]*\): \(AUC [0-9.]* NE [0-9.]*\).*/\2 (step \1)/p' "$1" | tail -1; }
+echo "held-out eval: worker $(eval_of "$cluster/worker0.log"), train --local $(eval_of "$work/train-local.log")" \
+  "(NE < 1 = better than the base rate)"
 if [[ -n $worker_rate && -n $local_rate ]]; then
   python3 -c "w, l = $worker_rate, $local_rate; print(f'worker / train --local: {w / l:.3f} (platform overhead {100 * (1 - w / l):.1f}%)')"
 fi
