@@ -180,14 +180,21 @@ TEST(QuantizeCudaTest, OnePassWritesBothOrientations) {
 }
 
 // Enough tiles that every persistent block of the tile kernel handles
-// several, so the copy of the next tile overlaps the current one (and the
-// square blocks' shared encoding moves on to the next tile correctly).
+// several, so the copies of the next tiles overlap the current one and the
+// ring of stages wraps around (and the square blocks' shared encoding moves
+// on to the next tile correctly); with stochastic rounding of x^T too.
 TEST(QuantizeCudaTest, ManyTilesPerBlockMatchCpu) {
   for (DType in : {DType::kBFloat16, DType::kFloat32}) {
     for (ScaleBlock block : {ScaleBlock::k1x128, ScaleBlock::k128x128}) {
       const QuantizeConfig cfg{block, DType::kFloat8E4M3, Rounding::kNearest, 0};
       CheckOnePass(in, 2560, 3584, cfg, cfg);  // 560 tiles
     }
+    const QuantizeConfig cfg{ScaleBlock::k1x128, DType::kFloat8E4M3, Rounding::kNearest, 0};
+    QuantizeConfig cfg_t = cfg;
+    cfg_t.rounding = Rounding::kStochastic;
+    cfg_t.seed = TestRng()();
+    CheckOnePass(in, 2560, 3584, cfg, cfg_t);
+    CheckQuantize(in, 2560, 3584, cfg_t, /*transpose=*/true);
   }
 }
 

@@ -289,35 +289,77 @@ __device__ __forceinline__ void WriteScale(const QuantizeTarget& t, int64_t bi, 
 // Random bits of a tile's rows r, r + 1 and columns c .. c + 3 element by
 // element (x's row length, or row count for kT, is odd, so pairs of indices
 // do not line up with the tile): the rare case, kept out of line so that
-// the encoders stay small.
-__device__ __noinline__ void UnpairedBits(const QuantizeArgs& a, uint32_t key, bool transposed,
-                                          int64_t r, int64_t c, uint32_t (&bits)[2][4]) {
+// the encoders stay small. Everything passes by value and the 16-bit draws
+// come back packed (see UnpackBits): a reference to the arguments or to a
+// bits array made the compiler keep both in local memory on every path,
+// the common paired one too (~100 local loads and stores per tile).
+__device__ __noinline__ uint4 UnpairedBits(int64_t rows, int64_t cols, uint32_t key,
+                                           bool transposed, int64_t r, int64_t c) {
+  uint32_t w[4];
   for (int e = 0; e < 2; ++e) {
-    for (int j = 0; j < 4; ++j) {
-      const uint64_t index = static_cast<uint64_t>(transposed ? (c + j) * a.rows + r + e
-                                                              : (r + e) * a.cols + c + j);
-      bits[e][j] = minifloat::RandomBits(key, index);
+    for (int h = 0; h < 2; ++h) {
+      uint32_t half[2];
+      for (int k = 0; k < 2; ++k) {
+        const int64_t cc = c + 2 * h + k, rr = r + e;
+        const uint64_t index = static_cast<uint64_t>(transposed ? cc * rows + rr : rr * cols + cc);
+        half[k] = minifloat::RandomBits(key, index);
+      }
+      w[2 * e + h] = half[0] | half[1] >> 16;
     }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// bits[e][j] (top 16 bits) of UnpairedBits' packed result.
+__device__ __forceinline__ void UnpackBits(const uint4& p, uint32_t (&bits)[2][4]) {
+  const uint32_t w[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    bits[k / 2][2 * (k % 2)] = w[k] & 0xFFFF0000u;
+    bits[k / 2][2 * (k % 2) + 1] = w[k] << 16;
   }
 }
 
 // Encodes the thread's elements for one output: word[i][rr] holds the four
 // bytes of row (i, rr), column j in byte j. Stochastic rounding draws from
 // the element's index in that output (x's for direct, x^T's for transposed),
-// as the CPU reference does.
+// as the CPU reference does; `key` is minifloat::RandomKey(t.seed), computed
+// on the host (in a kernel parameter it costs no registers, where the
+// compiler recomputed it for every row pair).
 template <int XR, int XC, bool kT, bool kSR, bool kE5M2>
 __device__ __forceinline__ void EncodeAs(const QuantizeArgs& a, const QuantizeTarget& t,
-                                         const Tile& v, const TileScales<XR, XC>& sc, int64_t r0,
-                                         int64_t c, int warp, uint32_t (&word)[4][4]) {
+                                         uint32_t key, const Tile& v,
+                                         const TileScales<XR, XC>& sc, int64_t r0, int64_t c,
+                                         int warp, uint32_t (&word)[4][4]) {
   constexpr bool e5m2 = kE5M2;
   const minifloat::Spec spec = e5m2 ? minifloat::E5M2() : minifloat::E4M3();
-  const uint32_t key = minifloat::RandomKey(t.seed);
   // Elements pair up for the random bits (minifloat::RandomBits: one hash
   // per even/odd index pair) along q's rows: for direct output columns j and
   // j + 1 of a tile row when x's rows have even length, for transposed output
   // rows rr and rr + 1 of a group when x has an even row count (x^T's rows
-  // then have even length); otherwise each element hashes its own pair.
-  const bool paired = kSR && t.stochastic && (kT ? a.rows % 2 == 0 : a.cols % 2 == 0);
+  // then have even length); otherwise, or when pair indices pass 32 bits,
+  // each element hashes its own pair out of line.
+  const bool paired = kSR && t.stochastic && (kT ? a.rows % 2 == 0 : a.cols % 2 == 0) &&
+                      a.rows * a.cols <= (int64_t{1} << 33);
+  // Paired: pair index (below 2^32, so PairHash's high word is 0) of the
+  // first element of pair u in row pair (i, rp) = pair0[u] + (16 i + rp) *
+  // step, 32-bit arithmetic: for kT the pairs run down x^T's row c + u from
+  // row r0 + 4 warp, direct ones along x's row r0 + 4 warp + (u & 1) from
+  // column c + (u & 2).
+  uint32_t pair0[4] = {0, 0, 0, 0};
+  uint32_t step = 0;
+  if (kSR && t.stochastic) {
+    const uint32_t rows32 = static_cast<uint32_t>(a.rows), cols32 = static_cast<uint32_t>(a.cols);
+    const uint32_t row = static_cast<uint32_t>(r0) + 4 * warp, col = static_cast<uint32_t>(c);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      // Rows, cols, row and col + (u & 2) are even where paired; each term
+      // halved first, so the sum is the pair index mod 2^32 (exact below it).
+      pair0[u] = kT ? (col + u) * (rows32 >> 1) + (row >> 1)
+                    : (row + (u & 1)) * (cols32 >> 1) + ((col + (u & 2)) >> 1);
+    }
+    step = kT ? 1 : cols32;
+  }
   // Four codes by two packed conversions (as the row kernel), which cut the
   // tile kernels' time by 6-26% against the scalar encoder. Stochastic
   // rounding first snaps each value onto the FP8 grid (integer add and
@@ -332,19 +374,18 @@ __device__ __forceinline__ void EncodeAs(const QuantizeArgs& a, const QuantizeTa
       uint32_t bits[2][4];  // rows 2 rp + e, columns j
       if (kSR && t.stochastic) {
         if (paired) {
+          const uint32_t offset = (16 * i + rp) * step;
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
             // kT: rows (2 rp, 2 rp + 1) of column u; direct: columns (u & 2,
             // (u & 2) + 1) of row 2 rp + (u & 1). The first index is even.
             const int e = kT ? 0 : (u & 1), j = kT ? u : (u & 2);
-            const int64_t r = TileRow(r0, warp, i, 2 * rp + e), cc = c + j;
-            const uint64_t index = static_cast<uint64_t>(kT ? cc * a.rows + r : r * a.cols + cc);
-            const uint32_t hash = minifloat::PairHash(key, index >> 1);
+            const uint32_t hash = minifloat::PairHash(key, pair0[u] + offset);
             bits[e][j] = minifloat::PairHalf(hash, false);
             bits[kT ? 1 : e][kT ? j : j + 1] = minifloat::PairHalf(hash, true);
           }
         } else {
-          UnpairedBits(a, key, kT, TileRow(r0, warp, i, 2 * rp), c, bits);
+          UnpackBits(UnpairedBits(a.rows, a.cols, key, kT, TileRow(r0, warp, i, 2 * rp), c), bits);
         }
       }
 #pragma unroll
@@ -395,12 +436,12 @@ __device__ __forceinline__ void EncodeAs(const QuantizeArgs& a, const QuantizeTa
 // opposite predicates).
 template <int XR, int XC, bool kT, bool kSR>
 __device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarget& t,
-                                       const Tile& v, const TileScales<XR, XC>& sc, int64_t r0,
-                                       int64_t c, int warp, uint32_t (&word)[4][4]) {
+                                       uint32_t key, const Tile& v, const TileScales<XR, XC>& sc,
+                                       int64_t r0, int64_t c, int warp, uint32_t (&word)[4][4]) {
   if (a.format == 2) {
-    EncodeAs<XR, XC, kT, kSR, true>(a, t, v, sc, r0, c, warp, word);
+    EncodeAs<XR, XC, kT, kSR, true>(a, t, key, v, sc, r0, c, warp, word);
   } else {
-    EncodeAs<XR, XC, kT, kSR, false>(a, t, v, sc, r0, c, warp, word);
+    EncodeAs<XR, XC, kT, kSR, false>(a, t, key, v, sc, r0, c, warp, word);
   }
 }
 
@@ -583,7 +624,8 @@ __device__ __forceinline__ void HadamardRows(Tile& v, float* hs, uint64_t seed, 
 // second half of its life.
 template <int BR, int BC, bool kDirect, bool kT, bool kHad, bool kSR>
 __global__ void __launch_bounds__(kTileThreads, 2)
-    QuantizeTileKernel(QuantizeArgs a, bool staged, int64_t tiles) {
+    QuantizeTileKernel(QuantizeArgs a, bool staged, int64_t tiles, uint32_t key_direct,
+                       uint32_t key_transposed) {
   extern __shared__ float4 dyn_smem[];
   __shared__ __align__(16) float red[kWarps][kTile];
   __shared__ uint32_t tsm[kT ? kTile * 32 : 1];
@@ -656,7 +698,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
           }
         }
       }
-      Encode<BR, BC, false, kSR>(a, t, v, sc, r0, c, warp, word);
+      Encode<BR, BC, false, kSR>(a, t, key_direct, v, sc, r0, c, warp, word);
       StoreDirect(a, t, word, r0, c, warp);
       if constexpr (kT && kSquare && !kHad) {
         // Square blocks are transpose-invariant: same scales, and with
@@ -669,7 +711,9 @@ __global__ void __launch_bounds__(kTileThreads, 2)
             if (r0 + 32 * i < a.rows) WriteScale(tt, c / 32, r0 / 32 + i, sc.s[i]);
           }
         }
-        if (kSR && tt.stochastic) Encode<BR, BC, true, kSR>(a, tt, v, sc, r0, c, warp, word);
+        if (kSR && tt.stochastic) {
+          Encode<BR, BC, true, kSR>(a, tt, key_transposed, v, sc, r0, c, warp, word);
+        }
         StoreTransposed(a, tt, word, tsm, r0, c0, warp, lane);
         continue;
       }
@@ -698,7 +742,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
           }
         }
       }
-      Encode<BC, BR, true, kSR>(a, t, v, sc, r0, c, warp, word);
+      Encode<BC, BR, true, kSR>(a, t, key_transposed, v, sc, r0, c, warp, word);
       StoreTransposed(a, t, word, tsm, r0, c0, warp, lane);
     }
   }
@@ -742,7 +786,8 @@ cudaError_t LaunchTiles(const QuantizeArgs& a, cudaStream_t s) {
   unsigned grid = 0;
   const cudaError_t e = ResidentBlocks(kernel, kTileThreads, dyn, tiles, grid);
   if (e != cudaSuccess) return e;
-  kernel<<<grid, kTileThreads, dyn, s>>>(a, staged, tiles);
+  kernel<<<grid, kTileThreads, dyn, s>>>(a, staged, tiles, minifloat::RandomKey(a.direct.seed),
+                                         minifloat::RandomKey(a.transposed.seed));
   return cudaGetLastError();
 }
 
