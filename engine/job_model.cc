@@ -376,17 +376,14 @@ absl::Status CheckBuildable(const v1::JobSpec& spec) {
   };
   add(BuildJobModel(spec).status());
   add(BuildDataConfig(spec, "", 1).status());
-  // GPU workers (recfleet-worker --device cuda) run one rank on one GPU,
-  // and GPU ranks do not yet exchange gradients, so a GPU job is one worker
-  // with one GPU.
+  // A GPU worker (recfleet-worker --device cuda, one per GPU of its host)
+  // trains one rank on one GPU; several GPU workers train one job together
+  // over NCCL.
   if (spec.resources().gpus_per_worker() > 1) {
     problems.push_back(
-        "spec.resources.gpus_per_worker: not supported yet above 1 (a GPU worker trains one rank on one GPU; set 1, "
-        "or 0 for CPU workers. `recfleet plan --what-if` plans larger GPU jobs)");
-  } else if (spec.resources().gpus_per_worker() == 1 && spec.resources().workers() > 1) {
-    problems.push_back(
-        "spec.resources.workers: a GPU job (gpus_per_worker = 1) trains on one GPU for now (GPU ranks do not "
-        "exchange gradients yet); set workers = 1, or gpus_per_worker = 0 to train on several CPU workers");
+        "spec.resources.gpus_per_worker: not supported yet above 1 (a GPU worker trains one rank on one GPU, and "
+        "recfleet-worker --device cuda starts one worker per GPU of its host: set 1 and resources.workers to the "
+        "number of GPUs, or 0 for CPU workers. `recfleet plan --what-if` plans larger GPU jobs)");
   }
   if (spec.model().precision().fp8_modules_size() > 0 && spec.resources().gpus_per_worker() == 0) {
     problems.push_back(

@@ -439,10 +439,6 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
     if (!std::is_same_v<T, float>) {
       return absl::InvalidArgumentError("a CUDA model computes in fp32 or bf16: use GemLite<float>");
     }
-    if (storage != TableStorage::kInternal) {
-      return absl::UnimplementedError(
-          "a CUDA model holds its own tables (external tables are a host feature so far)");
-    }
     absl::StatusOr<Allocator*> cuda = CudaAllocator();
     if (!cuda.ok()) return cuda.status();
     allocator = *cuda;

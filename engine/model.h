@@ -131,7 +131,8 @@ class GemLite {
   // bag per sample, then for every sequence field on it one single-id bag
   // per history token. The caller returns each bag's row *sum* (mean-pooled
   // features are divided by their length inside the model), as pooled[t]
-  // [bags of table t, dim]. InvalidArgument on a malformed batch.
+  // [bags of table t, dim] on the model's device (CPU or CUDA alike).
+  // InvalidArgument on a malformed batch.
   absl::StatusOr<std::vector<TableLookups>> TableLookupsOf(const Batch& batch) const;
   absl::StatusOr<StepResult> ForwardBackward(const Batch& batch, absl::Span<const TensorView> pooled);
   absl::StatusOr<std::vector<double>> Predict(const Batch& batch, Head head,

@@ -15,6 +15,7 @@
 #include "engine/metrics.h"
 #include "engine/model.h"
 #include "engine/tensor.h"
+#include "engine/testing/compare.h"
 #include "engine/testing/movielens.h"
 #include "engine/testing/synthetic.h"
 #include "gtest/gtest.h"
@@ -38,36 +39,8 @@ Batch TrainBatch(const MovieLensCtr& data, int64_t k, int64_t size) {
   return data.MakeBatch(false, idx);
 }
 
-GemLiteConfig SmallConfig() {
-  GemLiteConfig c;
-  c.dim = 32;
-  c.heads = 2;
-  c.seq_layers = 2;
-  c.seq_mask = attention::Mask::kCausal;
-  c.rope = true;
-  c.pma_queries = 2;
-  c.dcn_layers = 2;
-  c.num_experts = 3;
-  c.expert_hidden = 48;
-  c.expert_out = 24;
-  c.tower_hidden = 16;
-  c.mlp_activation = Activation::kGelu;
-  return c;
-}
-
-// Training is chaotic: two fp32 runs whose sums differ in order (the CPU
-// reference accumulates GEMMs in double, cuBLAS in fp32) drift apart at a
-// rate set by the step size, because AdamW and rowwise Adagrad divide tiny
-// gradients by their own magnitude. At the default learning rates the
-// losses agreed to 1e-4 for the first 12-27 of 50 steps on an H200 and then
-// drifted to 0.5% (softmax) / 10% (SiLU); the step-for-step comparison uses
-// rates 10x smaller, where the functions' agreement is what is measured.
-GemLiteConfig ComparisonConfig() {
-  GemLiteConfig c = SmallConfig();
-  c.learning_rate = 2e-4;
-  c.adagrad_learning_rate = 0.005;
-  return c;
-}
+GemLiteConfig SmallConfig() { return SmallCudaTestConfig(); }
+GemLiteConfig ComparisonConfig() { return StepComparisonConfig(); }
 
 std::unique_ptr<GemLite<float>> Make(const GemLiteConfig& c, const FeatureSchema& schema,
                                      Device device, bool bf16) {

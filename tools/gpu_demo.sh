@@ -66,9 +66,11 @@ if [[ -z $bin ]]; then
   ln -s "$b/cli/recfleet" "$b/services/coordinator/recfleet-coordinator" "$b/worker/recfleet-worker" "$bin/"
 fi
 if [[ -d $bin/lib ]]; then
-  # The C++ binaries link cuBLAS: the CUDA toolkit's or a Python package's.
+  # The C++ binaries link cuBLAS and NCCL: the CUDA toolkit's or a Python
+  # package's.
   cublas=$(find /usr /opt -name 'libcublasLt.so.*' 2>/dev/null | head -1 || true)
-  export LD_LIBRARY_PATH="$bin/lib${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  nccl=$(find /usr /opt -name 'libnccl.so.2*' 2>/dev/null | head -1 || true)
+  export LD_LIBRARY_PATH="$bin/lib${cublas:+:$(dirname "$cublas")}${nccl:+:$(dirname "$nccl")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 recfleet=$bin/recfleet
 work=${out:-$(mktemp -d "${TMPDIR:-/tmp}/recfleet-gpu-demo.XXXXXX")}

@@ -19,13 +19,22 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-TensorView Flat(std::vector<float>& v, int64_t n) { return MakeView(v.data(), DType::kFloat32, {n}); }
+absl::StatusOr<dist::DeviceBuffer> Floats(Device device, int64_t n) {
+  return dist::DeviceBuffer::Zeros(device, static_cast<size_t>(n) * sizeof(float));
+}
 
-// Keeps a valid data pointer for empty buffers (views reject null storage).
-template <typename V>
-void Resize(V& v, size_t n) {
-  v.resize(n);
-  if (v.capacity() == 0) v.reserve(1);
+// A host copy of a flat buffer's floats.
+absl::StatusOr<std::vector<float>> ToHost(const dist::DeviceBuffer& b) {
+  std::vector<float> host(b.size() / sizeof(float));
+  if (absl::Status s = b.CopyToHost(host.data(), host.size() * sizeof(float)); !s.ok()) return s;
+  return host;
+}
+
+// A host copy of a view's floats.
+absl::StatusOr<std::vector<float>> ViewToHost(const TensorView& v) {
+  std::vector<float> host(v.numel());
+  if (absl::Status s = dist::CopyViewToHost(v, host.data()); !s.ok()) return s;
+  return host;
 }
 
 }  // namespace
@@ -34,13 +43,21 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
                                                                            const engine::FeatureSchema& schema,
                                                                            const dist::TrainingGroups* groups,
                                                                            comm::Communicator* world,
-                                                                           const std::vector<dist::PlannedTable>& planned_tables) {
+                                                                           const std::vector<dist::PlannedTable>& planned_tables,
+                                                                           const engine::ExecutionOptions& execution) {
   std::unique_ptr<DistributedModel> m(new DistributedModel());
   m->config_ = config;
   m->groups_ = groups;
   m->world_ = world;
+  m->device_ = groups->fsdp()->device();
+  if (execution.device != m->device_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed model: the engine computes on ", execution.device == Device::kCuda ? "cuda" : "cpu",
+        " but the rank's collectives (", groups->fsdp()->backend(), ") work on ",
+        m->device_ == Device::kCuda ? "cuda" : "cpu", " buffers; use NCCL groups for a CUDA engine, Gloo for the CPU"));
+  }
   absl::StatusOr<std::unique_ptr<engine::GemLite<float>>> model =
-      engine::GemLite<float>::Create(config, schema, engine::TableStorage::kExternal);
+      engine::GemLite<float>::Create(config, schema, engine::TableStorage::kExternal, execution);
   if (!model.ok()) return model.status();
   m->model_ = *std::move(model);
   m->expert_span_ = {-1, -1};
@@ -82,26 +99,23 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
   // Every rank built the same initial parameters (the engine seeds them
   // from the config); each keeps its shard and its experts.
   const int64_t own = m->own_experts_.second - m->own_experts_.first;
-  m->full_.assign(layout.padded_numel, 0.0f);
-  Resize(m->expert_value_, own);
-  for (size_t i = 0; i < m->dense_params_.size(); ++i) {
-    const TensorView& v = m->dense_params_[i];
-    const int64_t o = m->dense_offsets_[i];
-    if (o < m->expert_span_.first || o >= m->expert_span_.second) {
-      std::memcpy(m->full_.data() + m->Compact(o), v.data, v.nbytes());
-    } else if (o >= m->own_experts_.first && o < m->own_experts_.second) {
-      std::memcpy(m->expert_value_.data() + (o - m->own_experts_.first), v.data, v.nbytes());
-    }
+  const Device device = m->device_;
+  for (auto [buffer, numel] : {std::pair{&m->full_, layout.padded_numel}, {&m->full_grad_, layout.padded_numel},
+                               {&m->shard_, layout.shard_numel}, {&m->shard_grad_, layout.shard_numel},
+                               {&m->adam_m_, layout.shard_numel}, {&m->adam_v_, layout.shard_numel},
+                               {&m->expert_value_, own}, {&m->expert_grad_, own}, {&m->expert_m_, own},
+                               {&m->expert_v_, own}}) {
+    absl::StatusOr<dist::DeviceBuffer> b = Floats(device, numel);
+    if (!b.ok()) return b.status();
+    *buffer = *std::move(b);
   }
+  if (absl::Status s = m->CopyFromEngine(m->dense_params_, m->full_, m->expert_value_); !s.ok()) return s;
   const int64_t first = layout.ShardOffset(groups->fsdp()->rank());
-  m->shard_.assign(m->full_.begin() + first, m->full_.begin() + first + layout.shard_numel);
-  m->adam_m_.assign(layout.shard_numel, 0.0f);
-  m->adam_v_.assign(layout.shard_numel, 0.0f);
-  Resize(m->shard_grad_, layout.shard_numel);
-  m->full_grad_.assign(layout.padded_numel, 0.0f);
-  m->expert_m_.assign(own, 0.0f);
-  m->expert_v_.assign(own, 0.0f);
-  Resize(m->expert_grad_, own);
+  if (absl::Status s = dist::CopyOnDevice(device, m->shard_.data(), static_cast<float*>(m->full_.data()) + first,
+                                          m->shard_.size());
+      !s.ok()) {
+    return s;
+  }
 
   std::vector<dist::EmbeddingTableConfig> tables;
   for (const engine::FeatureSchema::Table& t : schema.tables) {
@@ -156,21 +170,45 @@ std::pair<int64_t, int64_t> DistributedModel::DenseRange() const {
   return {std::min(first, layout.numel), std::min(first + layout.shard_numel, layout.numel)};
 }
 
+absl::Status DistributedModel::CopyToEngine(const dist::DeviceBuffer& fsdp, const dist::DeviceBuffer& experts) {
+  for (size_t i = 0; i < dense_params_.size(); ++i) {
+    const TensorView& v = dense_params_[i];
+    const int64_t o = dense_offsets_[i];
+    absl::Status s;
+    if (o < expert_span_.first || o >= expert_span_.second) {
+      s = dist::CopyOnDevice(device_, v.data, static_cast<const float*>(fsdp.data()) + Compact(o), v.nbytes());
+    } else if (o >= own_experts_.first && o < own_experts_.second) {
+      s = dist::CopyOnDevice(device_, v.data, static_cast<const float*>(experts.data()) + (o - own_experts_.first),
+                             v.nbytes());
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedModel::CopyFromEngine(const std::vector<TensorView>& views, dist::DeviceBuffer& fsdp,
+                                              dist::DeviceBuffer& experts) {
+  for (size_t i = 0; i < views.size(); ++i) {
+    const TensorView& v = views[i];
+    const int64_t o = dense_offsets_[i];
+    absl::Status s;
+    if (o < expert_span_.first || o >= expert_span_.second) {
+      s = dist::CopyOnDevice(device_, static_cast<float*>(fsdp.data()) + Compact(o), v.data, v.nbytes());
+    } else if (o >= own_experts_.first && o < own_experts_.second) {
+      s = dist::CopyOnDevice(device_, static_cast<float*>(experts.data()) + (o - own_experts_.first), v.data,
+                             v.nbytes());
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DistributedModel::GatherForStep() {
   const dist::FlatShardLayout& layout = dense_->layout();
   if (absl::Status s = dense_->AllGather(Flat(shard_, layout.shard_numel), Flat(full_, layout.padded_numel)); !s.ok()) {
     return s;
   }
-  for (size_t i = 0; i < dense_params_.size(); ++i) {
-    const TensorView& v = dense_params_[i];
-    const int64_t o = dense_offsets_[i];
-    if (o < expert_span_.first || o >= expert_span_.second) {
-      std::memcpy(v.data, full_.data() + Compact(o), v.nbytes());
-    } else if (o >= own_experts_.first && o < own_experts_.second) {
-      std::memcpy(v.data, expert_value_.data() + (o - own_experts_.first), v.nbytes());
-    }
-  }
-  return absl::OkStatus();
+  return CopyToEngine(full_, expert_value_);
 }
 
 absl::Status DistributedModel::GatherDense() {
@@ -179,16 +217,26 @@ absl::Status DistributedModel::GatherDense() {
   // Block r of the group starts at expert r x (block size): the gathered
   // blocks are the experts' span in order, padded at the end.
   comm::Communicator& group = *groups_->expert();
-  std::vector<float> block(expert_block_numel_, 0.0f), all(expert_block_numel_ * group.size());
-  std::copy(expert_value_.begin(), expert_value_.begin() + (own_experts_.second - own_experts_.first), block.begin());
-  if (absl::Status s = group.AllGather(Flat(block, expert_block_numel_), Flat(all, static_cast<int64_t>(all.size())));
+  absl::StatusOr<dist::DeviceBuffer> block = Floats(device_, expert_block_numel_);
+  if (!block.ok()) return block.status();
+  absl::StatusOr<dist::DeviceBuffer> all = Floats(device_, expert_block_numel_ * group.size());
+  if (!all.ok()) return all.status();
+  if (absl::Status s = dist::CopyOnDevice(device_, block->data(), expert_value_.data(), expert_value_.size()); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = group.AllGather(Flat(*block, expert_block_numel_), Flat(*all, expert_block_numel_ * group.size()));
       !s.ok()) {
     return s;
   }
   for (size_t i = 0; i < dense_params_.size(); ++i) {
     const int64_t o = dense_offsets_[i];
     if (o >= expert_span_.first && o < expert_span_.second) {
-      std::memcpy(dense_params_[i].data, all.data() + (o - expert_span_.first), dense_params_[i].nbytes());
+      if (absl::Status s = dist::CopyOnDevice(device_, dense_params_[i].data,
+                                              static_cast<const float*>(all->data()) + (o - expert_span_.first),
+                                              dense_params_[i].nbytes());
+          !s.ok()) {
+        return s;
+      }
     }
   }
   return absl::OkStatus();
@@ -210,8 +258,13 @@ absl::Status DistributedModel::Lookup(const std::vector<engine::TableLookups>* l
     if (l.ids.capacity() == 0) l.ids.reserve(1);
     ids.push_back({MakeView(l.ids.data(), DType::kInt64, {static_cast<int64_t>(l.ids.size())}),
                    MakeView(l.offsets.data(), DType::kInt64, {static_cast<int64_t>(l.offsets.size())})});
-    Resize(pooled_[t], bags * config_.dim);
-    pooled_views_.push_back(MakeView(pooled_[t].data(), DType::kFloat32, {bags, config_.dim}));
+    const size_t bytes = static_cast<size_t>(bags * config_.dim) * sizeof(float);
+    if (pooled_[t].data() == nullptr || pooled_[t].size() < bytes) {
+      absl::StatusOr<dist::DeviceBuffer> b = dist::DeviceBuffer::Zeros(device_, bytes);
+      if (!b.ok()) return b.status();
+      pooled_[t] = *std::move(b);
+    }
+    pooled_views_.push_back(pooled_[t].View(DType::kFloat32, {bags, config_.dim}));
   }
   return tables_->Forward(ids, pooled_views_);
 }
@@ -229,12 +282,10 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
   times->comm_seconds += Since(t);
   // This rank's share of the global batch weighs its mean-loss gradients.
   t = Clock::now();
-  int64_t global = batch.size;
-  if (absl::Status s = world_->AllReduce(MakeView(&global, DType::kInt64, {1}), comm::ReduceOp::kSum); !s.ok()) {
-    return s;
-  }
+  std::vector<int64_t> global = {batch.size};
+  if (absl::Status s = dist::StagedAllReduce(*world_, global, comm::ReduceOp::kSum); !s.ok()) return s;
   times->comm_seconds += Since(t);
-  model_->set_loss_weight(static_cast<double>(batch.size) / static_cast<double>(global));
+  model_->set_loss_weight(static_cast<double>(batch.size) / static_cast<double>(global[0]));
   // The expert all-to-alls run inside the step; their time counts as
   // compute here.
   t = Clock::now();
@@ -242,15 +293,8 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
   absl::StatusOr<engine::StepResult> result = model_->ForwardBackward(batch, pooled_views_);
   model_->SetExpertRouter(nullptr);
   if (!result.ok()) return result.status();
-  for (size_t i = 0; i < dense_grads_.size(); ++i) {
-    const TensorView& g = dense_grads_[i];
-    const int64_t o = dense_offsets_[i];
-    if (o < expert_span_.first || o >= expert_span_.second) {
-      std::memcpy(full_grad_.data() + Compact(o), g.data, g.nbytes());
-    } else if (o >= own_experts_.first && o < own_experts_.second) {
-      std::memcpy(expert_grad_.data() + (o - own_experts_.first), g.data, g.nbytes());
-    }
-  }
+  if (absl::Status s = CopyFromEngine(dense_grads_, full_grad_, expert_grad_); !s.ok()) return s;
+  if (absl::Status s = dist::SynchronizeDevice(device_); !s.ok()) return s;
   times->compute_seconds += Since(t);
   const dist::FlatShardLayout& layout = dense_->layout();
   t = Clock::now();
@@ -311,9 +355,34 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
   return result;
 }
 
+absl::StatusOr<DistributedModel::HostState> DistributedModel::StateToHost() const {
+  HostState h;
+  const std::pair<std::vector<float>*, const dist::DeviceBuffer*> copies[] = {
+      {&h.shard, &shard_},         {&h.adam_m, &adam_m_},     {&h.adam_v, &adam_v_},
+      {&h.experts, &expert_value_}, {&h.expert_m, &expert_m_}, {&h.expert_v, &expert_v_}};
+  for (const auto& [host, buffer] : copies) {
+    absl::StatusOr<std::vector<float>> v = ToHost(*buffer);
+    if (!v.ok()) return v.status();
+    *host = *std::move(v);
+  }
+  return h;
+}
+
+absl::Status DistributedModel::StateFromHost(const HostState& h) {
+  const std::pair<const std::vector<float>*, dist::DeviceBuffer*> copies[] = {
+      {&h.shard, &shard_},         {&h.adam_m, &adam_m_},     {&h.adam_v, &adam_v_},
+      {&h.experts, &expert_value_}, {&h.expert_m, &expert_m_}, {&h.expert_v, &expert_v_}};
+  for (const auto& [host, buffer] : copies) {
+    if (absl::Status s = buffer->CopyFromHost(host->data(), host->size() * sizeof(float)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DistributedModel::Save(CheckpointShard* shard) {
   (*shard)["fingerprint"] = fingerprint_;
   (*shard)["adam_step"] = absl::StrCat(adam_step_);
+  absl::StatusOr<HostState> h = StateToHost();
+  if (!h.ok()) return h.status();
   // Replica 0 of each shard (expert replica 0 of each expert block)
   // records it; the other replicas hold copies. The FSDP shard's range
   // lies on either side of the experts in the flat dense vector.
@@ -323,27 +392,31 @@ absl::Status DistributedModel::Save(CheckpointShard* shard) {
     const int64_t base = dense_->layout().ShardOffset(groups_->fsdp()->rank());
     const int64_t split = std::clamp(expert_span_.first, first, end);
     if (first < split) {
-      SaveDenseSlice(shard, 0, {first, split}, shard_.data() + (first - base), adam_m_.data() + (first - base),
-                     adam_v_.data() + (first - base));
+      SaveDenseSlice(shard, 0, {first, split}, h->shard.data() + (first - base), h->adam_m.data() + (first - base),
+                     h->adam_v.data() + (first - base));
     }
     if (split < end) {
-      SaveDenseSlice(shard, 1, {split + experts, end + experts}, shard_.data() + (split - base),
-                     adam_m_.data() + (split - base), adam_v_.data() + (split - base));
+      SaveDenseSlice(shard, 1, {split + experts, end + experts}, h->shard.data() + (split - base),
+                     h->adam_m.data() + (split - base), h->adam_v.data() + (split - base));
     }
   }
   comm::Communicator* expert_replica = groups_->expert_replica();
   if (own_experts_.first < own_experts_.second && (expert_replica == nullptr || expert_replica->rank() == 0)) {
-    SaveDenseSlice(shard, 2, own_experts_, expert_value_.data(), expert_m_.data(), expert_v_.data());
+    SaveDenseSlice(shard, 2, own_experts_, h->experts.data(), h->expert_m.data(), h->expert_v.data());
   }
   if (records_tables_) {
     const int rank = groups_->tables()->rank();
     const dist::EmbeddingShardingPlan& plan = tables_->plan();
     for (int t : plan.TablesOn(rank)) {
       const std::pair<int64_t, int64_t> cols = plan.ColumnRange(t, rank);
+      absl::StatusOr<std::vector<float>> value = ViewToHost(tables_->shard(t));
+      if (!value.ok()) return value.status();
+      absl::StatusOr<std::vector<float>> momentum = ViewToHost(tables_->momentum(t));
+      if (!momentum.ok()) return momentum.status();
       // Every slice of a column-wise table holds the same accumulators; the
       // first slice records them.
-      SaveTableBlock(shard, t, config_.dim, tables_->StoredRows(t), cols, tables_->shard(t).as<float>(),
-                     cols.first == 0 ? tables_->momentum(t).as<float>() : nullptr);
+      SaveTableBlock(shard, t, config_.dim, tables_->StoredRows(t), cols, value->data(),
+                     cols.first == 0 ? momentum->data() : nullptr);
     }
   }
   return absl::OkStatus();
@@ -356,6 +429,8 @@ absl::Status DistributedModel::Restore(const std::vector<CheckpointShard>& shard
     if (!step.ok()) return step.status();
     adam_step = *step;
   }
+  absl::StatusOr<HostState> h = StateToHost();
+  if (!h.ok()) return h.status();
   // This rank's ranges of the flat dense vector: its FSDP shard on either
   // side of the experts, and its own experts.
   const auto [first, end] = DenseRange();
@@ -367,10 +442,11 @@ absl::Status DistributedModel::Restore(const std::vector<CheckpointShard>& shard
     float *value, *adam_m, *adam_v;
   };
   const Slice slices[] = {
-      {{first, split}, shard_.data() + (first - base), adam_m_.data() + (first - base), adam_v_.data() + (first - base)},
-      {{split + experts, end + experts}, shard_.data() + (split - base), adam_m_.data() + (split - base),
-       adam_v_.data() + (split - base)},
-      {own_experts_, expert_value_.data(), expert_m_.data(), expert_v_.data()}};
+      {{first, split}, h->shard.data() + (first - base), h->adam_m.data() + (first - base),
+       h->adam_v.data() + (first - base)},
+      {{split + experts, end + experts}, h->shard.data() + (split - base), h->adam_m.data() + (split - base),
+       h->adam_v.data() + (split - base)},
+      {own_experts_, h->experts.data(), h->expert_m.data(), h->expert_v.data()}};
   for (const Slice& slice : slices) {
     if (slice.range.first >= slice.range.second) continue;
     absl::StatusOr<int64_t> covered = RestoreDenseSlice(shards, slice.range, slice.value, slice.adam_m, slice.adam_v);
@@ -381,14 +457,22 @@ absl::Status DistributedModel::Restore(const std::vector<CheckpointShard>& shard
                                               slice.range.first, ", ", slice.range.second, ")"));
     }
   }
+  if (absl::Status s = StateFromHost(*h); !s.ok()) return s;
   const int rank = groups_->tables()->rank();
   const dist::EmbeddingShardingPlan& plan = tables_->plan();
   for (int t : plan.TablesOn(rank)) {
+    const TensorView value = tables_->shard(t), momentum = tables_->momentum(t);
+    absl::StatusOr<std::vector<float>> host_value = ViewToHost(value);
+    if (!host_value.ok()) return host_value.status();
+    absl::StatusOr<std::vector<float>> host_momentum = ViewToHost(momentum);
+    if (!host_momentum.ok()) return host_momentum.status();
     if (absl::Status s = RestoreTableBlock(shards, t, config_.dim, tables_->StoredRows(t), plan.ColumnRange(t, rank),
-                                           tables_->shard(t).as<float>(), tables_->momentum(t).as<float>());
+                                           host_value->data(), host_momentum->data());
         !s.ok()) {
       return s;
     }
+    if (absl::Status s = dist::CopyHostToView(host_value->data(), value); !s.ok()) return s;
+    if (absl::Status s = dist::CopyHostToView(host_momentum->data(), momentum); !s.ok()) return s;
   }
   adam_step_ = adam_step.value_or(0);
   return absl::OkStatus();

@@ -2,7 +2,8 @@
 #define RECFLEET_WORKER_DISTRIBUTED_MODEL_H_
 
 // GEM-lite trained by one rank of a job, with the parallelism of
-// ../DESIGN section 3 on CPU ranks:
+// ../DESIGN section 3, the same code on CPU ranks (Gloo, the CPU engine) and
+// on CUDA ranks (NCCL, the CUDA engine; see "Devices" below):
 //   dense   every dense parameter in one flat buffer, sharded over the
 //           rank's FSDP group (all-gathered before each forward, gradients
 //           reduce-scattered), replicated across the replica group (shard
@@ -37,6 +38,23 @@
 // forward), so N ranks train exactly like one rank on the concatenated
 // batch (up to float summation order), with any local batch sizes.
 //
+// Devices: every buffer lives on the device of the rank's communicators
+// (the host with Gloo, the current CUDA device with NCCL): the FSDP shard,
+// its AdamW moments and gradient, the gathered flat parameter and its
+// gradient, the rank's experts and their optimizer state, the pooled
+// embeddings and their gradients, and the table shards. On CUDA the engine
+// computes on external tables fed with those device buffers; the copies
+// between the flat buffers and the engine's parameters are device-to-device
+// on the legacy default stream (ordered with the engine and with NCCL's
+// blocking streams), and AdamW steps the device shard. Pooled rows, their
+// gradients and the experts' tokens and gradients go device to device
+// (sharded_embedding.h, expert_parallel.h). Through host memory still: the
+// routing of ids to their owners (the ids come from the host's batch) and,
+// with replicated or column-sliced tables, the served gradients; counts
+// and sizes. `world` only carries a few integers (host or device). Compute
+// time on CUDA ends when the device has finished the backward (the step
+// waits for it).
+//
 // Checkpoints are layout-independent: each shard's owner (replica 0 of it,
 // of an expert block expert replica 0) records its element or row ranges
 // (dense ranges of the flat vector of every parameter, experts included;
@@ -58,6 +76,7 @@
 #include "engine/model_config.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/communicator.h"
+#include "worker/dist/device_buffer.h"
 #include "worker/dist/expert_parallel.h"
 #include "worker/dist/fsdp.h"
 #include "worker/dist/layout.h"
@@ -73,18 +92,22 @@ class DistributedModel : public RankModel {
   // the plan's sharding of every schema table inside the table group (in
   // schema order); empty (no plan, e.g. a layout from hints only): a
   // balanced placement (dist::BalancedTablePlacements). InvalidArgument
-  // naming the table when the plan does not fit the schema or the group.
+  // naming the table when the plan does not fit the schema or the group,
+  // and when `execution.device` is not the device of `groups`'
+  // communicators (CUDA: the current device, set by the caller).
   static absl::StatusOr<std::unique_ptr<DistributedModel>> Create(
       const engine::GemLiteConfig& config, const engine::FeatureSchema& schema, const dist::TrainingGroups* groups,
-      comm::Communicator* world, const std::vector<dist::PlannedTable>& planned_tables = {});
+      comm::Communicator* world, const std::vector<dist::PlannedTable>& planned_tables = {},
+      const engine::ExecutionOptions& execution = {});
+  Device device() const { return device_; }
   // Whether the mixture of experts runs expert-parallel (groups->expert()
   // of more than one rank).
   bool expert_parallel() const { return router_ != nullptr; }
 
   // One synchronous training step on this rank's `batch` (>= 1 sample).
   absl::StatusOr<engine::StepResult> TrainStep(const engine::Batch& batch, Times* times);
-  // RankModel: the CPU engine computes synchronously, so `overlap` runs
-  // after the step.
+  // RankModel: `overlap` runs after the step (the step waits for the
+  // device anyway, at its collectives).
   absl::StatusOr<engine::StepResult> TrainStep(const engine::Batch& batch, Times* times,
                                                const std::function<absl::Status()>& overlap) override;
   absl::Status Prefetch(const engine::Batch&) override { return absl::OkStatus(); }
@@ -108,8 +131,8 @@ class DistributedModel : public RankModel {
   // FSDP shard), and of this rank's FSDP shard of the other dense
   // parameters. The AdamW moments double each.
   int64_t expert_parameter_bytes() const { return (expert_span_.second - expert_span_.first) * sizeof(float); }
-  int64_t stored_expert_parameter_bytes() const { return static_cast<int64_t>(expert_value_.size() * sizeof(float)); }
-  int64_t dense_shard_bytes() const { return static_cast<int64_t>(shard_.size() * sizeof(float)); }
+  int64_t stored_expert_parameter_bytes() const { return static_cast<int64_t>(expert_value_.size()); }
+  int64_t dense_shard_bytes() const { return static_cast<int64_t>(shard_.size()); }
 
  private:
   DistributedModel() = default;
@@ -125,8 +148,23 @@ class DistributedModel : public RankModel {
   absl::Status GatherForStep();
   // Writes pooled rows of the tables for `lookups` (empty bags when null).
   absl::Status Lookup(const std::vector<engine::TableLookups>* lookups);
+  // Copies between the engine's dense parameters (gradients) and the flat
+  // buffers: the FSDP buffer `fsdp` (outside the experts' span) and this
+  // rank's experts `experts`, on the model's device.
+  absl::Status CopyToEngine(const dist::DeviceBuffer& fsdp, const dist::DeviceBuffer& experts);
+  absl::Status CopyFromEngine(const std::vector<TensorView>& views, dist::DeviceBuffer& fsdp,
+                              dist::DeviceBuffer& experts);
+  // Host copies of the optimizer state this rank stores, for checkpoints.
+  struct HostState {
+    std::vector<float> shard, adam_m, adam_v, experts, expert_m, expert_v;
+  };
+  absl::StatusOr<HostState> StateToHost() const;
+  absl::Status StateFromHost(const HostState& state);
+  // [numel] fp32 view of a flat buffer.
+  static TensorView Flat(const dist::DeviceBuffer& b, int64_t numel) { return b.View(DType::kFloat32, {numel}); }
 
   engine::GemLiteConfig config_;
+  Device device_ = Device::kCpu;
   std::unique_ptr<engine::GemLite<float>> model_;
   const dist::TrainingGroups* groups_ = nullptr;
   comm::Communicator* world_ = nullptr;
@@ -142,15 +180,16 @@ class DistributedModel : public RankModel {
   // [own_experts_); the FSDP buffer holds the rest, closed up (Compact).
   std::pair<int64_t, int64_t> expert_span_{0, 0}, own_experts_{0, 0};
   int64_t expert_block_numel_ = 0;  // The largest expert block of the group.
-  // This rank's experts' parameters, AdamW moments and gradients.
-  std::vector<float> expert_value_, expert_m_, expert_v_, expert_grad_;
+  // On the model's device (sizes in bytes): this rank's experts'
+  // parameters, AdamW moments and gradients.
+  dist::DeviceBuffer expert_value_, expert_m_, expert_v_, expert_grad_;
   // Local shard of the flat dense parameters and its AdamW moments.
-  std::vector<float> shard_, adam_m_, adam_v_, shard_grad_;
+  dist::DeviceBuffer shard_, adam_m_, adam_v_, shard_grad_;
   int64_t adam_step_ = 0;
-  std::vector<float> full_, full_grad_;
-  // Per table: this step's lookups, pooled rows and their gradients.
+  dist::DeviceBuffer full_, full_grad_;
+  // Per table: this step's lookups and pooled rows (grown, never shrunk).
   std::vector<engine::TableLookups> lookups_;
-  std::vector<std::vector<float>> pooled_;
+  std::vector<dist::DeviceBuffer> pooled_;
   std::vector<TensorView> pooled_views_;
   std::string fingerprint_;
 };

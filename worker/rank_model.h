@@ -3,8 +3,9 @@
 
 // What one rank of a job trains, whatever its device and layout: the
 // interface RankRun (rank_run.h) drives. Two implementations:
-//   DistributedModel (distributed_model.h)  CPU ranks of any world size:
-//       dense FSDP and sharded tables over Gloo;
+//   DistributedModel (distributed_model.h)  CPU ranks of any world size
+//       (Gloo) and CUDA ranks of a world of several (NCCL): dense FSDP,
+//       sharded tables, expert groups;
 //   SingleRankModel (single_rank_model.h)   a world of one on the CPU or a
 //       CUDA device: the engine's own tables and optimizers.
 // Both write the same checkpoint records (a dense range, table row ranges,

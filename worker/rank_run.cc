@@ -19,6 +19,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/nccl_communicator.h"
 #include "worker/dist/layout.h"
 #include "worker/distributed_model.h"
 #include "worker/rank_data.h"
@@ -63,7 +64,7 @@ class RankRun {
       if (!groups.has_value()) return;
       for (comm::Communicator* c :
            {groups->fsdp(), groups->replica(), groups->tables(), groups->table_replica(), groups->expert(),
-            groups->table_shards()}) {
+            groups->expert_replica(), groups->table_shards()}) {
         if (c != nullptr) c->Abort(reason);
       }
     }
@@ -90,6 +91,12 @@ class RankRun {
   void ResolvePeak();
   void LogSamples(const Loaded& loaded);
   bool on_cuda() const { return options_.device == Device::kCuda; }
+  engine::ExecutionOptions Execution() const {
+    engine::ExecutionOptions exec;
+    exec.device = options_.device;
+    exec.bf16 = on_cuda() && options_.bf16;
+    return exec;
+  }
   std::string Describe() const { return absl::StrCat(a_.job(), " rank ", a_.rank(), "/", a_.world_size()); }
   dataloader::ConnectOptions LoaderConnect() const {
     dataloader::ConnectOptions connect;
@@ -139,12 +146,6 @@ class RankRun {
 
 absl::Status RankRun::Setup() {
   if (on_cuda()) {
-    if (a_.world_size() > 1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          Describe(), ": CUDA ranks train a world of one only; this job has ", a_.world_size(),
-          " ranks. GPU ranks do not yet exchange gradients or embedding rows over NCCL: run it with "
-          "resources.workers = 1 and gpus_per_worker = 1, or on CPU workers (gpus_per_worker = 0)"));
-    }
     if (absl::Status s = engine::SetCudaDevice(options_.gpu_index); !s.ok()) return s;
   }
   absl::StatusOr<engine::JobModel> jm = engine::BuildJobModel(spec_);
@@ -204,14 +205,14 @@ absl::Status RankRun::Connect() {
       comm::ConnectGloo(store, a_.rank(), a_.world_size(), *transport, comm_options);
   if (!world.ok()) return world.status();
   comms_->world = std::move(*world);
-  if (on_cuda()) {
+  if (on_cuda() && a_.world_size() == 1) {
+    // A world of one has nothing to exchange: the engine's own tables and
+    // optimizers, the whole step on the device (the same parameters as
+    // DistributedModel on one rank, without its flat-buffer copies).
     std::shared_ptr<Comms> comms = comms_;
     control_.OnStop([comms] { comms->Abort("task stopped by the worker (abort or shutdown)"); });
-    engine::ExecutionOptions exec;
-    exec.device = Device::kCuda;
-    exec.bf16 = options_.bf16;
     absl::StatusOr<std::unique_ptr<SingleRankModel>> model =
-        SingleRankModel::Create(job_model_.config, job_model_.schema, exec);
+        SingleRankModel::Create(job_model_.config, job_model_.schema, Execution());
     if (!model.ok()) return model.status();
     model_ = *std::move(model);
     spdlog::info("{}", absl::StrFormat("%s trains on CUDA device %d (%s), a world of one", Describe().c_str(),
@@ -227,8 +228,14 @@ absl::Status RankRun::Connect() {
   absl::StatusOr<std::vector<comm::ProcessGroupSpec>> specs = dist::TrainingGroupSpecs(
       a_.rank(), a_.world_size(), plan_groups, {h.fsdp_group_size(), h.replicas(), h.table_sharding_group_size()});
   if (!specs.ok()) return specs.status();
+  // The world stays on Gloo (host integers: resume step, eval, barriers);
+  // the training groups run where the rank trains: NCCL between GPUs, each
+  // group's unique id published in `store` (the coordinator's key-value
+  // store for a daemon) under the group's namespace.
+  const int gpu = options_.gpu_index;
   const comm::CommFactory factory = [&](comm::KvStore& s, int rank, int size) {
-    return comm::ConnectGloo(s, rank, size, *transport, comm_options);
+    return on_cuda() ? comm::ConnectNccl(s, rank, size, gpu, comm_options)
+                     : comm::ConnectGloo(s, rank, size, *transport, comm_options);
   };
   absl::StatusOr<dist::TrainingGroups> groups = dist::TrainingGroups::BuildFromSpecs(a_.rank(), *specs, store, factory);
   if (!groups.ok()) return groups.status();
@@ -252,9 +259,13 @@ absl::Status RankRun::Connect() {
     planned_tables.push_back({t.table(), t.sharding(), t.num_shards(), {t.ranks().begin(), t.ranks().end()}});
   }
   absl::StatusOr<std::unique_ptr<DistributedModel>> model = DistributedModel::Create(
-      job_model_.config, job_model_.schema, &*comms_->groups, comms_->world.get(), planned_tables);
+      job_model_.config, job_model_.schema, &*comms_->groups, comms_->world.get(), planned_tables, Execution());
   if (!model.ok()) return model.status();
   model_ = *std::move(model);
+  if (on_cuda()) {
+    spdlog::info("{}", absl::StrFormat("%s trains on CUDA device %d (%s), rank %d of %d over NCCL", Describe().c_str(),
+                                       gpu, options_.bf16 ? "bf16" : "fp32", a_.rank(), a_.world_size()));
+  }
   return absl::OkStatus();
 }
 

@@ -10,8 +10,9 @@
 //  1. Builds the model from the spec (engine/job_model.h) and opens its
 //     rank's data from the job's DataConfig: streamed by the assignment's
 //     data-loader, or dealt in-process by the same loader code.
-//  2. Joins the job's collectives (Gloo) through `store`: the world, and
-//     the training groups (FSDP, replica, tables, table replica, and the
+//  2. Joins the job's collectives through `store`: the world (Gloo, host
+//     integers), and the training groups (Gloo on CPU ranks, NCCL on CUDA
+//     ranks) (FSDP, replica, tables, table replica, and the
 //     expert-parallel group when the plan has one) from
 //     the plan's groups in the assignment, or from the spec's parallelism
 //     hints when it carries none. A stop request aborts every communicator
@@ -26,10 +27,11 @@
 //     assignment's plan placed them (all-to-all lookups and updates), the
 //     experts spread over the plan's expert-parallel group (token
 //     all-to-alls); the same parameters as one rank on the global batch.
-//     CUDA (options.device): SingleRankModel on the GPU, a world of one
-//     only: a job of several CUDA ranks fails with FailedPrecondition (GPU
-//     ranks do not exchange gradients yet). Each step loads the next batch
-//     while the device computes and prefetches it to the device.
+//     CUDA ranks (options.device) of a world of several: the same
+//     DistributedModel on the CUDA engine, its buffers on the GPU, over
+//     NCCL (one rank per GPU). A CUDA world of one: SingleRankModel on the
+//     GPU (nothing to exchange), which loads the next batch while the
+//     device computes and prefetches it to the device.
 //  5. Reports StepStats (step time split into data wait / compute / comm)
 //     and EvalStats (every rank scores its slice of the eval set, rank 0
 //     reports) to `sink`, updates `metrics`, and every

@@ -173,11 +173,12 @@ absl::Status SparseEmbeddings::CheckPooled(const Batch& batch,
   const BagLayout l = Bags(batch.size, batch.sequence.empty() ? 0 : batch.sequence[0].offsets.back());
   for (size_t t = 0; t < pooled.size(); ++t) {
     const TensorView& v = pooled[t];
-    if (v.dtype != ctx_.dtype || v.device != Device::kCpu || v.shape.size() != 2 ||
+    if (v.dtype != ctx_.dtype || v.device != ctx_.allocator->device() || v.shape.size() != 2 ||
         v.shape[0] != l.bags[t] || v.shape[1] != dim_ || (v.data == nullptr && l.bags[t] > 0)) {
-      return absl::InvalidArgumentError(absl::StrCat("pooled[", t, "] (table ", schema_.tables[t].name,
-                                                     ") must be CPU [", l.bags[t], ", ", dim_,
-                                                     "] of the model's dtype"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pooled[", t, "] (table ", schema_.tables[t].name, ") must be [", l.bags[t], ", ", dim_,
+          "] of the model's dtype on the model's device (",
+          ctx_.allocator->device() == Device::kCpu ? "cpu" : "cuda", ")"));
     }
   }
   return absl::OkStatus();

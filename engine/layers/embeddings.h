@@ -70,8 +70,9 @@ class SparseEmbeddings {
   // every id-list feature on the table (schema order) one bag per sample,
   // then for every sequence field on it one single-id bag per history token.
   std::vector<TableLookups> Lookups(const Batch& batch) const;
-  // External storage: InvalidArgument unless pooled[t] is a host
-  // [bags of table t, dim] tensor of the model's dtype; FailedPrecondition
+  // External storage: InvalidArgument unless pooled[t] is a [bags of table
+  // t, dim] tensor of the model's dtype on the model's device (a CUDA model
+  // reads device rows: the caller's sharded tables live there); FailedPrecondition
   // with internal storage.
   absl::Status CheckPooled(const Batch& batch, absl::Span<const TensorView> pooled) const;
 

@@ -98,5 +98,41 @@ absl::Status CopyHostToView(const void* host, const TensorView& view) {
   return Copy(view.device, view.data, host, view.nbytes(), cudaMemcpyHostToDevice);
 }
 
+absl::Status CopyOnDevice(Device device, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (device == Device::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  return Cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync");
+}
+
+absl::Status Copy2DOnDevice(Device device, void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                            size_t width, int64_t rows) {
+  if (rows == 0 || width == 0) return absl::OkStatus();
+  if (device == Device::kCpu) {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+    }
+    return absl::OkStatus();
+  }
+  return Cuda(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, nullptr),
+              "cudaMemcpy2DAsync");
+}
+
+absl::Status ZeroOnDevice(Device device, void* dst, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (device == Device::kCpu) {
+    std::memset(dst, 0, bytes);
+    return absl::OkStatus();
+  }
+  return Cuda(cudaMemsetAsync(dst, 0, bytes, nullptr), "cudaMemsetAsync");
+}
+
+absl::Status SynchronizeDevice(Device device) {
+  if (device == Device::kCpu) return absl::OkStatus();
+  return Cuda(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
+}
+
 }  // namespace dist
 }  // namespace recfleet

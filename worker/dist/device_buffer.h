@@ -49,6 +49,25 @@ class DeviceBuffer {
 absl::Status CopyViewToHost(const TensorView& view, void* host);
 absl::Status CopyHostToView(const void* host, const TensorView& view);
 
+// Copies `bytes` between two buffers on `device`: memcpy on the host; on
+// CUDA an asynchronous device-to-device copy on the legacy default stream,
+// so it is ordered after the engine's work queued there and before any
+// collective (whose blocking stream waits for that stream).
+absl::Status CopyOnDevice(Device device, void* dst, const void* src, size_t bytes);
+
+// `rows` rows of `width` bytes from `src` (rows `src_pitch` bytes apart) to
+// `dst` (rows `dst_pitch` bytes apart) on `device`, ordered like
+// CopyOnDevice: a column slice of a matrix into a packed one and back.
+absl::Status Copy2DOnDevice(Device device, void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                            size_t width, int64_t rows);
+
+// Zeroes `bytes` at `dst` on `device`, ordered like CopyOnDevice.
+absl::Status ZeroOnDevice(Device device, void* dst, size_t bytes);
+
+// Waits for everything queued on the legacy default stream of the current
+// CUDA device (no-op on the host): where a rank's compute time ends.
+absl::Status SynchronizeDevice(Device device);
+
 }  // namespace dist
 }  // namespace recfleet
 

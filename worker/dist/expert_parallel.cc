@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/layers/ops.h"
 #include "worker/dist/staged.h"
 
 namespace recfleet {
@@ -17,10 +18,10 @@ absl::Status CheckShape(const TensorView& v, const char* what, int64_t rows, int
   return absl::OkStatus();
 }
 
-std::vector<float> ToHost(const TensorView& v, absl::Status* status) {
-  std::vector<float> host(v.numel());
-  *status = CopyViewToHost(v, host.data());
-  return host;
+// Rows [first, first + rows) of a [*, width] fp32 buffer.
+float* Rows(void* data, int64_t first, int64_t width) { return static_cast<float*>(data) + first * width; }
+const float* Rows(const void* data, int64_t first, int64_t width) {
+  return static_cast<const float*>(data) + first * width;
 }
 
 }  // namespace
@@ -50,13 +51,23 @@ int ExpertAllToAll::Experts(int rank) const {
   return end - first;
 }
 
-absl::Status ExpertAllToAll::Exchange(const std::vector<float>& in, const std::vector<int64_t>& send_rows,
-                                      std::vector<float>& out, const std::vector<int64_t>& recv_rows, int64_t width) {
+absl::Status ExpertAllToAll::Exchange(const TensorView& in, const std::vector<int64_t>& send_rows,
+                                      const TensorView& out, const std::vector<int64_t>& recv_rows, int64_t width) {
   std::vector<int64_t> send_counts(send_rows.size()), recv_counts(recv_rows.size());
   for (size_t q = 0; q < send_rows.size(); ++q) send_counts[q] = send_rows[q] * width;
   for (size_t p = 0; p < recv_rows.size(); ++p) recv_counts[p] = recv_rows[p] * width;
-  out.assign(Sum(recv_counts), 0.0f);
-  return StagedAllToAll(*group_, in, send_counts, out, recv_counts);
+  return group_->AllToAll(in, send_counts, out, recv_counts);
+}
+
+absl::StatusOr<TensorView> ExpertAllToAll::Scratch(int64_t rows, int64_t width) {
+  const size_t bytes = static_cast<size_t>(rows * width) * sizeof(float);
+  DeviceBuffer& b = scratch_;
+  if (b.data() == nullptr || b.size() < bytes) {
+    absl::StatusOr<DeviceBuffer> fresh = DeviceBuffer::Zeros(group_->device(), bytes);
+    if (!fresh.ok()) return fresh.status();
+    b = *std::move(fresh);
+  }
+  return b.View(DType::kFloat32, {rows, width});
 }
 
 absl::StatusOr<int64_t> ExpertAllToAll::Route(int64_t batch) {
@@ -74,19 +85,24 @@ absl::Status ExpertAllToAll::DispatchTokens(const TensorView& x, const TensorVie
   in_ = x.rank() == 2 ? x.dim(1) : 0;
   if (absl::Status s = CheckShape(x, "tokens", batch_[me], in_); !s.ok()) return s;
   if (absl::Status s = CheckShape(routed, "routed tokens", routed_, in_); !s.ok()) return s;
-  absl::Status status;
-  const std::vector<float> tokens = ToHost(x, &status);
-  if (!status.ok()) return status;
-  std::vector<float> send, recv;
+  // A copy of the tokens for every rank computing experts; they arrive in
+  // rank order, the layout of `routed`.
   std::vector<int64_t> send_rows(group, 0), recv_rows(group, 0);
+  int64_t copies = 0;
   for (int q = 0; q < group; ++q) {
     if (Experts(q) == 0) continue;
-    send.insert(send.end(), tokens.begin(), tokens.end());
     send_rows[q] = batch_[me];
+    ++copies;
+  }
+  absl::StatusOr<TensorView> send = Scratch(copies * batch_[me], in_);
+  if (!send.ok()) return send.status();
+  for (int64_t c = 0; c < copies; ++c) {
+    if (absl::Status s = CopyOnDevice(x.device, Rows(send->data, c * batch_[me], in_), x.data, x.nbytes()); !s.ok()) {
+      return s;
+    }
   }
   for (int p = 0; p < group && !local_.empty(); ++p) recv_rows[p] = batch_[p];
-  if (absl::Status s = Exchange(send, send_rows, recv, recv_rows, in_); !s.ok()) return s;
-  return CopyHostToView(recv.data(), routed);
+  return Exchange(*send, send_rows, routed, recv_rows, in_);
 }
 
 absl::Status ExpertAllToAll::ReturnOutputs(const TensorView& local_out, const TensorView& outputs) {
@@ -95,24 +111,26 @@ absl::Status ExpertAllToAll::ReturnOutputs(const TensorView& local_out, const Te
   out_ = outputs.rank() == 2 ? outputs.dim(1) : 0;
   if (absl::Status s = CheckShape(local_out, "local expert outputs", num_local * routed_, out_); !s.ok()) return s;
   if (absl::Status s = CheckShape(outputs, "expert outputs", num_experts_ * batch_[me], out_); !s.ok()) return s;
-  absl::Status status;
-  const std::vector<float> local = ToHost(local_out, &status);
-  if (!status.ok()) return status;
   // Rank p gets, per local expert, the rows of its tokens.
-  std::vector<float> send, recv;
+  absl::StatusOr<TensorView> send = Scratch(num_local * routed_, out_);
+  if (!send.ok()) return send.status();
   std::vector<int64_t> send_rows(group, 0), recv_rows(group, 0);
+  int64_t row = 0;
   for (int p = 0; p < group; ++p) {
-    for (int64_t i = 0; i < num_local; ++i) {
-      const auto begin = local.begin() + (i * routed_ + first_[p]) * out_;
-      send.insert(send.end(), begin, begin + batch_[p] * out_);
+    for (int64_t i = 0; i < num_local; ++i, row += batch_[p]) {
+      if (absl::Status s = CopyOnDevice(local_out.device, Rows(send->data, row, out_),
+                                        Rows(local_out.data, i * routed_ + first_[p], out_),
+                                        batch_[p] * out_ * sizeof(float));
+          !s.ok()) {
+        return s;
+      }
     }
     send_rows[p] = num_local * batch_[p];
     recv_rows[p] = Experts(p) * batch_[me];
   }
   // Experts arrive in rank order, each rank's in ascending order: expert
   // order, the layout of `outputs`.
-  if (absl::Status s = Exchange(send, send_rows, recv, recv_rows, out_); !s.ok()) return s;
-  return CopyHostToView(recv.data(), outputs);
+  return Exchange(*send, send_rows, outputs, recv_rows, out_);
 }
 
 absl::Status ExpertAllToAll::DispatchGradients(const TensorView& d_outputs, const TensorView& d_local_out) {
@@ -124,44 +142,52 @@ absl::Status ExpertAllToAll::DispatchGradients(const TensorView& d_outputs, cons
   if (absl::Status s = CheckShape(d_local_out, "local expert output gradients", num_local * routed_, out_); !s.ok()) {
     return s;
   }
-  absl::Status status;
-  const std::vector<float> send = ToHost(d_outputs, &status);  // Expert order: rank q's block at its experts.
-  if (!status.ok()) return status;
-  std::vector<float> recv;
+  // d_outputs is in expert order: rank q's block at its experts.
+  absl::StatusOr<TensorView> recv = Scratch(num_local * routed_, out_);
+  if (!recv.ok()) return recv.status();
   std::vector<int64_t> send_rows(group, 0), recv_rows(group, 0);
   for (int q = 0; q < group; ++q) send_rows[q] = Experts(q) * batch_[me];
   for (int p = 0; p < group; ++p) recv_rows[p] = num_local * batch_[p];
-  if (absl::Status s = Exchange(send, send_rows, recv, recv_rows, out_); !s.ok()) return s;
+  if (absl::Status s = Exchange(d_outputs, send_rows, *recv, recv_rows, out_); !s.ok()) return s;
   // From each rank p: per local expert i, its tokens' rows.
-  std::vector<float> local(num_local * routed_ * out_);
-  for (int p = 0, pos = 0; p < group; ++p) {
-    for (int64_t i = 0; i < num_local; ++i) {
-      const int64_t n = batch_[p] * out_;
-      std::copy(recv.begin() + pos, recv.begin() + pos + n, local.begin() + (i * routed_ + first_[p]) * out_);
-      pos += static_cast<int>(n);
+  int64_t row = 0;
+  for (int p = 0; p < group; ++p) {
+    for (int64_t i = 0; i < num_local; ++i, row += batch_[p]) {
+      if (absl::Status s = CopyOnDevice(d_local_out.device, Rows(d_local_out.data, i * routed_ + first_[p], out_),
+                                        Rows(recv->data, row, out_), batch_[p] * out_ * sizeof(float));
+          !s.ok()) {
+        return s;
+      }
     }
   }
-  return CopyHostToView(local.data(), d_local_out);
+  return absl::OkStatus();
 }
 
 absl::Status ExpertAllToAll::ReturnTokenGradients(const TensorView& d_routed, const TensorView& dx) {
   const int group = group_->size(), me = group_->rank();
   if (absl::Status s = CheckShape(d_routed, "routed token gradients", routed_, in_); !s.ok()) return s;
   if (absl::Status s = CheckShape(dx, "token gradients", batch_[me], in_); !s.ok()) return s;
-  absl::Status status;
-  const std::vector<float> send = ToHost(d_routed, &status);  // Rank order: rank p's rows at first_[p].
-  if (!status.ok()) return status;
-  std::vector<float> recv;
+  // d_routed is in rank order: rank p's rows at first_[p].
   std::vector<int64_t> send_rows(group, 0), recv_rows(group, 0);
+  int64_t copies = 0;
   for (int p = 0; p < group && !local_.empty(); ++p) send_rows[p] = batch_[p];
-  for (int q = 0; q < group; ++q) recv_rows[q] = Experts(q) > 0 ? batch_[me] : 0;
-  if (absl::Status s = Exchange(send, send_rows, recv, recv_rows, in_); !s.ok()) return s;
-  // Summed over the experts' ranks in rank order.
-  std::vector<float> sum(batch_[me] * in_, 0.0f);
-  for (size_t pos = 0; pos < recv.size(); pos += sum.size()) {
-    for (size_t j = 0; j < sum.size(); ++j) sum[j] += recv[pos + j];
+  for (int q = 0; q < group; ++q) {
+    recv_rows[q] = Experts(q) > 0 ? batch_[me] : 0;
+    copies += Experts(q) > 0 ? 1 : 0;
   }
-  return CopyHostToView(sum.data(), dx);
+  absl::StatusOr<TensorView> recv = Scratch(copies * batch_[me], in_);
+  if (!recv.ok()) return recv.status();
+  if (absl::Status s = Exchange(d_routed, send_rows, *recv, recv_rows, in_); !s.ok()) return s;
+  // Summed over the experts' ranks in rank order.
+  const int64_t n = batch_[me] * in_;
+  if (copies == 0 || n == 0) return absl::OkStatus();
+  if (absl::Status s = CopyOnDevice(dx.device, dx.data, recv->data, n * sizeof(float)); !s.ok()) return s;
+  for (int64_t c = 1; c < copies; ++c) {
+    const TensorView part = MakeView(Rows(recv->data, c * batch_[me], in_), DType::kFloat32, {n}, dx.device);
+    const TensorView sum = MakeView(dx.data, DType::kFloat32, {n}, dx.device);
+    if (absl::Status s = engine::ops::Add(sum, part, sum); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace dist

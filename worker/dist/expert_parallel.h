@@ -21,9 +21,11 @@
 // The gradients of an expert's parameters thus accumulate, on its rank, over
 // the tokens of the whole group.
 //
-// Same path on every device: rows are staged through buffers on the
-// communicator's device (worker/dist/staged.h), as the sharded embeddings
-// do. Not thread-safe.
+// Same path on every device, and no host round trip: the rows go from the
+// engine's tensors through scratch buffers on the communicator's device
+// (host with Gloo, the GPU with NCCL), packed and unpacked by device copies
+// on the legacy default stream (the engine's), summed by the engine's ops.
+// Only the token counts (Route) pass through the host. Not thread-safe.
 
 #include <cstdint>
 #include <vector>
@@ -31,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "engine/layers/moe.h"
 #include "worker/comm/communicator.h"
+#include "worker/dist/device_buffer.h"
 
 namespace recfleet {
 namespace dist {
@@ -58,8 +61,11 @@ class ExpertAllToAll : public engine::layers::ExpertRouter {
   // Rows exchanged with every rank: `width` floats per row; send_rows[q],
   // recv_rows[p] rows; `in` packed in destination order, `out` filled in
   // source order.
-  absl::Status Exchange(const std::vector<float>& in, const std::vector<int64_t>& send_rows,
-                        std::vector<float>& out, const std::vector<int64_t>& recv_rows, int64_t width);
+  absl::Status Exchange(const TensorView& in, const std::vector<int64_t>& send_rows, const TensorView& out,
+                        const std::vector<int64_t>& recv_rows, int64_t width);
+  // [rows, width] fp32 of the scratch buffer on the group's device,
+  // grown as needed and kept for later steps.
+  absl::StatusOr<TensorView> Scratch(int64_t rows, int64_t width);
 
   comm::Communicator* group_;
   int num_experts_;
@@ -69,6 +75,7 @@ class ExpertAllToAll : public engine::layers::ExpertRouter {
   // of each rank's tokens.
   std::vector<int64_t> batch_, first_;
   int64_t routed_ = 0;
+  DeviceBuffer scratch_;
 };
 
 }  // namespace dist

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "engine/layers/ops.h"
 #include "worker/dist/staged.h"
 
 namespace recfleet {
@@ -427,70 +428,90 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
     }
   }
 
-  // Pool the local rows of every served bag (partial sums for row-wise).
-  std::vector<std::vector<float>> partial(num_mine);
+  // Pool the local rows of every served bag (partial sums for row-wise)
+  // into one buffer on the device: table after table, each table's bags in
+  // (source, bag) order.
+  std::vector<int64_t> partial_at(num_mine + 1, 0);
+  for (int k = 0; k < num_mine; ++k) {
+    const int64_t served = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
+    partial_at[k + 1] = partial_at[k] + served * plan_.Columns(mine[k], me);
+  }
+  absl::StatusOr<DeviceBuffer> partial = DeviceBuffer::Zeros(device_, partial_at[num_mine] * sizeof(float));
+  if (!partial.ok()) return partial.status();
+  float* const partial_data = static_cast<float*>(partial->data());
   for (int k = 0; k < num_mine; ++k) {
     const int t = mine[k];
     const int64_t served = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
-    const int64_t cols = plan_.Columns(t, me);
-    partial[k].resize(served * cols);
     absl::StatusOr<DeviceBuffer> ids_dev = Stage(device_, pending_.ids[k]);
     if (!ids_dev.ok()) return ids_dev.status();
     absl::StatusOr<DeviceBuffer> offsets_dev = Stage(device_, pending_.offsets[k]);
     if (!offsets_dev.ok()) return offsets_dev.status();
-    absl::StatusOr<DeviceBuffer> out_dev = Stage(device_, partial[k]);
-    if (!out_dev.ok()) return out_dev.status();
     JaggedView bags{View<int64_t>(*ids_dev, pending_.ids[k].size()), View<int64_t>(*offsets_dev, served + 1)};
-    absl::Status s = EmbeddingBagForward(Block(t), bags, Pooling::kSum, out_dev->View(DType::kFloat32, {served, cols}));
-    if (!s.ok()) return s;
-    if (s = out_dev->CopyToHost(partial[k].data(), partial[k].size() * sizeof(float)); !s.ok()) return s;
+    const TensorView out_k =
+        MakeView(partial_data + partial_at[k], DType::kFloat32, {served, plan_.Columns(t, me)}, device_);
+    if (absl::Status s = EmbeddingBagForward(Block(t), bags, Pooling::kSum, out_k); !s.ok()) return s;
   }
 
-  // Send each source its bags' vectors; receive ours from every owner.
-  std::vector<float> emb_send;
+  // Send each source its bags' vectors; receive ours from every owner. Each
+  // served bag goes to exactly one source, so the message is as large as
+  // the partial sums, packed by device copies.
   std::vector<int64_t> emb_counts(group, 0), emb_recv_counts(group, 0), next_bag(num_mine, 0);
-  for (int p = 0; p < group; ++p) {
+  absl::StatusOr<DeviceBuffer> emb_send = DeviceBuffer::Zeros(device_, partial_at[num_mine] * sizeof(float));
+  if (!emb_send.ok()) return emb_send.status();
+  for (int p = 0, pos = 0; p < group; ++p) {
     for (int k = 0; k < num_mine; ++k) {
       const int64_t cols = plan_.Columns(mine[k], me);
-      const int64_t n = Bags(p, mine[k]);
-      emb_send.insert(emb_send.end(), partial[k].begin() + next_bag[k] * cols,
-                      partial[k].begin() + (next_bag[k] + n) * cols);
-      next_bag[k] += n;
-      emb_counts[p] += n * cols;
+      const int64_t n = Bags(p, mine[k]) * cols;
+      if (absl::Status s = CopyOnDevice(device_, static_cast<float*>(emb_send->data()) + pos,
+                                        partial_data + partial_at[k] + next_bag[k] * cols, n * sizeof(float));
+          !s.ok()) {
+        return s;
+      }
+      next_bag[k] += Bags(p, mine[k]);
+      emb_counts[p] += n;
+      pos += n;
     }
   }
   for (int d = 0; d < group; ++d) {
     for (int t : plan_.TablesOn(d)) emb_recv_counts[d] += my_bags[t] * plan_.Columns(t, d);
   }
-  std::vector<float> emb_recv(Sum(emb_recv_counts));
-  if (absl::Status s = StagedAllToAll(*table_group_, emb_send, emb_counts, emb_recv, emb_recv_counts); !s.ok()) {
+  absl::StatusOr<DeviceBuffer> emb_recv = DeviceBuffer::Zeros(device_, Sum(emb_recv_counts) * sizeof(float));
+  if (!emb_recv.ok()) return emb_recv.status();
+  if (absl::Status s = table_group_->AllToAll(View<float>(*emb_send, partial_at[num_mine]), emb_counts,
+                                              View<float>(*emb_recv, Sum(emb_recv_counts)), emb_recv_counts);
+      !s.ok()) {
     return s;
   }
 
-  std::vector<std::vector<float>> result(num_tables);
-  for (int t = 0; t < num_tables; ++t) result[t].assign(my_bags[t] * plan_.table(t).dim, 0.0f);
   // Row blocks add up; column slices land in their own columns.
+  for (int t = 0; t < num_tables; ++t) {
+    if (absl::Status s = ZeroOnDevice(device_, out[t].data, out[t].nbytes()); !s.ok()) return s;
+  }
   for (int d = 0, pos = 0; d < group; ++d) {
     for (int t : plan_.TablesOn(d)) {
       const int64_t dim = plan_.table(t).dim;
       const auto [c0, c1] = plan_.ColumnRange(t, d);
-      for (int64_t b = 0; b < my_bags[t]; ++b) {
-        for (int64_t c = c0; c < c1; ++c) result[t][b * dim + c] += emb_recv[pos++];
+      const int64_t n = my_bags[t] * (c1 - c0);
+      const float* block = static_cast<const float*>(emb_recv->data()) + pos;
+      pos += n;
+      if (n == 0) continue;
+      absl::Status s;
+      if (c1 - c0 == dim) {
+        const TensorView whole = MakeView(out[t].data, DType::kFloat32, {n}, device_);
+        s = engine::ops::Add(whole, MakeView(const_cast<float*>(block), DType::kFloat32, {n}, device_), whole);
+      } else {
+        s = Copy2DOnDevice(device_, static_cast<float*>(out[t].data) + c0, dim * sizeof(float), block,
+                           (c1 - c0) * sizeof(float), (c1 - c0) * sizeof(float), my_bags[t]);
       }
+      if (!s.ok()) return s;
     }
   }
   pending_.own_lengths.assign(num_tables, {});
   for (int t = 0; t < num_tables; ++t) {
     for (int64_t b = 0; b < my_bags[t]; ++b) pending_.own_lengths[t].push_back(ids[t].length(b));
     if (plan_.table(t).pooling == Pooling::kMean) {
-      const int64_t dim = plan_.table(t).dim;
-      for (int64_t b = 0; b < my_bags[t]; ++b) {
-        const int64_t n = pending_.own_lengths[t][b];
-        if (n == 0) continue;
-        for (int64_t c = 0; c < dim; ++c) result[t][b * dim + c] /= n;
-      }
+      if (absl::Status s = ScaleByBagLengths(t, out[t], out[t]); !s.ok()) return s;
     }
-    if (absl::Status s = CopyHostToView(result[t].data(), out[t]); !s.ok()) return s;
   }
   pending_.valid = true;
   return absl::OkStatus();
@@ -515,48 +536,93 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
 
   // Each owner gets the gradient of every bag it served (its columns of
   // it), per table; mean pooling divides by the full bag length, which only
-  // this rank knows.
-  std::vector<std::vector<float>> host_grads(num_tables);
+  // this rank knows. Packed on the device.
+  std::vector<DeviceBuffer> scaled(num_tables);
+  std::vector<TensorView> own_grads(grads.begin(), grads.end());
   for (int t = 0; t < num_tables; ++t) {
-    host_grads[t].resize(grads[t].numel());
-    if (absl::Status s = CopyViewToHost(grads[t], host_grads[t].data()); !s.ok()) return s;
+    if (plan_.table(t).pooling != Pooling::kMean) continue;
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Zeros(device_, grads[t].nbytes());
+    if (!b.ok()) return b.status();
+    scaled[t] = *std::move(b);
+    own_grads[t] = scaled[t].View(DType::kFloat32, grads[t].shape);
+    if (absl::Status s = ScaleByBagLengths(t, grads[t], own_grads[t]); !s.ok()) return s;
   }
-  std::vector<float> send;
   std::vector<int64_t> send_counts(group, 0), recv_counts(group, 0);
   for (int d = 0; d < group; ++d) {
-    for (int t : plan_.TablesOn(d)) {
-      const int64_t dim = plan_.table(t).dim;
-      const auto [c0, c1] = plan_.ColumnRange(t, d);
-      const bool mean = plan_.table(t).pooling == Pooling::kMean;
-      const std::vector<float>& g = host_grads[t];
-      const std::vector<int64_t>& lengths = pending_.own_lengths[t];
-      for (size_t b = 0; b < lengths.size(); ++b) {
-        const float scale = mean && lengths[b] > 0 ? 1.0f / static_cast<float>(lengths[b]) : 1.0f;
-        for (int64_t c = c0; c < c1; ++c) send.push_back(g[b * dim + c] * scale);
-      }
-      send_counts[d] += static_cast<int64_t>(lengths.size()) * (c1 - c0);
-    }
+    for (int t : plan_.TablesOn(d)) send_counts[d] += own_grads[t].dim(0) * plan_.Columns(t, d);
   }
   for (int p = 0; p < group; ++p) {
     for (int t : mine) recv_counts[p] += Bags(p, t) * plan_.Columns(t, me);
   }
-  std::vector<float> recv(Sum(recv_counts));
-  if (absl::Status s = StagedAllToAll(*table_group_, send, send_counts, recv, recv_counts); !s.ok()) return s;
+  absl::StatusOr<DeviceBuffer> send = DeviceBuffer::Zeros(device_, Sum(send_counts) * sizeof(float));
+  if (!send.ok()) return send.status();
+  for (int d = 0, pos = 0; d < group; ++d) {
+    for (int t : plan_.TablesOn(d)) {
+      const int64_t dim = plan_.table(t).dim;
+      const auto [c0, c1] = plan_.ColumnRange(t, d);
+      const int64_t bags = own_grads[t].dim(0);
+      if (absl::Status s = Copy2DOnDevice(device_, static_cast<float*>(send->data()) + pos, (c1 - c0) * sizeof(float),
+                                          static_cast<const float*>(own_grads[t].data) + c0, dim * sizeof(float),
+                                          (c1 - c0) * sizeof(float), bags);
+          !s.ok()) {
+        return s;
+      }
+      pos += bags * (c1 - c0);
+    }
+  }
+  absl::StatusOr<DeviceBuffer> recv = DeviceBuffer::Zeros(device_, Sum(recv_counts) * sizeof(float));
+  if (!recv.ok()) return recv.status();
+  if (absl::Status s = table_group_->AllToAll(View<float>(*send, Sum(send_counts)), send_counts,
+                                              View<float>(*recv, Sum(recv_counts)), recv_counts);
+      !s.ok()) {
+    return s;
+  }
 
   // Per local table, gradients of the served bags in (source, bag) order:
   // the order of pending_.offsets.
-  std::vector<std::vector<float>> served_grads(num_mine);
+  std::vector<DeviceBuffer> served(num_mine);
+  std::vector<int64_t> filled(num_mine, 0);
+  for (int k = 0; k < num_mine; ++k) {
+    const int64_t bags = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Zeros(device_, bags * plan_.Columns(mine[k], me) * sizeof(float));
+    if (!b.ok()) return b.status();
+    served[k] = *std::move(b);
+  }
   for (int p = 0, pos = 0; p < group; ++p) {
     for (int k = 0; k < num_mine; ++k) {
       const int64_t n = Bags(p, mine[k]) * plan_.Columns(mine[k], me);
-      served_grads[k].insert(served_grads[k].end(), recv.begin() + pos, recv.begin() + pos + n);
+      if (absl::Status s = CopyOnDevice(device_, static_cast<float*>(served[k].data()) + filled[k],
+                                        static_cast<const float*>(recv->data()) + pos, n * sizeof(float));
+          !s.ok()) {
+        return s;
+      }
+      filled[k] += n;
       pos += n;
     }
   }
-  if (replica_group_ != nullptr && replica_group_->size() > 1) {
-    if (absl::Status s = GatherReplicas(served_grads); !s.ok()) return s;
+  // Replicated shards and column slices exchange bags and per-row sums
+  // with their peers on the host (the whole group takes this branch or
+  // none: both conditions are the plan's).
+  bool any_sliced = false;
+  for (int t = 0; t < num_tables; ++t) {
+    any_sliced = any_sliced || (plan_.placement(t).sharding == TableSharding::kColumnWise && plan_.NumShards(t) > 1);
   }
-  if (absl::Status s = AlignColumnSliceAccumulators(served_grads); !s.ok()) return s;
+  if ((replica_group_ != nullptr && replica_group_->size() > 1) || any_sliced) {
+    std::vector<std::vector<float>> served_grads(num_mine);
+    for (int k = 0; k < num_mine; ++k) {
+      served_grads[k].resize(served[k].size() / sizeof(float));
+      if (absl::Status s = served[k].CopyToHost(served_grads[k].data(), served[k].size()); !s.ok()) return s;
+    }
+    if (replica_group_ != nullptr && replica_group_->size() > 1) {
+      if (absl::Status s = GatherReplicas(served_grads); !s.ok()) return s;
+    }
+    if (absl::Status s = AlignColumnSliceAccumulators(served_grads); !s.ok()) return s;
+    for (int k = 0; k < num_mine; ++k) {
+      absl::StatusOr<DeviceBuffer> b = Stage(device_, served_grads[k]);
+      if (!b.ok()) return b.status();
+      served[k] = *std::move(b);
+    }
+  }
   for (int k = 0; k < num_mine; ++k) {
     const int t = mine[k];
     const int64_t bags = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
@@ -564,16 +630,25 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
     if (!ids_dev.ok()) return ids_dev.status();
     absl::StatusOr<DeviceBuffer> offsets_dev = Stage(device_, pending_.offsets[k]);
     if (!offsets_dev.ok()) return offsets_dev.status();
-    absl::StatusOr<DeviceBuffer> grads_dev = Stage(device_, served_grads[k]);
-    if (!grads_dev.ok()) return grads_dev.status();
     JaggedView jagged{View<int64_t>(*ids_dev, pending_.ids[k].size()), View<int64_t>(*offsets_dev, bags + 1)};
-    absl::Status s = EmbeddingBagBackwardAdagrad(grads_dev->View(DType::kFloat32, {bags, plan_.Columns(t, me)}), jagged,
+    absl::Status s = EmbeddingBagBackwardAdagrad(served[k].View(DType::kFloat32, {bags, plan_.Columns(t, me)}), jagged,
                                                  Pooling::kSum, optimizer_, Block(t), BlockMomentum(t));
     if (!s.ok()) return s;
   }
   // V3: every holder of the block applied the same update; each keeps its
   // part.
   return ReleaseBlocks();
+}
+
+absl::Status ShardedEmbeddingCollection::ScaleByBagLengths(int t, const TensorView& in, const TensorView& out) {
+  const std::vector<int64_t>& lengths = pending_.own_lengths[t];
+  if (lengths.empty()) return absl::OkStatus();
+  std::vector<int64_t> offsets = {0};
+  for (int64_t n : lengths) offsets.push_back(offsets.back() + n);
+  absl::StatusOr<DeviceBuffer> offsets_dev = Stage(device_, offsets);
+  if (!offsets_dev.ok()) return offsets_dev.status();
+  // ScaleBags reads a bag's row before writing it, so `out` may be `in`.
+  return engine::ops::ScaleBags(in, View<int64_t>(*offsets_dev, offsets.size()), Pooling::kMean, out);
 }
 
 absl::Status ShardedEmbeddingCollection::GatherReplicas(std::vector<std::vector<float>>& grads) {

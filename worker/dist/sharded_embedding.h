@@ -35,11 +35,20 @@
 //
 // Devices: tables, outputs and gradients live on the communicators' device
 // (host with Gloo, the current CUDA device with NCCL); id lists are host
-// memory, as they come from the data loader. Routing ids and packing
-// messages happen on the host and are staged through device buffers, the
-// same code path on both devices. The staging allocates and copies on every
-// call: it is built to be right on any device, not fast on a GPU (a
-// device-side bucketing of ids would remove it). Not thread-safe.
+// memory, as they come from the data loader. The same code path on both
+// devices:
+//  - ids and bag lengths are routed to their owners on the host and staged
+//    through device buffers for the all-to-alls and the kernels (a
+//    device-side bucketing of ids would remove that copy);
+//  - pooled partial rows, the pooled outputs and their gradients never
+//    leave the device: packed, summed (row blocks), placed (column slices)
+//    and scaled (mean pooling) there by device copies and the engine's
+//    ops, around device all-to-alls;
+//  - with a replica group, or column-wise tables of several slices, the
+//    served gradients go to the host for the replicas' exchange of bags
+//    and the slices' per-row sums (GatherReplicas,
+//    AlignColumnSliceAccumulators) and come back.
+// Buffers are allocated per call. Not thread-safe.
 
 #include <functional>
 #include <memory>
@@ -222,6 +231,10 @@ class ShardedEmbeddingCollection {
   // Checks one [bags, dim] fp32 host buffer per table.
   absl::Status CheckPerTable(absl::Span<const TensorView> views, absl::string_view what) const;
   int64_t Bags(int rank, int t) const { return pending_.bags[rank * plan_.num_tables() + t]; }
+  // out = in with each of this rank's bags of table t (the last Forward's)
+  // divided by its length (empty bags unchanged): mean pooling, on the
+  // device. `out` may be `in`.
+  absl::Status ScaleByBagLengths(int t, const TensorView& in, const TensorView& out);
   // Replaces the pending bags and `grads` of every local table by their
   // union over the replica group, in replica-rank order.
   absl::Status GatherReplicas(std::vector<std::vector<float>>& grads);

@@ -73,6 +73,15 @@ absl::Status StagedAllGather(comm::Communicator& c, const std::vector<T>& in, st
   return Staged(c.device(), in, out, [&](const TensorView& i, const TensorView& o) { return c.AllGather(i, o); });
 }
 
+// In place, like Communicator::AllReduce.
+template <typename T>
+absl::Status StagedAllReduce(comm::Communicator& c, std::vector<T>& v, comm::ReduceOp op) {
+  absl::StatusOr<DeviceBuffer> d = Stage(c.device(), v);
+  if (!d.ok()) return d.status();
+  if (absl::Status s = c.AllReduce(View<T>(*d, v.size()), op); !s.ok()) return s;
+  return d->CopyToHost(v.data(), v.size() * sizeof(T));
+}
+
 inline int64_t Sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
   for (int64_t x : v) s += x;
