@@ -165,7 +165,7 @@ MMA_BWD = [False]
 def wgmma_variants(workload, impl, flops, fn, switches=()):
     """Forward rows of the Hopper kernel's variants and the mma.sync kernel;
     `switches` adds a row with RECFLEET_ATTENTION_WGMMA_<name>=0 for each
-    name (SiLU only: CHAIN, a query tile's last P V issued with the next
+    name (SiLU and GELU: CHAIN, a query tile's last P V issued with the next
     tile's first S; OVERLAP, the activation overlapping the warpgroup's own
     P V)."""
     if not FWD_VARIANTS[0]:
@@ -225,6 +225,8 @@ DEADLINE = [0.0]
 # costs the main comparisons.
 PASS = [1]
 COMPILED = ("flex_attention", "torch.compile")
+# --profile: record() runs each default recfleet row once instead of timing.
+PROFILE = [False]
 
 
 def is_compiled(impl):
@@ -232,6 +234,11 @@ def is_compiled(impl):
 
 
 def record(workload, impl, mode, flops, fn, note=""):
+    if PROFILE[0]:
+        # Only the launcher's default recfleet kernels, once, untimed.
+        if PASS[0] == 1 and impl.startswith("recfleet") and ", " not in impl:
+            fn()
+        return
     if is_compiled(impl) != (PASS[0] == 2):
         return
     if time.time() > DEADLINE[0]:
@@ -421,7 +428,7 @@ def gdpa_cross(lib, dev, with_compile):
         ours = Ours(lib, q, k, v, q_lens, k_lens, act, "none")
         record(f"{name} {act}", "recfleet GDPA", "fwd", ours.flops, ours.fwd)
         wgmma_variants(f"{name} {act}", "recfleet GDPA", ours.flops, ours.fwd,
-                       ("CHAIN", "OVERLAP") if act == "silu" else ())
+                       ("CHAIN", "OVERLAP") if act != "softmax" else ())
         record(f"{name} {act}", "recfleet GDPA", "fwd+bwd", 3.5 * ours.flops, ours.fwd_bwd)
         bwd_variants(f"{name} {act}", "recfleet GDPA", 3.5 * ours.flops, ours.fwd_bwd)
     flops_jagged = ours.flops
@@ -546,7 +553,8 @@ def main():
     ap.add_argument("--mma_bwd", action="store_true",
                     help="also time the mma.sync backward and its atomic dQ")
     ap.add_argument("--profile", action="store_true",
-                    help="only run the kernels a few times (for ncu), no timing")
+                    help="only run the selected sections' default recfleet kernels once each "
+                         "(fwd, then fwd+bwd), untimed and without the baselines (for ncu)")
     args = ap.parse_args()
     DEADLINE[0] = time.time() + args.budget_s
     FWD_VARIANTS[0] = not args.no_fwd_variants
@@ -560,19 +568,7 @@ def main():
     torch.manual_seed(0)
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     lens = heavy_tailed(64, 4096, 0.5, seed=1)
-    if args.profile:
-        q, k, v = (packed(lens, 8, 128, dev) for _ in range(3))
-        for act, mask in (("softmax", "none"), ("silu", "causal")):
-            ours = Ours(lib, q, k, v, lens, lens, act, mask)
-            for _ in range(2):
-                ours.fwd_bwd()
-        blens = heavy_tailed(32, 16384, 0.5, seed=5)
-        q, k, v = (packed(blens, 8, 128, dev) for _ in range(3))
-        ours = Ours(lib, q, k, v, blens, blens, "softmax", "block", rope=True)
-        for _ in range(2):
-            ours.fwd_bwd()
-        torch.cuda.synchronize()
-        return 0
+    PROFILE[0] = args.profile
     print(f"# jagged batch: 64 seqs, max {max(lens)}, mean {sum(lens) / 64:.0f}", flush=True)
     workloads = {
         "jagged128": lambda: jagged_self(lib, 128, dev, lens, not args.no_flex),
@@ -582,13 +578,16 @@ def main():
         "jagged64": lambda: jagged_self(lib, 64, dev, lens, False),
     }
     sections = [workloads[name] for name in args.sections.split(",")]
-    for PASS[0] in (1, 2):
+    for PASS[0] in (1,) if args.profile else (1, 2):
         for s in sections:
             try:
                 s()
             except Exception:
                 traceback.print_exc()
             torch.cuda.empty_cache()
+    if args.profile:
+        torch.cuda.synchronize()
+        return 0
     print("\n| workload | implementation | pass | ms | useful TFLOP/s | note |")
     print("|---|---|---|---|---|---|")
     for w, i, m, ms, tf, note in ROWS:

@@ -6,10 +6,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -21,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/attention.h"
+#include "kernels/attention/cuda_kernels.h"
 
 namespace recfleet::attention {
 namespace {
@@ -352,7 +355,7 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
     for (int64_t d : {128, 64}) {
       for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
         for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
-          if (plain && (a == Activation::kGelu || m == Mask::kSlidingWindow)) continue;
+          if (plain && m == Mask::kSlidingWindow) continue;
           if (d == 64 && std::string(var.name) != "wgmma") continue;
           Case self{absl::StrCat("hopper self ", var.name, " d", d, " ", ActName(a), " ",
                                  MaskName(m)),
@@ -378,7 +381,7 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
       }
     }
     // Short K/V behind long Q: 9 query tiles make groups of 4, 4 and 1.
-    for (Activation a : {Activation::kSoftmax, Activation::kSilu}) {
+    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
       Case grouped{absl::StrCat("hopper grouped ", var.name, " ", ActName(a)),
                    {1100, 640, 5, 0, 513},
                    {200, 256, 256, 100, 1},
@@ -396,11 +399,18 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
       many_q[i] = static_cast<int64_t>(rng() % 300);
       many_k[i] = i % 7 == 0 ? 0 : static_cast<int64_t>(rng() % 300);
     }
-    for (Activation a : {Activation::kSoftmax, Activation::kSilu}) {
+    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
       Case many{absl::StrCat("hopper many items ", var.name, " ", ActName(a)), many_q, many_k, 2,
                 128};
       many.opts.activation = a;
       RunCase(many, seed++);
+    }
+    // A negative scale: full softmax tiles cannot keep their scores raw
+    // (the row maximum does not commute with it) and scale them first.
+    for (int64_t d : {128, 64}) {
+      Case negative{absl::StrCat("hopper negative scale ", var.name, " d", d), lens, lens, 2, d};
+      negative.opts.scale = -0.3;
+      RunCase(negative, seed++);
     }
   }
   unsetenv("RECFLEET_ATTENTION_FWD");
@@ -579,6 +589,63 @@ TEST(AttentionCudaTest, PlansEvictedAndReusedUnderLoad) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (auto& run : runs) run->Check();
   for (cudaStream_t& s : streams) cudaStreamDestroy(s);
+}
+
+// The kernels' GELU and SiLU (the forward's form and the backward's value and
+// derivative) against the exact functions on a dense grid over [-12, 12]
+// and far out: within the errors attention.h documents, every value finite.
+TEST(AttentionCudaTest, ActivationsWithinTheirDocumentedError) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  std::vector<float> x;
+  for (int i = -24000; i <= 24000; ++i) x.push_back(static_cast<float>(i) * 5e-4f);
+  for (float v : {30.f, 100.f, 1e3f, 1e6f, 1e18f}) {
+    x.push_back(v);
+    x.push_back(-v);
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  float* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, 4 * n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  for (int act : {cuda_impl::kActGelu, cuda_impl::kActSilu}) {
+    const bool gelu = act == cuda_impl::kActGelu;
+    ASSERT_EQ(cuda_impl::LaunchActivation(act, dev, dev + n, dev + 2 * n, dev + 3 * n, n, nullptr),
+              0);
+    std::vector<float> got(3 * n);
+    ASSERT_EQ(cudaMemcpy(got.data(), dev + n, 3 * n * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    double worst_y = 0, worst_dy = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double xi = x[i], ax = std::fabs(xi);
+      double y, dy, y_tol, dy_tol;
+      if (gelu) {
+        const double phi = 0.5 * (1.0 + std::erf(xi / std::sqrt(2.0)));
+        y = xi * phi;
+        dy = phi + xi * std::exp(-0.5 * xi * xi) / std::sqrt(2.0 * 3.14159265358979323846);
+        y_tol = 5.5e-4 + 2.5e-4 * ax;
+        dy_tol = 2.5e-3;
+      } else {
+        const double sig = 1.0 / (1.0 + std::exp(-xi));
+        y = xi * sig;
+        dy = sig * (1.0 + xi * (1.0 - sig));
+        y_tol = 1e-6 + 2.5e-4 * ax;
+        dy_tol = 1e-3;
+      }
+      for (int k = 0; k < 3; ++k) {
+        const float g = got[k * n + i];
+        ASSERT_TRUE(std::isfinite(g)) << "activation " << act << " at " << xi << ": " << g;
+        const double err = std::fabs(g - (k < 2 ? y : dy));
+        const double tol = k < 2 ? y_tol : dy_tol;
+        EXPECT_LE(err, tol) << (gelu ? "GELU" : "SiLU") << (k == 0 ? " forward" : " backward")
+                            << (k == 2 ? " derivative" : "") << " at " << xi << ": " << g
+                            << " vs " << (k < 2 ? y : dy);
+        if (k < 2) worst_y = std::max(worst_y, err / (5e-4 + 2.5e-4 * ax));
+        if (k == 2) worst_dy = std::max(worst_dy, err);
+      }
+    }
+    std::printf("%s: max error / (5e-4 + 2.5e-4 |x|) %.3f, derivative max error %.2e\n",
+                gelu ? "GELU" : "SiLU", worst_y, worst_dy);
+  }
+  cudaFree(dev);
 }
 
 TEST(AttentionCudaTest, RejectsUnsupportedHeadDim) {

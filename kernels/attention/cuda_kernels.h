@@ -86,10 +86,10 @@ struct KernelParams {
   // maps cannot be made, every tile loads with cp.async (and the backward
   // forms dQ in its separate pass: the fused dQ adds by TMA).
   bool wgmma_tma = true;
-  // Hopper forward, SiLU: the activation of S_n overlaps the warpgroup's
-  // own P_{n-1} V_{n-1}; off, it waits for it (as GELU always does).
+  // Hopper forward, SiLU and GELU: the activation of S_n overlaps the
+  // warpgroup's own P_{n-1} V_{n-1}; off, it waits for it.
   bool wgmma_overlap = true;
-  // Hopper forward, SiLU: a query tile's last P V is issued together with
+  // Hopper forward, SiLU and GELU: a query tile's last P V is issued with
   // the next query tile's first S (the GEMM chain runs across tiles and
   // items); off, every tile ends with a step of its own for it (and starts
   // with a discarded P V).
@@ -146,6 +146,11 @@ int LaunchFloatToBf16(const float* x, void* y, int64_t n, void* stream);
 // dsum[r, h] = sum_c dout[r, h, c] * out[r, h, c].
 int LaunchRowDot(const void* dout, const void* out, float* dsum, int64_t rows, int heads,
                  int head_dim, void* stream);
+// GELU or SiLU (kActGelu, kActSilu) at n points (device arrays), as the
+// kernels compute them: y_forward as the forward does, y_backward and dy
+// (the derivative) as the backward does. cudaErrorInvalidValue for softmax.
+int LaunchActivation(int activation, const float* x, float* y_forward, float* y_backward,
+                     float* dy, int64_t n, void* stream);
 
 }  // namespace recfleet::attention::cuda_impl
 

@@ -116,18 +116,28 @@ template <int A>
 __device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkItem& it,
                                               float (&sc)[16][4], int row0, int col0, int t,
                                               float (&m)[2], float (&l)[2], float (&corr)[2]) {
+  // Softmax: the factor the exponent's FMA still applies to the scores. A
+  // full tile with a positive scale keeps its scores raw (the row maximum
+  // commutes with the scale) and saves a multiply per score; elsewhere the
+  // scores are scaled (and masked) here and the factor is 1.
+  float k_exp = 1.f;
   if (p.bias == nullptr && TileFull(p, it.q_len, it.k_len, it.tile_row, kRowsQ, col0, kRowsKv)) {
+    if constexpr (A == kActSoftmax) {
+      const float c = p.scale * kLog2e;
+      if (c > 0.f) {
+        k_exp = c;
+      } else {
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
+        for (int nt = 0; nt < 16; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if constexpr (A == kActSoftmax) {
-          sc[nt][e] *= p.scale * kLog2e;
-        } else if constexpr (A == kActSilu) {
-          sc[nt][e] = SiluOfHalf(sc[nt][e] * (0.5f * p.scale));
-        } else {
-          sc[nt][e] = Act<A>(sc[nt][e] * p.scale);
+          for (int e = 0; e < 4; ++e) sc[nt][e] *= c;
         }
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[nt][e] = ActOfHalf<A>(sc[nt][e] * (0.5f * p.scale));
       }
     }
   } else {
@@ -156,15 +166,15 @@ __device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkI
       float mx = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) mx = fmaxf(mx, fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
-      const float m_new = fmaxf(m[r], QuadMax(mx));
+      const float m_new = fmaxf(m[r], QuadMax(mx) * k_exp);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
       corr[r] = Exp2(m[r] - m_use);
       m[r] = m_new;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) {
-        sc[nt][2 * r] = Exp2(sc[nt][2 * r] - m_use);
-        sc[nt][2 * r + 1] = Exp2(sc[nt][2 * r + 1] - m_use);
+        sc[nt][2 * r] = Exp2(fmaf(sc[nt][2 * r], k_exp, -m_use));
+        sc[nt][2 * r + 1] = Exp2(fmaf(sc[nt][2 * r + 1], k_exp, -m_use));
         sum += sc[nt][2 * r] + sc[nt][2 * r + 1];
       }
       l[r] = fmaf(l[r], corr[r], sum);
@@ -296,17 +306,17 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   // ping-pong with the intra-warpgroup overlap).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   // kOverlapOwnPv: S_n turns into P_n while this warpgroup's own
-  // P_{n-1} V_{n-1} still runs (softmax and SiLU; SiLU's one-tanh form fits
-  // the registers). Without it the warpgroup waits for its P V first (GELU,
-  // whose polynomial spills with O and P_{n-1} pinned by the running wgmma)
-  // and overlaps only with the other warpgroup's GEMMs.
-  // kChain (SiLU): the steps run across query tiles and items, a query
-  // tile's last P V issued with the next tile's S_0 and its O stored after
-  // that (KernelParams::wgmma_chain), so short K/V ranges need no GEMM step
-  // of their own for the last P V: +9.5% on the short-K/V cross shape, none
-  // on causal SiLU. Softmax and GELU keep one query tile at a time, which
-  // measured 5% faster for them on H200 (bench/RESULTS.md, attention).
-  constexpr bool kChain = A == kActSilu;
+  // P_{n-1} V_{n-1} still runs (the one-tanh SiLU and GELU fit the registers
+  // beside the pinned O and P_{n-1}; the earlier polynomial GELU spilled).
+  // Without it the warpgroup waits for its P V first and overlaps only with
+  // the other warpgroup's GEMMs.
+  // kChain (SiLU and GELU): the steps run across query tiles and items, a
+  // query tile's last P V issued with the next tile's S_0 and its O stored
+  // after that (KernelParams::wgmma_chain), so short K/V ranges need no GEMM
+  // step of their own for the last P V: +9.5% on the short-K/V cross shape
+  // for SiLU, none on causal SiLU. Softmax keeps one query tile at a time,
+  // which measured 5% faster for it on H200 (bench/RESULTS.md, attention).
+  constexpr bool kChain = A != kActSoftmax;
   const int c = wg;  // rows [64 c, 64 c + 64) of the query tile
   const int my_turn = 1 + c, other_turn = 2 - c;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -578,11 +588,9 @@ bool WgmmaForwardSupports(const KernelParams& p) {
 int LaunchJaggedForwardWgmma(const KernelParams& p, int sms, void* stream) {
   return DispatchKernel(p, [&](auto d, auto a) {
     constexpr int D = decltype(d)::value, A = decltype(a)::value;
-    // GELU waits for its own P V before the activation (its polynomial would
-    // spill next to a running P V); SiLU overlaps unless switched off.
-    if constexpr (A == kActGelu) {
-      return LaunchWgmma<D, A, false>(p, sms, stream);
-    } else if constexpr (A == kActSilu) {
+    // SiLU and GELU overlap their activation with their own P V unless
+    // switched off; softmax always does.
+    if constexpr (A != kActSoftmax) {
       return p.wgmma_overlap ? LaunchWgmma<D, A, true>(p, sms, stream)
                              : LaunchWgmma<D, A, false>(p, sms, stream);
     } else {

@@ -143,8 +143,10 @@ __device__ __forceinline__ void GradsTile(const KernelParams& p, const WorkItem&
       } else {
         float x = t1[nt][e] * p.scale;
         if (!full && p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
-        pr = vis ? Act<A>(x) : 0.f;
-        ds = vis ? t2[nt][e] * ActGrad<A>(x) : 0.f;
+        float y, dy;
+        ActAndGrad<A>(x, y, dy);
+        pr = vis ? y : 0.f;
+        ds = vis ? t2[nt][e] * dy : 0.f;
       }
       if constexpr (kDs && kDkDv) {
         if (!full && p.dbias != nullptr && vis) StoreBias(p, it, i, j, ds);
