@@ -410,6 +410,11 @@ int main(int argc, char** argv) {
   // measurement above: the second model only adds to the pool).
   std::string ne_gate = "null";
   if (ne_baseline) {
+    // The recipe's numbers first: the baseline builds a second model
+    // (tables included) and may outlast a caller's time limit.
+    std::fprintf(stderr, "recipe %s (wgrad %s): %.1f samples/s, eval %s; training the bf16 baseline\n", fp8.c_str(),
+                 fp8_wgrad.c_str(), total_samples / (total_ms / 1e3), eval.c_str());
+    std::fflush(stderr);
     recfleet::engine::ExecutionOptions plain = exec;
     plain.defer_loss_readback = false;
     const std::vector<Batch> held_out(batches->begin() + train, batches->end());
