@@ -1,6 +1,7 @@
 #include "engine/job_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "absl/strings/match.h"
@@ -87,7 +88,7 @@ void CrossBranch(const v1::ModelSpec& m, GemLiteConfig& c, Problems& p) {
 
 // model.precision -> c.fp8, after the dense modules and features are known
 // (a recipe naming a module the model lacks is an error, not a no-op).
-void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfig& c, Problems& p) {
+void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfig& c, JobModel& out, Problems& p) {
   const v1::PrecisionRecipe& r = m.precision();
   const std::string f = "model.precision";
   const std::vector<std::string>& known = Fp8ModuleNames();
@@ -120,11 +121,29 @@ void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfi
     p.Unsupported(f + ".weight_gradient", "Hadamard + stochastic rounding in the engine; use BF16 or FP8");
   }
   const bool tuned = r.scale_granularity() != v1::PrecisionRecipe::SCALE_GRANULARITY_UNSPECIFIED ||
-                     r.weight_gradient() != v1::PrecisionRecipe::WEIGHT_GRADIENT_UNSPECIFIED;
+                     r.weight_gradient() != v1::PrecisionRecipe::WEIGHT_GRADIENT_UNSPECIFIED ||
+                     r.all_gather() != v1::PrecisionRecipe::ALL_GATHER_UNSPECIFIED || r.has_quality_gate();
   if (tuned && r.fp8_modules_size() == 0) {
-    p.Bad(f + ".fp8_modules", "is empty, so scale_granularity and weight_gradient apply to nothing; name modules");
+    p.Bad(f + ".fp8_modules",
+          "is empty, so scale_granularity, weight_gradient, all_gather and quality_gate apply to nothing; name "
+          "modules");
   }
   c.fp8.fp8_weight_gradients = r.weight_gradient() == v1::PrecisionRecipe::FP8;
+  c.fp8.fp8_all_gather = r.all_gather() == v1::PrecisionRecipe::ALL_GATHER_FP8;
+  const v1::PrecisionQualityGate& gate = r.quality_gate();
+  const std::string g = f + ".quality_gate";
+  if (r.has_quality_gate() && !(gate.max_relative_ne_increase() > 0 && std::isfinite(gate.max_relative_ne_increase()))) {
+    p.Bad(g + ".max_relative_ne_increase",
+          absl::StrCat("must be > 0 (e.g. 0.001 for 0.1%), got ", gate.max_relative_ne_increase()));
+  }
+  if (r.has_quality_gate() && out.ctr_label.empty()) {
+    p.Bad(g, "compares the CTR head's eval NE, and spec.model.heads has no CTR head");
+  }
+  if (gate.shadow_steps() < 0) p.Bad(g + ".shadow_steps", absl::StrCat("must be >= 0, got ", gate.shadow_steps()));
+  if (gate.eval_samples() < 0) p.Bad(g + ".eval_samples", absl::StrCat("must be >= 0, got ", gate.eval_samples()));
+  out.quality_gate.max_relative_ne_increase = std::max(0.0, gate.max_relative_ne_increase());
+  if (gate.shadow_steps() > 0) out.quality_gate.shadow_steps = gate.shadow_steps();
+  if (gate.eval_samples() > 0) out.quality_gate.eval_samples = gate.eval_samples();
 }
 
 void DenseModules(const v1::ModelSpec& m, GemLiteConfig& c, Problems& p) {
@@ -284,7 +303,7 @@ absl::StatusOr<JobModel> BuildJobModel(const v1::JobSpec& spec) {
   CrossBranch(m, c, p);
   DenseModules(m, c, p);
   Heads(m, out, p);
-  Precision(m, out.schema, c, p);
+  Precision(m, out.schema, c, out, p);
   const v1::TrainingSpec& t = spec.training();
   if (t.dense_learning_rate() > 0) c.learning_rate = t.dense_learning_rate();
   if (t.sparse_learning_rate() > 0) c.adagrad_learning_rate = t.sparse_learning_rate();
@@ -308,7 +327,10 @@ std::string JobModel::DebugString() const {
                                " lr=", config.learning_rate, " wd=", config.weight_decay,
                                " adagrad_lr=", config.adagrad_learning_rate, " seed=", config.seed,
                                " fp8=", absl::StrJoin(config.fp8.modules, ","),
-                               " fp8_wgrad=", config.fp8.fp8_weight_gradients, "\n");
+                               " fp8_wgrad=", config.fp8.fp8_weight_gradients,
+                               " fp8_all_gather=", config.fp8.fp8_all_gather,
+                               " ne_gate=", quality_gate.max_relative_ne_increase, "/", quality_gate.shadow_steps, "/",
+                               quality_gate.eval_samples, "\n");
   for (const auto& t : schema.tables) absl::StrAppend(&s, "table ", t.name, " rows=", t.rows, "\n");
   for (size_t i = 0; i < schema.id_lists.size(); ++i) {
     const auto& f = schema.id_lists[i];
@@ -385,10 +407,24 @@ absl::Status CheckBuildable(const v1::JobSpec& spec) {
         "recfleet-worker --device cuda starts one worker per GPU of its host: set 1 and resources.workers to the "
         "number of GPUs, or 0 for CPU workers. `recfleet plan --what-if` plans larger GPU jobs)");
   }
-  if (spec.model().precision().fp8_modules_size() > 0 && spec.resources().gpus_per_worker() == 0) {
+  const v1::PrecisionRecipe& precision = spec.model().precision();
+  if (spec.resources().gpus_per_worker() == 0) {
+    if (precision.fp8_modules_size() > 0 && precision.all_gather() != v1::PrecisionRecipe::ALL_GATHER_FP8) {
+      problems.push_back(
+          "spec.model.precision.fp8_modules: FP8 GEMMs need a GPU job (resources.gpus_per_worker = 1); CPU workers "
+          "compute in fp32, so leave fp8_modules empty, or set all_gather: ALL_GATHER_FP8 to carry those modules' "
+          "weights as FP8 in the FSDP all-gather");
+    }
+    if (precision.has_quality_gate()) {
+      problems.push_back(
+          "spec.model.precision.quality_gate: needs a GPU job (the shadow run compares the recipe's FP8 GEMMs with "
+          "bf16 on the job's GPU; a CPU job's only FP8 is its all-gather)");
+    }
+  }
+  if (spec.resources().gpus_per_worker() > 0 && precision.all_gather() == v1::PrecisionRecipe::ALL_GATHER_FP8) {
     problems.push_back(
-        "spec.model.precision.fp8_modules: FP8 needs a GPU job (resources.gpus_per_worker = 1); CPU workers "
-        "compute in fp32, so leave fp8_modules empty");
+        "spec.model.precision.all_gather: ALL_GATHER_FP8 is built for CPU (Gloo) workers only; GPU workers "
+        "all-gather fp32 over NCCL: leave all_gather unset for a GPU job");
   }
   if (spec.parallelism().expert_parallel()) {
     problems.push_back(

@@ -55,6 +55,14 @@ struct JobModel {
   // Label columns of the CTR and CVR heads ("" when the head is absent).
   std::string ctr_label;
   std::string cvr_label;
+  // model.precision.quality_gate (engine/quality_gate.h); disabled when
+  // max_relative_ne_increase is 0.
+  struct QualityGate {
+    double max_relative_ne_increase = 0;
+    int shadow_steps = 200;
+    int64_t eval_samples = 65'536;
+    bool enabled() const { return max_relative_ne_increase > 0; }
+  } quality_gate;
 
   // Every derived setting, one per line: what tests compare to see whether
   // a spec field changed the model.

@@ -171,7 +171,19 @@ TEST(JobModelTest, PrecisionRecipeIsBuiltOrRefusedByField) {
        },
        "spec.model.precision.weight_gradient: not supported yet"},
       {[](v1::PrecisionRecipe& p) { p.set_weight_gradient(v1::PrecisionRecipe::FP8); },
-       "spec.model.precision.fp8_modules is empty, so scale_granularity and weight_gradient apply to nothing"},
+       "spec.model.precision.fp8_modules is empty, so scale_granularity, weight_gradient, all_gather and "
+       "quality_gate apply to nothing"},
+      {[](v1::PrecisionRecipe& p) {
+         p.add_fp8_modules("towers");
+         p.mutable_quality_gate()->set_shadow_steps(10);
+       },
+       "spec.model.precision.quality_gate.max_relative_ne_increase must be > 0"},
+      {[](v1::PrecisionRecipe& p) {
+         p.add_fp8_modules("towers");
+         p.mutable_quality_gate()->set_max_relative_ne_increase(0.001);
+         p.mutable_quality_gate()->set_eval_samples(-1);
+       },
+       "spec.model.precision.quality_gate.eval_samples must be >= 0"},
   };
   for (const Case& c : cases) {
     v1::JobSpec bad = Spec();
@@ -190,12 +202,44 @@ TEST(JobModelTest, PrecisionRecipeIsBuiltOrRefusedByField) {
       << BuildJobModel(no_dcn).status();
   // FP8 on a CPU job: CreateJob refuses it; the CPU engine refuses it too.
   spec.mutable_resources()->set_gpus_per_worker(0);
-  EXPECT_NE(CheckBuildable(spec).message().find("spec.model.precision.fp8_modules: FP8 needs a GPU job"),
+  EXPECT_NE(CheckBuildable(spec).message().find("spec.model.precision.fp8_modules: FP8 GEMMs need a GPU job"),
             std::string::npos)
       << CheckBuildable(spec);
   const absl::Status cpu = GemLite<float>::Create(m->config, m->schema).status();
   EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(cpu.message().find("need device cuda"), std::string::npos) << cpu;
+}
+
+// model.precision.all_gather: FP8 is the one part of the recipe a CPU job
+// takes (its ranks gather those weights in FP8 and compute in fp32); the
+// quality gate needs a GPU job and is built with its defaults.
+TEST(JobModelTest, Fp8AllGatherOnCpuJobsAndTheQualityGate) {
+  v1::JobSpec spec = Spec();
+  v1::PrecisionRecipe* r = spec.mutable_model()->mutable_precision();
+  r->add_fp8_modules("dcn");
+  r->set_all_gather(v1::PrecisionRecipe::ALL_GATHER_FP8);
+  absl::StatusOr<JobModel> m = BuildJobModel(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->config.fp8.fp8_all_gather);
+  EXPECT_FALSE(m->quality_gate.enabled());
+  EXPECT_TRUE(CheckBuildable(spec).ok()) << CheckBuildable(spec);
+  r->mutable_quality_gate()->set_max_relative_ne_increase(0.002);
+  EXPECT_NE(CheckBuildable(spec).message().find("spec.model.precision.quality_gate: needs a GPU job"),
+            std::string::npos)
+      << CheckBuildable(spec);
+  spec.mutable_resources()->set_gpus_per_worker(1);
+  // GPU ranks all-gather fp32 over NCCL: the FP8 all-gather is refused there.
+  EXPECT_NE(CheckBuildable(spec).message().find("spec.model.precision.all_gather: ALL_GATHER_FP8 is built for CPU"),
+            std::string::npos)
+      << CheckBuildable(spec);
+  r->clear_all_gather();
+  ASSERT_TRUE(CheckBuildable(spec).ok()) << CheckBuildable(spec);
+  m = BuildJobModel(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->quality_gate.enabled());
+  EXPECT_EQ(m->quality_gate.max_relative_ne_increase, 0.002);
+  EXPECT_EQ(m->quality_gate.shadow_steps, 200);
+  EXPECT_EQ(m->quality_gate.eval_samples, 65'536);
 }
 
 TEST(JobModelTest, DataConfigComesFromTheSpec) {

@@ -29,6 +29,9 @@ struct Fp8Recipe {
   // "moe.experts", "moe.experts.l1", "moe.experts.l2", "towers".
   std::vector<std::string> modules;
   bool fp8_weight_gradients = false;  // Else the FP8 modules' dW GEMMs run bf16.
+  // The FSDP all-gather carries these modules' weights (".w") as FP8 with
+  // their scales (worker/dist/fp8_all_gather.h); master weights stay fp32.
+  bool fp8_all_gather = false;
 
   bool empty() const { return modules.empty(); }
   // Whether the linear layer named `linear` (its parameter name without

@@ -56,8 +56,17 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
         " but the rank's collectives (", groups->fsdp()->backend(), ") work on ",
         m->device_ == Device::kCuda ? "cuda" : "cpu", " buffers; use NCCL groups for a CUDA engine, Gloo for the CPU"));
   }
+  if (config.fp8.fp8_all_gather && m->device_ == Device::kCuda) {
+    return absl::UnimplementedError(
+        "distributed model: model.precision.all_gather ALL_GATHER_FP8 runs on CPU (Gloo) ranks only; GPU ranks "
+        "all-gather fp32 over NCCL: leave all_gather unset for a GPU job");
+  }
+  // The CPU engine computes in fp32: the recipe's FP8 modules only name the
+  // weights the all-gather carries as FP8.
+  engine::GemLiteConfig compute = config;
+  if (config.fp8.fp8_all_gather) compute.fp8 = engine::Fp8Recipe();
   absl::StatusOr<std::unique_ptr<engine::GemLite<float>>> model =
-      engine::GemLite<float>::Create(config, schema, engine::TableStorage::kExternal, execution);
+      engine::GemLite<float>::Create(compute, schema, engine::TableStorage::kExternal, execution);
   if (!model.ok()) return model.status();
   m->model_ = *std::move(model);
   m->expert_span_ = {-1, -1};
@@ -96,6 +105,27 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
   if (!dense.ok()) return dense.status();
   m->dense_.emplace(*std::move(dense));
   const dist::FlatShardLayout& layout = m->dense_->layout();
+  if (config.fp8.fp8_all_gather) {
+    // The FP8 modules' weight matrices in the FSDP buffer, in buffer order
+    // (biases and every other parameter stay fp32).
+    std::vector<std::pair<int64_t, int64_t>> fp8_ranges;
+    const std::vector<std::string> names = m->model_->DenseParameterNames();
+    for (size_t i = 0; i < names.size(); ++i) {
+      const int64_t o = m->dense_offsets_[i];
+      if (o >= m->expert_span_.first && o < m->expert_span_.second) continue;
+      if (!absl::EndsWith(names[i], ".w") || !config.fp8.Holds(names[i].substr(0, names[i].size() - 2))) continue;
+      const int64_t b = m->Compact(o), e = b + m->dense_params_[i].numel();
+      if (!fp8_ranges.empty() && fp8_ranges.back().second == b) {
+        fp8_ranges.back().second = e;
+      } else {
+        fp8_ranges.push_back({b, e});
+      }
+    }
+    std::sort(fp8_ranges.begin(), fp8_ranges.end());
+    absl::StatusOr<dist::Fp8AllGather> gather = dist::Fp8AllGather::Create(layout, groups->fsdp(), fp8_ranges);
+    if (!gather.ok()) return gather.status();
+    m->fp8_gather_.emplace(*std::move(gather));
+  }
   // Every rank built the same initial parameters (the engine seeds them
   // from the config); each keeps its shard and its experts.
   const int64_t own = m->own_experts_.second - m->own_experts_.first;
@@ -205,9 +235,10 @@ absl::Status DistributedModel::CopyFromEngine(const std::vector<TensorView>& vie
 
 absl::Status DistributedModel::GatherForStep() {
   const dist::FlatShardLayout& layout = dense_->layout();
-  if (absl::Status s = dense_->AllGather(Flat(shard_, layout.shard_numel), Flat(full_, layout.padded_numel)); !s.ok()) {
-    return s;
-  }
+  const absl::Status gathered =
+      fp8_gather_ ? fp8_gather_->AllGather(Flat(shard_, layout.shard_numel), Flat(full_, layout.padded_numel))
+                  : dense_->AllGather(Flat(shard_, layout.shard_numel), Flat(full_, layout.padded_numel));
+  if (!gathered.ok()) return gathered;
   return CopyToEngine(full_, expert_value_);
 }
 

@@ -55,6 +55,15 @@
 // time on CUDA ends when the device has finished the backward (the step
 // waits for it).
 //
+// With the recipe's FP8 all-gather (config.fp8.fp8_all_gather) the weights
+// of the recipe's FP8 modules travel FP8 with their scales in the dense
+// all-gather (worker/dist/fp8_all_gather.h): every rank, the shard's owner
+// included, trains on the same dequantized copy, while the shard and its
+// AdamW moments stay fp32. The CPU engine computes those layers in fp32 on
+// that copy. CPU (Gloo) ranks only: Create refuses it on NCCL ranks. The
+// experts of an expert-parallel group are not in the FSDP buffer and are
+// not quantized.
+//
 // Checkpoints are layout-independent: each shard's owner (replica 0 of it,
 // of an expert block expert replica 0) records its element or row ranges
 // (dense ranges of the flat vector of every parameter, experts included;
@@ -78,6 +87,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/dist/device_buffer.h"
 #include "worker/dist/expert_parallel.h"
+#include "worker/dist/fp8_all_gather.h"
 #include "worker/dist/fsdp.h"
 #include "worker/dist/layout.h"
 #include "worker/dist/sharded_embedding.h"
@@ -133,6 +143,13 @@ class DistributedModel : public RankModel {
   int64_t expert_parameter_bytes() const { return (expert_span_.second - expert_span_.first) * sizeof(float); }
   int64_t stored_expert_parameter_bytes() const { return static_cast<int64_t>(expert_value_.size()); }
   int64_t dense_shard_bytes() const { return static_cast<int64_t>(shard_.size()); }
+  // Bytes this rank contributes to each dense all-gather (its FSDP shard in
+  // fp32, or its packed slot with the FP8 all-gather), and the elements of
+  // the FSDP buffer that travel as FP8 (0 without it).
+  int64_t dense_gather_bytes() const {
+    return fp8_gather_ ? fp8_gather_->slot_bytes() : dense_shard_bytes();
+  }
+  int64_t fp8_gathered_numel() const { return fp8_gather_ ? fp8_gather_->fp8_numel() : 0; }
 
  private:
   DistributedModel() = default;
@@ -169,6 +186,7 @@ class DistributedModel : public RankModel {
   const dist::TrainingGroups* groups_ = nullptr;
   comm::Communicator* world_ = nullptr;
   std::optional<dist::FsdpFlatParameter> dense_;
+  std::optional<dist::Fp8AllGather> fp8_gather_;  // With the recipe's FP8 all-gather.
   std::unique_ptr<dist::ShardedEmbeddingCollection> tables_;
   std::unique_ptr<dist::ExpertAllToAll> router_;  // Null without expert parallelism.
   bool records_tables_ = false;  // Whether Save records this rank's table parts.

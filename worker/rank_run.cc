@@ -15,6 +15,7 @@
 #include "data/dataset_file.h"
 #include "engine/cuda_device.h"
 #include "engine/job_model.h"
+#include "engine/quality_gate.h"
 #include "engine/metrics.h"
 #include "spdlog/spdlog.h"
 #include "worker/checkpoint.h"
@@ -84,6 +85,9 @@ class RankRun {
   absl::Status Step(int64_t step);
   absl::Status Checkpoint(int64_t step);
   absl::Status EvaluateAndReport(int64_t step);
+  // model.precision.quality_gate: the shadow run before the job's first
+  // step (engine/quality_gate.h); FailedPrecondition when the recipe fails.
+  absl::Status RunQualityGate();
   // One line on stderr: samples/s and MFU over the attempt's steps.
   void PrintSummary() const;
   // The peak FLOP/s MFU divides by: the given one, else the CUDA device's
@@ -480,6 +484,51 @@ absl::Status RankRun::EvaluateAndReport(int64_t step) {
   return reporter_.Flush(/*force=*/true);
 }
 
+absl::Status RankRun::RunQualityGate() {
+  const engine::JobModel::QualityGate& gate = job_model_.quality_gate;
+  if (!on_cuda() || a_.world_size() != 1) {
+    return absl::FailedPreconditionError(
+        "spec.model.precision.quality_gate: the shadow run needs a GPU job of one rank (resources.gpus_per_worker = "
+        "1, workers = 1)");
+  }
+  if (!has_eval_ || job_model_.ctr_label.empty()) {
+    return absl::FailedPreconditionError(
+        "spec.model.precision.quality_gate: compares the CTR head's eval NE, so the job needs a CTR head and an eval "
+        "set (data.eval_dataset, or eval.rfd next to the dataset)");
+  }
+  // The job's own first batches (the steps it is about to train), loaded
+  // again for the second model; eval on the first eval_samples rows.
+  Loaded loaded;
+  auto batch = [&](int s) -> absl::StatusOr<const engine::Batch*> {
+    if (absl::Status st = Load(s + 1, &loaded); !st.ok()) return st;
+    return &loaded.batch;
+  };
+  const int64_t bs = spec_.data().eval_batch_size() > 0 ? spec_.data().eval_batch_size() : 1024;
+  const int64_t n = std::min<int64_t>(gate.eval_samples, eval_end_ - eval_first_);
+  std::vector<engine::Batch> eval;
+  std::vector<int64_t> idx;
+  for (int64_t first = eval_first_; first < eval_first_ + n; first += bs) {
+    idx.resize(std::min(bs, eval_first_ + n - first));
+    std::iota(idx.begin(), idx.end(), first);
+    eval.push_back(converter_->Convert(*eval_rows_, idx));
+  }
+  engine::ExecutionOptions exec;
+  exec.device = Device::kCuda;
+  exec.bf16 = options_.bf16;
+  spdlog::info("{}", absl::StrFormat("%s quality gate: shadow run of %d steps, the recipe and without it",
+                                     Describe().c_str(), gate.shadow_steps));
+  absl::StatusOr<engine::NeComparison> c = engine::RunShadowComparison(job_model_.config, job_model_.schema, exec,
+                                                                      gate.shadow_steps, batch, eval);
+  if (!c.ok()) {
+    return absl::Status(c.status().code(),
+                        absl::StrCat("spec.model.precision.quality_gate: shadow run: ", c.status().message()));
+  }
+  if (absl::Status s = engine::CheckNeGate(*c, gate.max_relative_ne_increase); !s.ok()) return s;
+  spdlog::info("{}", absl::StrFormat("%s quality gate passed: %s (tolerance +%g%%)", Describe().c_str(),
+                                     c->Describe().c_str(), 100 * gate.max_relative_ne_increase));
+  return absl::OkStatus();
+}
+
 absl::Status RankRun::Run() {
   ResolvePeak();
   metrics_->StartTask(a_.job(), a_.rank(), a_.world_size(), peak_flops_);
@@ -491,6 +540,8 @@ absl::Status RankRun::Run() {
   if (!resume.ok()) return resume.status();
   if (*resume > 0) {
     if (absl::Status s = Restore(*resume); !s.ok()) return s;
+  } else if (job_model_.quality_gate.enabled()) {
+    if (absl::Status s = RunQualityGate(); !s.ok()) return s;
   }
   control_.SetRunning();
   const int64_t steps = spec_.training().steps();

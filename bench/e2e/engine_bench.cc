@@ -22,12 +22,18 @@
 // precision recipe before the model is built; --eval-batches N holds the
 // file's last N batches out of training and reports the CTR head's eval NE
 // and AUC on them right after the timed steps (the same steps for every
-// recipe).
+// recipe). --ne-baseline (with --fp8 and --eval-batches) then trains the
+// same model without the recipe (bf16) on the same steps' batches from the
+// same initial parameters and reports both NEs side by side with the
+// relative increase and the quality gate's verdict at --ne-tolerance
+// (default 0.001, i.e. 0.1%; engine/quality_gate.h, the check a job's
+// model.precision.quality_gate runs).
 //
 //   engine_bench --job config_a.yaml --batches batches.bin --json out.json
 //                [--steps 20] [--warmup 5] [--profile-steps 3]
 //                [--precision bf16|fp32] [--search-s 60]
 //                [--fp8 MODULES] [--fp8-wgrad bf16|fp8] [--eval-batches N]
+//                [--ne-baseline 1] [--ne-tolerance 0.001]
 
 #include <cuda_runtime_api.h>
 
@@ -51,6 +57,7 @@
 #include "engine/job_model.h"
 #include "engine/metrics.h"
 #include "engine/model.h"
+#include "engine/quality_gate.h"
 #include "engine/tensor.h"
 
 namespace {
@@ -122,7 +129,8 @@ int Fail(const std::string& m) {
 int main(int argc, char** argv) {
   std::string job, batches_path, json, precision = "bf16", fp8, fp8_wgrad = "bf16";
   int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0;
-  double search_s = 0;
+  double search_s = 0, ne_tolerance = 0.001;
+  bool ne_baseline = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--job") {
@@ -141,6 +149,10 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(v, &eval_batches) || eval_batches < 0) {
         return Fail("--eval-batches needs an integer >= 0");
       }
+    } else if (a == "--ne-baseline") {
+      ne_baseline = v == "1";
+    } else if (a == "--ne-tolerance") {
+      if (!absl::SimpleAtod(v, &ne_tolerance) || !(ne_tolerance > 0)) return Fail("--ne-tolerance needs a number > 0");
     } else if (a == "--steps") {
       if (!absl::SimpleAtoi(v, &steps) || steps < 1) return Fail("--steps needs an integer >= 1");
     } else if (a == "--profile-steps") {
@@ -158,10 +170,11 @@ int main(int argc, char** argv) {
   if (job.empty() || batches_path.empty()) {
     return Fail("usage: engine_bench --job SPEC.yaml --batches FILE [--json OUT] [--steps N] "
                 "[--warmup N] [--precision bf16|fp32] [--fp8 MODULES] [--fp8-wgrad bf16|fp8] "
-                "[--eval-batches N]");
+                "[--eval-batches N] [--ne-baseline 1] [--ne-tolerance F]");
   }
   if (precision != "bf16" && precision != "fp32") return Fail("--precision is bf16 or fp32");
   if (fp8_wgrad != "bf16" && fp8_wgrad != "fp8") return Fail("--fp8-wgrad is bf16 or fp8");
+  if (ne_baseline && (fp8.empty() || eval_batches == 0)) return Fail("--ne-baseline needs --fp8 and --eval-batches");
   absl::StatusOr<recfleet::v1::JobSpec> spec = recfleet::cli::LoadJobSpec(job);
   if (!spec.ok()) return Fail(std::string(spec.status().message()));
   recfleet::v1::PrecisionRecipe* recipe = spec->mutable_model()->mutable_precision();
@@ -242,6 +255,7 @@ int main(int argc, char** argv) {
   // Eval NE / AUC of the CTR head on the held-out batches, after exactly
   // warmup + steps training steps.
   std::string eval = "null";
+  double recipe_ne = 0;
   if (eval_batches > 0) {
     std::vector<double> logits, labels;
     for (size_t i = train; i < batches->size(); ++i) {
@@ -254,6 +268,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<recfleet::engine::BinaryMetrics> metrics =
         recfleet::engine::ComputeBinaryMetrics(logits, labels);
     if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
+    recipe_ne = metrics->normalized_entropy;
     eval = absl::StrFormat("{\"samples\": %lld, \"ctr_ne\": %.6f, \"ctr_auc\": %.6f}",
                            static_cast<long long>(metrics->count), metrics->normalized_entropy,
                            metrics->auc);
@@ -403,6 +418,35 @@ int main(int argc, char** argv) {
     }
   }
 
+  // The same steps without the recipe, for NE side by side (after every
+  // measurement above: the second model only adds to the pool).
+  std::string ne_gate = "null";
+  if (ne_baseline) {
+    // The recipe's numbers first: the baseline builds a second model
+    // (tables included) and may outlast a caller's time limit.
+    std::fprintf(stderr, "recipe %s (wgrad %s): %.1f samples/s, eval %s; training the bf16 baseline\n", fp8.c_str(),
+                 fp8_wgrad.c_str(), total_samples / (total_ms / 1e3), eval.c_str());
+    std::fflush(stderr);
+    recfleet::engine::ExecutionOptions plain = exec;
+    plain.defer_loss_readback = false;
+    const std::vector<Batch> held_out(batches->begin() + train, batches->end());
+    absl::StatusOr<double> baseline = recfleet::engine::TrainedEvalNe(
+        recfleet::engine::WithoutLowPrecision(model->config), model->schema, plain, total,
+        [&](int s) -> absl::StatusOr<const Batch*> { return &(*batches)[s % train]; }, held_out);
+    if (!baseline.ok()) return Fail(std::string(baseline.status().message()));
+    recfleet::engine::NeComparison c;
+    c.recipe_ne = recipe_ne;
+    c.baseline_ne = *baseline;
+    c.steps = total;
+    for (const Batch& b : held_out) c.eval_samples += b.size;
+    const absl::Status gate = recfleet::engine::CheckNeGate(c, ne_tolerance);
+    std::fprintf(stderr, "%s\n", gate.ok() ? c.Describe().c_str() : std::string(gate.message()).c_str());
+    ne_gate = absl::StrFormat(
+        "{\"recipe_ctr_ne\": %.6f, \"bf16_ctr_ne\": %.6f, \"relative_increase\": %.6f, \"tolerance\": %g, "
+        "\"passed\": %s}",
+        c.recipe_ne, c.baseline_ne, c.relative_increase(), ne_tolerance, gate.ok() ? "true" : "false");
+  }
+
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
@@ -414,12 +458,13 @@ int main(int argc, char** argv) {
       "\"mean_step_ms\": %.3f, \"useful_flops_per_step\": %.6g, \"tflops\": %.2f, "
       "\"mfu_989\": %.4f, \"mfu_790\": %.4f, \"peak_memory_bytes\": %llu, "
       "\"reserved_memory_bytes\": %llu, \"last_loss\": %.5f, \"phases\": %s, \"gpu_idle\": %s, "
-      "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s}",
+      "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s, "
+      "\"ne_gate\": %s}",
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
       static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle,
-      static_cast<long long>(largest), fp8, fp8_wgrad, eval);
+      static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate);
   std::printf("%s\n", out.c_str());
   if (!json.empty()) std::ofstream(json) << out << "\n";
   return 0;

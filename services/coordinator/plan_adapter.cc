@@ -256,7 +256,10 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
   // The engine's FP8 modules (engine/model_config.h Fp8Recipe) as the
   // planner's modules; the numeric projection has no module of its own.
   const v1::PrecisionRecipe& precision = model.precision();
+  // CPU workers compute in fp32 (their recipe is the FP8 all-gather only).
+  const bool fp8_gemms = spec.resources().gpus_per_worker() > 0;
   for (const std::string& name : precision.fp8_modules()) {
+    if (!fp8_gemms) break;
     if (name == "dcn" && !dcn_module.empty()) request.precision.fp8_modules.insert(dcn_module);
     if (absl::StartsWith(name, "moe.") && !expert_module.empty()) {
       request.precision.fp8_modules.insert(expert_module);
@@ -268,10 +271,24 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
     }
   }
   if (precision.fp8_modules_size() > 0) {
-    request.precision.recipe = absl::StrCat(
-        "FP8 (E4M3, 1x128 activation / 128x128 weight scales) in ", absl::StrJoin(precision.fp8_modules(), ", "),
-        "; weight gradients ",
-        precision.weight_gradient() == v1::PrecisionRecipe::FP8 ? "FP8" : "bf16", "; every other layer bf16");
+    const std::string modules = absl::StrJoin(precision.fp8_modules(), ", ");
+    request.precision.recipe =
+        fp8_gemms ? absl::StrCat("FP8 (E4M3, 1x128 activation / 128x128 weight scales) in ", modules,
+                                 "; weight gradients ",
+                                 precision.weight_gradient() == v1::PrecisionRecipe::FP8 ? "FP8" : "bf16",
+                                 "; every other layer bf16")
+                  : absl::StrCat("fp32 GEMMs on CPU workers; weights of ", modules, " rounded to FP8 by the all-gather");
+    if (precision.all_gather() == v1::PrecisionRecipe::ALL_GATHER_FP8) {
+      absl::StrAppend(&request.precision.recipe, "; FSDP all-gather of their weights in FP8 (E4M3, E8M0 scale per "
+                                                 "1,024 elements: ~0.5x bf16 bytes, ~0.25x fp32)");
+    }
+    if (precision.quality_gate().max_relative_ne_increase() > 0) {
+      const v1::PrecisionQualityGate& gate = precision.quality_gate();
+      absl::StrAppend(&request.precision.recipe,
+                      absl::StrFormat("; quality gate: eval NE within +%g%% of bf16 on a %d-step shadow run",
+                                      100 * gate.max_relative_ne_increase(),
+                                      gate.shadow_steps() > 0 ? gate.shadow_steps() : 200));
+    }
   }
 
   const v1::ParallelismHints& hints = spec.parallelism();

@@ -218,6 +218,27 @@ TEST(PlanAdapterTest, PrecisionRecipeIsPlannedAndShown) {
             std::string::npos)
       << shown;
   for (const auto& d : bf16_proto.decisions()) EXPECT_NE(d.dimension(), "precision");
+
+  // The FP8 all-gather and the quality gate are shown with the recipe; on a
+  // CPU job (FP8 all-gather only) the GEMMs stay at the CPU's rate.
+  recipe->set_all_gather(v1::PrecisionRecipe::ALL_GATHER_FP8);
+  recipe->mutable_quality_gate()->set_max_relative_ne_increase(0.001);
+  request = PlanRequestFromSpec(spec);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_NE(request->precision.recipe.find("; FSDP all-gather of their weights in FP8"), std::string::npos)
+      << request->precision.recipe;
+  EXPECT_NE(request->precision.recipe.find("; quality gate: eval NE within +0.1% of bf16 on a 200-step shadow run"),
+            std::string::npos)
+      << request->precision.recipe;
+  spec.mutable_resources()->set_gpus_per_worker(0);
+  recipe->clear_quality_gate();
+  request = PlanRequestFromSpec(spec);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_TRUE(request->precision.fp8_modules.empty());
+  EXPECT_NE(request->precision.recipe.find("fp32 GEMMs on CPU workers; weights of moe.experts.l1, towers rounded to "
+                                           "FP8 by the all-gather"),
+            std::string::npos)
+      << request->precision.recipe;
 }
 
 TEST(PlanAdapterTest, ParallelismHintsConstrainThePlan) {

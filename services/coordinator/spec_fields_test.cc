@@ -225,6 +225,32 @@ const std::map<std::string, Field>& Fields() {
           Fp8(s).add_fp8_modules("dcn");
           Fp8(s).set_weight_gradient(v1::PrecisionRecipe::FP8);
         }}},
+      // The FP8 all-gather is the one piece of the recipe a CPU job takes.
+      {"model.precision.all_gather",
+       {H, [](JobSpec& s) {
+          Fp8(s).add_fp8_modules("dcn");
+          Fp8(s).set_all_gather(v1::PrecisionRecipe::ALL_GATHER_FP8);
+        }}},
+      {"model.precision.quality_gate.max_relative_ne_increase",
+       {H, [](JobSpec& s) {
+          GpuJob(s);
+          Fp8(s).add_fp8_modules("dcn");
+          Fp8(s).mutable_quality_gate()->set_max_relative_ne_increase(0.001);
+        }}},
+      {"model.precision.quality_gate.shadow_steps",
+       {H, [](JobSpec& s) {
+          GpuJob(s);
+          Fp8(s).add_fp8_modules("dcn");
+          Fp8(s).mutable_quality_gate()->set_max_relative_ne_increase(0.001);
+          Fp8(s).mutable_quality_gate()->set_shadow_steps(50);
+        }}},
+      {"model.precision.quality_gate.eval_samples",
+       {H, [](JobSpec& s) {
+          GpuJob(s);
+          Fp8(s).add_fp8_modules("dcn");
+          Fp8(s).mutable_quality_gate()->set_max_relative_ne_increase(0.001);
+          Fp8(s).mutable_quality_gate()->set_eval_samples(4096);
+        }}},
       {"model.precision.scale_granularity",
        {R,
         [](JobSpec& s) {

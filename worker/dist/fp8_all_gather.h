@@ -1,0 +1,88 @@
+#ifndef RECFLEET_WORKER_DIST_FP8_ALL_GATHER_H_
+#define RECFLEET_WORKER_DIST_FP8_ALL_GATHER_H_
+
+// The FSDP all-gather with part of the flat buffer carried as FP8 ("quantize
+// before all-gather", the precision recipe's model.precision.all_gather):
+// each rank quantizes the elements of its fp32 shard that fall in the FP8
+// ranges (the weights of the layers the recipe runs in FP8) once, packs
+// them with their scales next to the rest of its shard (still fp32), and
+// the group all-gathers the packed buffers; every rank then unpacks every
+// slot, its own included, so all ranks compute on the same dequantized
+// weights. The master weights in the shard stay fp32; only the gathered
+// copy is rounded.
+//
+// Wire format of one rank's slot (kernels/quant/quantize.h PackedBytes):
+// the shard's FP8 elements, concatenated in buffer order and viewed as a
+// [n / 32, 32] matrix, quantized to E4M3 in 32x32 blocks (1,024 consecutive
+// elements) with one power-of-two E8M0 scale byte each, so a block never
+// saturates; then fp32 for the last n % 32 FP8 elements and for every
+// other element of the shard (padding included). That is 1 + 1/1024 bytes
+// per FP8 element against 2 for bf16 and 4 for fp32. A block may span two
+// neighbouring weights and then shares one scale between them. Slots have
+// the size of the largest rank's (every rank computes every rank's layout),
+// rounded up to 16 bytes; the collective carries them as int32.
+//
+// Host (CPU) buffers only: the Gloo backend's path. Not thread-safe (the
+// communicator is not).
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/tensor.h"
+#include "worker/comm/communicator.h"
+#include "worker/dist/fsdp.h"
+
+namespace recfleet {
+namespace dist {
+
+class Fp8AllGather {
+ public:
+  // `fp8_ranges`: [begin, end) element ranges of the unpadded flat buffer
+  // to carry as FP8, sorted and disjoint. `group` is the FSDP group whose
+  // `layout` this is (not owned; must outlive this object).
+  static absl::StatusOr<Fp8AllGather> Create(const FlatShardLayout& layout, comm::Communicator* group,
+                                             std::vector<std::pair<int64_t, int64_t>> fp8_ranges);
+
+  // full [padded_numel] fp32 = every group rank's `shard` [shard_numel]
+  // fp32, in order, with the FP8 ranges rounded as described above (the
+  // rest exact). Same contract as FsdpFlatParameter::AllGather.
+  absl::Status AllGather(const TensorView& shard, const TensorView& full);
+
+  // Bytes every rank contributes to one AllGather (its slot); the group
+  // moves size() times that. An fp32 gather contributes shard_numel x 4.
+  int64_t slot_bytes() const { return slot_bytes_; }
+  // Elements of the flat buffer that travel as FP8.
+  int64_t fp8_numel() const { return fp8_numel_; }
+
+ private:
+  // Where one rank's shard elements go in its slot.
+  struct SlotLayout {
+    std::vector<std::pair<int64_t, int64_t>> fp8;   // Shard-relative ranges, in order.
+    std::vector<std::pair<int64_t, int64_t>> rest;  // The other shard-relative ranges.
+    int64_t fp8_numel = 0;
+    int64_t quantized_rows = 0;  // Of 32 FP8 elements; the rest of them go as fp32.
+    int64_t packed_bytes = 0;    // Of the quantized matrix, 16-byte aligned.
+    int64_t bytes = 0;           // Of the whole slot before rounding to the largest.
+  };
+  Fp8AllGather(const FlatShardLayout& layout, comm::Communicator* group) : layout_(layout), group_(group) {}
+  static SlotLayout LayoutOf(const FlatShardLayout& layout, int rank,
+                             const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges);
+  absl::Status Pack(const SlotLayout& slot, const float* shard, char* out);
+  absl::Status Unpack(const SlotLayout& slot, const char* in, float* shard_out);
+
+  FlatShardLayout layout_;
+  comm::Communicator* group_;
+  std::vector<SlotLayout> slots_;  // Per group rank.
+  int64_t slot_bytes_ = 0, fp8_numel_ = 0;
+  std::vector<float> staging_;            // One slot's FP8 elements, fp32.
+  std::vector<int32_t> send_, received_;  // Packed slots (int32 words).
+  std::vector<uint8_t> q_;                // One slot's unpacked FP8 payload.
+  std::vector<float> scales_;             // ... and its scales.
+};
+
+}  // namespace dist
+}  // namespace recfleet
+
+#endif  // RECFLEET_WORKER_DIST_FP8_ALL_GATHER_H_
