@@ -105,7 +105,7 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const ::recfleet::v1::J
 // understated (a CPU topology calibrated with every core busy), and the
 // planner's efficiencies must stay <= 1.
 planner::Topology WithMeasuredPeak(planner::Topology hardware, const engine::StepRates& rates);
-// Sequence lengths of kLengthSamples samples of the spec's data, as above.
+// Sequence lengths of 4,096 samples of the spec's data (seeded), as above.
 std::vector<int64_t> SpecSequenceLengths(const ::recfleet::v1::JobSpec& spec,
                                          const engine::JobModel& model);
 
