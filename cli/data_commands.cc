@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -15,7 +16,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cli/command.h"
 #include "cli/flags.h"
 #include "cli/progress.h"
@@ -26,6 +33,8 @@
 #include "data/loader.h"
 #include "data/synth.h"
 #include "engine/calibrate.h"
+#include "engine/cuda_device.h"
+#include "engine/step_rates.h"
 #include "engine/job_model.h"
 
 namespace recfleet::data {
@@ -261,13 +270,71 @@ void PrintErrors(const char* title, const std::vector<BatchTime>& batches, const
               100 * e.largest, 100 * e.mean);
 }
 
+// Where the rate table was measured: the GPU's name, or the CPU model.
+std::string MachineName(Device device) {
+  if (device == Device::kCuda) {
+    auto gpus = engine::ListCudaDevices();
+    if (gpus.ok() && !gpus->empty()) {
+      return absl::StrCat(gpus->front().name, ", ", gpus->front().memory_bytes >> 30, " GiB");
+    }
+    return "CUDA device";
+  }
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (absl::StartsWith(line, "model name")) {
+      const size_t colon = line.find(':');
+      return absl::StrCat(std::string(absl::StripAsciiWhitespace(line.substr(colon + 1))), ", ",
+                          sysconf(_SC_NPROCESSORS_ONLN), " cores");
+    }
+  }
+  return "CPU";
+}
+
+// `data calibrate --rates FILE`: measures the engine's rate table.
+int RunRates(const cli::Flags& flags, const std::vector<std::string>& args, Device device,
+             bool bf16) {
+  engine::RateProbeOptions o;
+  o.device = device;
+  o.bf16 = bf16;
+  RETURN_USAGE_IF_ERROR(flags.Get("warmup", &o.warmup), "calibrate");
+  RETURN_USAGE_IF_ERROR(flags.Get("repeats", &o.repeats), "calibrate");
+  RETURN_USAGE_IF_ERROR(flags.Get("seed", &o.seed), "calibrate");
+  auto r = engine::MeasureStepRates(o);
+  if (!r.ok()) return Fail(r.status(), "calibrate");
+  engine::StepRates rates = r->rates;
+  rates.machine = MachineName(device);
+  rates.date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  rates.command = absl::StrCat("recfleet data calibrate ", absl::StrJoin(args, " "));
+  std::printf("%-28s %12s %12s %8s %12s %12s %8s\n", "probe step", "measured ms", "fitted ms",
+              "error%", "peak GiB", "fitted GiB", "error%");
+  for (size_t i = 0; i < r->steps.size(); ++i) {
+    const engine::ProbeStep& p = r->steps[i];
+    const engine::StepPrediction f = engine::PredictStep(p.counts, rates);
+    const double gib = 1.0 / (1 << 30);
+    std::printf("%-28s %12.3f %12.3f %8.2f %12.3f %12.3f %8.2f\n", r->names[i].c_str(),
+                1e3 * p.seconds, 1e3 * f.seconds, 100 * (f.seconds / p.seconds - 1),
+                p.peak_bytes * gib, f.peak_bytes * gib,
+                p.peak_bytes > 0 ? 100 * (f.peak_bytes / p.peak_bytes - 1) : 0.0);
+  }
+  const std::string yaml = engine::StepRatesToYaml(rates);
+  std::ofstream out(flags.Str("rates"));
+  out << "# The engine's step rates (engine/step_rates.h), measured by the command below.\n" << yaml;
+  if (!out) {
+    return Fail(absl::UnavailableError("cannot write " + flags.Str("rates")), "calibrate");
+  }
+  std::printf("%s", yaml.c_str());
+  return cli::kExitOk;
+}
+
 int RunCalibrate(const std::vector<std::string>& args) {
   auto flags = cli::ParseCommandFlags("data calibrate", args,
                                       {"spec", "lengths", "batch-size", "repeats", "warmup",
-                                       "fit-batches", "check-batches", "seed", "device", "precision"});
+                                       "fit-batches", "check-batches", "seed", "device", "precision",
+                                       "rates"});
   if (!flags.ok()) return cli::kExitUsage;
-  if (!flags->Has("spec")) {
-    return Fail(absl::InvalidArgumentError("--spec is required"), "calibrate");
+  if (!flags->Has("spec") && !flags->Has("rates")) {
+    return Fail(absl::InvalidArgumentError("--spec (or --rates FILE) is required"), "calibrate");
   }
   engine::CalibrationOptions o;
   const std::string device = flags->Str("device", "cpu");
@@ -282,6 +349,7 @@ int RunCalibrate(const std::vector<std::string>& args) {
   }
   o.device = device == "cuda" ? Device::kCuda : Device::kCpu;
   o.bf16 = precision == "bf16";
+  if (flags->Has("rates")) return RunRates(*flags, args, o.device, o.bf16);
   // A GPU step's time is only worth fitting at the batch the job's ranks
   // train (small batches are bound by kernel launches, not by lengths);
   // the CUDA engine's first steps pick GEMM algorithms: two warm-up rounds.
@@ -423,7 +491,14 @@ RECFLEET_REGISTER_COMMAND({
     "GPU worker's step (forward+backward+update) with CUDA events on the current device.\n"
     "Fits per_sample + linear * L + quadratic * L^2\n"
     "(seconds, weights >= 0) to the one-length and fit batches, shows its error on the\n"
-    "held-out check batches and prints the weights as spec.data.bbs.cost_weights.",
+    "held-out check batches and prints the weights as spec.data.bbs.cost_weights.\n"
+    "recfleet data calibrate --rates FILE [--device cpu|cuda] [--precision bf16|fp32]\n"
+    "  [--warmup 2] [--repeats 3] [--seed 1]\n"
+    "Measures the engine's rate table instead (engine/step_rates.h): trains a fixed family of\n"
+    "probe models a few steps each, fits effective GEMM and attention rates, elementwise,\n"
+    "optimizer and per-step time and (cuda) activation bytes, and writes them to FILE with\n"
+    "the machine, date and command; `recfleet plan --rates FILE` and the coordinator\n"
+    "(its step-rates flag) predict step time and peak memory from it.",
     RunCalibrate,
 });
 

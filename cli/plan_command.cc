@@ -8,8 +8,9 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "cli/jobs/job_client.h"
 #include "cli/jobs/spec_file.h"
 #include "engine/job_model.h"
+#include "engine/step_rates.h"
 #include "planner/planner.h"
 #include "planner/report.h"
 #include "planner/yaml_io.h"
@@ -49,6 +51,9 @@ constexpr char kUsage[] =
     "plan says what they cost against the planner's own choice.\n"
     "\n"
     "  --topology FILE          the fleet (see deploy/examples/topology-*.yaml)\n"
+    "  --rates FILE             price the job's GEM-lite with a measured rate table\n"
+    "                           (`recfleet data calibrate --rates`, e.g. bench/rates/*.yaml):\n"
+    "                           real FLOPs and bytes, measured speeds; --topology only\n"
     "  --coordinator HOST:PORT  plan on a running coordinator instead, on the workers it\n"
     "                           would pick now (JOB.yaml must be a job file); default\n"
     "                           without --topology: $RECFLEET_COORDINATOR\n"
@@ -94,7 +99,8 @@ absl::Status CheckBuildable(const std::string& path, const ::recfleet::v1::JobSp
   return absl::OkStatus();
 }
 
-absl::StatusOr<PlanRequest> LoadJob(const std::string& path, bool what_if) {
+absl::StatusOr<PlanRequest> LoadJob(const std::string& path, bool what_if,
+                                    const engine::StepRates* rates, const Topology& topology) {
   if (!IsJobSpecFile(path)) return LoadJobYaml(path);
   absl::StatusOr<::recfleet::v1::JobSpec> spec = cli::LoadJobSpec(path);
   if (!spec.ok()) return spec.status();
@@ -102,7 +108,7 @@ absl::StatusOr<PlanRequest> LoadJob(const std::string& path, bool what_if) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
   }
   if (absl::Status s = CheckBuildable(path, *spec, what_if); !s.ok()) return s;
-  return coordinator::PlanRequestFromSpec(*spec);
+  return coordinator::PlanRequestFromSpec(*spec, rates, topology);
 }
 
 int Usage(const std::string& problem) {
@@ -162,7 +168,7 @@ int RunRemote(const std::string& job_path, const std::string& address,
 
 int Run(const std::vector<std::string>& args) {
   cli::FlagSpec spec;
-  spec.values = {"topology", "html", "coordinator", "auth-token-file", "timeout", "max-rows"};
+  spec.values = {"topology", "html", "coordinator", "auth-token-file", "timeout", "max-rows", "rates"};
   spec.switches = {"json", "what-if"};
   spec.positional = true;
   absl::StatusOr<cli::Flags> flags = cli::ParseCommandFlags("plan", args, spec);
@@ -199,7 +205,14 @@ int Run(const std::vector<std::string>& args) {
 
   absl::StatusOr<Topology> topology = LoadTopologyYaml(topology_path);
   if (!topology.ok()) return Usage(std::string(topology.status().message()));
-  absl::StatusOr<PlanRequest> request = LoadJob(job_path, what_if);
+  std::optional<engine::StepRates> rates;
+  if (flags->Has("rates")) {
+    absl::StatusOr<engine::StepRates> r = engine::ReadStepRates(flags->Str("rates"));
+    if (!r.ok()) return Usage(std::string(r.status().message()));
+    rates = *std::move(r);
+    *topology = coordinator::WithMeasuredPeak(*std::move(topology), *rates);
+  }
+  absl::StatusOr<PlanRequest> request = LoadJob(job_path, what_if, rates ? &*rates : nullptr, *topology);
   if (!request.ok()) return Usage(std::string(request.status().message()));
   absl::StatusOr<Plan> plan = MakePlan(*topology, *request);
   if (!plan.ok()) {

@@ -10,6 +10,8 @@
 #include "common/status_macros.h"
 #include "engine/cuda_device.h"
 #include "engine/model.h"
+#include "engine/step_cost.h"
+#include "engine/tensor.h"
 
 namespace recfleet::engine {
 namespace {
@@ -84,14 +86,18 @@ absl::Status CheckOptions(const JobModel& model, const CalibrationOptions& o) {
 
 // Seconds of one training step of `model` on `batch`, as the options'
 // device measures them.
+// kCpu times forward+backward only unless `with_update` (BBS prices the
+// per-sample work; the rate table the whole step).
 class StepTimer {
  public:
-  explicit StepTimer(Device device) : device_(device), events_(2) {}
+  explicit StepTimer(Device device, bool with_update = false)
+      : device_(device), with_update_(with_update), events_(2) {}
 
   absl::StatusOr<double> Time(GemLite<float>& model, const Batch& batch) {
     if (device_ == Device::kCpu) {
       const double start = ThreadSeconds();
       RECFLEET_RETURN_IF_ERROR(model.ForwardBackward(batch).status());
+      if (with_update_) RECFLEET_RETURN_IF_ERROR(model.ApplyUpdates());
       return ThreadSeconds() - start;
     }
     RECFLEET_RETURN_IF_ERROR(events_.Mark(0));
@@ -103,6 +109,7 @@ class StepTimer {
 
  private:
   Device device_;
+  bool with_update_;
   CudaStreamTimer events_;  // Unused on the CPU (it creates events lazily).
 };
 
@@ -173,6 +180,161 @@ absl::StatusOr<Calibration> Calibrate(const JobModel& model, const CalibrationOp
   if (!fit.ok()) return fit.status();
   c.fit = *fit;
   return c;
+}
+
+namespace {
+
+struct ProbeShape {
+  int64_t dim, heads;
+  int layers;
+  attention::Mask mask;
+  attention::Activation activation;
+  bool qk_norm;
+  int id_lists, num_dense, pma, dcn_layers, experts;
+  int64_t expert_hidden, expert_out, tower_hidden;
+  int batch;
+  std::vector<int64_t> longest;
+};
+
+JobModel ProbeModel(const ProbeShape& p) {
+  JobModel m;
+  // Small tables: their storage is priced exactly (StaticBytes); the probes
+  // time the network, not table initialization.
+  m.schema.tables = {{"item", 4096}, {"action", 16}, {"other", 4096}};
+  for (int f = 0; f < p.id_lists; ++f) {
+    m.schema.id_lists.push_back({absl::StrCat("f", f), f == 0 ? 0 : 2, Pooling::kSum});
+  }
+  m.schema.sequence_fields = {{"history_items", 0}, {"history_actions", 1}};
+  m.schema.num_dense = p.num_dense;
+  GemLiteConfig& c = m.config;
+  c.dim = p.dim;
+  c.heads = p.heads;
+  c.seq_layers = p.layers;
+  c.seq_mask = p.mask;
+  c.seq_activation = p.activation;
+  c.rope = true;
+  c.qk_norm = p.qk_norm;
+  c.cross_attention = true;
+  c.pma_queries = p.pma;
+  c.dcn_layers = p.dcn_layers;
+  c.num_experts = p.experts;
+  c.expert_hidden = p.expert_hidden;
+  c.expert_out = p.expert_out;
+  c.tower_hidden = p.tower_hidden;
+  m.ctr_label = "click";
+  m.cvr_label = "conversion";
+  return m;
+}
+
+}  // namespace
+
+std::vector<RateProbe> RateProbeModels(Device device) {
+  using attention::Activation;
+  using attention::Mask;
+  std::vector<ProbeShape> shapes;
+  if (device == Device::kCuda) {
+    // Head dims of 64 or 128 (the bf16 attention kernels' sizes).
+    shapes = {
+        {1024, 8, 4, Mask::kNone, Activation::kSoftmax, false, 4, 16, 2, 1, 4, 1024, 256, 256, 32, {1024, 256}},
+        {1024, 8, 2, Mask::kNone, Activation::kSoftmax, false, 2, 16, 2, 1, 2, 2048, 512, 256, 64, {2048, 512}},
+        {768, 6, 2, Mask::kNone, Activation::kSoftmax, false, 3, 16, 2, 1, 3, 1536, 384, 256, 48, {1536, 384}},
+        {512, 4, 2, Mask::kNone, Activation::kSoftmax, false, 3, 16, 2, 2, 4, 2048, 512, 256, 128, {512, 128}},
+        {512, 4, 3, Mask::kBlock, Activation::kSilu, true, 3, 32, 2, 1, 4, 1024, 256, 256, 256, {512, 128}},
+        {256, 2, 2, Mask::kBlock, Activation::kSilu, true, 8, 64, 4, 2, 4, 4096, 1024, 512, 512, {256, 64}},
+        {256, 2, 1, Mask::kBlock, Activation::kSilu, true, 5, 64, 4, 1, 2, 8192, 1024, 512, 1024, {128, 32}},
+        {256, 4, 4, Mask::kNone, Activation::kSoftmax, false, 2, 16, 2, 1, 2, 512, 128, 128, 256, {256, 64}},
+    };
+  } else {
+    shapes = {
+        {16, 2, 1, Mask::kNone, Activation::kSoftmax, false, 2, 4, 2, 1, 2, 64, 32, 16, 64, {64, 16}},
+        {32, 2, 2, Mask::kNone, Activation::kSoftmax, false, 3, 4, 2, 1, 2, 64, 32, 16, 32, {96, 24}},
+        {32, 4, 1, Mask::kBlock, Activation::kSilu, true, 4, 8, 2, 2, 3, 128, 64, 32, 64, {64, 16}},
+        {64, 4, 2, Mask::kNone, Activation::kSoftmax, false, 2, 4, 2, 1, 2, 128, 64, 16, 32, {48, 12}},
+        {16, 2, 2, Mask::kNone, Activation::kSoftmax, false, 5, 8, 1, 1, 4, 256, 32, 16, 128, {32, 8}},
+        {48, 4, 1, Mask::kNone, Activation::kSoftmax, false, 2, 4, 2, 1, 2, 96, 48, 16, 96, {64, 16}},
+    };
+  }
+  std::vector<RateProbe> probes;
+  for (const ProbeShape& s : shapes) probes.push_back({ProbeModel(s), s.batch, s.longest});
+  return probes;
+}
+
+namespace {
+
+ExecutionOptions ProbeExecution(const RateProbeOptions& o) {
+  ExecutionOptions execution;
+  execution.device = o.device;
+  execution.bf16 = o.device == Device::kCuda && o.bf16;
+  return execution;
+}
+
+// The median of o.repeats steps after o.warmup, and (kCuda) the pool's peak
+// bytes in use over the timed steps.
+absl::StatusOr<ProbeStep> TimeSteps(GemLite<float>& gem, const JobModel& model,
+                                    const std::vector<int64_t>& lengths, uint64_t seed,
+                                    const RateProbeOptions& o) {
+  if (o.repeats < 1 || o.warmup < 0) {
+    return absl::InvalidArgumentError("step rates: repeats >= 1 and warmup >= 0");
+  }
+  StepTimer timer(o.device, /*with_update=*/true);
+  const Batch batch = SyntheticBatch(model, lengths, seed);
+  for (int i = 0; i < o.warmup; ++i) {
+    if (absl::StatusOr<double> t = timer.Time(gem, batch); !t.ok()) return t.status();
+  }
+  if (o.device == Device::kCuda) RECFLEET_RETURN_IF_ERROR(ResetCudaMemoryPeak());
+  std::vector<double> seconds;
+  for (int i = 0; i < o.repeats; ++i) {
+    absl::StatusOr<double> t = timer.Time(gem, batch);
+    if (!t.ok()) return t.status();
+    seconds.push_back(*t);
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  ProbeStep step{CountStep(model, lengths), seconds[seconds.size() / 2], 0};
+  if (o.device == Device::kCuda) {
+    absl::StatusOr<DeviceMemoryStats> mem = CudaMemoryStats();
+    if (!mem.ok()) return mem.status();
+    step.peak_bytes = static_cast<double>(mem->peak);
+  }
+  return step;
+}
+
+}  // namespace
+
+absl::StatusOr<ProbeStep> MeasureStep(const JobModel& model, const std::vector<int64_t>& lengths,
+                                      const RateProbeOptions& o) {
+  auto gem = GemLite<float>::Create(model.config, model.schema, TableStorage::kInternal,
+                                    ProbeExecution(o));
+  if (!gem.ok()) return gem.status();
+  return TimeSteps(**gem, model, lengths, o.seed, o);
+}
+
+absl::StatusOr<RateProbeResult> MeasureStepRates(const RateProbeOptions& o) {
+  RateProbeResult result;
+  std::mt19937_64 rng(o.seed ^ 0x9A7E);
+  int index = 0;
+  for (const RateProbe& probe : RateProbeModels(o.device)) {
+    auto gem = GemLite<float>::Create(probe.model.config, probe.model.schema,
+                                      TableStorage::kInternal, ProbeExecution(o));
+    if (!gem.ok()) return gem.status();
+    for (int64_t longest : probe.longest) {
+      std::vector<int64_t> lengths(probe.batch_size);
+      const int64_t lowest = std::max<int64_t>(1, longest / 4);
+      for (int64_t& l : lengths) l = lowest + static_cast<int64_t>(rng() % (longest - lowest + 1));
+      absl::StatusOr<ProbeStep> step = TimeSteps(**gem, probe.model, lengths, o.seed + index, o);
+      if (!step.ok()) return step.status();
+      result.names.push_back(absl::StrCat("probe", index / 2, " d=", probe.model.config.dim,
+                                          " B=", probe.batch_size, " L<=", longest));
+      result.steps.push_back(*std::move(step));
+      ++index;
+    }
+  }
+  StepRates described;
+  described.device = o.device == Device::kCuda ? "cuda" : "cpu";
+  described.precision = ProbeExecution(o).bf16 ? "bf16" : "fp32";
+  auto rates = FitStepRates(result.steps, described);
+  if (!rates.ok()) return rates.status();
+  result.rates = *rates;
+  return result;
 }
 
 }  // namespace recfleet::engine

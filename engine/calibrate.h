@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "data/cost_model.h"
 #include "engine/job_model.h"
+#include "engine/step_rates.h"
 #include "kernels/tensor.h"
 
 namespace recfleet::engine {
@@ -84,6 +85,41 @@ std::vector<int64_t> CalibrationLengths(const JobModel& model);
 // hold that many events: ids uniform over each table, dense inputs 0,
 // labels alternating 0/1.
 Batch SyntheticBatch(const JobModel& model, const std::vector<int64_t>& lengths, uint64_t seed);
+
+// The engine's rate table (engine/step_rates.h) for the device: a fixed
+// family of probe models (RateProbeModels) trained a few steps each on
+// synthetic batches (lengths uniform in [longest / 4, longest], at two
+// longest lengths per model): the median step time (the step a worker runs,
+// forward+backward+update; kCuda: CUDA events, kCpu: thread CPU time) and,
+// on kCuda, the device pool's peak bytes in use. Fits the table to them.
+struct RateProbeOptions {
+  Device device = Device::kCuda;
+  bool bf16 = true;  // kCuda only.
+  int warmup = 2;
+  int repeats = 3;
+  uint64_t seed = 1;
+};
+struct RateProbeResult {
+  std::vector<std::string> names;  // One per probe step: "probe3 L=512".
+  std::vector<ProbeStep> steps;
+  StepRates rates;  // Description fields left for the caller.
+};
+// kCuda probes are sized like the engine benchmark's configurations
+// (d 256-1024, batches 32-1024, histories up to 2,048); kCpu ones are
+// small enough for a CPU core (d 16-64, histories up to 96).
+struct RateProbe {
+  JobModel model;
+  int batch_size = 0;
+  std::vector<int64_t> longest;  // Batches drawn at each of these.
+};
+std::vector<RateProbe> RateProbeModels(Device device);
+absl::StatusOr<RateProbeResult> MeasureStepRates(const RateProbeOptions& options);
+
+// One step of `model` on a synthetic batch with these lengths, timed and
+// counted as MeasureStepRates does its probes: what a prediction from the
+// table is checked against.
+absl::StatusOr<ProbeStep> MeasureStep(const JobModel& model, const std::vector<int64_t>& lengths,
+                                      const RateProbeOptions& options);
 
 }  // namespace recfleet::engine
 

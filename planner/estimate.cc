@@ -29,19 +29,22 @@ void StaticMemory(const Context& c, const DenseOption& d, const SparseOption& s,
     const double shard = params / d.fsdp_group;
     mem.dense += shard * p.master_weight_bytes;
     mem.optimizer += shard * (p.optimizer_bytes_per_param + p.gradient_shard_bytes);
-    const double gathered = params / d.ep[i] * WeightGatherBytes(p, m);
+    // A group of one holds its whole module already: nothing is gathered
+    // and the full gradient is the shard gradient counted above.
+    const double gathered = d.fsdp_group > 1 ? params / d.ep[i] * WeightGatherBytes(p, m) : 0;
     if (gathered > gathered1) {
       gathered2 = gathered1;
       gathered1 = gathered;
     } else {
       gathered2 = std::max(gathered2, gathered);
     }
-    grad_full = std::max(grad_full, params / d.ep[i] * p.gradient_reduce_bytes);
+    if (d.fsdp_group > 1) grad_full = std::max(grad_full, params / d.ep[i] * p.gradient_reduce_bytes);
     if (d.ep[i] > 1) ep_act = std::max(ep_act, 2.0 * d.ep[i] * b * m.io_bytes_per_sample);
   }
   ev->sparse_buffers = s.out_max + s.out_mean + s.ids_max +
                        (s.scheme == SparseScheme::kV3 ? s.largest_touched_table : 0);
-  mem.buffers = gathered1 + gathered2 + grad_full + ep_act + ev->sparse_buffers;
+  mem.buffers = gathered1 + gathered2 + grad_full + ep_act + ev->sparse_buffers +
+                c.req.other_memory_bytes;
 }
 
 // Fits the activations into what is left, cutting the regions with the
@@ -266,6 +269,7 @@ Evaluation Evaluate(const Context& c, const DenseOption& d, const SparseOption& 
   st.optimizer_s = shard_params * bytes_per_param /
                    (c.topo.hbm_bandwidth_bytes_per_s * c.topo.ComputeShare() *
                     c.req.efficiency.elementwise);
+  st.other_compute_s = c.req.other_compute_s * (1.0 / c.topo.ComputeShare());
   st.recompute_s = recompute;
   st.total_s = st.ComputeS() + st.recompute_s + st.ExposedS();
   st.model_flops = c.model_flops;

@@ -52,6 +52,9 @@ absl::Status ValidateRequest(const PlanRequest& r) {
     return absl::InvalidArgumentError(
         absl::StrCat("job: 'batch.local' must be > 0 samples per GPU, got ", r.local_batch));
   }
+  if (r.other_compute_s < 0 || r.other_memory_bytes < 0) {
+    return absl::InvalidArgumentError("other_compute_s and other_memory_bytes must be >= 0");
+  }
   std::set<std::string> names;
   for (size_t i = 0; i < r.model.modules.size(); ++i) {
     const DenseModule& m = r.model.modules[i];

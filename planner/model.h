@@ -152,6 +152,15 @@ struct PlanRequest {
   Efficiencies efficiency;
   PlannerOptions options;
   ParallelismHints hints;
+  // Measured per-GPU work the modules' FLOPs do not cover: elementwise
+  // glue, kernel launches and host work per step (seconds, on the critical
+  // path), and memory the activations and shards do not (workspaces, the
+  // allocator's rounding; bytes). 0 without a measured rate table.
+  double other_compute_s = 0;
+  double other_memory_bytes = 0;
+  // Where the efficiencies and the two numbers above come from, shown in
+  // the plan's decisions; empty: the typical defaults.
+  std::string rates_source;
 };
 
 // Checks names are unique and non-empty and every count, size and fraction

@@ -88,13 +88,16 @@ struct StepTime {
   // The dense optimizer step over this rank's parameter shards: streams
   // master weights, shard gradients and optimizer state through memory.
   double optimizer_s = 0;
+  double other_compute_s = 0;  // PlanRequest::other_compute_s.
   std::array<double, kNumLevels> exposed_s = {0, 0, 0};
   double total_s = 0;
   double model_flops = 0;  // Useful dense FLOPs per GPU per step.
   double local_mfu = 0;    // model_flops / (compute time x peak).
   double e2e_mfu = 0;      // model_flops / (step time x peak).
   double scaling_ratio = 0;  // e2e_mfu / local_mfu = compute / step.
-  double ComputeS() const { return sparse_compute_s + dense_compute_s + optimizer_s; }
+  double ComputeS() const {
+    return sparse_compute_s + dense_compute_s + optimizer_s + other_compute_s;
+  }
   double ExposedS() const { return exposed_s[0] + exposed_s[1] + exposed_s[2]; }
 };
 

@@ -612,6 +612,17 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
                              : absl::StrJoin(request.precision.fp8_modules, ", "),
                          request.precision.fp8_speedup)});
   }
+  // Where the compute rates came from.
+  if (!request.rates_source.empty()) {
+    plan.decisions.push_back(
+        {"compute rates", request.rates_source,
+         absl::StrFormat("GEMMs at %.0f%% and attention at %.0f%% of the %.0f TFLOP/s peak, the "
+                         "optimizer at %.0f%% of HBM bandwidth, %s of other measured work per step "
+                         "and %s of fixed memory",
+                         100 * request.efficiency.gemm, 100 * request.efficiency.attention,
+                         topology.peak_flops_per_gpu / 1e12, 100 * request.efficiency.elementwise,
+                         MsText(ev.step.other_compute_s), GiBText(request.other_memory_bytes))});
+  }
   // What the hints cost against the planner's own best.
   if (!hints_text.empty()) {
     Decision dec{"parallelism hints", hints_text};

@@ -268,13 +268,13 @@ std::string TrafficSvg(const Plan& plan) {
 
 std::string StepSvg(const Plan& plan) {
   const StepTime& st = plan.step;
-  const double parts[] = {st.sparse_compute_s,     st.dense_compute_s, st.optimizer_s,
-                          st.recompute_s,          st.exposed_s[kNvlink], st.exposed_s[kZone],
-                          st.exposed_s[kCrossZone]};
-  const char* names[] = {"sparse lookups", "dense compute", "optimizer",         "recompute",
-                         "exposed nvlink", "exposed zone",  "exposed cross-zone"};
-  const char* colors[] = {"#4e79a7", "#59a14f", "#76b7b2", "#edc948",
-                          "#f28e2b", "#e15759", "#b07aa1"};
+  const double parts[] = {st.sparse_compute_s, st.dense_compute_s,     st.optimizer_s,
+                          st.other_compute_s,  st.recompute_s,         st.exposed_s[kNvlink],
+                          st.exposed_s[kZone], st.exposed_s[kCrossZone]};
+  const char* names[] = {"sparse lookups", "dense compute",  "optimizer",    "other compute",
+                         "recompute",      "exposed nvlink", "exposed zone", "exposed cross-zone"};
+  const char* colors[] = {"#4e79a7", "#59a14f", "#76b7b2", "#9c755f",
+                          "#edc948", "#f28e2b", "#e15759", "#b07aa1"};
   const int width = 900;
   std::string s = absl::StrFormat("<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='84'>",
                                   width);
@@ -320,6 +320,10 @@ std::string FormatText(const Plan& plan, const TextOptions& options) {
   step.Add({"sparse lookups (busiest rank)", Ms(st.sparse_compute_s), share(st.sparse_compute_s)});
   step.Add({"dense compute (fwd+bwd)", Ms(st.dense_compute_s), share(st.dense_compute_s)});
   step.Add({"dense optimizer (shards)", Ms(st.optimizer_s), share(st.optimizer_s)});
+  if (st.other_compute_s > 0) {
+    step.Add({"other compute (measured: elementwise, launches)", Ms(st.other_compute_s),
+              share(st.other_compute_s)});
+  }
   step.Add({"recompute (checkpointing)", Ms(st.recompute_s), share(st.recompute_s)});
   for (int l = 0; l < kNumLevels; ++l) {
     step.Add({absl::StrCat("exposed comm: ", LinkLevelName(l)), Ms(st.exposed_s[l]),
@@ -551,6 +555,7 @@ std::string FormatJson(const Plan& plan) {
                               .N("sparse_compute_s", st.sparse_compute_s)
                               .N("dense_compute_s", st.dense_compute_s)
                               .N("optimizer_s", st.optimizer_s)
+                              .N("other_compute_s", st.other_compute_s)
                               .N("recompute_s", st.recompute_s)
                               .Raw("exposed_comm_s", LevelsJson(st.exposed_s))
                               .N("model_flops", st.model_flops)

@@ -22,6 +22,9 @@
 #   --job FILE  another job spec (run as one worker)
 #   --device cpu  a dry run of the same plumbing on CPU workers (use a small
 #               --job, e.g. deploy/examples/job-gemlite.yaml)
+#   --skip-local  leave out the `train --local` comparison run
+#   --rates FILE  the rate table the coordinator predicts step time and peak
+#               memory with (default: cluster.sh's, bench/rates/)
 #
 # The worker trains in bf16 (fp32 master weights); MFU is against 989
 # TFLOP/s (dense bf16, H100/H200) and the first step is left out of both
@@ -30,7 +33,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-bin="" stage="" steps="" out="" job_file=deploy/examples/job-gpu-config-a.yaml device=cuda
+bin="" stage="" steps="" out="" job_file=deploy/examples/job-gpu-config-a.yaml device=cuda rates="" skip_local=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --bin) bin=$(cd "$2" && pwd); shift 2 ;;
@@ -39,7 +42,9 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2; shift 2 ;;
     --job) job_file=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
-    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --skip-local) skip_local=1; shift ;;
+    --rates) rates=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
+    -h | --help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_demo: unknown argument $1 (see tools/gpu_demo.sh --help)" >&2; exit 2 ;;
   esac
 done
@@ -82,6 +87,7 @@ cp "$job_file" "$job_yaml"
 # One worker; one GPU for it, or none on a CPU dry run.
 gpus=1 cluster_flags=(--topology deploy/local/h200-topology.yaml --worker-flag --device=cuda)
 [[ $device == cpu ]] && gpus=0 cluster_flags=()
+[[ -n $rates ]] && cluster_flags+=(--step-rates "$rates")
 sed -i -e "s/^  workers: .*/  workers: 1/" -e "s/^  gpus_per_worker: .*/  gpus_per_worker: $gpus/" "$job_yaml"
 trap 'deploy/local/cluster.sh stop "$cluster" || true' EXIT
 echo "demo directory: $work"
@@ -131,11 +137,14 @@ grep -E "trains on CUDA|summary over|eval at|Error|error" "$cluster/worker0.log"
 worker_rate=$(summary_rate "$cluster/worker0.log")
 "$recfleet" get "$job" --coordinator "$coordinator" || true
 
-printf '\n== the same job: recfleet train --local --device %s\n' "$device"
-"$recfleet" train --local "$job_yaml" --device "$device" --checkpoint-dir "$work/local-ckpt" \
-  --log-every 10 >"$work/train-local.log" 2>&1 || { tail -20 "$work/train-local.log"; exit 1; }
-grep -E "summary over|AUC" "$work/train-local.log" || true
-local_rate=$(summary_rate "$work/train-local.log")
+local_rate=""
+if [[ $skip_local == 0 ]]; then
+  printf '\n== the same job: recfleet train --local --device %s\n' "$device"
+  "$recfleet" train --local "$job_yaml" --device "$device" --checkpoint-dir "$work/local-ckpt" \
+    --log-every 10 >"$work/train-local.log" 2>&1 || { tail -20 "$work/train-local.log"; exit 1; }
+  grep -E "summary over|AUC" "$work/train-local.log" || true
+  local_rate=$(summary_rate "$work/train-local.log")
+fi
 
 printf '\n== result\n'
 echo "job $job: $state in ${wall} s (submit to end, data generation and model set-up included)"

@@ -1,5 +1,7 @@
 #include "worker/rank_run.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include "engine/job_model.h"
 #include "engine/quality_gate.h"
 #include "engine/metrics.h"
+#include "engine/tensor.h"
 #include "spdlog/spdlog.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
@@ -101,6 +104,9 @@ class RankRun {
     exec.bf16 = on_cuda() && options_.bf16;
     return exec;
   }
+  // StepStats.peak_memory_bytes: the CUDA pool's peak bytes in use, or the
+  // process's peak resident set on the CPU.
+  int64_t PeakMemoryBytes() const;
   std::string Describe() const { return absl::StrCat(a_.job(), " rank ", a_.rank(), "/", a_.world_size()); }
   dataloader::ConnectOptions LoaderConnect() const {
     dataloader::ConnectOptions connect;
@@ -410,6 +416,7 @@ absl::Status RankRun::Step(int64_t step) {
   stats.set_compute_seconds(times.compute_seconds);
   stats.set_comm_seconds(times.comm_seconds);
   stats.set_loss(loss);
+  stats.set_peak_memory_bytes(PeakMemoryBytes());
   reporter_.ReportStep(stats);
   if (options_.log_every > 0 && step % options_.log_every == 0) {
     spdlog::info("{}",
@@ -424,6 +431,16 @@ absl::Status RankRun::Step(int64_t step) {
     loss_steps_ = 0;
   }
   return reporter_.Flush(/*force=*/false);
+}
+
+int64_t RankRun::PeakMemoryBytes() const {
+  if (on_cuda()) {
+    absl::StatusOr<engine::DeviceMemoryStats> m = engine::CudaMemoryStats();
+    return m.ok() ? static_cast<int64_t>(m->peak) : 0;
+  }
+  rusage usage;
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Reported in KiB.
 }
 
 absl::Status RankRun::EvaluateAndReport(int64_t step) {

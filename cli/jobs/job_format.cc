@@ -151,6 +151,24 @@ std::string FormatJobDetail(const Job& job) {
                                       p.step_seconds(), p.data_wait_seconds(), p.compute_seconds(),
                                       p.comm_seconds(), p.slowest_rank(), 100 * p.straggler_gap())});
   }
+  // The plan's prediction beside what the ranks measured.
+  auto versus = [](double predicted, double measured, double unit, const char* unit_name) {
+    std::string out = predicted > 0 ? absl::StrFormat("predicted %.1f %s", predicted / unit, unit_name)
+                                    : std::string("predicted -");
+    if (measured > 0) {
+      absl::StrAppend(&out, absl::StrFormat(", measured %.1f %s", measured / unit, unit_name));
+      if (predicted > 0) absl::StrAppend(&out, absl::StrFormat(" (error %+.1f%%)", 100 * (predicted / measured - 1)));
+    }
+    return out;
+  };
+  if (s.predicted_step_seconds() > 0 || p.step_seconds() > 0) {
+    lines.push_back({"step vs plan", versus(s.predicted_step_seconds(), p.step_seconds(), 1e-3, "ms")});
+  }
+  if (s.predicted_peak_memory_bytes() > 0 || p.peak_memory_bytes() > 0) {
+    lines.push_back({"memory vs plan",
+                     versus(static_cast<double>(s.predicted_peak_memory_bytes()),
+                            static_cast<double>(p.peak_memory_bytes()), 1 << 30, "GiB peak per rank")});
+  }
   if (p.eval_step() > 0) {
     lines.push_back({"eval", absl::StrFormat("step %d: AUC %.4f, NE %.4f", p.eval_step(),
                                              p.eval_auc(), p.eval_ne())});

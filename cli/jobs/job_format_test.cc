@@ -103,6 +103,21 @@ TEST(JobFormatTest, DetailShowsThePlanSummary) {
       << d;
 }
 
+TEST(JobFormatTest, DetailShowsPredictedAndMeasuredSideBySide) {
+  Job job = Sample();  // Measured step 0.25 s.
+  job.mutable_status()->set_predicted_step_seconds(0.2);
+  job.mutable_status()->set_predicted_peak_memory_bytes(int64_t{3} << 30);
+  job.mutable_status()->mutable_progress()->set_peak_memory_bytes(int64_t{4} << 30);
+  std::string d = FormatJobDetail(job);
+  EXPECT_NE(d.find("step vs plan:  predicted 200.0 ms, measured 250.0 ms (error -20.0%)\n"),
+            std::string::npos)
+      << d;
+  EXPECT_NE(d.find("memory vs plan: predicted 3.0 GiB peak per rank, measured 4.0 GiB peak per rank "
+                   "(error -25.0%)\n"),
+            std::string::npos)
+      << d;
+}
+
 TEST(JobFormatTest, WatchLinesAndJson) {
   ::recfleet::v1::WatchJobResponse e;
   e.set_kind(::recfleet::v1::WatchJobResponse::STATE_CHANGE);

@@ -6,7 +6,7 @@
 #   deploy/local/cluster.sh start DIR [--workers N] [--lease SECONDS] [--bin BINDIR]
 #                                     [--loader] [--data-root DIR] [--topology FILE] [--tls]
 #                                     [--worker-flag FLAG]... [--prometheus]
-#                                     [--scrape-interval DURATION]
+#                                     [--scrape-interval DURATION] [--step-rates FILE,...]
 #   deploy/local/cluster.sh stop DIR
 #
 # --tls: every gRPC connection over TLS (certificates from
@@ -26,6 +26,9 @@
 # writes them to DIR/coordinator.address and DIR/metrics.txt; the processes'
 # ids go to DIR/pids (what `stop` signals) and their logs to DIR/*.log.
 # Binaries come from --bin (default: the repository's bazel-bin).
+# --step-rates: the engine's measured rate tables the coordinator predicts
+# step time and peak memory with (`recfleet get` shows them beside the
+# measured ones); default bench/rates/h200-bf16.yaml,bench/rates/cpu-fp32.yaml.
 # --worker-flag passes FLAG to every worker (e.g. --worker-flag --device=cuda
 # for GPU workers; tools/gpu_demo.sh).
 # Prometheus: `start` writes DIR/prometheus/ ready to scrape the cluster:
@@ -50,6 +53,10 @@ lease=10
 loader=0
 data_root=$(pwd)
 topology="$root/deploy/local/cpu-topology.yaml"
+step_rates=""
+for f in "$root/bench/rates/h200-bf16.yaml" "$root/bench/rates/cpu-fp32.yaml"; do
+  [[ -f $f ]] && step_rates+="${step_rates:+,}$f"
+done
 tls=0
 worker_flags=()
 prometheus=0
@@ -62,6 +69,7 @@ while [[ $# -gt 0 ]]; do
     --lease) lease=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --topology) topology=$2; shift 2 ;;
+    --step-rates) step_rates=$2; shift 2 ;;
     --tls) tls=1; shift ;;
     --worker-flag) worker_flags+=("$2"); shift 2 ;;
     --prometheus) prometheus=1; shift ;;
@@ -187,8 +195,8 @@ start() {
   fi
   "$coordinator_bin" --listen=127.0.0.1:0 --db="$dir/coordinator.db" --lease_seconds="$lease" \
     --loader_address="$loader_address" --metrics_address=127.0.0.1:0 \
-    ${topology:+--hardware_topology="$topology"} ${server_tls[@]+"${server_tls[@]}"} \
-    >"$dir/coordinator.log" 2>&1 &
+    ${topology:+--hardware_topology="$topology"} ${step_rates:+--step_rates="$step_rates"} \
+    ${server_tls[@]+"${server_tls[@]}"} >"$dir/coordinator.log" 2>&1 &
   pid=$!
   echo "$pid" >>"$dir/pids"
   local address

@@ -76,8 +76,13 @@ struct CoordinatorOptions {
   // Speeds and sizes of the workers' GPUs, which topology labels do not
   // carry; used by PlanJob and the default group planner.
   planner::Topology planner_hardware = DefaultHardware();
+  // Measured rate tables of the engine (engine/step_rates.h), at most one
+  // per device: the planner prices each job's GEM-lite with the one of its
+  // device (RatesForJob). Empty: the planner's shape estimates.
+  std::vector<engine::StepRates> step_rates;
   // Communication groups for an assignment. Unset: every job is planned on
-  // its placement with the planner (PlanningGroupPlanner(planner_hardware));
+  // its placement with the planner (PlanningGroupPlanner(planner_hardware,
+  // step_rates));
   // a job the planner cannot fit fails with reason "PlanFailed" and the
   // planner's message.
   GroupPlanner group_planner;

@@ -59,6 +59,11 @@ void Coordinator::PlaceLocked(ActiveJob& aj, const Placement& placement) {
                                     [&](JobStatus& st) {
                                       st.set_restart_epoch(epoch);
                                       if (groups.ok()) st.set_plan_summary(groups->summary);
+                                      if (groups.ok() && groups->plan.has_value()) {
+                                        st.set_predicted_step_seconds(groups->plan->step().total_seconds());
+                                        st.set_predicted_peak_memory_bytes(static_cast<int64_t>(
+                                            groups->plan->peak_memory().total_bytes()));
+                                      }
                                       st.clear_workers();
                                       for (const std::string& id : ids) st.add_workers(id);
                                     });
@@ -134,7 +139,8 @@ absl::StatusOr<::recfleet::v1::PlanJobResponse> Coordinator::PlanJob(
         " worker(s) with at least ", spec.resources().gpus_per_worker(), " GPU(s) each; ",
         registered, " worker(s) are registered"));
   }
-  absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, *placement, options_.planner_hardware);
+  absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, *placement, options_.planner_hardware,
+                                                     RatesForJob(spec, options_.step_rates));
   if (!plan.ok()) return plan.status();
   ::recfleet::v1::PlanJobResponse response;
   *response.mutable_plan() = PlanToProto(*plan);

@@ -7,11 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "engine/step_rates.h"
 #include "planner/yaml_io.h"
 #include "services/common/address.h"
 #include "services/common/flags.h"
@@ -27,6 +30,11 @@ ABSL_FLAG(std::string, db, "recfleet-coordinator.db",
 ABSL_FLAG(double, lease_seconds, 10, "Workers whose heartbeats stop for this long are lost");
 ABSL_FLAG(std::string, loader_address, "",
           "Data-loader host:port handed to workers in assignments (empty = none)");
+ABSL_FLAG(std::vector<std::string>, step_rates, {},
+          "Measured rate tables of the engine (`recfleet data calibrate --rates`, e.g. "
+          "bench/rates/h200-bf16.yaml), comma-separated, at most one per device: the planner "
+          "predicts each job's step time and peak memory from its real model with the table of "
+          "the job's device; without: shape estimates");
 ABSL_FLAG(std::string, hardware_topology, "",
           "Planner topology YAML whose GPU and link numbers describe the workers' hardware "
           "(e.g. a calibrated CPU cluster); default: H200 nodes");
@@ -67,6 +75,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     options.coordinator.planner_hardware = *std::move(hardware);
+  }
+  for (const std::string& path : absl::GetFlag(FLAGS_step_rates)) {
+    absl::StatusOr<recfleet::engine::StepRates> rates = recfleet::engine::ReadStepRates(path);
+    if (!rates.ok()) {
+      spdlog::error("--step_rates: {}", std::string(rates.status().message()));
+      return 2;
+    }
+    options.coordinator.step_rates.push_back(*std::move(rates));
   }
   absl::StatusOr<std::string> token = recfleet::LoadAuthToken();
   if (!token.ok()) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 #include <utility>
 
@@ -10,7 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "engine/job_model.h"
+#include "engine/step_cost.h"
 #include "planner/planner.h"
+#include "services/dataloader/job_loader.h"
 
 namespace recfleet::coordinator {
 
@@ -91,7 +95,113 @@ v1::MemoryPlan MemoryToProto(const planner::MemoryBreakdown& m) {
   return p;
 }
 
+// Samples drawn from the dataset's length distribution to price a step.
+constexpr int kLengthSamples = 4096;
+
 }  // namespace
+
+std::vector<int64_t> SpecSequenceLengths(const JobSpec& spec, const engine::JobModel& model) {
+  int64_t cap = 0;
+  for (int m : model.sequence_max_length) cap = std::max<int64_t>(cap, m);
+  absl::StatusOr<data::SynthOptions> synth =
+      absl::StartsWith(spec.data().dataset(), "synthetic://")
+          ? dataloader::ParseSyntheticDataset(spec.data().dataset())
+          : absl::StatusOr<data::SynthOptions>(absl::NotFoundError("not synthetic"));
+  if (!synth.ok()) return std::vector<int64_t>(kLengthSamples, std::max<int64_t>(cap, 1));
+  std::mt19937_64 rng(synth->seed);
+  std::vector<int64_t> lengths(kLengthSamples);
+  for (int64_t& l : lengths) {
+    l = synth->lengths.Sample(rng);
+    if (cap > 0) l = std::min(l, cap);
+  }
+  return lengths;
+}
+
+planner::Topology WithMeasuredPeak(planner::Topology hardware, const engine::StepRates& rates) {
+  hardware.peak_flops_per_gpu = std::max(
+      {hardware.peak_flops_per_gpu, rates.gemm_flops_per_s, rates.attention_flops_per_s});
+  return hardware;
+}
+
+absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec,
+                                                         const engine::StepRates* rates,
+                                                         const planner::Topology& hardware) {
+  if (rates == nullptr) return PlanRequestFromSpec(spec);
+  absl::StatusOr<planner::PlanRequest> shapes = PlanRequestFromSpec(spec);
+  if (!shapes.ok()) return shapes;
+  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
+  if (!model.ok()) return model.status();
+  planner::PlanRequest request = *std::move(shapes);
+  const std::vector<int64_t> lengths = SpecSequenceLengths(spec, *model);
+  const engine::StepCounts n = engine::CountStep(*model, lengths);
+  const double per = 1.0 / static_cast<double>(n.samples);
+  const double mean_length = static_cast<double>(n.tokens) * per;
+  request.model.sequence_lengths = {{mean_length, 1.0}};
+  for (planner::Table& t : request.model.tables) {
+    // Every table has the model's width; a sequence table is looked up once
+    // per event of the actual histories, not of their cap.
+    if (!t.pooled) t.pooling_factor = t.pooling_factor > 0 ? mean_length : 0;
+  }
+  request.model.modules.clear();
+  const double d = static_cast<double>(n.dim), D = static_cast<double>(n.interaction_dim);
+  for (const engine::PartCost& part : n.parts) {
+    planner::DenseModule m;
+    m.name = part.name;
+    m.op = planner::OpKind::kGemm;
+    m.params = part.params;
+    m.flops_per_sample = part.linear_flops * per;
+    const bool history = part.name == "sequence" || part.name == "cross" || part.name == "pma";
+    m.io_bytes_per_sample = kBf16 * (history ? mean_length * d : D);
+    if (part.name == "sequence") {
+      m.region = "sequence";
+      m.activation_bytes_per_sample = n.token_elements * per * rates->bytes_per_token_element;
+    }
+    if (part.name == "dcn") {
+      m.activation_bytes_per_sample = n.dense_elements * per * rates->bytes_per_dense_element;
+    }
+    request.model.modules.push_back(m);
+    if (part.attention_flops > 0) {
+      planner::DenseModule a;
+      a.name = part.name + ".attention";
+      a.region = m.RegionName();
+      a.op = planner::OpKind::kAttention;
+      a.flops_per_sample = part.attention_flops * per;
+      a.io_bytes_per_sample = m.io_bytes_per_sample;
+      request.model.modules.push_back(a);
+    }
+  }
+  // The engine's FP8 modules under the part names above.
+  std::set<std::string> fp8;
+  for (const std::string& name : spec.model().precision().fp8_modules()) {
+    fp8.insert(absl::StartsWith(name, "moe.") ? "moe" : name);
+  }
+  request.precision.fp8_modules = fp8;
+
+  // Measured rates in place of the typical efficiencies.
+  const planner::Topology hw = WithMeasuredPeak(hardware, *rates);
+  // A rate of 0 means the fit found that work free at its size: the peak.
+  auto efficiency = [&](double rate) { return rate > 0 ? std::min(1.0, rate / hw.peak_flops_per_gpu) : 1.0; };
+  request.efficiency.gemm = efficiency(rates->gemm_flops_per_s);
+  request.efficiency.attention = efficiency(rates->attention_flops_per_s);
+  if (rates->seconds_per_param > 0) {
+    // The planner streams 2 x master + gradient + 2 x moments per parameter.
+    const planner::PrecisionRecipe& p = request.precision;
+    const double bytes = 2.0 * p.master_weight_bytes + p.gradient_shard_bytes + 2.0 * p.optimizer_bytes_per_param;
+    request.efficiency.elementwise =
+        std::min(1.0, bytes / (hw.hbm_bandwidth_bytes_per_s * rates->seconds_per_param));
+  }
+  const double batch = request.local_batch;
+  request.other_compute_s = rates->seconds_per_step +
+                            batch * per * (n.token_elements * rates->seconds_per_token_element +
+                                           n.dense_elements * rates->seconds_per_dense_element);
+  request.other_memory_bytes = rates->fixed_bytes;
+  request.rates_source = absl::StrCat("step rates measured on ", rates->machine, " (", rates->date,
+                                      ", ", rates->precision, ")");
+  if (absl::Status s = planner::ValidateRequest(request); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec as a plan request: ", s.message()));
+  }
+  return request;
+}
 
 absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
   const v1::ModelSpec& model = spec.model();
@@ -426,6 +536,7 @@ v1::Plan PlanToProto(const planner::Plan& plan) {
   step->set_dense_compute_seconds(plan.step.dense_compute_s);
   step->set_recompute_seconds(plan.step.recompute_s);
   step->set_optimizer_seconds(plan.step.optimizer_s);
+  step->set_other_compute_seconds(plan.step.other_compute_s);
   for (double e : plan.step.exposed_s) step->add_exposed_seconds(e);
   step->set_total_seconds(plan.step.total_s);
   step->set_model_flops(plan.step.model_flops);
@@ -453,10 +564,12 @@ v1::Plan PlanToProto(const planner::Plan& plan) {
 }
 
 absl::StatusOr<planner::Plan> PlanPlacement(const JobSpec& spec, const Placement& placement,
-                                            const planner::Topology& hardware) {
-  absl::StatusOr<planner::PlanRequest> request = PlanRequestFromSpec(spec);
+                                            const planner::Topology& hardware,
+                                            const engine::StepRates* rates) {
+  const planner::Topology hw = rates != nullptr ? WithMeasuredPeak(hardware, *rates) : hardware;
+  absl::StatusOr<planner::PlanRequest> request = PlanRequestFromSpec(spec, rates, hw);
   if (!request.ok()) return request.status();
-  absl::StatusOr<planner::Topology> topology = TopologyFromPlacement(placement, hardware);
+  absl::StatusOr<planner::Topology> topology = TopologyFromPlacement(placement, hw);
   if (!topology.ok()) return topology.status();
   absl::StatusOr<planner::Plan> plan = planner::MakePlan(*topology, *request);
   if (!plan.ok() && absl::IsResourceExhausted(plan.status())) {
@@ -465,10 +578,18 @@ absl::StatusOr<planner::Plan> PlanPlacement(const JobSpec& spec, const Placement
   return plan;
 }
 
-GroupPlanner PlanningGroupPlanner(planner::Topology hardware) {
-  return [hardware = std::move(hardware)](const JobSpec& spec,
-                                          const Placement& placement) -> absl::StatusOr<GroupPlan> {
-    absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, placement, hardware);
+const engine::StepRates* RatesForJob(const JobSpec& spec, const std::vector<engine::StepRates>& rates) {
+  const std::string device = spec.resources().gpus_per_worker() > 0 ? "cuda" : "cpu";
+  for (const engine::StepRates& r : rates) {
+    if (r.device == device) return &r;
+  }
+  return nullptr;
+}
+
+GroupPlanner PlanningGroupPlanner(planner::Topology hardware, std::vector<engine::StepRates> rates) {
+  return [hardware = std::move(hardware), rates = std::move(rates)](
+             const JobSpec& spec, const Placement& placement) -> absl::StatusOr<GroupPlan> {
+    absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, placement, hardware, RatesForJob(spec, rates));
     if (!plan.ok()) return plan.status();
     return GroupPlan{PlanGroups(*plan), PlanSummary(*plan), PlanToProto(*plan)};
   };

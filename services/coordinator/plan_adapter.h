@@ -56,14 +56,29 @@
 //    explains what they cost against the planner's own choice.
 //    expert_parallel is not: the planner decides EP per expert module.
 //
+// With a measured rate table (engine/step_rates.h) the model side comes
+// from the engine instead of the estimates above: the one JobSpec builder
+// (engine/job_model.h) builds the GEM-lite, engine/step_cost.h counts its
+// parameters and FLOPs exactly as the engine's MFU counts them, over
+// sequence lengths drawn from the dataset's length distribution (a
+// synthetic:// dataset's `lengths`, capped at max_length; other datasets:
+// every history at its cap). One planner module per part of the network
+// (dense_proj, sequence, cross, pma, dcn, moe, towers; attention as
+// "<part>.attention"), the GEMM and attention efficiencies, the optimizer's
+// bandwidth, the elementwise and per-step time (other_compute_s) and the
+// activation and fixed bytes all come from the table.
+//
 // Hardware numbers (HBM, peak FLOP/s, link speeds) are not in the worker
 // labels; they come from a template Topology (DefaultHardware() or a
 // topology YAML). Pure functions; thread-safe.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/job_model.h"
+#include "engine/step_rates.h"
 #include "planner/model.h"
 #include "planner/plan.h"
 #include "planner/topology.h"
@@ -77,6 +92,22 @@ namespace recfleet::coordinator {
 // The PlanRequest for `spec` (see the estimates above). Errors
 // (INVALID_ARGUMENT) name the spec field, e.g. a feature's unknown table.
 absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const ::recfleet::v1::JobSpec& spec);
+// The same priced by a measured rate table (see above) for a fleet of
+// `hardware` (its peak FLOP/s and HBM bandwidth turn the rates into the
+// planner's efficiencies; plan on WithMeasuredPeak(hardware, *rates));
+// `rates` null: the shape estimates. Also fails with the builder's error for
+// a spec GEM-lite does not build.
+absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const ::recfleet::v1::JobSpec& spec,
+                                                         const engine::StepRates* rates,
+                                                         const planner::Topology& hardware);
+// `hardware` with its peak raised to the fastest rate of `rates` when that
+// is above it: a measured rate above the stated peak means the peak is
+// understated (a CPU topology calibrated with every core busy), and the
+// planner's efficiencies must stay <= 1.
+planner::Topology WithMeasuredPeak(planner::Topology hardware, const engine::StepRates& rates);
+// Sequence lengths of 4,096 samples of the spec's data (seeded), as above.
+std::vector<int64_t> SpecSequenceLengths(const ::recfleet::v1::JobSpec& spec,
+                                         const engine::JobModel& model);
 
 // H200 nodes: 141 GB HBM, 989 TFLOP/s bf16, 4.8 TB/s HBM; NVLink 450 GB/s
 // (3 us), zone RoCE 50 GB/s (10 us), cross-zone 12.5 GB/s (30 us) per GPU
@@ -115,11 +146,18 @@ std::string PlanSummary(const planner::Plan& plan);
 // when nothing fits.
 absl::StatusOr<planner::Plan> PlanPlacement(const ::recfleet::v1::JobSpec& spec,
                                             const Placement& placement,
-                                            const planner::Topology& hardware);
+                                            const planner::Topology& hardware,
+                                            const engine::StepRates* rates = nullptr);
 
-// A GroupPlanner for the scheduler: plans every job on its placement and
-// hands out PlanGroups with PlanSummary.
-GroupPlanner PlanningGroupPlanner(planner::Topology hardware);
+// The table of `rates` measured on the job's device (cuda for jobs with
+// gpus_per_worker >= 1, else cpu); null when there is none.
+const engine::StepRates* RatesForJob(const ::recfleet::v1::JobSpec& spec,
+                                     const std::vector<engine::StepRates>& rates);
+
+// A GroupPlanner for the scheduler: plans every job on its placement (priced
+// by RatesForJob(rates)) and hands out PlanGroups with PlanSummary.
+GroupPlanner PlanningGroupPlanner(planner::Topology hardware,
+                                  std::vector<engine::StepRates> rates = {});
 
 }  // namespace recfleet::coordinator
 

@@ -19,6 +19,7 @@ int ProgressAggregator::Record(
     r.step = s.step();
     r.samples += s.samples();
     r.loss = s.loss();
+    r.peak_memory_bytes = std::max(r.peak_memory_bytes, s.peak_memory_bytes());
     r.reported = true;
     r.recent.push_back(s);
     if (r.recent.size() > kRecentSteps) r.recent.pop_front();
@@ -33,9 +34,11 @@ void ProgressAggregator::Compute(::recfleet::v1::JobProgress& progress) const {
   double loss_sum = 0, window_samples = 0, max_seconds = 0;
   double step_sum = 0, wait_sum = 0, compute_sum = 0, comm_sum = 0, max_mean = 0;
   int reported = 0, timed = 0, slowest = 0;
+  int64_t peak_memory = 0;
   for (size_t rank = 0; rank < ranks_.size(); ++rank) {
     const RankStats& r = ranks_[rank];
     min_step = min_step < 0 ? r.step : std::min(min_step, r.step);
+    peak_memory = std::max(peak_memory, r.peak_memory_bytes);
     samples += r.samples;
     if (!r.reported) continue;
     ++reported;
@@ -66,6 +69,7 @@ void ProgressAggregator::Compute(::recfleet::v1::JobProgress& progress) const {
     p->set_samples(std::max(p->samples(), samples));
   }
   if (reported > 0) p->set_loss(loss_sum / reported);
+  if (peak_memory > 0) p->set_peak_memory_bytes(std::max(p->peak_memory_bytes(), peak_memory));
   if (timed > 0) {
     // Synchronous training: the job moves at the pace of its slowest rank.
     p->set_samples_per_second(max_seconds > 0 ? window_samples / max_seconds : 0);

@@ -51,6 +51,7 @@ class ProgressAggregator {
     int64_t step = 0;
     int64_t samples = 0;
     double loss = 0;
+    int64_t peak_memory_bytes = 0;  // Largest StepStats.peak_memory_bytes.
     bool reported = false;
     std::deque<::recfleet::v1::StepStats> recent;  // Newest last.
   };
