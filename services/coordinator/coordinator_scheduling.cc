@@ -61,8 +61,10 @@ void Coordinator::PlaceLocked(ActiveJob& aj, const Placement& placement) {
                                       if (groups.ok()) st.set_plan_summary(groups->summary);
                                       if (groups.ok() && groups->plan.has_value()) {
                                         st.set_predicted_step_seconds(groups->plan->step().total_seconds());
-                                        st.set_predicted_peak_memory_bytes(static_cast<int64_t>(
-                                            groups->plan->peak_memory().total_bytes()));
+                                        if (groups->memory_predicted) {
+                                          st.set_predicted_peak_memory_bytes(static_cast<int64_t>(
+                                              groups->plan->peak_memory().total_bytes()));
+                                        }
                                       }
                                       st.clear_workers();
                                       for (const std::string& id : ids) st.add_workers(id);

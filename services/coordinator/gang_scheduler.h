@@ -46,6 +46,10 @@ struct GroupPlan {
   // The plan the groups come from, handed to every rank (table placements);
   // unset without a planner.
   std::optional<::recfleet::v1::Plan> plan;
+  // Whether the plan's peak memory predicts what a rank will measure: the
+  // planner's memory model is a GPU's, so a CPU job's plan predicts its
+  // peak only from a rate table with measured memory terms.
+  bool memory_predicted = true;
 };
 
 // Decides a placed job's groups. The coordinator's default plans the job

@@ -589,9 +589,14 @@ const engine::StepRates* RatesForJob(const JobSpec& spec, const std::vector<engi
 GroupPlanner PlanningGroupPlanner(planner::Topology hardware, std::vector<engine::StepRates> rates) {
   return [hardware = std::move(hardware), rates = std::move(rates)](
              const JobSpec& spec, const Placement& placement) -> absl::StatusOr<GroupPlan> {
-    absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, placement, hardware, RatesForJob(spec, rates));
+    const engine::StepRates* job_rates = RatesForJob(spec, rates);
+    absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, placement, hardware, job_rates);
     if (!plan.ok()) return plan.status();
-    return GroupPlan{PlanGroups(*plan), PlanSummary(*plan), PlanToProto(*plan)};
+    const bool measured_memory = job_rates != nullptr && (job_rates->fixed_bytes > 0 ||
+                                                          job_rates->bytes_per_token_element > 0 ||
+                                                          job_rates->bytes_per_dense_element > 0);
+    return GroupPlan{PlanGroups(*plan), PlanSummary(*plan), PlanToProto(*plan),
+                     spec.resources().gpus_per_worker() > 0 || measured_memory};
   };
 }
 

@@ -129,6 +129,34 @@ TEST(PlanAdapterTest, UnevenLabelsFlattenTheFleet) {
   EXPECT_EQ(t->nodes_per_nvlink_domain, 1);
 }
 
+// The plan's peak memory is a GPU's: a CPU job's plan predicts a rank's
+// peak only from a rate table that measured memory (the CPU table does not),
+// while a GPU job's always does.
+TEST(PlanAdapterTest, PeakMemoryPredictedForGpuJobsAndMeasuredMemoryTables) {
+  Placement p;
+  p.ranks_per_worker = 1;
+  p.workers = {Worker("a", "n1", "n1", "z1")};
+  p.workers[0].gpus = 1;
+  engine::StepRates cpu;
+  cpu.device = "cpu";
+  cpu.gemm_flops_per_s = 1e9;
+  cpu.attention_flops_per_s = 1e9;
+  auto spec = BuildableSpec(1);
+  spec.mutable_resources()->set_gpus_per_worker(0);
+  absl::StatusOr<GroupPlan> without = PlanningGroupPlanner(DefaultHardware(), {cpu})(spec, p);
+  ASSERT_TRUE(without.ok()) << without.status();
+  ASSERT_TRUE(without->plan.has_value());
+  EXPECT_FALSE(without->memory_predicted);
+  cpu.fixed_bytes = 64 << 20;
+  absl::StatusOr<GroupPlan> with = PlanningGroupPlanner(DefaultHardware(), {cpu})(spec, p);
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_TRUE(with->memory_predicted);
+  spec.mutable_resources()->set_gpus_per_worker(1);
+  absl::StatusOr<GroupPlan> gpu = PlanningGroupPlanner(DefaultHardware(), {})(spec, p);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_TRUE(gpu->memory_predicted);
+}
+
 TEST(PlanAdapterTest, GroupsFollowThePlan) {
   Placement p;
   p.ranks_per_worker = 8;
