@@ -421,6 +421,11 @@ absl::Status CheckBuildable(const v1::JobSpec& spec) {
           "bf16 on the job's GPU; a CPU job's only FP8 is its all-gather)");
     }
   }
+  if (precision.has_quality_gate() && spec.resources().workers() > 1) {
+    problems.push_back(
+        "spec.model.precision.quality_gate: the shadow run trains on the job's one GPU rank; a job of several "
+        "workers cannot run it yet: set resources.workers to 1 or drop the gate");
+  }
   if (spec.resources().gpus_per_worker() > 0 && precision.all_gather() == v1::PrecisionRecipe::ALL_GATHER_FP8) {
     problems.push_back(
         "spec.model.precision.all_gather: ALL_GATHER_FP8 is built for CPU (Gloo) workers only; GPU workers "

@@ -238,6 +238,10 @@ TEST(JobModelTest, Fp8AllGatherOnCpuJobsAndTheQualityGate) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_TRUE(m->quality_gate.enabled());
   EXPECT_EQ(m->quality_gate.max_relative_ne_increase, 0.002);
+  spec.mutable_resources()->set_workers(2);
+  EXPECT_NE(CheckBuildable(spec).message().find("a job of several workers cannot run it yet"), std::string::npos)
+      << CheckBuildable(spec);
+  spec.mutable_resources()->set_workers(1);
   EXPECT_EQ(m->quality_gate.shadow_steps, 200);
   EXPECT_EQ(m->quality_gate.eval_samples, 65'536);
 }
