@@ -2,8 +2,10 @@
 // Both run the same element code (minifloat.h), so FP8 bytes and scales
 // must match bit for bit.
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -26,13 +28,46 @@ std::vector<uint8_t> RandomMatrix(DType dtype, int64_t n) {
   return out;
 }
 
+// Values the kernels' fast paths must not take: a NaN and infinities in the
+// first tile, and rows 128..255 of the first 128 columns scaled down to
+// ~1e-40 (subnormal in fp32 and bf16), so that their blocks' scales
+// underflow and their reciprocals are infinite. Encoded as the CPU does:
+// the kernels skip their per-row NaN/infinity checks only for tiles and
+// scales they saw are finite.
+void InjectSpecials(DType dtype, int64_t rows, int64_t cols, std::vector<uint8_t>& x) {
+  TensorView t = MakeView(x.data(), dtype, {rows * cols});
+  auto put = [&](int64_t r, int64_t c, double v) {
+    if (r < rows && c < cols) StoreFromDouble(t, r * cols + c, v);
+  };
+  put(1, 2, std::numeric_limits<double>::quiet_NaN());
+  put(5, 7, std::numeric_limits<double>::infinity());
+  put(70, 100, -std::numeric_limits<double>::infinity());
+  for (int64_t r = 128; r < std::min<int64_t>(rows, 256); ++r) {
+    for (int64_t c = 0; c < std::min<int64_t>(cols, 128); ++c) {
+      put(r, c, LoadAsDouble(t, r * cols + c) * 1e-40);
+    }
+  }
+}
+
+// Equal element by element, a NaN matching a NaN (whatever its payload).
+void ExpectSameValues(const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    bad += !(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])));
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 void CheckQuantize(DType in, int64_t rows, int64_t cols, const QuantizeConfig& cfg,
-                   bool transpose) {
+                   bool transpose, bool specials = false) {
   SCOPED_TRACE(::testing::Message() << DTypeName(in) << " [" << rows << ", " << cols << "] "
                                     << ScaleBlockName(cfg.block) << " " << DTypeName(cfg.format)
                                     << (transpose ? " transposed" : "")
-                                    << (cfg.rounding == Rounding::kStochastic ? " stochastic" : ""));
+                                    << (cfg.rounding == Rounding::kStochastic ? " stochastic" : "")
+                                    << (specials ? " specials" : ""));
   std::vector<uint8_t> x = RandomMatrix(in, rows * cols);
+  if (specials) InjectSpecials(in, rows, cols, x);
   const int64_t qr = transpose ? cols : rows, qc = transpose ? rows : cols;
   const Shape ss = QuantScaleShape(qr, qc, cfg.block);
   std::vector<uint8_t> q(qr * qc);
@@ -64,7 +99,7 @@ void CheckQuantize(DType in, int64_t rows, int64_t cols, const QuantizeConfig& c
   ASSERT_TRUE(Dequantize(dq.View(cfg.format, {qr, qc}), ds.View(DType::kFloat32, ss), cfg.block,
                          dback.View(DType::kFloat32, {qr, qc}))
                   .ok());
-  EXPECT_EQ(dback.ToHost<float>(), back);
+  ExpectSameValues(dback.ToHost<float>(), back);
 }
 
 // bf16 first in each test: a kernel's shared-memory opt-in persists in the
@@ -131,13 +166,15 @@ struct DeviceQuant {
 // quantize(x) with `cfg` and quantize(x^T) with `cfg_t` gives the CPU bytes
 // and scales of the two single passes.
 void CheckOnePass(DType in, int64_t rows, int64_t cols, const QuantizeConfig& cfg,
-                  const QuantizeConfig& cfg_t) {
+                  const QuantizeConfig& cfg_t, bool specials = false) {
   SCOPED_TRACE(::testing::Message() << DTypeName(in) << " " << ScaleBlockName(cfg.block) << " ["
                                     << rows << ", " << cols << "]"
                                     << (cfg_t.rounding == Rounding::kStochastic ? " stochastic x^T"
-                                                                                : ""));
+                                                                                : "")
+                                    << (specials ? " specials" : ""));
   const ScaleBlock block = cfg.block;
   std::vector<uint8_t> x = RandomMatrix(in, rows * cols);
+  if (specials) InjectSpecials(in, rows, cols, x);
   const HostQuant want = CpuQuantize(MakeView(x.data(), in, {rows, cols}), cfg, false);
   const HostQuant want_t = CpuQuantize(MakeView(x.data(), in, {rows, cols}), cfg_t, true);
   DeviceBuffer dx(x);
@@ -179,15 +216,37 @@ TEST(QuantizeCudaTest, OnePassWritesBothOrientations) {
   }
 }
 
+// NaN, infinities and blocks whose scale underflows (InjectSpecials) give the
+// CPU's bytes in every kernel: row and tile kernels, one and both
+// orientations, nearest and stochastic rounding.
+TEST(QuantizeCudaTest, NonFiniteValuesAndUnderflowingScalesMatchCpu) {
+  for (DType in : {DType::kBFloat16, DType::kFloat32}) {
+    for (ScaleBlock block : {ScaleBlock::k1x128, ScaleBlock::k128x128, ScaleBlock::k32x32}) {
+      for (bool stochastic : {false, true}) {
+        QuantizeConfig cfg{block, DType::kFloat8E4M3, Rounding::kNearest, 0};
+        if (stochastic) {
+          cfg.rounding = Rounding::kStochastic;
+          cfg.seed = TestRng()();
+        }
+        for (bool t : {false, true}) CheckQuantize(in, 256, 384, cfg, t, /*specials=*/true);
+        QuantizeConfig cfg_d = cfg;
+        cfg_d.rounding = Rounding::kNearest;
+        CheckOnePass(in, 256, 384, cfg_d, cfg, /*specials=*/true);
+      }
+    }
+  }
+}
+
 // Enough tiles that every persistent block of the tile kernel handles
 // several, so the copies of the next tiles overlap the current one and the
 // ring of stages wraps around (and the square blocks' shared encoding moves
 // on to the next tile correctly); with stochastic rounding of x^T too.
 TEST(QuantizeCudaTest, ManyTilesPerBlockMatchCpu) {
   for (DType in : {DType::kBFloat16, DType::kFloat32}) {
-    for (ScaleBlock block : {ScaleBlock::k1x128, ScaleBlock::k128x128}) {
+    for (ScaleBlock block : {ScaleBlock::k1x128, ScaleBlock::k128x128, ScaleBlock::k32x32}) {
       const QuantizeConfig cfg{block, DType::kFloat8E4M3, Rounding::kNearest, 0};
       CheckOnePass(in, 2560, 3584, cfg, cfg);  // 560 tiles
+      CheckQuantize(in, 2560, 3584, cfg, /*transpose=*/true);
     }
     const QuantizeConfig cfg{ScaleBlock::k1x128, DType::kFloat8E4M3, Rounding::kNearest, 0};
     QuantizeConfig cfg_t = cfg;

@@ -117,18 +117,68 @@ __device__ __forceinline__ void WaitTileCopies() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-// The thread's 64 elements from a staged tile. A warp reads one 128-element
-// row per access (256 or 512 contiguous bytes: no bank conflicts).
+// The copy of a block's next tile into its stage, issued by every thread
+// once all of them have read the current tile out of it (after a block
+// barrier).
+struct NextCopy {
+  const QuantizeArgs* a;
+  int64_t r0, c0;
+  char* stage;
+  bool fp32, valid;
+  __device__ __forceinline__ void Issue() const {
+    if (!valid) return;
+    if (fp32) {
+      IssueTileCopy<float>(*a, r0, c0, stage);
+    } else {
+      IssueTileCopy<__nv_bfloat16>(*a, r0, c0, stage);
+    }
+  }
+};
+
+// x * 0 + acc for one word of x as loaded (two bf16, or one fp32), in that
+// format: acc stays +-0 while every element is finite and turns NaN for a
+// NaN or an infinity. bf16 pairs take one packed FMA per two elements.
 template <typename T>
-__device__ __forceinline__ void LoadStagedTile(const char* stage, int warp, int lane, Tile& v) {
+__device__ __forceinline__ uint32_t ProbeFinite(uint32_t w, uint32_t acc) {
+  if constexpr (sizeof(T) == 4) {
+    return __float_as_uint(fmaf(__uint_as_float(w), 0.0f, __uint_as_float(acc)));
+  } else {
+    const __nv_bfloat162 r = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&w),
+                                     __float2bfloat162_rn(0.0f),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&acc));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+// The thread's 64 elements from a staged tile. A warp reads one 128-element
+// row per access (256 or 512 contiguous bytes: no bank conflicts). Returns
+// whether all 64 are finite, read off the raw words (see ProbeFinite): the
+// encoders then skip their per-row NaN and infinity checks, which cost more
+// (4 FMAs and a compare per 4 values, once per output).
+template <typename T>
+__device__ __forceinline__ bool LoadStagedTile(const char* stage, int warp, int lane, Tile& v) {
   const Raw4<T>* s = reinterpret_cast<const Raw4<T>*>(stage);
+  uint32_t acc[2] = {0u, 0u};  // two chains, half as long
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
     for (int rr = 0; rr < 4; ++rr) {
-      Widen4<T>(s[(4 * (warp + kWarps * i) + rr) * (kTile / 4) + lane], v[i][rr]);
+      const Raw4<T> raw = s[(4 * (warp + kWarps * i) + rr) * (kTile / 4) + lane];
+      Widen4<T>(raw, v[i][rr]);
+      if constexpr (sizeof(T) == 4) {
+        acc[0] = ProbeFinite<T>(__float_as_uint(raw.x), acc[0]);
+        acc[1] = ProbeFinite<T>(__float_as_uint(raw.y), acc[1]);
+        acc[0] = ProbeFinite<T>(__float_as_uint(raw.z), acc[0]);
+        acc[1] = ProbeFinite<T>(__float_as_uint(raw.w), acc[1]);
+      } else {
+        acc[0] = ProbeFinite<T>(raw.x, acc[0]);
+        acc[1] = ProbeFinite<T>(raw.y, acc[1]);
+      }
     }
   }
+  // +-0 in every lane of both accumulators (two bf16 or one fp32 each).
+  constexpr uint32_t kMagnitude = sizeof(T) == 4 ? 0x7FFFFFFFu : 0x7FFF7FFFu;
+  return ((acc[0] | acc[1]) & kMagnitude) == 0u;
 }
 
 // One step of the transposing max-reduction in TileScales<1, 128>: the lane
@@ -176,14 +226,21 @@ struct TileScales {
   static constexpr int kCount = XR == 1 ? 16 : (XC == 1 ? 4 : (XR == 32 ? 4 : 1));
   float s[XR == 1 ? 1 : kCount];
   float inv[kCount];
+  // Every inv is finite (false only for scales below ~2^-128, from blocks
+  // of subnormal values): with finite elements, every y = x * inv is then
+  // finite too (|x| <= the block's amax, so |y| <= ~fmax).
+  bool finite_inv;
   __device__ __forceinline__ static int Index(int i, int rr, int j) {
     if constexpr (XR == 1) return i * 4 + rr;
     if constexpr (XC == 1) return j;
     if constexpr (XR == 32) return i;
     return 0;
   }
+  // `next` (or null): issued after the computation's first block barrier
+  // (1x128 has none and adds one for it).
   __device__ __forceinline__ void Compute(const Tile& v, float (*red)[kTile], float fmax,
-                                          bool pow2, int warp, int lane) {
+                                          bool pow2, int warp, int lane,
+                                          const NextCopy* next = nullptr) {
     if constexpr (XR == 1) {
       // Transposing reduction of the 16 row maxima over the warp: at each
       // step a lane keeps half of its rows and trades the other half with
@@ -205,18 +262,28 @@ struct TileScales {
       const float own_inv = __frcp_rn(s[0]);
 #pragma unroll
       for (int k = 0; k < 16; ++k) inv[k] = __shfl_sync(0xffffffffu, own_inv, 2 * k);
+      finite_inv = __all_sync(0xffffffffu, own_inv < INFINITY);
+      if (next != nullptr) {
+        __syncthreads();
+        next->Issue();
+      }
     } else {
-      ComputeShared(v, red, fmax, pow2, warp, lane);
+      ComputeShared(v, red, fmax, pow2, warp, lane, next);
       if constexpr (XC != 1 && XR != 32) {  // 128x1 and 32x32 get theirs from ComputeShared
 #pragma unroll
         for (int k = 0; k < kCount; ++k) inv[k] = __frcp_rn(s[k]);
       }
+      float most = inv[0];  // positive
+#pragma unroll
+      for (int k = 1; k < kCount; ++k) most = fmaxf(most, inv[k]);
+      finite_inv = most < INFINITY;
     }
   }
 
   // Column (128x1) and square blocks: reductions across warps through `red`.
   __device__ __forceinline__ void ComputeShared(const Tile& v, float (*red)[kTile], float fmax,
-                                                bool pow2, int warp, int lane) {
+                                                bool pow2, int warp, int lane,
+                                                const NextCopy* next) {
     if constexpr (XC == 1) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -229,6 +296,7 @@ struct TileScales {
         red[warp][lane * 4 + j] = m;
       }
       __syncthreads();
+      if (next != nullptr) next->Issue();
       FinishScales(red, kTile, fmax, pow2);
       const float4 s4 = *reinterpret_cast<const float4*>(&red[0][lane * 4]);
       const float4 i4 = *reinterpret_cast<const float4*>(&red[1][lane * 4]);
@@ -258,6 +326,7 @@ struct TileScales {
         red[warp][g * 4 + lane / 8] = m[g];
       }
       __syncthreads();
+      if (next != nullptr) next->Issue();
       if constexpr (XR == 32) {
         FinishScales(red, 16, fmax, pow2);  // the tile's 16 blocks
 #pragma unroll
@@ -326,11 +395,17 @@ __device__ __forceinline__ void UnpackBits(const uint4& p, uint32_t (&bits)[2][4
 // as the CPU reference does; `key` is minifloat::RandomKey(t.seed), computed
 // on the host (in a kernel parameter it costs no registers, where the
 // compiler recomputed it for every row pair).
-template <int XR, int XC, bool kT, bool kSR, bool kE5M2>
+//
+// kFinite: every y is finite (v and the scales' reciprocals are), so the
+// per-row NaN/infinity checks are left out. A separate instantiation, not a
+// run-time flag: with one, the compiler computed the checks anyway and
+// selected on the flag afterwards.
+template <int XR, int XC, bool kT, bool kSR, bool kE5M2, bool kFinite>
 __device__ __forceinline__ void EncodeAs(const QuantizeArgs& a, const QuantizeTarget& t,
                                          uint32_t key, const Tile& v,
                                          const TileScales<XR, XC>& sc, int64_t r0, int64_t c,
                                          int warp, uint32_t (&word)[4][4]) {
+  constexpr bool finite = kFinite;
   constexpr bool e5m2 = kE5M2;
   const minifloat::Spec spec = e5m2 ? minifloat::E5M2() : minifloat::E4M3();
   // Elements pair up for the random bits (minifloat::RandomBits: one hash
@@ -396,13 +471,17 @@ __device__ __forceinline__ void EncodeAs(const QuantizeArgs& a, const QuantizeTa
         for (int j = 0; j < 4; ++j) {
           y[j] = v[i][rr][j] * sc.inv[TileScales<XR, XC>::Index(i, rr, j)];
         }
-        const float probe0 = fmaf(y[0], 0.0f, fmaf(y[1], 0.0f, fmaf(y[2], 0.0f, y[3] * 0.0f)));
+        // No NaN or infinity in y (y * 0 is then +-0 everywhere).
+        auto clean = [&y] {
+          return fmaf(y[0], 0.0f, fmaf(y[1], 0.0f, fmaf(y[2], 0.0f, y[3] * 0.0f))) == 0.0f;
+        };
+        bool encodable = finite || clean();
         if (kSR && t.stochastic) {
           // Finite normal values (nearly all) take the unclamped integer-add
           // snap alone (|y| <= ~fmax after block scaling) and stay finite.
           const float amin =
               fminf(fminf(fabsf(y[0]), fabsf(y[1])), fminf(fabsf(y[2]), fabsf(y[3])));
-          if (probe0 == 0.0f && amin >= minifloat::Pow2(1 - spec.bias)) {
+          if (encodable && amin >= minifloat::Pow2(1 - spec.bias)) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
               y[j] = minifloat::StochasticSnapNormalUnclamped(spec, y[j], bits[e][j]);
@@ -412,11 +491,10 @@ __device__ __forceinline__ void EncodeAs(const QuantizeArgs& a, const QuantizeTa
           }
 #pragma unroll
           for (int j = 0; j < 4; ++j) y[j] = minifloat::StochasticSnap(spec, y[j], bits[e][j]);
+          // The snap saturates infinities; a NaN stays.
+          encodable = finite || clean();
         }
-        const float probe = kSR && t.stochastic
-                                ? fmaf(y[0], 0.0f, fmaf(y[1], 0.0f, fmaf(y[2], 0.0f, y[3] * 0.0f)))
-                                : probe0;
-        if (probe == 0.0f) {
+        if (encodable) {
           word[i][rr] = minifloat::EncodeNearest4(y, e5m2);
         } else {
           uint32_t w = 0;
@@ -437,11 +515,19 @@ __device__ __forceinline__ void EncodeAs(const QuantizeArgs& a, const QuantizeTa
 template <int XR, int XC, bool kT, bool kSR>
 __device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarget& t,
                                        uint32_t key, const Tile& v, const TileScales<XR, XC>& sc,
-                                       int64_t r0, int64_t c, int warp, uint32_t (&word)[4][4]) {
-  if (a.format == 2) {
-    EncodeAs<XR, XC, kT, kSR, true>(a, t, key, v, sc, r0, c, warp, word);
+                                       bool finite_x, int64_t r0, int64_t c, int warp,
+                                       uint32_t (&word)[4][4]) {
+  // `finite_x`: the caller saw that all of v is finite.
+  if (finite_x && sc.finite_inv) {
+    if (a.format == 2) {
+      EncodeAs<XR, XC, kT, kSR, true, true>(a, t, key, v, sc, r0, c, warp, word);
+    } else {
+      EncodeAs<XR, XC, kT, kSR, false, true>(a, t, key, v, sc, r0, c, warp, word);
+    }
+  } else if (a.format == 2) {
+    EncodeAs<XR, XC, kT, kSR, true, false>(a, t, key, v, sc, r0, c, warp, word);
   } else {
-    EncodeAs<XR, XC, kT, kSR, false>(a, t, key, v, sc, r0, c, warp, word);
+    EncodeAs<XR, XC, kT, kSR, false, false>(a, t, key, v, sc, r0, c, warp, word);
   }
 }
 
@@ -652,23 +738,38 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   const float fmax = a.format == 2 ? 57344.0f : 448.0f;
   constexpr bool kSquare = BR == BC;
 
+  // The next tile's copy goes into the stage once every thread has read it:
+  // at the first block barrier of the tile's scale computation (one barrier
+  // per tile fewer), so 1x128 of x and x^T does x^T first, whose scales
+  // have one; 1x128 of x alone and the Hadamard kernels (whose transform
+  // comes first) give it a barrier of its own right after the load.
+  constexpr bool kTFirst = kDirect && kT && BR == 1 && !kHad;
+  constexpr bool kIssueAtScales = !kHad && (!kDirect || BR != 1 || kT);
+
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     int64_t r0, c0;
     origin(tile, r0, c0);
     const int64_t c = c0 + lane * 4;
+    NextCopy next{&a, 0, 0, stage, fp32, staged && tile + gridDim.x < tiles};
+    origin(tile + gridDim.x, next.r0, next.c0);
     Tile v;
+    // All of v finite (staged tiles check it while loading; the unstaged
+    // path leaves the checks to the encoders).
+    bool finite = false;
     if (staged) {
       WaitTileCopies();
       // Also orders the previous tile's reads of red / tsm before this
       // tile's writes.
       __syncthreads();
       if (fp32) {
-        LoadStagedTile<float>(stage, warp, lane, v);
+        finite = LoadStagedTile<float>(stage, warp, lane, v);
       } else {
-        LoadStagedTile<__nv_bfloat16>(stage, warp, lane, v);
+        finite = LoadStagedTile<__nv_bfloat16>(stage, warp, lane, v);
       }
-      __syncthreads();
-      if (tile + gridDim.x < tiles) issue(tile + gridDim.x);
+      if constexpr (!kIssueAtScales) {
+        __syncthreads();
+        next.Issue();
+      }
     } else {
       __syncthreads();
       if (fp32) {
@@ -677,11 +778,13 @@ __global__ void __launch_bounds__(kTileThreads, 2)
         LoadTile<__nv_bfloat16>(a, r0, c, warp, v);
       }
     }
+    const NextCopy* at_scales = kIssueAtScales ? &next : nullptr;
     uint32_t word[4][4];
 
-    if constexpr (kDirect) {
+    // quantize(x); for square blocks also quantize(x^T) (then true).
+    auto direct_part = [&](const NextCopy* at_barrier) -> bool {
       TileScales<BR, BC> sc;
-      sc.Compute(v, red, fmax, a.pow2, warp, lane);
+      sc.Compute(v, red, fmax, a.pow2, warp, lane, at_barrier);
       const QuantizeTarget& t = a.direct;
       if constexpr (BR == 1) {
         // Lane 2k holds row k's scale.
@@ -698,7 +801,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
           }
         }
       }
-      Encode<BR, BC, false, kSR>(a, t, key_direct, v, sc, r0, c, warp, word);
+      Encode<BR, BC, false, kSR>(a, t, key_direct, v, sc, finite, r0, c, warp, word);
       StoreDirect(a, t, word, r0, c, warp);
       if constexpr (kT && kSquare && !kHad) {
         // Square blocks are transpose-invariant: same scales, and with
@@ -712,19 +815,21 @@ __global__ void __launch_bounds__(kTileThreads, 2)
           }
         }
         if (kSR && tt.stochastic) {
-          Encode<BR, BC, true, kSR>(a, tt, key_transposed, v, sc, r0, c, warp, word);
+          Encode<BR, BC, true, kSR>(a, tt, key_transposed, v, sc, finite, r0, c, warp, word);
         }
         StoreTransposed(a, tt, word, tsm, r0, c0, warp, lane);
-        continue;
+        return true;
       }
-    }
-    if constexpr (kT && !(kDirect && kSquare && !kHad)) {
+      return false;
+    };
+    // quantize(x^T).
+    auto transposed_part = [&](const NextCopy* at_barrier) {
       const QuantizeTarget& t = a.transposed;
       if constexpr (kHad) {
         HadamardRows(v, reinterpret_cast<float*>(dyn_smem), a.hadamard_seed, r0, warp, lane);
       }
       TileScales<BC, BR> sc;
-      sc.Compute(v, red, fmax, a.pow2, warp, lane);
+      sc.Compute(v, red, fmax, a.pow2, warp, lane, at_barrier);
       if constexpr (BR == 1) {
         if (warp == 0) {
 #pragma unroll
@@ -742,8 +847,23 @@ __global__ void __launch_bounds__(kTileThreads, 2)
           }
         }
       }
-      Encode<BC, BR, true, kSR>(a, t, key_transposed, v, sc, r0, c, warp, word);
+      // The Hadamard transform can overflow finite values: its tiles keep
+      // the per-row checks.
+      Encode<BC, BR, true, kSR>(a, t, key_transposed, v, sc, finite && !kHad, r0, c, warp,
+                                word);
       StoreTransposed(a, t, word, tsm, r0, c0, warp, lane);
+    };
+
+    if constexpr (kTFirst) {
+      transposed_part(at_scales);
+      direct_part(nullptr);
+    } else {
+      if constexpr (kDirect) {
+        if (direct_part(at_scales)) continue;
+      }
+      if constexpr (kT && !(kDirect && kSquare && !kHad)) {
+        transposed_part(kDirect ? nullptr : at_scales);
+      }
     }
   }
 }
@@ -864,13 +984,20 @@ __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a
         // below the block's amax in E4M3) take the unclamped integer-add
         // snap alone (|y| <= ~fmax here) and need no NaN check afterwards;
         // the slot's four element pairs cost one hash each.
-        float probe[2] = {0.0f, 0.0f}, amin[2] = {INFINITY, INFINITY};
+        // Finite y: finite raw elements (probed on the packed words, see
+        // ProbeFinite) and a finite multiplier.
+        uint32_t probe = 0u;
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(&raw[u]);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          probe[j & 1] = fmaf(y[j], 0.0f, probe[j & 1]);
-          amin[j & 1] = fminf(amin[j & 1], fabsf(y[j]));
+        for (int k = 0; k < 4 * static_cast<int>(sizeof(T)) / 2; ++k) {
+          probe = ProbeFinite<T>(words[k], probe);
         }
-        const bool normal = probe[0] + probe[1] == 0.0f && fminf(amin[0], amin[1]) >= min_normal;
+        constexpr uint32_t kMagnitude = sizeof(T) == 4 ? 0x7FFFFFFFu : 0x7FFF7FFFu;
+        float amin[2] = {INFINITY, INFINITY};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) amin[j & 1] = fminf(amin[j & 1], fabsf(y[j]));
+        const bool normal = (probe & kMagnitude) == 0u && inv < INFINITY &&
+                            fminf(amin[0], amin[1]) >= min_normal;
         // Element k0 + j; k0 = slot * 8 is even, so pairs are (2p, 2p + 1).
         const uint64_t k0 = static_cast<uint64_t>(slot) * 8;
         if (normal) {
