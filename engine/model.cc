@@ -232,6 +232,9 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(sparse.CheckPooled(b, pooled));
     }
     flops.Reset();
+    // The bf16 weight copies of the bf16 linears, in one launch, from the
+    // values as they are now (whoever wrote them last).
+    if (on_device()) RECFLEET_RETURN_IF_ERROR(params.RefreshBf16Copies());
     const int64_t d = config.dim, B = b.size, F = num_tokens, P = config.pma_queries;
     const TensorView hist_off = HostOffsets(b.sequence[0].offsets);
     RECFLEET_RETURN_IF_ERROR(layers::UniformOffsets(B, F, &token_offsets));
@@ -450,8 +453,11 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
         "FP8 linear layers (model.precision.fp8_modules) need device cuda; the CPU engine computes "
         "in fp32");
   }
-  return std::unique_ptr<GemLite<T>>(
-      new GemLite<T>(std::make_unique<Impl>(config, schema, storage, execution, allocator)));
+  auto impl = std::make_unique<Impl>(config, schema, storage, execution, allocator);
+  // Every parameter is registered: the one-launch optimizer passes get their
+  // device table now, not inside the first step.
+  RECFLEET_RETURN_IF_ERROR(impl->params.Prepare());
+  return std::unique_ptr<GemLite<T>>(new GemLite<T>(std::move(impl)));
 }
 
 template <typename T>
