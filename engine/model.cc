@@ -314,11 +314,15 @@ struct GemLite<T>::Impl {
     const int64_t d = config.dim, B = b.size, F = num_tokens, D = interaction_dim;
     const int64_t P = config.pma_queries, L = b.sequence[0].offsets.back();
 
-    RECFLEET_RETURN_IF_ERROR(layers::AllocateZeros(ctx, {B, config.expert_out}, &dmix));
+    // The first labelled head writes dmix, the other adds to it (in the
+    // GEMM epilogue): no memset. ForwardBackward ensures one head at least.
+    RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, config.expert_out}, &dmix));
+    bool dmix_written = false;
     for (int k = 0; k < kNumHeads; ++k) {
       if (!has_head[k]) continue;
       if (loss_weight != 1.0) RECFLEET_RETURN_IF_ERROR(ops::Scale(dlogits[k].view(), loss_weight));
-      RECFLEET_RETURN_IF_ERROR(towers[k]->Backward(dlogits[k].view(), dmix.view(), true));
+      RECFLEET_RETURN_IF_ERROR(towers[k]->Backward(dlogits[k].view(), dmix.view(), dmix_written));
+      dmix_written = true;
     }
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, D}, &dz));
     RECFLEET_RETURN_IF_ERROR(moe->Backward(dmix.view(), dz.view(), /*accumulate=*/false));
