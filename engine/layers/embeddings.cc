@@ -301,6 +301,23 @@ DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses) {
   return d;
 }
 
+std::vector<DeduplicatedIds> DeduplicateTables(const std::vector<std::vector<int64_t>>& uses) {
+  // Below this many uses a thread's start costs more than the hashing.
+  constexpr size_t kOwnThread = 8192;
+  std::vector<DeduplicatedIds> out(uses.size());
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < uses.size(); ++t) {
+    if (uses[t].size() >= kOwnThread) {
+      threads.emplace_back([&uses, &out, t] { out[t] = Deduplicate(uses[t]); });
+    }
+  }
+  for (size_t t = 0; t < uses.size(); ++t) {
+    if (uses[t].size() < kOwnThread) out[t] = Deduplicate(uses[t]);
+  }
+  for (std::thread& th : threads) th.join();
+  return out;
+}
+
 std::vector<std::vector<int64_t>> SparseEmbeddings::TableUses(const Batch& batch) const {
   const int64_t L = batch.sequence.empty() ? 0 : batch.sequence[0].offsets.back();
   std::vector<std::vector<int64_t>> uses(schema_.tables.size());
@@ -324,9 +341,7 @@ void SparseEmbeddings::PrepareGradientIds(const StagedBatch& staged) {
   prepared_for_ = &staged;
   prepared_generation_ = staged.generation();
   prepared_ = std::async(std::launch::async, [uses = TableUses(*staged.batch())] {
-    std::vector<DeduplicatedIds> out;
-    for (const std::vector<int64_t>& u : uses) out.push_back(Deduplicate(u));
-    return out;
+    return DeduplicateTables(uses);
   });
 }
 
@@ -336,9 +351,7 @@ absl::Status SparseEmbeddings::ReduceDuplicates(const StagedBatch& staged) {
       prepared_generation_ == staged.generation()) {
     dedup = prepared_.get();
   } else {
-    for (const std::vector<int64_t>& u : TableUses(*staged.batch())) {
-      dedup.push_back(Deduplicate(u));
-    }
+    dedup = DeduplicateTables(TableUses(*staged.batch()));
   }
   prepared_for_ = nullptr;
   int64_t total_ids = 0, total_rows = 0;

@@ -49,6 +49,10 @@ struct DeduplicatedIds {
   std::vector<int64_t> slots;
 };
 DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses);
+// Deduplicate of every table's uses; tables with many uses (a history's
+// item table: tens of thousands of ids per batch) each on a thread of
+// their own, so the slowest table, not the sum, is the wait.
+std::vector<DeduplicatedIds> DeduplicateTables(const std::vector<std::vector<int64_t>>& uses);
 
 // The initial value of element (row, col) of table `table`: a N(0, stddev^2)
 // draw that depends only on (seed, table, row, col), so tables split over
