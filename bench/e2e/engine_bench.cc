@@ -216,6 +216,12 @@ int main(int argc, char** argv) {
   double last_loss = 0;
   recfleet::engine::StepResult pending;
   bool have_pending = false;
+  // Where the host's time of a timed step goes (ms, summed over the timed
+  // steps): issuing ForwardBackward, Prefetch and ApplyUpdates, and waiting
+  // for the previous step's losses. Little wait means the host sets the
+  // pace.
+  using HostClock = std::chrono::steady_clock;
+  std::array<double, 4> host_ms{};
   for (int s = 0; s < total; ++s) {
     if (s == warmup) {
       CUDA_OR_FAIL(cudaDeviceSynchronize());
@@ -223,18 +229,28 @@ int main(int argc, char** argv) {
       CUDA_OR_FAIL(cudaEventRecord(marks[0], nullptr));
     }
     const recfleet::engine::Batch& b = (*batches)[s % train];
+    const auto h0 = HostClock::now();
     absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
     if (!r.ok()) return Fail(std::string(r.status().message()));
+    const auto h1 = HostClock::now();
     if (s + 1 < total) {
       if (absl::Status p = m.Prefetch((*batches)[(s + 1) % train]); !p.ok()) {
         return Fail(std::string(p.message()));
       }
     }
+    const auto h2 = HostClock::now();
     if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
     if (s >= warmup) CUDA_OR_FAIL(cudaEventRecord(marks[s - warmup + 1], nullptr));
+    const auto h3 = HostClock::now();
     if (have_pending) {
       if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
       last_loss = pending.ctr_loss + pending.cvr_loss;
+    }
+    if (s >= warmup) {
+      host_ms[0] += std::chrono::duration<double, std::milli>(h1 - h0).count();
+      host_ms[1] += std::chrono::duration<double, std::milli>(h2 - h1).count();
+      host_ms[2] += std::chrono::duration<double, std::milli>(h3 - h2).count();
+      host_ms[3] += std::chrono::duration<double, std::milli>(HostClock::now() - h3).count();
     }
     pending = *r;
     have_pending = true;
@@ -458,12 +474,15 @@ int main(int argc, char** argv) {
       "\"mean_step_ms\": %.3f, \"useful_flops_per_step\": %.6g, \"tflops\": %.2f, "
       "\"mfu_989\": %.4f, \"mfu_790\": %.4f, \"peak_memory_bytes\": %llu, "
       "\"reserved_memory_bytes\": %llu, \"last_loss\": %.5f, \"phases\": %s, \"gpu_idle\": %s, "
+      "\"host_ms_per_step\": {\"forward_backward\": %.3f, \"prefetch\": %.3f, \"update\": %.3f, "
+      "\"loss_wait\": %.3f}, "
       "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s, "
       "\"ne_gate\": %s}",
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
       static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle,
+      host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
       static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate);
   std::printf("%s\n", out.c_str());
   if (!json.empty()) std::ofstream(json) << out << "\n";
