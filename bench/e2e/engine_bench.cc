@@ -75,6 +75,15 @@ class EventPhaseTimer : public recfleet::engine::layers::PhaseTimer {
     for (cudaEvent_t e : pool_) cudaEventDestroy(e);
   }
   void Mark(Phase phase, bool begin) override {
+    // The host's side: how long issuing each phase took (its launches,
+    // allocations and host work, plus these event records).
+    const auto now = std::chrono::steady_clock::now();
+    if (begin) {
+      host_open_[static_cast<int>(phase)] = now;
+    } else {
+      host_ms_[static_cast<int>(phase)] +=
+          std::chrono::duration<double, std::milli>(now - host_open_[static_cast<int>(phase)]).count();
+    }
     if (used_ == pool_.size()) {
       cudaEvent_t e;
       cudaEventCreate(&e);
@@ -101,6 +110,12 @@ class EventPhaseTimer : public recfleet::engine::layers::PhaseTimer {
     used_ = 0;
     return ms;
   }
+  // Host milliseconds per phase since the last call.
+  std::array<double, recfleet::engine::layers::kNumPhases> CollectHost() {
+    const auto ms = host_ms_;
+    host_ms_ = {};
+    return ms;
+  }
 
  private:
   struct MarkAt {
@@ -110,6 +125,8 @@ class EventPhaseTimer : public recfleet::engine::layers::PhaseTimer {
   };
   std::vector<cudaEvent_t> pool_;
   std::vector<MarkAt> marks_;
+  std::array<std::chrono::steady_clock::time_point, recfleet::engine::layers::kNumPhases> host_open_{};
+  std::array<double, recfleet::engine::layers::kNumPhases> host_ms_{};
   size_t used_ = 0;
 };
 
@@ -361,7 +378,8 @@ int main(int argc, char** argv) {
   // Phase split and host issue time on a few more steps.
   EventPhaseTimer timer;
   std::array<double, recfleet::engine::layers::kNumPhases> phase_ms{};
-  double profiled_ms = 0, host_issue_ms = 0;
+  std::array<double, recfleet::engine::layers::kNumPhases> host_phase_ms{};
+  double profiled_ms = 0, host_issue_ms = 0, host_fb_ms = 0;
   if (profile_steps > 0) m.SetPhaseTimer(&timer);
   for (int s = 0; s < profile_steps; ++s) {
     const Batch& b = (*batches)[(total + s) % train];
@@ -380,8 +398,13 @@ int main(int argc, char** argv) {
     // ForwardBackward returns after the loss read-back (the GPU is done
     // with it): only the update's issue time can leave the GPU waiting.
     host_issue_ms += std::chrono::duration<double, std::milli>(t2 - t1).count();
+    host_fb_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
     const auto p = timer.Collect();
-    for (int k = 0; k < recfleet::engine::layers::kNumPhases; ++k) phase_ms[k] += p[k];
+    const auto h = timer.CollectHost();
+    for (int k = 0; k < recfleet::engine::layers::kNumPhases; ++k) {
+      phase_ms[k] += p[k];
+      host_phase_ms[k] += h[k];
+    }
   }
   m.SetPhaseTimer(nullptr);
   std::string phases = "{}";
@@ -390,9 +413,12 @@ int main(int argc, char** argv) {
     const double named = phase_ms[0] + phase_ms[1] + phase_ms[2] + phase_ms[3];
     phases = absl::StrFormat(
         "{\"step_ms\": %.3f, \"embedding_ms\": %.3f, \"attention_ms\": %.3f, \"gemm_ms\": %.3f, "
-        "\"optimizer_ms\": %.3f, \"other_and_idle_ms\": %.3f, \"update_issue_ms\": %.3f}",
+        "\"optimizer_ms\": %.3f, \"other_and_idle_ms\": %.3f, \"update_issue_ms\": %.3f, "
+        "\"host_forward_backward_ms\": %.3f, \"host_embedding_ms\": %.3f, "
+        "\"host_attention_ms\": %.3f, \"host_gemm_ms\": %.3f, \"host_optimizer_ms\": %.3f}",
         profiled_ms / n, phase_ms[0] / n, phase_ms[1] / n, phase_ms[2] / n, phase_ms[3] / n,
-        (profiled_ms - named) / n, host_issue_ms / n);
+        (profiled_ms - named) / n, host_issue_ms / n, host_fb_ms / n, host_phase_ms[0] / n,
+        host_phase_ms[1] / n, host_phase_ms[2] / n, host_phase_ms[3] / n);
   }
 
   // The largest batch that fits: k file batches in one step, k doubling
