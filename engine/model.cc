@@ -232,6 +232,9 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(sparse.CheckPooled(b, pooled));
     }
     flops.Reset();
+    // The bf16 weight copies of the bf16 linears, in one launch, from the
+    // values as they are now (whoever wrote them last).
+    if (on_device()) RECFLEET_RETURN_IF_ERROR(params.RefreshBf16Copies());
     const int64_t d = config.dim, B = b.size, F = num_tokens, P = config.pma_queries;
     const TensorView hist_off = HostOffsets(b.sequence[0].offsets);
     RECFLEET_RETURN_IF_ERROR(layers::UniformOffsets(B, F, &token_offsets));
@@ -311,11 +314,15 @@ struct GemLite<T>::Impl {
     const int64_t d = config.dim, B = b.size, F = num_tokens, D = interaction_dim;
     const int64_t P = config.pma_queries, L = b.sequence[0].offsets.back();
 
-    RECFLEET_RETURN_IF_ERROR(layers::AllocateZeros(ctx, {B, config.expert_out}, &dmix));
+    // The first labelled head writes dmix, the other adds to it (in the
+    // GEMM epilogue): no memset. ForwardBackward ensures one head at least.
+    RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, config.expert_out}, &dmix));
+    bool dmix_written = false;
     for (int k = 0; k < kNumHeads; ++k) {
       if (!has_head[k]) continue;
       if (loss_weight != 1.0) RECFLEET_RETURN_IF_ERROR(ops::Scale(dlogits[k].view(), loss_weight));
-      RECFLEET_RETURN_IF_ERROR(towers[k]->Backward(dlogits[k].view(), dmix.view(), true));
+      RECFLEET_RETURN_IF_ERROR(towers[k]->Backward(dlogits[k].view(), dmix.view(), dmix_written));
+      dmix_written = true;
     }
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, D}, &dz));
     RECFLEET_RETURN_IF_ERROR(moe->Backward(dmix.view(), dz.view(), /*accumulate=*/false));
@@ -450,8 +457,11 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
         "FP8 linear layers (model.precision.fp8_modules) need device cuda; the CPU engine computes "
         "in fp32");
   }
-  return std::unique_ptr<GemLite<T>>(
-      new GemLite<T>(std::make_unique<Impl>(config, schema, storage, execution, allocator)));
+  auto impl = std::make_unique<Impl>(config, schema, storage, execution, allocator);
+  // Every parameter is registered: the one-launch optimizer passes get their
+  // device table now, not inside the first step.
+  RECFLEET_RETURN_IF_ERROR(impl->params.Prepare());
+  return std::unique_ptr<GemLite<T>>(new GemLite<T>(std::move(impl)));
 }
 
 template <typename T>

@@ -75,6 +75,15 @@ class EventPhaseTimer : public recfleet::engine::layers::PhaseTimer {
     for (cudaEvent_t e : pool_) cudaEventDestroy(e);
   }
   void Mark(Phase phase, bool begin) override {
+    // The host's side: how long issuing each phase took (its launches,
+    // allocations and host work, plus these event records).
+    const auto now = std::chrono::steady_clock::now();
+    if (begin) {
+      host_open_[static_cast<int>(phase)] = now;
+    } else {
+      host_ms_[static_cast<int>(phase)] +=
+          std::chrono::duration<double, std::milli>(now - host_open_[static_cast<int>(phase)]).count();
+    }
     if (used_ == pool_.size()) {
       cudaEvent_t e;
       cudaEventCreate(&e);
@@ -101,6 +110,12 @@ class EventPhaseTimer : public recfleet::engine::layers::PhaseTimer {
     used_ = 0;
     return ms;
   }
+  // Host milliseconds per phase since the last call.
+  std::array<double, recfleet::engine::layers::kNumPhases> CollectHost() {
+    const auto ms = host_ms_;
+    host_ms_ = {};
+    return ms;
+  }
 
  private:
   struct MarkAt {
@@ -110,6 +125,8 @@ class EventPhaseTimer : public recfleet::engine::layers::PhaseTimer {
   };
   std::vector<cudaEvent_t> pool_;
   std::vector<MarkAt> marks_;
+  std::array<std::chrono::steady_clock::time_point, recfleet::engine::layers::kNumPhases> host_open_{};
+  std::array<double, recfleet::engine::layers::kNumPhases> host_ms_{};
   size_t used_ = 0;
 };
 
@@ -216,6 +233,12 @@ int main(int argc, char** argv) {
   double last_loss = 0;
   recfleet::engine::StepResult pending;
   bool have_pending = false;
+  // Where the host's time of a timed step goes (ms, summed over the timed
+  // steps): issuing ForwardBackward, Prefetch and ApplyUpdates, and waiting
+  // for the previous step's losses. Little wait means the host sets the
+  // pace.
+  using HostClock = std::chrono::steady_clock;
+  std::array<double, 4> host_ms{};
   for (int s = 0; s < total; ++s) {
     if (s == warmup) {
       CUDA_OR_FAIL(cudaDeviceSynchronize());
@@ -223,18 +246,28 @@ int main(int argc, char** argv) {
       CUDA_OR_FAIL(cudaEventRecord(marks[0], nullptr));
     }
     const recfleet::engine::Batch& b = (*batches)[s % train];
+    const auto h0 = HostClock::now();
     absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
     if (!r.ok()) return Fail(std::string(r.status().message()));
+    const auto h1 = HostClock::now();
     if (s + 1 < total) {
       if (absl::Status p = m.Prefetch((*batches)[(s + 1) % train]); !p.ok()) {
         return Fail(std::string(p.message()));
       }
     }
+    const auto h2 = HostClock::now();
     if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
     if (s >= warmup) CUDA_OR_FAIL(cudaEventRecord(marks[s - warmup + 1], nullptr));
+    const auto h3 = HostClock::now();
     if (have_pending) {
       if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
       last_loss = pending.ctr_loss + pending.cvr_loss;
+    }
+    if (s >= warmup) {
+      host_ms[0] += std::chrono::duration<double, std::milli>(h1 - h0).count();
+      host_ms[1] += std::chrono::duration<double, std::milli>(h2 - h1).count();
+      host_ms[2] += std::chrono::duration<double, std::milli>(h3 - h2).count();
+      host_ms[3] += std::chrono::duration<double, std::milli>(HostClock::now() - h3).count();
     }
     pending = *r;
     have_pending = true;
@@ -345,7 +378,8 @@ int main(int argc, char** argv) {
   // Phase split and host issue time on a few more steps.
   EventPhaseTimer timer;
   std::array<double, recfleet::engine::layers::kNumPhases> phase_ms{};
-  double profiled_ms = 0, host_issue_ms = 0;
+  std::array<double, recfleet::engine::layers::kNumPhases> host_phase_ms{};
+  double profiled_ms = 0, host_issue_ms = 0, host_fb_ms = 0;
   if (profile_steps > 0) m.SetPhaseTimer(&timer);
   for (int s = 0; s < profile_steps; ++s) {
     const Batch& b = (*batches)[(total + s) % train];
@@ -364,8 +398,13 @@ int main(int argc, char** argv) {
     // ForwardBackward returns after the loss read-back (the GPU is done
     // with it): only the update's issue time can leave the GPU waiting.
     host_issue_ms += std::chrono::duration<double, std::milli>(t2 - t1).count();
+    host_fb_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
     const auto p = timer.Collect();
-    for (int k = 0; k < recfleet::engine::layers::kNumPhases; ++k) phase_ms[k] += p[k];
+    const auto h = timer.CollectHost();
+    for (int k = 0; k < recfleet::engine::layers::kNumPhases; ++k) {
+      phase_ms[k] += p[k];
+      host_phase_ms[k] += h[k];
+    }
   }
   m.SetPhaseTimer(nullptr);
   std::string phases = "{}";
@@ -374,9 +413,12 @@ int main(int argc, char** argv) {
     const double named = phase_ms[0] + phase_ms[1] + phase_ms[2] + phase_ms[3];
     phases = absl::StrFormat(
         "{\"step_ms\": %.3f, \"embedding_ms\": %.3f, \"attention_ms\": %.3f, \"gemm_ms\": %.3f, "
-        "\"optimizer_ms\": %.3f, \"other_and_idle_ms\": %.3f, \"update_issue_ms\": %.3f}",
+        "\"optimizer_ms\": %.3f, \"other_and_idle_ms\": %.3f, \"update_issue_ms\": %.3f, "
+        "\"host_forward_backward_ms\": %.3f, \"host_embedding_ms\": %.3f, "
+        "\"host_attention_ms\": %.3f, \"host_gemm_ms\": %.3f, \"host_optimizer_ms\": %.3f}",
         profiled_ms / n, phase_ms[0] / n, phase_ms[1] / n, phase_ms[2] / n, phase_ms[3] / n,
-        (profiled_ms - named) / n, host_issue_ms / n);
+        (profiled_ms - named) / n, host_issue_ms / n, host_fb_ms / n, host_phase_ms[0] / n,
+        host_phase_ms[1] / n, host_phase_ms[2] / n, host_phase_ms[3] / n);
   }
 
   // The largest batch that fits: k file batches in one step, k doubling
@@ -458,12 +500,15 @@ int main(int argc, char** argv) {
       "\"mean_step_ms\": %.3f, \"useful_flops_per_step\": %.6g, \"tflops\": %.2f, "
       "\"mfu_989\": %.4f, \"mfu_790\": %.4f, \"peak_memory_bytes\": %llu, "
       "\"reserved_memory_bytes\": %llu, \"last_loss\": %.5f, \"phases\": %s, \"gpu_idle\": %s, "
+      "\"host_ms_per_step\": {\"forward_backward\": %.3f, \"prefetch\": %.3f, \"update\": %.3f, "
+      "\"loss_wait\": %.3f}, "
       "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s, "
       "\"ne_gate\": %s}",
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
       static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle,
+      host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
       static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate);
   std::printf("%s\n", out.c_str());
   if (!json.empty()) std::ofstream(json) << out << "\n";

@@ -118,13 +118,11 @@ SparseEmbeddings::SparseEmbeddings(const LayerContext& ctx, const FeatureSchema&
 }
 
 SparseEmbeddings::~SparseEmbeddings() {
-  for (Table& t : tables_) {
-    if (t.copied != nullptr) {
-      cudaEventSynchronize(static_cast<cudaEvent_t>(t.copied));
-      cudaEventDestroy(static_cast<cudaEvent_t>(t.copied));
-    }
-    if (t.pinned != nullptr) cudaFreeHost(t.pinned);
+  if (copied_ != nullptr) {
+    cudaEventSynchronize(static_cast<cudaEvent_t>(copied_));
+    cudaEventDestroy(static_cast<cudaEvent_t>(copied_));
   }
+  if (pinned_ != nullptr) cudaFreeHost(pinned_);
 }
 
 SparseEmbeddings::BagLayout SparseEmbeddings::Bags(int64_t batch_size, int64_t tokens) const {
@@ -303,6 +301,23 @@ DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses) {
   return d;
 }
 
+std::vector<DeduplicatedIds> DeduplicateTables(const std::vector<std::vector<int64_t>>& uses) {
+  // Below this many uses a thread's start costs more than the hashing.
+  constexpr size_t kOwnThread = 8192;
+  std::vector<DeduplicatedIds> out(uses.size());
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < uses.size(); ++t) {
+    if (uses[t].size() >= kOwnThread) {
+      threads.emplace_back([&uses, &out, t] { out[t] = Deduplicate(uses[t]); });
+    }
+  }
+  for (size_t t = 0; t < uses.size(); ++t) {
+    if (uses[t].size() < kOwnThread) out[t] = Deduplicate(uses[t]);
+  }
+  for (std::thread& th : threads) th.join();
+  return out;
+}
+
 std::vector<std::vector<int64_t>> SparseEmbeddings::TableUses(const Batch& batch) const {
   const int64_t L = batch.sequence.empty() ? 0 : batch.sequence[0].offsets.back();
   std::vector<std::vector<int64_t>> uses(schema_.tables.size());
@@ -326,9 +341,7 @@ void SparseEmbeddings::PrepareGradientIds(const StagedBatch& staged) {
   prepared_for_ = &staged;
   prepared_generation_ = staged.generation();
   prepared_ = std::async(std::launch::async, [uses = TableUses(*staged.batch())] {
-    std::vector<DeduplicatedIds> out;
-    for (const std::vector<int64_t>& u : uses) out.push_back(Deduplicate(u));
-    return out;
+    return DeduplicateTables(uses);
   });
 }
 
@@ -338,62 +351,67 @@ absl::Status SparseEmbeddings::ReduceDuplicates(const StagedBatch& staged) {
       prepared_generation_ == staged.generation()) {
     dedup = prepared_.get();
   } else {
-    for (const std::vector<int64_t>& u : TableUses(*staged.batch())) {
-      dedup.push_back(Deduplicate(u));
-    }
+    dedup = DeduplicateTables(TableUses(*staged.batch()));
   }
   prepared_for_ = nullptr;
+  int64_t total_ids = 0, total_rows = 0;
+  for (size_t k = 0; k < tables_.size(); ++k) {
+    const int64_t n = tables_[k].grad_ids.numel();
+    if (static_cast<int64_t>(dedup[k].slots.size()) != n) {
+      return absl::InternalError(absl::StrCat("table ", k, ": ", dedup[k].slots.size(),
+                                              " deduplicated uses for ", n, " gradient rows"));
+    }
+    total_ids += static_cast<int64_t>(dedup[k].unique.size()) + n;
+    total_rows += static_cast<int64_t>(dedup[k].unique.size());
+  }
+  const size_t bytes = total_ids * sizeof(int64_t);
+  // The pinned buffer is refilled only after its last copy is done.
+  if (copied_ == nullptr) {
+    cudaEvent_t e;
+    RECFLEET_RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "gradient ids event"));
+    copied_ = e;
+  } else {
+    RECFLEET_RETURN_IF_ERROR(
+        CudaStatus(cudaEventSynchronize(static_cast<cudaEvent_t>(copied_)), "gradient ids"));
+  }
+  if (bytes > pinned_bytes_) {
+    if (pinned_ != nullptr) cudaFreeHost(pinned_);
+    pinned_ = nullptr;
+    pinned_bytes_ = 0;
+    RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&pinned_, bytes * 2), "pinned ids"));
+    pinned_bytes_ = bytes * 2;
+  }
+  int64_t* host = static_cast<int64_t*>(pinned_);
+  for (const DeduplicatedIds& d : dedup) {
+    host = std::copy(d.unique.begin(), d.unique.end(), host);
+    host = std::copy(d.slots.begin(), d.slots.end(), host);
+  }
+  if (ids_.empty() || ids_.numel() != total_ids || ids_.device() != Device::kCuda) {
+    absl::StatusOr<Tensor> fresh = Tensor::Empty(DType::kInt64, {total_ids}, ctx_.allocator);
+    if (!fresh.ok()) return fresh.status();
+    ids_ = *std::move(fresh);
+  }
+  if (bytes > 0) {
+    RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(ids_.view().data, pinned_, bytes,
+                                                        cudaMemcpyHostToDevice, nullptr),
+                                        "gradient ids"));
+  }
+  RECFLEET_RETURN_IF_ERROR(
+      CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(copied_), nullptr), "gradient ids"));
+  RECFLEET_RETURN_IF_ERROR(AllocateZeros(ctx_, {total_rows, dim_}, &reduced_));
+  int64_t id_at = 0, row_at = 0;
   for (size_t k = 0; k < tables_.size(); ++k) {
     Table& t = tables_[k];
     const int64_t n = t.grad_ids.numel();
-    const std::vector<int64_t>& unique = dedup[k].unique;
-    const std::vector<int64_t>& slots = dedup[k].slots;
-    if (static_cast<int64_t>(slots.size()) != n) {
-      return absl::InternalError(absl::StrCat("table ", k, ": ", slots.size(),
-                                              " deduplicated uses for ", n, " gradient rows"));
-    }
-    const int64_t u = static_cast<int64_t>(unique.size());
-    const size_t bytes = (u + n) * sizeof(int64_t);
-    // The pinned buffer is refilled only after its last copy is done.
-    if (t.copied == nullptr) {
-      cudaEvent_t e;
-      RECFLEET_RETURN_IF_ERROR(
-          CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "gradient ids event"));
-      t.copied = e;
-    } else {
-      RECFLEET_RETURN_IF_ERROR(
-          CudaStatus(cudaEventSynchronize(static_cast<cudaEvent_t>(t.copied)), "gradient ids"));
-    }
-    if (bytes > t.pinned_bytes) {
-      if (t.pinned != nullptr) cudaFreeHost(t.pinned);
-      t.pinned = nullptr;
-      t.pinned_bytes = 0;
-      RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&t.pinned, bytes * 2), "pinned ids"));
-      t.pinned_bytes = bytes * 2;
-    }
-    int64_t* host = static_cast<int64_t*>(t.pinned);
-    std::copy(unique.begin(), unique.end(), host);
-    std::copy(slots.begin(), slots.end(), host + u);
-    for (auto [tensor, count] : {std::pair{&t.unique_ids, u}, std::pair{&t.slots, n}}) {
-      if (tensor->empty() || tensor->numel() != count || tensor->device() != Device::kCuda) {
-        absl::StatusOr<Tensor> fresh = Tensor::Empty(DType::kInt64, {count}, ctx_.allocator);
-        if (!fresh.ok()) return fresh.status();
-        *tensor = *std::move(fresh);
-      }
-    }
-    if (bytes > 0) {
-      RECFLEET_RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyAsync(t.unique_ids.view().data, host, u * sizeof(int64_t), cudaMemcpyHostToDevice, nullptr),
-          "gradient ids"));
-      RECFLEET_RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyAsync(t.slots.view().data, host + u, n * sizeof(int64_t), cudaMemcpyHostToDevice, nullptr),
-          "gradient ids"));
-    }
-    RECFLEET_RETURN_IF_ERROR(
-        CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(t.copied), nullptr), "gradient ids"));
-    RECFLEET_RETURN_IF_ERROR(AllocateZeros(ctx_, {u, dim_}, &t.reduced_rows));
+    const int64_t u = static_cast<int64_t>(dedup[k].unique.size());
+    t.unique_ids = RowSlice(ids_.view(), id_at, id_at + u);
+    t.slots = RowSlice(ids_.view(), id_at + u, id_at + u + n);
+    t.reduced_rows = RowSlice(reduced_.view(), row_at, row_at + u);
+    id_at += u + n;
+    row_at += u;
     if (n > 0) {
-      RECFLEET_RETURN_IF_ERROR(ops::ScatterAddRows(t.grad_rows.view(), t.slots.view(), t.reduced_rows.view()));
+      RECFLEET_RETURN_IF_ERROR(ops::ScatterAddRows(t.grad_rows.view(), t.slots, t.reduced_rows));
     }
     // Only the reduced rows are read from here on (the Adagrad step, the
     // dense table gradient): the per-use rows, one per history token, go
@@ -443,13 +461,13 @@ absl::Status SparseEmbeddings::AdagradStep(const Table& t, const TensorView& val
                                            const TensorView& momentum, float learning_rate) const {
   // On CUDA each distinct id once, with its summed gradient.
   const bool reduced = value.device == Device::kCuda;
-  const Tensor& ids = reduced ? t.unique_ids : t.grad_ids;
-  const Tensor& rows = reduced ? t.reduced_rows : t.grad_rows;
-  if (ids.empty() || ids.numel() == 0) return absl::OkStatus();
+  const TensorView ids = reduced ? t.unique_ids : t.grad_ids.view();
+  const TensorView rows = reduced ? t.reduced_rows : t.grad_rows.view();
+  if (ids.data == nullptr || ids.numel() == 0) return absl::OkStatus();
   RowwiseAdagradConfig config;
   config.learning_rate = learning_rate;
   config.eps = kAdagradEpsilon;
-  return EmbeddingSequenceBackwardAdagrad(rows.view(), ids.view(), config, value, momentum);
+  return EmbeddingSequenceBackwardAdagrad(rows, ids, config, value, momentum);
 }
 
 absl::Status SparseEmbeddings::ApplyUpdates(float learning_rate) {
@@ -463,8 +481,8 @@ absl::Status SparseEmbeddings::ApplyUpdates(float learning_rate) {
 absl::Status SparseEmbeddings::ScaleGradients(double weight) {
   for (Table& t : tables_) {
     if (t.grad_rows.numel() > 0) RECFLEET_RETURN_IF_ERROR(ops::Scale(t.grad_rows.view(), weight));
-    if (!t.reduced_rows.empty() && t.reduced_rows.numel() > 0) {
-      RECFLEET_RETURN_IF_ERROR(ops::Scale(t.reduced_rows.view(), weight));
+    if (t.reduced_rows.data != nullptr && t.reduced_rows.numel() > 0) {
+      RECFLEET_RETURN_IF_ERROR(ops::Scale(t.reduced_rows, weight));
     }
   }
   return absl::OkStatus();

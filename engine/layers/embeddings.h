@@ -49,6 +49,10 @@ struct DeduplicatedIds {
   std::vector<int64_t> slots;
 };
 DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses);
+// Deduplicate of every table's uses; tables with many uses (a history's
+// item table: tens of thousands of ids per batch) each on a thread of
+// their own, so the slowest table, not the sum, is the wait.
+std::vector<DeduplicatedIds> DeduplicateTables(const std::vector<std::vector<int64_t>>& uses);
 
 // The initial value of element (row, col) of table `table`: a N(0, stddev^2)
 // draw that depends only on (seed, table, row, col), so tables split over
@@ -131,14 +135,10 @@ class SparseEmbeddings {
     // the summed gradient per distinct id, so that the Adagrad kernel sees
     // every id once however often a popular id recurs (one warp summing
     // thousands of occurrences of one id serially made the step
-    // latency-bound).
-    Tensor unique_ids;    // int64 [u]
-    Tensor slots;         // int64 [n]
-    Tensor reduced_rows;  // [u, dim]
-    // Pinned host staging of unique_ids and slots, and the copy's event.
-    void* pinned = nullptr;
-    size_t pinned_bytes = 0;
-    void* copied = nullptr;
+    // latency-bound). Views into the class's ids_ and reduced_.
+    TensorView unique_ids;    // int64 [u]
+    TensorView slots;         // int64 [n]
+    TensorView reduced_rows;  // [u, dim]
   };
   // Where each feature's bags sit in its table's lookups.
   struct BagLayout {
@@ -167,6 +167,14 @@ class SparseEmbeddings {
   int64_t dim_;
   TableStorage storage_;
   std::vector<Table> tables_;
+  // CUDA: every table's unique ids and slots back to back, staged in pinned
+  // host memory and copied in one transfer per step (the copy's event guards
+  // the staging's reuse), and every table's reduced rows, cleared in one
+  // memset: one operation each per step instead of one per table.
+  Tensor ids_, reduced_;
+  void* pinned_ = nullptr;
+  size_t pinned_bytes_ = 0;
+  void* copied_ = nullptr;
   std::vector<Tensor> pooled_grads_;
   Tensor field_;
   // PrepareGradientIds' work in flight, per table, and the staging it is

@@ -50,6 +50,24 @@ TEST(DeduplicateTest, FirstUseOrderAndSlots) {
   EXPECT_TRUE(none.slots.empty());
 }
 
+// Large tables go to threads of their own, small ones stay inline: every
+// table's result, in table order, equals Deduplicate's.
+TEST(DeduplicateTest, TablesInParallelEqualOneByOne) {
+  std::vector<std::vector<int64_t>> uses(4);
+  for (int64_t i = 0; i < 50000; ++i) uses[0].push_back((i * 7919) % 12345);
+  uses[1] = {5, 5, 1};
+  for (int64_t i = 0; i < 20000; ++i) uses[3].push_back(i % 16);
+  const std::vector<DeduplicatedIds> all = DeduplicateTables(uses);
+  ASSERT_EQ(all.size(), uses.size());
+  for (size_t t = 0; t < uses.size(); ++t) {
+    const DeduplicatedIds one = Deduplicate(uses[t]);
+    EXPECT_EQ(all[t].unique, one.unique) << t;
+    EXPECT_EQ(all[t].slots, one.slots) << t;
+  }
+  EXPECT_EQ(all[0].unique.size(), 12345u);
+  EXPECT_EQ(all[3].unique.size(), 16u);
+}
+
 TEST(SparseEmbeddingsTest, ForwardPoolsAndSumsByHand) {
   ParameterRegistry registry(DType::kFloat64, 1);
   SparseEmbeddings e(Fp64Context(&registry), Schema(), kDim, TableStorage::kInternal, 7, 0.5);

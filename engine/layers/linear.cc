@@ -34,6 +34,11 @@ Linear::Linear(const LayerContext& ctx, const std::string& name, int64_t in, int
   if (HasFp8(recipe_) && ctx.allocator->device() == Device::kCuda) {
     fp8_ = std::make_unique<LinearContext>();
   }
+  // The shared bf16 path rounds W once per forward: the registry does it for
+  // every such layer in one launch instead.
+  if (ctx.allocator->device() == Device::kCuda && LayerContext::AllBf16(recipe_)) {
+    ctx.parameters->AddBf16Copy(&w_);
+  }
 }
 
 const LinearRecipe& Linear::RecipeFor(int64_t rows) const {
@@ -75,9 +80,15 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
     RECFLEET_RETURN_IF_ERROR(ops::Convert(x_op, x_bf16_.view()));
     x_op = x_bf16_.view();
   }
-  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, {out_, in_}, &w_bf16_));
-  RECFLEET_RETURN_IF_ERROR(ops::Convert(w_.value.view(), w_bf16_.view()));
-  return LinearForward(x_op, w_bf16_.view(), bias, y->view(), RecipeFor(rows));
+  if (!w_.bf16.empty() && ctx_.parameters->bf16_copies_current()) {
+    w_bf16_ = Tensor();
+    w_shared_ = w_.bf16.view();
+  } else {
+    RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, {out_, in_}, &w_bf16_));
+    RECFLEET_RETURN_IF_ERROR(ops::Convert(w_.value.view(), w_bf16_.view()));
+    w_shared_ = w_bf16_.view();
+  }
+  return LinearForward(x_op, w_shared_, bias, y->view(), RecipeFor(rows));
 }
 
 bool Linear::SharesBf16Operands(const TensorView& x) const {
@@ -100,7 +111,7 @@ absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool a
       RECFLEET_RETURN_IF_ERROR(ops::Convert(dy2, dy_bf16_.view()));
       dy_op = dy_bf16_.view();
     }
-    w_op = w_bf16_.view();
+    w_op = w_shared_;
     if (has_bias_) {
       RECFLEET_RETURN_IF_ERROR(LinearBackwardBias(dy2, b_.grad.view(), /*accumulate=*/true));
     }

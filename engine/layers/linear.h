@@ -69,6 +69,9 @@ class Linear {
   Parameter w_, b_;
   TensorView x_;
   Tensor x_bf16_, w_bf16_, dy_bf16_;
+  // The bf16 W of the last shared Forward: the registry's copy when
+  // current, else w_bf16_.
+  TensorView w_shared_;
 };
 
 class RmsNorm {

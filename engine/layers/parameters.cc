@@ -51,6 +51,40 @@ void ParameterRegistry::Register(Parameter* p, const std::string& name, Shape sh
   }
   if (!by_name_.emplace(name, p).second) std::abort();  // Two layers chose one name.
   params_.push_back(p);
+  multi_.reset();
+  bf16_current_ = false;
+}
+
+void ParameterRegistry::AddBf16Copy(Parameter* p) {
+  if (allocator_->device() != Device::kCuda || dtype_ != DType::kFloat32 || !p->bf16.empty()) {
+    return;
+  }
+  absl::StatusOr<Tensor> copy = Tensor::Empty(DType::kBFloat16, p->value.shape(), allocator_);
+  if (!copy.ok()) std::abort();  // As Register's allocations.
+  p->bf16 = *std::move(copy);
+  multi_.reset();
+  bf16_current_ = false;
+}
+
+absl::Status ParameterRegistry::Prepare() {
+  if (allocator_->device() != Device::kCuda || multi_ != nullptr) return absl::OkStatus();
+  std::vector<AdamTensors> tensors;
+  for (Parameter* p : params_) {
+    tensors.push_back({p->value.view(), p->grad.view(), p->m.view(), p->v.view(),
+                       p->bf16.empty() ? TensorView() : p->bf16.view()});
+  }
+  absl::StatusOr<std::unique_ptr<MultiTensorAdam>> multi = MultiTensorAdam::Create(tensors);
+  if (!multi.ok()) return multi.status();
+  multi_ = *std::move(multi);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterRegistry::RefreshBf16Copies() {
+  if (allocator_->device() != Device::kCuda) return absl::OkStatus();
+  RECFLEET_RETURN_IF_ERROR(Prepare());
+  RECFLEET_RETURN_IF_ERROR(multi_->WriteBf16Copies());
+  bf16_current_ = multi_->has_bf16_copies();
+  return absl::OkStatus();
 }
 
 Parameter* ParameterRegistry::Find(const std::string& name) const {
@@ -65,6 +99,10 @@ int64_t ParameterRegistry::num_elements() const {
 }
 
 absl::Status ParameterRegistry::ZeroGradients() {
+  if (allocator_->device() == Device::kCuda) {
+    RECFLEET_RETURN_IF_ERROR(Prepare());
+    return multi_->ZeroGradients();
+  }
   for (Parameter* p : params_) RECFLEET_RETURN_IF_ERROR(p->grad.SetZero());
   return absl::OkStatus();
 }
@@ -101,6 +139,7 @@ absl::Status ParameterRegistry::AddGradients(const ParameterRegistry& other, dou
 
 absl::Status ParameterRegistry::CopyValuesFrom(const ParameterRegistry& other) {
   RECFLEET_RETURN_IF_ERROR(CheckSameLayout(other, "CopyParametersFrom"));
+  bf16_current_ = false;
   for (size_t k = 0; k < params_.size(); ++k) {
     RECFLEET_RETURN_IF_ERROR(ops::Copy(other.params_[k]->value.view(), params_[k]->value.view()));
   }
@@ -108,6 +147,11 @@ absl::Status ParameterRegistry::CopyValuesFrom(const ParameterRegistry& other) {
 }
 
 absl::Status ParameterRegistry::AdamStep(const AdamConfig& config, int64_t step) {
+  bf16_current_ = false;
+  if (allocator_->device() == Device::kCuda) {
+    RECFLEET_RETURN_IF_ERROR(Prepare());
+    return multi_->Step(config, step);
+  }
   for (Parameter* p : params_) {
     RECFLEET_RETURN_IF_ERROR(
         recfleet::AdamStep(config, step, p->value.view(), p->grad.view(), p->m.view(), p->v.view()));

@@ -12,6 +12,7 @@
 // way every time. Not thread-safe.
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -21,6 +22,7 @@
 #include "absl/status/status.h"
 #include "engine/tensor.h"
 #include "kernels/ops/adam.h"
+#include "kernels/ops/multi_tensor.h"
 
 namespace recfleet::engine::layers {
 
@@ -29,6 +31,9 @@ struct Parameter {
   Tensor value;
   Tensor grad;  // Of the last backward; layers add to it.
   Tensor m, v;  // AdamW moments.
+  // CUDA, for a parameter a bf16 GEMM reads (ParameterRegistry::AddBf16Copy):
+  // value rounded to bf16 by RefreshBf16Copies; empty otherwise.
+  Tensor bf16;
 };
 
 // How a parameter starts: N(0, stddev^2) draws when stddev > 0, else every
@@ -58,6 +63,26 @@ class ParameterRegistry {
   Parameter* Find(const std::string& name) const;
   int64_t num_elements() const;
 
+  // A bf16 copy of p's value (p registered here; CUDA registries only,
+  // else a no-op): the layer reads p->bf16 instead of converting the weight
+  // itself, while bf16_copies_current().
+  void AddBf16Copy(Parameter* p);
+  // Rounds every parameter that has a bf16 copy into it, in one launch.
+  // GemLite calls it at the start of every forward, so copies are current
+  // whoever wrote the values since (AdamW, a checkpoint restore, a
+  // data-parallel wrapper copying gathered values in through views).
+  absl::Status RefreshBf16Copies();
+  // True from RefreshBf16Copies until the registry itself next changes the
+  // values (AdamStep, CopyValuesFrom) or the list: what a layer checks
+  // before it reads a copy. Writes through views the registry does not see
+  // are the caller's to follow with a refresh (GemLite's forward does).
+  bool bf16_copies_current() const { return bf16_current_; }
+  // CUDA: builds the one-launch passes (ZeroGradients, AdamStep,
+  // RefreshBf16Copies) over the parameters registered so far, uploading
+  // their device table now rather than inside the first step. Idempotent;
+  // Register or AddBf16Copy after it rebuilds on the next use.
+  absl::Status Prepare();
+
   absl::Status ZeroGradients();
   // grad *= weight for every parameter.
   absl::Status ScaleGradients(double weight);
@@ -65,7 +90,9 @@ class ParameterRegistry {
   // when `other` holds a different list.
   absl::Status AddGradients(const ParameterRegistry& other, double weight);
   absl::Status CopyValuesFrom(const ParameterRegistry& other);
-  // One AdamW step on every parameter; `step` is 1-based.
+  // One AdamW step on every parameter; `step` is 1-based. On CUDA one
+  // launch for all of them (kernels/ops/multi_tensor.h), as ZeroGradients
+  // and RefreshBf16Copies.
   absl::Status AdamStep(const AdamConfig& config, int64_t step);
 
  private:
@@ -76,6 +103,8 @@ class ParameterRegistry {
   std::mt19937_64 rng_;
   std::vector<Parameter*> params_;
   absl::flat_hash_map<std::string, Parameter*> by_name_;
+  std::unique_ptr<MultiTensorAdam> multi_;  // CUDA; null until Prepare.
+  bool bf16_current_ = false;
 };
 
 // A parameter that registers itself on construction. A layer whose own

@@ -7,7 +7,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -181,6 +183,33 @@ absl::Status ChooseAlgo(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
   return CudaStatus(cudaGetLastError(), "GEMM algorithm timing");
 }
 
+// A GEMM shape's cuBLASLt objects, made once: the descriptor (its pointer
+// attributes, which change per call, are set per call), the three layouts
+// and the chosen algorithm. Creating and destroying them, and querying the
+// heuristic, cost the host several microseconds per GEMM, and a step of a
+// hundred GEMMs on small matrices is paced by its host.
+struct LtPlan {
+  Desc desc;
+  Layout la, lb, ld;
+  cublasLtMatmulAlgo_t algo;
+};
+
+// The workspace of every GEMM on `stream` (and this thread's device): one
+// allocation kept for the process, instead of one stream-ordered
+// allocation per call. GEMMs on one stream run one after another, so they
+// can share it.
+absl::Status Workspace(cudaStream_t stream, void** out) {
+  int device = 0;
+  RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  thread_local absl::flat_hash_map<std::pair<int, cudaStream_t>, void*> workspaces;
+  void*& ws = workspaces[{device, stream}];
+  if (ws == nullptr) {
+    RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&ws, kWorkspaceBytes), "GEMM workspace"));
+  }
+  *out = ws;
+  return absl::OkStatus();
+}
+
 // D (column-major [m, n], ld m) = op(A) op(B) (+ D when beta = 1).
 // With `bias` (of D's type, length m), the epilogue adds bias[row] to every
 // column of D in the same pass; NotFound when cuBLASLt has no such algorithm
@@ -190,72 +219,88 @@ absl::Status LtMatmul(const LtOperand& a, const LtOperand& b, void* d, cudaDataT
                       const void* bias = nullptr) {
   cublasLtHandle_t handle;
   RECFLEET_RETURN_IF_ERROR(Handle(&handle));
-  Desc desc;
-  RECFLEET_RETURN_IF_ERROR(
-      LtStatus(cublasLtMatmulDescCreate(&desc.d, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
-  RECFLEET_RETURN_IF_ERROR(SetAttr(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, a.op, "transa"));
-  RECFLEET_RETURN_IF_ERROR(SetAttr(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, b.op, "transb"));
-  if (a.scale != nullptr) {
-    RECFLEET_RETURN_IF_ERROR(
-        SetAttr(desc.d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a.scale_mode, "A scale mode"));
-    RECFLEET_RETURN_IF_ERROR(
-        SetAttr(desc.d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b.scale_mode, "B scale mode"));
-    RECFLEET_RETURN_IF_ERROR(
-        SetAttr(desc.d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a.scale, "A scale pointer"));
-    RECFLEET_RETURN_IF_ERROR(
-        SetAttr(desc.d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b.scale, "B scale pointer"));
-  }
-  if (bias != nullptr) {
-    RECFLEET_RETURN_IF_ERROR(
-        SetAttr(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS, "bias epilogue"));
-    RECFLEET_RETURN_IF_ERROR(SetAttr(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias pointer"));
-  }
-  Layout la, lb, ld;
-  RECFLEET_RETURN_IF_ERROR(
-      LtStatus(cublasLtMatrixLayoutCreate(&la.l, a.type, a.rows, a.cols, a.ld), "layout A"));
-  RECFLEET_RETURN_IF_ERROR(
-      LtStatus(cublasLtMatrixLayoutCreate(&lb.l, b.type, b.rows, b.cols, b.ld), "layout B"));
-  RECFLEET_RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&ld.l, d_type, m, n, m), "layout D"));
-  StreamBuffer workspace(stream);
-  RECFLEET_RETURN_IF_ERROR(workspace.Allocate(kWorkspaceBytes));
-  // The heuristic query costs tens of microseconds of host time, which a
-  // step of many GEMMs would pay again and again: keep its answer per shape.
   const std::string key = absl::StrCat(
       m, ",", n, ",", k, ",", a.type, ",", b.type, ",", d_type, ",", a.op, ",", b.op, ",",
+      a.rows, ",", a.cols, ",", a.ld, ",", b.rows, ",", b.cols, ",", b.ld, ",",
       a.scale != nullptr ? static_cast<int>(a.scale_mode) : -1, ",",
       a.scale != nullptr ? static_cast<int>(b.scale_mode) : -1, ",", beta != 0.0f, ",",
       bias != nullptr);
-  thread_local absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t> algos;
-  thread_local int algos_device = -1;
+  thread_local absl::flat_hash_map<std::string, std::unique_ptr<LtPlan>> plans;
+  thread_local int plans_device = -1;
   int device = 0;
   RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
-  if (device != algos_device) {
-    algos.clear();
-    algos_device = device;
+  if (device != plans_device) {
+    plans.clear();
+    plans_device = device;
   }
-  auto it = algos.find(key);
-  if (it == algos.end()) {
-    cublasLtMatmulAlgo_t algo;
+  auto it = plans.find(key);
+  if (it == plans.end()) {
+    auto plan = std::make_unique<LtPlan>();
+    RECFLEET_RETURN_IF_ERROR(
+        LtStatus(cublasLtMatmulDescCreate(&plan->desc.d, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
+    RECFLEET_RETURN_IF_ERROR(SetAttr(plan->desc.d, CUBLASLT_MATMUL_DESC_TRANSA, a.op, "transa"));
+    RECFLEET_RETURN_IF_ERROR(SetAttr(plan->desc.d, CUBLASLT_MATMUL_DESC_TRANSB, b.op, "transb"));
+    if (a.scale != nullptr) {
+      RECFLEET_RETURN_IF_ERROR(SetAttr(plan->desc.d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                       a.scale_mode, "A scale mode"));
+      RECFLEET_RETURN_IF_ERROR(SetAttr(plan->desc.d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                       b.scale_mode, "B scale mode"));
+    }
+    if (bias != nullptr) {
+      RECFLEET_RETURN_IF_ERROR(SetAttr(plan->desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                       CUBLASLT_EPILOGUE_BIAS, "bias epilogue"));
+    }
+    RECFLEET_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatrixLayoutCreate(&plan->la.l, a.type, a.rows, a.cols, a.ld), "layout A"));
+    RECFLEET_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatrixLayoutCreate(&plan->lb.l, b.type, b.rows, b.cols, b.ld), "layout B"));
+    RECFLEET_RETURN_IF_ERROR(
+        LtStatus(cublasLtMatrixLayoutCreate(&plan->ld.l, d_type, m, n, m), "layout D"));
+    // The pointers the algorithm choice may run with.
+    if (a.scale != nullptr) {
+      RECFLEET_RETURN_IF_ERROR(SetAttr(plan->desc.d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a.scale,
+                                       "A scale pointer"));
+      RECFLEET_RETURN_IF_ERROR(SetAttr(plan->desc.d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b.scale,
+                                       "B scale pointer"));
+    }
+    if (bias != nullptr) {
+      RECFLEET_RETURN_IF_ERROR(
+          SetAttr(plan->desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias pointer"));
+    }
     // Time the candidates only for shapes that recur: rows a multiple of 128
     // (dense towers, experts, FSDP shards, benchmarks). Jagged token counts
     // change with every batch, and timing each new one would stall the
     // stream once per GEMM per step; they take the heuristic's first choice.
     const bool time_candidates = m % 128 == 0 && n % 128 == 0;
-    const absl::Status chosen = ChooseAlgo(handle, desc.d, la.l, lb.l, ld.l, a.data, b.data,
-                                           d_type, m, n, stream, time_candidates, &algo);
+    const absl::Status chosen = ChooseAlgo(handle, plan->desc.d, plan->la.l, plan->lb.l,
+                                           plan->ld.l, a.data, b.data, d_type, m, n, stream,
+                                           time_candidates, &plan->algo);
     if (absl::IsUnimplemented(chosen) && bias != nullptr) {
       return absl::NotFoundError(absl::StrCat(
           "cuBLASLt has no bias-epilogue algorithm for this GEMM (m=", m, " n=", n, " k=", k, ")"));
     }
     RECFLEET_RETURN_IF_ERROR(chosen);
     // Bounded: a long run of jagged shapes must not grow the cache forever.
-    if (algos.size() >= 4096) algos.clear();
-    it = algos.emplace(key, algo).first;
+    if (plans.size() >= 4096) plans.clear();
+    it = plans.emplace(key, std::move(plan)).first;
   }
+  LtPlan& plan = *it->second;
+  if (a.scale != nullptr) {
+    RECFLEET_RETURN_IF_ERROR(
+        SetAttr(plan.desc.d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a.scale, "A scale pointer"));
+    RECFLEET_RETURN_IF_ERROR(
+        SetAttr(plan.desc.d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b.scale, "B scale pointer"));
+  }
+  if (bias != nullptr) {
+    RECFLEET_RETURN_IF_ERROR(
+        SetAttr(plan.desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias pointer"));
+  }
+  void* workspace = nullptr;
+  RECFLEET_RETURN_IF_ERROR(Workspace(stream, &workspace));
   const float alpha = 1.0f;
-  return LtStatus(cublasLtMatmul(handle, desc.d, &alpha, a.data, la.l, b.data, lb.l, &beta, d, ld.l,
-                                 d, ld.l, &it->second, workspace.get(), kWorkspaceBytes,
-                                 stream),
+  return LtStatus(cublasLtMatmul(handle, plan.desc.d, &alpha, a.data, plan.la.l, b.data,
+                                 plan.lb.l, &beta, d, plan.ld.l, d, plan.ld.l, &plan.algo,
+                                 workspace, kWorkspaceBytes, stream),
                   "matmul");
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/cuda_status.h"
+#include "kernels/ops/adam_internal.h"
 #include "kernels/ops/check.h"
 #include "kernels/ops/ops_kernels.h"
 
@@ -34,8 +35,7 @@ void Step(const AdamConfig& c, int64_t step, T* p, const T* g, T* m, T* v, int64
 
 }  // namespace
 
-absl::Status AdamStep(const AdamConfig& config, int64_t step, const TensorView& param,
-                      const TensorView& grad, const TensorView& m, const TensorView& v, void* stream) {
+absl::Status CheckAdamConfig(const AdamConfig& config, int64_t step) {
   if (step < 1) return absl::InvalidArgumentError(absl::StrCat("adam step must be >= 1, got ", step));
   if (!(config.lr >= 0) || !(config.beta1 >= 0 && config.beta1 < 1) ||
       !(config.beta2 >= 0 && config.beta2 < 1) || !(config.eps > 0) ||
@@ -45,24 +45,35 @@ absl::Status AdamStep(const AdamConfig& config, int64_t step, const TensorView& 
         config.lr, " beta1=", config.beta1, " beta2=", config.beta2, " eps=", config.eps,
         " weight_decay=", config.weight_decay));
   }
+  return absl::OkStatus();
+}
+
+ops_cuda::AdamScalars CudaAdamScalars(const AdamConfig& config, int64_t step) {
+  // The scalars as the CPU reference computes them (Step above), rounded to
+  // fp32 once.
+  const double bc1 = 1.0 - std::pow(config.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(config.beta2, static_cast<double>(step));
+  ops_cuda::AdamScalars s;
+  s.beta1 = static_cast<float>(config.beta1);
+  s.beta2 = static_cast<float>(config.beta2);
+  s.step_size = static_cast<float>(config.lr / bc1);
+  s.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  s.eps = static_cast<float>(config.eps);
+  s.decay = static_cast<float>(1.0 - config.lr * config.weight_decay);
+  s.weight_decay = static_cast<float>(config.weight_decay);
+  s.decoupled = config.decoupled_weight_decay;
+  return s;
+}
+
+absl::Status AdamStep(const AdamConfig& config, int64_t step, const TensorView& param,
+                      const TensorView& grad, const TensorView& m, const TensorView& v, void* stream) {
+  RECFLEET_RETURN_IF_ERROR(CheckAdamConfig(config, step));
   RECFLEET_RETURN_IF_ERROR(CheckFloat(param, "param"));
   RECFLEET_RETURN_IF_ERROR(CheckSameLayout(grad, "grad", param));
   RECFLEET_RETURN_IF_ERROR(CheckSameLayout(m, "m", param));
   RECFLEET_RETURN_IF_ERROR(CheckSameLayout(v, "v", param));
   if (param.device == Device::kCuda) {
-    // The scalars as the CPU reference computes them (Step below), rounded
-    // to fp32 once.
-    const double bc1 = 1.0 - std::pow(config.beta1, static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(config.beta2, static_cast<double>(step));
-    ops_cuda::AdamScalars s;
-    s.beta1 = static_cast<float>(config.beta1);
-    s.beta2 = static_cast<float>(config.beta2);
-    s.step_size = static_cast<float>(config.lr / bc1);
-    s.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-    s.eps = static_cast<float>(config.eps);
-    s.decay = static_cast<float>(1.0 - config.lr * config.weight_decay);
-    s.weight_decay = static_cast<float>(config.weight_decay);
-    s.decoupled = config.decoupled_weight_decay;
+    const ops_cuda::AdamScalars s = CudaAdamScalars(config, step);
     return CudaStatus(ops_cuda::AdamStep(s, param.as<float>(), grad.as<const float>(),
                                          m.as<float>(), v.as<float>(), param.numel(), stream),
                       "Adam step");

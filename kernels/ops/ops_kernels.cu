@@ -74,21 +74,52 @@ __global__ void BceBackwardKernel(const float* z, const float* y, const float* d
   }
 }
 
+// One element of an Adam(W) step: the single place of its arithmetic, so the
+// per-tensor and the multi-tensor kernels agree bit for bit.
+__device__ __forceinline__ void AdamElement(const AdamScalars& s, float* p, const float* g,
+                                            float* m, float* v, int64_t i) {
+  float grad = g[i], param = p[i];
+  if (s.decoupled) {
+    param *= s.decay;
+  } else {
+    grad += s.weight_decay * param;
+  }
+  const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * grad;
+  const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * grad * grad;
+  m[i] = mi;
+  v[i] = vi;
+  p[i] = param - s.step_size * mi / (sqrtf(vi) * s.inv_sqrt_bc2 + s.eps);
+}
+
 __global__ void AdamKernel(AdamScalars s, float* p, const float* g, float* m, float* v,
                            int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
-    float grad = g[i], param = p[i];
-    if (s.decoupled) {
-      param *= s.decay;
+    AdamElement(s, p, g, m, v, i);
+  }
+}
+
+enum class MultiOp { kAdam, kZeroGrad, kBf16Copy };
+
+// Block b: chunk b of the table; its entry by binary search (a few dozen
+// entries, cached), then a block-stride loop over the chunk's elements.
+template <MultiOp kOp>
+__global__ void MultiTensorKernel(AdamScalars s, const MultiTensorEntry* __restrict__ table,
+                                  int count) {
+  const int64_t chunk = blockIdx.x;
+  const MultiTensorEntry e = table[FindChunkOwner(table, count, chunk)];
+  const int64_t begin = (chunk - e.first_chunk) * kMultiTensorChunk;
+  const int64_t end = min(begin + kMultiTensorChunk, e.numel);
+  if (kOp == MultiOp::kBf16Copy && e.bf16 == nullptr) return;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    if constexpr (kOp == MultiOp::kAdam) {
+      AdamElement(s, e.param, e.grad, e.m, e.v, i);
+    } else if constexpr (kOp == MultiOp::kZeroGrad) {
+      e.grad[i] = 0.0f;
     } else {
-      grad += s.weight_decay * param;
+      const __nv_bfloat16 b = __float2bfloat16_rn(e.param[i]);
+      e.bf16[i] = *reinterpret_cast<const uint16_t*>(&b);
     }
-    const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * grad;
-    const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * grad * grad;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = param - s.step_size * mi / (sqrtf(vi) * s.inv_sqrt_bc2 + s.eps);
   }
 }
 
@@ -129,6 +160,35 @@ cudaError_t AdamStep(const AdamScalars& s, float* p, const float* g, float* m, f
   if (n == 0) return cudaSuccess;
   AdamKernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(s, p, g, m, v, n);
   return cudaGetLastError();
+}
+
+namespace {
+
+template <MultiOp kOp>
+cudaError_t LaunchMulti(const AdamScalars& s, const MultiTensorEntry* table, int count,
+                        int64_t chunks, void* stream) {
+  if (chunks == 0) return cudaSuccess;
+  if (chunks > 0x7fffffff) return cudaErrorInvalidValue;
+  MultiTensorKernel<kOp><<<static_cast<unsigned>(chunks), kThreads, 0, Stream(stream)>>>(s, table,
+                                                                                        count);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t MultiTensorAdamStep(const AdamScalars& s, const MultiTensorEntry* table, int count,
+                                int64_t chunks, void* stream) {
+  return LaunchMulti<MultiOp::kAdam>(s, table, count, chunks, stream);
+}
+
+cudaError_t MultiTensorZeroGrad(const MultiTensorEntry* table, int count, int64_t chunks,
+                                void* stream) {
+  return LaunchMulti<MultiOp::kZeroGrad>(AdamScalars{}, table, count, chunks, stream);
+}
+
+cudaError_t MultiTensorBf16Copy(const MultiTensorEntry* table, int count, int64_t chunks,
+                                void* stream) {
+  return LaunchMulti<MultiOp::kBf16Copy>(AdamScalars{}, table, count, chunks, stream);
 }
 
 }  // namespace recfleet::ops_cuda

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "kernels/ops/multi_tensor_layout.h"
+
 namespace recfleet::ops_cuda {
 
 // act: 0 relu, 1 gelu (exact, erf), 2 silu. y may alias x.
@@ -30,6 +32,17 @@ struct AdamScalars {
 };
 cudaError_t AdamStep(const AdamScalars& s, float* p, const float* g, float* m, float* v,
                      int64_t n, void* stream);
+
+// Over a device table packed by AssignChunks (`count` entries, `chunks`
+// chunks), one launch each: AdamStep on every entry (the same per-element
+// arithmetic as AdamStep above), grad = 0 for every entry, bf16 = param
+// (round to nearest even) for every entry with a bf16 copy.
+cudaError_t MultiTensorAdamStep(const AdamScalars& s, const MultiTensorEntry* table, int count,
+                                int64_t chunks, void* stream);
+cudaError_t MultiTensorZeroGrad(const MultiTensorEntry* table, int count, int64_t chunks,
+                                void* stream);
+cudaError_t MultiTensorBf16Copy(const MultiTensorEntry* table, int count, int64_t chunks,
+                                void* stream);
 
 }  // namespace recfleet::ops_cuda
 
