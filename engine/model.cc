@@ -445,11 +445,6 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
   } else if (execution.bf16) {
     return absl::InvalidArgumentError("bf16 execution needs device cuda");
   }
-  if (!config.fp8.empty() && execution.device != Device::kCuda) {
-    return absl::InvalidArgumentError(
-        "FP8 linear layers (model.precision.fp8_modules) need device cuda; the CPU engine computes "
-        "in fp32");
-  }
   return std::unique_ptr<GemLite<T>>(
       new GemLite<T>(std::make_unique<Impl>(config, schema, storage, execution, allocator)));
 }
