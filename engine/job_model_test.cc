@@ -200,14 +200,12 @@ TEST(JobModelTest, PrecisionRecipeIsBuiltOrRefusedByField) {
   EXPECT_NE(BuildJobModel(no_dcn).status().message().find("names 'dcn' but spec.model.dense has no DCN module"),
             std::string::npos)
       << BuildJobModel(no_dcn).status();
-  // FP8 on a CPU job: CreateJob refuses it; the CPU engine refuses it too.
+  // FP8 on a CPU job: CreateJob refuses it (the CPU engine can emulate the
+  // recipe's numerics for tests, far too slowly for a job).
   spec.mutable_resources()->set_gpus_per_worker(0);
   EXPECT_NE(CheckBuildable(spec).message().find("spec.model.precision.fp8_modules: FP8 GEMMs need a GPU job"),
             std::string::npos)
       << CheckBuildable(spec);
-  const absl::Status cpu = GemLite<float>::Create(m->config, m->schema).status();
-  EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(cpu.message().find("need device cuda"), std::string::npos) << cpu;
 }
 
 // model.precision.all_gather: FP8 is the one part of the recipe a CPU job

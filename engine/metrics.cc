@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,29 @@ absl::StatusOr<BinaryMetrics> ComputeBinaryMetrics(absl::Span<const double> logi
   const double p = m.positive_rate;
   m.normalized_entropy = m.log_loss / (-(p * std::log(p) + (1 - p) * std::log(1 - p)));
   return m;
+}
+
+absl::StatusOr<VectorAgreement> CompareVectors(absl::Span<const float> test,
+                                               absl::Span<const float> ref) {
+  if (test.size() != ref.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("CompareVectors: test has ", test.size(),
+                                                   " elements, ref ", ref.size()));
+  }
+  double dot = 0, tt = 0, rr = 0, dd = 0;
+  for (size_t i = 0; i < test.size(); ++i) {
+    const double t = test[i], r = ref[i];
+    dot += t * r;
+    tt += t * t;
+    rr += r * r;
+    dd += (t - r) * (t - r);
+  }
+  VectorAgreement a;
+  a.test_norm = std::sqrt(tt);
+  a.ref_norm = std::sqrt(rr);
+  if (tt == 0 && rr == 0) return a;
+  a.cosine = tt == 0 || rr == 0 ? 0 : dot / (a.test_norm * a.ref_norm);
+  a.relative_error = rr == 0 ? std::numeric_limits<double>::infinity() : std::sqrt(dd / rr);
+  return a;
 }
 
 }  // namespace recfleet::engine

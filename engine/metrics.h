@@ -2,7 +2,9 @@
 #define RECFLEET_ENGINE_METRICS_H_
 
 // Quality metrics of a binary head, computed exactly (no sampling, no
-// histogram buckets): mean log loss, normalized entropy and ROC AUC.
+// histogram buckets): mean log loss, normalized entropy and ROC AUC; and how
+// closely one vector follows another (a low-precision recipe's gradients
+// against the base precision's).
 
 #include <vector>
 
@@ -30,6 +32,19 @@ absl::StatusOr<double> Auc(absl::Span<const double> scores, absl::Span<const dou
 // All of the above from logits and 0/1 labels. Same errors as Auc.
 absl::StatusOr<BinaryMetrics> ComputeBinaryMetrics(absl::Span<const double> logits,
                                                    absl::Span<const double> labels);
+
+// How closely `test` follows `ref`, two vectors of one shape (e.g. a weight
+// gradient of a low-precision recipe and of the base precision, taken from
+// the same parameters and batch). Sums in double.
+struct VectorAgreement {
+  double cosine = 1;          // 1 when both are zero; 0 when exactly one is.
+  double relative_error = 0;  // ||test - ref|| / ||ref||; +inf when only ref is zero.
+  double test_norm = 0, ref_norm = 0;
+};
+
+// InvalidArgument when the sizes differ.
+absl::StatusOr<VectorAgreement> CompareVectors(absl::Span<const float> test,
+                                               absl::Span<const float> ref);
 
 }  // namespace recfleet::engine
 

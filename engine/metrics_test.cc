@@ -63,5 +63,24 @@ TEST(MetricsTest, RejectsOneClassAndBadLabels) {
   EXPECT_FALSE(Auc({1, 2, 3}, {0, 1}).ok());
 }
 
+TEST(MetricsTest, CompareVectorsHandComputed) {
+  const std::vector<float> ref = {3, 4, 0}, test = {3, 4, 1}, opposite = {-3, -4, 0};
+  absl::StatusOr<VectorAgreement> a = CompareVectors(test, ref);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_DOUBLE_EQ(a->ref_norm, 5);
+  EXPECT_DOUBLE_EQ(a->test_norm, std::sqrt(26.0));
+  EXPECT_DOUBLE_EQ(a->cosine, 25 / (5 * std::sqrt(26.0)));
+  EXPECT_DOUBLE_EQ(a->relative_error, 0.2);
+  EXPECT_DOUBLE_EQ(CompareVectors(opposite, ref)->cosine, -1);
+  EXPECT_DOUBLE_EQ(CompareVectors(opposite, ref)->relative_error, 2);
+  // Zero vectors: equal when both are, infinitely far when only ref is.
+  const std::vector<float> zero(3, 0.0f);
+  EXPECT_EQ(CompareVectors(zero, zero)->cosine, 1);
+  EXPECT_EQ(CompareVectors(zero, zero)->relative_error, 0);
+  EXPECT_EQ(CompareVectors(ref, zero)->cosine, 0);
+  EXPECT_TRUE(std::isinf(CompareVectors(ref, zero)->relative_error));
+  EXPECT_EQ(CompareVectors(ref, {1.0f}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace recfleet::engine

@@ -70,6 +70,8 @@ struct GemLite<T>::Impl {
     for (int l = 0; l < c.seq_layers; ++l) {
       blocks.push_back(std::make_unique<layers::SelfAttentionBlock>(
           ctx, absl::StrCat("seq", l), d, c.heads, SequenceOptions(c)));
+      // Its input, history[l], stays alive until block l - 1's backward.
+      blocks.back()->set_recompute(l < e.recompute_attention_blocks);
     }
     final_norm = std::make_unique<layers::RmsNorm>(ctx, "seq.final_norm", d);
     if (c.cross_attention) {
@@ -452,10 +454,11 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
   } else if (execution.bf16) {
     return absl::InvalidArgumentError("bf16 execution needs device cuda");
   }
-  if (!config.fp8.empty() && execution.device != Device::kCuda) {
-    return absl::InvalidArgumentError(
-        "FP8 linear layers (model.precision.fp8_modules) need device cuda; the CPU engine computes "
-        "in fp32");
+  if (execution.recompute_attention_blocks < 0 ||
+      execution.recompute_attention_blocks > config.seq_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "recompute_attention_blocks must be 0 to the number of self-attention blocks (",
+        config.seq_layers, "), got ", execution.recompute_attention_blocks));
   }
   auto impl = std::make_unique<Impl>(config, schema, storage, execution, allocator);
   // Every parameter is registered: the one-launch optimizer passes get their
@@ -485,6 +488,7 @@ absl::StatusOr<StepResult> GemLite<T>::ForwardBackward(const Batch& batch,
   RECFLEET_RETURN_IF_ERROR(m.Backward(batch, has_head));
   StepResult r;
   r.flops = m.flops.StepFlops();
+  r.recomputed_flops = m.flops.recomputed;
   r.step = m.steps_enqueued++;
   if (m.on_device() && m.execution.defer_loss_readback) {
     const int slot = static_cast<int>(r.step % 2);

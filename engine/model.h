@@ -45,6 +45,9 @@ struct StepResult {
   // visible query/key pairs; backward counted as 2x (linear) and 2.5x
   // (attention) the forward.
   double flops = 0;
+  // Forward FLOPs run again in the backward by activation checkpointing
+  // (ExecutionOptions::recompute_attention_blocks); not part of `flops`.
+  double recomputed_flops = 0;
   // With ExecutionOptions::defer_loss_readback: the losses above are not
   // filled yet; GemLite::ReadLosses fills them. `step` numbers the
   // ForwardBackward calls of the model (0, 1, ...).
@@ -84,6 +87,13 @@ struct ExecutionOptions {
   // ReadLosses(result) waits for that copy when the caller wants the value
   // (a trainer: when it logs; a benchmark: one step later).
   bool defer_loss_readback = false;
+  // Activation checkpointing of the sequence branch: the first this many
+  // self-attention blocks (0 to config.seq_layers) keep only their input
+  // and recompute the rest in the backward (SelfAttentionBlock::
+  // set_recompute). The blocks are alike, so each saves the same bytes for
+  // the same recompute cost; the first ones are chosen because their
+  // activations would be held the longest. Gradients are unchanged.
+  int recompute_attention_blocks = 0;
 };
 
 template <typename T>

@@ -23,7 +23,11 @@ namespace recfleet::engine {
 // The linear layers that run FP8 (the JobSpec's model.precision, see
 // proto/recfleet/v1/job.proto PrecisionRecipe): by module, with 1x128 /
 // 128x128 block scales (LinearRecipe's kFp8Block). Every other linear layer
-// keeps the model's precision. CUDA only.
+// keeps the model's precision. On CUDA the GEMMs run cuBLASLt's block-scaled
+// FP8; a CPU model computes the same numerics with the reference kernels
+// (bit-identical quantization, products in double): slow, for tests that
+// check a recipe in CI. CPU jobs still refuse fp8_modules at submit
+// (job_model.h): their workers compute in fp32.
 struct Fp8Recipe {
   // PrecisionRecipe.fp8_modules names: "dense_proj", "dcn", "moe.gate",
   // "moe.experts", "moe.experts.l1", "moe.experts.l2", "towers".
@@ -82,7 +86,7 @@ struct GemLiteConfig {
   double embedding_init_std = 0.05;
   uint64_t seed = 1;
 
-  Fp8Recipe fp8;  // Linear layers in FP8 (CUDA); empty: none.
+  Fp8Recipe fp8;  // Linear layers in FP8; empty: none.
 
   // InvalidArgument naming the first bad field and its accepted range.
   absl::Status Validate() const;

@@ -1,12 +1,14 @@
 #include "engine/model.h"
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/metrics.h"
 #include "engine/testing/movielens.h"
 #include "engine/testing/synthetic.h"
 #include "gtest/gtest.h"
@@ -320,6 +322,127 @@ TEST(GemLiteTest, RejectsMismatchedBatchAndConfig) {
   Batch bad_id = data.MakeBatch(false, {0, 1});
   bad_id.id_lists[0].ids[0] = 1 << 20;
   EXPECT_FALSE((*model)->ForwardBackward(bad_id).ok());
+}
+
+// The CPU model emulates an FP8 recipe (the reference kernels quantize
+// exactly as the CUDA path does), so a recipe's weight gradients can be
+// checked in CI. From the same parameters and batch, FP8 weight gradients
+// must follow the recipe's bf16 weight gradients layer by layer (an FP8
+// GEMM with a transposed operand, a scale from the wrong block or a stale
+// cached operand gives cosines far below these), and every other gradient
+// must be unchanged: the weight gradient feeds nothing else.
+TEST(GemLiteTest, Fp8WeightGradientsFollowTheBasePrecisionLayerByLayer) {
+  SyntheticOptions s;
+  s.num_users = 48;
+  s.num_items = 60;
+  CtrOptions o;
+  o.max_history = 8;
+  const MovieLensCtr data = *MovieLensCtr::Create(SyntheticMovieLens(s), o);
+  GemLiteConfig c;
+  c.dim = 16;
+  c.heads = 2;
+  c.seq_layers = 1;
+  c.pma_queries = 2;
+  c.dcn_layers = 2;
+  c.num_experts = 2;
+  c.expert_hidden = 64;
+  c.expert_out = 32;
+  c.tower_hidden = 16;
+  c.fp8.modules = {"dcn", "moe.experts", "towers"};
+  GemLiteConfig with_fp8_wgrad = c;
+  with_fp8_wgrad.fp8.fp8_weight_gradients = true;
+  auto base = GemLite<float>::Create(c, data.schema());
+  auto fp8 = GemLite<float>::Create(with_fp8_wgrad, data.schema());
+  ASSERT_TRUE(base.ok()) << base.status();
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  std::vector<int64_t> rows(32);  // FP8 GEMMs take multiples of 16 rows.
+  for (int64_t i = 0; i < 32; ++i) rows[i] = i % data.num_train();
+  const Batch batch = data.MakeBatch(false, rows);
+  // A step first, so the weights are no longer the initial ones.
+  ASSERT_TRUE((*fp8)->ForwardBackward(batch).ok());
+  ASSERT_TRUE((*fp8)->ApplyUpdates().ok());
+  ASSERT_TRUE((*base)->CopyParametersFrom(**fp8).ok());
+  ASSERT_TRUE((*fp8)->ForwardBackward(batch).ok());
+  ASSERT_TRUE((*base)->ForwardBackward(batch).ok());
+  int fp8_weights = 0;
+  for (const std::string& name : (*fp8)->DenseParameterNames()) {
+    const TensorView g = (*fp8)->DenseGradient(name), want = (*base)->DenseGradient(name);
+    absl::StatusOr<VectorAgreement> a =
+        CompareVectors(absl::MakeConstSpan(g.as<float>(), g.numel()),
+                       absl::MakeConstSpan(want.as<float>(), want.numel()));
+    ASSERT_TRUE(a.ok()) << a.status();
+    const bool is_fp8 = name.size() > 2 && name.substr(name.size() - 2) == ".w" &&
+                        c.fp8.Holds(name.substr(0, name.size() - 2)) && g.dim(0) % 16 == 0 &&
+                        g.dim(1) % 16 == 0;
+    // Not FP8, or a head without labels here (the CVR tower: no gradient).
+    if (!is_fp8 || a->ref_norm == 0) {
+      EXPECT_EQ(a->relative_error, 0) << name;
+      continue;
+    }
+    ++fp8_weights;
+    std::printf("%-16s cosine %.5f relative error %.4f\n", name.c_str(), a->cosine, a->relative_error);
+    EXPECT_GT(a->cosine, 0.995) << name;
+    EXPECT_LT(a->relative_error, 0.1) << name;
+    EXPECT_GT(a->relative_error, 1e-4) << name << ": the weight gradient did not run FP8";
+  }
+  // dcn0, dcn1, two experts x (l1, l2), ctr.l1.
+  EXPECT_EQ(fp8_weights, 7);
+}
+
+// Activation checkpointing of the attention blocks (the CPU oracle): with
+// every block recomputing its activations in the backward, a step's loss
+// and every dense and table gradient equal the stored path's bit for bit,
+// the model FLOPs are the same and the recomputed forward FLOPs are
+// reported beside them; three steps of training stay identical. The
+// recomputing blocks drop their stored activations, so a backward that read
+// one instead of its recomputation would fail here.
+TEST(GemLiteTest, RecomputedAttentionBlocksGiveTheStoredBackward) {
+  const MovieLensCtr data = SmallData(8);
+  const GemLiteConfig config = TinyConfig();
+  ExecutionOptions recompute;
+  recompute.recompute_attention_blocks = config.seq_layers;
+  auto stored = GemLite<double>::Create(config, data.schema());
+  auto recomputed = GemLite<double>::Create(config, data.schema(), TableStorage::kInternal, recompute);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_TRUE(recomputed.ok()) << recomputed.status();
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch = data.MakeBatch(false, {step, step + 4, step + 7});
+    absl::StatusOr<StepResult> a = (*stored)->ForwardBackward(batch);
+    absl::StatusOr<StepResult> b = (*recomputed)->ForwardBackward(batch);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->ctr_loss, b->ctr_loss);
+    EXPECT_EQ(a->flops, b->flops);
+    EXPECT_EQ(a->recomputed_flops, 0);
+    EXPECT_GT(b->recomputed_flops, 0);
+    EXPECT_LT(b->recomputed_flops, b->flops / 3);  // The blocks' forward, a part of the model's.
+    for (const std::string& name : (*stored)->DenseParameterNames()) {
+      const TensorView g = (*stored)->DenseGradient(name), h = (*recomputed)->DenseGradient(name);
+      ASSERT_EQ(g.numel(), h.numel()) << name;
+      for (int64_t i = 0; i < g.numel(); ++i) {
+        ASSERT_EQ(g.as<double>()[i], h.as<double>()[i]) << name << "[" << i << "] at step " << step;
+      }
+    }
+    for (int t = 0; t < (*stored)->num_tables(); ++t) {
+      absl::StatusOr<Tensor> g = (*stored)->DenseTableGradient(t);
+      absl::StatusOr<Tensor> h = (*recomputed)->DenseTableGradient(t);
+      ASSERT_TRUE(g.ok() && h.ok());
+      ASSERT_EQ(g->numel(), h->numel());
+      for (int64_t i = 0; i < g->numel(); ++i) {
+        ASSERT_EQ(g->data<double>()[i], h->data<double>()[i]) << "table " << t << " at step " << step;
+      }
+    }
+    ASSERT_TRUE((*stored)->ApplyUpdates().ok());
+    ASSERT_TRUE((*recomputed)->ApplyUpdates().ok());
+  }
+  EXPECT_EQ(*(*stored)->Predict(data.MakeBatch(true, {0, 1, 2}), Head::kCtr),
+            *(*recomputed)->Predict(data.MakeBatch(true, {0, 1, 2}), Head::kCtr));
+  // More blocks than the model has: refused, naming the limit.
+  recompute.recompute_attention_blocks = config.seq_layers + 1;
+  const absl::Status too_many =
+      GemLite<double>::Create(config, data.schema(), TableStorage::kInternal, recompute).status();
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.message().find("recompute_attention_blocks"), std::string::npos) << too_many;
 }
 
 }  // namespace

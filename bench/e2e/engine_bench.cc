@@ -28,12 +28,17 @@
 // relative increase and the quality gate's verdict at --ne-tolerance
 // (default 0.001, i.e. 0.1%; engine/quality_gate.h, the check a job's
 // model.precision.quality_gate runs).
+// --recompute-attention-blocks N: the first N self-attention blocks keep
+// only their input and recompute their activations in the backward
+// (ExecutionOptions::recompute_attention_blocks); the JSON gives the
+// recomputed forward FLOPs per step beside the useful ones and the peak.
 //
 //   engine_bench --job config_a.yaml --batches batches.bin --json out.json
 //                [--steps 20] [--warmup 5] [--profile-steps 3]
 //                [--precision bf16|fp32] [--search-s 60]
 //                [--fp8 MODULES] [--fp8-wgrad bf16|fp8] [--eval-batches N]
 //                [--ne-baseline 1] [--ne-tolerance 0.001]
+//                [--recompute-attention-blocks N]
 
 #include <cuda_runtime_api.h>
 
@@ -145,7 +150,7 @@ int Fail(const std::string& m) {
 
 int main(int argc, char** argv) {
   std::string job, batches_path, json, precision = "bf16", fp8, fp8_wgrad = "bf16";
-  int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0;
+  int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0, recompute_blocks = 0;
   double search_s = 0, ne_tolerance = 0.001;
   bool ne_baseline = false;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -165,6 +170,10 @@ int main(int argc, char** argv) {
     } else if (a == "--eval-batches") {
       if (!absl::SimpleAtoi(v, &eval_batches) || eval_batches < 0) {
         return Fail("--eval-batches needs an integer >= 0");
+      }
+    } else if (a == "--recompute-attention-blocks") {
+      if (!absl::SimpleAtoi(v, &recompute_blocks) || recompute_blocks < 0) {
+        return Fail("--recompute-attention-blocks needs an integer >= 0");
       }
     } else if (a == "--ne-baseline") {
       ne_baseline = v == "1";
@@ -187,7 +196,7 @@ int main(int argc, char** argv) {
   if (job.empty() || batches_path.empty()) {
     return Fail("usage: engine_bench --job SPEC.yaml --batches FILE [--json OUT] [--steps N] "
                 "[--warmup N] [--precision bf16|fp32] [--fp8 MODULES] [--fp8-wgrad bf16|fp8] "
-                "[--eval-batches N] [--ne-baseline 1] [--ne-tolerance F]");
+                "[--eval-batches N] [--ne-baseline 1] [--ne-tolerance F] [--recompute-attention-blocks N]");
   }
   if (precision != "bf16" && precision != "fp32") return Fail("--precision is bf16 or fp32");
   if (fp8_wgrad != "bf16" && fp8_wgrad != "fp8") return Fail("--fp8-wgrad is bf16 or fp8");
@@ -214,6 +223,7 @@ int main(int argc, char** argv) {
   exec.device = recfleet::Device::kCuda;
   exec.bf16 = precision == "bf16";
   exec.defer_loss_readback = true;
+  exec.recompute_attention_blocks = recompute_blocks;
   auto gem = recfleet::engine::GemLite<float>::Create(model->config, model->schema,
                                                       recfleet::engine::TableStorage::kInternal, exec);
   if (!gem.ok()) return Fail(std::string(gem.status().message()));
@@ -230,6 +240,7 @@ int main(int argc, char** argv) {
   std::vector<cudaEvent_t> marks(steps + 1);
   for (cudaEvent_t& e : marks) CUDA_OR_FAIL(cudaEventCreate(&e));
   std::vector<double> ms, flops, samples;
+  double recomputed_flops = 0;  // Of the last timed step.
   double last_loss = 0;
   recfleet::engine::StepResult pending;
   bool have_pending = false;
@@ -273,6 +284,7 @@ int main(int argc, char** argv) {
     have_pending = true;
     if (s >= warmup) {
       flops.push_back(r->flops);
+      recomputed_flops = r->recomputed_flops;
       samples.push_back(static_cast<double>(b.size));
     }
   }
@@ -503,13 +515,14 @@ int main(int argc, char** argv) {
       "\"host_ms_per_step\": {\"forward_backward\": %.3f, \"prefetch\": %.3f, \"update\": %.3f, "
       "\"loss_wait\": %.3f}, "
       "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s, "
-      "\"ne_gate\": %s}",
+      "\"ne_gate\": %s, \"recompute_attention_blocks\": %d, \"recomputed_flops_per_step\": %.6g}",
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
       static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle,
       host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
-      static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate);
+      static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate, recompute_blocks,
+      recomputed_flops);
   std::printf("%s\n", out.c_str());
   if (!json.empty()) std::ofstream(json) << out << "\n";
   return 0;

@@ -106,6 +106,10 @@ absl::Status JaggedAttention::Forward(const JaggedView& q, const JaggedView& k,
   return ops::Convert(out16_.view(), out_);
 }
 
+void JaggedAttention::ReleaseSaved() {
+  for (Tensor* t : {&lse_, &q16_, &k16_, &v16_, &out16_}) *t = Tensor();
+}
+
 absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView& dq,
                                        const TensorView& dk, const TensorView& dv) {
   const ScopedPhase phase(ctx_.phases, Phase::kAttention);
@@ -176,9 +180,7 @@ SelfAttentionBlock::SelfAttentionBlock(const LayerContext& ctx, const std::strin
       o_(ctx, name + ".o", dim, dim, true),
       attention_(ctx, heads, options) {}
 
-absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
-  shape_ = x.values.shape;
-  bf16_flow_ = attention_.Bf16Flow(x.values, dim_);
+absl::Status SelfAttentionBlock::ForwardBranch(const JaggedView& x) {
   const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
   // With the flow the norm writes the bf16 operand of the three
   // projections directly.
@@ -189,16 +191,42 @@ absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
   RECFLEET_RETURN_IF_ERROR(attention_.Forward({q_out_.view(), x.offsets},
                                               {k_out_.view(), x.offsets}, v_out_.view(),
                                               &attn_out_));
-  RECFLEET_RETURN_IF_ERROR(o_.Forward(attn_out_.view(), &proj_, inner));
+  return o_.Forward(attn_out_.view(), &proj_, inner);
+}
+
+absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
+  shape_ = x.values.shape;
+  bf16_flow_ = attention_.Bf16Flow(x.values, dim_);
+  RECFLEET_RETURN_IF_ERROR(ForwardBranch(x));
   RECFLEET_RETURN_IF_ERROR(
       AllocateTyped(ctx_, bf16_flow_ ? DType::kBFloat16 : x.values.dtype, x.values.shape, y));
   RECFLEET_RETURN_IF_ERROR(ops::Add(x.values, proj_.view(), y->view()));
   // The backward needs o's input, not its output.
   Release(x.values.device, {&proj_});
+  if (recompute_) {
+    // Dropped on every device (not only returned to a pool), so a backward
+    // that read a stored activation instead of its recomputation would fail.
+    x_ = x;
+    for (Tensor* t : {&normed_, &q_out_, &k_out_, &v_out_, &attn_out_, &proj_}) *t = Tensor();
+    attention_.ReleaseSaved();
+  }
   return absl::OkStatus();
 }
 
 absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView& dx) {
+  if (recompute_) {
+    // The recomputation is extra work, not model FLOPs.
+    FlopCounter* flops = ctx_.flops;
+    const FlopCounter before = flops != nullptr ? *flops : FlopCounter();
+    RECFLEET_RETURN_IF_ERROR(ForwardBranch(x_));
+    if (flops != nullptr) {
+      flops->recomputed += (flops->linear - before.linear) + (flops->attention - before.attention);
+      flops->linear = before.linear;
+      flops->attention = before.attention;
+    }
+    // o's output is not needed (only its input is).
+    proj_ = Tensor();
+  }
   // With the bf16 flow the gradients between o, the attention and q/k/v
   // are bf16 too (each consumer would round them to bf16 itself); the
   // gradient of the norm's output sums three GEMMs and stays fp32.

@@ -41,6 +41,11 @@ class JaggedAttention {
   absl::Status Backward(const TensorView& d_out, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv);
 
+  // Drops what the forward kept for the backward (the softmax statistics,
+  // the bf16 copies): a layer that recomputes its activations calls it
+  // after its forward and runs Forward again before Backward.
+  void ReleaseSaved();
+
   // Whether calls run on the bf16 kernels: ctx.bf16_attention and a head
   // dim they support (64 or 128); other head dims stay in fp32.
   bool Bf16(int64_t head_dim) const;
@@ -79,7 +84,21 @@ class SelfAttentionBlock {
   // dy and dx are of the model's dtype (the gradient stream stays fp32).
   absl::Status Backward(const TensorView& dy, const TensorView& dx);
 
+  // Activation checkpointing of the block: with `on`, Forward keeps only
+  // (a view of) its input x, which must then stay unchanged until Backward,
+  // and drops the norm's output, q, k, v, the attention's output and its
+  // saved statistics; Backward first runs the branch's forward again (its
+  // FLOPs go to FlopCounter::recomputed) and then the usual backward, so
+  // the gradients are those of the stored path exactly. The projections'
+  // own bf16 copies of their inputs (bf16 recipe without the bf16 flow) are
+  // still kept.
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
+
  private:
+  // norm -> q, k, v -> attention -> o: fills normed_ ... proj_ from x.
+  absl::Status ForwardBranch(const JaggedView& x);
+
   LayerContext ctx_;
   int64_t dim_, heads_;
   RmsNorm norm_;
@@ -87,6 +106,8 @@ class SelfAttentionBlock {
   JaggedAttention attention_;
   Shape shape_;
   bool bf16_flow_ = false;
+  bool recompute_ = false;
+  JaggedView x_;  // The last forward's input (recompute only).
   // Activations of the last forward (released after the backward on CUDA).
   Tensor normed_, q_out_, k_out_, v_out_, attn_out_, proj_;
   // Backward scratch.

@@ -37,8 +37,12 @@ class ParameterRegistry;
 struct FlopCounter {
   double linear = 0;     // 2 * M * N * K per linear layer.
   double attention = 0;  // The attention kernels' own count of visible pairs.
+  // Forward FLOPs run a second time in the backward by layers that
+  // recompute their activations instead of keeping them (activation
+  // checkpointing): extra work, so not part of StepFlops.
+  double recomputed = 0;
 
-  void Reset() { linear = attention = 0; }
+  void Reset() { linear = attention = recomputed = 0; }
   // Forward + backward: backward counted as 2x (linear) and 2.5x (attention)
   // the forward.
   double StepFlops() const { return 3.0 * linear + 3.5 * attention; }

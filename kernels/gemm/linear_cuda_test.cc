@@ -5,6 +5,7 @@
 // layout or transpose shows up as O(1) errors.
 
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -144,6 +145,90 @@ TEST(LinearCudaTest, ContextReusesQuantizedOperandsExactly) {
       den += want[i] * double(want[i]);
     }
     EXPECT_LT(std::sqrt(num / den), options ? 2e-2 : 1e-3);
+  }
+}
+
+// Engine-like data: block amaxes that differ by up to 2^16 between rows,
+// 128-row groups, columns and weight blocks (uniform test data gives every
+// 1x128 block nearly the same scale, so a scale read from the wrong block
+// would pass the tests above). fp32 operands, an FP8 weight gradient whose
+// x^T and dy^T come from the forward and dgrad through a LinearContext, and
+// dW accumulated (beta = 1), as the engine's Linear runs them. Each output
+// element must match the CPU reference to 1e-3 of |A| |B|^T at that element
+// (the CPU reference of the absolute values: quantization commutes with
+// |.|), so even the smallest blocks are checked.
+TEST(LinearCudaTest, Fp8ScalesFollowTheirBlocksWithContext) {
+  const DType f32 = DType::kFloat32;
+  const LinearRecipe r{GemmPrecision::kFp8Block, GemmPrecision::kFp8Block,
+                       GemmPrecision::kFp8Block};
+  std::uniform_int_distribution<int> exponent(-8, 8);
+  // factor(i, j) = 2^(e_row(i) + e_group(i / 128, j)).
+  auto skewed = [&](int64_t rows, int64_t cols, bool per_row, int64_t group_rows,
+                    int64_t group_cols) {
+    std::vector<double> v = RandomDoubles(rows * cols, -1, 1);
+    std::vector<int> er(rows), eg(((rows + group_rows - 1) / group_rows) *
+                                  ((cols + group_cols - 1) / group_cols));
+    for (int& e : er) e = per_row ? exponent(TestRng()) : 0;
+    for (int& e : eg) e = exponent(TestRng());
+    const int64_t gc = (cols + group_cols - 1) / group_cols;
+    std::vector<float> out(rows * cols), abs_out(rows * cols);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const double f = std::ldexp(1.0, er[i] + eg[(i / group_rows) * gc + j / group_cols]);
+        out[i * cols + j] = static_cast<float>(v[i * cols + j] * f);
+        abs_out[i * cols + j] = std::fabs(out[i * cols + j]);
+      }
+    }
+    return std::pair<std::vector<float>, std::vector<float>>{out, abs_out};
+  };
+  for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{256, 64, 256},
+                         {384, 272, 144},
+                         {1024, 384, 512}}) {
+    SCOPED_TRACE(::testing::Message() << "m=" << m << " k=" << k << " n=" << n);
+    auto [x, x_abs] = skewed(m, k, true, 128, 1);
+    auto [w, w_abs] = skewed(n, k, false, 128, 128);
+    auto [dy, dy_abs] = skewed(m, n, true, 128, 1);
+    auto host = [](std::vector<float>& v, Shape s) {
+      return MakeView(v.data(), DType::kFloat32, std::move(s));
+    };
+    // CPU reference of the values and of their absolute values.
+    std::vector<float> y(m * n), y_abs(m * n), dx(m * k), dx_abs(m * k), dw(n * k, 0.0f),
+        dw_abs(n * k, 0.0f);
+    ASSERT_TRUE(LinearForward(host(x, {m, k}), host(w, {n, k}), TensorView(), host(y, {m, n}), r).ok());
+    ASSERT_TRUE(LinearForward(host(x_abs, {m, k}), host(w_abs, {n, k}), TensorView(),
+                              host(y_abs, {m, n}), r).ok());
+    ASSERT_TRUE(LinearBackwardInput(host(dy, {m, n}), host(w, {n, k}), host(dx, {m, k}), r).ok());
+    ASSERT_TRUE(LinearBackwardInput(host(dy_abs, {m, n}), host(w_abs, {n, k}),
+                                    host(dx_abs, {m, k}), r).ok());
+    ASSERT_TRUE(LinearBackwardWeight(host(dy, {m, n}), host(x, {m, k}), host(dw, {n, k}),
+                                     TensorView(), true, r).ok());
+    ASSERT_TRUE(LinearBackwardWeight(host(dy_abs, {m, n}), host(x_abs, {m, k}),
+                                     host(dw_abs, {n, k}), TensorView(), true, r).ok());
+    // The engine's order through one context: forward, dgrad, wgrad.
+    DeviceBuffer gx(x), gw(w), gdy(dy), gy(m * n * 4), gdx(m * k * 4),
+        gdw(std::vector<float>(n * k, 0.0f));
+    LinearContext ctx;
+    absl::Status s = LinearForward(gx.View(f32, {m, k}), gw.View(f32, {n, k}), TensorView(),
+                                   gy.View(f32, {m, n}), r, nullptr, &ctx);
+    ASSERT_TRUE(s.ok()) << s;
+    s = LinearBackwardInput(gdy.View(f32, {m, n}), gw.View(f32, {n, k}), gdx.View(f32, {m, k}), r,
+                            nullptr, &ctx);
+    ASSERT_TRUE(s.ok()) << s;
+    s = LinearBackwardWeight(gdy.View(f32, {m, n}), gx.View(f32, {m, k}), gdw.View(f32, {n, k}),
+                             TensorView(), true, r, nullptr, &ctx);
+    ASSERT_TRUE(s.ok()) << s;
+    auto worst = [](const std::vector<float>& got, const std::vector<float>& want,
+                    const std::vector<float>& bound) {
+      double e = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double d = std::fabs(double(got[i]) - want[i]) / (double(bound[i]) + 1e-30);
+        if (!(d <= e)) e = d;
+      }
+      return e;
+    };
+    EXPECT_LE(worst(gy.ToHost<float>(), y, y_abs), 1e-3) << "forward";
+    EXPECT_LE(worst(gdx.ToHost<float>(), dx, dx_abs), 1e-3) << "dgrad";
+    EXPECT_LE(worst(gdw.ToHost<float>(), dw, dw_abs), 1e-3) << "wgrad";
   }
 }
 
