@@ -1,7 +1,13 @@
 #include "services/coordinator/plan_adapter.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <memory>
 #include <set>
+#include <string>
+#include <vector>
 
+#include "data/dataset_file.h"
 #include "engine/job_model.h"
 #include "engine/step_cost.h"
 #include "engine/step_rates.h"
@@ -187,6 +193,41 @@ TEST(PlanAdapterTest, PeakMemoryPredictedForGpuJobsAndMeasuredMemoryTables) {
   absl::StatusOr<GroupPlan> gpu = PlanningGroupPlanner(DefaultHardware(), {})(spec, one);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ(gpu->predicted_peak_bytes, gpu->plan->peak_memory().total_bytes());
+}
+
+// A dataset directory is priced at the lengths in its file, not at the
+// cap; one that cannot be read, at the cap.
+TEST(PlanAdapterTest, DatasetDirectoryLengthsAreSampledFromItsFile) {
+  const std::string dir = std::string(testing::TempDir()) + "/lengths_dataset";
+  std::filesystem::create_directories(dir);
+  data::Schema schema;
+  schema.features = {{"history", data::DType::kInt64, data::Layout::kJagged, "items"}};
+  data::Batch rows(std::make_shared<const data::Schema>(schema));
+  for (int r = 0; r < 4100; ++r) {
+    std::vector<int64_t> h(r % 41, 1);  // 0..40, mean 20.
+    rows.AddJaggedInt64(0, h.data(), h.size());
+    ASSERT_TRUE(rows.CommitRow().ok());
+  }
+  data::WriterOptions o;
+  o.max_rows_per_block = 100;
+  auto w = data::DatasetWriter::Create(dir + "/train.rfd", rows.schema(), o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Write(rows).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+
+  auto spec = BuildableSpec(1);  // history: max_length 512.
+  spec.mutable_data()->set_dataset(dir);
+  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int64_t> lengths = SpecSequenceLengths(spec, *model);
+  ASSERT_FALSE(lengths.empty());
+  double mean = 0;
+  for (int64_t l : lengths) mean += static_cast<double>(l) / static_cast<double>(lengths.size());
+  EXPECT_NEAR(mean, 20, 1);
+  EXPECT_LE(*std::max_element(lengths.begin(), lengths.end()), 40);
+
+  spec.mutable_data()->set_dataset(dir + "/absent");
+  for (int64_t l : SpecSequenceLengths(spec, *model)) ASSERT_EQ(l, 512);
 }
 
 TEST(PlanAdapterTest, GroupsFollowThePlan) {
