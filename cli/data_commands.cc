@@ -307,14 +307,14 @@ int RunRates(const cli::Flags& flags, const std::vector<std::string>& args, Devi
   rates.date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   rates.command = absl::StrCat("recfleet data calibrate ", absl::StrJoin(args, " "));
   std::printf("%-28s %12s %12s %8s %12s %12s %8s\n", "probe step", "measured ms", "fitted ms",
-              "error%", "peak GiB", "fitted GiB", "error%");
+              "error%", "peak MiB", "fitted MiB", "error%");
   for (size_t i = 0; i < r->steps.size(); ++i) {
     const engine::ProbeStep& p = r->steps[i];
     const engine::StepPrediction f = engine::PredictStep(p.counts, rates);
-    const double gib = 1.0 / (1 << 30);
-    std::printf("%-28s %12.3f %12.3f %8.2f %12.3f %12.3f %8.2f\n", r->names[i].c_str(),
+    const double mib = 1.0 / (1 << 20);
+    std::printf("%-28s %12.3f %12.3f %8.2f %12.1f %12.1f %8.2f\n", r->names[i].c_str(),
                 1e3 * p.seconds, 1e3 * f.seconds, 100 * (f.seconds / p.seconds - 1),
-                p.peak_bytes * gib, f.peak_bytes * gib,
+                p.peak_bytes * mib, f.peak_bytes * mib,
                 p.peak_bytes > 0 ? 100 * (f.peak_bytes / p.peak_bytes - 1) : 0.0);
   }
   const std::string yaml = engine::StepRatesToYaml(rates);

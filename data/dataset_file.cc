@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -734,6 +735,59 @@ void BlockView::AppendReferenced(int c, size_t r, Column* out) const {
   const int anchor = refs_->derived()[d].anchor;
   refs_->Append(d, Scalar(refs_->seq_column(), r), Scalar(refs_->end_column(), r),
                 Scalar(refs_->len_column(), r), anchor >= 0 ? Scalar(anchor, r) : 0, out);
+}
+
+namespace {
+
+constexpr size_t kMaxSampledBlocks = 16;
+
+// The middle block of each of min(blocks, kMaxSampledBlocks) equal runs.
+std::vector<size_t> SampledBlocks(size_t blocks) {
+  const size_t n = std::min(blocks, kMaxSampledBlocks);
+  std::vector<size_t> out;
+  for (size_t i = 0; i < n; ++i) out.push_back((2 * i + 1) * blocks / (2 * n));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<double> EstimateDecodedBytes(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<DatasetFile>> file = DatasetFile::Open(path);
+  if (!file.ok()) return file.status();
+  double bytes = 0, rows = 0;
+  Batch block;
+  for (size_t b : SampledBlocks((*file)->num_blocks())) {
+    RECFLEET_RETURN_IF_ERROR((*file)->ReadBlock(b, &block));
+    bytes += static_cast<double>(block.ByteSize());
+    rows += static_cast<double>(block.num_rows());
+  }
+  return rows > 0 ? bytes / rows * static_cast<double>((*file)->num_rows()) : 0.0;
+}
+
+absl::StatusOr<std::vector<int64_t>> SampleRowLengths(const std::string& path, const std::string& feature,
+                                                      size_t max_rows) {
+  absl::StatusOr<std::unique_ptr<DatasetFile>> file = DatasetFile::Open(path);
+  if (!file.ok()) return file.status();
+  const DatasetFile& f = **file;
+  const int c = f.schema()->Find(feature);
+  if (c < 0 || f.schema()->features[c].layout != Layout::kJagged) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no jagged feature '", feature, "'"));
+  }
+  const std::vector<size_t> blocks = SampledBlocks(f.num_blocks());
+  std::vector<int64_t> lengths;
+  if (blocks.empty() || max_rows == 0) return lengths;
+  const size_t per_block = (max_rows + blocks.size() - 1) / blocks.size();
+  BlockView view;
+  for (size_t b : blocks) {
+    if (lengths.size() >= max_rows) break;
+    RECFLEET_RETURN_IF_ERROR(f.ReadBlockView(b, &view));
+    const size_t rows = view.num_rows();
+    const size_t take = std::min({per_block, rows, max_rows - lengths.size()});
+    for (size_t k = 0; k < take; ++k) {
+      lengths.push_back(static_cast<int64_t>(view.RowLength(c, k * rows / take)));
+    }
+  }
+  return lengths;
 }
 
 absl::StatusOr<Batch> ReadAll(const std::string& path) {

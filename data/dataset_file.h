@@ -190,6 +190,20 @@ class DatasetFile {
   uint64_t num_rows_ = 0;
 };
 
+// Lengths of jagged feature `feature` (stored or referenced) in up to
+// `max_rows` rows of `path`, spread evenly over its blocks (at most 16
+// blocks read, rows evenly strided within each), so a file sorted by user or
+// time is sampled throughout: what a planner prices a dataset's steps by.
+// NotFound or DataLoss as DatasetFile::Open and ReadBlockView say;
+// InvalidArgument when the file has no jagged feature of that name.
+absl::StatusOr<std::vector<int64_t>> SampleRowLengths(const std::string& path, const std::string& feature,
+                                                      size_t max_rows);
+
+// Bytes every row of `path` takes decoded in memory (Batch::ByteSize of what
+// ReadAll returns), from the decoded size per row of up to 16 blocks spread
+// over the file. Errors as SampleRowLengths.
+absl::StatusOr<double> EstimateDecodedBytes(const std::string& path);
+
 // Every row of every block of `path`, read with DatasetReader (for tests and
 // small files).
 absl::StatusOr<Batch> ReadAll(const std::string& path);

@@ -1,5 +1,6 @@
 #include "data/dataset_file.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -325,6 +326,47 @@ TEST(DatasetFileTest, ReferencedHistoriesAreMaterializedAndChecked) {
   ASSERT_FALSE(loopy.ok());
   EXPECT_NE(loopy.status().message().find("refers to another sequence file"), std::string::npos)
       << loopy.status();
+}
+
+// A file sorted by history length (as a time-split dataset is by time):
+// the sample spans the whole file, not its first rows, and so does the
+// decoded-size estimate.
+TEST(DatasetFileTest, SampledLengthsSpanASortedFile) {
+  Schema s = TestSchema();
+  Batch rows(std::make_shared<const Schema>(s));
+  double mean = 0;
+  for (int r = 0; r < 1000; ++r) {
+    const int len = r / 10;  // 0..99, rising through the file.
+    mean += len / 1000.0;
+    std::vector<int64_t> h(len, 7);
+    std::vector<float> none;
+    rows.AddInt64(0, r);
+    rows.AddInt64(1, 1);
+    rows.AddFloat(2, 0);
+    rows.AddJaggedInt64(3, h.data(), h.size());
+    rows.AddJaggedFloat(4, none.data(), 0);
+    ASSERT_TRUE(rows.CommitRow().ok());
+  }
+  const std::string path = TempPath("sorted_lengths.rfd");
+  WriteFile(path, rows, 25);  // 40 blocks; 16 are read.
+  absl::StatusOr<std::vector<int64_t>> lengths = SampleRowLengths(path, "history", 200);
+  ASSERT_TRUE(lengths.ok()) << lengths.status();
+  ASSERT_EQ(lengths->size(), 200u);
+  double sampled = 0;
+  for (int64_t l : *lengths) sampled += static_cast<double>(l) / 200;
+  EXPECT_NEAR(sampled, mean, 0.05 * mean);
+  EXPECT_LE(*std::min_element(lengths->begin(), lengths->end()), 5);
+  EXPECT_GE(*std::max_element(lengths->begin(), lengths->end()), 94);
+
+  absl::StatusOr<Batch> all = ReadAll(path);
+  ASSERT_TRUE(all.ok());
+  absl::StatusOr<double> bytes = EstimateDecodedBytes(path);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_NEAR(*bytes, static_cast<double>(all->ByteSize()), 0.05 * static_cast<double>(all->ByteSize()));
+
+  EXPECT_EQ(SampleRowLengths(path, "label", 10).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SampleRowLengths(TempPath("absent.rfd"), "history", 10).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(DatasetFileTest, MissingFileIsNotFound) {

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "engine/cuda_device.h"
 #include "engine/model.h"
@@ -268,11 +269,21 @@ ExecutionOptions ProbeExecution(const RateProbeOptions& o) {
   return execution;
 }
 
-// The median of o.repeats steps after o.warmup, and (kCuda) the pool's peak
-// bytes in use over the timed steps.
+// The process's resident bytes before a probe model exists: what its
+// training adds is measured from here (freed heap returned to the kernel
+// first, so an earlier probe's leftovers do not count).
+absl::StatusOr<int64_t> ResidentBeforeModel(const RateProbeOptions& o) {
+  if (o.device == Device::kCuda) return 0;
+  RECFLEET_RETURN_IF_ERROR(ResetPeakResident());
+  return ResidentBytes();
+}
+
+// The median of o.repeats steps after o.warmup, and the peak memory over the
+// timed steps: kCuda the pool's peak bytes in use, kCpu the process's peak
+// resident bytes above `resident_before_model`.
 absl::StatusOr<ProbeStep> TimeSteps(GemLite<float>& gem, const JobModel& model,
                                     const std::vector<int64_t>& lengths, uint64_t seed,
-                                    const RateProbeOptions& o) {
+                                    int64_t resident_before_model, const RateProbeOptions& o) {
   if (o.repeats < 1 || o.warmup < 0) {
     return absl::InvalidArgumentError("step rates: repeats >= 1 and warmup >= 0");
   }
@@ -281,7 +292,7 @@ absl::StatusOr<ProbeStep> TimeSteps(GemLite<float>& gem, const JobModel& model,
   for (int i = 0; i < o.warmup; ++i) {
     if (absl::StatusOr<double> t = timer.Time(gem, batch); !t.ok()) return t.status();
   }
-  if (o.device == Device::kCuda) RECFLEET_RETURN_IF_ERROR(ResetCudaMemoryPeak());
+  RECFLEET_RETURN_IF_ERROR(o.device == Device::kCuda ? ResetCudaMemoryPeak() : ResetPeakResident());
   std::vector<double> seconds;
   for (int i = 0; i < o.repeats; ++i) {
     absl::StatusOr<double> t = timer.Time(gem, batch);
@@ -294,6 +305,10 @@ absl::StatusOr<ProbeStep> TimeSteps(GemLite<float>& gem, const JobModel& model,
     absl::StatusOr<DeviceMemoryStats> mem = CudaMemoryStats();
     if (!mem.ok()) return mem.status();
     step.peak_bytes = static_cast<double>(mem->peak);
+  } else {
+    absl::StatusOr<int64_t> peak = PeakResidentBytes();
+    if (!peak.ok()) return peak.status();
+    step.peak_bytes = static_cast<double>(*peak - resident_before_model);
   }
   return step;
 }
@@ -302,10 +317,12 @@ absl::StatusOr<ProbeStep> TimeSteps(GemLite<float>& gem, const JobModel& model,
 
 absl::StatusOr<ProbeStep> MeasureStep(const JobModel& model, const std::vector<int64_t>& lengths,
                                       const RateProbeOptions& o) {
+  absl::StatusOr<int64_t> before = ResidentBeforeModel(o);
+  if (!before.ok()) return before.status();
   auto gem = GemLite<float>::Create(model.config, model.schema, TableStorage::kInternal,
                                     ProbeExecution(o));
   if (!gem.ok()) return gem.status();
-  return TimeSteps(**gem, model, lengths, o.seed, o);
+  return TimeSteps(**gem, model, lengths, o.seed, *before, o);
 }
 
 absl::StatusOr<RateProbeResult> MeasureStepRates(const RateProbeOptions& o) {
@@ -313,6 +330,8 @@ absl::StatusOr<RateProbeResult> MeasureStepRates(const RateProbeOptions& o) {
   std::mt19937_64 rng(o.seed ^ 0x9A7E);
   int index = 0;
   for (const RateProbe& probe : RateProbeModels(o.device)) {
+    absl::StatusOr<int64_t> before = ResidentBeforeModel(o);
+    if (!before.ok()) return before.status();
     auto gem = GemLite<float>::Create(probe.model.config, probe.model.schema,
                                       TableStorage::kInternal, ProbeExecution(o));
     if (!gem.ok()) return gem.status();
@@ -320,7 +339,7 @@ absl::StatusOr<RateProbeResult> MeasureStepRates(const RateProbeOptions& o) {
       std::vector<int64_t> lengths(probe.batch_size);
       const int64_t lowest = std::max<int64_t>(1, longest / 4);
       for (int64_t& l : lengths) l = lowest + static_cast<int64_t>(rng() % (longest - lowest + 1));
-      absl::StatusOr<ProbeStep> step = TimeSteps(**gem, probe.model, lengths, o.seed + index, o);
+      absl::StatusOr<ProbeStep> step = TimeSteps(**gem, probe.model, lengths, o.seed + index, *before, o);
       if (!step.ok()) return step.status();
       result.names.push_back(absl::StrCat("probe", index / 2, " d=", probe.model.config.dim,
                                           " B=", probe.batch_size, " L<=", longest));

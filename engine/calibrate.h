@@ -90,8 +90,10 @@ Batch SyntheticBatch(const JobModel& model, const std::vector<int64_t>& lengths,
 // family of probe models (RateProbeModels) trained a few steps each on
 // synthetic batches (lengths uniform in [longest / 4, longest], at two
 // longest lengths per model): the median step time (the step a worker runs,
-// forward+backward+update; kCuda: CUDA events, kCpu: thread CPU time) and,
-// on kCuda, the device pool's peak bytes in use. Fits the table to them.
+// forward+backward+update; kCuda: CUDA events, kCpu: thread CPU time) and
+// the peak memory (kCuda: the device pool's peak bytes in use; kCpu: the
+// process's peak resident bytes above those before the probe's model was
+// built, common/process_memory.h). Fits the table to them.
 struct RateProbeOptions {
   Device device = Device::kCuda;
   bool bf16 = true;  // kCuda only.

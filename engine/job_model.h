@@ -42,6 +42,9 @@
 
 namespace recfleet::engine {
 
+// A job's eval batch when spec.data.eval_batch_size is unset.
+inline constexpr int kDefaultEvalBatchSize = 1024;
+
 struct JobModel {
   FeatureSchema schema;
   GemLiteConfig config;

@@ -79,7 +79,9 @@ StepPrediction PredictStep(const StepCounts& counts, const StepRates& rates);
 struct ProbeStep {
   StepCounts counts;
   double seconds = 0;
-  double peak_bytes = 0;  // 0: not measured (the CPU).
+  // The device pool's peak (kCuda) or the resident growth (kCpu) over the
+  // step; 0: not measured.
+  double peak_bytes = 0;
 };
 
 // Fits the coefficients of `rates` to `probes` (keeps its description

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/process_memory.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
 
@@ -97,6 +98,11 @@ absl::Status Agent::Register() {
   request.set_worker_id(worker_id());
   // Lets a live registration be renewed in place; ignored once it ended.
   request.set_worker_credential(credential_);
+  // What the process holds before a job (code, libraries, threads): the
+  // coordinator adds it to a CPU job's predicted peak.
+  if (absl::StatusOr<int64_t> resident = ResidentBytes(); resident.ok()) {
+    request.set_resident_memory_bytes(*resident);
+  }
   v1::RegisterWorkerResponse response;
   grpc::ClientContext ctx;
   Prepare(&ctx, options_);

@@ -1,7 +1,5 @@
 #include "worker/rank_run.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/process_memory.h"
 #include "data/dataset_file.h"
 #include "engine/cuda_device.h"
 #include "engine/job_model.h"
@@ -105,7 +104,7 @@ class RankRun {
     return exec;
   }
   // StepStats.peak_memory_bytes: the CUDA pool's peak bytes in use, or the
-  // process's peak resident set on the CPU.
+  // process's peak resident bytes since Run() began on the CPU.
   int64_t PeakMemoryBytes() const;
   std::string Describe() const { return absl::StrCat(a_.job(), " rank ", a_.rank(), "/", a_.world_size()); }
   dataloader::ConnectOptions LoaderConnect() const {
@@ -438,9 +437,8 @@ int64_t RankRun::PeakMemoryBytes() const {
     absl::StatusOr<engine::DeviceMemoryStats> m = engine::CudaMemoryStats();
     return m.ok() ? static_cast<int64_t>(m->peak) : 0;
   }
-  rusage usage;
-  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Reported in KiB.
+  absl::StatusOr<int64_t> peak = PeakResidentBytes();
+  return peak.ok() ? *peak : 0;
 }
 
 absl::Status RankRun::EvaluateAndReport(int64_t step) {
@@ -448,7 +446,8 @@ absl::Status RankRun::EvaluateAndReport(int64_t step) {
   // every rank serves lookups in every round); rank 0 gathers the logits.
   if (!has_eval_) return absl::OkStatus();
   if (absl::Status s = model_->GatherDense(); !s.ok()) return s;
-  const int64_t bs = spec_.data().eval_batch_size() > 0 ? spec_.data().eval_batch_size() : 1024;
+  const int64_t bs =
+      spec_.data().eval_batch_size() > 0 ? spec_.data().eval_batch_size() : engine::kDefaultEvalBatchSize;
   const int64_t total = static_cast<int64_t>(eval_rows_->num_rows());
   const int64_t per_rank = (total + a_.world_size() - 1) / a_.world_size();  // >= every rank's slice.
   const bool ctr = !job_model_.ctr_label.empty();
@@ -520,7 +519,8 @@ absl::Status RankRun::RunQualityGate() {
     if (absl::Status st = Load(s + 1, &loaded); !st.ok()) return st;
     return &loaded.batch;
   };
-  const int64_t bs = spec_.data().eval_batch_size() > 0 ? spec_.data().eval_batch_size() : 1024;
+  const int64_t bs =
+      spec_.data().eval_batch_size() > 0 ? spec_.data().eval_batch_size() : engine::kDefaultEvalBatchSize;
   const int64_t n = std::min<int64_t>(gate.eval_samples, eval_end_ - eval_first_);
   std::vector<engine::Batch> eval;
   std::vector<int64_t> idx;
@@ -547,6 +547,14 @@ absl::Status RankRun::RunQualityGate() {
 }
 
 absl::Status RankRun::Run() {
+  if (!on_cuda()) {
+    // The rank's peak, not an earlier task's: a worker runs one task at a
+    // time, so the process's peak from here on is this rank's.
+    if (absl::Status s = ResetPeakResident(); !s.ok()) {
+      spdlog::warn("{}", absl::StrFormat("%s: %s; its peak memory may be an earlier task's", Describe().c_str(),
+                                         std::string(s.message()).c_str()));
+    }
+  }
   ResolvePeak();
   metrics_->StartTask(a_.job(), a_.rank(), a_.world_size(), peak_flops_);
   // However the task ends, its info series leaves /metrics with it.

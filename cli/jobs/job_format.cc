@@ -1,8 +1,8 @@
 #include "cli/jobs/job_format.h"
 
-#include "yaml-cpp/yaml.h"
-
 #include <algorithm>
+
+#include "yaml-cpp/yaml.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -165,9 +165,12 @@ std::string FormatJobDetail(const Job& job) {
     lines.push_back({"step vs plan", versus(s.predicted_step_seconds(), p.step_seconds(), 1e-3, "ms")});
   }
   if (s.predicted_peak_memory_bytes() > 0 || p.peak_memory_bytes() > 0) {
+    // MiB below a GiB, where a CPU rank's peak lies.
+    const bool gib = std::max(s.predicted_peak_memory_bytes(), p.peak_memory_bytes()) >= int64_t{1} << 30;
     lines.push_back({"memory vs plan",
                      versus(static_cast<double>(s.predicted_peak_memory_bytes()),
-                            static_cast<double>(p.peak_memory_bytes()), 1 << 30, "GiB peak per rank")});
+                            static_cast<double>(p.peak_memory_bytes()), gib ? 1 << 30 : 1 << 20,
+                            gib ? "GiB peak per rank" : "MiB peak per rank")});
   }
   if (p.eval_step() > 0) {
     lines.push_back({"eval", absl::StrFormat("step %d: AUC %.4f, NE %.4f", p.eval_step(),

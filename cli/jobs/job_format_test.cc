@@ -116,6 +116,14 @@ TEST(JobFormatTest, DetailShowsPredictedAndMeasuredSideBySide) {
                    "(error -25.0%)\n"),
             std::string::npos)
       << d;
+  // A CPU rank's peak, below a GiB, in MiB.
+  job.mutable_status()->set_predicted_peak_memory_bytes(int64_t{210} << 20);
+  job.mutable_status()->mutable_progress()->set_peak_memory_bytes(int64_t{200} << 20);
+  d = FormatJobDetail(job);
+  EXPECT_NE(d.find("memory vs plan: predicted 210.0 MiB peak per rank, measured 200.0 MiB peak per rank "
+                   "(error +5.0%)\n"),
+            std::string::npos)
+      << d;
 }
 
 TEST(JobFormatTest, WatchLinesAndJson) {

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "absl/synchronization/mutex.h"
+#include "common/process_memory.h"
 
 namespace recfleet {
 
@@ -19,15 +20,6 @@ double ProcessCpuSeconds() {
 }
 
 namespace {
-
-double ResidentBytes() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return static_cast<double>(resident) * sysconf(_SC_PAGESIZE);
-}
 
 // Start time from /proc: boot time (btime in /proc/stat) plus the process's
 // start in clock ticks after boot (field 22 of /proc/self/stat).
@@ -75,7 +67,8 @@ void AddProcessMetrics(metrics::MetricRegistry* registry) {
     absl::MutexLock lock(mu.get());
     // The counter catches up to the cumulative CPU time (never goes down).
     cpu->Increment(ProcessCpuSeconds() - cpu->Value());
-    rss->Set(ResidentBytes());
+    absl::StatusOr<int64_t> resident = ResidentBytes();
+    rss->Set(resident.ok() ? static_cast<double>(*resident) : 0);
   });
 }
 

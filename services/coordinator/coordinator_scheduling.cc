@@ -24,7 +24,7 @@ void Coordinator::ScheduleLocked() {
   if (waiting_.empty()) return;
   std::vector<WorkerView> idle;
   for (const auto& [id, w] : registry_.workers()) {
-    if (w.idle()) idle.push_back(WorkerView{id, w.gpu_count(), w.info.topology()});
+    if (w.idle()) idle.push_back(WorkerView{id, w.gpu_count(), w.info.topology(), w.info.resident_memory_bytes()});
   }
   // First fit in submission order: a job that does not fit yet does not
   // block smaller jobs behind it. Placing a job removes only its own entry
@@ -61,10 +61,8 @@ void Coordinator::PlaceLocked(ActiveJob& aj, const Placement& placement) {
                                       if (groups.ok()) st.set_plan_summary(groups->summary);
                                       if (groups.ok() && groups->plan.has_value()) {
                                         st.set_predicted_step_seconds(groups->plan->step().total_seconds());
-                                        if (groups->memory_predicted) {
-                                          st.set_predicted_peak_memory_bytes(static_cast<int64_t>(
-                                              groups->plan->peak_memory().total_bytes()));
-                                        }
+                                        st.set_predicted_peak_memory_bytes(
+                                            static_cast<int64_t>(groups->predicted_peak_bytes));
                                       }
                                       st.clear_workers();
                                       for (const std::string& id : ids) st.add_workers(id);
@@ -130,7 +128,7 @@ absl::StatusOr<::recfleet::v1::PlanJobResponse> Coordinator::PlanJob(
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, w] : registry_.workers()) {
-      live.push_back(WorkerView{id, w.gpu_count(), w.info.topology()});
+      live.push_back(WorkerView{id, w.gpu_count(), w.info.topology(), w.info.resident_memory_bytes()});
     }
   }
   const size_t registered = live.size();

@@ -9,6 +9,7 @@
 //
 // Pure functions; thread-safe.
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -25,6 +26,9 @@ struct WorkerView {
   std::string id;
   int gpus = 0;
   ::recfleet::v1::Topology topology;
+  // RegisterWorkerRequest.resident_memory_bytes: what the worker process
+  // holds before any job (0 = not reported).
+  int64_t resident_memory_bytes = 0;
 };
 
 struct Placement {
@@ -46,10 +50,11 @@ struct GroupPlan {
   // The plan the groups come from, handed to every rank (table placements);
   // unset without a planner.
   std::optional<::recfleet::v1::Plan> plan;
-  // Whether the plan's peak memory predicts what a rank will measure: the
-  // planner's memory model is a GPU's, so a CPU job's plan predicts its
-  // peak only from a rate table with measured memory terms.
-  bool memory_predicted = true;
+  // The peak memory a rank will measure (StepStats.peak_memory_bytes), bytes;
+  // 0 = not predicted. A GPU job's is the plan's; the planner's memory model
+  // is a GPU's, so a CPU job's comes from a CPU rate table with measured
+  // memory terms (CpuRankPeakBytes in plan_adapter.h).
+  double predicted_peak_bytes = 0;
 };
 
 // Decides a placed job's groups. The coordinator's default plans the job

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "data/dataset_file.h"
 #include "engine/job_model.h"
 #include "engine/step_cost.h"
 #include "planner/planner.h"
@@ -103,15 +104,25 @@ constexpr int kLengthSamples = 4096;
 std::vector<int64_t> SpecSequenceLengths(const JobSpec& spec, const engine::JobModel& model) {
   int64_t cap = 0;
   for (int m : model.sequence_max_length) cap = std::max<int64_t>(cap, m);
-  absl::StatusOr<data::SynthOptions> synth =
-      absl::StartsWith(spec.data().dataset(), "synthetic://")
-          ? dataloader::ParseSyntheticDataset(spec.data().dataset())
-          : absl::StatusOr<data::SynthOptions>(absl::NotFoundError("not synthetic"));
-  if (!synth.ok()) return std::vector<int64_t>(kLengthSamples, std::max<int64_t>(cap, 1));
-  std::mt19937_64 rng(synth->seed);
-  std::vector<int64_t> lengths(kLengthSamples);
+  std::vector<int64_t> lengths;
+  const std::string& dataset = spec.data().dataset();
+  if (absl::StartsWith(dataset, "synthetic://")) {
+    absl::StatusOr<data::SynthOptions> synth = dataloader::ParseSyntheticDataset(dataset);
+    if (synth.ok()) {
+      std::mt19937_64 rng(synth->seed);
+      lengths.resize(kLengthSamples);
+      for (int64_t& l : lengths) l = synth->lengths.Sample(rng);
+    }
+  } else if (!model.sequence_columns.empty()) {
+    // The dataset's own histories, where this process can read its files.
+    absl::StatusOr<dataloader::DatasetFiles> files = dataloader::ResolveDataset(dataset, {});
+    absl::StatusOr<std::vector<int64_t>> sampled =
+        files.ok() ? data::SampleRowLengths(files->train, model.sequence_columns[0], kLengthSamples)
+                   : absl::StatusOr<std::vector<int64_t>>(files.status());
+    if (sampled.ok()) lengths = *std::move(sampled);
+  }
+  if (lengths.empty()) return std::vector<int64_t>(kLengthSamples, std::max<int64_t>(cap, 1));
   for (int64_t& l : lengths) {
-    l = synth->lengths.Sample(rng);
     if (cap > 0) l = std::min(l, cap);
   }
   return lengths;
@@ -578,6 +589,37 @@ absl::StatusOr<planner::Plan> PlanPlacement(const JobSpec& spec, const Placement
   return plan;
 }
 
+absl::StatusOr<double> CpuRankPeakBytes(const JobSpec& spec, const engine::StepRates& rates,
+                                        int64_t resident_bytes) {
+  if (!(rates.fixed_bytes > 0 || rates.bytes_per_token_element > 0 || rates.bytes_per_dense_element > 0)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", rates.device, " rate table measured no memory terms; run recfleet data calibrate --rates"));
+  }
+  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
+  if (!model.ok()) return model.status();
+  const engine::StepCounts n = engine::CountStep(*model, SpecSequenceLengths(spec, *model));
+  const engine::StepPrediction p = engine::PredictStep(n, rates);
+  // Every rank holds the whole eval set decoded, and its eval forward keeps
+  // the activations of an eval batch.
+  double eval_set = 0, eval_batch = 0;
+  const std::string& dataset = spec.data().dataset();
+  if (!absl::StartsWith(dataset, "synthetic://")) {
+    absl::StatusOr<std::string> eval = dataloader::ResolveEvalFile(dataset, spec.data().eval_dataset(), {});
+    if (eval.ok() && !eval->empty()) {
+      absl::StatusOr<double> bytes = data::EstimateDecodedBytes(*eval);
+      if (bytes.ok()) eval_set = *bytes;
+      if (spec.training().eval_every() > 0) {
+        eval_batch = spec.data().eval_batch_size() > 0 ? spec.data().eval_batch_size()
+                                                       : engine::kDefaultEvalBatchSize;
+      }
+    }
+  }
+  // The counts are of kLengthSamples samples; activations scale with the batch.
+  const double batch = std::max<double>(spec.data().local_batch_size(), eval_batch);
+  return static_cast<double>(resident_bytes) + p.static_bytes +
+         p.activation_bytes * batch / static_cast<double>(n.samples) + rates.fixed_bytes + eval_set;
+}
+
 const engine::StepRates* RatesForJob(const JobSpec& spec, const std::vector<engine::StepRates>& rates) {
   const std::string device = spec.resources().gpus_per_worker() > 0 ? "cuda" : "cpu";
   for (const engine::StepRates& r : rates) {
@@ -592,11 +634,17 @@ GroupPlanner PlanningGroupPlanner(planner::Topology hardware, std::vector<engine
     const engine::StepRates* job_rates = RatesForJob(spec, rates);
     absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, placement, hardware, job_rates);
     if (!plan.ok()) return plan.status();
-    const bool measured_memory = job_rates != nullptr && (job_rates->fixed_bytes > 0 ||
-                                                          job_rates->bytes_per_token_element > 0 ||
-                                                          job_rates->bytes_per_dense_element > 0);
-    return GroupPlan{PlanGroups(*plan), PlanSummary(*plan), PlanToProto(*plan),
-                     spec.resources().gpus_per_worker() > 0 || measured_memory};
+    double peak = plan->peak.Total();
+    if (spec.resources().gpus_per_worker() == 0) {
+      int64_t resident = 0;
+      for (const WorkerView& w : placement.workers) resident = std::max(resident, w.resident_memory_bytes);
+      peak = 0;
+      if (job_rates != nullptr && resident > 0) {
+        absl::StatusOr<double> cpu = CpuRankPeakBytes(spec, *job_rates, resident);
+        if (cpu.ok()) peak = *cpu;
+      }
+    }
+    return GroupPlan{PlanGroups(*plan), PlanSummary(*plan), PlanToProto(*plan), peak};
   };
 }
 

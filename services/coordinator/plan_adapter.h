@@ -61,8 +61,11 @@
 // (engine/job_model.h) builds the GEM-lite, engine/step_cost.h counts its
 // parameters and FLOPs exactly as the engine's MFU counts them, over
 // sequence lengths drawn from the dataset's length distribution (a
-// synthetic:// dataset's `lengths`, capped at max_length; other datasets:
-// every history at its cap). One planner module per part of the network
+// synthetic:// dataset's `lengths`; a dataset file or directory this process
+// can read (an absolute path on a filesystem it shares with the loader, as
+// in the local cluster): the first sequence feature's lengths in up to 4,096
+// rows sampled across its training file, data::SampleRowLengths; otherwise
+// every history at its cap), capped at max_length. One planner module per part of the network
 // (dense_proj, sequence, cross, pma, dcn, moe, towers; attention as
 // "<part>.attention"), the GEMM and attention efficiencies, the optimizer's
 // bandwidth, the elementwise and per-step time (other_compute_s) and the
@@ -105,7 +108,8 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const ::recfleet::v1::J
 // understated (a CPU topology calibrated with every core busy), and the
 // planner's efficiencies must stay <= 1.
 planner::Topology WithMeasuredPeak(planner::Topology hardware, const engine::StepRates& rates);
-// Sequence lengths of 4,096 samples of the spec's data (seeded), as above.
+// Sequence lengths of up to 4,096 samples of the spec's data, as above
+// (synthetic: seeded draws; a readable dataset: sampled rows; else the cap).
 std::vector<int64_t> SpecSequenceLengths(const ::recfleet::v1::JobSpec& spec,
                                          const engine::JobModel& model);
 
@@ -149,13 +153,40 @@ absl::StatusOr<planner::Plan> PlanPlacement(const ::recfleet::v1::JobSpec& spec,
                                             const planner::Topology& hardware,
                                             const engine::StepRates* rates = nullptr);
 
+// A CPU rank's peak resident bytes (what the worker reports as its peak
+// memory) for `spec`, priced by a CPU rate table with measured memory terms:
+// `resident_bytes` (the worker process before the job: code, libraries,
+// threads; RegisterWorkerRequest.resident_memory_bytes) + the job's model
+// from the one JobSpec builder: engine::StaticBytes (fp32 parameters,
+// gradients and AdamW moments; tables with their Adagrad state, each whole:
+// an upper bound on a rank whose plan shards them) + the table's fitted
+// bytes per token and per dense element at the local batch over the
+// dataset's lengths (SpecSequenceLengths; activations saved for backward,
+// batch buffers) + its fitted fixed bytes (the allocator's and threads'
+// overhead of a training step). A job with a readable eval set (not
+// synthetic://) adds it decoded (every rank holds all of it,
+// data::EstimateDecodedBytes) and, when it evaluates, prices activations at
+// the larger of the local and eval batch (1,024 when unset): the eval
+// forward is the training forward, whose layers keep their saved tensors;
+// priced as a training step's, an upper bound on a forward without the
+// backward's gradients. Not priced: the threads, connections and buffers of
+// Gloo and the loader stream (measured in bench/RESULTS.md).
+// FailedPrecondition for a table without memory terms; the builder's error
+// for a spec GEM-lite does not build.
+absl::StatusOr<double> CpuRankPeakBytes(const ::recfleet::v1::JobSpec& spec, const engine::StepRates& rates,
+                                        int64_t resident_bytes);
+
 // The table of `rates` measured on the job's device (cuda for jobs with
 // gpus_per_worker >= 1, else cpu); null when there is none.
 const engine::StepRates* RatesForJob(const ::recfleet::v1::JobSpec& spec,
                                      const std::vector<engine::StepRates>& rates);
 
 // A GroupPlanner for the scheduler: plans every job on its placement (priced
-// by RatesForJob(rates)) and hands out PlanGroups with PlanSummary.
+// by RatesForJob(rates)) and hands out PlanGroups with PlanSummary and the
+// predicted peak: the plan's for a GPU job, CpuRankPeakBytes (over the
+// placement's largest worker resident memory) for a CPU job, none for a
+// CPU job without a CPU table with memory terms or a worker that reported
+// no resident memory.
 GroupPlanner PlanningGroupPlanner(planner::Topology hardware,
                                   std::vector<engine::StepRates> rates = {});
 

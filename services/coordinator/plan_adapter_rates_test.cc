@@ -1,5 +1,5 @@
 // The planner's prediction from a measured rate table against a measured
-// step, on the CPU engine: rates fitted to the CPU probe family, the CPU
+// step (time and peak memory), on the CPU engine: rates fitted to the CPU probe family, the CPU
 // demo's model (tools/demo.sh: d 16, one FULL attention layer, histories
 // lognormal around 20, batch 128) planned through PlanRequestFromSpec, and
 // the same model's step timed. The demo model is not one of the probes.
@@ -63,12 +63,24 @@ planner::Topology OneCpuRank() {
   return t;
 }
 
-TEST(PlanAdapterRatesTest, CpuDemoStepPredictedWithinTwentyPercentOfMeasured) {
+engine::RateProbeOptions CpuProbes() {
   engine::RateProbeOptions o;
   o.device = Device::kCpu;
   o.warmup = 1;
   o.repeats = 5;
-  absl::StatusOr<engine::RateProbeResult> measured = engine::MeasureStepRates(o);
+  return o;
+}
+
+// The CPU table, measured once for the tests below.
+const absl::StatusOr<engine::RateProbeResult>& MeasuredCpuRates() {
+  static const absl::StatusOr<engine::RateProbeResult>* measured =
+      new absl::StatusOr<engine::RateProbeResult>(engine::MeasureStepRates(CpuProbes()));
+  return *measured;
+}
+
+TEST(PlanAdapterRatesTest, CpuDemoStepPredictedWithinTwentyPercentOfMeasured) {
+  const engine::RateProbeOptions o = CpuProbes();
+  const absl::StatusOr<engine::RateProbeResult>& measured = MeasuredCpuRates();
   ASSERT_TRUE(measured.ok()) << measured.status();
   const engine::StepRates& rates = measured->rates;
   EXPECT_LT(rates.time_fit_error, 0.25) << engine::StepRatesToYaml(rates);
@@ -96,6 +108,39 @@ TEST(PlanAdapterRatesTest, CpuDemoStepPredictedWithinTwentyPercentOfMeasured) {
   EXPECT_LT(std::fabs(error), 0.20) << "predicted " << plan->step.total_s * 1e3 << " ms, measured "
                                     << step->seconds * 1e3 << " ms\n"
                                     << engine::StepRatesToYaml(rates);
+}
+
+// The memory half on the CPU: the table's fitted memory terms (the probes'
+// peak resident growth) price the demo's model, which is no probe, and the
+// prediction of what a step adds to the process's resident memory is
+// checked against a real training run of that model, at the demo's batch
+// and at four times it (activations then outweigh the fixed overhead).
+TEST(PlanAdapterRatesTest, CpuDemoPeakMemoryPredictedWithinTwentyPercentOfMeasured) {
+  const engine::RateProbeOptions o = CpuProbes();
+  const absl::StatusOr<engine::RateProbeResult>& measured = MeasuredCpuRates();
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  const engine::StepRates& rates = measured->rates;
+  ASSERT_GT(rates.fixed_bytes + rates.bytes_per_token_element + rates.bytes_per_dense_element, 0)
+      << engine::StepRatesToYaml(rates);
+
+  v1::JobSpec spec;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kCpuDemo, &spec));
+  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
+  ASSERT_TRUE(model.ok()) << model.status();
+  for (int batch : {128, 512}) {
+    spec.mutable_data()->set_local_batch_size(batch);
+    // Resident bytes before the job: 0, so the prediction is the job's own.
+    absl::StatusOr<double> predicted = CpuRankPeakBytes(spec, rates, 0);
+    ASSERT_TRUE(predicted.ok()) << predicted.status();
+    std::vector<int64_t> lengths = SpecSequenceLengths(spec, *model);
+    lengths.resize(batch);
+    absl::StatusOr<engine::ProbeStep> step = engine::MeasureStep(*model, lengths, o);
+    ASSERT_TRUE(step.ok()) << step.status();
+    const double error = *predicted / step->peak_bytes - 1;
+    std::printf("CPU demo model, batch %d: predicted %.2f MiB, measured %.2f MiB resident growth (error %+.1f%%)\n",
+                batch, *predicted / (1 << 20), step->peak_bytes / (1 << 20), 100 * error);
+    EXPECT_LT(std::fabs(error), 0.20) << "batch " << batch << "\n" << engine::StepRatesToYaml(rates);
+  }
 }
 
 }  // namespace

@@ -1,7 +1,16 @@
 #include "services/coordinator/plan_adapter.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <memory>
 #include <set>
+#include <string>
+#include <vector>
 
+#include "data/dataset_file.h"
+#include "engine/job_model.h"
+#include "engine/step_cost.h"
+#include "engine/step_rates.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
 #include "services/coordinator/test_specs.h"
@@ -129,32 +138,96 @@ TEST(PlanAdapterTest, UnevenLabelsFlattenTheFleet) {
   EXPECT_EQ(t->nodes_per_nvlink_domain, 1);
 }
 
-// The plan's peak memory is a GPU's: a CPU job's plan predicts a rank's
-// peak only from a rate table that measured memory (the CPU table does not),
-// while a GPU job's always does.
+// The plan's peak memory is a GPU's: a CPU job's peak is predicted only from
+// a CPU table that measured memory, over the worker's reported resident
+// memory (the largest of the placement's), while a GPU job's is the plan's.
 TEST(PlanAdapterTest, PeakMemoryPredictedForGpuJobsAndMeasuredMemoryTables) {
   Placement p;
   p.ranks_per_worker = 1;
-  p.workers = {Worker("a", "n1", "n1", "z1")};
-  p.workers[0].gpus = 1;
+  p.workers = {Worker("a", "n1", "n1", "z1"), Worker("b", "n2", "n2", "z1")};
+  p.workers[0].resident_memory_bytes = 100 << 20;
+  p.workers[1].resident_memory_bytes = 120 << 20;
   engine::StepRates cpu;
   cpu.device = "cpu";
   cpu.gemm_flops_per_s = 1e9;
   cpu.attention_flops_per_s = 1e9;
-  auto spec = BuildableSpec(1);
+  auto spec = BuildableSpec(2);
   spec.mutable_resources()->set_gpus_per_worker(0);
   absl::StatusOr<GroupPlan> without = PlanningGroupPlanner(DefaultHardware(), {cpu})(spec, p);
   ASSERT_TRUE(without.ok()) << without.status();
   ASSERT_TRUE(without->plan.has_value());
-  EXPECT_FALSE(without->memory_predicted);
-  cpu.fixed_bytes = 64 << 20;
+  EXPECT_EQ(without->predicted_peak_bytes, 0);
+  EXPECT_FALSE(CpuRankPeakBytes(spec, cpu, 1).ok());
+
+  cpu.fixed_bytes = 8 << 20;
+  cpu.bytes_per_token_element = 40;
   absl::StatusOr<GroupPlan> with = PlanningGroupPlanner(DefaultHardware(), {cpu})(spec, p);
   ASSERT_TRUE(with.ok()) << with.status();
-  EXPECT_TRUE(with->memory_predicted);
+  absl::StatusOr<double> expected = CpuRankPeakBytes(spec, cpu, 120 << 20);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_EQ(with->predicted_peak_bytes, *expected);
+  // The job's own bytes: the model's static state, activations, fixed.
+  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
+  ASSERT_TRUE(model.ok());
+  const engine::StepCounts n = engine::CountStep(*model, SpecSequenceLengths(spec, *model));
+  const double job = *expected - (120 << 20);
+  EXPECT_GT(job, engine::StaticBytes(n) + cpu.fixed_bytes);
+  // Activations scale with the local batch, the rest does not.
+  spec.mutable_data()->set_local_batch_size(2 * spec.data().local_batch_size());
+  absl::StatusOr<double> doubled = CpuRankPeakBytes(spec, cpu, 120 << 20);
+  ASSERT_TRUE(doubled.ok());
+  EXPECT_NEAR(*doubled - *expected, job - engine::StaticBytes(n) - cpu.fixed_bytes, 1);
+
+  // A worker that reported no resident memory gets no CPU prediction.
+  p.workers[0].resident_memory_bytes = p.workers[1].resident_memory_bytes = 0;
+  absl::StatusOr<GroupPlan> unreported = PlanningGroupPlanner(DefaultHardware(), {cpu})(spec, p);
+  ASSERT_TRUE(unreported.ok());
+  EXPECT_EQ(unreported->predicted_peak_bytes, 0);
+
   spec.mutable_resources()->set_gpus_per_worker(1);
-  absl::StatusOr<GroupPlan> gpu = PlanningGroupPlanner(DefaultHardware(), {})(spec, p);
+  Placement one;
+  one.ranks_per_worker = 1;
+  one.workers = {Worker("a", "n1", "n1", "z1")};
+  one.workers[0].gpus = 1;
+  spec.mutable_resources()->set_workers(1);
+  absl::StatusOr<GroupPlan> gpu = PlanningGroupPlanner(DefaultHardware(), {})(spec, one);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  EXPECT_TRUE(gpu->memory_predicted);
+  EXPECT_EQ(gpu->predicted_peak_bytes, gpu->plan->peak_memory().total_bytes());
+}
+
+// A dataset directory is priced at the lengths in its file, not at the
+// cap; one that cannot be read, at the cap.
+TEST(PlanAdapterTest, DatasetDirectoryLengthsAreSampledFromItsFile) {
+  const std::string dir = std::string(testing::TempDir()) + "/lengths_dataset";
+  std::filesystem::create_directories(dir);
+  data::Schema schema;
+  schema.features = {{"history", data::DType::kInt64, data::Layout::kJagged, "items"}};
+  data::Batch rows(std::make_shared<const data::Schema>(schema));
+  for (int r = 0; r < 4100; ++r) {
+    std::vector<int64_t> h(r % 41, 1);  // 0..40, mean 20.
+    rows.AddJaggedInt64(0, h.data(), h.size());
+    ASSERT_TRUE(rows.CommitRow().ok());
+  }
+  data::WriterOptions o;
+  o.max_rows_per_block = 100;
+  auto w = data::DatasetWriter::Create(dir + "/train.rfd", rows.schema(), o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Write(rows).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+
+  auto spec = BuildableSpec(1);  // history: max_length 512.
+  spec.mutable_data()->set_dataset(dir);
+  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int64_t> lengths = SpecSequenceLengths(spec, *model);
+  ASSERT_FALSE(lengths.empty());
+  double mean = 0;
+  for (int64_t l : lengths) mean += static_cast<double>(l) / static_cast<double>(lengths.size());
+  EXPECT_NEAR(mean, 20, 1);
+  EXPECT_LE(*std::max_element(lengths.begin(), lengths.end()), 40);
+
+  spec.mutable_data()->set_dataset(dir + "/absent");
+  for (int64_t l : SpecSequenceLengths(spec, *model)) ASSERT_EQ(l, 512);
 }
 
 TEST(PlanAdapterTest, GroupsFollowThePlan) {
