@@ -318,15 +318,15 @@ std::vector<DeduplicatedIds> DeduplicateTables(const std::vector<std::vector<int
   return out;
 }
 
-std::vector<std::vector<int64_t>> SparseEmbeddings::TableUses(const Batch& batch) const {
+std::vector<std::vector<int64_t>> TableUses(const FeatureSchema& schema, const Batch& batch) {
   const int64_t L = batch.sequence.empty() ? 0 : batch.sequence[0].offsets.back();
-  std::vector<std::vector<int64_t>> uses(schema_.tables.size());
-  for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
-    std::vector<int64_t>& u = uses[schema_.id_lists[f].table];
+  std::vector<std::vector<int64_t>> uses(schema.tables.size());
+  for (size_t f = 0; f < schema.id_lists.size(); ++f) {
+    std::vector<int64_t>& u = uses[schema.id_lists[f].table];
     u.insert(u.end(), batch.id_lists[f].ids.begin(), batch.id_lists[f].ids.end());
   }
-  for (size_t f = 0; f < schema_.sequence_fields.size(); ++f) {
-    std::vector<int64_t>& u = uses[schema_.sequence_fields[f].table];
+  for (size_t f = 0; f < schema.sequence_fields.size(); ++f) {
+    std::vector<int64_t>& u = uses[schema.sequence_fields[f].table];
     u.insert(u.end(), batch.sequence[f].ids.begin(), batch.sequence[f].ids.begin() + L);
   }
   return uses;
@@ -340,7 +340,7 @@ void SparseEmbeddings::PrepareGradientIds(const StagedBatch& staged) {
   if (prepared_.valid()) prepared_.wait();  // At most one in flight.
   prepared_for_ = &staged;
   prepared_generation_ = staged.generation();
-  prepared_ = std::async(std::launch::async, [uses = TableUses(*staged.batch())] {
+  prepared_ = std::async(std::launch::async, [uses = TableUses(schema_, *staged.batch())] {
     return DeduplicateTables(uses);
   });
 }
@@ -351,7 +351,7 @@ absl::Status SparseEmbeddings::ReduceDuplicates(const StagedBatch& staged) {
       prepared_generation_ == staged.generation()) {
     dedup = prepared_.get();
   } else {
-    dedup = DeduplicateTables(TableUses(*staged.batch()));
+    dedup = DeduplicateTables(TableUses(schema_, *staged.batch()));
   }
   prepared_for_ = nullptr;
   int64_t total_ids = 0, total_rows = 0;

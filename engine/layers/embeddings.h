@@ -53,6 +53,10 @@ DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses);
 // item table: tens of thousands of ids per batch) each on a thread of
 // their own, so the slowest table, not the sum, is the wait.
 std::vector<DeduplicatedIds> DeduplicateTables(const std::vector<std::vector<int64_t>>& uses);
+// Per table of `schema`, its uses in `batch` in the order of its gradient
+// rows: the table's id-list features (schema order), then its sequence
+// fields (the batch must match the schema).
+std::vector<std::vector<int64_t>> TableUses(const FeatureSchema& schema, const Batch& batch);
 
 // The initial value of element (row, col) of table `table`: a N(0, stddev^2)
 // draw that depends only on (seed, table, row, col), so tables split over
@@ -155,9 +159,6 @@ class SparseEmbeddings {
   // CUDA: fills unique_ids, slots and reduced_rows of every table from the
   // batch's host ids and the per-use grad_rows.
   absl::Status ReduceDuplicates(const StagedBatch& staged);
-  // Per table, its uses in `batch` in grad_ids' order: the table's id-list
-  // features (schema order), then its sequence fields.
-  std::vector<std::vector<int64_t>> TableUses(const Batch& batch) const;
   absl::Status CollectPooledGradients(const StagedBatch& staged,
                                       absl::Span<const TensorView> dfeatures,
                                       const TensorView& dhistory);
