@@ -14,16 +14,39 @@ using cuda_impl::WorkItem;
 
 constexpr int kTile = cuda_impl::kTileRows;
 
-// Orders items so the longest start first (the hardware hands CTAs out in
-// grid order, so this is longest-processing-time-first over the SMs and the
-// tail holds only short tiles). An item's work is its inner rows times its
-// query tiles.
-void SortLongestFirst(std::vector<WorkItem>& items) {
-  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) {
-    return static_cast<int64_t>(a.inner_end - a.inner_begin) * a.q_tiles >
-           static_cast<int64_t>(b.inner_end - b.inner_begin) * b.q_tiles;
-  });
+int64_t Work(const WorkItem& it) {
+  return static_cast<int64_t>(it.inner_end - it.inner_begin) * it.q_tiles;
 }
+
+int64_t Tiles(int64_t rows, int64_t tile) { return (rows + tile - 1) / tile; }
+
+}  // namespace
+
+void SortLongestFirst(std::vector<WorkItem>& items) {
+  if (items.size() < 2) return;
+  int64_t max_work = 0, min_work = 0;
+  for (const WorkItem& it : items) {
+    max_work = std::max(max_work, Work(it));
+    min_work = std::min(min_work, Work(it));
+  }
+  // Where works span no more than a few times the item count (short
+  // histories), a counting sort: one pass instead of a merge sort's
+  // log(n) passes over 48-byte items. Both are stable.
+  if (min_work < 0 || max_work > 4 * static_cast<int64_t>(items.size()) + 1024) {
+    std::stable_sort(items.begin(), items.end(),
+                     [](const WorkItem& a, const WorkItem& b) { return Work(a) > Work(b); });
+    return;
+  }
+  // start[max_work - w]: where the items of work w begin (longest first).
+  std::vector<size_t> start(max_work + 2, 0);
+  for (const WorkItem& it : items) ++start[max_work - Work(it) + 1];
+  for (size_t i = 1; i < start.size(); ++i) start[i] += start[i - 1];
+  std::vector<WorkItem> sorted(items.size());
+  for (const WorkItem& it : items) sorted[start[max_work - Work(it)]++] = it;
+  items.swap(sorted);
+}
+
+namespace {
 
 // Appends the query tiles of `rows` rows of one sequence (described by
 // `base`) with the keys they see. Key ranges are monotone in the query, so a
@@ -104,6 +127,21 @@ void GroupQueryTiles(const std::vector<WorkItem>& tiles, size_t first,
 TilePlan MakeTilePlan(const AttentionInputs& in, const AttentionOptions& o) {
   TilePlan plan;
   plan.block_kernel = o.mask == Mask::kBlock;
+  // Every list's length first: one allocation each.
+  int64_t q_tiles = 0, forward_tiles = 0, key_tiles = 0, wide_key_tiles = 0;
+  for (int64_t b = 0; b < in.q.batch_size(); ++b) {
+    const int64_t lq = in.q.length(b), lk = in.k.length(b);
+    q_tiles += Tiles(lq, kTile);
+    forward_tiles += Tiles(lq, cuda_impl::kForwardTileRows);
+    key_tiles += Tiles(lk, kTile);
+    wide_key_tiles += Tiles(lk, cuda_impl::kWideKeyTileRows);
+  }
+  plan.query_tiles.reserve(q_tiles);
+  plan.forward_tiles.reserve(forward_tiles);
+  plan.grouped_tiles.reserve(forward_tiles);
+  plan.key_tiles.reserve(key_tiles);
+  plan.wide_key_tiles.reserve(wide_key_tiles);
+  if (plan.block_kernel) plan.blocks.reserve(q_tiles);
   int64_t bias_base = 0;
   const int64_t heads = in.q.values.dim(1);
   for (int64_t b = 0; b < in.q.batch_size(); ++b) {

@@ -32,6 +32,12 @@ struct TilePlan {
 // (ValidateAttention).
 TilePlan MakeTilePlan(const AttentionInputs& in, const AttentionOptions& o);
 
+// Orders items so the longest start first (the hardware hands CTAs out in
+// grid order, so this is longest-processing-time-first over the SMs and the
+// tail holds only short tiles). An item's work is its inner rows times its
+// query tiles; items of equal work keep their order (stable).
+void SortLongestFirst(std::vector<cuda_impl::WorkItem>& items);
+
 // Work-weighted mean number of streamed query tiles per key tile of the
 // Hopper dK/dV pass: sum(n^2) / sum(n) over its items, n the item's 64-row
 // query tiles.

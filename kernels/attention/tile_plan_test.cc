@@ -105,6 +105,51 @@ TEST(TilePlanTest, CrossAttentionGroupsQueryTilesOfAShortHistory) {
   EXPECT_FALSE(plan.block_kernel);
 }
 
+// The counting sort (works in a short range) and the merge sort (a long
+// one) give std::stable_sort's order.
+TEST(TilePlanTest, SortLongestFirstIsAStableSortByWork) {
+  std::mt19937_64 rng(3);
+  for (int64_t max_inner : {int64_t{300}, int64_t{1} << 24}) {
+    std::uniform_int_distribution<int64_t> inner(0, max_inner), group(1, 4);
+    std::vector<WorkItem> items(5000);
+    for (size_t i = 0; i < items.size(); ++i) {
+      items[i] = WorkItem{};
+      items[i].tile_row = static_cast<int>(i);  // identifies the item
+      items[i].inner_end = static_cast<int>(inner(rng));
+      items[i].q_tiles = static_cast<int>(group(rng));
+    }
+    std::vector<WorkItem> expected = items;
+    std::stable_sort(expected.begin(), expected.end(), [](const WorkItem& a, const WorkItem& b) {
+      return static_cast<int64_t>(a.inner_end) * a.q_tiles >
+             static_cast<int64_t>(b.inner_end) * b.q_tiles;
+    });
+    SortLongestFirst(items);
+    ASSERT_EQ(items.size(), expected.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      ASSERT_EQ(items[i].tile_row, expected[i].tile_row) << "max_inner " << max_inner << " at " << i;
+    }
+  }
+}
+
+TEST(VisiblePairsTest, EqualsTheSumOverQueriesOfTheirVisibleKeys) {
+  for (Mask mask : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow, Mask::kBlock}) {
+    for (int64_t window : {0, 1, 5, 64, 200}) {
+      AttentionOptions o;
+      o.mask = mask;
+      o.window = window;
+      for (int64_t lq = 0; lq <= 140; lq += (lq < 70 ? 1 : 7)) {
+        for (int64_t lk = 0; lk <= 140; lk += (lk < 70 ? 1 : 7)) {
+          int64_t brute = 0;
+          for (int64_t i = 0; i < lq; ++i) brute += VisibleKeys(o, lq, lk, i).size();
+          ASSERT_EQ(VisiblePairs(o, lq, lk), brute)
+              << "mask " << static_cast<int>(mask) << " window " << window << " lq " << lq
+              << " lk " << lk;
+        }
+      }
+    }
+  }
+}
+
 TEST(TilePlanTest, KeyOfEqualOffsetsIsEqualAndHashesEqual) {
   const std::vector<int64_t> a = OffsetsOf({3, 0, 70, 5}), b = OffsetsOf({3, 0, 70, 5});
   AttentionOptions o;
