@@ -30,16 +30,6 @@ TensorView HostOffsets(const std::vector<int64_t>& offsets) {
                   {static_cast<int64_t>(offsets.size())});
 }
 
-attention::AttentionOptions SequenceOptions(const GemLiteConfig& config) {
-  attention::AttentionOptions o;
-  o.activation = config.seq_activation;
-  o.mask = config.seq_mask;
-  o.window = config.seq_window;
-  o.rope = config.rope;
-  o.qk_norm = config.qk_norm;
-  return o;
-}
-
 }  // namespace
 
 double InitialTableValue(const GemLiteConfig& config, int table, int64_t row, int64_t col) {
@@ -69,7 +59,7 @@ struct GemLite<T>::Impl {
     }
     for (int l = 0; l < c.seq_layers; ++l) {
       blocks.push_back(std::make_unique<layers::SelfAttentionBlock>(
-          ctx, absl::StrCat("seq", l), d, c.heads, SequenceOptions(c)));
+          ctx, absl::StrCat("seq", l), d, c.heads, SequenceAttentionOptions(c)));
       // Its input, history[l], stays alive until block l - 1's backward.
       blocks.back()->set_recompute(l < e.recompute_attention_blocks);
     }

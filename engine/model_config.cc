@@ -91,4 +91,14 @@ absl::StatusOr<attention::Activation> ParseAttentionActivation(const std::string
       absl::StrCat("attention activation must be softmax, gelu or silu, got '", name, "'"));
 }
 
+attention::AttentionOptions SequenceAttentionOptions(const GemLiteConfig& config) {
+  attention::AttentionOptions o;
+  o.activation = config.seq_activation;
+  o.mask = config.seq_mask;
+  o.window = config.seq_window;
+  o.rope = config.rope;
+  o.qk_norm = config.qk_norm;
+  return o;
+}
+
 }  // namespace recfleet::engine

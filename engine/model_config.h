@@ -92,6 +92,9 @@ struct GemLiteConfig {
   absl::Status Validate() const;
 };
 
+// The attention options of the sequence branch's self-attention blocks.
+attention::AttentionOptions SequenceAttentionOptions(const GemLiteConfig& config);
+
 // Stable names for logs and config files.
 absl::StatusOr<attention::Mask> ParseMask(const std::string& name);
 absl::StatusOr<attention::Activation> ParseAttentionActivation(const std::string& name);

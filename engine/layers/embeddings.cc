@@ -19,6 +19,13 @@ namespace recfleet::engine {
 namespace layers {
 namespace {
 
+// Every table's row count, the bound DeduplicateTables uses.
+std::vector<int64_t> RowCounts(const FeatureSchema& schema) {
+  std::vector<int64_t> rows;
+  for (const FeatureSchema::Table& t : schema.tables) rows.push_back(t.rows);
+  return rows;
+}
+
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -289,10 +296,31 @@ absl::Status SparseEmbeddings::CollectTableGradients(const StagedBatch& staged,
   return absl::OkStatus();
 }
 
-DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses) {
+DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses, int64_t rows) {
   DeduplicatedIds d;
-  absl::flat_hash_map<int64_t, int64_t> index;
   d.slots.reserve(uses.size());
+  if (rows > 0 && rows <= static_cast<int64_t>(uses.size())) {
+    // Clearing `rows` entries costs no more than the hashing it replaces.
+    std::vector<int64_t> slot_of(rows, -1);
+    bool in_range = true;
+    for (int64_t id : uses) {
+      if (id < 0 || id >= rows) {
+        in_range = false;
+        break;
+      }
+      int64_t& slot = slot_of[id];
+      if (slot < 0) {
+        slot = static_cast<int64_t>(d.unique.size());
+        d.unique.push_back(id);
+      }
+      d.slots.push_back(slot);
+    }
+    if (in_range) return d;
+    d.unique.clear();
+    d.slots.clear();
+  }
+  absl::flat_hash_map<int64_t, int64_t> index;
+  index.reserve(rows > 0 ? std::min<int64_t>(rows, uses.size()) : uses.size());
   for (int64_t id : uses) {
     auto [it, fresh] = index.try_emplace(id, static_cast<int64_t>(d.unique.size()));
     if (fresh) d.unique.push_back(id);
@@ -301,35 +329,39 @@ DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses) {
   return d;
 }
 
-std::vector<DeduplicatedIds> DeduplicateTables(const std::vector<std::vector<int64_t>>& uses) {
+std::vector<DeduplicatedIds> DeduplicateTables(const std::vector<std::vector<int64_t>>& uses,
+                                               absl::Span<const int64_t> rows) {
   // Below this many uses a thread's start costs more than the hashing.
   constexpr size_t kOwnThread = 8192;
   std::vector<DeduplicatedIds> out(uses.size());
   std::vector<std::thread> threads;
+  auto rows_of = [&rows](size_t t) { return t < rows.size() ? rows[t] : int64_t{0}; };
   for (size_t t = 0; t < uses.size(); ++t) {
     if (uses[t].size() >= kOwnThread) {
-      threads.emplace_back([&uses, &out, t] { out[t] = Deduplicate(uses[t]); });
+      threads.emplace_back(
+          [&uses, &out, t, r = rows_of(t)] { out[t] = Deduplicate(uses[t], r); });
     }
   }
   for (size_t t = 0; t < uses.size(); ++t) {
-    if (uses[t].size() < kOwnThread) out[t] = Deduplicate(uses[t]);
+    if (uses[t].size() < kOwnThread) out[t] = Deduplicate(uses[t], rows_of(t));
   }
   for (std::thread& th : threads) th.join();
   return out;
 }
 
-std::vector<std::vector<int64_t>> SparseEmbeddings::TableUses(const Batch& batch) const {
+void TableUses(const FeatureSchema& schema, const Batch& batch,
+               std::vector<std::vector<int64_t>>* uses) {
   const int64_t L = batch.sequence.empty() ? 0 : batch.sequence[0].offsets.back();
-  std::vector<std::vector<int64_t>> uses(schema_.tables.size());
-  for (size_t f = 0; f < schema_.id_lists.size(); ++f) {
-    std::vector<int64_t>& u = uses[schema_.id_lists[f].table];
+  uses->resize(schema.tables.size());
+  for (std::vector<int64_t>& u : *uses) u.clear();
+  for (size_t f = 0; f < schema.id_lists.size(); ++f) {
+    std::vector<int64_t>& u = (*uses)[schema.id_lists[f].table];
     u.insert(u.end(), batch.id_lists[f].ids.begin(), batch.id_lists[f].ids.end());
   }
-  for (size_t f = 0; f < schema_.sequence_fields.size(); ++f) {
-    std::vector<int64_t>& u = uses[schema_.sequence_fields[f].table];
+  for (size_t f = 0; f < schema.sequence_fields.size(); ++f) {
+    std::vector<int64_t>& u = (*uses)[schema.sequence_fields[f].table];
     u.insert(u.end(), batch.sequence[f].ids.begin(), batch.sequence[f].ids.begin() + L);
   }
-  return uses;
 }
 
 void SparseEmbeddings::PrepareGradientIds(const StagedBatch& staged) {
@@ -337,11 +369,15 @@ void SparseEmbeddings::PrepareGradientIds(const StagedBatch& staged) {
       staged.batch() == nullptr) {
     return;
   }
-  if (prepared_.valid()) prepared_.wait();  // At most one in flight.
+  // At most one in flight: the last one's task may still read
+  // prepared_uses_.
+  if (prepared_.valid()) prepared_.wait();
   prepared_for_ = &staged;
   prepared_generation_ = staged.generation();
-  prepared_ = std::async(std::launch::async, [uses = TableUses(*staged.batch())] {
-    return DeduplicateTables(uses);
+  TableUses(schema_, *staged.batch(), &prepared_uses_);
+  if (table_rows_.empty()) table_rows_ = RowCounts(schema_);
+  prepared_ = std::async(std::launch::async, [uses = &prepared_uses_, rows = &table_rows_] {
+    return DeduplicateTables(*uses, *rows);
   });
 }
 
@@ -351,7 +387,11 @@ absl::Status SparseEmbeddings::ReduceDuplicates(const StagedBatch& staged) {
       prepared_generation_ == staged.generation()) {
     dedup = prepared_.get();
   } else {
-    dedup = DeduplicateTables(TableUses(*staged.batch()));
+    // Not prefetched: a copy of its own (a task in flight for another
+    // batch may still read prepared_uses_).
+    std::vector<std::vector<int64_t>> uses;
+    TableUses(schema_, *staged.batch(), &uses);
+    dedup = DeduplicateTables(uses, RowCounts(schema_));
   }
   prepared_for_ = nullptr;
   int64_t total_ids = 0, total_rows = 0;

@@ -48,11 +48,25 @@ struct DeduplicatedIds {
   std::vector<int64_t> unique;
   std::vector<int64_t> slots;
 };
-DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses);
-// Deduplicate of every table's uses; tables with many uses (a history's
-// item table: tens of thousands of ids per batch) each on a thread of
-// their own, so the slowest table, not the sum, is the wait.
-std::vector<DeduplicatedIds> DeduplicateTables(const std::vector<std::vector<int64_t>>& uses);
+// `rows` (0: unknown) is the table's row count, a bound on the distinct ids:
+// a table with no more rows than uses (a history's action table: 16 rows,
+// tens of thousands of uses) is indexed by id in an array instead of a hash
+// map, and the hash map of a larger one is sized once. The result does not
+// depend on `rows`, also for ids outside [0, rows).
+DeduplicatedIds Deduplicate(absl::Span<const int64_t> uses, int64_t rows = 0);
+// Deduplicate of every table's uses (`rows`: every table's row count, or
+// empty); tables with many uses (a history's item table: tens of thousands
+// of ids per batch) each on a thread of their own, so the slowest table,
+// not the sum, is the wait.
+std::vector<DeduplicatedIds> DeduplicateTables(const std::vector<std::vector<int64_t>>& uses,
+                                               absl::Span<const int64_t> rows = {});
+// Per table of `schema`, its uses in `batch` in the order of its gradient
+// rows: the table's id-list features (schema order), then its sequence
+// fields (the batch must match the schema). Overwrites `*uses`, keeping its
+// vectors' capacity (a step's copy of every id then reuses the last step's
+// memory instead of faulting in fresh pages).
+void TableUses(const FeatureSchema& schema, const Batch& batch,
+               std::vector<std::vector<int64_t>>* uses);
 
 // The initial value of element (row, col) of table `table`: a N(0, stddev^2)
 // draw that depends only on (seed, table, row, col), so tables split over
@@ -155,9 +169,6 @@ class SparseEmbeddings {
   // CUDA: fills unique_ids, slots and reduced_rows of every table from the
   // batch's host ids and the per-use grad_rows.
   absl::Status ReduceDuplicates(const StagedBatch& staged);
-  // Per table, its uses in `batch` in grad_ids' order: the table's id-list
-  // features (schema order), then its sequence fields.
-  std::vector<std::vector<int64_t>> TableUses(const Batch& batch) const;
   absl::Status CollectPooledGradients(const StagedBatch& staged,
                                       absl::Span<const TensorView> dfeatures,
                                       const TensorView& dhistory);
@@ -177,6 +188,10 @@ class SparseEmbeddings {
   void* copied_ = nullptr;
   std::vector<Tensor> pooled_grads_;
   Tensor field_;
+  // PrepareGradientIds' input, read by its task (declared before prepared_,
+  // whose destructor waits for the task), and every table's row count.
+  std::vector<std::vector<int64_t>> prepared_uses_;
+  std::vector<int64_t> table_rows_;
   // PrepareGradientIds' work in flight, per table, and the staging it is
   // for (object and generation).
   std::future<std::vector<DeduplicatedIds>> prepared_;

@@ -68,6 +68,36 @@ TEST(DeduplicateTest, TablesInParallelEqualOneByOne) {
   EXPECT_EQ(all[3].unique.size(), 16u);
 }
 
+// Per table: its id-list features' ids, then its sequence fields' ids; a
+// reused buffer is overwritten, not appended to.
+TEST(TableUsesTest, IdListsThenSequenceFieldsPerTableIntoAReusedBuffer) {
+  std::vector<std::vector<int64_t>> uses = {{9, 9, 9}, {9}, {9}};
+  TableUses(Schema(), TwoSamples(), &uses);
+  ASSERT_EQ(uses.size(), 2u);
+  EXPECT_EQ(uses[0], (std::vector<int64_t>{1, 2, 4, 0, 1}));
+  EXPECT_EQ(uses[1], (std::vector<int64_t>{0, 1, 3, 2, 2, 3}));
+}
+
+// The row count only picks how ids are indexed (an array when the table has
+// no more rows than uses, a hash map otherwise): the result is the same,
+// also when an id lies outside [0, rows).
+TEST(DeduplicateTest, RowCountDoesNotChangeTheResult) {
+  std::vector<std::vector<int64_t>> uses(3);
+  for (int64_t i = 0; i < 20000; ++i) uses[0].push_back((i * 31) % 16);      // rows 16
+  for (int64_t i = 0; i < 300; ++i) uses[1].push_back((i * 7919) % 100000);  // rows 1e5
+  uses[2] = {3, 1, 3, 17, 1, 2};  // rows 4, but an id of 17
+  const std::vector<int64_t> rows = {16, 100000, 4};
+  const std::vector<DeduplicatedIds> bounded = DeduplicateTables(uses, rows);
+  for (size_t t = 0; t < uses.size(); ++t) {
+    const DeduplicatedIds plain = Deduplicate(uses[t]);
+    EXPECT_EQ(bounded[t].unique, plain.unique) << t;
+    EXPECT_EQ(bounded[t].slots, plain.slots) << t;
+    EXPECT_EQ(Deduplicate(uses[t], rows[t]).slots, plain.slots) << t;
+  }
+  EXPECT_EQ(bounded[0].unique.size(), 16u);
+  EXPECT_EQ(bounded[2].unique, (std::vector<int64_t>{3, 1, 17, 2}));
+}
+
 TEST(SparseEmbeddingsTest, ForwardPoolsAndSumsByHand) {
   ParameterRegistry registry(DType::kFloat64, 1);
   SparseEmbeddings e(Fp64Context(&registry), Schema(), kDim, TableStorage::kInternal, 7, 0.5);

@@ -158,8 +158,7 @@ double AttentionForwardFlops(const JaggedView& q, const JaggedView& k, int64_t h
                              int64_t head_dim, const AttentionOptions& opts) {
   double pairs = 0;
   for (int64_t b = 0; b < q.batch_size(); ++b) {
-    const int64_t lq = q.length(b), lk = k.length(b);
-    for (int64_t i = 0; i < lq; ++i) pairs += internal::VisibleKeys(opts, lq, lk, i).size();
+    pairs += static_cast<double>(internal::VisiblePairs(opts, q.length(b), k.length(b)));
   }
   return pairs * 4.0 * static_cast<double>(head_dim) * static_cast<double>(heads);
 }

@@ -27,12 +27,15 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_internal.h"
 #include "kernels/attention/cuda_kernels.h"
+#include "kernels/attention/tile_plan.h"
 
 namespace recfleet::attention::internal {
 namespace {
@@ -49,152 +52,6 @@ absl::Status CudaCheck(int err, absl::string_view what) {
                                           cudaGetErrorString(static_cast<cudaError_t>(err))));
 }
 
-// Orders items so the longest start first (the hardware hands CTAs out in
-// grid order, so this is longest-processing-time-first over the SMs and the
-// tail holds only short tiles). An item's work is its inner rows times its
-// query tiles.
-void SortLongestFirst(std::vector<WorkItem>& items) {
-  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) {
-    return static_cast<int64_t>(a.inner_end - a.inner_begin) * a.q_tiles >
-           static_cast<int64_t>(b.inner_end - b.inner_begin) * b.q_tiles;
-  });
-}
-
-struct HostPlan {
-  std::vector<WorkItem> forward_tiles;  // forward (kForwardTileRows queries each)
-  std::vector<WorkItem> grouped_tiles;  // the Hopper forward's (forward tiles grouped)
-  std::vector<WorkItem> query_tiles;    // dQ
-  std::vector<WorkItem> key_tiles;    // dK/dV
-  std::vector<WorkItem> wide_key_tiles;  // the Hopper dK/dV pass's
-  std::vector<WorkItem> blocks;       // BlockAttention (empty if not applicable)
-  bool block_kernel = false;
-};
-
-// Appends the query tiles of `rows` rows of one sequence (described by
-// `base`) with the keys they see. Key ranges are monotone in the query, so a
-// tile's first and last rows bound the keys of the whole tile.
-void AddQueryTiles(const WorkItem& base, const AttentionOptions& o, int64_t rows,
-                   std::vector<WorkItem>& out) {
-  const int64_t lq = base.q_len, lk = base.k_len;
-  for (int64_t m0 = 0; m0 < lq; m0 += rows) {
-    WorkItem it = base;
-    it.tile_row = static_cast<int>(m0);
-    const KeyRange first = VisibleKeys(o, lq, lk, m0);
-    const KeyRange last = VisibleKeys(o, lq, lk, std::min(lq, m0 + rows) - 1);
-    it.inner_begin = static_cast<int>(first.begin);
-    it.inner_end = static_cast<int>(std::max(first.begin, last.end));
-    out.push_back(it);
-  }
-}
-
-// Appends the key tiles of `rows` rows of one sequence (described by `base`)
-// with the queries that see them.
-void AddKeyTiles(const WorkItem& base, const AttentionOptions& o, int64_t rows,
-                 std::vector<WorkItem>& out) {
-  const int64_t lq = base.q_len, lk = base.k_len;
-  for (int64_t n0 = 0; n0 < lk; n0 += rows) {
-    WorkItem it = base;
-    it.tile_row = static_cast<int>(n0);
-    const int64_t n_last = std::min(lk, n0 + rows) - 1;
-    // First query whose range ends after n0, last whose range starts at or
-    // before n_last (both monotone): binary searches over [0, lq).
-    int64_t lo = 0, hi = lq;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (VisibleKeys(o, lq, lk, mid).end > n0) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
-    const int64_t first = lo;
-    lo = 0;
-    hi = lq;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (VisibleKeys(o, lq, lk, mid).begin <= n_last) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    const int64_t end = lo;
-    it.inner_begin = static_cast<int>(first);
-    it.inner_end = static_cast<int>(std::max(first, end));
-    out.push_back(it);
-  }
-}
-
-// Appends tiles[first..] (one sequence's forward tiles, in row order) to
-// `out`, merging runs of consecutive tiles with the same short inner range
-// (short-K/V cross-attention and PMA, no mask) into items of up to
-// kWgmmaMaxGroup query tiles that load their K/V once.
-void GroupQueryTiles(const std::vector<WorkItem>& tiles, size_t first,
-                     std::vector<WorkItem>& out) {
-  for (size_t i = first; i < tiles.size(); ++i) {
-    const WorkItem& t = tiles[i];
-    WorkItem* last = out.empty() ? nullptr : &out.back();
-    if (i > first && last->inner_begin == t.inner_begin && last->inner_end == t.inner_end &&
-        t.inner_end - t.inner_begin <= cuda_impl::kWgmmaResidentKeys &&
-        last->q_tiles < cuda_impl::kWgmmaMaxGroup) {
-      ++last->q_tiles;
-    } else {
-      out.push_back(t);
-    }
-  }
-}
-
-HostPlan MakePlan(const AttentionInputs& in, const AttentionOptions& o) {
-  HostPlan plan;
-  plan.block_kernel = o.mask == Mask::kBlock;
-  int64_t bias_base = 0;
-  const int64_t heads = in.q.values.dim(1);
-  for (int64_t b = 0; b < in.q.batch_size(); ++b) {
-    const int64_t lq = in.q.length(b), lk = in.k.length(b);
-    if (lq != lk) plan.block_kernel = false;
-    WorkItem base{};
-    base.q_tiles = 1;
-    base.q_start = in.q.offset(b);
-    base.k_start = in.k.offset(b);
-    base.bias_base = bias_base;
-    base.q_len = static_cast<int>(lq);
-    base.k_len = static_cast<int>(lk);
-    bias_base += lq * lk * heads;
-    AddQueryTiles(base, o, kTile, plan.query_tiles);
-    const size_t first_tile = plan.forward_tiles.size();
-    AddQueryTiles(base, o, cuda_impl::kForwardTileRows, plan.forward_tiles);
-    GroupQueryTiles(plan.forward_tiles, first_tile, plan.grouped_tiles);
-    for (int64_t m0 = 0; m0 < lq && lq == lk; m0 += kTile) {
-      WorkItem blk = base;
-      blk.tile_row = static_cast<int>(m0);
-      blk.inner_begin = blk.tile_row;
-      blk.inner_end = static_cast<int>(std::min(lk, m0 + kTile));
-      plan.blocks.push_back(blk);
-    }
-    AddKeyTiles(base, o, kTile, plan.key_tiles);
-    AddKeyTiles(base, o, cuda_impl::kWideKeyTileRows, plan.wide_key_tiles);
-  }
-  SortLongestFirst(plan.forward_tiles);
-  SortLongestFirst(plan.grouped_tiles);
-  SortLongestFirst(plan.query_tiles);
-  SortLongestFirst(plan.key_tiles);
-  SortLongestFirst(plan.wide_key_tiles);
-  if (!plan.block_kernel) plan.blocks.clear();
-  return plan;
-}
-
-// Work-weighted mean number of streamed query tiles per key tile of the
-// Hopper dK/dV pass: sum(n^2) / sum(n) over its items, n the item's 64-row
-// query tiles.
-double MeanStreamedTiles(const std::vector<WorkItem>& key_tiles) {
-  double tiles = 0, weighted = 0;
-  for (const WorkItem& it : key_tiles) {
-    const double n = (it.inner_end - it.inner_begin + kTile - 1) / kTile;
-    tiles += n;
-    weighted += n * n;
-  }
-  return tiles > 0 ? weighted / tiles : 0.0;
-}
 
 // Pinned host memory in which plans are staged for their asynchronous
 // upload: a ring whose regions are reused once the copy out of them has
@@ -382,12 +239,6 @@ class PlanLease {
   cudaStream_t stream_;
 };
 
-std::vector<int64_t> Offsets(const JaggedView& j) {
-  std::vector<int64_t> v(j.batch_size() + 1);
-  for (int64_t b = 0; b <= j.batch_size(); ++b) v[b] = j.offset(b);
-  return v;
-}
-
 // Least-recently-used cache of device plans keyed by (device, mask, window,
 // offsets). A new plan is uploaded on the caller's stream (stream-ordered
 // allocation, copy from pinned staging, no host synchronization); a caller
@@ -398,12 +249,7 @@ class PlanCache {
                                                  const AttentionOptions& o, cudaStream_t stream) {
     int device = 0;
     if (auto s = CudaCheck(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
-    const std::vector<int64_t> q_off = Offsets(in.q), k_off = Offsets(in.k);
-    std::string key = absl::StrCat(device, "/", static_cast<int>(o.mask), "/",
-                                   o.mask == Mask::kSlidingWindow ? o.window : 0, "/");
-    key.append(reinterpret_cast<const char*>(q_off.data()), q_off.size() * sizeof(int64_t));
-    key.append("/");
-    key.append(reinterpret_cast<const char*>(k_off.data()), k_off.size() * sizeof(int64_t));
+    TilePlanKey key(device, in, o);
     std::lock_guard<std::mutex> lock(mu_);
     auto found = index_.find(key);
     if (found != index_.end()) {
@@ -417,10 +263,10 @@ class PlanCache {
       }
       return std::make_unique<PlanLease>(plan, stream);
     }
-    auto plan = Upload(MakePlan(in, o), q_off, k_off, device, stream);
+    auto plan = Upload(MakeTilePlan(in, o), key, device, stream);
     if (!plan.ok()) return plan.status();
-    lru_.emplace_front(key, *plan);
-    index_[key] = lru_.begin();
+    lru_.emplace_front(std::move(key), *plan);
+    index_.insert_or_assign(lru_.front().first, lru_.begin());
     if (lru_.size() > kCapacity) {
       index_.erase(lru_.back().first);
       lru_.pop_back();  // in-flight users hold their own reference
@@ -431,7 +277,7 @@ class PlanCache {
  private:
   static constexpr size_t kCapacity = 32;
   static constexpr size_t kAlign = 256;
-  using Entry = std::pair<std::string, std::shared_ptr<DevicePlan>>;
+  using Entry = std::pair<TilePlanKey, std::shared_ptr<DevicePlan>>;
 
   // Per device: the staging ring and the stream on which plans are freed.
   struct PerDevice {
@@ -452,10 +298,11 @@ class PlanCache {
     return &d;
   }
 
-  absl::StatusOr<std::shared_ptr<DevicePlan>> Upload(const HostPlan& host,
-                                                     const std::vector<int64_t>& q_off,
-                                                     const std::vector<int64_t>& k_off,
+  absl::StatusOr<std::shared_ptr<DevicePlan>> Upload(const TilePlan& host, const TilePlanKey& key,
                                                      int device, cudaStream_t stream) {
+    const absl::Span<const int64_t> offsets(key.offsets());
+    const absl::Span<const int64_t> q_off = offsets.subspan(0, key.batch_size() + 1);
+    const absl::Span<const int64_t> k_off = offsets.subspan(key.batch_size() + 1);
     auto per_device = ForDevice(device);
     if (!per_device.ok()) return per_device.status();
     auto plan = std::make_shared<DevicePlan>();
@@ -535,7 +382,7 @@ class PlanCache {
 
   std::mutex mu_;
   std::list<Entry> lru_;
-  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+  absl::flat_hash_map<TilePlanKey, std::list<Entry>::iterator> index_;
   std::unordered_map<int, PerDevice> devices_;
 };
 

@@ -48,6 +48,32 @@ inline KeyRange VisibleKeys(const AttentionOptions& o, int64_t lq, int64_t lk, i
   return r;
 }
 
+// The sum over the queries of a sequence with lengths (lq, lk) of
+// VisibleKeys(o, lq, lk, i).size(), in closed form (kBlock: one term per
+// 64-token block), so that counting a batch's FLOPs costs O(batch), not
+// O(tokens): the engine counts every forward call of every step.
+inline int64_t VisiblePairs(const AttentionOptions& o, int64_t lq, int64_t lk) {
+  if (lq <= 0 || lk <= 0) return 0;
+  if (o.mask == Mask::kNone) return lq * lk;
+  // Query positions run over [lk - lq, lk); those below 0 see no key.
+  const int64_t first = std::max<int64_t>(0, lk - lq);
+  if (o.mask == Mask::kBlock) {
+    int64_t pairs = 0;
+    for (int64_t b0 = first / kAttentionBlockSize * kAttentionBlockSize; b0 < lk;
+         b0 += kAttentionBlockSize) {
+      const int64_t end = std::min(lk, b0 + kAttentionBlockSize);
+      pairs += (end - std::max(b0, first)) * (end - b0);
+    }
+    return pairs;
+  }
+  // Causal and sliding window: position p sees min(p + 1, w) keys.
+  const int64_t w = o.mask == Mask::kCausal ? lk : std::max<int64_t>(0, o.window);
+  auto prefix = [w](int64_t n) {  // sum over t in [1, n] of min(t, w)
+    return n <= w ? n * (n + 1) / 2 : w * (w + 1) / 2 + (n - w) * w;
+  };
+  return prefix(lk) - prefix(first);
+}
+
 inline double ResolvedScale(const AttentionOptions& o, int64_t head_dim) {
   return o.scale != 0.0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
