@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "kernels/attention/cuda_kernels.h"
+#include "kernels/attention/tile_mask.h"
 
 namespace recfleet::attention::cuda_impl {
 
@@ -182,19 +183,10 @@ __device__ __forceinline__ float Tanh(float x) {
   return y;
 }
 
-// ---- Mask: the same key ranges as internal::VisibleKeys. ----
+// ---- Mask: the same key ranges as internal::VisibleKeys (tile_mask.h). ----
 __device__ __forceinline__ void KeyRangeOf(const KernelParams& p, int lq, int lk, int i, int& lo,
                                            int& hi) {
-  const int pq = i + lk - lq;
-  lo = 0;
-  hi = lk;
-  if (p.mask == kMaskCausal || p.mask == kMaskWindow) hi = min(lk, pq + 1);
-  if (p.mask == kMaskWindow) lo = max(0, pq - p.window + 1);
-  if (p.mask == kMaskBlock) {
-    const int blk = pq >= 0 ? pq / 64 : -((-pq + 63) / 64);
-    lo = max(0, blk * 64);
-    hi = min(lk, blk * 64 + 64);
-  }
+  MaskKeyRange(p.mask, p.window, lq, lk, i, lo, hi);
 }
 // The keys visible to the two accumulator rows a thread owns (rows past the
 // sequence end see none). Ranges depend on the row only, so a kernel computes
@@ -227,15 +219,15 @@ __device__ __forceinline__ void QueryRangeOf(const KernelParams& p, int lq, int 
   }
   if (hi < lo) hi = lo;
 }
-// Whether every (query, key) of rows [i0, i0 + rows) x cols [j0, j0 + cols)
-// is visible (ranges are monotone in i, so the corners decide).
+// The class of queries [i0, i0 + rows) x keys [j0, j0 + cols) (tile_mask.h).
+__device__ __forceinline__ TileClass ClassOf(const KernelParams& p, int lq, int lk, int i0,
+                                             int rows, int j0, int cols) {
+  return ClassifyTile(p.mask, p.window, lq, lk, i0, rows, j0, cols);
+}
+// Whether every pair of that tile is visible.
 __device__ __forceinline__ bool TileFull(const KernelParams& p, int lq, int lk, int i0, int rows,
                                          int j0, int cols) {
-  if (i0 < 0 || i0 + rows > lq || j0 < 0 || j0 + cols > lk) return false;
-  int lo_last, hi_last, lo_first, hi_first;
-  KeyRangeOf(p, lq, lk, i0 + rows - 1, lo_last, hi_last);
-  KeyRangeOf(p, lq, lk, i0, lo_first, hi_first);
-  return lo_last <= j0 && hi_first >= j0 + cols;
+  return ClassOf(p, lq, lk, i0, rows, j0, cols) == kTileFull;
 }
 
 // ---- Activations. ----

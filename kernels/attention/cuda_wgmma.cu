@@ -107,21 +107,45 @@ __device__ __forceinline__ void TurnPass(const KernelParams& p, int id) {
   }
 }
 
-// Turns a warpgroup's 64 x 128 score tile (keys col0..col0 + 127) into
-// probabilities in place: the mask (and bias), the scale, then either the
-// online softmax step (running max m and sum l per row; corr receives the
-// factor the output accumulated so far must be multiplied by) or the
-// activation with corr = 1.
+// Hides the scores of a warpgroup's partially visible tile: `hidden` where
+// the key lies outside the row's range. lo_rel and hi_rel are the thread's
+// two rows' key ranges relative to its first column (col0 + 2 t), so each
+// score costs two compares against immediates and a select.
+__device__ __forceinline__ void HideScores(float (&sc)[16][4], const int (&lo_rel)[2],
+                                           const int (&hi_rel)[2], float hidden) {
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1, cl = nt * 8 + (e & 1);
+      sc[nt][e] = cl >= lo_rel[r] && cl < hi_rel[r] ? sc[nt][e] : hidden;
+    }
+  }
+}
+
+// Turns a warpgroup's 64 x 128 score tile (its query rows from wg_row0,
+// keys col0..col0 + 127) into probabilities in place: the mask (and bias),
+// the scale, then either the online softmax step (running max m and sum l
+// per row; corr receives the factor the output accumulated so far must be
+// multiplied by) or the activation with corr = 1. The warpgroup's class of
+// the tile (tile_mask.h) picks the path: every pair visible (no mask
+// instruction) or not (softmax: the raw scores hidden by HideScores; GELU
+// and SiLU: per element). Tiles with no pair visible (a warpgroup past the
+// window's edge or the sequence end) take the masked path too: a path of
+// their own made the chained loops spill (ptxas).
 template <int A>
 __device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkItem& it,
-                                              float (&sc)[16][4], int row0, int col0, int t,
-                                              float (&m)[2], float (&l)[2], float (&corr)[2]) {
-  // Softmax: the factor the exponent's FMA still applies to the scores. A
-  // full tile with a positive scale keeps its scores raw (the row maximum
-  // commutes with the scale) and saves a multiply per score; elsewhere the
-  // scores are scaled (and masked) here and the factor is 1.
+                                              float (&sc)[16][4], int wg_row0, int row0, int col0,
+                                              int t, float (&m)[2], float (&l)[2],
+                                              float (&corr)[2]) {
+  corr[0] = corr[1] = 1.f;
+  const TileClass cls = ClassOf(p, it.q_len, it.k_len, wg_row0, 64, col0, kRowsKv);
+  // Softmax: the factor the exponent's FMA still applies to the scores. With
+  // no bias and a positive scale the scores stay raw (the row maximum
+  // commutes with the scale), which saves a multiply per score; otherwise
+  // they are scaled here and the factor is 1.
   float k_exp = 1.f;
-  if (p.bias == nullptr && TileFull(p, it.q_len, it.k_len, it.tile_row, kRowsQ, col0, kRowsKv)) {
+  if (p.bias == nullptr && (A == kActSoftmax || cls == kTileFull)) {
     if constexpr (A == kActSoftmax) {
       const float c = p.scale * kLog2e;
       if (c > 0.f) {
@@ -133,6 +157,16 @@ __device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkI
           for (int e = 0; e < 4; ++e) sc[nt][e] *= c;
         }
       }
+      if (cls != kTileFull) {
+        int lo[2], hi[2], lo_rel[2], hi_rel[2];
+        RowKeyRanges(p, it.q_len, it.k_len, row0, lo, hi);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          lo_rel[r] = lo[r] - col0 - 2 * t;
+          hi_rel[r] = hi[r] - col0 - 2 * t;
+        }
+        HideScores(sc, lo_rel, hi_rel, -INFINITY);
+      }
     } else {
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) {
@@ -141,6 +175,9 @@ __device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkI
       }
     }
   } else {
+    // Bias, or GELU/SiLU on a tile not fully visible: per element (hiding the GELU's
+    // and SiLU's scores after their activation costs registers that their
+    // chained loop does not have).
     int lo[2], hi[2];
     RowKeyRanges(p, it.q_len, it.k_len, row0, lo, hi);
 #pragma unroll
@@ -159,7 +196,6 @@ __device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkI
       }
     }
   }
-  corr[0] = corr[1] = 1.f;
   if constexpr (A == kActSoftmax) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -403,7 +439,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             FenceRegs(sc);
             if (real) {
               if (release) BarArrive(k_empty + 8 * s);
-              ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+              ScoresToProbs<A>(p, it, sc, it.tile_row + 64 * c, row0, col0, t, m, l, corr);
             }
           }
           WgWait0();
@@ -415,7 +451,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           if constexpr (!kOverlapOwnPv) {
             if (real) {
               if (release) BarArrive(k_empty + 8 * s);
-              ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+              ScoresToProbs<A>(p, it, sc, it.tile_row + 64 * c, row0, col0, t, m, l, corr);
             }
           }
           if (real) PackA<kRowsKv>(sc, pa);
@@ -497,7 +533,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           WgWait0();
           FenceRegs(sc);
           if (release) BarArrive(k_empty + 8 * s);
-          ScoresToProbs<A>(p, it, sc, row0, it.inner_begin, t, m, l, corr);
+          ScoresToProbs<A>(p, it, sc, it.tile_row + 64 * c, row0, it.inner_begin, t, m, l, corr);
           PackA<kRowsKv>(sc, pa);
           for (int n = 1; n < n_tiles; ++n) {
             const int prev = s, prev_parity = (kv_iter >> 1) & 1;
@@ -517,7 +553,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               WgWait1();
               FenceRegs(sc);
               if (release) BarArrive(k_empty + 8 * s);
-              ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+              ScoresToProbs<A>(p, it, sc, it.tile_row + 64 * c, row0, col0, t, m, l, corr);
             }
             WgWait0();
             FenceRegs(o);
@@ -527,7 +563,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               if constexpr (!kOverlapOwnPv) BarArrive(k_empty + 8 * s);
               BarArrive(v_empty + 8 * prev);
             }
-            if constexpr (!kOverlapOwnPv) ScoresToProbs<A>(p, it, sc, row0, col0, t, m, l, corr);
+            if constexpr (!kOverlapOwnPv) {
+              ScoresToProbs<A>(p, it, sc, it.tile_row + 64 * c, row0, col0, t, m, l, corr);
+            }
             if constexpr (A == kActSoftmax) {
 #pragma unroll
               for (int dt = 0; dt < D / 8; ++dt) {

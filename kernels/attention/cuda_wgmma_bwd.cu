@@ -323,7 +323,40 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
     const uint32_t x_rows = x_sb + c * 64 * 128, y_rows = y_sb + c * 64 * 128;
     BarWait(x_full + 8 * sb, stat_phase(item));
     BarWait(y_full + 8 * sb, stat_phase(item));
-    for (int n = 0; n < n_tiles; ++n, ++iter) {
+    // This warpgroup's 64 stationary rows against a streamed tile
+    // (tile_mask.h). The tiles none of whose pairs is visible (the window's
+    // far edge for one warpgroup or the other, stationary rows past the
+    // sequence end) come first or last in the stream (the ranges are
+    // monotone); the loop bounds skip them, so they cost a release each and
+    // no GEMM, and the main loop keeps one code path (a branch around its
+    // GEMMs made ptxas spill). The fused dQ needs both halves of dS^T, so it
+    // computes them (all zero). GELU and SiLU compute them too: at d = 128
+    // the bounds' two registers made their dK/dV pass spill ~130 bytes
+    // (against ~30 without), softmax's 16.
+    auto tile_class = [&](int col0) {
+      return kDkDv ? ClassOf(p, it.q_len, it.k_len, col0, R, wg_row0, 64)
+                   : ClassOf(p, it.q_len, it.k_len, wg_row0, 64, col0, R);
+    };
+    int n_begin = 0, n_end = n_tiles;
+    if constexpr (!C::kFusedDq && A == kActSoftmax) {
+      while (n_begin < n_end && tile_class(it.inner_begin + n_begin * R) == kTileOutside) {
+        ++n_begin;
+      }
+      while (n_end > n_begin && tile_class(it.inner_begin + (n_end - 1) * R) == kTileOutside) {
+        --n_end;
+      }
+    }
+    // A skipped tile is released once it has landed, which keeps this
+    // warpgroup's releases in step with the producer's refills.
+    auto skip = [&](int& iter) {
+      const int s = iter % kS, parity = (iter / kS) & 1;
+      BarWait(a_full + 8 * s, parity);
+      BarWait(b_full + 8 * s, parity);
+      BarArrive(empty + 8 * s);
+      ++iter;
+    };
+    for (int n = 0; n < n_begin; ++n) skip(iter);
+    for (int n = n_begin; n < n_end; ++n, ++iter) {
       const int s = iter % kS, parity = (iter / kS) & 1;
       const int col0 = it.inner_begin + n * R;
       const uint32_t as = a_s + s * C::kStreamBytes, bs = b_s + s * C::kStreamBytes;
@@ -335,10 +368,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
       if constexpr (A == kActSoftmax) WgCommit();  // its own group: P starts first
       GemmSS<D, R, C::kStatRows>(t2, y_rows, bs);
       WgCommit();
-      const bool full =
-          p.bias == nullptr &&
-          (kDkDv ? TileFull(p, it.q_len, it.k_len, col0, R, wg_row0, 64)
-                 : TileFull(p, it.q_len, it.k_len, wg_row0, 64, col0, R));
+      const bool full = p.bias == nullptr && tile_class(col0) == kTileFull;
       const float* lse2_c = stats + s * 2 * R;
       const float* dsum_c = lse2_c + R;
       if constexpr (A == kActSoftmax) {
@@ -438,6 +468,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
         }
       }
     }
+    for (int n = n_end; n < n_tiles; ++n) skip(iter);
     BarArrive(stat_empty + 8 * sb);
     const float one[2] = {1.f, 1.f};
     if constexpr (kDkDv) {
