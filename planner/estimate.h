@@ -44,6 +44,8 @@ struct Region {
   double full = 0;   // Activation bytes kept without checkpointing.
   double min = 0;    // Keeping only the region's input.
   double fwd_s = 0;  // Forward time: what recomputing all of it costs.
+  bool recomputable = true;
+  int units = 0;     // DenseModule::recompute_units (max over the modules).
 };
 
 // What every candidate shares, computed once per plan.
