@@ -501,6 +501,13 @@ TEST(GemLiteTest, RegionsReportKeptBytesPeakAndRecomputeTime) {
   EXPECT_GT(r.peak_bytes, 0);
   EXPECT_FALSE(b->regions[1].recomputed);
   EXPECT_EQ(b->regions[1].kept_bytes, a->regions[1].kept_bytes);
+  for (const StepResult* s : {&*a, &*b}) {
+    for (const StepResult::Region& g : s->regions) {
+      std::printf("%s %s: kept %lld bytes, peak %lld bytes, recompute %.1f us\n", s == &*a ? "stored" : "mixed",
+                  g.name.c_str(), static_cast<long long>(g.kept_bytes), static_cast<long long>(g.peak_bytes),
+                  g.recompute_s * 1e6);
+    }
+  }
 }
 
 }  // namespace

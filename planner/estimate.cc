@@ -239,7 +239,8 @@ Context MakeContext(const Topology& t, const PlanRequest& r) {
     auto [it, fresh] = region_index.emplace(m.RegionName(), c.regions.size());
     if (fresh) {
       c.regions.push_back({m.RegionName()});
-      c.regions.back().min = m.io_bytes_per_sample * b * kept;
+      // A region recomputed in units keeps each unit's input.
+      c.regions.back().min = m.io_bytes_per_sample * b * kept * std::max(1, m.recompute_units);
     }
     Region& reg = c.regions[it->second];
     reg.recomputable = reg.recomputable && m.recomputable;

@@ -49,7 +49,8 @@ struct DenseModule {
   bool recomputable = true;
   // Units the runtime recomputes the region in (the identical
   // self-attention blocks of a sequence region): the region is cut in whole
-  // units. 0: by any fraction.
+  // units, and fully cut it keeps every unit's input (io_bytes_per_sample
+  // each). 0: by any fraction, keeping the region's one input.
   int recompute_units = 0;
 
   bool is_expert() const { return num_experts > 0; }
