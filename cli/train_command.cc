@@ -27,6 +27,7 @@
 #include "engine/metrics.h"
 #include "engine/model.h"
 #include "worker/rank_data.h"
+#include "services/coordinator/plan_adapter.h"
 #include "services/coordinator/spec_validation.h"
 #include "services/dataloader/job_loader.h"
 #include "worker/comm/kv_store.h"
@@ -183,6 +184,12 @@ int Run(const std::vector<std::string>& args) {
   a.set_rank(0);
   a.set_world_size(1);
   a.set_restart_epoch(1);
+  if (spec->model().activation_memory().budget_bytes() > 0) {
+    // The planner chooses the blocks to recompute, as for a cluster job.
+    absl::StatusOr<v1::Plan> plan = coordinator::PlanOneGpu(*spec, coordinator::DefaultHardware());
+    if (!plan.ok()) return Fail(std::string(plan.status().message()), ExitCodeOf(plan.status()));
+    *a.mutable_plan() = *std::move(plan);
+  }
   absl::StatusOr<v1::DataConfig> data = engine::BuildDataConfig(*spec, name, 1);
   if (!data.ok()) return Fail(std::string(data.status().message()), kExitUsage);
   *a.mutable_data() = *data;

@@ -146,6 +146,38 @@ void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfi
   if (gate.eval_samples() > 0) out.quality_gate.eval_samples = gate.eval_samples();
 }
 
+// model.activation_memory -> out.activation_memory, after the sequence
+// branch is known.
+void ActivationMemory(const v1::ModelSpec& m, const GemLiteConfig& c, JobModel& out, Problems& p) {
+  const v1::ActivationMemory& am = m.activation_memory();
+  const std::string f = "model.activation_memory";
+  for (int i = 0; i < am.recompute_size(); ++i) {
+    const std::string& name = am.recompute(i);
+    const std::string field = absl::StrCat(f, ".recompute[", i, "]");
+    if (name == "sequence") {
+      if (out.activation_memory.recompute_sequence) {
+        p.Bad(field, "repeats 'sequence'");
+      } else if (!m.has_sequence() || c.seq_layers == 0) {
+        p.Bad(field, "names 'sequence' but spec.model has no sequence branch");
+      }
+      out.activation_memory.recompute_sequence = true;
+    } else if (name == "cross" || name == "pma" || name == "dcn" || name == "moe" || name == "towers") {
+      p.Unsupported(field, absl::StrCat("recomputing '", name,
+                                        "'; the engine recomputes only 'sequence' (the self-attention blocks)"));
+    } else {
+      p.Bad(field, absl::StrCat("names no region: '", name, "'; the recomputable region is 'sequence'"));
+    }
+  }
+  if (am.budget_bytes() < 0) {
+    p.Bad(f + ".budget_bytes", absl::StrCat("must be > 0 bytes (0: no budget), got ", am.budget_bytes()));
+  } else if (am.budget_bytes() > 0 && am.recompute_size() > 0) {
+    p.Bad(f + ".budget_bytes", "and recompute are exclusive: give the regions or a budget for the planner");
+  } else if (am.budget_bytes() > 0 && (!m.has_sequence() || c.seq_layers == 0)) {
+    p.Bad(f + ".budget_bytes", "has nothing to recompute: spec.model has no sequence branch");
+  }
+  out.activation_memory.budget_bytes = std::max<int64_t>(0, am.budget_bytes());
+}
+
 void DenseModules(const v1::ModelSpec& m, GemLiteConfig& c, Problems& p) {
   c.dcn_layers = 0;
   bool have_expert = false;
@@ -304,6 +336,7 @@ absl::StatusOr<JobModel> BuildJobModel(const v1::JobSpec& spec) {
   DenseModules(m, c, p);
   Heads(m, out, p);
   Precision(m, out.schema, c, out, p);
+  ActivationMemory(m, c, out, p);
   const v1::TrainingSpec& t = spec.training();
   if (t.dense_learning_rate() > 0) c.learning_rate = t.dense_learning_rate();
   if (t.sparse_learning_rate() > 0) c.adagrad_learning_rate = t.sparse_learning_rate();
@@ -313,6 +346,27 @@ absl::StatusOr<JobModel> BuildJobModel(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("spec.model: ", s.message()));
   }
   return out;
+}
+
+absl::StatusOr<int> RecomputedAttentionBlocks(const JobModel& model, const v1::Plan* plan) {
+  if (model.activation_memory.recompute_sequence) return model.config.seq_layers;
+  if (plan != nullptr) {
+    for (const v1::RegionCheckpointPlan& region : plan->checkpoint()) {
+      if (region.region() != "sequence") continue;
+      if (region.recomputed_units() < 0 || region.recomputed_units() > model.config.seq_layers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "plan.checkpoint 'sequence': ", region.recomputed_units(), " blocks recomputed of a model with ",
+            model.config.seq_layers));
+      }
+      return region.recomputed_units();
+    }
+  }
+  if (model.activation_memory.budget_bytes > 0) {
+    return absl::FailedPreconditionError(
+        "spec.model.activation_memory.budget_bytes needs the planner's choice of blocks, and there is no plan "
+        "with a 'sequence' checkpoint region");
+  }
+  return 0;
 }
 
 std::string JobModel::DebugString() const {
@@ -330,7 +384,9 @@ std::string JobModel::DebugString() const {
                                " fp8_wgrad=", config.fp8.fp8_weight_gradients,
                                " fp8_all_gather=", config.fp8.fp8_all_gather,
                                " ne_gate=", quality_gate.max_relative_ne_increase, "/", quality_gate.shadow_steps, "/",
-                               quality_gate.eval_samples, "\n");
+                               quality_gate.eval_samples, " recompute_sequence=",
+                               activation_memory.recompute_sequence, " activation_budget_bytes=",
+                               activation_memory.budget_bytes, "\n");
   for (const auto& t : schema.tables) absl::StrAppend(&s, "table ", t.name, " rows=", t.rows, "\n");
   for (size_t i = 0; i < schema.id_lists.size(); ++i) {
     const auto& f = schema.id_lists[i];

@@ -39,6 +39,7 @@
 #include "engine/model_config.h"
 #include "recfleet/v1/dataloader.pb.h"
 #include "recfleet/v1/job.pb.h"
+#include "recfleet/v1/plan.pb.h"
 
 namespace recfleet::engine {
 
@@ -66,6 +67,12 @@ struct JobModel {
     int64_t eval_samples = 65'536;
     bool enabled() const { return max_relative_ne_increase > 0; }
   } quality_gate;
+  // model.activation_memory: every self-attention block recomputed, or a
+  // per-GPU budget of kept activation bytes (0: none) the planner meets.
+  struct ActivationMemory {
+    bool recompute_sequence = false;
+    int64_t budget_bytes = 0;
+  } activation_memory;
 
   // Every derived setting, one per line: what tests compare to see whether
   // a spec field changed the model.
@@ -76,6 +83,14 @@ struct JobModel {
 // does not build ("spec.model.dense[1].moe.top_k: not supported yet ..."),
 // "; "-joined.
 absl::StatusOr<JobModel> BuildJobModel(const v1::JobSpec& spec);
+
+// ExecutionOptions::recompute_attention_blocks for `model`: every block
+// when model.activation_memory.recompute names "sequence"; else the
+// planner's choice in `plan` (its "sequence" checkpoint region's recomputed
+// units, chosen for the job's budget or forced by HBM); else 0.
+// FailedPrecondition when the job has a budget and `plan` (may be null)
+// carries no choice; InvalidArgument for a choice beyond the model's blocks.
+absl::StatusOr<int> RecomputedAttentionBlocks(const JobModel& model, const v1::Plan* plan);
 
 // The data configuration of `spec` for a job named `job` on `world_size`
 // ranks. InvalidArgument for data settings that are not supported yet

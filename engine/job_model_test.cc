@@ -313,5 +313,70 @@ TEST(JobModelTest, MissingColumnIsNamed) {
   EXPECT_NE(s.message().find("item_id"), std::string::npos) << s;
 }
 
+// model.activation_memory: "sequence" recomputes every self-attention
+// block; a budget takes the planner's choice from the plan (and fails
+// without one); other regions, unknown names, repeats, both at once and a
+// negative budget are refused naming the field.
+TEST(JobModelTest, ActivationMemoryIsBuiltOrRefusedByField) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_model()->mutable_sequence()->set_num_layers(3);
+  absl::StatusOr<JobModel> plain = BuildJobModel(spec);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(*RecomputedAttentionBlocks(*plain, nullptr), 0);
+
+  spec.mutable_model()->mutable_activation_memory()->add_recompute("sequence");
+  absl::StatusOr<JobModel> all = BuildJobModel(spec);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(all->activation_memory.recompute_sequence);
+  EXPECT_EQ(*RecomputedAttentionBlocks(*all, nullptr), 3);
+  EXPECT_NE(all->DebugString(), plain->DebugString());
+
+  v1::Plan plan;
+  v1::RegionCheckpointPlan* region = plan.add_checkpoint();
+  region->set_region("sequence");
+  region->set_units(3);
+  region->set_recomputed_units(2);
+  v1::JobSpec budget = Spec();
+  budget.mutable_model()->mutable_sequence()->set_num_layers(3);
+  budget.mutable_model()->mutable_activation_memory()->set_budget_bytes(1 << 20);
+  absl::StatusOr<JobModel> budgeted = BuildJobModel(budget);
+  ASSERT_TRUE(budgeted.ok()) << budgeted.status();
+  EXPECT_EQ(budgeted->activation_memory.budget_bytes, 1 << 20);
+  EXPECT_EQ(*RecomputedAttentionBlocks(*budgeted, &plan), 2);
+  // The plan's choice holds without a budget too (HBM forced it).
+  EXPECT_EQ(*RecomputedAttentionBlocks(*plain, &plan), 2);
+  EXPECT_EQ(RecomputedAttentionBlocks(*budgeted, nullptr).status().code(), absl::StatusCode::kFailedPrecondition);
+  region->set_recomputed_units(4);
+  EXPECT_EQ(RecomputedAttentionBlocks(*budgeted, &plan).status().code(), absl::StatusCode::kInvalidArgument);
+
+  const std::vector<std::pair<std::function<void(v1::ActivationMemory*)>, std::string>> bad = {
+      {[](v1::ActivationMemory* a) { a->add_recompute("dcn"); }, "activation_memory.recompute[0]: not supported yet"},
+      {[](v1::ActivationMemory* a) { a->add_recompute("attention"); }, "recompute[0] names no region: 'attention'"},
+      {[](v1::ActivationMemory* a) {
+         a->add_recompute("sequence");
+         a->add_recompute("sequence");
+       },
+       "recompute[1] repeats 'sequence'"},
+      {[](v1::ActivationMemory* a) {
+         a->add_recompute("sequence");
+         a->set_budget_bytes(100);
+       },
+       "budget_bytes and recompute are exclusive"},
+      {[](v1::ActivationMemory* a) { a->set_budget_bytes(-1); }, "budget_bytes must be > 0 bytes (0: no budget)"},
+  };
+  for (const auto& [edit, message] : bad) {
+    v1::JobSpec s = Spec();
+    edit(s.mutable_model()->mutable_activation_memory());
+    const absl::Status st = BuildJobModel(s).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(st.message().find(message), std::string::npos) << st;
+  }
+  v1::JobSpec no_sequence = Spec();
+  no_sequence.mutable_model()->clear_sequence();
+  no_sequence.mutable_model()->mutable_activation_memory()->add_recompute("sequence");
+  const absl::Status st = BuildJobModel(no_sequence).status();
+  EXPECT_NE(st.message().find("names 'sequence' but spec.model has no sequence branch"), std::string::npos) << st;
+}
+
 }  // namespace
 }  // namespace recfleet::engine

@@ -1,10 +1,13 @@
 #include "engine/model.h"
 
+#include <chrono>
+#include <memory>
 #include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/cuda_device.h"
 #include "engine/layers/attention.h"
 #include "engine/layers/dcn.h"
 #include "engine/layers/layer.h"
@@ -118,6 +121,42 @@ struct GemLite<T>::Impl {
   std::unique_ptr<layers::Tower> towers[kNumHeads];
   layers::BinaryCrossEntropy bce[kNumHeads];
   int64_t adam_step = 0;
+  // set_report_regions: per block, filled by the backward.
+  bool report_regions = false;
+  std::vector<StepResult::Region> regions;
+  std::unique_ptr<CudaStreamTimer> region_timer;  // Two marks per block.
+
+  // Block l's backward is next: its kept bytes, the memory peak reset, its
+  // recomputation (timed).
+  absl::Status BeginRegion(int l) {
+    StepResult::Region& r = regions[l];
+    r.name = absl::StrCat("seq", l);
+    r.recomputed = blocks[l]->recompute();
+    r.kept_bytes = blocks[l]->SavedBytes();
+    if (on_device()) {
+      RECFLEET_RETURN_IF_ERROR(ResetCudaMemoryPeak());
+      if (region_timer == nullptr) region_timer = std::make_unique<CudaStreamTimer>(2 * static_cast<int>(blocks.size()));
+      RECFLEET_RETURN_IF_ERROR(region_timer->Mark(2 * l));
+      RECFLEET_RETURN_IF_ERROR(blocks[l]->Recompute());
+      return region_timer->Mark(2 * l + 1);
+    }
+    ResetCpuMemoryPeak();
+    const auto start = std::chrono::steady_clock::now();
+    RECFLEET_RETURN_IF_ERROR(blocks[l]->Recompute());
+    if (r.recomputed) r.recompute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return absl::OkStatus();
+  }
+  // Block l's backward ran: the peak during it.
+  absl::Status EndRegion(int l) {
+    if (on_device()) {
+      absl::StatusOr<DeviceMemoryStats> mem = CudaMemoryStats();
+      if (!mem.ok()) return mem.status();
+      regions[l].peak_bytes = static_cast<int64_t>(mem->peak);
+    } else {
+      regions[l].peak_bytes = static_cast<int64_t>(CpuMemoryStats().peak);
+    }
+    return absl::OkStatus();
+  }
   double loss_weight = 1.0;  // set_loss_weight.
   // The batch arrays on the model's device: staged[current] serves the step
   // in flight, the other one takes a prefetched batch.
@@ -350,11 +389,22 @@ struct GemLite<T>::Impl {
       history_normed = Tensor();
       dhistory_normed = Tensor();
     }
+    if (report_regions) regions.assign(blocks.size(), StepResult::Region());
     for (int l = static_cast<int>(blocks.size()) - 1; l >= 0; --l) {
+      if (report_regions) RECFLEET_RETURN_IF_ERROR(BeginRegion(l));
       RECFLEET_RETURN_IF_ERROR(blocks[l]->Backward(dhistory.view(), dhistory.view()));
+      if (report_regions) RECFLEET_RETURN_IF_ERROR(EndRegion(l));
       // Block l's output was block l + 1's input (its backward ran) and the
       // final norm's: dead now.
       if (on_device()) history[l + 1] = Tensor();
+    }
+    if (report_regions && on_device()) {
+      for (size_t l = 0; l < blocks.size(); ++l) {
+        if (!regions[l].recomputed) continue;
+        absl::StatusOr<double> s = region_timer->Seconds(2 * l, 2 * l + 1);
+        if (!s.ok()) return s.status();
+        regions[l].recompute_s = *s;
+      }
     }
 
     // Tokens: numeric-feature projection and the pooled id lists.
@@ -479,6 +529,7 @@ absl::StatusOr<StepResult> GemLite<T>::ForwardBackward(const Batch& batch,
   StepResult r;
   r.flops = m.flops.StepFlops();
   r.recomputed_flops = m.flops.recomputed;
+  if (m.report_regions) r.regions = m.regions;
   r.step = m.steps_enqueued++;
   if (m.on_device() && m.execution.defer_loss_readback) {
     const int slot = static_cast<int>(r.step % 2);
@@ -534,6 +585,11 @@ absl::Status GemLite<T>::Prefetch(const Batch& next) {
 template <typename T>
 void GemLite<T>::SetPhaseTimer(layers::PhaseTimer* timer) {
   impl_->phases.timer = timer;
+}
+
+template <typename T>
+void GemLite<T>::set_report_regions(bool on) {
+  impl_->report_regions = on;
 }
 
 template <typename T>

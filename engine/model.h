@@ -53,6 +53,22 @@ struct StepResult {
   // ForwardBackward calls of the model (0, 1, ...).
   bool losses_pending = false;
   int64_t step = 0;
+
+  // One self-attention block's backward (GemLite::set_report_regions).
+  struct Region {
+    std::string name;  // "seq<l>", block l.
+    bool recomputed = false;
+    // The block's own activations held from its forward to its backward
+    // (SelfAttentionBlock::SavedBytes): ~0 when it recomputes them.
+    int64_t kept_bytes = 0;
+    // The most bytes in use during the block's backward, its recomputation
+    // included: the CUDA pool's (CudaMemoryStats) or CpuAllocator()'s.
+    int64_t peak_bytes = 0;
+    // Time of the recomputation (0 without): CUDA events on the compute
+    // stream, a host clock on the CPU.
+    double recompute_s = 0;
+  };
+  std::vector<Region> regions;  // In forward order; empty unless reported.
 };
 
 // The initial value of element (row, col) of the schema's table `table`: a
@@ -122,6 +138,11 @@ class GemLite {
   // Benchmarks: where the layers report their phases (embedding, attention,
   // GEMM, optimizer; layers/layer.h); null turns it off.
   void SetPhaseTimer(layers::PhaseTimer* timer);
+  // Benchmarks: fill StepResult::regions. It resets the memory peak of the
+  // model's allocator before each block's backward (CUDA: the pool's, so a
+  // caller reads its own whole-step peak before turning this on) and waits
+  // for the device at the end of the step.
+  void set_report_regions(bool on);
   // Logits of one head, [batch.size].
   absl::StatusOr<std::vector<double>> Predict(const Batch& batch, Head head);
 

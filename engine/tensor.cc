@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -23,13 +25,28 @@ class HostAllocator final : public Allocator {
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " bytes failed"));
     }
+    const uint64_t now = in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    uint64_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
     return p;
   }
-  void Deallocate(void* ptr, size_t) override { ::operator delete(ptr, kAlignment); }
+  void Deallocate(void* ptr, size_t bytes) override {
+    ::operator delete(ptr, kAlignment);
+    in_use_.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+  HostMemoryStats Stats() const {
+    return {in_use_.load(std::memory_order_relaxed), peak_.load(std::memory_order_relaxed)};
+  }
+  void ResetPeak() { peak_.store(in_use_.load(std::memory_order_relaxed), std::memory_order_relaxed); }
   absl::Status Zero(void* ptr, size_t bytes) override {
     std::memset(ptr, 0, bytes);
     return absl::OkStatus();
   }
+
+ private:
+  std::atomic<uint64_t> in_use_{0};
+  std::atomic<uint64_t> peak_{0};
 };
 
 class DeviceAllocator final : public Allocator {
@@ -124,10 +141,16 @@ absl::Status ResetCudaMemoryPeak() {
                     "memory pool peak reset");
 }
 
-Allocator* CpuAllocator() {
+static HostAllocator* TheHostAllocator() {
   static HostAllocator* allocator = new HostAllocator();
   return allocator;
 }
+
+Allocator* CpuAllocator() { return TheHostAllocator(); }
+
+HostMemoryStats CpuMemoryStats() { return TheHostAllocator()->Stats(); }
+
+void ResetCpuMemoryPeak() { TheHostAllocator()->ResetPeak(); }
 
 Tensor::~Tensor() { Release(); }
 

@@ -37,6 +37,15 @@ class Allocator {
 // The process-wide host allocator (aligned operator new).
 Allocator* CpuAllocator();
 
+// Bytes CpuAllocator() has handed out and not taken back, and the most of
+// them since the last ResetCpuMemoryPeak (all threads together).
+struct HostMemoryStats {
+  uint64_t in_use = 0;
+  uint64_t peak = 0;
+};
+HostMemoryStats CpuMemoryStats();
+void ResetCpuMemoryPeak();
+
 // The process-wide allocator of the current CUDA device: stream-ordered
 // (cudaMallocAsync / cudaFreeAsync on the legacy default stream, the
 // engine's compute stream) from the device's default memory pool, whose

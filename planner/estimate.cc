@@ -1,6 +1,7 @@
 #include "planner/estimate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -47,34 +48,54 @@ void StaticMemory(const Context& c, const DenseOption& d, const SparseOption& s,
                 c.req.other_memory_bytes;
 }
 
-// Fits the activations into what is left, cutting the regions with the
-// least recompute per byte saved first. Returns the recompute time.
+// Fits the activations into what is left (and into the job's activation
+// budget), recomputing the regions the job names whole and then cutting the
+// others with the least recompute per byte saved first; a region with
+// recompute units is cut in whole units. Returns the recompute time.
 double BudgetActivations(const Context& c, Evaluation* ev) {
   MemoryBreakdown& mem = ev->peak;
-  const double available = c.usable - mem.Total();
+  const double hbm_left = c.usable - mem.Total();
+  const double budget = c.req.activation_budget_bytes;
+  const double available = budget > 0 ? std::min(hbm_left, budget) : hbm_left;
+  auto forced = [&](const Region& reg) { return c.req.recompute_regions.count(reg.name) > 0; };
   double full = 0, minimum = 0;
   for (const Region& reg : c.regions) {
-    full += reg.full;
+    full += forced(reg) ? reg.min : reg.full;
     minimum += reg.min;
   }
   ev->memory_ok = minimum <= available;
   if (!ev->memory_ok) {
     ev->over_bytes = minimum - available;
-    ev->why_not = absl::StrCat("over HBM by ", GiBText(ev->over_bytes),
-                               " even with every region checkpointed");
+    ev->why_not = available < hbm_left
+                      ? absl::StrCat("activations over the job's budget (activation_memory.budget_bytes ",
+                                     GiBText(budget), ") by ", GiBText(ev->over_bytes),
+                                     " even with every region checkpointed")
+                      : absl::StrCat("over HBM by ", GiBText(ev->over_bytes),
+                                     " even with every region checkpointed");
     mem.activations = minimum;
     return 0;
   }
   double excess = std::max(0.0, full - available), recompute = 0;
   for (const Region& reg : c.regions) {
     RegionBudget rb{reg.name, reg.full, reg.min, reg.full};
+    rb.units = reg.units;
     const double saved_max = reg.full - reg.min;
     rb.seconds_per_gib_saved = saved_max > 0 ? reg.fwd_s / saved_max * kGiB : 0;
-    if (excess > 0 && saved_max > 0) {
-      const double cut = std::min(excess, saved_max);
+    double cut = forced(reg) ? saved_max : excess > 0 ? std::min(excess, saved_max) : 0;
+    if (cut > 0 && saved_max > 0) {
+      if (forced(reg)) {
+        rb.recomputed_units = reg.units;
+      } else {
+        if (reg.units > 0) {
+          // Whole units: the last one may save more than the excess needs.
+          rb.recomputed_units = std::min(
+              reg.units, static_cast<int>(std::ceil(cut / saved_max * reg.units - 1e-9)));
+          cut = saved_max * rb.recomputed_units / reg.units;
+        }
+        excess = std::max(0.0, excess - cut);
+      }
       rb.budget_bytes = reg.full - cut;
       rb.recompute_s = reg.fwd_s * cut / saved_max;
-      excess -= cut;
     }
     recompute += rb.recompute_s;
     mem.activations += rb.budget_bytes;
@@ -218,13 +239,16 @@ Context MakeContext(const Topology& t, const PlanRequest& r) {
     auto [it, fresh] = region_index.emplace(m.RegionName(), c.regions.size());
     if (fresh) {
       c.regions.push_back({m.RegionName()});
-      c.regions.back().min = m.io_bytes_per_sample * b * kept;
+      // A region recomputed in units keeps each unit's input.
+      c.regions.back().min = m.io_bytes_per_sample * b * kept * std::max(1, m.recompute_units);
     }
     Region& reg = c.regions[it->second];
+    reg.recomputable = reg.recomputable && m.recomputable;
+    reg.units = std::max(reg.units, m.recompute_units);
     reg.full += model.ActivationBytesPerSample(m) * b * kept;
     reg.fwd_s += c.fwd_s.back();
   }
-  for (Region& reg : c.regions) reg.min = std::min(reg.min, reg.full);
+  for (Region& reg : c.regions) reg.min = reg.recomputable ? std::min(reg.min, reg.full) : reg.full;
   auto cost_per_byte = [](const Region& reg) {
     const double saved = reg.full - reg.min;
     return saved > 0 ? reg.fwd_s / saved : 1e300;

@@ -42,8 +42,10 @@ namespace recfleet::planner {
 struct Region {
   std::string name;
   double full = 0;   // Activation bytes kept without checkpointing.
-  double min = 0;    // Keeping only the region's input.
+  double min = 0;    // Keeping only the region's input (each unit's).
   double fwd_s = 0;  // Forward time: what recomputing all of it costs.
+  bool recomputable = true;
+  int units = 0;     // DenseModule::recompute_units (max over the modules).
 };
 
 // What every candidate shares, computed once per plan.

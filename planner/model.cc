@@ -71,8 +71,29 @@ absl::Status ValidateRequest(const PlanRequest& r) {
                    NonNegative(where, "flops_per_token_sq", m.flops_per_token_sq),
                    NonNegative(where, "activation_bytes_per_sample", m.activation_bytes_per_sample),
                    NonNegative(where, "activation_bytes_per_token", m.activation_bytes_per_token),
-                   NonNegative(where, "io_bytes_per_sample", m.io_bytes_per_sample)}) {
+                   NonNegative(where, "io_bytes_per_sample", m.io_bytes_per_sample),
+                   NonNegative(where, "recompute_units", m.recompute_units)}) {
       if (!s.ok()) return s;
+    }
+  }
+  if (r.activation_budget_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "activation_budget_bytes must be >= 0 (0: no budget), got ", r.activation_budget_bytes));
+  }
+  for (const std::string& region : r.recompute_regions) {
+    bool found = false, recomputable = true;
+    for (const DenseModule& m : r.model.modules) {
+      if (m.RegionName() != region) continue;
+      found = true;
+      recomputable = recomputable && m.recomputable;
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("recompute_regions: no checkpoint region named '", region, "'"));
+    }
+    if (!recomputable) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("recompute_regions: region '", region, "' cannot be recomputed"));
     }
   }
   for (const std::string& name : r.precision.fp8_modules) {

@@ -43,6 +43,15 @@ struct DenseModule {
   // bf16 input activation per sample: what expert parallelism all-gathers
   // (and its output, reduce-scattered) and what a checkpointed region keeps.
   double io_bytes_per_sample = 0;
+  // Whether the runtime can recompute the module's region (a region is
+  // recomputable when all its modules are); one that cannot keeps all its
+  // activations.
+  bool recomputable = true;
+  // Units the runtime recomputes the region in (the identical
+  // self-attention blocks of a sequence region): the region is cut in whole
+  // units, and fully cut it keeps every unit's input (io_bytes_per_sample
+  // each). 0: by any fraction, keeping the region's one input.
+  int recompute_units = 0;
 
   bool is_expert() const { return num_experts > 0; }
   const std::string& RegionName() const { return region.empty() ? name : region; }
@@ -161,6 +170,12 @@ struct PlanRequest {
   // Where the efficiencies and the two numbers above come from, shown in
   // the plan's decisions; empty: the typical defaults.
   std::string rates_source;
+  // Activation checkpointing the job asks for (JobSpec
+  // model.activation_memory): regions recomputed whole, and at most this
+  // many bytes of kept activations per GPU (0: only HBM limits them).
+  // Either way the planner still recomputes what HBM forces.
+  std::set<std::string> recompute_regions;
+  double activation_budget_bytes = 0;
 };
 
 // Checks names are unique and non-empty and every count, size and fraction

@@ -79,6 +79,8 @@ struct RegionBudget {
   double budget_bytes = 0;    // Kept after checkpointing.
   double recompute_s = 0;     // Forward work redone in backward.
   double seconds_per_gib_saved = 0;  // Why this region was (or was not) cut first.
+  int units = 0;             // DenseModule::recompute_units of the region.
+  int recomputed_units = 0;  // Of them, recomputed: the first ones.
 };
 
 struct StepTime {

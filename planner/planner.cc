@@ -144,6 +144,10 @@ absl::Status NothingFits(const Context& c, const std::vector<SparseOption>& spar
       "no plan fits in %s of usable HBM per GPU (%s less %.0f%% reserve) on %d GPUs",
       GiBText(c.usable), GiBText(c.topo.hbm_bytes_per_gpu), c.req.options.hbm_reserve_fraction * 100,
       c.world);
+  if (c.req.activation_budget_bytes > 0) {
+    absl::StrAppend(&head, " with the job's activation budget of ", GiBText(c.req.activation_budget_bytes),
+                    " (activation_memory.budget_bytes)");
+  }
   if (closest == nullptr) {
     // No layout could even place the tables. First the aggregate: can the
     // fleet hold one copy at all?
@@ -591,16 +595,33 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
       full += rb.full_bytes;
     }
     const double other = ev.peak.Total() - ev.peak.activations;
+    std::string chosen = absl::StrCat(cut, " of ", plan.checkpoint.size(), " regions cut");
+    for (const RegionBudget& rb : plan.checkpoint) {
+      if (rb.recomputed_units > 0) {
+        absl::StrAppend(&chosen, "; ", rb.region, ": ", rb.recomputed_units, " of ", rb.units,
+                        " blocks recomputed");
+      }
+    }
+    std::string asked;
+    if (!request.recompute_regions.empty()) {
+      asked = absl::StrCat("the job recomputes ", absl::StrJoin(request.recompute_regions, ", "),
+                           " (activation_memory.recompute); ");
+    } else if (request.activation_budget_bytes > 0) {
+      asked = absl::StrCat("the job's budget is ", GiBText(request.activation_budget_bytes),
+                           " of activations (activation_memory.budget_bytes); ");
+    }
+    const double left = request.activation_budget_bytes > 0
+                            ? std::min(ctx.usable - other, request.activation_budget_bytes)
+                            : ctx.usable - other;
     plan.decisions.push_back(
-        {"activation checkpointing",
-         absl::StrCat(cut, " of ", plan.checkpoint.size(), " regions cut"),
-         cut == 0 ? absl::StrFormat("all activations (%s) fit beside %s of shards and buffers",
-                                    GiBText(full), GiBText(other))
-                  : absl::StrFormat("activations need %s but only %s is left beside %s of shards "
-                                    "and buffers; regions are cut cheapest recompute per GiB "
-                                    "first, costing %s of recompute",
-                                    GiBText(full), GiBText(ctx.usable - other), GiBText(other),
-                                    MsText(ev.step.recompute_s))});
+        {"activation checkpointing", chosen,
+         asked + (cut == 0 ? absl::StrFormat("all activations (%s) fit beside %s of shards and buffers",
+                                             GiBText(full), GiBText(other))
+                           : absl::StrFormat("activations need %s and %s is allowed beside %s of "
+                                             "shards and buffers; regions are cut cheapest recompute "
+                                             "per GiB first, costing %s of recompute",
+                                             GiBText(full), GiBText(left), GiBText(other),
+                                             MsText(ev.step.recompute_s)))});
   }
   // The job's per-layer precision recipe, as the step estimate used it.
   if (!request.precision.recipe.empty()) {

@@ -134,6 +134,60 @@ TEST(PlannerTest, CheckpointCutsCheapestRecomputeFirst) {
   EXPECT_NEAR(plan->step.recompute_s, 1e-3, 1e-9);
 }
 
+// The job's activation budget on plenty of HBM, with the cheap region made
+// of 4 identical blocks (0.5 GB each) and the dear one not recomputable:
+// a 3.4 GB budget needs 0.6 GB cut, so 2 whole blocks of "cheap" are
+// recomputed (1 GB saved, half its 2 ms forward), never a part of one and
+// nothing of "dear"; the predicted activations are exactly what is kept.
+// Naming "cheap" instead recomputes all 4 blocks with no budget; a budget
+// below the non-recomputable 2 GB fails, naming the budget.
+TEST(PlannerTest, ActivationBudgetRecomputesWholeBlocksCheapestFirst) {
+  Topology t = MakeTopology(1, 1, 1, 100);
+  PlanRequest r = Request(1000);
+  DenseModule cheap = Mlp("cheap", 1000, 1.2e9);
+  cheap.activation_bytes_per_sample = 2e6;
+  cheap.io_bytes_per_sample = 0;
+  cheap.recompute_units = 4;
+  DenseModule dear = Mlp("dear", 1000, 1.2e8);  // Cheaper per byte, but not recomputable.
+  dear.activation_bytes_per_sample = 2e6;
+  dear.io_bytes_per_sample = 0;
+  dear.recomputable = false;
+  r.model.modules = {dear, cheap};
+  r.activation_budget_bytes = 3.4e9;
+  absl::StatusOr<Plan> plan = MakePlan(t, r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->checkpoint.size(), 2u);
+  EXPECT_EQ(plan->checkpoint[0].region, "cheap");
+  EXPECT_EQ(plan->checkpoint[0].units, 4);
+  EXPECT_EQ(plan->checkpoint[0].recomputed_units, 2);
+  EXPECT_NEAR(plan->checkpoint[0].budget_bytes, 1e9, 1e3);
+  EXPECT_NEAR(plan->checkpoint[0].recompute_s, 1e-3, 1e-9);
+  EXPECT_DOUBLE_EQ(plan->checkpoint[1].budget_bytes, 2e9);
+  EXPECT_EQ(plan->checkpoint[1].recomputed_units, 0);
+  EXPECT_NEAR(plan->peak.activations, 3e9, 1e3);
+  const Decision* ckpt = FindDecision(*plan, "activation checkpointing");
+  ASSERT_NE(ckpt, nullptr);
+  EXPECT_NE(ckpt->chosen.find("cheap: 2 of 4 blocks recomputed"), std::string::npos) << ckpt->chosen;
+  EXPECT_NE(ckpt->reason.find("activation_memory.budget_bytes"), std::string::npos) << ckpt->reason;
+
+  r.activation_budget_bytes = 0;
+  r.recompute_regions = {"cheap"};
+  plan = MakePlan(t, r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->checkpoint[0].recomputed_units, 4);
+  EXPECT_NEAR(plan->checkpoint[0].budget_bytes, 0, 1e3);
+  EXPECT_NEAR(plan->peak.activations, 2e9, 1e3);
+  EXPECT_NEAR(plan->step.recompute_s, 2e-3, 1e-9);
+
+  r.recompute_regions = {"dear"};
+  EXPECT_EQ(MakePlan(t, r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.recompute_regions.clear();
+  r.activation_budget_bytes = 1.5e9;
+  const absl::Status over = MakePlan(t, r).status();
+  EXPECT_FALSE(over.ok());
+  EXPECT_NE(over.message().find("budget"), std::string::npos) << over;
+}
+
 TEST(PlannerTest, NothingFitsNamesTableOverageAndFix) {
   Topology t = MakeTopology(1, 8, 1, 1);
   PlanRequest r = Request(16);

@@ -30,8 +30,12 @@
 // model.precision.quality_gate runs).
 // --recompute-attention-blocks N: the first N self-attention blocks keep
 // only their input and recompute their activations in the backward
-// (ExecutionOptions::recompute_attention_blocks); the JSON gives the
-// recomputed forward FLOPs per step beside the useful ones and the peak.
+// (ExecutionOptions::recompute_attention_blocks); without it, the job's
+// model.activation_memory decides (every block, or the planner's choice on
+// one H200 for a budget). The JSON gives the recomputed forward FLOPs per
+// step beside the useful ones and the peak, and "regions": per block, the
+// activations it kept, the memory peak during its backward and its
+// recomputation time (CUDA events), from one extra step.
 //
 //   engine_bench --job config_a.yaml --batches batches.bin --json out.json
 //                [--steps 20] [--warmup 5] [--profile-steps 3]
@@ -48,6 +52,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +69,7 @@
 #include "engine/model.h"
 #include "engine/quality_gate.h"
 #include "engine/tensor.h"
+#include "services/coordinator/plan_adapter.h"
 
 namespace {
 
@@ -150,7 +156,7 @@ int Fail(const std::string& m) {
 
 int main(int argc, char** argv) {
   std::string job, batches_path, json, precision = "bf16", fp8, fp8_wgrad = "bf16";
-  int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0, recompute_blocks = 0;
+  int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0, recompute_blocks = -1;
   double search_s = 0, ne_tolerance = 0.001;
   bool ne_baseline = false;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -210,6 +216,19 @@ int main(int argc, char** argv) {
   if (fp8_wgrad == "fp8") recipe->set_weight_gradient(recfleet::v1::PrecisionRecipe::FP8);
   absl::StatusOr<recfleet::engine::JobModel> model = recfleet::engine::BuildJobModel(*spec);
   if (!model.ok()) return Fail(std::string(model.status().message()));
+  if (recompute_blocks < 0) {
+    std::optional<recfleet::v1::Plan> plan;
+    if (model->activation_memory.budget_bytes > 0) {
+      absl::StatusOr<recfleet::v1::Plan> p =
+          recfleet::coordinator::PlanOneGpu(*spec, recfleet::coordinator::DefaultHardware());
+      if (!p.ok()) return Fail(std::string(p.status().message()));
+      plan = *std::move(p);
+    }
+    absl::StatusOr<int> blocks =
+        recfleet::engine::RecomputedAttentionBlocks(*model, plan.has_value() ? &*plan : nullptr);
+    if (!blocks.ok()) return Fail(std::string(blocks.status().message()));
+    recompute_blocks = *blocks;
+  }
   absl::StatusOr<std::vector<recfleet::engine::Batch>> batches =
       recfleet::bench::ReadBatchFile(batches_path);
   if (!batches.ok()) return Fail(std::string(batches.status().message()));
@@ -419,6 +438,27 @@ int main(int argc, char** argv) {
     }
   }
   m.SetPhaseTimer(nullptr);
+  // Per self-attention block, on one more step: the activations it kept,
+  // the memory peak during its backward and its recomputation time. Run
+  // after the whole-step peak above was read (it resets the pool's peak).
+  std::string regions = "[";
+  {
+    m.set_report_regions(true);
+    absl::StatusOr<recfleet::engine::StepResult> r =
+        m.ForwardBackward((*batches)[(total + profile_steps) % train]);
+    if (!r.ok()) return Fail(std::string(r.status().message()));
+    if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
+    m.set_report_regions(false);
+    for (const recfleet::engine::StepResult::Region& g : r->regions) {
+      absl::StrAppendFormat(&regions,
+                            "%s{\"region\": \"%s\", \"recomputed\": %s, \"kept_bytes\": %lld, "
+                            "\"peak_bytes\": %lld, \"recompute_ms\": %.4f}",
+                            regions.size() > 1 ? ", " : "", g.name, g.recomputed ? "true" : "false",
+                            static_cast<long long>(g.kept_bytes), static_cast<long long>(g.peak_bytes),
+                            g.recompute_s * 1e3);
+    }
+    regions += "]";
+  }
   std::string phases = "{}";
   if (profile_steps > 0) {
     const double n = profile_steps;
@@ -515,14 +555,15 @@ int main(int argc, char** argv) {
       "\"host_ms_per_step\": {\"forward_backward\": %.3f, \"prefetch\": %.3f, \"update\": %.3f, "
       "\"loss_wait\": %.3f}, "
       "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s, "
-      "\"ne_gate\": %s, \"recompute_attention_blocks\": %d, \"recomputed_flops_per_step\": %.6g}",
+      "\"ne_gate\": %s, \"recompute_attention_blocks\": %d, \"recomputed_flops_per_step\": %.6g, "
+      "\"regions\": %s}",
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
       static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle,
       host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
       static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate, recompute_blocks,
-      recomputed_flops);
+      recomputed_flops, regions);
   std::printf("%s\n", out.c_str());
   if (!json.empty()) std::ofstream(json) << out << "\n";
   return 0;

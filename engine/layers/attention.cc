@@ -110,6 +110,14 @@ void JaggedAttention::ReleaseSaved() {
   for (Tensor* t : {&lse_, &q16_, &k16_, &v16_, &out16_}) *t = Tensor();
 }
 
+int64_t JaggedAttention::SavedBytes() const {
+  int64_t bytes = 0;
+  for (const Tensor* t : {&lse_, &q16_, &k16_, &v16_, &out16_}) {
+    if (!t->empty()) bytes += static_cast<int64_t>(t->nbytes());
+  }
+  return bytes;
+}
+
 absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView& dq,
                                        const TensorView& dk, const TensorView& dv) {
   const ScopedPhase phase(ctx_.phases, Phase::kAttention);
@@ -196,6 +204,7 @@ absl::Status SelfAttentionBlock::ForwardBranch(const JaggedView& x) {
 
 absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
   shape_ = x.values.shape;
+  recomputed_ = false;
   bf16_flow_ = attention_.Bf16Flow(x.values, dim_);
   RECFLEET_RETURN_IF_ERROR(ForwardBranch(x));
   RECFLEET_RETURN_IF_ERROR(
@@ -213,20 +222,33 @@ absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
   return absl::OkStatus();
 }
 
-absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView& dx) {
-  if (recompute_) {
-    // The recomputation is extra work, not model FLOPs.
-    FlopCounter* flops = ctx_.flops;
-    const FlopCounter before = flops != nullptr ? *flops : FlopCounter();
-    RECFLEET_RETURN_IF_ERROR(ForwardBranch(x_));
-    if (flops != nullptr) {
-      flops->recomputed += (flops->linear - before.linear) + (flops->attention - before.attention);
-      flops->linear = before.linear;
-      flops->attention = before.attention;
-    }
-    // o's output is not needed (only its input is).
-    proj_ = Tensor();
+absl::Status SelfAttentionBlock::Recompute() {
+  if (!recompute_ || recomputed_) return absl::OkStatus();
+  // The recomputation is extra work, not model FLOPs.
+  FlopCounter* flops = ctx_.flops;
+  const FlopCounter before = flops != nullptr ? *flops : FlopCounter();
+  RECFLEET_RETURN_IF_ERROR(ForwardBranch(x_));
+  if (flops != nullptr) {
+    flops->recomputed += (flops->linear - before.linear) + (flops->attention - before.attention);
+    flops->linear = before.linear;
+    flops->attention = before.attention;
   }
+  // o's output is not needed (only its input is).
+  proj_ = Tensor();
+  recomputed_ = true;
+  return absl::OkStatus();
+}
+
+int64_t SelfAttentionBlock::SavedBytes() const {
+  int64_t bytes = attention_.SavedBytes();
+  for (const Tensor* t : {&normed_, &q_out_, &k_out_, &v_out_, &attn_out_, &proj_}) {
+    if (!t->empty()) bytes += static_cast<int64_t>(t->nbytes());
+  }
+  return bytes;
+}
+
+absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView& dx) {
+  RECFLEET_RETURN_IF_ERROR(Recompute());
   // With the bf16 flow the gradients between o, the attention and q/k/v
   // are bf16 too (each consumer would round them to bf16 itself); the
   // gradient of the norm's output sums three GEMMs and stays fp32.

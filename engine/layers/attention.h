@@ -45,6 +45,8 @@ class JaggedAttention {
   // the bf16 copies): a layer that recomputes its activations calls it
   // after its forward and runs Forward again before Backward.
   void ReleaseSaved();
+  // Bytes of what the forward keeps for the backward.
+  int64_t SavedBytes() const;
 
   // Whether calls run on the bf16 kernels: ctx.bf16_attention and a head
   // dim they support (64 or 128); other head dims stay in fp32.
@@ -94,6 +96,14 @@ class SelfAttentionBlock {
   // still kept.
   void set_recompute(bool on) { recompute_ = on; }
   bool recompute() const { return recompute_; }
+  // With recompute on: runs the branch's forward again, once after each
+  // Forward (Backward calls it itself; a caller timing the recomputation
+  // calls it first). A no-op otherwise.
+  absl::Status Recompute();
+  // Bytes of the activations the block itself holds now: after Forward,
+  // what it keeps for the backward (its input, a view, not counted; nor the
+  // projections' own bf16 copies of their inputs).
+  int64_t SavedBytes() const;
 
  private:
   // norm -> q, k, v -> attention -> o: fills normed_ ... proj_ from x.
@@ -107,6 +117,7 @@ class SelfAttentionBlock {
   Shape shape_;
   bool bf16_flow_ = false;
   bool recompute_ = false;
+  bool recomputed_ = false;  // Since the last Forward.
   JaggedView x_;  // The last forward's input (recompute only).
   // Activations of the last forward (released after the backward on CUDA).
   Tensor normed_, q_out_, k_out_, v_out_, attn_out_, proj_;

@@ -85,6 +85,19 @@ void AddTiling(const std::string& prefix, int world, int size, int stride,
   }
 }
 
+// The engine recomputes only the self-attention blocks (region
+// "sequence", one unit per block); every other region keeps its
+// activations. The job's model.activation_memory goes to the request as is.
+void ApplyActivationMemory(const JobSpec& spec, planner::PlanRequest* request) {
+  for (planner::DenseModule& m : request->model.modules) {
+    m.recomputable = m.RegionName() == "sequence";
+    m.recompute_units = m.recomputable ? spec.model().sequence().num_layers() : 0;
+  }
+  const v1::ActivationMemory& am = spec.model().activation_memory();
+  request->recompute_regions = {am.recompute().begin(), am.recompute().end()};
+  request->activation_budget_bytes = static_cast<double>(am.budget_bytes());
+}
+
 v1::MemoryPlan MemoryToProto(const planner::MemoryBreakdown& m) {
   v1::MemoryPlan p;
   p.set_embedding_bytes(m.embedding);
@@ -208,6 +221,7 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec,
   request.other_memory_bytes = rates->fixed_bytes;
   request.rates_source = absl::StrCat("step rates measured on ", rates->machine, " (", rates->date,
                                       ", ", rates->precision, ")");
+  ApplyActivationMemory(spec, &request);
   if (absl::Status s = planner::ValidateRequest(request); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec as a plan request: ", s.message()));
   }
@@ -417,6 +431,7 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
   request.hints.replicas = hints.replicas();
   request.hints.table_sharding_group_size = hints.table_sharding_group_size();
 
+  ApplyActivationMemory(spec, &request);
   if (absl::Status s = planner::ValidateRequest(request); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec as a plan request: ", s.message()));
   }
@@ -571,6 +586,15 @@ v1::Plan PlanToProto(const planner::Plan& plan) {
   }
   p.set_candidates_evaluated(plan.candidates_evaluated);
   p.set_summary(PlanSummary(plan));
+  for (const planner::RegionBudget& rb : plan.checkpoint) {
+    v1::RegionCheckpointPlan* x = p.add_checkpoint();
+    x->set_region(rb.region);
+    x->set_full_bytes(rb.full_bytes);
+    x->set_kept_bytes(rb.budget_bytes);
+    x->set_recompute_seconds(rb.recompute_s);
+    x->set_units(rb.units);
+    x->set_recomputed_units(rb.recomputed_units);
+  }
   return p;
 }
 
@@ -618,6 +642,14 @@ absl::StatusOr<double> CpuRankPeakBytes(const JobSpec& spec, const engine::StepR
   const double batch = std::max<double>(spec.data().local_batch_size(), eval_batch);
   return static_cast<double>(resident_bytes) + p.static_bytes +
          p.activation_bytes * batch / static_cast<double>(n.samples) + rates.fixed_bytes + eval_set;
+}
+
+absl::StatusOr<v1::Plan> PlanOneGpu(const JobSpec& spec, const planner::Topology& hardware) {
+  Placement one;
+  one.workers.push_back({"local", 1, {}});
+  absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, one, hardware);
+  if (!plan.ok()) return plan.status();
+  return PlanToProto(*plan);
 }
 
 const engine::StepRates* RatesForJob(const JobSpec& spec, const std::vector<engine::StepRates>& rates) {

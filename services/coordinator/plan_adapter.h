@@ -176,6 +176,13 @@ absl::StatusOr<planner::Plan> PlanPlacement(const ::recfleet::v1::JobSpec& spec,
 absl::StatusOr<double> CpuRankPeakBytes(const ::recfleet::v1::JobSpec& spec, const engine::StepRates& rates,
                                         int64_t resident_bytes);
 
+// The plan of `spec` on one GPU of `hardware` from the spec's shapes: what
+// a run of one rank outside a coordinator (`recfleet train --local`,
+// engine_bench) takes its activation checkpointing from (engine/job_model.h
+// RecomputedAttentionBlocks). Errors as PlanPlacement's.
+absl::StatusOr<::recfleet::v1::Plan> PlanOneGpu(const ::recfleet::v1::JobSpec& spec,
+                                                const planner::Topology& hardware);
+
 // The table of `rates` measured on the job's device (cuda for jobs with
 // gpus_per_worker >= 1, else cpu); null when there is none.
 const engine::StepRates* RatesForJob(const ::recfleet::v1::JobSpec& spec,

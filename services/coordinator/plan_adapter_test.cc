@@ -390,5 +390,71 @@ TEST(PlanAdapterTest, TablesThatCannotFitFailWithThePlannersReason) {
   EXPECT_NE(plan.status().message().find("users"), std::string::npos) << plan.status();
 }
 
+// model.activation_memory on one GPU: a budget that leaves room for 3/4
+// of the sequence region's recomputable bytes makes the planner recompute
+// one of its two self-attention blocks (whole blocks, the only region the
+// engine recomputes; every other region keeps all its activations), the
+// predicted activations are what is kept, and the engine's setting read
+// from the plan is that one block; a tighter budget takes both, naming
+// "sequence" recomputes both without a budget.
+TEST(PlanAdapterTest, ActivationBudgetChoosesWholeSequenceBlocksForTheEngine) {
+  auto spec = BuildableSpec(1);
+  spec.mutable_resources()->set_gpus_per_worker(1);
+  absl::StatusOr<v1::Plan> free = PlanOneGpu(spec, DefaultHardware());
+  ASSERT_TRUE(free.ok()) << free.status();
+  double others = 0, seq_full = 0, seq_min = 0;
+  for (const v1::RegionCheckpointPlan& r : free->checkpoint()) {
+    EXPECT_EQ(r.kept_bytes(), r.full_bytes()) << r.region();
+    EXPECT_EQ(r.recomputed_units(), 0) << r.region();
+    if (r.region() == "sequence") {
+      EXPECT_EQ(r.units(), 2);
+      seq_full = r.full_bytes();
+    } else {
+      EXPECT_EQ(r.units(), 0) << r.region();
+      others += r.full_bytes();
+    }
+  }
+  ASSERT_GT(seq_full, 0);
+  // The kept input of the region: its activations with both blocks recomputed.
+  spec.mutable_model()->mutable_activation_memory()->add_recompute("sequence");
+  absl::StatusOr<v1::Plan> named = PlanOneGpu(spec, DefaultHardware());
+  ASSERT_TRUE(named.ok()) << named.status();
+  for (const v1::RegionCheckpointPlan& r : named->checkpoint()) {
+    if (r.region() == "sequence") {
+      EXPECT_EQ(r.recomputed_units(), 2);
+      EXPECT_GT(r.recompute_seconds(), 0);
+      seq_min = r.kept_bytes();
+    }
+  }
+  ASSERT_LT(seq_min, seq_full);
+  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(*engine::RecomputedAttentionBlocks(*model, nullptr), 2);
+
+  spec.mutable_model()->clear_activation_memory();
+  const double saved = seq_full - seq_min;
+  spec.mutable_model()->mutable_activation_memory()->set_budget_bytes(
+      static_cast<int64_t>(others + seq_min + 0.75 * saved));
+  absl::StatusOr<v1::Plan> budget = PlanOneGpu(spec, DefaultHardware());
+  ASSERT_TRUE(budget.ok()) << budget.status();
+  EXPECT_NEAR(budget->peak_memory().activation_bytes(), others + seq_min + 0.5 * saved, 1e-6 * seq_full);
+  model = engine::BuildJobModel(spec);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(*engine::RecomputedAttentionBlocks(*model, &*budget), 1);
+  bool shown = false;
+  for (const v1::PlanDecision& d : budget->decisions()) {
+    shown = shown || d.chosen().find("sequence: 1 of 2 blocks recomputed") != std::string::npos;
+  }
+  EXPECT_TRUE(shown);
+
+  spec.mutable_model()->mutable_activation_memory()->set_budget_bytes(
+      static_cast<int64_t>(others + seq_min + 0.25 * saved));
+  budget = PlanOneGpu(spec, DefaultHardware());
+  ASSERT_TRUE(budget.ok()) << budget.status();
+  EXPECT_EQ(*engine::RecomputedAttentionBlocks(*model, &*budget), 2);
+  spec.mutable_model()->mutable_activation_memory()->set_budget_bytes(static_cast<int64_t>(others));
+  EXPECT_FALSE(PlanOneGpu(spec, DefaultHardware()).ok());
+}
+
 }  // namespace
 }  // namespace recfleet::coordinator
