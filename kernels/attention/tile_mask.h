@@ -5,9 +5,10 @@
 // rectangular tile of its score matrix: every pair visible (a kernel's
 // no-mask path), some (the per-element path) or none (skippable). Callable
 // from host and device code, so that a CPU test (tile_mask_test, against
-// the per-pair mask) checks the decisions the kernels would take. Not yet
-// used by the kernels: the Hopper kernels' change onto it is not merged
-// (bench/RESULTS.md, attention, sliding window tile classes).
+// the per-pair mask) checks the decisions the kernels take: the Hopper
+// forward and backward (cuda_common.cuh, cuda_wgmma.cu, cuda_wgmma_bwd.cu)
+// classify their tiles with it (bench/RESULTS.md, attention, sliding window
+// tile classes).
 
 #include "kernels/attention/cuda_kernels.h"
 
