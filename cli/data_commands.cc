@@ -35,6 +35,7 @@
 #include "engine/calibrate.h"
 #include "engine/cuda_device.h"
 #include "engine/step_rates.h"
+#include "worker/rank_sync.h"
 #include "engine/job_model.h"
 
 namespace recfleet::data {
@@ -317,6 +318,28 @@ int RunRates(const cli::Flags& flags, const std::vector<std::string>& args, Devi
                 p.peak_bytes * mib, f.peak_bytes * mib,
                 p.peak_bytes > 0 ? 100 * (f.peak_bytes / p.peak_bytes - 1) : 0.0);
   }
+  // CPU ranks of one host stepping together (the local cluster's workers):
+  // what they add to one rank's step, measured with the worker's code.
+  int sync_ranks = device == Device::kCpu ? std::max<int>(2, sysconf(_SC_NPROCESSORS_ONLN)) : 0;
+  RETURN_USAGE_IF_ERROR(flags.Get("sync-ranks", &sync_ranks), "calibrate");
+  if (sync_ranks == 1 || sync_ranks < 0) {
+    return Fail(absl::InvalidArgumentError("--sync-ranks is 0 (skip) or >= 2"), "calibrate");
+  }
+  if (sync_ranks >= 2) {
+    if (device != Device::kCpu) {
+      return Fail(absl::InvalidArgumentError("--sync-ranks: measured on CPU ranks (Gloo) only"), "calibrate");
+    }
+    absl::StatusOr<worker::RankSyncResult> sync = worker::MeasureRankSync(sync_ranks, o);
+    if (!sync.ok()) return Fail(sync.status(), "calibrate");
+    std::printf("\n%-28s %12s %12s %8s\n", "probe step", "1 rank ms", absl::StrCat(sync_ranks, " ranks ms").c_str(),
+                "ratio");
+    for (const worker::RankSyncProbe& p : sync->probes) {
+      std::printf("%-28s %12.3f %12.3f %8.3f\n", p.name.c_str(), 1e3 * p.single_seconds, 1e3 * p.ranks_seconds,
+                  p.ranks_seconds / p.single_seconds);
+    }
+    rates.rank_sync_ranks = sync->ranks;
+    rates.rank_sync_overhead = sync->overhead;
+  }
   const std::string yaml = engine::StepRatesToYaml(rates);
   std::ofstream out(flags.Str("rates"));
   out << "# The engine's step rates (engine/step_rates.h), measured by the command below.\n" << yaml;
@@ -331,7 +354,7 @@ int RunCalibrate(const std::vector<std::string>& args) {
   auto flags = cli::ParseCommandFlags("data calibrate", args,
                                       {"spec", "lengths", "batch-size", "repeats", "warmup",
                                        "fit-batches", "check-batches", "seed", "device", "precision",
-                                       "rates"});
+                                       "rates", "sync-ranks"});
   if (!flags.ok()) return cli::kExitUsage;
   if (!flags->Has("spec") && !flags->Has("rates")) {
     return Fail(absl::InvalidArgumentError("--spec (or --rates FILE) is required"), "calibrate");
@@ -493,12 +516,15 @@ RECFLEET_REGISTER_COMMAND({
     "(seconds, weights >= 0) to the one-length and fit batches, shows its error on the\n"
     "held-out check batches and prints the weights as spec.data.bbs.cost_weights.\n"
     "recfleet data calibrate --rates FILE [--device cpu|cuda] [--precision bf16|fp32]\n"
-    "  [--warmup 2] [--repeats 3] [--seed 1]\n"
+    "  [--warmup 2] [--repeats 3] [--seed 1] [--sync-ranks N]\n"
     "Measures the engine's rate table instead (engine/step_rates.h): trains a fixed family of\n"
     "probe models a few steps each, fits effective GEMM and attention rates, elementwise,\n"
     "optimizer and per-step time and (cuda) activation bytes, and writes them to FILE with\n"
     "the machine, date and command; `recfleet plan --rates FILE` and the coordinator\n"
-    "(its step-rates flag) predict step time and peak memory from it.",
+    "(its step-rates flag) predict step time and peak memory from it. cpu: then times the\n"
+    "probes on --sync-ranks Gloo ranks over loopback (default: the cores, at least 2; 0\n"
+    "skips) against one rank alone: rank_sync_overhead, what ranks of one host stepping\n"
+    "together add (waits for the slowest rank, collectives, shared cores).",
     RunCalibrate,
 });
 

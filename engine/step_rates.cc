@@ -166,6 +166,10 @@ std::string StepRatesToYaml(const StepRates& r) {
   out << YAML::Key << "probes" << YAML::Value << r.probes;
   out << YAML::DoublePrecision(6);
   for (const Field& f : kNumbers) out << YAML::Key << f.key << YAML::Value << r.*(f.number);
+  if (r.rank_sync_ranks > 0) {
+    out << YAML::Key << "rank_sync_ranks" << YAML::Value << r.rank_sync_ranks;
+    out << YAML::Key << "rank_sync_overhead" << YAML::Value << r.rank_sync_overhead;
+  }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
@@ -193,6 +197,12 @@ absl::StatusOr<StepRates> StepRatesFromYaml(const std::string& text) {
     for (const Field& f : kNumbers) {
       if (!node[f.key]) return absl::InvalidArgumentError(absl::StrCat("step rates: missing ", f.key));
       r.*(f.number) = node[f.key].as<double>();
+    }
+    // Optional: tables measured before the synchronous-rank probe lack it.
+    r.rank_sync_ranks = node["rank_sync_ranks"].as<int>(0);
+    r.rank_sync_overhead = node["rank_sync_overhead"].as<double>(0);
+    if (r.rank_sync_ranks < 0 || r.rank_sync_overhead < 0) {
+      return absl::InvalidArgumentError("step rates: rank_sync_ranks and rank_sync_overhead must be >= 0");
     }
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("step rates: bad value: ", e.what()));

@@ -61,6 +61,16 @@ struct StepRates {
   int probes = 0;
   double time_fit_error = 0;
   double memory_fit_error = 0;
+
+  // Ranks of one host training together (kCpu: Gloo over loopback, one
+  // core each): their step, measured with the worker's distributed code,
+  // is (1 + rank_sync_overhead) x one rank's step alone. What a single
+  // rank's probes cannot see: ranks waiting for the slowest at every
+  // collective, the collectives themselves, wake-ups, cores shared by
+  // memory and cache. Measured at rank_sync_ranks ranks (0: not measured;
+  // optional in the YAML).
+  double rank_sync_overhead = 0;
+  int rank_sync_ranks = 0;
 };
 
 struct StepPrediction {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace recfleet::engine {
@@ -95,6 +96,18 @@ TEST(StepRatesTest, YamlRoundTripKeepsEveryField) {
   EXPECT_NEAR(back->gemm_flops_per_s / r.gemm_flops_per_s, 1, 1e-5);
   EXPECT_NEAR(back->seconds_per_step / r.seconds_per_step, 1, 1e-5);
   EXPECT_NEAR(back->fixed_bytes / r.fixed_bytes, 1, 1e-5);
+  // Not measured: absent from the YAML, read back as 0.
+  EXPECT_EQ(StepRatesToYaml(r).find("rank_sync"), std::string::npos);
+  EXPECT_EQ(back->rank_sync_ranks, 0);
+
+  r.rank_sync_ranks = 2;
+  r.rank_sync_overhead = 0.125;
+  back = StepRatesFromYaml(StepRatesToYaml(r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->rank_sync_ranks, 2);
+  EXPECT_NEAR(back->rank_sync_overhead, 0.125, 1e-9);
+  const std::string negative = absl::StrCat(StepRatesToYaml(Known()), "rank_sync_overhead: -0.5\n");
+  EXPECT_FALSE(StepRatesFromYaml(negative).ok());
 }
 
 TEST(StepRatesTest, RejectsOtherVersionsAndMissingKeys) {

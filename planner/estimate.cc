@@ -295,7 +295,8 @@ Evaluation Evaluate(const Context& c, const DenseOption& d, const SparseOption& 
                     c.req.efficiency.elementwise);
   st.other_compute_s = c.req.other_compute_s * (1.0 / c.topo.ComputeShare());
   st.recompute_s = recompute;
-  st.total_s = st.ComputeS() + st.recompute_s + st.ExposedS();
+  if (c.world > 1) st.rank_sync_s = c.req.rank_sync_fraction * (st.ComputeS() + st.recompute_s);
+  st.total_s = st.ComputeS() + st.recompute_s + st.ExposedS() + st.rank_sync_s;
   st.model_flops = c.model_flops;
   const double peak = c.topo.peak_flops_per_gpu * c.topo.ComputeShare();
   st.local_mfu = st.ComputeS() > 0 ? c.model_flops / (st.ComputeS() * peak) : 0;

@@ -52,6 +52,7 @@ absl::Status ValidateRequest(const PlanRequest& r) {
     return absl::InvalidArgumentError(
         absl::StrCat("job: 'batch.local' must be > 0 samples per GPU, got ", r.local_batch));
   }
+  if (r.rank_sync_fraction < 0) return absl::InvalidArgumentError("rank_sync_fraction must be >= 0");
   if (r.other_compute_s < 0 || r.other_memory_bytes < 0) {
     return absl::InvalidArgumentError("other_compute_s and other_memory_bytes must be >= 0");
   }

@@ -167,6 +167,11 @@ struct PlanRequest {
   // allocator's rounding; bytes). 0 without a measured rate table.
   double other_compute_s = 0;
   double other_memory_bytes = 0;
+  // Measured cost of ranks stepping together: with more than one rank the
+  // step adds rank_sync_fraction x its compute (the rate table's
+  // rank_sync_overhead: waits for the slowest rank at each synchronous
+  // collective, wake-ups, shared cores). 0: not measured.
+  double rank_sync_fraction = 0;
   // Where the efficiencies and the two numbers above come from, shown in
   // the plan's decisions; empty: the typical defaults.
   std::string rates_source;

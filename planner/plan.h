@@ -92,6 +92,9 @@ struct StepTime {
   double optimizer_s = 0;
   double other_compute_s = 0;  // PlanRequest::other_compute_s.
   std::array<double, kNumLevels> exposed_s = {0, 0, 0};
+  // Waiting for the slowest rank (PlanRequest::rank_sync_fraction x the
+  // compute, more than one rank only); not compute.
+  double rank_sync_s = 0;
   double total_s = 0;
   double model_flops = 0;  // Useful dense FLOPs per GPU per step.
   double local_mfu = 0;    // model_flops / (compute time x peak).

@@ -451,5 +451,28 @@ TEST(PlannerTest, SynchronousCollectivesAndSharedCores) {
   EXPECT_NEAR(shared->step.ExposedS(), 2 * plan->step.ExposedS(), 1e-12);
 }
 
+TEST(PlannerTest, RankSyncAddsItsMeasuredFractionOfComputeOnMoreThanOneRank) {
+  PlanRequest r = Request(64);
+  r.model.modules.push_back(Mlp("a", 1e6, 2e6));
+  r.model.tables.push_back(MakeTable("t", 1e4, 16, 2));
+  absl::StatusOr<Plan> without = MakePlan(MakeTopology(1, 4, 1, 16), r);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(without->step.rank_sync_s, 0);
+  r.rank_sync_fraction = 0.25;
+  absl::StatusOr<Plan> four = MakePlan(MakeTopology(1, 4, 1, 16), r);
+  ASSERT_TRUE(four.ok()) << four.status();
+  const StepTime& st = four->step;
+  EXPECT_NEAR(st.rank_sync_s, 0.25 * (st.ComputeS() + st.recompute_s), 1e-15);
+  EXPECT_NEAR(st.total_s, st.ComputeS() + st.recompute_s + st.ExposedS() + st.rank_sync_s, 1e-15);
+  EXPECT_GT(st.total_s, without->step.total_s);
+  // Waiting is not compute: the scaling ratio drops.
+  EXPECT_LT(st.scaling_ratio, without->step.scaling_ratio);
+  absl::StatusOr<Plan> one = MakePlan(MakeTopology(1, 1, 1, 16), r);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->step.rank_sync_s, 0);
+  r.rank_sync_fraction = -0.1;
+  EXPECT_FALSE(MakePlan(MakeTopology(1, 4, 1, 16), r).ok());
+}
+
 }  // namespace
 }  // namespace recfleet::planner

@@ -270,13 +270,14 @@ std::string StepSvg(const Plan& plan) {
   const StepTime& st = plan.step;
   const double parts[] = {st.sparse_compute_s, st.dense_compute_s,     st.optimizer_s,
                           st.other_compute_s,  st.recompute_s,         st.exposed_s[kNvlink],
-                          st.exposed_s[kZone], st.exposed_s[kCrossZone]};
+                          st.exposed_s[kZone], st.exposed_s[kCrossZone], st.rank_sync_s};
   const char* names[] = {"sparse lookups", "dense compute",  "optimizer",    "other compute",
-                         "recompute",      "exposed nvlink", "exposed zone", "exposed cross-zone"};
-  const char* colors[] = {"#4e79a7", "#59a14f", "#76b7b2", "#9c755f",
-                          "#edc948", "#f28e2b", "#e15759", "#b07aa1"};
+                         "recompute",      "exposed nvlink", "exposed zone", "exposed cross-zone",
+                         "rank sync"};
+  const char* colors[] = {"#4e79a7", "#59a14f", "#76b7b2", "#9c755f", "#edc948",
+                          "#f28e2b", "#e15759", "#b07aa1", "#bab0ac"};
   const int width = 900;
-  std::string s = absl::StrFormat("<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='84'>",
+  std::string s = absl::StrFormat("<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='104'>",
                                   width);
   double x = 10;
   constexpr int kParts = sizeof(parts) / sizeof(parts[0]);
@@ -329,13 +330,19 @@ std::string FormatText(const Plan& plan, const TextOptions& options) {
     step.Add({absl::StrCat("exposed comm: ", LinkLevelName(l)), Ms(st.exposed_s[l]),
               share(st.exposed_s[l])});
   }
+  if (st.rank_sync_s > 0) {
+    step.Add({"rank synchronization (measured)", Ms(st.rank_sync_s), share(st.rank_sync_s)});
+  }
   step.Add({"step", Ms(st.total_s), "100%"});
   absl::StrAppend(&out, step.Render());
   absl::StrAppendFormat(&out,
                         "  scaling ratio %.3f (compute / step); local MFU %.1f%%, E2E MFU %.1f%% "
-                        "of %.0f TFLOP/s peak (%.3g useful dense FLOPs per GPU per step)\n\n",
+                        "of %s peak (%.3g useful dense FLOPs per GPU per step)\n\n",
                         st.scaling_ratio, 100 * st.local_mfu, 100 * st.e2e_mfu,
-                        t.peak_flops_per_gpu / 1e12, st.model_flops);
+                        t.peak_flops_per_gpu >= 1e12
+                            ? absl::StrFormat("%.0f TFLOP/s", t.peak_flops_per_gpu / 1e12)
+                            : absl::StrFormat("%.3g GFLOP/s", t.peak_flops_per_gpu / 1e9),
+                        st.model_flops);
 
   absl::StrAppend(&out, "DENSE MESH\n");
   absl::StrAppendFormat(&out, "  FSDP group %d (%s), %d replica(s)\n", plan.dense.fsdp_group,
@@ -558,6 +565,7 @@ std::string FormatJson(const Plan& plan) {
                               .N("other_compute_s", st.other_compute_s)
                               .N("recompute_s", st.recompute_s)
                               .Raw("exposed_comm_s", LevelsJson(st.exposed_s))
+                              .N("rank_sync_s", st.rank_sync_s)
                               .N("model_flops", st.model_flops)
                               .N("local_mfu", st.local_mfu)
                               .N("e2e_mfu", st.e2e_mfu)

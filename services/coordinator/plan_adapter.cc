@@ -219,6 +219,9 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec,
                             batch * per * (n.token_elements * rates->seconds_per_token_element +
                                            n.dense_elements * rates->seconds_per_dense_element);
   request.other_memory_bytes = rates->fixed_bytes;
+  // Measured on the rate table's own ranks (CPU: ranks of one host over
+  // loopback); the planner adds it only to plans of more than one rank.
+  request.rank_sync_fraction = rates->rank_sync_overhead;
   request.rates_source = absl::StrCat("step rates measured on ", rates->machine, " (", rates->date,
                                       ", ", rates->precision, ")");
   ApplyActivationMemory(spec, &request);
@@ -564,6 +567,7 @@ v1::Plan PlanToProto(const planner::Plan& plan) {
   step->set_optimizer_seconds(plan.step.optimizer_s);
   step->set_other_compute_seconds(plan.step.other_compute_s);
   for (double e : plan.step.exposed_s) step->add_exposed_seconds(e);
+  step->set_rank_sync_seconds(plan.step.rank_sync_s);
   step->set_total_seconds(plan.step.total_s);
   step->set_model_flops(plan.step.model_flops);
   step->set_local_mfu(plan.step.local_mfu);
