@@ -147,17 +147,27 @@ planner::Topology WithMeasuredPeak(planner::Topology hardware, const engine::Ste
   return hardware;
 }
 
+absl::StatusOr<engine::StepCounts> SpecStepCounts(const JobSpec& spec) {
+  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
+  if (!model.ok()) return model.status();
+  return engine::CountStep(*model, SpecSequenceLengths(spec, *model));
+}
+
 absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec,
                                                          const engine::StepRates* rates,
-                                                         const planner::Topology& hardware) {
+                                                         const planner::Topology& hardware,
+                                                         const engine::StepCounts* counts) {
   if (rates == nullptr) return PlanRequestFromSpec(spec);
   absl::StatusOr<planner::PlanRequest> shapes = PlanRequestFromSpec(spec);
   if (!shapes.ok()) return shapes;
-  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
-  if (!model.ok()) return model.status();
+  absl::StatusOr<engine::StepCounts> counted;
+  if (counts == nullptr) {
+    counted = SpecStepCounts(spec);
+    if (!counted.ok()) return counted.status();
+    counts = &*counted;
+  }
   planner::PlanRequest request = *std::move(shapes);
-  const std::vector<int64_t> lengths = SpecSequenceLengths(spec, *model);
-  const engine::StepCounts n = engine::CountStep(*model, lengths);
+  const engine::StepCounts& n = *counts;
   const double per = 1.0 / static_cast<double>(n.samples);
   const double mean_length = static_cast<double>(n.tokens) * per;
   request.model.sequence_lengths = {{mean_length, 1.0}};
@@ -604,9 +614,10 @@ v1::Plan PlanToProto(const planner::Plan& plan) {
 
 absl::StatusOr<planner::Plan> PlanPlacement(const JobSpec& spec, const Placement& placement,
                                             const planner::Topology& hardware,
-                                            const engine::StepRates* rates) {
+                                            const engine::StepRates* rates,
+                                            const engine::StepCounts* counts) {
   const planner::Topology hw = rates != nullptr ? WithMeasuredPeak(hardware, *rates) : hardware;
-  absl::StatusOr<planner::PlanRequest> request = PlanRequestFromSpec(spec, rates, hw);
+  absl::StatusOr<planner::PlanRequest> request = PlanRequestFromSpec(spec, rates, hw, counts);
   if (!request.ok()) return request.status();
   absl::StatusOr<planner::Topology> topology = TopologyFromPlacement(placement, hw);
   if (!topology.ok()) return topology.status();
@@ -618,14 +629,18 @@ absl::StatusOr<planner::Plan> PlanPlacement(const JobSpec& spec, const Placement
 }
 
 absl::StatusOr<double> CpuRankPeakBytes(const JobSpec& spec, const engine::StepRates& rates,
-                                        int64_t resident_bytes) {
+                                        int64_t resident_bytes, const engine::StepCounts* counts) {
   if (!(rates.fixed_bytes > 0 || rates.bytes_per_token_element > 0 || rates.bytes_per_dense_element > 0)) {
     return absl::FailedPreconditionError(
         absl::StrCat("the ", rates.device, " rate table measured no memory terms; run recfleet data calibrate --rates"));
   }
-  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
-  if (!model.ok()) return model.status();
-  const engine::StepCounts n = engine::CountStep(*model, SpecSequenceLengths(spec, *model));
+  absl::StatusOr<engine::StepCounts> counted;
+  if (counts == nullptr) {
+    counted = SpecStepCounts(spec);
+    if (!counted.ok()) return counted.status();
+    counts = &*counted;
+  }
+  const engine::StepCounts& n = *counts;
   const engine::StepPrediction p = engine::PredictStep(n, rates);
   // Every rank holds the whole eval set decoded, and its eval forward keeps
   // the activations of an eval batch.
@@ -668,7 +683,14 @@ GroupPlanner PlanningGroupPlanner(planner::Topology hardware, std::vector<engine
   return [hardware = std::move(hardware), rates = std::move(rates)](
              const JobSpec& spec, const Placement& placement) -> absl::StatusOr<GroupPlan> {
     const engine::StepRates* job_rates = RatesForJob(spec, rates);
-    absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, placement, hardware, job_rates);
+    // Built and sampled once for the time and the CPU memory prediction.
+    absl::StatusOr<engine::StepCounts> counts;
+    if (job_rates != nullptr) {
+      counts = SpecStepCounts(spec);
+      if (!counts.ok()) return counts.status();
+    }
+    absl::StatusOr<planner::Plan> plan =
+        PlanPlacement(spec, placement, hardware, job_rates, counts.ok() ? &*counts : nullptr);
     if (!plan.ok()) return plan.status();
     double peak = plan->peak.Total();
     if (spec.resources().gpus_per_worker() == 0) {
@@ -676,7 +698,7 @@ GroupPlanner PlanningGroupPlanner(planner::Topology hardware, std::vector<engine
       for (const WorkerView& w : placement.workers) resident = std::max(resident, w.resident_memory_bytes);
       peak = 0;
       if (job_rates != nullptr && resident > 0) {
-        absl::StatusOr<double> cpu = CpuRankPeakBytes(spec, *job_rates, resident);
+        absl::StatusOr<double> cpu = CpuRankPeakBytes(spec, *job_rates, resident, &*counts);
         if (cpu.ok()) peak = *cpu;
       }
     }

@@ -99,10 +99,16 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const ::recfleet::v1::J
 // `hardware` (its peak FLOP/s and HBM bandwidth turn the rates into the
 // planner's efficiencies; plan on WithMeasuredPeak(hardware, *rates));
 // `rates` null: the shape estimates. Also fails with the builder's error for
-// a spec GEM-lite does not build.
+// a spec GEM-lite does not build. `counts`: SpecStepCounts(spec) when the
+// caller has them already (null: counted here).
 absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const ::recfleet::v1::JobSpec& spec,
                                                          const engine::StepRates* rates,
-                                                         const planner::Topology& hardware);
+                                                         const planner::Topology& hardware,
+                                                         const engine::StepCounts* counts = nullptr);
+// The counts (engine/step_cost.h) of the spec's GEM-lite from the one
+// JobSpec builder over SpecSequenceLengths: what a rate table prices. Builds
+// the model and samples the dataset: compute once per planning.
+absl::StatusOr<engine::StepCounts> SpecStepCounts(const ::recfleet::v1::JobSpec& spec);
 // `hardware` with its peak raised to the fastest rate of `rates` when that
 // is above it: a measured rate above the stated peak means the peak is
 // understated (a CPU topology calibrated with every core busy), and the
@@ -151,7 +157,8 @@ std::string PlanSummary(const planner::Plan& plan);
 absl::StatusOr<planner::Plan> PlanPlacement(const ::recfleet::v1::JobSpec& spec,
                                             const Placement& placement,
                                             const planner::Topology& hardware,
-                                            const engine::StepRates* rates = nullptr);
+                                            const engine::StepRates* rates = nullptr,
+                                            const engine::StepCounts* counts = nullptr);
 
 // A CPU rank's peak resident bytes (what the worker reports as its peak
 // memory) for `spec`, priced by a CPU rate table with measured memory terms:
@@ -173,8 +180,9 @@ absl::StatusOr<planner::Plan> PlanPlacement(const ::recfleet::v1::JobSpec& spec,
 // Gloo and the loader stream (measured in bench/RESULTS.md).
 // FailedPrecondition for a table without memory terms; the builder's error
 // for a spec GEM-lite does not build.
+// `counts`: SpecStepCounts(spec) when the caller has them (null: counted).
 absl::StatusOr<double> CpuRankPeakBytes(const ::recfleet::v1::JobSpec& spec, const engine::StepRates& rates,
-                                        int64_t resident_bytes);
+                                        int64_t resident_bytes, const engine::StepCounts* counts = nullptr);
 
 // The plan of `spec` on one GPU of `hardware` from the spec's shapes: what
 // a run of one rank outside a coordinator (`recfleet train --local`,
