@@ -3,9 +3,14 @@
 // kernels: RoPE is applied while Q and K are loaded, the softmax is computed
 // directly on the single score tile (no running max/sum rescaling), the
 // backward recomputes the row statistics and rowsum(dO * O) from the tile
-// instead of reading lse and a pre-pass result, and the inverse rotation of
-// dQ and dK happens on the fp32 accumulators before the store.
+// instead of reading lse and a pre-pass result, keeps P and dS in shared
+// memory (five GEMMs, none recomputed) and applies the inverse rotation of dQ
+// and dK to the fp32 accumulators before the store. The work is memory-bound
+// (bench/RESULTS.md has the roofline): each CTA asks the L2 for the tiles of
+// a CTA further on in the grid as it starts, so the loads of the CTAs that
+// follow find their data there, and outputs leave as 16-byte row segments.
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/attention/cuda_common.cuh"
@@ -14,6 +19,61 @@ namespace recfleet::attention::cuda_impl {
 namespace {
 
 constexpr int kTile = kTileRows;
+
+// The inverse frequencies of the 8 columns c .. c + 7 whose chunk pairs
+// (c, c + D/2) this thread rotates in every row (the same in the loads of
+// LoadQkRope and of RopeTileSmem).
+template <int D>
+__device__ __forceinline__ void RopeColumnFreqs(float (&inv_freq)[8], const KernelParams& p) {
+  const int c = (threadIdx.x % (D / 16)) * 8;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) inv_freq[e] = RopeInvFreq(c + e, D, p.log2_theta);
+}
+
+// Rotates the 8 (c + e, c + D/2 + e) pairs of one row of q (qa, qb: its two
+// 8-column chunks) and of k at position `pos`, each angle serving both.
+__device__ __forceinline__ void RotateChunkPairs(uint4& qa, uint4& qb, uint4& ka, uint4& kb,
+                                                 int pos, const float (&inv_freq)[8]) {
+  bf16* qae = reinterpret_cast<bf16*>(&qa);
+  bf16* qbe = reinterpret_cast<bf16*>(&qb);
+  bf16* kae = reinterpret_cast<bf16*>(&ka);
+  bf16* kbe = reinterpret_cast<bf16*>(&kb);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    float cs, sn;
+    RopeCosSinOf(static_cast<float>(pos) * inv_freq[e], cs, sn);
+    float x = __bfloat162float(qae[e]), y = __bfloat162float(qbe[e]);
+    qae[e] = __float2bfloat16(x * cs - y * sn);
+    qbe[e] = __float2bfloat16(y * cs + x * sn);
+    x = __bfloat162float(kae[e]);
+    y = __bfloat162float(kbe[e]);
+    kae[e] = __float2bfloat16(x * cs - y * sn);
+    kbe[e] = __float2bfloat16(y * cs + x * sn);
+  }
+}
+
+// RoPE in place on the Q and K tiles of rows tile_row .. + 64 (loaded raw).
+template <int D>
+__device__ __forceinline__ void RopeTileSmem(bf16* qs, bf16* ks, int tile_row,
+                                             const float (&inv_freq)[8]) {
+  constexpr int kHalfChunks = D / 16;
+  constexpr int kIters = kTile * kHalfChunks / kThreads;
+  const int c = (threadIdx.x % kHalfChunks) * 8;
+#pragma unroll
+  for (int n = 0; n < kIters; ++n) {
+    const int r = (threadIdx.x + n * kThreads) / kHalfChunks;
+    uint4* q0 = reinterpret_cast<uint4*>(qs + Swz<D>(r, c));
+    uint4* q1 = reinterpret_cast<uint4*>(qs + Swz<D>(r, c + D / 2));
+    uint4* k0 = reinterpret_cast<uint4*>(ks + Swz<D>(r, c));
+    uint4* k1 = reinterpret_cast<uint4*>(ks + Swz<D>(r, c + D / 2));
+    uint4 qa = *q0, qb = *q1, ka = *k0, kb = *k1;
+    RotateChunkPairs(qa, qb, ka, kb, tile_row + r, inv_freq);
+    *q0 = qa;
+    *q1 = qb;
+    *k0 = ka;
+    *k1 = kb;
+  }
+}
 
 // Loads rows [tile_row, tile_row + 64) of one head of q and of k into
 // swizzled tiles, rotating each (c, c + D/2) pair by RoPE at position = row
@@ -42,27 +102,11 @@ __device__ __forceinline__ void LoadQkRope(bf16* qs, bf16* ks, const WorkItem& i
   }
   if (p.rope) {
     float inv_freq[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) inv_freq[e] = RopeInvFreq(c + e, D, p.log2_theta);
+    RopeColumnFreqs<D>(inv_freq, p);
 #pragma unroll
     for (int n = 0; n < kIters; ++n) {
-      const float pos = static_cast<float>(it.tile_row + (threadIdx.x + n * kThreads) / kHalfChunks);
-      bf16* qae = reinterpret_cast<bf16*>(&qa[n]);
-      bf16* qbe = reinterpret_cast<bf16*>(&qb[n]);
-      bf16* kae = reinterpret_cast<bf16*>(&ka[n]);
-      bf16* kbe = reinterpret_cast<bf16*>(&kb[n]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        float cs, sn;
-        RopeCosSinOf(pos * inv_freq[e], cs, sn);
-        float x = __bfloat162float(qae[e]), y = __bfloat162float(qbe[e]);
-        qae[e] = __float2bfloat16(x * cs - y * sn);
-        qbe[e] = __float2bfloat16(y * cs + x * sn);
-        x = __bfloat162float(kae[e]);
-        y = __bfloat162float(kbe[e]);
-        kae[e] = __float2bfloat16(x * cs - y * sn);
-        kbe[e] = __float2bfloat16(y * cs + x * sn);
-      }
+      RotateChunkPairs(qa[n], qb[n], ka[n], kb[n],
+                       it.tile_row + (threadIdx.x + n * kThreads) / kHalfChunks, inv_freq);
     }
   }
 #pragma unroll
@@ -115,24 +159,49 @@ __device__ __forceinline__ void RopeInverse(float (&acc)[D / 8][4], int row_base
   }
 }
 
-// Memory-bound (each block's bytes are used for one 64 x 64 problem): capped
-// at 128 registers so that four CTAs per SM keep enough loads in flight.
-template <int D, int A>
-__global__ void __launch_bounds__(kThreads, 4) BlockForwardKernel(const KernelParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* ks = qs + kTile * D;
-  bf16* vs = ks + kTile * D;
-  const WorkItem it = LoadItem(p);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int len = it.q_len;
-  LoadTileAsync<D, kTile>(vs, static_cast<const bf16*>(p.v), it.k_start, it.tile_row, len,
+// Asks the L2 for the tiles the CTA block_prefetch_ctas further on will
+// load (q, k, v, and dO for the backward).
+template <int D, bool kWithDout>
+__device__ __forceinline__ void PrefetchLaterCta(const KernelParams& p) {
+  const int later = blockIdx.x + p.block_prefetch_ctas;
+  if (p.block_prefetch_ctas <= 0 || later >= gridDim.x) return;
+  const WorkItem it = ItemAt(p, later);
+  auto prefetch = [&](const void* g, int64_t start) {
+    PrefetchTileL2<D, kTile>(static_cast<const bf16*>(g), start, it.tile_row, it.q_len, it.head,
+                             p.heads);
+  };
+  prefetch(p.q, it.q_start);
+  prefetch(p.k, it.k_start);
+  prefetch(p.v, it.k_start);
+  if constexpr (kWithDout) prefetch(p.dout, it.q_start);
+}
+
+// Loads one block's tiles of this CTA's head (RoPE applied to Q and K; dO
+// too for the backward), asks the L2 for a later CTA's, and waits for all.
+template <int D, bool kWithDout>
+__device__ __forceinline__ void LoadBlock(bf16* qs, bf16* ks, bf16* vs, bf16* dos,
+                                          const WorkItem& it, const KernelParams& p) {
+  LoadTileAsync<D, kTile>(vs, static_cast<const bf16*>(p.v), it.k_start, it.tile_row, it.q_len,
                           it.head, p.heads);
+  if constexpr (kWithDout) {
+    LoadTileAsync<D, kTile>(dos, static_cast<const bf16*>(p.dout), it.q_start, it.tile_row,
+                            it.q_len, it.head, p.heads);
+  }
   CpAsyncCommit();
   LoadQkRope<D>(qs, ks, it, p);
+  PrefetchLaterCta<D, kWithDout>(p);
   CpAsyncWait<0>();
   __syncthreads();
+}
 
+// One block's forward from its (rotated) Q, K and V tiles: scores,
+// softmax or activation, lse, O = P V, stored through the warp's own rows of
+// Q (read by no other warp).
+template <int D, int A>
+__device__ __forceinline__ void ForwardTile(const KernelParams& p, const WorkItem& it, bf16* qs,
+                                            const bf16* ks, const bf16* vs) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int len = it.q_len;
   float s[8][4];
   Zero(s);
   GemmABtSmem<D, 8>(s, qs, warp * 16, ks, 0);
@@ -177,167 +246,262 @@ __global__ void __launch_bounds__(kThreads, 4) BlockForwardKernel(const KernelPa
   float o[D / 8][4];
   Zero(o);
   GemmPB<D, 8>(o, s, vs, 0);
-  StoreRows<D>(p.o, o, it.q_start, row_base, len, it.head, p.heads, mul);
+  StoreRowsStaged<D>(p.o, o, qs, warp * 16, it.q_start, it.tile_row + warp * 16, len, it.head,
+                     p.heads, mul);
 }
 
+// Memory-bound (each block's bytes are used for one 64 x 64 problem): capped
+// at 128 registers so that four CTAs per SM keep enough loads in flight.
 template <int D, int A>
-__global__ void __launch_bounds__(kThreads) BlockBackwardKernel(const KernelParams p) {
+__global__ void __launch_bounds__(kThreads, 4) BlockForwardKernel(const KernelParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* ks = qs + kTile * D;
   bf16* vs = ks + kTile * D;
-  bf16* dos = vs + kTile * D;
-  float* lse_s = reinterpret_cast<float*>(dos + kTile * D);  // log2 domain
-  float* dsum_s = lse_s + kTile;
+  const WorkItem it = LoadItem(p);
+  LoadBlock<D, false>(qs, ks, vs, nullptr, it, p);
+  ForwardTile<D, A>(p, it, qs, ks, vs);
+}
+
+// The same as a persistent grid (two CTAs per SM): Q, K and V of the CTA's
+// next block load by cp.async into a second stage while this one is
+// computed, RoPE then applied in shared memory.
+template <int D, int A>
+__global__ void __launch_bounds__(kThreads, 2) BlockForwardPersistentKernel(const KernelParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kStage = 3 * kTile * D;
+  bf16* const stages = reinterpret_cast<bf16*>(smem);
+  const int total = p.num_items * p.heads;
+  float inv_freq[8];
+  RopeColumnFreqs<D>(inv_freq, p);
+  auto issue = [&](int w, bf16* st) {
+    const WorkItem it = ItemAt(p, w);
+    LoadTileAsync<D, kTile>(st, static_cast<const bf16*>(p.q), it.q_start, it.tile_row, it.q_len,
+                            it.head, p.heads);
+    LoadTileAsync<D, kTile>(st + kTile * D, static_cast<const bf16*>(p.k), it.k_start,
+                            it.tile_row, it.q_len, it.head, p.heads);
+    LoadTileAsync<D, kTile>(st + 2 * kTile * D, static_cast<const bf16*>(p.v), it.k_start,
+                            it.tile_row, it.q_len, it.head, p.heads);
+  };
+  int w = blockIdx.x;
+  if (w < total) issue(w, stages);
+  CpAsyncCommit();
+  for (int n = 0; w < total; ++n, w += gridDim.x) {
+    bf16* qs = stages + (n & 1) * kStage;
+    if (w + gridDim.x < total) issue(w + gridDim.x, stages + ((n + 1) & 1) * kStage);
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    const WorkItem it = ItemAt(p, w);
+    if (p.rope) {
+      RopeTileSmem<D>(qs, qs + kTile * D, it.tile_row, inv_freq);
+      __syncthreads();
+    }
+    ForwardTile<D, A>(p, it, qs, qs + kTile * D, qs + 2 * kTile * D);
+    __syncthreads();  // the stage is free for the load two blocks on
+  }
+}
+
+// acc[16 x D] += A^T * B over K rows: A a swizzled row-major [K][kTile]
+// tile read transposed (its columns a_col0 .. a_col0 + 16 are the product's
+// rows), B a swizzled row-major [K][D] tile.
+template <int D, int K>
+__device__ __forceinline__ void GemmAtB(float (&acc)[D / 8][4], const bf16* As, int a_col0,
+                                        const bf16* Bs) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t a[4];
+    Ldsm4T(a, As + Swz<kTile>(kk * 16 + (lane & 7) + (lane >> 4) * 8,
+                              a_col0 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+    for (int dn = 0; dn < D / 16; ++dn) {
+      uint32_t b[4];
+      Ldsm4T(b, Bs + Swz<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dn * 16 + (lane >> 4) * 8));
+      Mma(acc[2 * dn], a, b[0], b[1]);
+      Mma(acc[2 * dn + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Shared memory of the backward, in elements: Q, K, dO, then V, whose slot
+// P and dS (two [64][64] tiles) take over once S and dP are formed.
+template <int D>
+constexpr int BlockBackwardSmemElems() {
+  return 3 * kTile * D + (kTile * D > 2 * kTile * kTile ? kTile * D : 2 * kTile * kTile);
+}
+
+// Phase 1, warp = 16 queries: S and dP, the probabilities from the whole
+// score row, dS; P and dS to shared memory, dQ = dS K. Phase 2, warp = 16
+// keys: dV = P^T dO and dK = dS^T Q from the shared P and dS. Three CTAs
+// per SM (64 KiB of shared memory each at d = 128, at most 168 registers).
+template <int D, int A>
+__global__ void __launch_bounds__(kThreads, 3) BlockBackwardKernel(const KernelParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* ks = qs + kTile * D;
+  bf16* dos = ks + kTile * D;
+  bf16* vs = dos + kTile * D;
+  bf16* ps = vs;                    // P [query][key], after every warp's dP
+  bf16* dss = vs + kTile * kTile;   // scale * dS [query][key]
   const WorkItem it = LoadItem(p);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int len = it.q_len;
-  LoadTileAsync<D, kTile>(vs, static_cast<const bf16*>(p.v), it.k_start, it.tile_row, len,
-                          it.head, p.heads);
-  LoadTileAsync<D, kTile>(dos, static_cast<const bf16*>(p.dout), it.q_start, it.tile_row, len,
-                          it.head, p.heads);
-  CpAsyncCommit();
-  LoadQkRope<D>(qs, ks, it, p);
-  CpAsyncWait<0>();
-  __syncthreads();
-  const bool full = it.tile_row + kTile <= len;
+  LoadBlock<D, true>(qs, ks, vs, dos, it, p);
   const float one[2] = {1.f, 1.f};
+  const int row_base = it.tile_row + warp * 16 + g;
 
-  // Phase 1, warp = 16 queries: probabilities from the whole score row, dQ.
-  {
-    const int row_base = it.tile_row + warp * 16 + g;
-    float s[8][4], dp[8][4];
-    Zero(s);
-    Zero(dp);
-    GemmABtSmem<D, 8>(s, qs, warp * 16, ks, 0);
-    GemmABtSmem<D, 8>(dp, dos, warp * 16, vs, 0);
-    BlockScores(s, p, it, row_base);
-    if constexpr (A == kActSoftmax) {
+  float s[8][4], dp[8][4];
+  Zero(s);
+  Zero(dp);
+  GemmABtSmem<D, 8>(s, qs, warp * 16, ks, 0);
+  GemmABtSmem<D, 8>(dp, dos, warp * 16, vs, 0);
+  BlockScores(s, p, it, row_base);
+  if constexpr (A == kActSoftmax) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-        }
-        mx = QuadMax(mx) * kLog2e;
-        const float m_use = mx == -INFINITY ? 0.f : mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            s[nt][2 * r + c] = Exp2(s[nt][2 * r + c] * kLog2e - m_use);
-            sum += s[nt][2 * r + c];
-          }
-        }
-        sum = QuadSum(sum);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        float dsum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            s[nt][2 * r + c] *= inv;
-            dsum += s[nt][2 * r + c] * dp[nt][2 * r + c];
-          }
-        }
-        dsum = QuadSum(dsum);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            dp[nt][2 * r + c] = s[nt][2 * r + c] * (dp[nt][2 * r + c] - dsum);
-          }
-        }
-        if (t == 0) {
-          const int il = warp * 16 + g + 8 * r;
-          lse_s[il] = sum > 0.f ? m_use + log2f(sum) : 0.f;
-          dsum_s[il] = dsum;
-        }
+      for (int nt = 0; nt < 8; ++nt) {
+        mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
       }
-    } else {
+      mx = QuadMax(mx) * kLog2e;
+      const float m_use = mx == -INFINITY ? 0.f : mx;
+      float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          dp[nt][e] = s[nt][e] == -INFINITY ? 0.f : dp[nt][e] * ActGrad<A>(s[nt][e]);
+        for (int c = 0; c < 2; ++c) {
+          s[nt][2 * r + c] = Exp2(s[nt][2 * r + c] * kLog2e - m_use);
+          sum += s[nt][2 * r + c];
+        }
+      }
+      sum = QuadSum(sum);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      float dsum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          s[nt][2 * r + c] *= inv;
+          dsum += s[nt][2 * r + c] * dp[nt][2 * r + c];
+        }
+      }
+      dsum = QuadSum(dsum);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          dp[nt][2 * r + c] = s[nt][2 * r + c] * (dp[nt][2 * r + c] - dsum);
         }
       }
     }
+  } else {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = row_base + (e >> 1) * 8, j = it.tile_row + nt * 8 + 2 * t + (e & 1);
-        if (p.dbias != nullptr && i < len && j < len) StoreBias(p, it, i, j, dp[nt][e]);
-        dp[nt][e] *= p.scale;
+        float y = 0.f, dy = 0.f;
+        if (s[nt][e] != -INFINITY) ActAndGrad<A>(s[nt][e], y, dy);
+        s[nt][e] = y;
+        dp[nt][e] *= dy;
       }
     }
-    float dq[D / 8][4];
-    Zero(dq);
-    GemmPB<D, 8>(dq, dp, ks, 0);
-    if (p.rope) RopeInverse<D>(dq, row_base, p);
-    StoreRows<D>(p.dq, dq, it.q_start, row_base, len, it.head, p.heads, one);
   }
-  __syncthreads();
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = row_base + (e >> 1) * 8, j = it.tile_row + nt * 8 + 2 * t + (e & 1);
+      if (p.dbias != nullptr && i < len && j < len) StoreBias(p, it, i, j, dp[nt][e]);
+      dp[nt][e] *= p.scale;
+    }
+  }
+  __syncthreads();  // every warp's dP GEMM has read V: P and dS take its slot
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int off = Swz<kTile>(warp * 16 + g + 8 * r, nt * 8 + 2 * t);
+      *reinterpret_cast<__nv_bfloat162*>(ps + off) =
+          __floats2bfloat162_rn(s[nt][2 * r], s[nt][2 * r + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(dss + off) =
+          __floats2bfloat162_rn(dp[nt][2 * r], dp[nt][2 * r + 1]);
+    }
+  }
+  float acc[D / 8][4];
+  Zero(acc);
+  GemmPB<D, 8>(acc, dp, ks, 0);
+  if (p.rope) RopeInverse<D>(acc, row_base, p);
+  __syncthreads();  // P and dS complete; every warp is done with K, whose rows now stage stores
+  StoreRowsStaged<D>(p.dq, acc, ks, warp * 16, it.q_start, it.tile_row + warp * 16, len, it.head,
+                     p.heads, one);
 
-  // Phase 2, warp = 16 keys: the transposed scores with the statistics of
-  // phase 1, dK and dV.
-  {
-    const int kv_base = it.tile_row + warp * 16 + g;
-    float st[8][4], dpt[8][4];
-    Zero(st);
-    Zero(dpt);
-    GemmABtSmem<D, 8>(st, ks, warp * 16, qs, 0);
-    GemmABtSmem<D, 8>(dpt, vs, warp * 16, dos, 0);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = kv_base + (e >> 1) * 8, il = nt * 8 + 2 * t + (e & 1);
-        const int i = it.tile_row + il;
-        const bool vis = full || (i < len && j < len);
-        float x = st[nt][e] * p.scale;
-        if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
-        float pr, ds;
-        if constexpr (A == kActSoftmax) {
-          pr = vis ? Exp2(x * kLog2e - lse_s[il]) : 0.f;
-          ds = pr * (dpt[nt][e] - dsum_s[il]);
-        } else {
-          pr = vis ? Act<A>(x) : 0.f;
-          ds = vis ? dpt[nt][e] * ActGrad<A>(x) : 0.f;
-        }
-        st[nt][e] = pr;
-        dpt[nt][e] = ds * p.scale;
-      }
-    }
-    float dv[D / 8][4];
-    Zero(dv);
-    GemmPB<D, 8>(dv, st, dos, 0);
-    StoreRows<D>(p.dv, dv, it.k_start, kv_base, len, it.head, p.heads, one);
-    float dk[D / 8][4];
-    Zero(dk);
-    GemmPB<D, 8>(dk, dpt, qs, 0);
-    if (p.rope) RopeInverse<D>(dk, kv_base, p);
-    StoreRows<D>(p.dk, dk, it.k_start, kv_base, len, it.head, p.heads, one);
+  Zero(acc);
+  GemmAtB<D, kTile>(acc, ps, warp * 16, dos);
+  StoreRowsStaged<D>(p.dv, acc, ks, warp * 16, it.k_start, it.tile_row + warp * 16, len, it.head,
+                     p.heads, one);
+  Zero(acc);
+  GemmAtB<D, kTile>(acc, dss, warp * 16, qs);
+  if (p.rope) RopeInverse<D>(acc, row_base, p);
+  StoreRowsStaged<D>(p.dk, acc, ks, warp * 16, it.k_start, it.tile_row + warp * 16, len, it.head,
+                     p.heads, one);
+}
+
+// The CTAs of `kernel` resident on the device at once (the shared-memory
+// opt-in set on the way).
+template <typename Kernel>
+cudaError_t ResidentCtas(Kernel kernel, int smem_bytes, int* ctas) {
+  int device = 0, sms = 0, per_sm = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   }
+  if (e == cudaSuccess) {
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes);
+  }
+  if (e == cudaSuccess && per_sm == 0) e = cudaErrorInvalidConfiguration;
+  *ctas = per_sm * sms;
+  return e;
+}
+
+// One CTA per (block, head), with block_prefetch_ctas = block_prefetch_waves
+// x the resident CTAs.
+template <typename Kernel>
+int LaunchBlock(Kernel kernel, int smem_bytes, KernelParams p, void* stream) {
+  p.block_prefetch_ctas = 0;
+  if (p.block_prefetch_waves > 0.f) {
+    int resident = 0;
+    if (cudaError_t e = ResidentCtas(kernel, smem_bytes, &resident); e != cudaSuccess) return e;
+    p.block_prefetch_ctas = std::max(1, static_cast<int>(p.block_prefetch_waves * resident + 0.5f));
+  }
+  return Launch(kernel, p.num_items, smem_bytes, p, stream);
 }
 
 }  // namespace
 
 int LaunchBlockForward(const KernelParams& p, void* stream) {
-  return DispatchKernel(p, [&](auto d, auto a) {
+  return DispatchKernel(p, [&](auto d, auto a) -> int {
     constexpr int D = decltype(d)::value, A = decltype(a)::value;
-    return Launch(BlockForwardKernel<D, A>, p.num_items, 3 * kTile * D * 2, p, stream);
+    if (!p.block_persistent_forward) {
+      return LaunchBlock(BlockForwardKernel<D, A>, 3 * kTile * D * 2, p, stream);
+    }
+    auto* kernel = BlockForwardPersistentKernel<D, A>;
+    const int smem_bytes = 2 * 3 * kTile * D * 2;
+    int resident = 0;
+    if (cudaError_t e = ResidentCtas(kernel, smem_bytes, &resident); e != cudaSuccess) return e;
+    const int grid = std::min(p.num_items * p.heads, resident);
+    if (grid == 0) return 0;
+    kernel<<<grid, kThreads, smem_bytes, static_cast<cudaStream_t>(stream)>>>(p);
+    return cudaGetLastError();
   });
 }
 
 int LaunchBlockBackward(const KernelParams& p, void* stream) {
   return DispatchKernel(p, [&](auto d, auto a) {
     constexpr int D = decltype(d)::value, A = decltype(a)::value;
-    return Launch(BlockBackwardKernel<D, A>, p.num_items, 4 * kTile * D * 2 + 2 * kTile * 4, p,
-                  stream);
+    return LaunchBlock(BlockBackwardKernel<D, A>, BlockBackwardSmemElems<D>() * 2, p, stream);
   });
 }
 
