@@ -8,9 +8,7 @@ The first NAME is the reference build of the output checks. Workload as in
 bench_attention.py's "block" section: 32 sequences, heavy-tailed up to 16384
 (mean ~8192), H=8, d=128, softmax, 64-token blocks, RoPE fused (ours) or
 applied and reshaped into zero-padded [blocks, H, 64, d] outside the timing
-(SDPA cuDNN). Rows "NAME, prefetch W" set RECFLEET_ATTENTION_BLOCK_PREFETCH=W
-for the build NAME, "NAME, persistent fwd" RECFLEET_ATTENTION_BLOCK_FWD=
-persistent. 3 rounds in rotating order, each timing
+(SDPA cuDNN). 3 rounds in rotating order, each timing
 bench_attention.timed (median of 10 after 3 warm-up). Every row is also
 rated against the HBM roofline of the layout at the copy bandwidth measured
 in the same run (bytes that must move: bench/RESULTS.md).
@@ -100,13 +98,6 @@ def main():
     for b in builds:
         fns[(b, "fwd")] = ours[b].fwd
         fns[(b, "fwd+bwd")] = ours[b].fwd_bwd
-    variants = [("prefetch 0", "RECFLEET_ATTENTION_BLOCK_PREFETCH", "0"),
-                ("prefetch 1", "RECFLEET_ATTENTION_BLOCK_PREFETCH", "1"),
-                ("persistent fwd", "RECFLEET_ATTENTION_BLOCK_FWD", "persistent")]
-    for b in list(builds)[1:]:
-        for label, var, value in variants:
-            for mode, fn in (("fwd", ours[b].fwd), ("fwd+bwd", ours[b].fwd_bwd)):
-                fns[(f"{b}, {label}", mode)] = ba.with_env(fn, var, value)
     fns[("SDPA cuDNN on 64-blocks", "fwd")] = sdpa
     fns[("SDPA cuDNN on 64-blocks", "fwd+bwd")] = ba.grad_of(sdpa_grad, (qbg, kbg, vbg))
     order = list(dict.fromkeys(b for b, _ in fns))

@@ -58,10 +58,6 @@
 // from shared memory, a TMA/cp.async producer warpgroup feeding two consumer
 // warpgroups that take turns on the tensor cores, persistent over the
 // longest-first tile plan).
-// The BlockAttention kernels ask the L2 for the tiles of CTAs half a wave
-// further on (RECFLEET_ATTENTION_BLOCK_PREFETCH=<waves>, 0: none);
-// RECFLEET_ATTENTION_BLOCK_FWD=persistent runs its forward as a persistent
-// grid double-buffering the blocks in shared memory instead.
 // RECFLEET_ATTENTION_FWD=mma forces the mma.sync kernel everywhere;
 // RECFLEET_ATTENTION_WGMMA_TURNS=0, _TMA=0 and _GROUP=0 switch off the
 // Hopper kernel's turn-taking, TMA loads and the grouping of query tiles

@@ -510,26 +510,6 @@ bool UseWgmmaBackward(const KernelParams& p) {
   return mode == nullptr || std::string(mode) != "mma";
 }
 
-// How far ahead the BlockAttention kernels prefetch into the L2, in waves of
-// resident CTAs (KernelParams::block_prefetch_waves): half a wave keeps the
-// prefetched tiles (~13 MB at d = 128) well inside the L2 while giving them
-// half a CTA's lifetime to arrive. RECFLEET_ATTENTION_BLOCK_PREFETCH=<waves>
-// (0: none) overrides it, so the choice can be re-measured.
-constexpr float kBlockPrefetchWaves = 0.5f;
-
-float BlockPrefetchWaves() {
-  const char* v = std::getenv("RECFLEET_ATTENTION_BLOCK_PREFETCH");
-  return v == nullptr ? kBlockPrefetchWaves : std::strtof(v, nullptr);
-}
-
-// Which BlockAttention forward runs: one CTA per (block, head) with the L2
-// prefetch by default, RECFLEET_ATTENTION_BLOCK_FWD=persistent the
-// double-buffered persistent grid (KernelParams::block_persistent_forward).
-bool BlockPersistentForward() {
-  const char* v = std::getenv("RECFLEET_ATTENTION_BLOCK_FWD");
-  return v != nullptr && std::string(v) == "persistent";
-}
-
 // The current device's SM count (the persistent kernels' grid).
 absl::StatusOr<int> SmCount() {
   int device = 0, sms = 0;
@@ -678,8 +658,6 @@ absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& o, T
   if (plan.block_kernel) {
     p.items = plan.blocks;
     p.num_items = plan.num_blocks;
-    p.block_prefetch_waves = BlockPrefetchWaves();
-    p.block_persistent_forward = BlockPersistentForward();
     return CudaCheck(cuda_impl::LaunchBlockForward(p, stream), "block attention forward");
   }
   p.items = plan.forward_tiles;
@@ -740,7 +718,6 @@ absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& o,
   if (plan.block_kernel) {
     p.items = plan.blocks;
     p.num_items = plan.num_blocks;
-    p.block_prefetch_waves = BlockPrefetchWaves();
     if (auto s = CudaCheck(cuda_impl::LaunchBlockBackward(p, stream), "block attention backward");
         !s.ok()) {
       return s;

@@ -323,38 +323,6 @@ TEST(AttentionCudaTest, BiasQkNormAndRope) {
   }
 }
 
-// The BlockAttention kernels (fused RoPE) on more blocks than one wave of
-// resident CTAs, ragged lengths with partial last blocks, with the L2
-// prefetch off, reaching a few CTAs ahead, half a wave ahead (the default)
-// and past the grid's end, and the persistent forward (several blocks per
-// CTA, both stages reused): the results must not depend on either.
-TEST(AttentionCudaTest, BlockAttentionManyBlocksAnyPrefetch) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  const std::vector<int64_t> lens = {1100, 64, 63, 0, 1, 700, 129, 2050};
-  uint64_t seed = 300;
-  const struct {
-    const char* fwd;
-    const char* waves;
-  } variants[] = {{"prefetch", "0"},    {"prefetch", "0.01"},   {"prefetch", "0.5"},
-                  {"prefetch", "50"},   {"persistent", "0.5"}};
-  for (const auto& var : variants) {
-    setenv("RECFLEET_ATTENTION_BLOCK_FWD", var.fwd, 1);
-    setenv("RECFLEET_ATTENTION_BLOCK_PREFETCH", var.waves, 1);
-    for (int64_t d : {64, 128}) {
-      for (Activation a : {Activation::kSoftmax, Activation::kSilu}) {
-        Case c{absl::StrCat("block ", var.fwd, " prefetch ", var.waves, " d", d, " ", ActName(a)),
-               lens, lens, 8, d};
-        c.opts.activation = a;
-        c.opts.mask = Mask::kBlock;
-        c.opts.rope = true;
-        RunCase(c, seed++);
-      }
-    }
-  }
-  unsetenv("RECFLEET_ATTENTION_BLOCK_FWD");
-  unsetenv("RECFLEET_ATTENTION_BLOCK_PREFETCH");
-}
-
 // The Hopper forward (d = 64 and 128, the default there) works on 128-row query
 // tiles and 128-key tiles in a persistent grid whose two consumer
 // warpgroups take turns, loading tiles inside a sequence by TMA and the

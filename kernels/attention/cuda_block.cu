@@ -5,12 +5,10 @@
 // backward recomputes the row statistics and rowsum(dO * O) from the tile
 // instead of reading lse and a pre-pass result, keeps P and dS in shared
 // memory (five GEMMs, none recomputed) and applies the inverse rotation of dQ
-// and dK to the fp32 accumulators before the store. The work is memory-bound
-// (bench/RESULTS.md has the roofline): each CTA asks the L2 for the tiles of
-// a CTA further on in the grid as it starts, so the loads of the CTAs that
-// follow find their data there, and outputs leave as 16-byte row segments.
+// and dK to the fp32 accumulators before the store. Outputs leave through
+// shared memory as 16-byte row segments. The work is memory-bound
+// (bench/RESULTS.md has the layout's roofline and what was measured).
 
-#include <algorithm>
 #include <cmath>
 
 #include "kernels/attention/cuda_common.cuh"
@@ -19,61 +17,6 @@ namespace recfleet::attention::cuda_impl {
 namespace {
 
 constexpr int kTile = kTileRows;
-
-// The inverse frequencies of the 8 columns c .. c + 7 whose chunk pairs
-// (c, c + D/2) this thread rotates in every row (the same in the loads of
-// LoadQkRope and of RopeTileSmem).
-template <int D>
-__device__ __forceinline__ void RopeColumnFreqs(float (&inv_freq)[8], const KernelParams& p) {
-  const int c = (threadIdx.x % (D / 16)) * 8;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) inv_freq[e] = RopeInvFreq(c + e, D, p.log2_theta);
-}
-
-// Rotates the 8 (c + e, c + D/2 + e) pairs of one row of q (qa, qb: its two
-// 8-column chunks) and of k at position `pos`, each angle serving both.
-__device__ __forceinline__ void RotateChunkPairs(uint4& qa, uint4& qb, uint4& ka, uint4& kb,
-                                                 int pos, const float (&inv_freq)[8]) {
-  bf16* qae = reinterpret_cast<bf16*>(&qa);
-  bf16* qbe = reinterpret_cast<bf16*>(&qb);
-  bf16* kae = reinterpret_cast<bf16*>(&ka);
-  bf16* kbe = reinterpret_cast<bf16*>(&kb);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    float cs, sn;
-    RopeCosSinOf(static_cast<float>(pos) * inv_freq[e], cs, sn);
-    float x = __bfloat162float(qae[e]), y = __bfloat162float(qbe[e]);
-    qae[e] = __float2bfloat16(x * cs - y * sn);
-    qbe[e] = __float2bfloat16(y * cs + x * sn);
-    x = __bfloat162float(kae[e]);
-    y = __bfloat162float(kbe[e]);
-    kae[e] = __float2bfloat16(x * cs - y * sn);
-    kbe[e] = __float2bfloat16(y * cs + x * sn);
-  }
-}
-
-// RoPE in place on the Q and K tiles of rows tile_row .. + 64 (loaded raw).
-template <int D>
-__device__ __forceinline__ void RopeTileSmem(bf16* qs, bf16* ks, int tile_row,
-                                             const float (&inv_freq)[8]) {
-  constexpr int kHalfChunks = D / 16;
-  constexpr int kIters = kTile * kHalfChunks / kThreads;
-  const int c = (threadIdx.x % kHalfChunks) * 8;
-#pragma unroll
-  for (int n = 0; n < kIters; ++n) {
-    const int r = (threadIdx.x + n * kThreads) / kHalfChunks;
-    uint4* q0 = reinterpret_cast<uint4*>(qs + Swz<D>(r, c));
-    uint4* q1 = reinterpret_cast<uint4*>(qs + Swz<D>(r, c + D / 2));
-    uint4* k0 = reinterpret_cast<uint4*>(ks + Swz<D>(r, c));
-    uint4* k1 = reinterpret_cast<uint4*>(ks + Swz<D>(r, c + D / 2));
-    uint4 qa = *q0, qb = *q1, ka = *k0, kb = *k1;
-    RotateChunkPairs(qa, qb, ka, kb, tile_row + r, inv_freq);
-    *q0 = qa;
-    *q1 = qb;
-    *k0 = ka;
-    *k1 = kb;
-  }
-}
 
 // Loads rows [tile_row, tile_row + 64) of one head of q and of k into
 // swizzled tiles, rotating each (c, c + D/2) pair by RoPE at position = row
@@ -102,11 +45,27 @@ __device__ __forceinline__ void LoadQkRope(bf16* qs, bf16* ks, const WorkItem& i
   }
   if (p.rope) {
     float inv_freq[8];
-    RopeColumnFreqs<D>(inv_freq, p);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) inv_freq[e] = RopeInvFreq(c + e, D, p.log2_theta);
 #pragma unroll
     for (int n = 0; n < kIters; ++n) {
-      RotateChunkPairs(qa[n], qb[n], ka[n], kb[n],
-                       it.tile_row + (threadIdx.x + n * kThreads) / kHalfChunks, inv_freq);
+      const float pos = static_cast<float>(it.tile_row + (threadIdx.x + n * kThreads) / kHalfChunks);
+      bf16* qae = reinterpret_cast<bf16*>(&qa[n]);
+      bf16* qbe = reinterpret_cast<bf16*>(&qb[n]);
+      bf16* kae = reinterpret_cast<bf16*>(&ka[n]);
+      bf16* kbe = reinterpret_cast<bf16*>(&kb[n]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        float cs, sn;
+        RopeCosSinOf(pos * inv_freq[e], cs, sn);
+        float x = __bfloat162float(qae[e]), y = __bfloat162float(qbe[e]);
+        qae[e] = __float2bfloat16(x * cs - y * sn);
+        qbe[e] = __float2bfloat16(y * cs + x * sn);
+        x = __bfloat162float(kae[e]);
+        y = __bfloat162float(kbe[e]);
+        kae[e] = __float2bfloat16(x * cs - y * sn);
+        kbe[e] = __float2bfloat16(y * cs + x * sn);
+      }
     }
   }
 #pragma unroll
@@ -159,25 +118,8 @@ __device__ __forceinline__ void RopeInverse(float (&acc)[D / 8][4], int row_base
   }
 }
 
-// Asks the L2 for the tiles the CTA block_prefetch_ctas further on will
-// load (q, k, v, and dO for the backward).
-template <int D, bool kWithDout>
-__device__ __forceinline__ void PrefetchLaterCta(const KernelParams& p) {
-  const int later = blockIdx.x + p.block_prefetch_ctas;
-  if (p.block_prefetch_ctas <= 0 || later >= gridDim.x) return;
-  const WorkItem it = ItemAt(p, later);
-  auto prefetch = [&](const void* g, int64_t start) {
-    PrefetchTileL2<D, kTile>(static_cast<const bf16*>(g), start, it.tile_row, it.q_len, it.head,
-                             p.heads);
-  };
-  prefetch(p.q, it.q_start);
-  prefetch(p.k, it.k_start);
-  prefetch(p.v, it.k_start);
-  if constexpr (kWithDout) prefetch(p.dout, it.q_start);
-}
-
 // Loads one block's tiles of this CTA's head (RoPE applied to Q and K; dO
-// too for the backward), asks the L2 for a later CTA's, and waits for all.
+// too for the backward) and waits for all of them.
 template <int D, bool kWithDout>
 __device__ __forceinline__ void LoadBlock(bf16* qs, bf16* ks, bf16* vs, bf16* dos,
                                           const WorkItem& it, const KernelParams& p) {
@@ -189,17 +131,20 @@ __device__ __forceinline__ void LoadBlock(bf16* qs, bf16* ks, bf16* vs, bf16* do
   }
   CpAsyncCommit();
   LoadQkRope<D>(qs, ks, it, p);
-  PrefetchLaterCta<D, kWithDout>(p);
   CpAsyncWait<0>();
   __syncthreads();
 }
 
-// One block's forward from its (rotated) Q, K and V tiles: scores,
-// softmax or activation, lse, O = P V, stored through the warp's own rows of
-// Q (read by no other warp).
+// Memory-bound (each block's bytes are used for one 64 x 64 problem): capped
+// at 128 registers so that four CTAs per SM keep enough loads in flight.
 template <int D, int A>
-__device__ __forceinline__ void ForwardTile(const KernelParams& p, const WorkItem& it, bf16* qs,
-                                            const bf16* ks, const bf16* vs) {
+__global__ void __launch_bounds__(kThreads, 4) BlockForwardKernel(const KernelParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* ks = qs + kTile * D;
+  bf16* vs = ks + kTile * D;
+  const WorkItem it = LoadItem(p);
+  LoadBlock<D, false>(qs, ks, vs, nullptr, it, p);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int len = it.q_len;
   float s[8][4];
@@ -246,60 +191,9 @@ __device__ __forceinline__ void ForwardTile(const KernelParams& p, const WorkIte
   float o[D / 8][4];
   Zero(o);
   GemmPB<D, 8>(o, s, vs, 0);
+  // The warp's own rows of Q (read by no other warp) stage its output.
   StoreRowsStaged<D>(p.o, o, qs, warp * 16, it.q_start, it.tile_row + warp * 16, len, it.head,
                      p.heads, mul);
-}
-
-// Memory-bound (each block's bytes are used for one 64 x 64 problem): capped
-// at 128 registers so that four CTAs per SM keep enough loads in flight.
-template <int D, int A>
-__global__ void __launch_bounds__(kThreads, 4) BlockForwardKernel(const KernelParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* ks = qs + kTile * D;
-  bf16* vs = ks + kTile * D;
-  const WorkItem it = LoadItem(p);
-  LoadBlock<D, false>(qs, ks, vs, nullptr, it, p);
-  ForwardTile<D, A>(p, it, qs, ks, vs);
-}
-
-// The same as a persistent grid (two CTAs per SM): Q, K and V of the CTA's
-// next block load by cp.async into a second stage while this one is
-// computed, RoPE then applied in shared memory.
-template <int D, int A>
-__global__ void __launch_bounds__(kThreads, 2) BlockForwardPersistentKernel(const KernelParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int kStage = 3 * kTile * D;
-  bf16* const stages = reinterpret_cast<bf16*>(smem);
-  const int total = p.num_items * p.heads;
-  float inv_freq[8];
-  RopeColumnFreqs<D>(inv_freq, p);
-  auto issue = [&](int w, bf16* st) {
-    const WorkItem it = ItemAt(p, w);
-    LoadTileAsync<D, kTile>(st, static_cast<const bf16*>(p.q), it.q_start, it.tile_row, it.q_len,
-                            it.head, p.heads);
-    LoadTileAsync<D, kTile>(st + kTile * D, static_cast<const bf16*>(p.k), it.k_start,
-                            it.tile_row, it.q_len, it.head, p.heads);
-    LoadTileAsync<D, kTile>(st + 2 * kTile * D, static_cast<const bf16*>(p.v), it.k_start,
-                            it.tile_row, it.q_len, it.head, p.heads);
-  };
-  int w = blockIdx.x;
-  if (w < total) issue(w, stages);
-  CpAsyncCommit();
-  for (int n = 0; w < total; ++n, w += gridDim.x) {
-    bf16* qs = stages + (n & 1) * kStage;
-    if (w + gridDim.x < total) issue(w + gridDim.x, stages + ((n + 1) & 1) * kStage);
-    CpAsyncCommit();
-    CpAsyncWait<1>();
-    __syncthreads();
-    const WorkItem it = ItemAt(p, w);
-    if (p.rope) {
-      RopeTileSmem<D>(qs, qs + kTile * D, it.tile_row, inv_freq);
-      __syncthreads();
-    }
-    ForwardTile<D, A>(p, it, qs, qs + kTile * D, qs + 2 * kTile * D);
-    __syncthreads();  // the stage is free for the load two blocks on
-  }
 }
 
 // acc[16 x D] += A^T * B over K rows: A a swizzled row-major [K][kTile]
@@ -448,60 +342,20 @@ __global__ void __launch_bounds__(kThreads, 3) BlockBackwardKernel(const KernelP
                      p.heads, one);
 }
 
-// The CTAs of `kernel` resident on the device at once (the shared-memory
-// opt-in set on the way).
-template <typename Kernel>
-cudaError_t ResidentCtas(Kernel kernel, int smem_bytes, int* ctas) {
-  int device = 0, sms = 0, per_sm = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  }
-  if (e == cudaSuccess) {
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes);
-  }
-  if (e == cudaSuccess && per_sm == 0) e = cudaErrorInvalidConfiguration;
-  *ctas = per_sm * sms;
-  return e;
-}
-
-// One CTA per (block, head), with block_prefetch_ctas = block_prefetch_waves
-// x the resident CTAs.
-template <typename Kernel>
-int LaunchBlock(Kernel kernel, int smem_bytes, KernelParams p, void* stream) {
-  p.block_prefetch_ctas = 0;
-  if (p.block_prefetch_waves > 0.f) {
-    int resident = 0;
-    if (cudaError_t e = ResidentCtas(kernel, smem_bytes, &resident); e != cudaSuccess) return e;
-    p.block_prefetch_ctas = std::max(1, static_cast<int>(p.block_prefetch_waves * resident + 0.5f));
-  }
-  return Launch(kernel, p.num_items, smem_bytes, p, stream);
-}
-
 }  // namespace
 
 int LaunchBlockForward(const KernelParams& p, void* stream) {
-  return DispatchKernel(p, [&](auto d, auto a) -> int {
+  return DispatchKernel(p, [&](auto d, auto a) {
     constexpr int D = decltype(d)::value, A = decltype(a)::value;
-    if (!p.block_persistent_forward) {
-      return LaunchBlock(BlockForwardKernel<D, A>, 3 * kTile * D * 2, p, stream);
-    }
-    auto* kernel = BlockForwardPersistentKernel<D, A>;
-    const int smem_bytes = 2 * 3 * kTile * D * 2;
-    int resident = 0;
-    if (cudaError_t e = ResidentCtas(kernel, smem_bytes, &resident); e != cudaSuccess) return e;
-    const int grid = std::min(p.num_items * p.heads, resident);
-    if (grid == 0) return 0;
-    kernel<<<grid, kThreads, smem_bytes, static_cast<cudaStream_t>(stream)>>>(p);
-    return cudaGetLastError();
+    return Launch(BlockForwardKernel<D, A>, p.num_items, 3 * kTile * D * 2, p, stream);
   });
 }
 
 int LaunchBlockBackward(const KernelParams& p, void* stream) {
   return DispatchKernel(p, [&](auto d, auto a) {
     constexpr int D = decltype(d)::value, A = decltype(a)::value;
-    return LaunchBlock(BlockBackwardKernel<D, A>, BlockBackwardSmemElems<D>() * 2, p, stream);
+    return Launch(BlockBackwardKernel<D, A>, p.num_items, BlockBackwardSmemElems<D>() * 2, p,
+                  stream);
   });
 }
 

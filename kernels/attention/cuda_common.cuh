@@ -321,18 +321,6 @@ __device__ __forceinline__ WorkItem LoadItem(const KernelParams& p) {
   return ItemAt(p, blockIdx.x);
 }
 
-// Asks the L2 to fetch rows [row0, min(row0 + ROWS, len)) of one head of a
-// sequence (one bulk prefetch per row; nothing is written or waited for).
-template <int D, int ROWS>
-__device__ __forceinline__ void PrefetchTileL2(const bf16* g, int64_t start, int row0, int len,
-                                               int head, int heads) {
-  for (int r = threadIdx.x; r < ROWS && row0 + r < len; r += kThreads) {
-    const bf16* src = g + ((start + row0 + r) * heads + head) * D;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "n"(D * 2)
-                 : "memory");
-  }
-}
-
 // ---- Shared epilogue pieces. ----
 // log2-domain lse of a row (0 where the row sees no key: its scores are all
 // masked, so any finite value gives p = 0 instead of NaN).

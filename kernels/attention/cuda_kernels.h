@@ -77,16 +77,6 @@ struct KernelParams {
   int window = 0;
   float scale = 1.f;
   bool rope = false;  // BlockAttention only: RoPE fused into the tile loads
-  // BlockAttention: each CTA, as it starts, asks the L2 for the tiles of the
-  // CTA block_prefetch_ctas further on in the grid (CTAs start in order, so
-  // those arrive while the CTAs in between run; 0: none). The launchers set
-  // it to block_prefetch_waves times the CTAs resident at once.
-  float block_prefetch_waves = 0.f;
-  int block_prefetch_ctas = 0;
-  // BlockAttention forward as a persistent grid that double-buffers each
-  // CTA's blocks in shared memory (no L2 prefetch) instead of one CTA per
-  // (block, head).
-  bool block_persistent_forward = false;
   float log2_theta = 0.f;
   // Hopper forward: the two consumer warpgroups take turns issuing their
   // GEMMs (ping-pong); off, both issue as soon as their data is ready.
