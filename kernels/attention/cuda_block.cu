@@ -211,7 +211,8 @@ __device__ __forceinline__ void GemmAtB(float (&acc)[D / 8][4], const bf16* As, 
 #pragma unroll
     for (int dn = 0; dn < D / 16; ++dn) {
       uint32_t b[4];
-      Ldsm4T(b, Bs + Swz<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dn * 16 + (lane >> 4) * 8));
+      Ldsm4T(b, Bs + Swz<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                            dn * 16 + (lane >> 4) * 8));
       Mma(acc[2 * dn], a, b[0], b[1]);
       Mma(acc[2 * dn + 1], a, b[2], b[3]);
     }

@@ -386,11 +386,12 @@ __device__ __forceinline__ void StoreRows(void* dst, const float (&acc)[D / 8][4
   }
 }
 
-// StoreRows through shared memory: a warp's 16 accumulator rows go to
-// `stage` (rows row_base - g .. + 16 of a swizzled [.][D] tile that only
-// this warp touches, `stage_row` its first row), then leave as 16-byte
-// stores of whole row segments. The caller orders earlier reads of those
-// rows (every warp of a CTA, or this warp alone) before the call.
+// StoreRows through shared memory: a warp's 16 accumulator rows (scaled by
+// mul, rounded to bf16) go to rows stage_row .. stage_row + 15 of a swizzled
+// [.][D] tile that no other warp touches meanwhile, then leave as 16-byte
+// stores of whole row segments to rows row0 .. row0 + 15 of the sequence
+// (those at or past `len` skipped). The caller orders every earlier read of
+// those staging rows before the call.
 template <int D>
 __device__ __forceinline__ void StoreRowsStaged(void* dst, const float (&acc)[D / 8][4],
                                                 bf16* stage, int stage_row, int64_t start,
@@ -412,8 +413,9 @@ __device__ __forceinline__ void StoreRowsStaged(void* dst, const float (&acc)[D 
   for (int idx = lane; idx < 16 * kChunks; idx += 32) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     if (row0 + r < len) {
-      *reinterpret_cast<uint4*>(static_cast<bf16*>(dst) + ((start + row0 + r) * heads + head) * D +
-                                c) = *reinterpret_cast<const uint4*>(stage + Swz<D>(stage_row + r, c));
+      bf16* out = static_cast<bf16*>(dst) + ((start + row0 + r) * heads + head) * D + c;
+      *reinterpret_cast<uint4*>(out) =
+          *reinterpret_cast<const uint4*>(stage + Swz<D>(stage_row + r, c));
     }
   }
   __syncwarp();
