@@ -3,8 +3,11 @@
 // kernels: RoPE is applied while Q and K are loaded, the softmax is computed
 // directly on the single score tile (no running max/sum rescaling), the
 // backward recomputes the row statistics and rowsum(dO * O) from the tile
-// instead of reading lse and a pre-pass result, and the inverse rotation of
-// dQ and dK happens on the fp32 accumulators before the store.
+// instead of reading lse and a pre-pass result, keeps P and dS in shared
+// memory (five GEMMs, none recomputed) and applies the inverse rotation of dQ
+// and dK to the fp32 accumulators before the store. Outputs leave through
+// shared memory as 16-byte row segments. The work is memory-bound
+// (bench/RESULTS.md has the layout's roofline and what was measured).
 
 #include <cmath>
 
@@ -115,6 +118,23 @@ __device__ __forceinline__ void RopeInverse(float (&acc)[D / 8][4], int row_base
   }
 }
 
+// Loads one block's tiles of this CTA's head (RoPE applied to Q and K; dO
+// too for the backward) and waits for all of them.
+template <int D, bool kWithDout>
+__device__ __forceinline__ void LoadBlock(bf16* qs, bf16* ks, bf16* vs, bf16* dos,
+                                          const WorkItem& it, const KernelParams& p) {
+  LoadTileAsync<D, kTile>(vs, static_cast<const bf16*>(p.v), it.k_start, it.tile_row, it.q_len,
+                          it.head, p.heads);
+  if constexpr (kWithDout) {
+    LoadTileAsync<D, kTile>(dos, static_cast<const bf16*>(p.dout), it.q_start, it.tile_row,
+                            it.q_len, it.head, p.heads);
+  }
+  CpAsyncCommit();
+  LoadQkRope<D>(qs, ks, it, p);
+  CpAsyncWait<0>();
+  __syncthreads();
+}
+
 // Memory-bound (each block's bytes are used for one 64 x 64 problem): capped
 // at 128 registers so that four CTAs per SM keep enough loads in flight.
 template <int D, int A>
@@ -124,15 +144,9 @@ __global__ void __launch_bounds__(kThreads, 4) BlockForwardKernel(const KernelPa
   bf16* ks = qs + kTile * D;
   bf16* vs = ks + kTile * D;
   const WorkItem it = LoadItem(p);
+  LoadBlock<D, false>(qs, ks, vs, nullptr, it, p);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int len = it.q_len;
-  LoadTileAsync<D, kTile>(vs, static_cast<const bf16*>(p.v), it.k_start, it.tile_row, len,
-                          it.head, p.heads);
-  CpAsyncCommit();
-  LoadQkRope<D>(qs, ks, it, p);
-  CpAsyncWait<0>();
-  __syncthreads();
-
   float s[8][4];
   Zero(s);
   GemmABtSmem<D, 8>(s, qs, warp * 16, ks, 0);
@@ -177,151 +191,156 @@ __global__ void __launch_bounds__(kThreads, 4) BlockForwardKernel(const KernelPa
   float o[D / 8][4];
   Zero(o);
   GemmPB<D, 8>(o, s, vs, 0);
-  StoreRows<D>(p.o, o, it.q_start, row_base, len, it.head, p.heads, mul);
+  // The warp's own rows of Q (read by no other warp) stage its output.
+  StoreRowsStaged<D>(p.o, o, qs, warp * 16, it.q_start, it.tile_row + warp * 16, len, it.head,
+                     p.heads, mul);
 }
 
+// acc[16 x D] += A^T * B over K rows: A a swizzled row-major [K][kTile]
+// tile read transposed (its columns a_col0 .. a_col0 + 16 are the product's
+// rows), B a swizzled row-major [K][D] tile.
+template <int D, int K>
+__device__ __forceinline__ void GemmAtB(float (&acc)[D / 8][4], const bf16* As, int a_col0,
+                                        const bf16* Bs) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t a[4];
+    Ldsm4T(a, As + Swz<kTile>(kk * 16 + (lane & 7) + (lane >> 4) * 8,
+                              a_col0 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+    for (int dn = 0; dn < D / 16; ++dn) {
+      uint32_t b[4];
+      Ldsm4T(b, Bs + Swz<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                            dn * 16 + (lane >> 4) * 8));
+      Mma(acc[2 * dn], a, b[0], b[1]);
+      Mma(acc[2 * dn + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Shared memory of the backward, in elements: Q, K, dO, then V, whose slot
+// P and dS (two [64][64] tiles) take over once S and dP are formed.
+template <int D>
+constexpr int BlockBackwardSmemElems() {
+  return 3 * kTile * D + (kTile * D > 2 * kTile * kTile ? kTile * D : 2 * kTile * kTile);
+}
+
+// Phase 1, warp = 16 queries: S and dP, the probabilities from the whole
+// score row, dS; P and dS to shared memory, dQ = dS K. Phase 2, warp = 16
+// keys: dV = P^T dO and dK = dS^T Q from the shared P and dS. Three CTAs
+// per SM (64 KiB of shared memory each at d = 128, at most 168 registers).
 template <int D, int A>
-__global__ void __launch_bounds__(kThreads) BlockBackwardKernel(const KernelParams p) {
+__global__ void __launch_bounds__(kThreads, 3) BlockBackwardKernel(const KernelParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* ks = qs + kTile * D;
-  bf16* vs = ks + kTile * D;
-  bf16* dos = vs + kTile * D;
-  float* lse_s = reinterpret_cast<float*>(dos + kTile * D);  // log2 domain
-  float* dsum_s = lse_s + kTile;
+  bf16* dos = ks + kTile * D;
+  bf16* vs = dos + kTile * D;
+  bf16* ps = vs;                    // P [query][key], after every warp's dP
+  bf16* dss = vs + kTile * kTile;   // scale * dS [query][key]
   const WorkItem it = LoadItem(p);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int len = it.q_len;
-  LoadTileAsync<D, kTile>(vs, static_cast<const bf16*>(p.v), it.k_start, it.tile_row, len,
-                          it.head, p.heads);
-  LoadTileAsync<D, kTile>(dos, static_cast<const bf16*>(p.dout), it.q_start, it.tile_row, len,
-                          it.head, p.heads);
-  CpAsyncCommit();
-  LoadQkRope<D>(qs, ks, it, p);
-  CpAsyncWait<0>();
-  __syncthreads();
-  const bool full = it.tile_row + kTile <= len;
+  LoadBlock<D, true>(qs, ks, vs, dos, it, p);
   const float one[2] = {1.f, 1.f};
+  const int row_base = it.tile_row + warp * 16 + g;
 
-  // Phase 1, warp = 16 queries: probabilities from the whole score row, dQ.
-  {
-    const int row_base = it.tile_row + warp * 16 + g;
-    float s[8][4], dp[8][4];
-    Zero(s);
-    Zero(dp);
-    GemmABtSmem<D, 8>(s, qs, warp * 16, ks, 0);
-    GemmABtSmem<D, 8>(dp, dos, warp * 16, vs, 0);
-    BlockScores(s, p, it, row_base);
-    if constexpr (A == kActSoftmax) {
+  float s[8][4], dp[8][4];
+  Zero(s);
+  Zero(dp);
+  GemmABtSmem<D, 8>(s, qs, warp * 16, ks, 0);
+  GemmABtSmem<D, 8>(dp, dos, warp * 16, vs, 0);
+  BlockScores(s, p, it, row_base);
+  if constexpr (A == kActSoftmax) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-        }
-        mx = QuadMax(mx) * kLog2e;
-        const float m_use = mx == -INFINITY ? 0.f : mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            s[nt][2 * r + c] = Exp2(s[nt][2 * r + c] * kLog2e - m_use);
-            sum += s[nt][2 * r + c];
-          }
-        }
-        sum = QuadSum(sum);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        float dsum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            s[nt][2 * r + c] *= inv;
-            dsum += s[nt][2 * r + c] * dp[nt][2 * r + c];
-          }
-        }
-        dsum = QuadSum(dsum);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            dp[nt][2 * r + c] = s[nt][2 * r + c] * (dp[nt][2 * r + c] - dsum);
-          }
-        }
-        if (t == 0) {
-          const int il = warp * 16 + g + 8 * r;
-          lse_s[il] = sum > 0.f ? m_use + log2f(sum) : 0.f;
-          dsum_s[il] = dsum;
-        }
+      for (int nt = 0; nt < 8; ++nt) {
+        mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
       }
-    } else {
+      mx = QuadMax(mx) * kLog2e;
+      const float m_use = mx == -INFINITY ? 0.f : mx;
+      float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          dp[nt][e] = s[nt][e] == -INFINITY ? 0.f : dp[nt][e] * ActGrad<A>(s[nt][e]);
+        for (int c = 0; c < 2; ++c) {
+          s[nt][2 * r + c] = Exp2(s[nt][2 * r + c] * kLog2e - m_use);
+          sum += s[nt][2 * r + c];
+        }
+      }
+      sum = QuadSum(sum);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      float dsum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          s[nt][2 * r + c] *= inv;
+          dsum += s[nt][2 * r + c] * dp[nt][2 * r + c];
+        }
+      }
+      dsum = QuadSum(dsum);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          dp[nt][2 * r + c] = s[nt][2 * r + c] * (dp[nt][2 * r + c] - dsum);
         }
       }
     }
+  } else {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = row_base + (e >> 1) * 8, j = it.tile_row + nt * 8 + 2 * t + (e & 1);
-        if (p.dbias != nullptr && i < len && j < len) StoreBias(p, it, i, j, dp[nt][e]);
-        dp[nt][e] *= p.scale;
+        float y = 0.f, dy = 0.f;
+        if (s[nt][e] != -INFINITY) ActAndGrad<A>(s[nt][e], y, dy);
+        s[nt][e] = y;
+        dp[nt][e] *= dy;
       }
     }
-    float dq[D / 8][4];
-    Zero(dq);
-    GemmPB<D, 8>(dq, dp, ks, 0);
-    if (p.rope) RopeInverse<D>(dq, row_base, p);
-    StoreRows<D>(p.dq, dq, it.q_start, row_base, len, it.head, p.heads, one);
   }
-  __syncthreads();
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = row_base + (e >> 1) * 8, j = it.tile_row + nt * 8 + 2 * t + (e & 1);
+      if (p.dbias != nullptr && i < len && j < len) StoreBias(p, it, i, j, dp[nt][e]);
+      dp[nt][e] *= p.scale;
+    }
+  }
+  __syncthreads();  // every warp's dP GEMM has read V: P and dS take its slot
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int off = Swz<kTile>(warp * 16 + g + 8 * r, nt * 8 + 2 * t);
+      *reinterpret_cast<__nv_bfloat162*>(ps + off) =
+          __floats2bfloat162_rn(s[nt][2 * r], s[nt][2 * r + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(dss + off) =
+          __floats2bfloat162_rn(dp[nt][2 * r], dp[nt][2 * r + 1]);
+    }
+  }
+  float acc[D / 8][4];
+  Zero(acc);
+  GemmPB<D, 8>(acc, dp, ks, 0);
+  if (p.rope) RopeInverse<D>(acc, row_base, p);
+  __syncthreads();  // P and dS complete; every warp is done with K, whose rows now stage stores
+  StoreRowsStaged<D>(p.dq, acc, ks, warp * 16, it.q_start, it.tile_row + warp * 16, len, it.head,
+                     p.heads, one);
 
-  // Phase 2, warp = 16 keys: the transposed scores with the statistics of
-  // phase 1, dK and dV.
-  {
-    const int kv_base = it.tile_row + warp * 16 + g;
-    float st[8][4], dpt[8][4];
-    Zero(st);
-    Zero(dpt);
-    GemmABtSmem<D, 8>(st, ks, warp * 16, qs, 0);
-    GemmABtSmem<D, 8>(dpt, vs, warp * 16, dos, 0);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = kv_base + (e >> 1) * 8, il = nt * 8 + 2 * t + (e & 1);
-        const int i = it.tile_row + il;
-        const bool vis = full || (i < len && j < len);
-        float x = st[nt][e] * p.scale;
-        if (p.bias != nullptr && vis) x += BiasAt(p, it, i, j);
-        float pr, ds;
-        if constexpr (A == kActSoftmax) {
-          pr = vis ? Exp2(x * kLog2e - lse_s[il]) : 0.f;
-          ds = pr * (dpt[nt][e] - dsum_s[il]);
-        } else {
-          pr = vis ? Act<A>(x) : 0.f;
-          ds = vis ? dpt[nt][e] * ActGrad<A>(x) : 0.f;
-        }
-        st[nt][e] = pr;
-        dpt[nt][e] = ds * p.scale;
-      }
-    }
-    float dv[D / 8][4];
-    Zero(dv);
-    GemmPB<D, 8>(dv, st, dos, 0);
-    StoreRows<D>(p.dv, dv, it.k_start, kv_base, len, it.head, p.heads, one);
-    float dk[D / 8][4];
-    Zero(dk);
-    GemmPB<D, 8>(dk, dpt, qs, 0);
-    if (p.rope) RopeInverse<D>(dk, kv_base, p);
-    StoreRows<D>(p.dk, dk, it.k_start, kv_base, len, it.head, p.heads, one);
-  }
+  Zero(acc);
+  GemmAtB<D, kTile>(acc, ps, warp * 16, dos);
+  StoreRowsStaged<D>(p.dv, acc, ks, warp * 16, it.k_start, it.tile_row + warp * 16, len, it.head,
+                     p.heads, one);
+  Zero(acc);
+  GemmAtB<D, kTile>(acc, dss, warp * 16, qs);
+  if (p.rope) RopeInverse<D>(acc, row_base, p);
+  StoreRowsStaged<D>(p.dk, acc, ks, warp * 16, it.k_start, it.tile_row + warp * 16, len, it.head,
+                     p.heads, one);
 }
 
 }  // namespace
@@ -336,7 +355,7 @@ int LaunchBlockForward(const KernelParams& p, void* stream) {
 int LaunchBlockBackward(const KernelParams& p, void* stream) {
   return DispatchKernel(p, [&](auto d, auto a) {
     constexpr int D = decltype(d)::value, A = decltype(a)::value;
-    return Launch(BlockBackwardKernel<D, A>, p.num_items, 4 * kTile * D * 2 + 2 * kTile * 4, p,
+    return Launch(BlockBackwardKernel<D, A>, p.num_items, BlockBackwardSmemElems<D>() * 2, p,
                   stream);
   });
 }

@@ -306,14 +306,19 @@ __device__ __forceinline__ void RopeCosSin(int pos, int c, int d, float log2_the
   RopeCosSinOf(static_cast<float>(pos) * RopeInvFreq(c, d, log2_theta), cs, sn);
 }
 
-// This CTA's work item: items are planned per (sequence, tile) and shared by
-// all heads; consecutive CTAs take the heads of one item, so the longest-first
-// order of the plan holds for the whole grid.
-__device__ __forceinline__ WorkItem LoadItem(const KernelParams& p) {
-  WorkItem it = p.items[blockIdx.x / p.heads];
-  it.head = blockIdx.x % p.heads;
+// Work item w (a CTA of a non-persistent grid, a step of a persistent one):
+// items are planned per (sequence, tile) and shared by all heads; the heads
+// of one item are consecutive, so the longest-first order of the plan holds
+// for the whole grid.
+__device__ __forceinline__ WorkItem ItemAt(const KernelParams& p, int w) {
+  WorkItem it = p.items[w / p.heads];
+  it.head = w % p.heads;
   it.bias_base += static_cast<int64_t>(it.head) * it.q_len * it.k_len;
   return it;
+}
+// This CTA's work item.
+__device__ __forceinline__ WorkItem LoadItem(const KernelParams& p) {
+  return ItemAt(p, blockIdx.x);
 }
 
 // ---- Shared epilogue pieces. ----
@@ -379,6 +384,41 @@ __device__ __forceinline__ void StoreRows(void* dst, const float (&acc)[D / 8][4
           __floats2bfloat162_rn(acc[dt][2 * r] * mul[r], acc[dt][2 * r + 1] * mul[r]);
     }
   }
+}
+
+// StoreRows through shared memory: a warp's 16 accumulator rows (scaled by
+// mul, rounded to bf16) go to rows stage_row .. stage_row + 15 of a swizzled
+// [.][D] tile that no other warp touches meanwhile, then leave as 16-byte
+// stores of whole row segments to rows row0 .. row0 + 15 of the sequence
+// (those at or past `len` skipped). The caller orders every earlier read of
+// those staging rows before the call.
+template <int D>
+__device__ __forceinline__ void StoreRowsStaged(void* dst, const float (&acc)[D / 8][4],
+                                                bf16* stage, int stage_row, int64_t start,
+                                                int row0, int len, int head, int heads,
+                                                const float (&mul)[2]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int sr = stage_row + g + 8 * r;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<__nv_bfloat162*>(stage + Swz<D>(sr, dt * 8 + 2 * t)) =
+          __floats2bfloat162_rn(acc[dt][2 * r] * mul[r], acc[dt][2 * r + 1] * mul[r]);
+    }
+  }
+  __syncwarp();
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int idx = lane; idx < 16 * kChunks; idx += 32) {
+    const int r = idx / kChunks, c = (idx % kChunks) * 8;
+    if (row0 + r < len) {
+      bf16* out = static_cast<bf16*>(dst) + ((start + row0 + r) * heads + head) * D + c;
+      *reinterpret_cast<uint4*>(out) =
+          *reinterpret_cast<const uint4*>(stage + Swz<D>(stage_row + r, c));
+    }
+  }
+  __syncwarp();
 }
 
 // Calls f(integral_constant<int, D>, integral_constant<int, A>) for the

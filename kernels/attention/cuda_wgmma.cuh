@@ -309,15 +309,6 @@ __device__ __forceinline__ void FillTile(uint32_t s, const CUtensorMap* map, boo
   }
 }
 
-// Work item w of a persistent kernel: items x heads, the heads of an item
-// consecutive.
-__device__ __forceinline__ WorkItem ItemAt(const KernelParams& p, int w) {
-  WorkItem it = p.items[w / p.heads];
-  it.head = w % p.heads;
-  it.bias_base += static_cast<int64_t>(it.head) * it.q_len * it.k_len;
-  return it;
-}
-
 // ---- Host. ----
 // A tensor map over a [rows, heads, d] tensor whose boxes are 128-byte
 // column blocks (64 bf16 columns, or 32 fp32 with f32) of box_rows-row tiles
