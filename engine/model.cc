@@ -57,30 +57,56 @@ struct GemLite<T>::Impl {
         sparse(ctx, s, c.dim, st, c.seed, c.embedding_init_std),
         bce{layers::BinaryCrossEntropy(ctx), layers::BinaryCrossEntropy(ctx)} {
     const int64_t d = c.dim;
+    // Each top-level module's parameters are the ones registered while it
+    // is built.
+    auto module = [&](const std::string& name) {
+      module_names.push_back(name);
+      module_ends.push_back(params.all().size());
+      return static_cast<int>(module_names.size()) - 1;
+    };
+    sparse_parameters = params.all().size();  // Create checks that there are none.
     if (s.num_dense > 0) {
       dense_proj = std::make_unique<layers::Linear>(ctx, "dense_proj", s.num_dense, d, true);
+      dense_proj_module = module("dense_proj");
     }
     for (int l = 0; l < c.seq_layers; ++l) {
       blocks.push_back(std::make_unique<layers::SelfAttentionBlock>(
           ctx, absl::StrCat("seq", l), d, c.heads, SequenceAttentionOptions(c)));
       // Its input, history[l], stays alive until block l - 1's backward.
       blocks.back()->set_recompute(l < e.recompute_attention_blocks);
+      block_modules.push_back(module(absl::StrCat("seq", l)));
     }
     final_norm = std::make_unique<layers::RmsNorm>(ctx, "seq.final_norm", d);
+    final_norm_module = module("seq.final_norm");
     if (c.cross_attention) {
       cross = std::make_unique<layers::CrossAttention>(ctx, "cross", d, c.heads);
+      cross_module = module("cross");
     }
     if (c.pma_queries > 0) {
       pma = std::make_unique<layers::Pma>(ctx, "pma", d, c.heads, c.pma_queries);
+      pma_module = module("pma");
     }
     dcn = std::make_unique<layers::Dcn>(ctx, "dcn", c.dcn_layers, interaction_dim);
+    dcn_module = module("dcn");
     moe = std::make_unique<layers::MixtureOfExperts>(ctx, "moe", interaction_dim, c.num_experts,
                                                      c.expert_hidden, c.expert_out,
                                                      c.mlp_activation);
+    moe_module = module("moe");
     for (int h = 0; h < kNumHeads; ++h) {
       towers[h] = std::make_unique<layers::Tower>(ctx, kHeadNames[h], c.expert_out,
                                                   c.tower_hidden, c.mlp_activation);
+      tower_modules[h] = module(kHeadNames[h]);
     }
+  }
+
+  // SetModuleHooks: the calls at module boundaries (module -1: none).
+  absl::Status BeforeForward(int module) {
+    if (module < 0 || !hooks.before_forward) return absl::OkStatus();
+    return hooks.before_forward(module);
+  }
+  absl::Status AfterBackward(int module) {
+    if (module < 0 || !hooks.after_backward) return absl::OkStatus();
+    return hooks.after_backward(module);
   }
 
   static layers::LayerContext MakeContext(const GemLiteConfig& c, const ExecutionOptions& e,
@@ -120,6 +146,16 @@ struct GemLite<T>::Impl {
   std::unique_ptr<layers::MixtureOfExperts> moe;
   std::unique_ptr<layers::Tower> towers[kNumHeads];
   layers::BinaryCrossEntropy bce[kNumHeads];
+  // Top-level modules in forward order: names, and the end of each one's
+  // parameters in params.all() (the previous one's end is its start).
+  std::vector<std::string> module_names;
+  std::vector<size_t> module_ends;
+  size_t sparse_parameters = 0;
+  int dense_proj_module = -1, final_norm_module = -1, cross_module = -1, pma_module = -1;
+  int dcn_module = -1, moe_module = -1;
+  int tower_modules[kNumHeads] = {-1, -1};
+  std::vector<int> block_modules;
+  ModuleHooks hooks;
   int64_t adam_step = 0;
   // set_report_regions: per block, filled by the backward.
   bool report_regions = false;
@@ -287,6 +323,7 @@ struct GemLite<T>::Impl {
         RECFLEET_RETURN_IF_ERROR(ops::CopyFromHost(b.dense, dense_in.view()));
         dense = dense_in.view();
       }
+      RECFLEET_RETURN_IF_ERROR(BeforeForward(dense_proj_module));
       RECFLEET_RETURN_IF_ERROR(dense_proj->Forward(dense, &dense_token));
       RECFLEET_RETURN_IF_ERROR(ops::ScatterColumns(dense_token.view(), (F - 1) * d, tokens.view()));
     }
@@ -294,10 +331,12 @@ struct GemLite<T>::Impl {
 
     // Sequence branch: pre-norm self-attention blocks, then a final norm.
     for (size_t l = 0; l < blocks.size(); ++l) {
+      RECFLEET_RETURN_IF_ERROR(BeforeForward(block_modules[l]));
       RECFLEET_RETURN_IF_ERROR(blocks[l]->Forward({history[l].view(), hist_off}, &history[l + 1]));
     }
     // A bf16 history (the blocks' bf16 flow) stays bf16 through the final
     // norm: cross-attention and PMA take it as their bf16 GEMM operand.
+    RECFLEET_RETURN_IF_ERROR(BeforeForward(final_norm_module));
     RECFLEET_RETURN_IF_ERROR(
         final_norm->Forward(history.back().view(), &history_normed, history.back().dtype()));
     const JaggedView hist{history_normed.view(), hist_off};
@@ -305,10 +344,14 @@ struct GemLite<T>::Impl {
     // Cross branch: tokens attend to the history (residual), PMA pools it.
     TensorView crossed = token_rows.values;
     if (cross != nullptr) {
+      RECFLEET_RETURN_IF_ERROR(BeforeForward(cross_module));
       RECFLEET_RETURN_IF_ERROR(cross->Forward(token_rows, hist, &cross_out));
       crossed = cross_out.view();
     }
-    if (pma != nullptr) RECFLEET_RETURN_IF_ERROR(pma->Forward(hist, &pma_out));
+    if (pma != nullptr) {
+      RECFLEET_RETURN_IF_ERROR(BeforeForward(pma_module));
+      RECFLEET_RETURN_IF_ERROR(pma->Forward(hist, &pma_out));
+    }
 
     // Dense interaction on x0 = [cross tokens, PMA tokens] per sample.
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, interaction_dim}, &x0));
@@ -317,11 +360,14 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(
           ops::ScatterColumns(layers::Reshaped(pma_out.view(), {B, P * d}), F * d, x0.view()));
     }
+    RECFLEET_RETURN_IF_ERROR(BeforeForward(dcn_module));
     RECFLEET_RETURN_IF_ERROR(dcn->Forward(x0.view(), &z));
+    RECFLEET_RETURN_IF_ERROR(BeforeForward(moe_module));
     RECFLEET_RETURN_IF_ERROR(moe->Forward(z.view(), &mix));
 
     // CTR and CVR towers.
     for (int k = 0; k < kNumHeads; ++k) {
+      RECFLEET_RETURN_IF_ERROR(BeforeForward(tower_modules[k]));
       RECFLEET_RETURN_IF_ERROR(towers[k]->Forward(mix.view(), &logits[k]));
     }
     return absl::OkStatus();
@@ -355,10 +401,14 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(towers[k]->Backward(dlogits[k].view(), dmix.view(), dmix_written));
       dmix_written = true;
     }
+    // A head without labels has no backward: its gradients stay zero.
+    for (int k = 0; k < kNumHeads; ++k) RECFLEET_RETURN_IF_ERROR(AfterBackward(tower_modules[k]));
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, D}, &dz));
     RECFLEET_RETURN_IF_ERROR(moe->Backward(dmix.view(), dz.view(), /*accumulate=*/false));
+    RECFLEET_RETURN_IF_ERROR(AfterBackward(moe_module));
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, D}, &dx0));
     RECFLEET_RETURN_IF_ERROR(dcn->Backward(dz.view(), dx0.view()));
+    RECFLEET_RETURN_IF_ERROR(AfterBackward(dcn_module));
 
     // Split x0's gradient back into cross tokens and PMA tokens.
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, F * d}, &dcross));
@@ -369,6 +419,7 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(ops::GatherColumns(dx0.view(), F * d, dpma.view()));
       RECFLEET_RETURN_IF_ERROR(
           pma->Backward(layers::Reshaped(dpma.view(), {B * P, d}), dhistory_normed.view()));
+      RECFLEET_RETURN_IF_ERROR(AfterBackward(pma_module));
     }
     TensorView dtoken_rows = dcross.view();  // Without cross-attention: the identity.
     if (cross != nullptr) {
@@ -376,12 +427,14 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(cross->Backward(layers::Reshaped(dcross.view(), {B * F, d}),
                                                layers::Reshaped(dtokens.view(), {B * F, d}),
                                                dhistory_normed.view()));
+      RECFLEET_RETURN_IF_ERROR(AfterBackward(cross_module));
       dtoken_rows = dtokens.view();
     }
 
     // Sequence branch, last block first; every block updates dhistory in place.
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {L, d}, &dhistory));
     RECFLEET_RETURN_IF_ERROR(final_norm->Backward(dhistory_normed.view(), dhistory.view()));
+    RECFLEET_RETURN_IF_ERROR(AfterBackward(final_norm_module));
     if (on_device()) {
       // Cross-attention and PMA are done with the normed history (their
       // backward ran), and so is the final norm: free both before the
@@ -393,6 +446,7 @@ struct GemLite<T>::Impl {
     for (int l = static_cast<int>(blocks.size()) - 1; l >= 0; --l) {
       if (report_regions) RECFLEET_RETURN_IF_ERROR(BeginRegion(l));
       RECFLEET_RETURN_IF_ERROR(blocks[l]->Backward(dhistory.view(), dhistory.view()));
+      RECFLEET_RETURN_IF_ERROR(AfterBackward(block_modules[l]));
       if (report_regions) RECFLEET_RETURN_IF_ERROR(EndRegion(l));
       // Block l's output was block l + 1's input (its backward ran) and the
       // final norm's: dead now.
@@ -413,6 +467,7 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, d}, &ddense));
       RECFLEET_RETURN_IF_ERROR(ops::GatherColumns(dtoken_matrix, (F - 1) * d, ddense.view()));
       RECFLEET_RETURN_IF_ERROR(dense_proj->Backward(ddense.view(), TensorView(), false));
+      RECFLEET_RETURN_IF_ERROR(AfterBackward(dense_proj_module));
     }
     dfeatures.resize(schema.id_lists.size());
     std::vector<TensorView> dfeature_views;
@@ -501,6 +556,9 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
         config.seq_layers, "), got ", execution.recompute_attention_blocks));
   }
   auto impl = std::make_unique<Impl>(config, schema, storage, execution, allocator);
+  if (impl->sparse_parameters != 0) {
+    return absl::InternalError("the sparse part registered dense parameters; the module map assumes it has none");
+  }
   // Every parameter is registered: the one-launch optimizer passes get their
   // device table now, not inside the first step.
   RECFLEET_RETURN_IF_ERROR(impl->params.Prepare());
@@ -600,6 +658,25 @@ void GemLite<T>::set_loss_weight(double weight) {
 template <typename T>
 void GemLite<T>::SetExpertRouter(layers::ExpertRouter* router) {
   impl_->moe->SetRouter(router);
+}
+
+template <typename T>
+void GemLite<T>::SetModuleHooks(ModuleHooks hooks) {
+  impl_->hooks = std::move(hooks);
+}
+
+template <typename T>
+std::vector<std::string> GemLite<T>::ModuleNames() const {
+  return impl_->module_names;
+}
+
+template <typename T>
+std::vector<int> GemLite<T>::DenseParameterModules() const {
+  std::vector<int> modules;
+  for (size_t m = 0; m < impl_->module_ends.size(); ++m) {
+    while (modules.size() < impl_->module_ends[m]) modules.push_back(static_cast<int>(m));
+  }
+  return modules;
 }
 
 template <typename T>

@@ -19,6 +19,7 @@
 // parameters. Not thread-safe; one model per thread.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,6 +113,23 @@ struct ExecutionOptions {
   int recompute_attention_blocks = 0;
 };
 
+// Calls at the boundaries of the model's top-level modules during a forward
+// and backward (GemLite::SetModuleHooks), by module index (ModuleNames):
+// the place to fetch a module's parameters just before they are needed
+// and to ship its gradients as soon as they are final (FSDP units with
+// prefetch, worker/distributed_model.h). An error aborts the step. On CUDA
+// the calls happen as the work is enqueued: what a hook enqueues on the
+// legacy default stream runs between the modules' kernels.
+struct ModuleHooks {
+  // Before the forward first reads module m's parameters (a module the
+  // config leaves out has no parameters and no calls).
+  std::function<absl::Status(int module)> before_forward;
+  // Once the backward has written module m's parameter gradients for good
+  // (for a head without labels: zero, right after the other head's
+  // backward).
+  std::function<absl::Status(int module)> after_backward;
+};
+
 template <typename T>
 class GemLite {
  public:
@@ -152,6 +170,16 @@ class GemLite {
   // expert's, arrive already weighted). Reported losses stay unweighted.
   // 1 (the default): the plain mean.
   void set_loss_weight(double weight);
+  // Top-level modules in forward order ("dense_proj", "seq0" .. "seq<L-1>",
+  // "seq.final_norm", "cross", "pma", "dcn", "moe", "ctr", "cvr"; those the
+  // config leaves out are missing), and the module of each dense parameter
+  // (DenseParameterNames order: each module's parameters are contiguous,
+  // modules in this order).
+  std::vector<std::string> ModuleNames() const;
+  std::vector<int> DenseParameterModules() const;
+  // Calls `hooks` at module boundaries in every later forward (Predict and
+  // Loss too) and backward; empty functions: none (the default).
+  void SetModuleHooks(ModuleHooks hooks);
   // Expert parallelism for the mixture of experts (layers/moe.h); not owned,
   // null (the default) computes every expert here. Every forward (Predict
   // included) then runs the router's collectives.

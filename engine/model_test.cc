@@ -1,5 +1,6 @@
 #include "engine/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -181,6 +182,72 @@ TEST(GemLiteTest, FlopsCountRealLengths) {
   const double token_linear = 3 * 2 * tokens * d * d * (4 * c.seq_layers + 4);
   EXPECT_GT((*model)->ForwardBackward(longer)->flops,
             3 * 2 * B * per_sample + token_linear + 3.5 * 4 * d * tokens);
+}
+
+// What FSDP prefetch relies on: a module's parameters are not read before
+// its before_forward hook (here they hold NaN until then), and its
+// gradients are final at its after_backward hook. Each module's parameters
+// are one contiguous run, modules in forward order.
+TEST(GemLiteTest, ModuleHooksComeBeforeFirstUseAndAfterFinalGradients) {
+  const MovieLensCtr data = SmallData(8);
+  const GemLiteConfig config = TinyConfig();
+  auto reference = GemLite<float>::Create(config, data.schema());
+  auto hooked = GemLite<float>::Create(config, data.schema());
+  ASSERT_TRUE(reference.ok() && hooked.ok());
+  const std::vector<std::string> names = (*hooked)->DenseParameterNames();
+  const std::vector<std::string> modules = (*hooked)->ModuleNames();
+  const std::vector<int> module_of = (*hooked)->DenseParameterModules();
+  ASSERT_EQ(module_of.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(names[i].rfind(modules[module_of[i]], 0), 0u) << names[i] << " in " << modules[module_of[i]];
+    if (i > 0) {
+      EXPECT_TRUE(module_of[i] == module_of[i - 1] || module_of[i] == module_of[i - 1] + 1) << names[i];
+    }
+  }
+  const Batch batch = data.MakeBatch(false, {0, 3, 5, 9});
+  std::vector<std::vector<float>> saved(names.size()), at_hook(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    TensorView v = (*hooked)->DenseParameter(names[i]);
+    saved[i].assign(v.as<float>(), v.as<float>() + v.numel());
+    std::fill(v.as<float>(), v.as<float>() + v.numel(), std::nanf(""));
+  }
+  std::vector<int> forward_order, backward_order;
+  ModuleHooks hooks;
+  hooks.before_forward = [&](int m) {
+    forward_order.push_back(m);
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (module_of[i] != m) continue;
+      TensorView v = (*hooked)->DenseParameter(names[i]);
+      std::copy(saved[i].begin(), saved[i].end(), v.as<float>());
+    }
+    return absl::OkStatus();
+  };
+  hooks.after_backward = [&](int m) {
+    backward_order.push_back(m);
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (module_of[i] != m) continue;
+      TensorView g = (*hooked)->DenseGradient(names[i]);
+      at_hook[i].assign(g.as<float>(), g.as<float>() + g.numel());
+    }
+    return absl::OkStatus();
+  };
+  (*hooked)->SetModuleHooks(hooks);
+  auto want = (*reference)->ForwardBackward(batch);
+  auto got = (*hooked)->ForwardBackward(batch);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_EQ(got->ctr_loss, want->ctr_loss);
+  std::vector<int> every(modules.size());
+  for (size_t m = 0; m < modules.size(); ++m) every[m] = static_cast<int>(m);
+  EXPECT_EQ(forward_order, every);
+  std::vector<int> backward_sorted = backward_order;
+  std::sort(backward_sorted.begin(), backward_sorted.end());
+  EXPECT_EQ(backward_sorted, every);
+  for (size_t i = 0; i < names.size(); ++i) {
+    TensorView g = (*hooked)->DenseGradient(names[i]);
+    TensorView w = (*reference)->DenseGradient(names[i]);
+    EXPECT_EQ(at_hook[i], std::vector<float>(g.as<float>(), g.as<float>() + g.numel())) << names[i];
+    EXPECT_EQ(at_hook[i], std::vector<float>(w.as<float>(), w.as<float>() + w.numel())) << names[i];
+  }
 }
 
 TEST(GemLiteTest, DeterministicGivenSeedAndBatches) {

@@ -134,9 +134,10 @@ struct PlannerOptions {
   // Narrowest column shard of a column-wise sharded table.
   int min_column_shard_dim = 32;
   // Whether collectives run beside compute (prefetched all-gathers, gradient
-  // reduction behind backward; estimate.h lists the windows). False puts
-  // every collective on the critical path: a runtime whose collectives are
-  // synchronous calls between compute, as the Gloo CPU workers are.
+  // reduction behind backward; estimate.h lists the windows), as the
+  // worker's FSDP units with prefetch do (worker/distributed_model.h). False
+  // puts every collective on the critical path: a runtime whose collectives
+  // are synchronous calls between compute (the worker with prefetch off).
   bool overlap_collectives = true;
 };
 

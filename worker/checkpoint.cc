@@ -368,12 +368,27 @@ void SaveDenseSlice(CheckpointShard* shard, int slot, std::pair<int64_t, int64_t
   (*shard)[prefix + ".adam_v"] = FloatRecord(adam_v, n);
 }
 
+std::vector<int> DenseSlots(const CheckpointShard& shard) {
+  std::vector<int> slots;
+  if (shard.count("dense.range") > 0) slots.push_back(0);
+  // "dense.<slot>.range" for slot >= 1; the map is sorted, so they follow
+  // "dense.".
+  for (auto it = shard.lower_bound("dense."); it != shard.end() && absl::StartsWith(it->first, "dense."); ++it) {
+    absl::string_view key = it->first;
+    if (!absl::ConsumeSuffix(&key, ".range") || !absl::ConsumePrefix(&key, "dense.")) continue;
+    int slot = 0;
+    if (absl::SimpleAtoi(key, &slot) && slot >= 1) slots.push_back(slot);
+  }
+  std::sort(slots.begin(), slots.end());
+  return slots;
+}
+
 absl::StatusOr<int64_t> RestoreDenseSlice(const std::vector<CheckpointShard>& shards,
                                           std::pair<int64_t, int64_t> range, float* value, float* adam_m,
                                           float* adam_v) {
   int64_t covered = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
-    for (int slot = 0; slot < kDenseSlots; ++slot) {
+    for (int slot : DenseSlots(shards[i])) {
       const std::string prefix = DenseSlotPrefix(slot);
       std::optional<std::pair<int64_t, int64_t>> r = RangeRecord(shards[i], prefix + ".range");
       if (!r) continue;

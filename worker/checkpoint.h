@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -87,12 +88,13 @@ int64_t CopyRecordOverlap(const std::string& record, std::pair<int64_t, int64_t>
 // (every parameter in DenseParameterNames order), as records
 // "<prefix>.range", "<prefix>.value", "<prefix>.adam_m" and
 // "<prefix>.adam_v", prefix "dense" for a shard's slot 0 and "dense.<slot>"
-// for slot 1 .. kDenseSlots - 1 (a rank may hold several slices: the FSDP
-// shard of the other parameters on both sides of the experts, and its
-// experts). Every element is recorded by one shard only.
-inline constexpr int kDenseSlots = 3;
+// for slot >= 1 (a rank may hold several slices: its part of every FSDP
+// unit, each on either side of the experts, and its experts). Every
+// element is recorded by one shard only.
 void SaveDenseSlice(CheckpointShard* shard, int slot, std::pair<int64_t, int64_t> range, const float* value,
                     const float* adam_m, const float* adam_v);
+// The slots of the dense slices `shard` holds, ascending.
+std::vector<int> DenseSlots(const CheckpointShard& shard);
 // Copies the elements of [range) that any slice of `shards` holds into
 // value / adam_m / adam_v (element range.first at [0]); returns how many
 // it copied (range.second - range.first when the checkpoint covers the

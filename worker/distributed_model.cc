@@ -19,6 +19,19 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// The checkpoint slot of a rank's experts (worker/checkpoint.h); its unit
+// shards take the others.
+constexpr int kExpertSlot = 2;
+
+// The FSDP unit of an engine module (engine::GemLite::ModuleNames): the
+// cross branch (final norm, cross-attention, PMA) is one unit, so are the
+// two towers; every other module is its own.
+std::string UnitOf(const std::string& module) {
+  if (module == "seq.final_norm" || module == "cross" || module == "pma") return "cross";
+  if (module == "ctr" || module == "cvr") return "heads";
+  return module;
+}
+
 absl::StatusOr<dist::DeviceBuffer> Floats(Device device, int64_t n) {
   return dist::DeviceBuffer::Zeros(device, static_cast<size_t>(n) * sizeof(float));
 }
@@ -99,15 +112,54 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
     m->own_experts_ = {m->expert_span_.first + first * per_expert, m->expert_span_.first + end * per_expert};
     m->expert_block_numel_ = dist::ExpertBlock(config.num_experts, groups->expert()->size(), 0).second * per_expert;
   }
+  // FSDP units: consecutive engine modules grouped by UnitOf; each module's
+  // parameters are contiguous, so each unit's are (the experts' span, when
+  // it is cut out, lies inside the "moe" unit).
+  m->module_names_ = m->model_->ModuleNames();
+  const std::vector<int> param_modules = m->model_->DenseParameterModules();
+  m->module_unit_.assign(m->module_names_.size(), -1);
+  for (size_t i = 0; i < m->dense_params_.size(); ++i) {
+    const int64_t o = m->dense_offsets_[i];
+    if (o >= m->expert_span_.first && o < m->expert_span_.second) continue;
+    const int module = param_modules[i];
+    const std::string name = config.fp8.fp8_all_gather ? "dense" : UnitOf(m->module_names_[module]);
+    if (m->module_unit_[module] < 0) {
+      if (m->units_.empty() || m->units_.back().name != name) {
+        for (const Unit& u : m->units_) {
+          if (u.name == name) {
+            return absl::InternalError(absl::StrCat("FSDP unit ", name, ": its modules are not consecutive"));
+          }
+        }
+        Unit unit;
+        unit.name = name;
+        unit.span = {m->Compact(o), m->Compact(o)};
+        m->units_.push_back(std::move(unit));
+      }
+      m->module_unit_[module] = static_cast<int>(m->units_.size()) - 1;
+      ++m->units_.back().modules;
+    }
+    Unit& unit = m->units_[m->module_unit_[module]];
+    if (&unit != &m->units_.back() || unit.span.second != m->Compact(o)) {
+      return absl::InternalError(absl::StrCat("dense parameter ", i, ": not contiguous with FSDP unit ", unit.name));
+    }
+    unit.span.second += m->dense_params_[i].numel();
+    unit.params.push_back(static_cast<int>(i));
+  }
   comm::Communicator* replica = groups->replica()->size() > 1 ? groups->replica() : nullptr;
-  const int64_t fsdp_numel = m->dense_numel_ - (m->expert_span_.second - m->expert_span_.first);
-  absl::StatusOr<dist::FsdpFlatParameter> dense = dist::FsdpFlatParameter::Create(fsdp_numel, groups->fsdp(), replica);
-  if (!dense.ok()) return dense.status();
-  m->dense_.emplace(*std::move(dense));
-  const dist::FlatShardLayout& layout = m->dense_->layout();
+  int64_t shard_numel = 0, full_numel = 0;
+  for (Unit& unit : m->units_) {
+    absl::StatusOr<dist::FsdpFlatParameter> fsdp =
+        dist::FsdpFlatParameter::Create(unit.span.second - unit.span.first, groups->fsdp(), replica);
+    if (!fsdp.ok()) return fsdp.status();
+    unit.fsdp.emplace(*std::move(fsdp));
+    unit.shard_at = shard_numel;
+    unit.full_at = full_numel;
+    shard_numel += unit.fsdp->layout().shard_numel;
+    full_numel += unit.fsdp->layout().padded_numel;
+  }
   if (config.fp8.fp8_all_gather) {
-    // The FP8 modules' weight matrices in the FSDP buffer, in buffer order
-    // (biases and every other parameter stay fp32).
+    // The FP8 modules' weight matrices in the FSDP buffer (one unit), in
+    // buffer order (biases and every other parameter stay fp32).
     std::vector<std::pair<int64_t, int64_t>> fp8_ranges;
     const std::vector<std::string> names = m->model_->DenseParameterNames();
     for (size_t i = 0; i < names.size(); ++i) {
@@ -122,30 +174,38 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
       }
     }
     std::sort(fp8_ranges.begin(), fp8_ranges.end());
-    absl::StatusOr<dist::Fp8AllGather> gather = dist::Fp8AllGather::Create(layout, groups->fsdp(), fp8_ranges);
+    absl::StatusOr<dist::Fp8AllGather> gather =
+        dist::Fp8AllGather::Create(m->units_[0].fsdp->layout(), groups->fsdp(), fp8_ranges);
     if (!gather.ok()) return gather.status();
     m->fp8_gather_.emplace(*std::move(gather));
+    m->prefetch_ = false;
   }
   // Every rank built the same initial parameters (the engine seeds them
-  // from the config); each keeps its shard and its experts.
+  // from the config); each keeps its shards and its experts.
   const int64_t own = m->own_experts_.second - m->own_experts_.first;
   const Device device = m->device_;
-  for (auto [buffer, numel] : {std::pair{&m->full_, layout.padded_numel}, {&m->full_grad_, layout.padded_numel},
-                               {&m->shard_, layout.shard_numel}, {&m->shard_grad_, layout.shard_numel},
-                               {&m->adam_m_, layout.shard_numel}, {&m->adam_v_, layout.shard_numel},
+  for (auto [buffer, numel] : {std::pair{&m->full_, full_numel}, {&m->full_grad_, full_numel},
+                               {&m->shard_, shard_numel}, {&m->shard_grad_, shard_numel},
+                               {&m->adam_m_, shard_numel}, {&m->adam_v_, shard_numel},
                                {&m->expert_value_, own}, {&m->expert_grad_, own}, {&m->expert_m_, own},
                                {&m->expert_v_, own}}) {
     absl::StatusOr<dist::DeviceBuffer> b = Floats(device, numel);
     if (!b.ok()) return b.status();
     *buffer = *std::move(b);
   }
-  if (absl::Status s = m->CopyFromEngine(m->dense_params_, m->full_, m->expert_value_); !s.ok()) return s;
-  const int64_t first = layout.ShardOffset(groups->fsdp()->rank());
-  if (absl::Status s = dist::CopyOnDevice(device, m->shard_.data(), static_cast<float*>(m->full_.data()) + first,
-                                          m->shard_.size());
-      !s.ok()) {
-    return s;
+  if (absl::Status s = m->CopyExperts(m->dense_params_, m->expert_value_, false); !s.ok()) return s;
+  for (int u = 0; u < static_cast<int>(m->units_.size()); ++u) {
+    if (absl::Status s = m->CopyUnit(u, m->dense_params_, m->full_, false); !s.ok()) return s;
+    const dist::FlatShardLayout& layout = m->units_[u].fsdp->layout();
+    const TensorView full = m->UnitFull(m->full_, u), shard = m->UnitShard(m->shard_, u);
+    if (absl::Status s = dist::CopyOnDevice(device, shard.data,
+                                            static_cast<const float*>(full.data) + layout.ShardOffset(groups->fsdp()->rank()),
+                                            shard.nbytes());
+        !s.ok()) {
+      return s;
+    }
   }
+  m->grads_pending_.assign(m->units_.size(), 0);
 
   std::vector<dist::EmbeddingTableConfig> tables;
   for (const engine::FeatureSchema::Table& t : schema.tables) {
@@ -194,52 +254,166 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
   return m;
 }
 
-std::pair<int64_t, int64_t> DistributedModel::DenseRange() const {
-  const dist::FlatShardLayout& layout = dense_->layout();
-  const int64_t first = layout.ShardOffset(groups_->fsdp()->rank());
-  return {std::min(first, layout.numel), std::min(first + layout.shard_numel, layout.numel)};
+std::vector<std::string> DistributedModel::unit_names() const {
+  std::vector<std::string> names;
+  for (const Unit& u : units_) names.push_back(u.name);
+  return names;
 }
 
-absl::Status DistributedModel::CopyToEngine(const dist::DeviceBuffer& fsdp, const dist::DeviceBuffer& experts) {
-  for (size_t i = 0; i < dense_params_.size(); ++i) {
-    const TensorView& v = dense_params_[i];
-    const int64_t o = dense_offsets_[i];
-    absl::Status s;
-    if (o < expert_span_.first || o >= expert_span_.second) {
-      s = dist::CopyOnDevice(device_, v.data, static_cast<const float*>(fsdp.data()) + Compact(o), v.nbytes());
-    } else if (o >= own_experts_.first && o < own_experts_.second) {
-      s = dist::CopyOnDevice(device_, v.data, static_cast<const float*>(experts.data()) + (o - own_experts_.first),
-                             v.nbytes());
-    }
+TensorView DistributedModel::UnitShard(const dist::DeviceBuffer& b, int u) const {
+  return MakeView(static_cast<float*>(const_cast<void*>(b.data())) + units_[u].shard_at, DType::kFloat32,
+                  {units_[u].fsdp->layout().shard_numel}, device_);
+}
+
+TensorView DistributedModel::UnitFull(const dist::DeviceBuffer& b, int u) const {
+  return MakeView(static_cast<float*>(const_cast<void*>(b.data())) + units_[u].full_at, DType::kFloat32,
+                  {units_[u].fsdp->layout().padded_numel}, device_);
+}
+
+std::vector<DistributedModel::ShardSlice> DistributedModel::ShardSlices() const {
+  std::vector<ShardSlice> slices;
+  const int rank = groups_->fsdp()->rank();
+  const int64_t experts = expert_span_.second - expert_span_.first;
+  for (const Unit& u : units_) {
+    const dist::FlatShardLayout& layout = u.fsdp->layout();
+    // [first, end) of the FSDP buffer, clipped to the unit's parameters.
+    const int64_t first = u.span.first + std::min(layout.ShardOffset(rank), layout.numel);
+    const int64_t end = u.span.first + std::min(layout.ShardOffset(rank) + layout.shard_numel, layout.numel);
+    const int64_t split = std::clamp(expert_span_.first, first, end);
+    if (first < split) slices.push_back({{first, split}, u.shard_at});
+    if (split < end) slices.push_back({{split + experts, end + experts}, u.shard_at + (split - first)});
+  }
+  return slices;
+}
+
+absl::Status DistributedModel::CopyUnit(int u, const std::vector<TensorView>& views, const dist::DeviceBuffer& full,
+                                        bool to_engine) {
+  float* base = static_cast<float*>(const_cast<void*>(full.data())) + units_[u].full_at - units_[u].span.first;
+  for (int i : units_[u].params) {
+    const TensorView& v = views[i];
+    float* flat = base + Compact(dense_offsets_[i]);
+    absl::Status s = to_engine ? dist::CopyOnDevice(device_, v.data, flat, v.nbytes())
+                               : dist::CopyOnDevice(device_, flat, v.data, v.nbytes());
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
-absl::Status DistributedModel::CopyFromEngine(const std::vector<TensorView>& views, dist::DeviceBuffer& fsdp,
-                                              dist::DeviceBuffer& experts) {
+absl::Status DistributedModel::CopyExperts(const std::vector<TensorView>& views, const dist::DeviceBuffer& experts,
+                                           bool to_engine) {
+  float* base = static_cast<float*>(const_cast<void*>(experts.data())) - own_experts_.first;
   for (size_t i = 0; i < views.size(); ++i) {
-    const TensorView& v = views[i];
     const int64_t o = dense_offsets_[i];
-    absl::Status s;
-    if (o < expert_span_.first || o >= expert_span_.second) {
-      s = dist::CopyOnDevice(device_, static_cast<float*>(fsdp.data()) + Compact(o), v.data, v.nbytes());
-    } else if (o >= own_experts_.first && o < own_experts_.second) {
-      s = dist::CopyOnDevice(device_, static_cast<float*>(experts.data()) + (o - own_experts_.first), v.data,
-                             v.nbytes());
-    }
+    if (o < own_experts_.first || o >= own_experts_.second) continue;
+    const TensorView& v = views[i];
+    absl::Status s = to_engine ? dist::CopyOnDevice(device_, v.data, base + o, v.nbytes())
+                               : dist::CopyOnDevice(device_, base + o, v.data, v.nbytes());
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 absl::Status DistributedModel::GatherForStep() {
-  const dist::FlatShardLayout& layout = dense_->layout();
-  const absl::Status gathered =
-      fp8_gather_ ? fp8_gather_->AllGather(Flat(shard_, layout.shard_numel), Flat(full_, layout.padded_numel))
-                  : dense_->AllGather(Flat(shard_, layout.shard_numel), Flat(full_, layout.padded_numel));
-  if (!gathered.ok()) return gathered;
-  return CopyToEngine(full_, expert_value_);
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    const absl::Status gathered = fp8_gather_ ? fp8_gather_->AllGather(UnitShard(shard_, u), UnitFull(full_, u))
+                                              : units_[u].fsdp->AllGather(UnitShard(shard_, u), UnitFull(full_, u));
+    if (!gathered.ok()) return gathered;
+    if (absl::Status s = CopyUnit(u, dense_params_, full_, true); !s.ok()) return s;
+  }
+  return CopyExperts(dense_params_, expert_value_, true);
+}
+
+void DistributedModel::Log(absl::string_view what, absl::string_view name) const {
+  if (schedule_log_ != nullptr) schedule_log_->push_back(absl::StrCat(what, " ", name));
+}
+
+absl::Status DistributedModel::Waited(const std::function<absl::Status()>& fn) {
+  const Clock::time_point t = Clock::now();
+  absl::Status s = fn();
+  step_wait_seconds_ += Since(t);
+  return s;
+}
+
+absl::Status DistributedModel::StartGather(int u) {
+  absl::StatusOr<std::unique_ptr<comm::PendingCollective>> started =
+      units_[u].fsdp->StartAllGather(UnitShard(shard_, u), UnitFull(full_, u));
+  if (!started.ok()) return started.status();
+  gathers_[u] = *std::move(started);
+  Log("gather_start", units_[u].name);
+  return absl::OkStatus();
+}
+
+absl::Status DistributedModel::MakeReady(int u) {
+  while (ready_units_ <= u) {
+    const int v = ready_units_;
+    if (absl::Status s = Waited([&] { return gathers_[v]->Ready(); }); !s.ok()) return s;
+    Log("gather_ready", units_[v].name);
+    // The next unit's gather travels while this one computes.
+    if (v + 1 < static_cast<int>(units_.size())) {
+      if (absl::Status s = Waited([&] { return StartGather(v + 1); }); !s.ok()) return s;
+    }
+    if (absl::Status s = CopyUnit(v, dense_params_, full_, true); !s.ok()) return s;
+    ++ready_units_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedModel::StartReduce(int u) {
+  if (absl::Status s = CopyUnit(u, dense_grads_, full_grad_, false); !s.ok()) return s;
+  return Waited([&]() -> absl::Status {
+    absl::StatusOr<std::unique_ptr<comm::PendingCollective>> started = units_[u].fsdp->StartReduceScatter(
+        UnitFull(full_grad_, u), UnitShard(shard_grad_, u), dist::GradReduction::kSum);
+    if (!started.ok()) return started.status();
+    reductions_[u] = *std::move(started);
+    Log("reduce_start", units_[u].name);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status DistributedModel::BeforeForward(int module) {
+  Log("forward", module_names_[module]);
+  const int u = module_unit_[module];
+  return u < 0 ? absl::OkStatus() : MakeReady(u);
+}
+
+absl::Status DistributedModel::AfterBackward(int module) {
+  Log("backward_done", module_names_[module]);
+  const int u = module_unit_[module];
+  if (u < 0 || --grads_pending_[u] > 0) return absl::OkStatus();
+  return StartReduce(u);
+}
+
+absl::Status DistributedModel::FinishReductions() {
+  const int n = static_cast<int>(units_.size());
+  // Units whose gradients the backward did not report (none, as long as the
+  // engine calls every hook): reduced here.
+  for (int u = 0; u < n; ++u) {
+    if (reductions_[u] == nullptr) {
+      if (absl::Status s = StartReduce(u); !s.ok()) return s;
+    }
+  }
+  return Waited([&]() -> absl::Status {
+    // The replica all-reduce of a unit follows its reduce-scatter; all of
+    // them travel together.
+    std::vector<std::unique_ptr<comm::PendingCollective>> replicas(n);
+    for (int u = n - 1; u >= 0; --u) {
+      if (absl::Status s = reductions_[u]->Ready(); !s.ok()) return s;
+      absl::StatusOr<std::unique_ptr<comm::PendingCollective>> started =
+          units_[u].fsdp->StartReplicaReduce(UnitShard(shard_grad_, u), dist::GradReduction::kSum);
+      if (!started.ok()) return started.status();
+      replicas[u] = *std::move(started);
+    }
+    // The host waits for each (within the communicators' timeouts), also
+    // where Ready did not (NCCL), so a failure surfaces in this step.
+    for (int u = n - 1; u >= 0; --u) {
+      for (std::unique_ptr<comm::PendingCollective>* p : {&reductions_[u], &replicas[u], &gathers_[u]}) {
+        if (*p == nullptr) continue;
+        if (absl::Status s = (*p)->Wait(); !s.ok()) return s;
+      }
+      Log("reduce_ready", units_[u].name);
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status DistributedModel::GatherDense() {
@@ -301,8 +475,21 @@ absl::Status DistributedModel::Lookup(const std::vector<engine::TableLookups>* l
 }
 
 absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Batch& batch, Times* times) {
+  const int n = static_cast<int>(units_.size());
   Clock::time_point t = Clock::now();
-  if (absl::Status s = GatherForStep(); !s.ok()) return s;
+  if (prefetch_) {
+    gathers_.clear();
+    gathers_.resize(n);
+    reductions_.clear();
+    reductions_.resize(n);
+    ready_units_ = 0;
+    for (int u = 0; u < n; ++u) grads_pending_[u] = units_[u].modules;
+    // Unit 0 travels behind the table lookups; the experts are local.
+    if (absl::Status s = StartGather(0); !s.ok()) return s;
+    if (absl::Status s = CopyExperts(dense_params_, expert_value_, true); !s.ok()) return s;
+  } else if (absl::Status s = GatherForStep(); !s.ok()) {
+    return s;
+  }
   times->comm_seconds += Since(t);
   t = Clock::now();
   absl::StatusOr<std::vector<engine::TableLookups>> lookups = model_->TableLookupsOf(batch);
@@ -318,21 +505,49 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
   times->comm_seconds += Since(t);
   model_->set_loss_weight(static_cast<double>(batch.size) / static_cast<double>(global[0]));
   // The expert all-to-alls run inside the step; their time counts as
-  // compute here.
+  // compute here, the waits for prefetched units as communication.
   t = Clock::now();
+  step_wait_seconds_ = 0;
+  if (prefetch_) {
+    // bf16 weight copies are refreshed from every unit when the forward
+    // starts: every unit must be in by then.
+    if (model_->execution().bf16) {
+      if (absl::Status s = MakeReady(n - 1); !s.ok()) return s;
+    }
+    engine::ModuleHooks hooks;
+    hooks.before_forward = [this](int module) { return BeforeForward(module); };
+    hooks.after_backward = [this](int module) { return AfterBackward(module); };
+    model_->SetModuleHooks(std::move(hooks));
+  }
   model_->SetExpertRouter(router_.get());
   absl::StatusOr<engine::StepResult> result = model_->ForwardBackward(batch, pooled_views_);
   model_->SetExpertRouter(nullptr);
+  model_->SetModuleHooks({});
   if (!result.ok()) return result.status();
-  if (absl::Status s = CopyFromEngine(dense_grads_, full_grad_, expert_grad_); !s.ok()) return s;
+  if (prefetch_ && ready_units_ != n) {
+    return absl::InternalError(absl::StrCat("the forward used ", ready_units_, " of ", n,
+                                            " FSDP units: a module hook is missing"));
+  }
+  if (!prefetch_) {
+    for (int u = 0; u < n; ++u) {
+      if (absl::Status s = CopyUnit(u, dense_grads_, full_grad_, false); !s.ok()) return s;
+    }
+  }
+  if (absl::Status s = CopyExperts(dense_grads_, expert_grad_, false); !s.ok()) return s;
   if (absl::Status s = dist::SynchronizeDevice(device_); !s.ok()) return s;
-  times->compute_seconds += Since(t);
-  const dist::FlatShardLayout& layout = dense_->layout();
+  times->compute_seconds += Since(t) - step_wait_seconds_;
+  times->comm_seconds += step_wait_seconds_;
   t = Clock::now();
-  if (absl::Status s = dense_->ReduceGradients(Flat(full_grad_, layout.padded_numel),
-                                               Flat(shard_grad_, layout.shard_numel), dist::GradReduction::kSum);
-      !s.ok()) {
-    return s;
+  if (prefetch_) {
+    if (absl::Status s = FinishReductions(); !s.ok()) return s;
+  } else {
+    for (int u = 0; u < n; ++u) {
+      if (absl::Status s = units_[u].fsdp->ReduceGradients(UnitFull(full_grad_, u), UnitShard(shard_grad_, u),
+                                                           dist::GradReduction::kSum);
+          !s.ok()) {
+        return s;
+      }
+    }
   }
   // Each owned expert's gradient: summed over the expert groups' tokens on
   // this rank already, over the other expert groups here.
@@ -346,9 +561,11 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
   AdamConfig adam;
   adam.lr = config_.learning_rate;
   adam.weight_decay = config_.weight_decay;
-  if (absl::Status s = AdamStep(adam, ++adam_step_, Flat(shard_, layout.shard_numel),
-                                Flat(shard_grad_, layout.shard_numel), Flat(adam_m_, layout.shard_numel),
-                                Flat(adam_v_, layout.shard_numel));
+  // Every unit's shard in one call (their padding stays zero: zero
+  // gradient, zero decay).
+  const int64_t shard_numel = static_cast<int64_t>(shard_.size() / sizeof(float));
+  if (absl::Status s = AdamStep(adam, ++adam_step_, Flat(shard_, shard_numel), Flat(shard_grad_, shard_numel),
+                                Flat(adam_m_, shard_numel), Flat(adam_v_, shard_numel));
       !s.ok()) {
     return s;
   }
@@ -415,25 +632,19 @@ absl::Status DistributedModel::Save(CheckpointShard* shard) {
   absl::StatusOr<HostState> h = StateToHost();
   if (!h.ok()) return h.status();
   // Replica 0 of each shard (expert replica 0 of each expert block)
-  // records it; the other replicas hold copies. The FSDP shard's range
-  // lies on either side of the experts in the flat dense vector.
-  const int64_t experts = expert_span_.second - expert_span_.first;
+  // records it; the other replicas hold copies. Slot kExpertSlot holds the
+  // experts, the others the parts of the unit shards.
   if (groups_->replica()->rank() == 0) {
-    const auto [first, end] = DenseRange();
-    const int64_t base = dense_->layout().ShardOffset(groups_->fsdp()->rank());
-    const int64_t split = std::clamp(expert_span_.first, first, end);
-    if (first < split) {
-      SaveDenseSlice(shard, 0, {first, split}, h->shard.data() + (first - base), h->adam_m.data() + (first - base),
-                     h->adam_v.data() + (first - base));
-    }
-    if (split < end) {
-      SaveDenseSlice(shard, 1, {split + experts, end + experts}, h->shard.data() + (split - base),
-                     h->adam_m.data() + (split - base), h->adam_v.data() + (split - base));
+    int slot = 0;
+    for (const ShardSlice& slice : ShardSlices()) {
+      if (slot == kExpertSlot) ++slot;
+      SaveDenseSlice(shard, slot++, slice.range, h->shard.data() + slice.at, h->adam_m.data() + slice.at,
+                     h->adam_v.data() + slice.at);
     }
   }
   comm::Communicator* expert_replica = groups_->expert_replica();
   if (own_experts_.first < own_experts_.second && (expert_replica == nullptr || expert_replica->rank() == 0)) {
-    SaveDenseSlice(shard, 2, own_experts_, h->experts.data(), h->expert_m.data(), h->expert_v.data());
+    SaveDenseSlice(shard, kExpertSlot, own_experts_, h->experts.data(), h->expert_m.data(), h->expert_v.data());
   }
   if (records_tables_) {
     const int rank = groups_->tables()->rank();
@@ -462,22 +673,18 @@ absl::Status DistributedModel::Restore(const std::vector<CheckpointShard>& shard
   }
   absl::StatusOr<HostState> h = StateToHost();
   if (!h.ok()) return h.status();
-  // This rank's ranges of the flat dense vector: its FSDP shard on either
+  // This rank's ranges of the flat dense vector: its unit shards on either
   // side of the experts, and its own experts.
-  const auto [first, end] = DenseRange();
-  const int64_t base = dense_->layout().ShardOffset(groups_->fsdp()->rank());
-  const int64_t experts = expert_span_.second - expert_span_.first;
-  const int64_t split = std::clamp(expert_span_.first, first, end);
   struct Slice {
     std::pair<int64_t, int64_t> range;
     float *value, *adam_m, *adam_v;
   };
-  const Slice slices[] = {
-      {{first, split}, h->shard.data() + (first - base), h->adam_m.data() + (first - base),
-       h->adam_v.data() + (first - base)},
-      {{split + experts, end + experts}, h->shard.data() + (split - base), h->adam_m.data() + (split - base),
-       h->adam_v.data() + (split - base)},
-      {own_experts_, h->experts.data(), h->expert_m.data(), h->expert_v.data()}};
+  std::vector<Slice> slices;
+  for (const ShardSlice& slice : ShardSlices()) {
+    slices.push_back(
+        {slice.range, h->shard.data() + slice.at, h->adam_m.data() + slice.at, h->adam_v.data() + slice.at});
+  }
+  slices.push_back({own_experts_, h->experts.data(), h->expert_m.data(), h->expert_v.data()});
   for (const Slice& slice : slices) {
     if (slice.range.first >= slice.range.second) continue;
     absl::StatusOr<int64_t> covered = RestoreDenseSlice(shards, slice.range, slice.value, slice.adam_m, slice.adam_v);

@@ -4,11 +4,27 @@
 // GEM-lite trained by one rank of a job, with the parallelism of
 // ../DESIGN section 3, the same code on CPU ranks (Gloo, the CPU engine) and
 // on CUDA ranks (NCCL, the CUDA engine; see "Devices" below):
-//   dense   every dense parameter in one flat buffer, sharded over the
-//           rank's FSDP group (all-gathered before each forward, gradients
+//   dense   the dense parameters in FSDP units, one per top-level module
+//           of the model or group of them (engine::GemLite::ModuleNames:
+//           "dense_proj", each self-attention block "seq<l>", "cross" =
+//           the final norm, cross-attention and PMA, "dcn", "moe", "heads"
+//           = both towers), each a flat buffer sharded over the rank's FSDP
+//           group (all-gathered before its forward, gradients
 //           reduce-scattered), replicated across the replica group (shard
-//           gradients all-reduced); AdamW steps the local shard only, and
-//           the shard is all the optimizer state this rank holds;
+//           gradients all-reduced); AdamW steps the local shards only, and
+//           they are all the optimizer state this rank holds. With prefetch
+//           (the default; set_prefetch) the collectives overlap the
+//           compute: unit 0's all-gather starts with the step (behind the
+//           table lookups), unit i+1's as soon as unit i's has arrived
+//           (while unit i computes), and unit i's reduce-scatter as soon as
+//           the backward has finished its gradients (while the units before
+//           it compute theirs), through the engine's module hooks and the
+//           communicators' started collectives (Gloo: the communicator's
+//           thread; NCCL: its side stream, ordered by CUDA events, no host
+//           wait); the step waits for every reduction before the
+//           optimizer. Without prefetch every unit is gathered before the
+//           forward and reduced after the backward, blocking: the same
+//           collectives on the same data, so the same numbers;
 //   sparse  the embedding tables sharded over the table group exactly as
 //           the plan placed them (table-wise, row-wise on listed ranks,
 //           column-wise; worker/dist/sharded_embedding.h), replicated
@@ -55,6 +71,13 @@
 // time on CUDA ends when the device has finished the backward (the step
 // waits for it).
 //
+// Timing (Times): comm_seconds is the time the step waited on
+// communication (exposed): with prefetch, the waits for a unit's gather in
+// the forward and for the reductions before the optimizer; the rest of the
+// forward and backward is compute. On CUDA a prefetched gather is waited
+// for on the device (no host wait), so a gather that comes late shows as
+// compute there.
+//
 // With the recipe's FP8 all-gather (config.fp8.fp8_all_gather) the weights
 // of the recipe's FP8 modules travel FP8 with their scales in the dense
 // all-gather (worker/dist/fp8_all_gather.h): every rank, the shard's owner
@@ -62,11 +85,13 @@
 // AdamW moments stay fp32. The CPU engine computes those layers in fp32 on
 // that copy. CPU (Gloo) ranks only: Create refuses it on NCCL ranks. The
 // experts of an expert-parallel group are not in the FSDP buffer and are
-// not quantized.
+// not quantized. It gathers the FSDP buffer as one unit, blocking (no
+// prefetch).
 //
 // Checkpoints are layout-independent: each shard's owner (replica 0 of it,
 // of an expert block expert replica 0) records its element or row ranges
-// (dense ranges of the flat vector of every parameter, experts included;
+// (dense ranges of the flat vector of every parameter, experts included,
+// one or two per FSDP unit;
 // worker/checkpoint.h SaveDenseSlice) with values and optimizer state, and a
 // restore copies whatever overlaps the restoring rank's ranges, so a
 // checkpoint can be resumed under another FSDP or table layout.
@@ -75,6 +100,7 @@
 // GatherDense together (they run collectives).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -122,6 +148,18 @@ class DistributedModel : public RankModel {
                                                const std::function<absl::Status()>& overlap) override;
   absl::Status Prefetch(const engine::Batch&) override { return absl::OkStatus(); }
 
+  // Whether the FSDP collectives overlap the compute (see the top; on by
+  // default, off with the FP8 all-gather). Every rank sets the same.
+  void set_prefetch(bool on) { prefetch_ = on && !fp8_gather_; }
+  bool prefetch() const { return prefetch_; }
+  // The FSDP units, in forward order.
+  std::vector<std::string> unit_names() const;
+  // Tests: appends what the step does at unit boundaries, in order:
+  // "gather_start <unit>", "gather_ready <unit>", "forward <module>",
+  // "backward_done <module>", "reduce_start <unit>", "reduce_ready <unit>"
+  // (null: nothing, the default). Not owned.
+  void set_schedule_log(std::vector<std::string>* log) { schedule_log_ = log; }
+
   absl::StatusOr<std::vector<double>> Predict(const engine::Batch* batch, engine::Head head) override;
 
   // All-gathers the current dense parameters into the engine model (done by
@@ -153,24 +191,61 @@ class DistributedModel : public RankModel {
 
  private:
   DistributedModel() = default;
-  // The dense parameters' range [first, second) of the FSDP buffer this
-  // rank's shard holds, clipped to the unpadded size.
-  std::pair<int64_t, int64_t> DenseRange() const;
+  // One FSDP unit: the parameters of consecutive modules, [span) of the
+  // FSDP buffer (the flat dense vector without the experts' span), sharded
+  // on its own.
+  struct Unit {
+    std::string name;
+    std::pair<int64_t, int64_t> span{0, 0};
+    std::optional<dist::FsdpFlatParameter> fsdp;
+    // Element offsets of its shard in shard_ (and the moments and shard_grad_),
+    // of its padded buffer in full_ and full_grad_.
+    int64_t shard_at = 0, full_at = 0;
+    std::vector<int> params;  // Indices into dense_params_.
+    int modules = 0;          // Engine modules whose parameters it holds.
+  };
+  // A slice of this rank's shards: [range) of the flat dense vector, at
+  // element `at` of shard_.
+  struct ShardSlice {
+    std::pair<int64_t, int64_t> range;
+    int64_t at;
+  };
+  // The parts of this rank's shards of every unit holding parameters (the
+  // padding left out), split around the experts' span.
+  std::vector<ShardSlice> ShardSlices() const;
   // FSDP buffer offset of flat dense vector offset `flat` (outside the
   // experts' span).
   int64_t Compact(int64_t flat) const {
     return flat < expert_span_.first ? flat : flat - (expert_span_.second - expert_span_.first);
   }
-  // FSDP all-gather into the engine model, plus this rank's own experts.
+  // Unit u's shard and padded buffers as views.
+  TensorView UnitShard(const dist::DeviceBuffer& b, int u) const;
+  TensorView UnitFull(const dist::DeviceBuffer& b, int u) const;
+  // Blocking all-gather of every unit into the engine model, plus this
+  // rank's own experts.
   absl::Status GatherForStep();
+  // Prefetch: starts unit u's all-gather; makes units [0, u] ready in the
+  // engine (each waits for its gather, starts the next one, and is copied
+  // in); copies unit u's gradients out and starts its reduce-scatter.
+  absl::Status StartGather(int u);
+  absl::Status MakeReady(int u);
+  absl::Status StartReduce(int u);
+  // Module hooks of the engine (prefetch).
+  absl::Status BeforeForward(int module);
+  absl::Status AfterBackward(int module);
+  // Prefetch: waits for every reduction (replicas included) and gather.
+  absl::Status FinishReductions();
+  // Times `fn` as exposed communication (step_wait_seconds_).
+  absl::Status Waited(const std::function<absl::Status()>& fn);
+  void Log(absl::string_view what, absl::string_view name) const;
   // Writes pooled rows of the tables for `lookups` (empty bags when null).
   absl::Status Lookup(const std::vector<engine::TableLookups>* lookups);
-  // Copies between the engine's dense parameters (gradients) and the flat
-  // buffers: the FSDP buffer `fsdp` (outside the experts' span) and this
-  // rank's experts `experts`, on the model's device.
-  absl::Status CopyToEngine(const dist::DeviceBuffer& fsdp, const dist::DeviceBuffer& experts);
-  absl::Status CopyFromEngine(const std::vector<TensorView>& views, dist::DeviceBuffer& fsdp,
-                              dist::DeviceBuffer& experts);
+  // Copies between the engine's dense parameters or gradients (`views`, in
+  // DenseParameterNames order) and the flat buffers, on the model's device:
+  // unit u's in its padded buffer of `full` (full_ or full_grad_), this
+  // rank's experts in `experts`; into the engine when `to_engine`.
+  absl::Status CopyUnit(int u, const std::vector<TensorView>& views, const dist::DeviceBuffer& full, bool to_engine);
+  absl::Status CopyExperts(const std::vector<TensorView>& views, const dist::DeviceBuffer& experts, bool to_engine);
   // Host copies of the optimizer state this rank stores, for checkpoints.
   struct HostState {
     std::vector<float> shard, adam_m, adam_v, experts, expert_m, expert_v;
@@ -185,8 +260,19 @@ class DistributedModel : public RankModel {
   std::unique_ptr<engine::GemLite<float>> model_;
   const dist::TrainingGroups* groups_ = nullptr;
   comm::Communicator* world_ = nullptr;
-  std::optional<dist::FsdpFlatParameter> dense_;
-  std::optional<dist::Fp8AllGather> fp8_gather_;  // With the recipe's FP8 all-gather.
+  std::vector<Unit> units_;
+  std::vector<int> module_unit_;  // Per engine module: the unit holding its parameters (-1: none).
+  std::optional<dist::Fp8AllGather> fp8_gather_;  // With the recipe's FP8 all-gather (one unit).
+  bool prefetch_ = true;
+  // Prefetch, during a step: the started collectives per unit, the units
+  // ready in the engine [0, ready_units_), the modules per unit whose
+  // gradients are still to come, and the time the step waited on them.
+  std::vector<std::unique_ptr<comm::PendingCollective>> gathers_, reductions_;
+  int ready_units_ = 0;
+  std::vector<int> grads_pending_;
+  double step_wait_seconds_ = 0;
+  std::vector<std::string> module_names_;
+  std::vector<std::string>* schedule_log_ = nullptr;
   std::unique_ptr<dist::ShardedEmbeddingCollection> tables_;
   std::unique_ptr<dist::ExpertAllToAll> router_;  // Null without expert parallelism.
   bool records_tables_ = false;  // Whether Save records this rank's table parts.
@@ -201,7 +287,9 @@ class DistributedModel : public RankModel {
   // On the model's device (sizes in bytes): this rank's experts'
   // parameters, AdamW moments and gradients.
   dist::DeviceBuffer expert_value_, expert_m_, expert_v_, expert_grad_;
-  // Local shard of the flat dense parameters and its AdamW moments.
+  // This rank's shards of every unit, one after another, their AdamW
+  // moments and gradients; every unit's padded buffer, one after another,
+  // gathered and its gradient.
   dist::DeviceBuffer shard_, adam_m_, adam_v_, shard_grad_;
   int64_t adam_step_ = 0;
   dist::DeviceBuffer full_, full_grad_;

@@ -1,8 +1,8 @@
 // DistributedModel on a CUDA rank over NCCL (needs a GPU; tag gpu): the code
 // the Gloo tests check on CPU ranks (distributed_model_test.cc), here with
-// its FSDP flat buffers, sharded tables and pooled rows on the GPU and the
-// CUDA engine on external tables, trains like the CPU reference model step
-// for step (fp32). One rank: NCCL refuses two ranks on one GPU, and the
+// its FSDP units (prefetched on NCCL side streams, and blocking), sharded
+// tables and pooled rows on the GPU and the CUDA engine on external tables,
+// trains like the CPU reference model step for step (fp32). One rank: NCCL refuses two ranks on one GPU, and the
 // engine's device allocator binds a process to one GPU, so several GPU ranks
 // are several processes (the worker daemon's children), which the Gloo tests
 // stand in for.
@@ -55,9 +55,10 @@ std::vector<float> HostCopy(const TensorView& v) {
 }
 
 // One GPU rank with FSDP and the tables over its (one-rank) NCCL groups
-// trains kSteps; every step's loss and the final dense parameters are
-// compared with the CPU model's.
-TEST(DistributedModelNcclTest, OneGpuRankTrainsLikeTheCpuModel) {
+// trains kSteps, its FSDP units' collectives prefetched on the
+// communicators' side streams or blocking; every step's loss and the final
+// dense parameters are compared with the CPU model's.
+void ExpectTrainsLikeTheCpuModel(bool prefetch) {
   ASSERT_GE(comm::CudaDeviceCount(), 1) << "this test needs a GPU";
   const engine::MovieLensCtr data = Data();
   const engine::GemLiteConfig config = engine::StepComparisonConfig();
@@ -92,6 +93,8 @@ TEST(DistributedModelNcclTest, OneGpuRankTrainsLikeTheCpuModel) {
   auto m = DistributedModel::Create(config, data.schema(), &*groups, world->get(), {}, cuda);
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ((*m)->device(), Device::kCuda);
+  ASSERT_TRUE((*m)->prefetch());
+  (*m)->set_prefetch(prefetch);
   auto& tables = const_cast<dist::ShardedEmbeddingCollection&>((*m)->tables());
   for (int t : tables.plan().TablesOn(tables.group_rank())) EXPECT_EQ(tables.shard(t).device, Device::kCuda);
 
@@ -113,9 +116,15 @@ TEST(DistributedModelNcclTest, OneGpuRankTrainsLikeTheCpuModel) {
   ASSERT_EQ(dense.size(), ref_dense.size());
   const double err = engine::MaxRelativeError(dense.data(), ref_dense.data(), ref_dense.size());
   EXPECT_LT(err, 1e-3);
-  std::printf("1 gpu rank over nccl vs the cpu model, %d steps of %lld: worst relative loss difference %.3g "
-              "(first %.5f, last %.5f); dense parameters' max relative error %.3g\n",
-              kSteps, static_cast<long long>(kBatch), worst, ref.front(), ref.back(), err);
+  std::printf("1 gpu rank over nccl (prefetch %s) vs the cpu model, %d steps of %lld: worst relative loss "
+              "difference %.3g (first %.5f, last %.5f); dense parameters' max relative error %.3g\n",
+              prefetch ? "on" : "off", kSteps, static_cast<long long>(kBatch), worst, ref.front(), ref.back(), err);
+}
+
+TEST(DistributedModelNcclTest, OneGpuRankTrainsLikeTheCpuModel) { ExpectTrainsLikeTheCpuModel(true); }
+
+TEST(DistributedModelNcclTest, OneGpuRankWithoutPrefetchTrainsLikeTheCpuModel) {
+  ExpectTrainsLikeTheCpuModel(false);
 }
 
 }  // namespace

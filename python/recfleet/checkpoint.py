@@ -23,10 +23,10 @@ worker/rank_run.cc):
                        per embedding table, in table-index order
   adam_step, step, samples   decimal integers
   dense.range          "<first> <end>": a slice of the flat dense vector this
-                       shard holds; "dense.1.range" and "dense.2.range" (with
-                       their .value/.adam_m/.adam_v) more slices: an FSDP shard
-                       on both sides of the experts, and the rank's own experts
-                       under expert parallelism
+                       shard holds; "dense.<n>.range" for n >= 1 (with their
+                       .value/.adam_m/.adam_v) more slices: the rank's part of
+                       every FSDP unit, on either side of the experts, and its
+                       own experts under expert parallelism
   dense.value, dense.adam_m, dense.adam_v   float32 over that slice
   table.<t>.rows       "<first> <end>": the rows of table t this shard holds
   table.<t>.cols       "<first> <end>": the columns, only for a column slice
@@ -275,9 +275,13 @@ class _Cover:
         return self.array
 
 
-# The record prefixes of a shard's dense slices (worker/checkpoint.h
-# kDenseSlots).
-DENSE_SLOTS = ("dense", "dense.1", "dense.2")
+# The range record of a shard's dense slice: "dense.range" or
+# "dense.<n>.range" (worker/checkpoint.h DenseSlots).
+_DENSE_RANGE = re.compile(r"^(dense(?:\.[1-9][0-9]*)?)\.range$")
+
+
+def _dense_prefixes(shard):
+    return sorted(m.group(1) for m in map(_DENSE_RANGE.match, shard) if m)
 
 
 def assemble(step, shards):
@@ -294,7 +298,7 @@ def assemble(step, shards):
               for name, rows, dim in table_spec]
     for i, s in enumerate(shards):
         where = f"checkpoint step {step} shard {i}"
-        for prefix in DENSE_SLOTS:
+        for prefix in _dense_prefixes(s):
             r = _range(s, f"{prefix}.range", where)
             if r is None:
                 continue

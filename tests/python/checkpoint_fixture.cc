@@ -52,9 +52,11 @@ void SaveBlock(CheckpointShard* shard, int t, int64_t dim, std::pair<int64_t, in
   SaveTableBlock(shard, t, dim, rows, cols, values.data(), accumulators ? momentum.data() : nullptr);
 }
 
+constexpr int kSlots = 3;
+
 absl::Status Write(const std::string& dir) {
   // Per rank, its slices of the flat dense vector by slot (empty: none).
-  const std::pair<int64_t, int64_t> dense_slices[kWorld][kDenseSlots] = {
+  const std::pair<int64_t, int64_t> dense_slices[kWorld][kSlots] = {
       {{0, 4}, {0, 0}, {4, 5}}, {{0, 0}, {6, kDenseNumel}, {5, 6}}, {{0, 0}, {0, 0}, {0, 0}}};
   for (int rank = 0; rank < kWorld; ++rank) {
     CheckpointShard shard;
@@ -62,7 +64,7 @@ absl::Status Write(const std::string& dir) {
     shard["adam_step"] = "11";
     shard["samples"] = "1408";
     shard["step"] = absl::StrCat(kStep);
-    for (int slot = 0; slot < kDenseSlots; ++slot) {
+    for (int slot = 0; slot < kSlots; ++slot) {
       const auto [first, end] = dense_slices[rank][slot];
       if (end <= first) continue;
       std::vector<float> v[3];

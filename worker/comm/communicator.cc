@@ -1,5 +1,7 @@
 #include "worker/comm/communicator.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace recfleet {
@@ -110,39 +112,104 @@ void Communicator::Abort(absl::string_view reason) {
   DoAbort();
 }
 
+namespace {
+
+absl::Status CheckAllGather(const TensorView& in, const TensorView& out, Device device, int size) {
+  if (absl::Status s = CheckBuffer(in, "all_gather in", device); !s.ok()) return s;
+  if (absl::Status s = CheckBuffer(out, "all_gather out", device); !s.ok()) return s;
+  if (absl::Status s = CheckSameDType(in, out); !s.ok()) return s;
+  if (out.numel() != in.numel() * size) {
+    return absl::InvalidArgumentError(absl::StrCat("all_gather: out has ", out.numel(),
+                                                   " elements; expected in.numel() * size = ", in.numel() * size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReduceScatter(const TensorView& in, const TensorView& out, ReduceOp op, Device device, int size) {
+  if (absl::Status s = CheckBuffer(in, "reduce_scatter in", device); !s.ok()) return s;
+  if (absl::Status s = CheckBuffer(out, "reduce_scatter out", device); !s.ok()) return s;
+  if (absl::Status s = CheckSameDType(in, out); !s.ok()) return s;
+  if (absl::Status s = CheckOp(in, op); !s.ok()) return s;
+  if (in.numel() != out.numel() * size) {
+    return absl::InvalidArgumentError(absl::StrCat("reduce_scatter: in has ", in.numel(),
+                                                   " elements; expected out.numel() * size = ", out.numel() * size));
+  }
+  if (Overlap(in, out)) return absl::InvalidArgumentError("reduce_scatter: in and out overlap");
+  return absl::OkStatus();
+}
+
+absl::Status CheckAllReduce(const TensorView& inout, ReduceOp op, Device device) {
+  if (absl::Status s = CheckBuffer(inout, "all_reduce inout", device); !s.ok()) return s;
+  return CheckOp(inout, op);
+}
+
+class Finished : public PendingCollective {
+ public:
+  explicit Finished(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Ready() override { return status_; }
+  absl::Status Wait() override { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+}  // namespace
+
+std::unique_ptr<PendingCollective> FinishedCollective(absl::Status status) {
+  return std::make_unique<Finished>(std::move(status));
+}
+
+std::unique_ptr<PendingCollective> Communicator::DoStart(std::function<absl::Status()> run) {
+  return FinishedCollective(run());
+}
+
+absl::StatusOr<std::unique_ptr<PendingCollective>> Communicator::Start(absl::string_view op, absl::Status valid,
+                                                                       std::function<absl::Status()> run) {
+  if (absl::Status s = Guard(); !s.ok()) return s;
+  if (!valid.ok()) return valid;
+  // A collective started behind one that failed must not touch the broken
+  // backend when its turn comes.
+  return DoStart([this, op, run = std::move(run)] {
+    if (absl::Status s = Guard(); !s.ok()) return s;
+    return Record(run(), op);
+  });
+}
+
 absl::Status Communicator::AllGather(const TensorView& in, const TensorView& out) {
   if (absl::Status s = Guard(); !s.ok()) return s;
-  if (absl::Status s = CheckBuffer(in, "all_gather in", device_); !s.ok()) return s;
-  if (absl::Status s = CheckBuffer(out, "all_gather out", device_); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(in, out); !s.ok()) return s;
-  if (out.numel() != in.numel() * size_) {
-    return absl::InvalidArgumentError(absl::StrCat("all_gather: out has ", out.numel(),
-                                                   " elements; expected in.numel() * size = ",
-                                                   in.numel() * size_));
-  }
+  if (absl::Status s = CheckAllGather(in, out, device_, size_); !s.ok()) return s;
+  if (absl::Status s = Record(AfterStarted(), "all_gather"); !s.ok()) return s;
   return Record(DoAllGather(in, out), "all_gather");
 }
 
 absl::Status Communicator::ReduceScatter(const TensorView& in, const TensorView& out, ReduceOp op) {
   if (absl::Status s = Guard(); !s.ok()) return s;
-  if (absl::Status s = CheckBuffer(in, "reduce_scatter in", device_); !s.ok()) return s;
-  if (absl::Status s = CheckBuffer(out, "reduce_scatter out", device_); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(in, out); !s.ok()) return s;
-  if (absl::Status s = CheckOp(in, op); !s.ok()) return s;
-  if (in.numel() != out.numel() * size_) {
-    return absl::InvalidArgumentError(absl::StrCat("reduce_scatter: in has ", in.numel(),
-                                                   " elements; expected out.numel() * size = ",
-                                                   out.numel() * size_));
-  }
-  if (Overlap(in, out)) return absl::InvalidArgumentError("reduce_scatter: in and out overlap");
+  if (absl::Status s = CheckReduceScatter(in, out, op, device_, size_); !s.ok()) return s;
+  if (absl::Status s = Record(AfterStarted(), "reduce_scatter"); !s.ok()) return s;
   return Record(DoReduceScatter(in, out, op), "reduce_scatter");
 }
 
 absl::Status Communicator::AllReduce(const TensorView& inout, ReduceOp op) {
   if (absl::Status s = Guard(); !s.ok()) return s;
-  if (absl::Status s = CheckBuffer(inout, "all_reduce inout", device_); !s.ok()) return s;
-  if (absl::Status s = CheckOp(inout, op); !s.ok()) return s;
+  if (absl::Status s = CheckAllReduce(inout, op, device_); !s.ok()) return s;
+  if (absl::Status s = Record(AfterStarted(), "all_reduce"); !s.ok()) return s;
   return Record(DoAllReduce(inout, op), "all_reduce");
+}
+
+absl::StatusOr<std::unique_ptr<PendingCollective>> Communicator::StartAllGather(const TensorView& in,
+                                                                                const TensorView& out) {
+  return Start("all_gather", CheckAllGather(in, out, device_, size_), [this, in, out] { return DoAllGather(in, out); });
+}
+
+absl::StatusOr<std::unique_ptr<PendingCollective>> Communicator::StartReduceScatter(const TensorView& in,
+                                                                                    const TensorView& out,
+                                                                                    ReduceOp op) {
+  return Start("reduce_scatter", CheckReduceScatter(in, out, op, device_, size_),
+               [this, in, out, op] { return DoReduceScatter(in, out, op); });
+}
+
+absl::StatusOr<std::unique_ptr<PendingCollective>> Communicator::StartAllReduce(const TensorView& inout, ReduceOp op) {
+  return Start("all_reduce", CheckAllReduce(inout, op, device_), [this, inout, op] { return DoAllReduce(inout, op); });
 }
 
 absl::Status Communicator::AllToAll(const TensorView& in, absl::Span<const int64_t> send_counts,
@@ -158,6 +225,7 @@ absl::Status Communicator::AllToAll(const TensorView& in, absl::Span<const int64
     return s;
   }
   if (Overlap(in, out)) return absl::InvalidArgumentError("all_to_all: in and out overlap");
+  if (absl::Status s = Record(AfterStarted(), "all_to_all"); !s.ok()) return s;
   return Record(DoAllToAll(in, send_counts, out, recv_counts), "all_to_all");
 }
 
@@ -167,11 +235,13 @@ absl::Status Communicator::Broadcast(const TensorView& inout, int root) {
   if (root < 0 || root >= size_) {
     return absl::InvalidArgumentError(absl::StrCat("broadcast: root ", root, " is not a rank in [0, ", size_, ")"));
   }
+  if (absl::Status s = Record(AfterStarted(), "broadcast"); !s.ok()) return s;
   return Record(DoBroadcast(inout, root), "broadcast");
 }
 
 absl::Status Communicator::Barrier() {
   if (absl::Status s = Guard(); !s.ok()) return s;
+  if (absl::Status s = Record(AfterStarted(), "barrier"); !s.ok()) return s;
   return Record(DoBarrier(), "barrier");
 }
 

@@ -212,5 +212,52 @@ void CheckBarrier(const std::vector<Communicator*>& comms) {
   });
 }
 
+void CheckStartedCollectives(const std::vector<Communicator*>& comms, DType dtype, TestMemory& memory) {
+  const int size = static_cast<int>(comms.size());
+  for (int64_t n : kCounts) {
+    RunOnThreads(size, [&](int r) {
+      Buffer gather_in(memory, r, dtype, n), gathered(memory, r, dtype, n * size);
+      Buffer scatter_in(memory, r, dtype, n * size), scattered(memory, r, dtype, n);
+      Buffer reduced(memory, r, dtype, n), blocking(memory, r, dtype, n);
+      for (int64_t i = 0; i < n; ++i) {
+        gather_in.Set(i, Value(r, i));
+        reduced.Set(i, Value(r, i + 1));
+        blocking.Set(i, Value(r, i + 2));
+      }
+      for (int64_t i = 0; i < n * size; ++i) scatter_in.Set(i, Value(r, i));
+      for (Buffer* b : {&gather_in, &scatter_in, &reduced, &blocking}) b->Upload();
+      auto gather = comms[r]->StartAllGather(gather_in.view(), gathered.view());
+      ASSERT_TRUE(gather.ok()) << gather.status();
+      auto scatter = comms[r]->StartReduceScatter(scatter_in.view(), scattered.view(), ReduceOp::kSum);
+      ASSERT_TRUE(scatter.ok()) << scatter.status();
+      auto reduce = comms[r]->StartAllReduce(reduced.view(), ReduceOp::kMax);
+      ASSERT_TRUE(reduce.ok()) << reduce.status();
+      // A blocking call issued behind them runs after them.
+      absl::Status s = comms[r]->AllReduce(blocking.view(), ReduceOp::kSum);
+      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_TRUE((*gather)->Ready().ok());
+      for (auto* pending : {&*gather, &*scatter, &*reduce}) {
+        s = (*pending)->Wait();
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      for (Buffer* b : {&gathered, &scattered, &reduced, &blocking}) b->Download();
+      for (int q = 0; q < size; ++q) {
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(gathered.Get(q * n + i), Value(q, i)) << "rank " << r;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        double sum = 0, max = Value(0, i + 1), total = 0;
+        for (int q = 0; q < size; ++q) {
+          sum += Value(q, r * n + i);
+          max = std::max(max, Value(q, i + 1));
+          total += Value(q, i + 2);
+        }
+        ASSERT_NEAR(scattered.Get(i), sum, Tolerance(dtype, sum)) << "rank " << r << " i " << i;
+        ASSERT_EQ(reduced.Get(i), max) << "rank " << r << " i " << i;
+        ASSERT_NEAR(blocking.Get(i), total, Tolerance(dtype, total)) << "rank " << r << " i " << i;
+      }
+    });
+  }
+}
+
 }  // namespace comm
 }  // namespace recfleet

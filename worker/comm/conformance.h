@@ -44,6 +44,10 @@ void CheckReduceScatter(const std::vector<Communicator*>& comms, DType dtype, Te
 void CheckAllToAllUneven(const std::vector<Communicator*>& comms, DType dtype, TestMemory& memory);
 void CheckBroadcast(const std::vector<Communicator*>& comms, DType dtype, TestMemory& memory);
 void CheckBarrier(const std::vector<Communicator*>& comms);
+// StartAllGather, StartReduceScatter and StartAllReduce in flight together,
+// then a blocking all-reduce issued behind them: all four give the blocking
+// collectives' results.
+void CheckStartedCollectives(const std::vector<Communicator*>& comms, DType dtype, TestMemory& memory);
 
 }  // namespace comm
 }  // namespace recfleet

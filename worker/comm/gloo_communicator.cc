@@ -7,12 +7,19 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <stdexcept>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/alltoallv.h"
@@ -145,6 +152,89 @@ char* NonNull(void* p) {
   return p != nullptr ? static_cast<char*>(p) : &dummy;
 }
 
+// The started collectives of one communicator: run one after another, in
+// issue order, on a thread of their own (started at the first of them).
+class CollectiveThread {
+ public:
+  CollectiveThread() = default;
+  CollectiveThread(const CollectiveThread&) = delete;
+  CollectiveThread& operator=(const CollectiveThread&) = delete;
+  // Runs what is queued, then stops.
+  ~CollectiveThread() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::unique_ptr<PendingCollective> Start(std::function<absl::Status()> run) {
+    auto state = std::make_shared<State>();
+    absl::MutexLock lock(&mu_);
+    queue_.push_back({std::move(run), state});
+    ++pending_;
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    return std::make_unique<Pending>(std::move(state));
+  }
+
+  // Returns once every started collective has finished.
+  void WaitIdle() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &CollectiveThread::Idle));
+  }
+
+ private:
+  struct State {
+    absl::Notification done;
+    absl::Status status;  // Written before `done` is notified.
+  };
+  class Pending : public PendingCollective {
+   public:
+    explicit Pending(std::shared_ptr<State> state) : state_(std::move(state)) {}
+    ~Pending() override { state_->done.WaitForNotification(); }
+    absl::Status Ready() override { return Wait(); }
+    absl::Status Wait() override {
+      state_->done.WaitForNotification();
+      return state_->status;
+    }
+
+   private:
+    std::shared_ptr<State> state_;
+  };
+  struct Item {
+    std::function<absl::Status()> run;
+    std::shared_ptr<State> state;
+  };
+
+  bool Idle() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return pending_ == 0; }
+  bool HasWork() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
+
+  void Loop() {
+    while (true) {
+      Item item;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &CollectiveThread::HasWork));
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      item.state->status = item.run();
+      {
+        absl::MutexLock lock(&mu_);
+        --pending_;
+      }
+      item.state->done.Notify();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(int rank, int size, absl::Duration timeout, std::shared_ptr<gloo::Context> context,
@@ -258,6 +348,15 @@ class GlooCommunicator : public Communicator {
     });
   }
 
+  std::unique_ptr<PendingCollective> DoStart(std::function<absl::Status()> run) override {
+    return started_.Start(std::move(run));
+  }
+
+  absl::Status AfterStarted() override {
+    started_.WaitIdle();
+    return absl::OkStatus();
+  }
+
  private:
   template <typename T>
   absl::Status AllReduceWidth(const TensorView& inout, ReduceOp op) {
@@ -277,6 +376,8 @@ class GlooCommunicator : public Communicator {
   // Keeps the device (its sockets and event loop) alive as long as the
   // context that uses it.
   std::shared_ptr<GlooTransport> transport_;
+  // Last: destroyed first, so its thread is done before the context goes.
+  CollectiveThread started_;
 };
 
 // This Gloo writes to its sockets without MSG_NOSIGNAL, so a write to a

@@ -41,6 +41,9 @@ TEST_P(GlooCollectivesTest, AllToAllUnevenSplitsMatchReference) {
 }
 TEST_P(GlooCollectivesTest, BroadcastFromEveryRoot) { CheckBroadcast(Raw(comms_), dtype_, memory_); }
 TEST_P(GlooCollectivesTest, BarrierWaitsForEveryRank) { CheckBarrier(Raw(comms_)); }
+TEST_P(GlooCollectivesTest, StartedCollectivesMatchBlockingOnes) {
+  CheckStartedCollectives(Raw(comms_), dtype_, memory_);
+}
 
 INSTANTIATE_TEST_SUITE_P(
     SizesAndDTypes, GlooCollectivesTest,

@@ -5,8 +5,11 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -92,6 +95,9 @@ class NcclCommunicator : public Communicator {
       }
     }
     cudaStreamDestroy(stream_);
+    if (side_ != nullptr) cudaStreamDestroy(side_);
+    if (issued_ != nullptr) cudaEventDestroy(issued_);
+    if (last_started_ != nullptr) cudaEventDestroy(last_started_);
     cudaFree(scratch_);
   }
 
@@ -101,21 +107,21 @@ class NcclCommunicator : public Communicator {
   absl::Status DoAllGather(const TensorView& in, const TensorView& out) override {
     if (in.numel() == 0) return absl::OkStatus();
     return Run("ncclAllGather", [&] {
-      return ncclAllGather(in.data, out.data, in.numel(), ToNccl(in.dtype), comm_, stream_);
+      return ncclAllGather(in.data, out.data, in.numel(), ToNccl(in.dtype), comm_, launch_stream());
     });
   }
 
   absl::Status DoReduceScatter(const TensorView& in, const TensorView& out, ReduceOp op) override {
     if (out.numel() == 0) return absl::OkStatus();
     return Run("ncclReduceScatter", [&] {
-      return ncclReduceScatter(in.data, out.data, out.numel(), ToNccl(in.dtype), ToNccl(op), comm_, stream_);
+      return ncclReduceScatter(in.data, out.data, out.numel(), ToNccl(in.dtype), ToNccl(op), comm_, launch_stream());
     });
   }
 
   absl::Status DoAllReduce(const TensorView& inout, ReduceOp op) override {
     if (inout.numel() == 0) return absl::OkStatus();
     return Run("ncclAllReduce", [&] {
-      return ncclAllReduce(inout.data, inout.data, inout.numel(), ToNccl(inout.dtype), ToNccl(op), comm_, stream_);
+      return ncclAllReduce(inout.data, inout.data, inout.numel(), ToNccl(inout.dtype), ToNccl(op), comm_, launch_stream());
     });
   }
 
@@ -130,12 +136,12 @@ class NcclCommunicator : public Communicator {
       for (int p = 0; p < size(); ++p) {
         if (send_counts[p] > 0) {
           res = ncclSend(static_cast<const char*>(in.data) + send_offset * width, send_counts[p], type, p, comm_,
-                         stream_);
+                         launch_stream());
           if (res != ncclSuccess && res != ncclInProgress) break;
         }
         if (recv_counts[p] > 0) {
           res = ncclRecv(static_cast<char*>(out.data) + recv_offset * width, recv_counts[p], type, p, comm_,
-                         stream_);
+                         launch_stream());
           if (res != ncclSuccess && res != ncclInProgress) break;
         }
         send_offset += send_counts[p];
@@ -149,19 +155,57 @@ class NcclCommunicator : public Communicator {
   absl::Status DoBroadcast(const TensorView& inout, int root) override {
     if (inout.numel() == 0) return absl::OkStatus();
     return Run("ncclBroadcast", [&] {
-      return ncclBroadcast(inout.data, inout.data, inout.numel(), ToNccl(inout.dtype), root, comm_, stream_);
+      return ncclBroadcast(inout.data, inout.data, inout.numel(), ToNccl(inout.dtype), root, comm_, launch_stream());
     });
   }
 
   // A one-element all-reduce: nobody's completes before everyone entered.
   absl::Status DoBarrier() override {
     return Run("barrier (ncclAllReduce)",
-               [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_); });
+               [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, launch_stream()); });
   }
 
   void DoAbort() override { abort_requested_.store(true); }
 
+  std::unique_ptr<PendingCollective> DoStart(std::function<absl::Status()> run) override;
+
+  // Blocking collectives run after the started ones: the blocking stream
+  // waits for the side stream's last collective.
+  absl::Status AfterStarted() override {
+    if (!any_started_) return absl::OkStatus();
+    const cudaError_t err = cudaStreamWaitEvent(stream_, last_started_, 0);
+    return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "order after started collectives");
+  }
+
+
+ public:
+  // Polls until `done` (recorded after a started collective) has passed,
+  // as a blocking collective polls its stream; aborts the communicator on
+  // failure.
+  absl::Status WaitEvent(cudaEvent_t done) {
+    if (aborted_) return Record(absl::FailedPreconditionError("communicator was aborted"), "wait");
+    absl::Status s = Poll("started collective", absl::Now() + timeout(), [done] { return cudaEventQuery(done); });
+    if (!s.ok() && !aborted_) {
+      ncclCommAbort(comm_);
+      aborted_ = true;
+    }
+    return Record(std::move(s), "wait");
+  }
+  int cuda_device() const { return cuda_device_; }
+
  private:
+  // The stream a collective enqueues on: the side stream while DoStart
+  // runs it.
+  cudaStream_t launch_stream() const { return starting_ ? side_ : stream_; }
+  // Creates the side stream and its events at the first started collective.
+  absl::Status PrepareSide() {
+    if (side_ != nullptr) return absl::OkStatus();
+    cudaError_t err = cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&issued_, cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&last_started_, cudaEventDisableTiming);
+    return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "side stream for started collectives");
+  }
+
   // Enqueues with `launch`, then polls to completion within the timeout. On
   // any failure the communicator is aborted here, on the calling thread, so
   // that NCCL's resources are never freed under a concurrent call.
@@ -184,12 +228,22 @@ class NcclCommunicator : public Communicator {
     ncclResult_t res = launch();
     if (res != ncclSuccess && res != ncclInProgress) return NcclError(res, comm_, what);
     if (absl::Status s = WaitForComm(comm_, deadline, abort_requested_, what); !s.ok()) return s;
+    // A started collective is only enqueued here; its handle waits for it.
+    if (starting_) return absl::OkStatus();
+    return Poll(what, deadline, [this] { return cudaStreamQuery(stream_); });
+  }
+
+  // Polls `query` (cudaStreamQuery / cudaEventQuery) until it reports
+  // completion, an error, NCCL's asynchronous error, an abort request, or
+  // the deadline.
+  template <typename Query>
+  absl::Status Poll(absl::string_view what, absl::Time deadline, Query&& query) {
     while (true) {
-      err = cudaStreamQuery(stream_);
+      cudaError_t err = query();
       if (err == cudaSuccess) return absl::OkStatus();
       if (err != cudaErrorNotReady) return CudaError(err, absl::StrCat(what, ": stream"));
       ncclResult_t state = ncclSuccess;
-      res = ncclCommGetAsyncError(comm_, &state);
+      ncclResult_t res = ncclCommGetAsyncError(comm_, &state);
       if (res != ncclSuccess) return NcclError(res, comm_, what);
       if (state != ncclSuccess && state != ncclInProgress) return NcclError(state, comm_, what);
       if (abort_requested_.load()) return absl::AbortedError(absl::StrCat(what, ": aborted while in flight"));
@@ -207,7 +261,65 @@ class NcclCommunicator : public Communicator {
   int* scratch_;
   std::atomic<bool> abort_requested_{false};
   bool aborted_ = false;
+  // Started collectives: the side stream (non-blocking, so the legacy
+  // default stream's later kernels do not wait for it), an event marking
+  // what the legacy stream had queued when one was started, and one after
+  // the last of them. Created at the first.
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t issued_ = nullptr, last_started_ = nullptr;
+  bool starting_ = false;  // DoStart is launching on side_.
+  bool any_started_ = false;
 };
+
+// A collective on the side stream; `done` is recorded after it.
+class NcclPending : public PendingCollective {
+ public:
+  NcclPending(NcclCommunicator* comm, cudaEvent_t done) : comm_(comm), done_(done) {}
+  ~NcclPending() override { cudaEventDestroy(done_); }
+  absl::Status Ready() override {
+    if (absl::Status s = comm_->health(); !s.ok()) return s;
+    cudaError_t err = cudaSetDevice(comm_->cuda_device());
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(cudaStreamLegacy, done_, 0);
+    return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "order after a started collective");
+  }
+  absl::Status Wait() override { return comm_->WaitEvent(done_); }
+
+ private:
+  NcclCommunicator* comm_;
+  cudaEvent_t done_;
+};
+
+std::unique_ptr<PendingCollective> NcclCommunicator::DoStart(std::function<absl::Status()> run) {
+  cudaError_t err = cudaSetDevice(cuda_device_);
+  absl::Status s = err == cudaSuccess ? PrepareSide() : CudaError(err, "cudaSetDevice");
+  // The side stream waits for the inputs the legacy default stream was
+  // computing when the collective was started.
+  if (s.ok()) {
+    err = cudaEventRecord(issued_, cudaStreamLegacy);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(side_, issued_, 0);
+    if (err != cudaSuccess) s = CudaError(err, "order a started collective");
+  }
+  cudaEvent_t done = nullptr;
+  if (s.ok()) {
+    err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    if (err != cudaSuccess) s = CudaError(err, "event of a started collective");
+  }
+  if (!s.ok()) return FinishedCollective(Record(std::move(s), "start"));
+  starting_ = true;
+  s = run();
+  starting_ = false;
+  if (s.ok()) {
+    err = cudaEventRecord(done, side_);
+    if (err == cudaSuccess) err = cudaEventRecord(last_started_, side_);
+    if (err != cudaSuccess) s = Record(CudaError(err, "record a started collective"), "start");
+  }
+  if (!s.ok()) {
+    cudaEventDestroy(done);
+    return FinishedCollective(std::move(s));
+  }
+  any_started_ = true;
+  return std::make_unique<NcclPending>(this, done);
+}
 
 }  // namespace
 

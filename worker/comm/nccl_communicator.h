@@ -15,6 +15,12 @@
 // waits for work queued earlier on the legacy default stream (so inputs
 // written there, or by cudaMemcpy, are complete), and the call returns only
 // after that stream finished, so its outputs are ready for any stream.
+// Started collectives (Communicator::Start*) run on a second stream, a
+// non-blocking one, after an event recorded on the legacy default stream
+// when they are started; PendingCollective::Ready makes the legacy stream
+// wait for one (an event, no host wait), Wait polls its event like a
+// blocking call polls its stream. A blocking call issued after them waits
+// for them on the device.
 //
 // Rendezvous: rank 0 creates the NCCL unique id and publishes it in the
 // store under "nccl_unique_id"; the others wait for it (bounded by the

@@ -37,6 +37,7 @@ void RunAllChecks(int size) {
     CheckReduceScatter(Raw(*comms), dtype, memory);
     CheckAllToAllUneven(Raw(*comms), dtype, memory);
     CheckBroadcast(Raw(*comms), dtype, memory);
+    CheckStartedCollectives(Raw(*comms), dtype, memory);
   }
   CheckBarrier(Raw(*comms));
 }

@@ -33,13 +33,42 @@ absl::Status FsdpFlatParameter::AllGather(const TensorView& shard, const TensorV
   return shard_group_->AllGather(shard, full);
 }
 
+namespace {
+
+// Averaging in both steps is the mean over all G x R ranks, since every
+// group has the same size.
+comm::ReduceOp OpOf(GradReduction reduction) {
+  return reduction == GradReduction::kMean ? comm::ReduceOp::kAvg : comm::ReduceOp::kSum;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<comm::PendingCollective>> FsdpFlatParameter::StartAllGather(
+    const TensorView& shard, const TensorView& full) const {
+  if (absl::Status s = CheckDim(shard, "fsdp shard", 0, layout_.shard_numel); !s.ok()) return s;
+  if (absl::Status s = CheckDim(full, "fsdp full parameter", 0, layout_.padded_numel); !s.ok()) return s;
+  return shard_group_->StartAllGather(shard, full);
+}
+
+absl::StatusOr<std::unique_ptr<comm::PendingCollective>> FsdpFlatParameter::StartReduceScatter(
+    const TensorView& full_grad, const TensorView& shard_grad, GradReduction reduction) const {
+  if (absl::Status s = CheckDim(full_grad, "fsdp full gradient", 0, layout_.padded_numel); !s.ok()) return s;
+  if (absl::Status s = CheckDim(shard_grad, "fsdp shard gradient", 0, layout_.shard_numel); !s.ok()) return s;
+  return shard_group_->StartReduceScatter(full_grad, shard_grad, OpOf(reduction));
+}
+
+absl::StatusOr<std::unique_ptr<comm::PendingCollective>> FsdpFlatParameter::StartReplicaReduce(
+    const TensorView& shard_grad, GradReduction reduction) const {
+  if (absl::Status s = CheckDim(shard_grad, "fsdp shard gradient", 0, layout_.shard_numel); !s.ok()) return s;
+  if (replica_group_ == nullptr || replica_group_->size() == 1) return comm::FinishedCollective(absl::OkStatus());
+  return replica_group_->StartAllReduce(shard_grad, OpOf(reduction));
+}
+
 absl::Status FsdpFlatParameter::ReduceGradients(const TensorView& full_grad, const TensorView& shard_grad,
                                                 GradReduction reduction) const {
   if (absl::Status s = CheckDim(full_grad, "fsdp full gradient", 0, layout_.padded_numel); !s.ok()) return s;
   if (absl::Status s = CheckDim(shard_grad, "fsdp shard gradient", 0, layout_.shard_numel); !s.ok()) return s;
-  // Averaging in both steps is the mean over all G x R ranks, since every
-  // group has the same size.
-  const comm::ReduceOp op = reduction == GradReduction::kMean ? comm::ReduceOp::kAvg : comm::ReduceOp::kSum;
+  const comm::ReduceOp op = OpOf(reduction);
   if (absl::Status s = shard_group_->ReduceScatter(full_grad, shard_grad, op); !s.ok()) return s;
   if (replica_group_ == nullptr || replica_group_->size() == 1) return absl::OkStatus();
   return replica_group_->AllReduce(shard_grad, op);

@@ -19,6 +19,7 @@
 // are not).
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/statusor.h"
 #include "kernels/tensor.h"
@@ -62,6 +63,19 @@ class FsdpFlatParameter {
   // this rank's shard of the gradient reduced over every data-parallel rank.
   absl::Status ReduceGradients(const TensorView& full_grad, const TensorView& shard_grad,
                                GradReduction reduction) const;
+
+  // The same in started form (comm::Communicator::Start*), for overlapping
+  // them with computation: StartAllGather is AllGather; ReduceGradients is
+  // StartReduceScatter, then, once that is ready, StartReplicaReduce (a
+  // finished handle without replicas). The communicators run them in the
+  // order they are started, behind the blocking calls issued before.
+  absl::StatusOr<std::unique_ptr<comm::PendingCollective>> StartAllGather(const TensorView& shard,
+                                                                          const TensorView& full) const;
+  absl::StatusOr<std::unique_ptr<comm::PendingCollective>> StartReduceScatter(const TensorView& full_grad,
+                                                                              const TensorView& shard_grad,
+                                                                              GradReduction reduction) const;
+  absl::StatusOr<std::unique_ptr<comm::PendingCollective>> StartReplicaReduce(const TensorView& shard_grad,
+                                                                              GradReduction reduction) const;
 
  private:
   FsdpFlatParameter(FlatShardLayout layout, comm::Communicator* shard_group, comm::Communicator* replica_group)

@@ -4,7 +4,8 @@
 // A backend-independent FSDP check, run by the Gloo test on threads and by
 // the NCCL test on GPUs: `world` ranks in FSDP groups of `fsdp_size`, each
 // connecting through `factory_for_rank(rank)`; gathers and gradient
-// reductions (sum and mean) are compared with their definitions.
+// reductions (sum and mean), blocking and started, are compared with their
+// definitions.
 
 #include <functional>
 
