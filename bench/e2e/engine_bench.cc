@@ -232,7 +232,10 @@ int main(int argc, char** argv) {
   if (fp8_wgrad == "fp8") recipe->set_weight_gradient(recfleet::v1::PrecisionRecipe::FP8);
   absl::StatusOr<recfleet::engine::JobModel> model = recfleet::engine::BuildJobModel(*spec);
   if (!model.ok()) return Fail(std::string(model.status().message()));
-  if (recompute_blocks < 0) {
+  // Without --recompute-attention-blocks or --attention-checkpoint: the
+  // job's model.activation_memory decides, as a job's worker does.
+  std::vector<recfleet::engine::layers::BlockCheckpoint> job_checkpoint;
+  if (recompute_blocks < 0 && attention_checkpoint.empty()) {
     std::optional<recfleet::v1::Plan> plan;
     if (model->activation_memory.budget_bytes > 0) {
       absl::StatusOr<recfleet::v1::Plan> p =
@@ -240,11 +243,13 @@ int main(int argc, char** argv) {
       if (!p.ok()) return Fail(std::string(p.status().message()));
       plan = *std::move(p);
     }
-    absl::StatusOr<int> blocks =
-        recfleet::engine::RecomputedAttentionBlocks(*model, plan.has_value() ? &*plan : nullptr);
-    if (!blocks.ok()) return Fail(std::string(blocks.status().message()));
-    recompute_blocks = *blocks;
+    absl::StatusOr<std::vector<recfleet::engine::layers::BlockCheckpoint>> modes =
+        recfleet::engine::AttentionCheckpointModes(*model, plan.has_value() ? &*plan : nullptr);
+    if (!modes.ok()) return Fail(std::string(modes.status().message()));
+    job_checkpoint = *std::move(modes);
+    fp8_saved = fp8_saved || model->activation_memory.fp8_saved;
   }
+  recompute_blocks = std::max(recompute_blocks, 0);
   absl::StatusOr<std::vector<recfleet::engine::Batch>> batches =
       recfleet::bench::ReadBatchFile(batches_path);
   if (!batches.ok()) return Fail(std::string(batches.status().message()));
@@ -260,7 +265,9 @@ int main(int argc, char** argv) {
   exec.defer_loss_readback = true;
   exec.recompute_attention_blocks = recompute_blocks;
   exec.fp8_saved_activations = fp8_saved;
+  exec.attention_checkpoint = job_checkpoint;
   if (!attention_checkpoint.empty()) {
+    exec.attention_checkpoint.clear();
     for (absl::string_view name : absl::StrSplit(attention_checkpoint, ',')) {
       absl::StatusOr<recfleet::engine::layers::BlockCheckpoint> mode =
           recfleet::engine::layers::ParseBlockCheckpoint(name);
