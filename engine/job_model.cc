@@ -154,18 +154,28 @@ void ActivationMemory(const v1::ModelSpec& m, const GemLiteConfig& c, JobModel& 
   for (int i = 0; i < am.recompute_size(); ++i) {
     const std::string& name = am.recompute(i);
     const std::string field = absl::StrCat(f, ".recompute[", i, "]");
-    if (name == "sequence") {
+    const std::vector<std::pair<std::string, layers::BlockCheckpoint>> levels = {
+        {"sequence", layers::BlockCheckpoint::kBlock},
+        {"sequence.attention", layers::BlockCheckpoint::kBlock},
+        {"sequence.projections", layers::BlockCheckpoint::kProjections},
+        {"sequence.norm", layers::BlockCheckpoint::kNorm}};
+    auto level = std::find_if(levels.begin(), levels.end(),
+                              [&](const auto& l) { return l.first == name; });
+    if (level != levels.end()) {
       if (out.activation_memory.recompute_sequence) {
-        p.Bad(field, "repeats 'sequence'");
+        p.Bad(field, absl::StrCat("repeats a sequence region ('", name, "'): name one level"));
       } else if (!m.has_sequence() || c.seq_layers == 0) {
-        p.Bad(field, "names 'sequence' but spec.model has no sequence branch");
+        p.Bad(field, absl::StrCat("names '", name, "' but spec.model has no sequence branch"));
       }
       out.activation_memory.recompute_sequence = true;
+      out.activation_memory.level = level->second;
     } else if (name == "cross" || name == "pma" || name == "dcn" || name == "moe" || name == "towers") {
       p.Unsupported(field, absl::StrCat("recomputing '", name,
                                         "'; the engine recomputes only 'sequence' (the self-attention blocks)"));
     } else {
-      p.Bad(field, absl::StrCat("names no region: '", name, "'; the recomputable region is 'sequence'"));
+      p.Bad(field, absl::StrCat("names no region: '", name,
+                                "'; the recomputable regions are 'sequence', 'sequence.attention', "
+                                "'sequence.projections' and 'sequence.norm'"));
     }
   }
   if (am.budget_bytes() < 0) {
@@ -176,6 +186,7 @@ void ActivationMemory(const v1::ModelSpec& m, const GemLiteConfig& c, JobModel& 
     p.Bad(f + ".budget_bytes", "has nothing to recompute: spec.model has no sequence branch");
   }
   out.activation_memory.budget_bytes = std::max<int64_t>(0, am.budget_bytes());
+  out.activation_memory.fp8_saved = am.fp8_saved();
 }
 
 void DenseModules(const v1::ModelSpec& m, GemLiteConfig& c, Problems& p) {
@@ -348,25 +359,40 @@ absl::StatusOr<JobModel> BuildJobModel(const v1::JobSpec& spec) {
   return out;
 }
 
-absl::StatusOr<int> RecomputedAttentionBlocks(const JobModel& model, const v1::Plan* plan) {
-  if (model.activation_memory.recompute_sequence) return model.config.seq_layers;
+const char* const kSequenceCheckpointRegions[3] = {"sequence.norm", "sequence.projections",
+                                                   "sequence.attention"};
+
+absl::StatusOr<std::vector<layers::BlockCheckpoint>> AttentionCheckpointModes(const JobModel& model,
+                                                                             const v1::Plan* plan) {
+  const int blocks = model.config.seq_layers;
+  std::vector<layers::BlockCheckpoint> modes(blocks, layers::BlockCheckpoint::kNone);
+  if (model.activation_memory.recompute_sequence) {
+    modes.assign(blocks, model.activation_memory.level);
+    return modes;
+  }
+  bool chosen = false;
   if (plan != nullptr) {
     for (const v1::RegionCheckpointPlan& region : plan->checkpoint()) {
-      if (region.region() != "sequence") continue;
-      if (region.recomputed_units() < 0 || region.recomputed_units() > model.config.seq_layers) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "plan.checkpoint 'sequence': ", region.recomputed_units(), " blocks recomputed of a model with ",
-            model.config.seq_layers));
+      for (int level = 0; level < 3; ++level) {
+        if (region.region() != kSequenceCheckpointRegions[level]) continue;
+        chosen = true;
+        if (region.recomputed_units() < 0 || region.recomputed_units() > blocks) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "plan.checkpoint '", region.region(), "': ", region.recomputed_units(),
+              " blocks recomputed of a model with ", blocks));
+        }
+        // kNorm, kProjections, kBlock: the first units blocks at least here.
+        const auto mode = static_cast<layers::BlockCheckpoint>(level + 1);
+        for (int l = 0; l < region.recomputed_units(); ++l) modes[l] = std::max(modes[l], mode);
       }
-      return region.recomputed_units();
     }
   }
-  if (model.activation_memory.budget_bytes > 0) {
+  if (!chosen && model.activation_memory.budget_bytes > 0) {
     return absl::FailedPreconditionError(
         "spec.model.activation_memory.budget_bytes needs the planner's choice of blocks, and there is no plan "
-        "with a 'sequence' checkpoint region");
+        "with the sequence checkpoint regions");
   }
-  return 0;
+  return modes;
 }
 
 std::string JobModel::DebugString() const {
@@ -385,8 +411,8 @@ std::string JobModel::DebugString() const {
                                " fp8_all_gather=", config.fp8.fp8_all_gather,
                                " ne_gate=", quality_gate.max_relative_ne_increase, "/", quality_gate.shadow_steps, "/",
                                quality_gate.eval_samples, " recompute_sequence=",
-                               activation_memory.recompute_sequence, " activation_budget_bytes=",
-                               activation_memory.budget_bytes, "\n");
+                               layers::BlockCheckpointName(activation_memory.level), " activation_budget_bytes=",
+                               activation_memory.budget_bytes, " fp8_saved=", activation_memory.fp8_saved, "\n");
   for (const auto& t : schema.tables) absl::StrAppend(&s, "table ", t.name, " rows=", t.rows, "\n");
   for (size_t i = 0; i < schema.id_lists.size(); ++i) {
     const auto& f = schema.id_lists[i];

@@ -36,6 +36,7 @@
 #include "data/batch.h"
 #include "data/schema.h"
 #include "engine/batch.h"
+#include "engine/layers/attention.h"
 #include "engine/model_config.h"
 #include "recfleet/v1/dataloader.pb.h"
 #include "recfleet/v1/job.pb.h"
@@ -67,11 +68,16 @@ struct JobModel {
     int64_t eval_samples = 65'536;
     bool enabled() const { return max_relative_ne_increase > 0; }
   } quality_gate;
-  // model.activation_memory: every self-attention block recomputed, or a
-  // per-GPU budget of kept activation bytes (0: none) the planner meets.
+  // model.activation_memory: the level every self-attention block
+  // recomputes ("sequence": kBlock, "sequence.projections": kProjections,
+  // ...; kNone when none is named), or a per-GPU budget of kept activation
+  // bytes (0: none) the planner meets, and whether recomputing blocks keep
+  // FP8 copies.
   struct ActivationMemory {
-    bool recompute_sequence = false;
+    bool recompute_sequence = false;  // Any level named.
+    layers::BlockCheckpoint level = layers::BlockCheckpoint::kNone;
     int64_t budget_bytes = 0;
+    bool fp8_saved = false;
   } activation_memory;
 
   // Every derived setting, one per line: what tests compare to see whether
@@ -84,13 +90,22 @@ struct JobModel {
 // "; "-joined.
 absl::StatusOr<JobModel> BuildJobModel(const v1::JobSpec& spec);
 
-// ExecutionOptions::recompute_attention_blocks for `model`: every block
-// when model.activation_memory.recompute names "sequence"; else the
-// planner's choice in `plan` (its "sequence" checkpoint region's recomputed
-// units, chosen for the job's budget or forced by HBM); else 0.
-// FailedPrecondition when the job has a budget and `plan` (may be null)
-// carries no choice; InvalidArgument for a choice beyond the model's blocks.
-absl::StatusOr<int> RecomputedAttentionBlocks(const JobModel& model, const v1::Plan* plan);
+// The planner's checkpoint regions of the sequence blocks, in the order
+// their levels nest (engine/layers/attention.h BlockCheckpoint kNorm,
+// kProjections, kBlock): "sequence.norm", "sequence.projections",
+// "sequence.attention".
+extern const char* const kSequenceCheckpointRegions[3];
+
+// ExecutionOptions::attention_checkpoint for `model`, one mode per block:
+// every block at the level model.activation_memory.recompute names; else
+// the planner's choice in `plan` (its sequence regions' recomputed units,
+// chosen for the job's budget or forced by HBM: block l gets the deepest
+// level whose region recomputes more than l blocks, since the engine's
+// levels nest); else kNone everywhere. FailedPrecondition when the job has a
+// budget and `plan` (may be null) carries no choice; InvalidArgument for a
+// choice beyond the model's blocks.
+absl::StatusOr<std::vector<layers::BlockCheckpoint>> AttentionCheckpointModes(const JobModel& model,
+                                                                             const v1::Plan* plan);
 
 // The data configuration of `spec` for a job named `job` on `world_size`
 // ranks. InvalidArgument for data settings that are not supported yet

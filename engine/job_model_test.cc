@@ -322,32 +322,49 @@ TEST(JobModelTest, ActivationMemoryIsBuiltOrRefusedByField) {
   spec.mutable_model()->mutable_sequence()->set_num_layers(3);
   absl::StatusOr<JobModel> plain = BuildJobModel(spec);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_EQ(*RecomputedAttentionBlocks(*plain, nullptr), 0);
+  using layers::BlockCheckpoint;
+  using Modes = std::vector<BlockCheckpoint>;
+  const BlockCheckpoint kNone = BlockCheckpoint::kNone, kNorm = BlockCheckpoint::kNorm,
+                        kProj = BlockCheckpoint::kProjections, kBlock = BlockCheckpoint::kBlock;
+  EXPECT_EQ(*AttentionCheckpointModes(*plain, nullptr), Modes(3, kNone));
 
   spec.mutable_model()->mutable_activation_memory()->add_recompute("sequence");
   absl::StatusOr<JobModel> all = BuildJobModel(spec);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_TRUE(all->activation_memory.recompute_sequence);
-  EXPECT_EQ(*RecomputedAttentionBlocks(*all, nullptr), 3);
+  EXPECT_EQ(*AttentionCheckpointModes(*all, nullptr), Modes(3, kBlock));
   EXPECT_NE(all->DebugString(), plain->DebugString());
+  // A level: every block at it; FP8-saved copies are the job's choice too.
+  v1::JobSpec level = spec;
+  level.mutable_model()->mutable_activation_memory()->set_recompute(0, "sequence.projections");
+  level.mutable_model()->mutable_activation_memory()->set_fp8_saved(true);
+  absl::StatusOr<JobModel> projections = BuildJobModel(level);
+  ASSERT_TRUE(projections.ok()) << projections.status();
+  EXPECT_EQ(*AttentionCheckpointModes(*projections, nullptr), Modes(3, kProj));
+  EXPECT_TRUE(projections->activation_memory.fp8_saved);
+  EXPECT_NE(projections->DebugString(), all->DebugString());
 
+  // The plan's levels: block l takes the deepest level recomputing it.
   v1::Plan plan;
-  v1::RegionCheckpointPlan* region = plan.add_checkpoint();
-  region->set_region("sequence");
-  region->set_units(3);
-  region->set_recomputed_units(2);
+  const int units[3] = {3, 2, 1};  // norm, projections, attention.
+  for (int i = 0; i < 3; ++i) {
+    v1::RegionCheckpointPlan* region = plan.add_checkpoint();
+    region->set_region(kSequenceCheckpointRegions[i]);
+    region->set_units(3);
+    region->set_recomputed_units(units[i]);
+  }
   v1::JobSpec budget = Spec();
   budget.mutable_model()->mutable_sequence()->set_num_layers(3);
   budget.mutable_model()->mutable_activation_memory()->set_budget_bytes(1 << 20);
   absl::StatusOr<JobModel> budgeted = BuildJobModel(budget);
   ASSERT_TRUE(budgeted.ok()) << budgeted.status();
   EXPECT_EQ(budgeted->activation_memory.budget_bytes, 1 << 20);
-  EXPECT_EQ(*RecomputedAttentionBlocks(*budgeted, &plan), 2);
+  EXPECT_EQ(*AttentionCheckpointModes(*budgeted, &plan), (Modes{kBlock, kProj, kNorm}));
   // The plan's choice holds without a budget too (HBM forced it).
-  EXPECT_EQ(*RecomputedAttentionBlocks(*plain, &plan), 2);
-  EXPECT_EQ(RecomputedAttentionBlocks(*budgeted, nullptr).status().code(), absl::StatusCode::kFailedPrecondition);
-  region->set_recomputed_units(4);
-  EXPECT_EQ(RecomputedAttentionBlocks(*budgeted, &plan).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*AttentionCheckpointModes(*plain, &plan), (Modes{kBlock, kProj, kNorm}));
+  EXPECT_EQ(AttentionCheckpointModes(*budgeted, nullptr).status().code(), absl::StatusCode::kFailedPrecondition);
+  plan.mutable_checkpoint(1)->set_recomputed_units(4);
+  EXPECT_EQ(AttentionCheckpointModes(*budgeted, &plan).status().code(), absl::StatusCode::kInvalidArgument);
 
   const std::vector<std::pair<std::function<void(v1::ActivationMemory*)>, std::string>> bad = {
       {[](v1::ActivationMemory* a) { a->add_recompute("dcn"); }, "activation_memory.recompute[0]: not supported yet"},
@@ -356,7 +373,12 @@ TEST(JobModelTest, ActivationMemoryIsBuiltOrRefusedByField) {
          a->add_recompute("sequence");
          a->add_recompute("sequence");
        },
-       "recompute[1] repeats 'sequence'"},
+       "recompute[1] repeats a sequence region ('sequence')"},
+      {[](v1::ActivationMemory* a) {
+         a->add_recompute("sequence.norm");
+         a->add_recompute("sequence.attention");
+       },
+       "recompute[1] repeats a sequence region ('sequence.attention')"},
       {[](v1::ActivationMemory* a) {
          a->add_recompute("sequence");
          a->set_budget_bytes(100);

@@ -72,8 +72,13 @@ struct GemLite<T>::Impl {
     for (int l = 0; l < c.seq_layers; ++l) {
       blocks.push_back(std::make_unique<layers::SelfAttentionBlock>(
           ctx, absl::StrCat("seq", l), d, c.heads, SequenceAttentionOptions(c)));
-      // Its input, history[l], stays alive until block l - 1's backward.
-      blocks.back()->set_recompute(l < e.recompute_attention_blocks);
+      // Its input, history[l], stays alive until block l - 1's backward
+      // (unless the block keeps its own FP8 copy).
+      const layers::BlockCheckpoint mode =
+          !e.attention_checkpoint.empty() ? e.attention_checkpoint[l]
+          : l < e.recompute_attention_blocks ? layers::BlockCheckpoint::kBlock
+                                             : layers::BlockCheckpoint::kNone;
+      blocks.back()->set_checkpoint(mode, e.fp8_saved_activations);
       block_modules.push_back(module(absl::StrCat("seq", l)));
     }
     final_norm = std::make_unique<layers::RmsNorm>(ctx, "seq.final_norm", d);
@@ -162,21 +167,50 @@ struct GemLite<T>::Impl {
   std::vector<StepResult::Region> regions;
   std::unique_ptr<CudaStreamTimer> region_timer;  // Two marks per block.
 
+  // set_report_regions: the memory timeline (StepResult::memory).
+  std::vector<StepResult::MemoryMark> memory;
+  // Appends a mark: waits for the device (CUDA), reads the bytes in use and
+  // the peak since the last mark, and resets the peak. A no-op unless
+  // reporting.
+  absl::Status Mark(std::string name) {
+    if (!report_regions) return absl::OkStatus();
+    StepResult::MemoryMark m;
+    m.name = std::move(name);
+    if (on_device()) {
+      RECFLEET_RETURN_IF_ERROR(SynchronizeCudaStream());
+      absl::StatusOr<DeviceMemoryStats> mem = CudaMemoryStats();
+      if (!mem.ok()) return mem.status();
+      m.in_use_bytes = static_cast<int64_t>(mem->in_use);
+      m.peak_bytes = static_cast<int64_t>(mem->peak);
+      RECFLEET_RETURN_IF_ERROR(ResetCudaMemoryPeak());
+    } else {
+      const HostMemoryStats mem = CpuMemoryStats();
+      m.in_use_bytes = static_cast<int64_t>(mem.in_use);
+      m.peak_bytes = static_cast<int64_t>(mem.peak);
+      ResetCpuMemoryPeak();
+    }
+    memory.push_back(std::move(m));
+    return absl::OkStatus();
+  }
+
   // Block l's backward is next: its kept bytes, the memory peak reset, its
   // recomputation (timed).
   absl::Status BeginRegion(int l) {
     StepResult::Region& r = regions[l];
     r.name = absl::StrCat("seq", l);
     r.recomputed = blocks[l]->recompute();
-    r.kept_bytes = blocks[l]->SavedBytes();
+    r.checkpoint = blocks[l]->checkpoint();
+    r.fp8_saved = blocks[l]->fp8_saved();
+    r.saved = blocks[l]->Saved();
+    r.kept_bytes = r.saved.Own();
     if (on_device()) {
-      RECFLEET_RETURN_IF_ERROR(ResetCudaMemoryPeak());
+      RECFLEET_RETURN_IF_ERROR(Mark(absl::StrCat("backward.before_seq", l)));
       if (region_timer == nullptr) region_timer = std::make_unique<CudaStreamTimer>(2 * static_cast<int>(blocks.size()));
       RECFLEET_RETURN_IF_ERROR(region_timer->Mark(2 * l));
       RECFLEET_RETURN_IF_ERROR(blocks[l]->Recompute());
       return region_timer->Mark(2 * l + 1);
     }
-    ResetCpuMemoryPeak();
+    RECFLEET_RETURN_IF_ERROR(Mark(absl::StrCat("backward.before_seq", l)));
     const auto start = std::chrono::steady_clock::now();
     RECFLEET_RETURN_IF_ERROR(blocks[l]->Recompute());
     if (r.recomputed) r.recompute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -184,13 +218,8 @@ struct GemLite<T>::Impl {
   }
   // Block l's backward ran: the peak during it.
   absl::Status EndRegion(int l) {
-    if (on_device()) {
-      absl::StatusOr<DeviceMemoryStats> mem = CudaMemoryStats();
-      if (!mem.ok()) return mem.status();
-      regions[l].peak_bytes = static_cast<int64_t>(mem->peak);
-    } else {
-      regions[l].peak_bytes = static_cast<int64_t>(CpuMemoryStats().peak);
-    }
+    RECFLEET_RETURN_IF_ERROR(Mark(absl::StrCat("backward.seq", l)));
+    regions[l].peak_bytes = memory.back().peak_bytes;
     return absl::OkStatus();
   }
   double loss_weight = 1.0;  // set_loss_weight.
@@ -299,6 +328,11 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(sparse.CheckPooled(b, pooled));
     }
     flops.Reset();
+    memory.clear();
+    if (report_regions) {
+      RECFLEET_RETURN_IF_ERROR(Mark("step_start"));
+      memory.back().peak_bytes = memory.back().in_use_bytes;
+    }
     // The bf16 weight copies of the bf16 linears, in one launch, from the
     // values as they are now (whoever wrote them last).
     if (on_device()) RECFLEET_RETURN_IF_ERROR(params.RefreshBf16Copies());
@@ -328,11 +362,16 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(ops::ScatterColumns(dense_token.view(), (F - 1) * d, tokens.view()));
     }
     const JaggedView token_rows{layers::Reshaped(tokens.view(), {B * F, d}), token_offsets.view()};
+    RECFLEET_RETURN_IF_ERROR(Mark("forward.embeddings"));
 
     // Sequence branch: pre-norm self-attention blocks, then a final norm.
     for (size_t l = 0; l < blocks.size(); ++l) {
       RECFLEET_RETURN_IF_ERROR(BeforeForward(block_modules[l]));
       RECFLEET_RETURN_IF_ERROR(blocks[l]->Forward({history[l].view(), hist_off}, &history[l + 1]));
+      // A block keeping its own FP8 copy of its input no longer needs the
+      // bf16 one (block l + 1 reads history[l + 1]).
+      if (on_device() && blocks[l]->fp8_saved()) history[l] = Tensor();
+      RECFLEET_RETURN_IF_ERROR(Mark(absl::StrCat("forward.seq", l)));
     }
     // A bf16 history (the blocks' bf16 flow) stays bf16 through the final
     // norm: cross-attention and PMA take it as their bf16 GEMM operand.
@@ -340,6 +379,7 @@ struct GemLite<T>::Impl {
     RECFLEET_RETURN_IF_ERROR(
         final_norm->Forward(history.back().view(), &history_normed, history.back().dtype()));
     const JaggedView hist{history_normed.view(), hist_off};
+    RECFLEET_RETURN_IF_ERROR(Mark("forward.final_norm"));
 
     // Cross branch: tokens attend to the history (residual), PMA pools it.
     TensorView crossed = token_rows.values;
@@ -347,10 +387,12 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(BeforeForward(cross_module));
       RECFLEET_RETURN_IF_ERROR(cross->Forward(token_rows, hist, &cross_out));
       crossed = cross_out.view();
+      RECFLEET_RETURN_IF_ERROR(Mark("forward.cross"));
     }
     if (pma != nullptr) {
       RECFLEET_RETURN_IF_ERROR(BeforeForward(pma_module));
       RECFLEET_RETURN_IF_ERROR(pma->Forward(hist, &pma_out));
+      RECFLEET_RETURN_IF_ERROR(Mark("forward.pma"));
     }
 
     // Dense interaction on x0 = [cross tokens, PMA tokens] per sample.
@@ -364,13 +406,14 @@ struct GemLite<T>::Impl {
     RECFLEET_RETURN_IF_ERROR(dcn->Forward(x0.view(), &z));
     RECFLEET_RETURN_IF_ERROR(BeforeForward(moe_module));
     RECFLEET_RETURN_IF_ERROR(moe->Forward(z.view(), &mix));
+    RECFLEET_RETURN_IF_ERROR(Mark("forward.dcn_moe"));
 
     // CTR and CVR towers.
     for (int k = 0; k < kNumHeads; ++k) {
       RECFLEET_RETURN_IF_ERROR(BeforeForward(tower_modules[k]));
       RECFLEET_RETURN_IF_ERROR(towers[k]->Forward(mix.view(), &logits[k]));
     }
-    return absl::OkStatus();
+    return Mark("forward.heads");
   }
 
   const std::vector<float>& Labels(const Batch& b, int head) const {
@@ -403,12 +446,14 @@ struct GemLite<T>::Impl {
     }
     // A head without labels has no backward: its gradients stay zero.
     for (int k = 0; k < kNumHeads; ++k) RECFLEET_RETURN_IF_ERROR(AfterBackward(tower_modules[k]));
+    RECFLEET_RETURN_IF_ERROR(Mark("backward.heads"));
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, D}, &dz));
     RECFLEET_RETURN_IF_ERROR(moe->Backward(dmix.view(), dz.view(), /*accumulate=*/false));
     RECFLEET_RETURN_IF_ERROR(AfterBackward(moe_module));
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, D}, &dx0));
     RECFLEET_RETURN_IF_ERROR(dcn->Backward(dz.view(), dx0.view()));
     RECFLEET_RETURN_IF_ERROR(AfterBackward(dcn_module));
+    RECFLEET_RETURN_IF_ERROR(Mark("backward.dcn_moe"));
 
     // Split x0's gradient back into cross tokens and PMA tokens.
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, F * d}, &dcross));
@@ -420,6 +465,7 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(
           pma->Backward(layers::Reshaped(dpma.view(), {B * P, d}), dhistory_normed.view()));
       RECFLEET_RETURN_IF_ERROR(AfterBackward(pma_module));
+      RECFLEET_RETURN_IF_ERROR(Mark("backward.pma"));
     }
     TensorView dtoken_rows = dcross.view();  // Without cross-attention: the identity.
     if (cross != nullptr) {
@@ -429,6 +475,7 @@ struct GemLite<T>::Impl {
                                                dhistory_normed.view()));
       RECFLEET_RETURN_IF_ERROR(AfterBackward(cross_module));
       dtoken_rows = dtokens.view();
+      RECFLEET_RETURN_IF_ERROR(Mark("backward.cross"));
     }
 
     // Sequence branch, last block first; every block updates dhistory in place.
@@ -437,11 +484,14 @@ struct GemLite<T>::Impl {
     RECFLEET_RETURN_IF_ERROR(AfterBackward(final_norm_module));
     if (on_device()) {
       // Cross-attention and PMA are done with the normed history (their
-      // backward ran), and so is the final norm: free both before the
-      // blocks' backward, where the step's memory peaks.
+      // backward ran), and so is the final norm, the last reader of the
+      // branch's output: free them before the blocks' backward, where the
+      // step's memory peaks.
       history_normed = Tensor();
       dhistory_normed = Tensor();
+      history.back() = Tensor();
     }
+    RECFLEET_RETURN_IF_ERROR(Mark("backward.final_norm"));
     if (report_regions) regions.assign(blocks.size(), StepResult::Region());
     for (int l = static_cast<int>(blocks.size()) - 1; l >= 0; --l) {
       if (report_regions) RECFLEET_RETURN_IF_ERROR(BeginRegion(l));
@@ -477,6 +527,7 @@ struct GemLite<T>::Impl {
       dfeature_views.push_back(dfeatures[f].view());
     }
     RECFLEET_RETURN_IF_ERROR(sparse.Backward(step_batch(), dfeature_views, dhistory.view()));
+    RECFLEET_RETURN_IF_ERROR(Mark("backward.embeddings"));
     if (on_device()) {
       // The history-sized activations and gradients are dead until the next
       // forward: back to the pool (stream-ordered), so the next step's
@@ -555,6 +606,12 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
         "recompute_attention_blocks must be 0 to the number of self-attention blocks (",
         config.seq_layers, "), got ", execution.recompute_attention_blocks));
   }
+  if (!execution.attention_checkpoint.empty() &&
+      static_cast<int>(execution.attention_checkpoint.size()) != config.seq_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_checkpoint has ", execution.attention_checkpoint.size(),
+        " entries; it needs one per self-attention block (", config.seq_layers, ") or none"));
+  }
   auto impl = std::make_unique<Impl>(config, schema, storage, execution, allocator);
   if (impl->sparse_parameters != 0) {
     return absl::InternalError("the sparse part registered dense parameters; the module map assumes it has none");
@@ -587,7 +644,10 @@ absl::StatusOr<StepResult> GemLite<T>::ForwardBackward(const Batch& batch,
   StepResult r;
   r.flops = m.flops.StepFlops();
   r.recomputed_flops = m.flops.recomputed;
-  if (m.report_regions) r.regions = m.regions;
+  if (m.report_regions) {
+    r.regions = m.regions;
+    r.memory = m.memory;
+  }
   r.step = m.steps_enqueued++;
   if (m.on_device() && m.execution.defer_loss_readback) {
     const int slot = static_cast<int>(r.step % 2);

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/batch.h"
+#include "engine/layers/attention.h"  // BlockCheckpoint, BlockSavedBytes.
 #include "engine/layers/embeddings.h"  // TableStorage, TableLookups.
 #include "engine/layers/moe.h"  // ExpertRouter.
 #include "engine/model_config.h"
@@ -59,9 +60,14 @@ struct StepResult {
   struct Region {
     std::string name;  // "seq<l>", block l.
     bool recomputed = false;
+    layers::BlockCheckpoint checkpoint = layers::BlockCheckpoint::kNone;
+    bool fp8_saved = false;
     // The block's own activations held from its forward to its backward
-    // (SelfAttentionBlock::SavedBytes): ~0 when it recomputes them.
+    // (SelfAttentionBlock::SavedBytes): ~0 when it recomputes them all.
     int64_t kept_bytes = 0;
+    // The same by kind, the input included (held by the block in FP8, or
+    // the model's residual-stream tensor).
+    layers::BlockSavedBytes saved;
     // The most bytes in use during the block's backward, its recomputation
     // included: the CUDA pool's (CudaMemoryStats) or CpuAllocator()'s.
     int64_t peak_bytes = 0;
@@ -70,6 +76,23 @@ struct StepResult {
     double recompute_s = 0;
   };
   std::vector<Region> regions;  // In forward order; empty unless reported.
+
+  // The memory timeline of the step (GemLite::set_report_regions): at each
+  // mark, after the device finished the work issued before it, the bytes in
+  // use and the most in use since the previous mark (the first: since the
+  // step began). Marks: "step_start" (what stays across steps: parameters,
+  // gradients, optimizer state, tables, staged batches), then
+  // "forward.<region>" after each region's forward and "backward.<region>"
+  // after each region's backward (the sequence blocks' include their
+  // recomputation). A region's forward growth is what it keeps for the
+  // backward (plus its output); the step's peak is the largest peak, and
+  // its activation memory that peak minus step_start's bytes.
+  struct MemoryMark {
+    std::string name;
+    int64_t in_use_bytes = 0;
+    int64_t peak_bytes = 0;
+  };
+  std::vector<MemoryMark> memory;
 };
 
 // The initial value of element (row, col) of the schema's table `table`: a
@@ -111,6 +134,15 @@ struct ExecutionOptions {
   // the same recompute cost; the first ones are chosen because their
   // activations would be held the longest. Gradients are unchanged.
   int recompute_attention_blocks = 0;
+  // Per self-attention block (empty, or one entry per block): what it keeps
+  // for its backward and recomputes (layers::BlockCheckpoint); when given it
+  // replaces recompute_attention_blocks. Gradients are unchanged.
+  std::vector<layers::BlockCheckpoint> attention_checkpoint;
+  // The blocks that recompute anything keep their input and (when kept)
+  // their attention output in FP8 (SelfAttentionBlock::set_checkpoint), and
+  // on CUDA the model frees the block's bf16 input right after the block's
+  // forward. Gradients then approximate the stored path's.
+  bool fp8_saved_activations = false;
 };
 
 // Calls at the boundaries of the model's top-level modules during a forward
@@ -156,10 +188,10 @@ class GemLite {
   // Benchmarks: where the layers report their phases (embedding, attention,
   // GEMM, optimizer; layers/layer.h); null turns it off.
   void SetPhaseTimer(layers::PhaseTimer* timer);
-  // Benchmarks: fill StepResult::regions. It resets the memory peak of the
-  // model's allocator before each block's backward (CUDA: the pool's, so a
-  // caller reads its own whole-step peak before turning this on) and waits
-  // for the device at the end of the step.
+  // Benchmarks: fill StepResult::regions and StepResult::memory. It waits
+  // for the device and resets the memory peak of the model's allocator at
+  // every mark of the memory timeline (CUDA: the pool's, so a caller reads
+  // its own whole-step peak before turning this on).
   void set_report_regions(bool on);
   // Logits of one head, [batch.size].
   absl::StatusOr<std::vector<double>> Predict(const Batch& batch, Head head);

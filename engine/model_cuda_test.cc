@@ -228,6 +228,76 @@ TEST(GemLiteCudaTest, Bf16EvalNeMatchesFp32WithinSeedNoise) {
   EXPECT_LE(std::abs(bf16 - fp32), std::max(spread, 1e-3 * fp32));
 }
 
+// Activation checkpointing on CUDA (50 steps of 64, dim 128 so that the
+// bf16 run takes the bf16 flow, the benchmark's path). fp32: the blocks
+// recomputing their projections (an exact mode) train like the stored path
+// up to the attention's atomics (measured on one H200: 9.6e-7 worst
+// relative loss difference), and with FP8-saved block inputs and attention
+// outputs every step's loss stays within 5% of the stored path's (measured:
+// 3.4%). bf16: the runs drift apart over 50 steps (measured: the exact
+// mode 6.7% worst step, FP8 22%; how far two stored bf16 runs drift, from
+// the attention's atomics, was not measured), so the bf16 runs are held to
+// what cannot drift: the first step's loss (the forward is unchanged)
+// equal, and every run still training (its last ten steps' mean loss below
+// its first ten's). Every checkpointed run
+// holds fewer bytes after the forward (the memory timeline's forward.heads
+// mark).
+TEST(GemLiteCudaTest, CheckpointedBlocksTrainLikeTheStoredPath) {
+  const MovieLensCtr data = Data(64);
+  GemLiteConfig c = ComparisonConfig();
+  c.dim = 128;
+  c.heads = 2;
+  for (const bool bf16 : {false, true}) {
+    ExecutionOptions stored;
+    stored.device = Device::kCuda;
+    stored.bf16 = bf16;
+    ExecutionOptions projections = stored;
+    projections.attention_checkpoint.assign(c.seq_layers, layers::BlockCheckpoint::kProjections);
+    ExecutionOptions fp8 = projections;
+    fp8.fp8_saved_activations = true;
+    std::vector<double> losses[3];
+    int64_t after_forward[3] = {};
+    int i = 0;
+    for (const ExecutionOptions* e : {&stored, &projections, &fp8}) {
+      absl::StatusOr<std::unique_ptr<GemLite<float>>> m =
+          GemLite<float>::Create(c, data.schema(), TableStorage::kInternal, *e);
+      ASSERT_TRUE(m.ok()) << m.status();
+      losses[i] = Train(**m, data, 50, 64, false);
+      (*m)->set_report_regions(true);
+      absl::StatusOr<StepResult> r = (*m)->ForwardBackward(TrainBatch(data, 50, 64));
+      ASSERT_TRUE(r.ok()) << r.status();
+      for (const StepResult::MemoryMark& k : r->memory) {
+        if (k.name == "forward.heads") after_forward[i] = k.in_use_bytes - r->memory[0].in_use_bytes;
+      }
+      ASSERT_EQ(losses[i].size(), 50u);
+      ++i;
+    }
+    double worst[2] = {0, 0};
+    for (int s = 0; s < 50; ++s) {
+      for (int v = 0; v < 2; ++v) {
+        worst[v] = std::max(worst[v], std::abs(losses[v + 1][s] - losses[0][s]) / losses[0][s]);
+      }
+    }
+    std::printf("%s, 50 steps, worst relative loss difference to the stored path: projections "
+                "recomputed %.3g, + fp8-saved %.3g; bytes held after the forward: %lld / %lld / "
+                "%lld\n",
+                bf16 ? "bf16" : "fp32", worst[0], worst[1], static_cast<long long>(after_forward[0]),
+                static_cast<long long>(after_forward[1]), static_cast<long long>(after_forward[2]));
+    for (int v = 0; v < 3; ++v) {
+      EXPECT_EQ(losses[v][0], losses[0][0]) << "variant " << v;
+      EXPECT_LT(std::accumulate(losses[v].end() - 10, losses[v].end(), 0.0),
+                std::accumulate(losses[v].begin(), losses[v].begin() + 10, 0.0))
+          << "variant " << v;
+    }
+    if (!bf16) {
+      EXPECT_LT(worst[0], 1e-4);
+      EXPECT_LT(worst[1], 5e-2);
+    }
+    EXPECT_LT(after_forward[1], after_forward[0]);
+    EXPECT_LT(after_forward[2], after_forward[1]);
+  }
+}
+
 TEST(GemLiteCudaTest, AllocatorReportsMemory) {
   ASSERT_TRUE(ResetCudaMemoryPeak().ok());
   const MovieLensCtr data = Data(64);

@@ -456,60 +456,202 @@ TEST(GemLiteTest, Fp8WeightGradientsFollowTheBasePrecisionLayerByLayer) {
   EXPECT_EQ(fp8_weights, 7);
 }
 
-// Activation checkpointing of the attention blocks (the CPU oracle): with
-// every block recomputing its activations in the backward, a step's loss
-// and every dense and table gradient equal the stored path's bit for bit,
-// the model FLOPs are the same and the recomputed forward FLOPs are
-// reported beside them; three steps of training stay identical. The
-// recomputing blocks drop their stored activations, so a backward that read
-// one instead of its recomputation would fail here.
-TEST(GemLiteTest, RecomputedAttentionBlocksGiveTheStoredBackward) {
+// Three steps of training with `checkpointed` against the stored path on
+// the same batches: losses, FLOPs and every dense and table gradient. Exact
+// (bit for bit) when `tolerance` is 0; else the gradients' relative error
+// (the norm of the difference over the norm, all gradients together) is
+// returned for the caller to bound, and each step's loss is within
+// `tolerance` relatively (the first exactly: the forward is unchanged).
+double TrainAgainstStored(const GemLiteConfig& config, const ExecutionOptions& checkpointed,
+                          double tolerance) {
   const MovieLensCtr data = SmallData(8);
-  const GemLiteConfig config = TinyConfig();
-  ExecutionOptions recompute;
-  recompute.recompute_attention_blocks = config.seq_layers;
   auto stored = GemLite<double>::Create(config, data.schema());
-  auto recomputed = GemLite<double>::Create(config, data.schema(), TableStorage::kInternal, recompute);
-  ASSERT_TRUE(stored.ok()) << stored.status();
-  ASSERT_TRUE(recomputed.ok()) << recomputed.status();
+  auto recomputed =
+      GemLite<double>::Create(config, data.schema(), TableStorage::kInternal, checkpointed);
+  EXPECT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE(recomputed.ok()) << recomputed.status();
+  if (!stored.ok() || !recomputed.ok()) return -1;
+  double diff2 = 0, norm2 = 0;
+  auto compare = [&](double g, double h, const std::string& what) {
+    diff2 += (g - h) * (g - h);
+    norm2 += g * g;
+    if (tolerance == 0) {
+      EXPECT_EQ(g, h) << what;
+    }
+  };
   for (int step = 0; step < 3; ++step) {
     const Batch batch = data.MakeBatch(false, {step, step + 4, step + 7});
     absl::StatusOr<StepResult> a = (*stored)->ForwardBackward(batch);
     absl::StatusOr<StepResult> b = (*recomputed)->ForwardBackward(batch);
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_EQ(a->ctr_loss, b->ctr_loss);
+    EXPECT_TRUE(a.ok()) << a.status();
+    EXPECT_TRUE(b.ok()) << b.status();
+    if (!a.ok() || !b.ok()) return -1;
+    if (tolerance == 0 || step == 0) {
+      EXPECT_EQ(a->ctr_loss, b->ctr_loss) << "step " << step;
+    } else {
+      EXPECT_NEAR(a->ctr_loss, b->ctr_loss, tolerance * std::abs(a->ctr_loss)) << "step " << step;
+    }
     EXPECT_EQ(a->flops, b->flops);
     EXPECT_EQ(a->recomputed_flops, 0);
-    EXPECT_GT(b->recomputed_flops, 0);
     EXPECT_LT(b->recomputed_flops, b->flops / 3);  // The blocks' forward, a part of the model's.
     for (const std::string& name : (*stored)->DenseParameterNames()) {
       const TensorView g = (*stored)->DenseGradient(name), h = (*recomputed)->DenseGradient(name);
-      ASSERT_EQ(g.numel(), h.numel()) << name;
-      for (int64_t i = 0; i < g.numel(); ++i) {
-        ASSERT_EQ(g.as<double>()[i], h.as<double>()[i]) << name << "[" << i << "] at step " << step;
+      EXPECT_EQ(g.numel(), h.numel()) << name;
+      for (int64_t i = 0; i < g.numel() && i < h.numel(); ++i) {
+        compare(g.as<double>()[i], h.as<double>()[i],
+                absl::StrCat(name, "[", i, "] at step ", step));
       }
     }
     for (int t = 0; t < (*stored)->num_tables(); ++t) {
       absl::StatusOr<Tensor> g = (*stored)->DenseTableGradient(t);
       absl::StatusOr<Tensor> h = (*recomputed)->DenseTableGradient(t);
-      ASSERT_TRUE(g.ok() && h.ok());
-      ASSERT_EQ(g->numel(), h->numel());
-      for (int64_t i = 0; i < g->numel(); ++i) {
-        ASSERT_EQ(g->data<double>()[i], h->data<double>()[i]) << "table " << t << " at step " << step;
+      EXPECT_TRUE(g.ok() && h.ok());
+      if (!g.ok() || !h.ok()) return -1;
+      EXPECT_EQ(g->numel(), h->numel());
+      for (int64_t i = 0; i < g->numel() && i < h->numel(); ++i) {
+        compare(g->data<double>()[i], h->data<double>()[i],
+                absl::StrCat("table ", t, "[", i, "] at step ", step));
       }
     }
-    ASSERT_TRUE((*stored)->ApplyUpdates().ok());
-    ASSERT_TRUE((*recomputed)->ApplyUpdates().ok());
+    EXPECT_TRUE((*stored)->ApplyUpdates().ok());
+    EXPECT_TRUE((*recomputed)->ApplyUpdates().ok());
   }
-  EXPECT_EQ(*(*stored)->Predict(data.MakeBatch(true, {0, 1, 2}), Head::kCtr),
-            *(*recomputed)->Predict(data.MakeBatch(true, {0, 1, 2}), Head::kCtr));
+  if (tolerance == 0) {
+    EXPECT_EQ(*(*stored)->Predict(data.MakeBatch(true, {0, 1, 2}), Head::kCtr),
+              *(*recomputed)->Predict(data.MakeBatch(true, {0, 1, 2}), Head::kCtr));
+  }
+  return std::sqrt(diff2 / norm2);
+}
+
+// Activation checkpointing of the attention blocks (the CPU oracle): with
+// the blocks recomputing what their mode drops (the norm, the projections
+// or the whole block; the same mode for every block or one per block), a
+// step's loss and every dense and table gradient equal the stored path's
+// bit for bit, the model FLOPs are the same and the recomputed forward
+// FLOPs are reported beside them; three steps of training stay identical.
+// The recomputing blocks drop their stored activations, so a backward that
+// read one instead of its recomputation would fail here.
+TEST(GemLiteTest, RecomputedAttentionBlocksGiveTheStoredBackward) {
+  const GemLiteConfig config = TinyConfig();
+  using layers::BlockCheckpoint;
+  ExecutionOptions recompute;
+  recompute.recompute_attention_blocks = config.seq_layers;
+  EXPECT_EQ(TrainAgainstStored(config, recompute, 0), 0);
+  for (const std::vector<BlockCheckpoint>& modes :
+       std::vector<std::vector<BlockCheckpoint>>{
+           {BlockCheckpoint::kNorm, BlockCheckpoint::kNorm},
+           {BlockCheckpoint::kProjections, BlockCheckpoint::kProjections},
+           {BlockCheckpoint::kNorm, BlockCheckpoint::kBlock},
+           {BlockCheckpoint::kProjections, BlockCheckpoint::kNone}}) {
+    SCOPED_TRACE(absl::StrCat(layers::BlockCheckpointName(modes[0]), ",",
+                              layers::BlockCheckpointName(modes[1])));
+    ExecutionOptions e;
+    e.attention_checkpoint = modes;
+    EXPECT_EQ(TrainAgainstStored(config, e, 0), 0);
+  }
   // More blocks than the model has: refused, naming the limit.
+  const MovieLensCtr data = SmallData(8);
   recompute.recompute_attention_blocks = config.seq_layers + 1;
   const absl::Status too_many =
       GemLite<double>::Create(config, data.schema(), TableStorage::kInternal, recompute).status();
   EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.message().find("recompute_attention_blocks"), std::string::npos) << too_many;
+  ExecutionOptions wrong_count;
+  wrong_count.attention_checkpoint = {BlockCheckpoint::kNorm};
+  const absl::Status count =
+      GemLite<double>::Create(config, data.schema(), TableStorage::kInternal, wrong_count).status();
+  EXPECT_EQ(count.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(count.message().find("attention_checkpoint"), std::string::npos) << count;
+  EXPECT_EQ(*layers::ParseBlockCheckpoint("projections"), BlockCheckpoint::kProjections);
+  EXPECT_FALSE(layers::ParseBlockCheckpoint("everything").ok());
+}
+
+// FP8-saved activations (CPU oracle, fp64): the recomputing blocks keep
+// their input and attention output in FP8 (E4M3, 1 x 128 blocks), so the
+// backward is that of a rounded input: the first step's loss is exact (the
+// forward is unchanged), the gradients differ from the stored path's by a
+// few percent of their norm at most (E4M3 keeps 3 mantissa bits: at most
+// 6.25% per element, less on average), not by nothing (the FP8 path ran),
+// and three steps of training keep the losses within 1%.
+TEST(GemLiteTest, Fp8SavedActivationsApproximateTheStoredBackward) {
+  const GemLiteConfig config = TinyConfig();
+  using layers::BlockCheckpoint;
+  for (BlockCheckpoint mode :
+       {BlockCheckpoint::kNorm, BlockCheckpoint::kProjections, BlockCheckpoint::kBlock}) {
+    ExecutionOptions e;
+    e.attention_checkpoint.assign(config.seq_layers, mode);
+    e.fp8_saved_activations = true;
+    const double error = TrainAgainstStored(config, e, 0.01);
+    std::printf("fp8-saved, %s: gradients' relative error %.4g\n",
+                std::string(layers::BlockCheckpointName(mode)).c_str(), error);
+    EXPECT_GT(error, 1e-6) << layers::BlockCheckpointName(mode);
+    EXPECT_LT(error, 0.05) << layers::BlockCheckpointName(mode);
+  }
+  // Without a recomputing mode there is no FP8 copy (the norm's backward
+  // reads the input as it is): exact.
+  ExecutionOptions none;
+  none.fp8_saved_activations = true;
+  EXPECT_EQ(TrainAgainstStored(config, none, 0), 0);
+}
+
+// What each mode keeps, by kind, and the step's memory timeline on the CPU.
+TEST(GemLiteTest, CheckpointModesKeepWhatTheySayAndTheTimelineIsReported) {
+  const MovieLensCtr data = SmallData(8);
+  const GemLiteConfig config = TinyConfig();
+  using layers::BlockCheckpoint;
+  const Batch batch = data.MakeBatch(false, {0, 1, 2, 3, 4, 5, 6, 7});
+  const int64_t rows = batch.sequence[0].offsets.back(), a = rows * config.dim * 8;
+  struct Expect {
+    BlockCheckpoint mode;
+    bool fp8;
+    int64_t normed, qkv, attn_out;
+    bool statistics;
+  };
+  for (const Expect& x : {Expect{BlockCheckpoint::kNone, false, a, 3 * a, a, true},
+                          Expect{BlockCheckpoint::kNorm, false, 0, 3 * a, a, true},
+                          Expect{BlockCheckpoint::kProjections, false, 0, 0, a, true},
+                          Expect{BlockCheckpoint::kBlock, false, 0, 0, 0, false},
+                          Expect{BlockCheckpoint::kProjections, true, 0, 0, -1, true}}) {
+    SCOPED_TRACE(absl::StrCat(layers::BlockCheckpointName(x.mode), x.fp8 ? " fp8" : ""));
+    ExecutionOptions e;
+    e.attention_checkpoint.assign(config.seq_layers, x.mode);
+    e.fp8_saved_activations = x.fp8;
+    auto m = GemLite<double>::Create(config, data.schema(), TableStorage::kInternal, e);
+    ASSERT_TRUE(m.ok()) << m.status();
+    (*m)->set_report_regions(true);
+    absl::StatusOr<StepResult> r = (*m)->ForwardBackward(batch);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->regions.size(), 2u);
+    for (const StepResult::Region& g : r->regions) {
+      EXPECT_EQ(g.checkpoint, x.mode);
+      EXPECT_EQ(g.fp8_saved, x.fp8);
+      EXPECT_EQ(g.saved.normed, x.normed);
+      EXPECT_EQ(g.saved.qkv, x.qkv);
+      // FP8: one byte an element plus an fp32 scale per row (dim 4 < 128).
+      const int64_t fp8_bytes = rows * config.dim + rows * 4;
+      EXPECT_EQ(g.saved.attn_out, x.attn_out >= 0 ? x.attn_out : fp8_bytes);
+      EXPECT_EQ(g.saved.statistics > 0, x.statistics);
+      EXPECT_EQ(g.saved.input_owned, x.fp8);
+      EXPECT_EQ(g.saved.input, x.fp8 ? fp8_bytes : a);
+      EXPECT_EQ(g.kept_bytes, g.saved.Own());
+      EXPECT_GT(g.peak_bytes, 0);
+    }
+    // The timeline: step_start, each region's forward in order, each
+    // region's backward, the blocks' last first; a peak is never below the
+    // bytes in use at its mark.
+    std::vector<std::string> names;
+    for (const StepResult::MemoryMark& k : r->memory) {
+      names.push_back(k.name);
+      EXPECT_GE(k.peak_bytes, k.in_use_bytes) << k.name;
+    }
+    EXPECT_EQ(names, (std::vector<std::string>{
+                         "step_start", "forward.embeddings", "forward.seq0", "forward.seq1",
+                         "forward.final_norm", "forward.cross", "forward.pma", "forward.dcn_moe",
+                         "forward.heads", "backward.heads", "backward.dcn_moe", "backward.pma",
+                         "backward.cross", "backward.final_norm", "backward.before_seq1",
+                         "backward.seq1", "backward.before_seq0", "backward.seq0",
+                         "backward.embeddings"}));
+  }
 }
 
 // Per-region reporting on the CPU: every block reports its kept bytes,

@@ -58,10 +58,15 @@ double BudgetActivations(const Context& c, Evaluation* ev) {
   const double budget = c.req.activation_budget_bytes;
   const double available = budget > 0 ? std::min(hbm_left, budget) : hbm_left;
   auto forced = [&](const Region& reg) { return c.req.recompute_regions.count(reg.name) > 0; };
+  // The least a region can keep: its minimum, plus one unit's activations
+  // for a region cut in several units (see below).
+  auto least = [](const Region& reg) {
+    return reg.units > 1 ? reg.min + (reg.full - reg.min) / reg.units : reg.min;
+  };
   double full = 0, minimum = 0;
   for (const Region& reg : c.regions) {
-    full += forced(reg) ? reg.min : reg.full;
-    minimum += reg.min;
+    full += forced(reg) ? least(reg) : reg.full;
+    minimum += least(reg);
   }
   ev->memory_ok = minimum <= available;
   if (!ev->memory_ok) {
@@ -81,21 +86,30 @@ double BudgetActivations(const Context& c, Evaluation* ev) {
     rb.units = reg.units;
     const double saved_max = reg.full - reg.min;
     rb.seconds_per_gib_saved = saved_max > 0 ? reg.fwd_s / saved_max * kGiB : 0;
+    // A region cut in units recomputes each unit in that unit's backward,
+    // which comes first for the last unit of the forward: its activations
+    // are all back at the backward's start, where the step's memory peaks.
+    // So k of n units recomputed (the first ones) lower the peak by k units'
+    // bytes up to n - 1, and recomputing the last one saves nothing more.
+    const int useful_units = reg.units > 1 ? reg.units - 1 : reg.units;
+    auto saving = [&](int k) { return saved_max * std::min(k, useful_units) / reg.units; };
     double cut = forced(reg) ? saved_max : excess > 0 ? std::min(excess, saved_max) : 0;
     if (cut > 0 && saved_max > 0) {
-      if (forced(reg)) {
-        rb.recomputed_units = reg.units;
-      } else {
-        if (reg.units > 0) {
+      double recomputed = cut;  // Of saved_max: what the backward recomputes.
+      if (reg.units > 0) {
+        if (forced(reg)) {
+          rb.recomputed_units = reg.units;
+        } else {
           // Whole units: the last one may save more than the excess needs.
           rb.recomputed_units = std::min(
-              reg.units, static_cast<int>(std::ceil(cut / saved_max * reg.units - 1e-9)));
-          cut = saved_max * rb.recomputed_units / reg.units;
+              useful_units, static_cast<int>(std::ceil(cut / saved_max * reg.units - 1e-9)));
         }
-        excess = std::max(0.0, excess - cut);
+        cut = saving(rb.recomputed_units);
+        recomputed = saved_max * rb.recomputed_units / reg.units;
       }
+      if (!forced(reg)) excess = std::max(0.0, excess - cut);
       rb.budget_bytes = reg.full - cut;
-      rb.recompute_s = reg.fwd_s * cut / saved_max;
+      rb.recompute_s = reg.fwd_s * recomputed / saved_max;
     }
     recompute += rb.recompute_s;
     mem.activations += rb.budget_bytes;

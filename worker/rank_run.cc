@@ -101,7 +101,8 @@ class RankRun {
     engine::ExecutionOptions exec;
     exec.device = options_.device;
     exec.bf16 = on_cuda() && options_.bf16;
-    exec.recompute_attention_blocks = recompute_attention_blocks_;
+    exec.attention_checkpoint = attention_checkpoint_;
+    exec.fp8_saved_activations = job_model_.activation_memory.fp8_saved;
     return exec;
   }
   // StepStats.peak_memory_bytes: the CUDA pool's peak bytes in use, or the
@@ -125,7 +126,8 @@ class RankRun {
   ProgressSink& reporter_;
 
   engine::JobModel job_model_;
-  int recompute_attention_blocks_ = 0;  // ExecutionOptions::recompute_attention_blocks.
+  // ExecutionOptions::attention_checkpoint.
+  std::vector<engine::layers::BlockCheckpoint> attention_checkpoint_;
   std::unique_ptr<RankData> train_;
   // This rank's slice of the eval set (every rank evaluates its part).
   std::optional<data::Batch> eval_rows_;
@@ -163,9 +165,10 @@ absl::Status RankRun::Setup() {
   if (!jm.ok()) return jm.status();
   job_model_ = std::move(*jm);
   // Activation checkpointing as the job asks or the plan chose.
-  absl::StatusOr<int> recompute = engine::RecomputedAttentionBlocks(job_model_, a_.has_plan() ? &a_.plan() : nullptr);
+  absl::StatusOr<std::vector<engine::layers::BlockCheckpoint>> recompute =
+      engine::AttentionCheckpointModes(job_model_, a_.has_plan() ? &a_.plan() : nullptr);
   if (!recompute.ok()) return recompute.status();
-  recompute_attention_blocks_ = *recompute;
+  attention_checkpoint_ = *std::move(recompute);
   // The coordinator derives the data configuration from the spec; an
   // assignment without one (an older coordinator) gets the same derivation.
   v1::DataConfig data = a_.data();

@@ -36,6 +36,15 @@
 // step beside the useful ones and the peak, and "regions": per block, the
 // activations it kept, the memory peak during its backward and its
 // recomputation time (CUDA events), from one extra step.
+// --attention-checkpoint MODE[,MODE...]: what each self-attention block
+// keeps (none, norm, projections, block: layers::BlockCheckpoint; one mode
+// for every block or one per block; replaces --recompute-attention-blocks)
+// and --fp8-saved 1 keeps the recomputing blocks' inputs and attention
+// outputs in FP8 (ExecutionOptions::fp8_saved_activations). The same extra
+// step gives "memory": the step's memory timeline (StepResult::memory), the
+// bytes in use when the step starts (parameters, gradients, optimizer
+// state, tables, staged batches), the step's peak and where it was, and the
+// activation peak (the peak minus the step-start bytes).
 //
 //   engine_bench --job config_a.yaml --batches batches.bin --json out.json
 //                [--steps 20] [--warmup 5] [--profile-steps 3]
@@ -43,6 +52,8 @@
 //                [--fp8 MODULES] [--fp8-wgrad bf16|fp8] [--eval-batches N]
 //                [--ne-baseline 1] [--ne-tolerance 0.001]
 //                [--recompute-attention-blocks N]
+//                [--attention-checkpoint none|norm|projections|block[,...]]
+//                [--fp8-saved 1]
 
 #include <cuda_runtime_api.h>
 
@@ -158,7 +169,8 @@ int main(int argc, char** argv) {
   std::string job, batches_path, json, precision = "bf16", fp8, fp8_wgrad = "bf16";
   int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0, recompute_blocks = -1;
   double search_s = 0, ne_tolerance = 0.001;
-  bool ne_baseline = false;
+  bool ne_baseline = false, fp8_saved = false;
+  std::string attention_checkpoint;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--job") {
@@ -181,6 +193,10 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(v, &recompute_blocks) || recompute_blocks < 0) {
         return Fail("--recompute-attention-blocks needs an integer >= 0");
       }
+    } else if (a == "--attention-checkpoint") {
+      attention_checkpoint = v;
+    } else if (a == "--fp8-saved") {
+      fp8_saved = v == "1";
     } else if (a == "--ne-baseline") {
       ne_baseline = v == "1";
     } else if (a == "--ne-tolerance") {
@@ -216,7 +232,10 @@ int main(int argc, char** argv) {
   if (fp8_wgrad == "fp8") recipe->set_weight_gradient(recfleet::v1::PrecisionRecipe::FP8);
   absl::StatusOr<recfleet::engine::JobModel> model = recfleet::engine::BuildJobModel(*spec);
   if (!model.ok()) return Fail(std::string(model.status().message()));
-  if (recompute_blocks < 0) {
+  // Without --recompute-attention-blocks or --attention-checkpoint: the
+  // job's model.activation_memory decides, as a job's worker does.
+  std::vector<recfleet::engine::layers::BlockCheckpoint> job_checkpoint;
+  if (recompute_blocks < 0 && attention_checkpoint.empty()) {
     std::optional<recfleet::v1::Plan> plan;
     if (model->activation_memory.budget_bytes > 0) {
       absl::StatusOr<recfleet::v1::Plan> p =
@@ -224,11 +243,13 @@ int main(int argc, char** argv) {
       if (!p.ok()) return Fail(std::string(p.status().message()));
       plan = *std::move(p);
     }
-    absl::StatusOr<int> blocks =
-        recfleet::engine::RecomputedAttentionBlocks(*model, plan.has_value() ? &*plan : nullptr);
-    if (!blocks.ok()) return Fail(std::string(blocks.status().message()));
-    recompute_blocks = *blocks;
+    absl::StatusOr<std::vector<recfleet::engine::layers::BlockCheckpoint>> modes =
+        recfleet::engine::AttentionCheckpointModes(*model, plan.has_value() ? &*plan : nullptr);
+    if (!modes.ok()) return Fail(std::string(modes.status().message()));
+    job_checkpoint = *std::move(modes);
+    fp8_saved = fp8_saved || model->activation_memory.fp8_saved;
   }
+  recompute_blocks = std::max(recompute_blocks, 0);
   absl::StatusOr<std::vector<recfleet::engine::Batch>> batches =
       recfleet::bench::ReadBatchFile(batches_path);
   if (!batches.ok()) return Fail(std::string(batches.status().message()));
@@ -243,6 +264,20 @@ int main(int argc, char** argv) {
   exec.bf16 = precision == "bf16";
   exec.defer_loss_readback = true;
   exec.recompute_attention_blocks = recompute_blocks;
+  exec.fp8_saved_activations = fp8_saved;
+  exec.attention_checkpoint = job_checkpoint;
+  if (!attention_checkpoint.empty()) {
+    exec.attention_checkpoint.clear();
+    for (absl::string_view name : absl::StrSplit(attention_checkpoint, ',')) {
+      absl::StatusOr<recfleet::engine::layers::BlockCheckpoint> mode =
+          recfleet::engine::layers::ParseBlockCheckpoint(name);
+      if (!mode.ok()) return Fail(std::string(mode.status().message()));
+      exec.attention_checkpoint.push_back(*mode);
+    }
+    if (exec.attention_checkpoint.size() == 1) {
+      exec.attention_checkpoint.assign(model->config.seq_layers, exec.attention_checkpoint[0]);
+    }
+  }
   auto gem = recfleet::engine::GemLite<float>::Create(model->config, model->schema,
                                                       recfleet::engine::TableStorage::kInternal, exec);
   if (!gem.ok()) return Fail(std::string(gem.status().message()));
@@ -441,7 +476,7 @@ int main(int argc, char** argv) {
   // Per self-attention block, on one more step: the activations it kept,
   // the memory peak during its backward and its recomputation time. Run
   // after the whole-step peak above was read (it resets the pool's peak).
-  std::string regions = "[";
+  std::string regions = "[", memory = "null";
   {
     m.set_report_regions(true);
     absl::StatusOr<recfleet::engine::StepResult> r =
@@ -450,14 +485,43 @@ int main(int argc, char** argv) {
     if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
     m.set_report_regions(false);
     for (const recfleet::engine::StepResult::Region& g : r->regions) {
-      absl::StrAppendFormat(&regions,
-                            "%s{\"region\": \"%s\", \"recomputed\": %s, \"kept_bytes\": %lld, "
-                            "\"peak_bytes\": %lld, \"recompute_ms\": %.4f}",
-                            regions.size() > 1 ? ", " : "", g.name, g.recomputed ? "true" : "false",
-                            static_cast<long long>(g.kept_bytes), static_cast<long long>(g.peak_bytes),
-                            g.recompute_s * 1e3);
+      absl::StrAppendFormat(
+          &regions,
+          "%s{\"region\": \"%s\", \"checkpoint\": \"%s\", \"fp8_saved\": %s, "
+          "\"recomputed\": %s, \"kept_bytes\": %lld, \"saved_bytes\": {\"input\": %lld, "
+          "\"input_owned\": %s, \"normed\": %lld, \"qkv\": %lld, \"attn_out\": %lld, "
+          "\"statistics\": %lld}, \"peak_bytes\": %lld, \"recompute_ms\": %.4f}",
+          regions.size() > 1 ? ", " : "", g.name,
+          recfleet::engine::layers::BlockCheckpointName(g.checkpoint), g.fp8_saved ? "true" : "false",
+          g.recomputed ? "true" : "false", static_cast<long long>(g.kept_bytes),
+          static_cast<long long>(g.saved.input), g.saved.input_owned ? "true" : "false",
+          static_cast<long long>(g.saved.normed), static_cast<long long>(g.saved.qkv),
+          static_cast<long long>(g.saved.attn_out), static_cast<long long>(g.saved.statistics),
+          static_cast<long long>(g.peak_bytes), g.recompute_s * 1e3);
     }
     regions += "]";
+    if (!r->memory.empty()) {
+      const int64_t start = r->memory.front().in_use_bytes;
+      int64_t peak = 0;
+      std::string at, marks = "[";
+      for (const recfleet::engine::StepResult::MemoryMark& k : r->memory) {
+        if (k.peak_bytes > peak) {
+          peak = k.peak_bytes;
+          at = k.name;
+        }
+        absl::StrAppendFormat(&marks, "%s{\"mark\": \"%s\", \"in_use\": %lld, \"peak\": %lld}",
+                              marks.size() > 1 ? ", " : "", k.name,
+                              static_cast<long long>(k.in_use_bytes),
+                              static_cast<long long>(k.peak_bytes));
+      }
+      memory = absl::StrFormat(
+          "{\"step_start_bytes\": %lld, \"peak_bytes\": %lld, \"peak_at\": \"%s\", "
+          "\"activation_peak_bytes\": %lld, \"dense_parameters\": %lld, "
+          "\"table_parameters\": %lld, \"marks\": %s]}",
+          static_cast<long long>(start), static_cast<long long>(peak), at,
+          static_cast<long long>(peak - start), static_cast<long long>(m.num_dense_parameters()),
+          static_cast<long long>(m.num_table_parameters()), marks);
+    }
   }
   std::string phases = "{}";
   if (profile_steps > 0) {
@@ -556,14 +620,14 @@ int main(int argc, char** argv) {
       "\"loss_wait\": %.3f}, "
       "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s, "
       "\"ne_gate\": %s, \"recompute_attention_blocks\": %d, \"recomputed_flops_per_step\": %.6g, "
-      "\"regions\": %s}",
+      "\"attention_checkpoint\": \"%s\", \"fp8_saved\": %s, \"regions\": %s, \"memory\": %s}",
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
       static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle,
       host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
       static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate, recompute_blocks,
-      recomputed_flops, regions);
+      recomputed_flops, attention_checkpoint, fp8_saved ? "true" : "false", regions, memory);
   std::printf("%s\n", out.c_str());
   if (!json.empty()) std::ofstream(json) << out << "\n";
   return 0;

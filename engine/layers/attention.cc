@@ -1,10 +1,12 @@
 #include "engine/layers/attention.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <utility>
 
 #include "engine/layers/ops.h"
 #include "common/status_macros.h"
+#include "kernels/quant/quantize.h"
 
 namespace recfleet::engine::layers {
 namespace {
@@ -110,12 +112,33 @@ void JaggedAttention::ReleaseSaved() {
   for (Tensor* t : {&lse_, &q16_, &k16_, &v16_, &out16_}) *t = Tensor();
 }
 
+void JaggedAttention::ReleaseInputCopies() {
+  for (Tensor* t : {&q16_, &k16_, &v16_}) *t = Tensor();
+}
+
+absl::Status JaggedAttention::RebindInputs(const JaggedView& q, const JaggedView& k,
+                                           const TensorView& v) {
+  q_ = q;
+  k_ = k;
+  v_ = v;
+  const int64_t rows = q.values.dim(0), dh = q.values.dim(1) / heads_;
+  if (rows == 0 || !Bf16(dh) || q.values.dtype == DType::kBFloat16) return absl::OkStatus();
+  const attention::AttentionInputs in = Inputs();
+  RECFLEET_RETURN_IF_ERROR(ToBf16(ctx_, in.q.values, &q16_));
+  RECFLEET_RETURN_IF_ERROR(ToBf16(ctx_, in.k.values, &k16_));
+  return ToBf16(ctx_, in.v, &v16_);
+}
+
 int64_t JaggedAttention::SavedBytes() const {
   int64_t bytes = 0;
   for (const Tensor* t : {&lse_, &q16_, &k16_, &v16_, &out16_}) {
     if (!t->empty()) bytes += static_cast<int64_t>(t->nbytes());
   }
   return bytes;
+}
+
+int64_t JaggedAttention::StatisticsBytes() const {
+  return lse_.empty() ? 0 : static_cast<int64_t>(lse_.nbytes());
 }
 
 absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView& dq,
@@ -188,6 +211,62 @@ SelfAttentionBlock::SelfAttentionBlock(const LayerContext& ctx, const std::strin
       o_(ctx, name + ".o", dim, dim, true),
       attention_(ctx, heads, options) {}
 
+absl::string_view BlockCheckpointName(BlockCheckpoint mode) {
+  switch (mode) {
+    case BlockCheckpoint::kNone:
+      return "none";
+    case BlockCheckpoint::kNorm:
+      return "norm";
+    case BlockCheckpoint::kProjections:
+      return "projections";
+    case BlockCheckpoint::kBlock:
+      return "block";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<BlockCheckpoint> ParseBlockCheckpoint(absl::string_view name) {
+  for (BlockCheckpoint m : {BlockCheckpoint::kNone, BlockCheckpoint::kNorm,
+                            BlockCheckpoint::kProjections, BlockCheckpoint::kBlock}) {
+    if (name == BlockCheckpointName(m)) return m;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown attention block checkpoint \"", name, "\": none, norm, projections or block"));
+}
+
+namespace {
+
+// The FP8 copy of activations a block keeps (kernels/quant's 1 x 128
+// blocks, E4M3, round to nearest): q and its fp32 scales.
+absl::Status QuantizeSaved(const LayerContext& ctx, const TensorView& x, Tensor* q,
+                           Tensor* scales) {
+  const int64_t rows = x.dim(0), cols = x.numel() / std::max<int64_t>(rows, 1);
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx, DType::kFloat8E4M3, {rows, cols}, q));
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx, DType::kFloat32,
+                                         QuantScaleShape(rows, cols, ScaleBlock::k1x128), scales));
+  if (rows == 0) return absl::OkStatus();
+  return Quantize(Reshaped(x, {rows, cols}), QuantizeConfig(), /*transpose=*/false, q->view(),
+                  scales->view());
+}
+
+// Its values back, in `dtype`.
+absl::Status DequantizeSaved(const LayerContext& ctx, const Tensor& q, const Tensor& scales,
+                             DType dtype, Tensor* x) {
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx, dtype, q.shape(), x));
+  if (q.numel() == 0) return absl::OkStatus();
+  return Dequantize(q.view(), scales.view(), ScaleBlock::k1x128, x->view());
+}
+
+int64_t Bytes(std::initializer_list<const Tensor*> tensors) {
+  int64_t bytes = 0;
+  for (const Tensor* t : tensors) {
+    if (!t->empty()) bytes += static_cast<int64_t>(t->nbytes());
+  }
+  return bytes;
+}
+
+}  // namespace
+
 absl::Status SelfAttentionBlock::ForwardBranch(const JaggedView& x) {
   const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
   // With the flow the norm writes the bf16 operand of the three
@@ -204,6 +283,7 @@ absl::Status SelfAttentionBlock::ForwardBranch(const JaggedView& x) {
 
 absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
   shape_ = x.values.shape;
+  x_dtype_ = x.values.dtype;
   recomputed_ = false;
   bf16_flow_ = attention_.Bf16Flow(x.values, dim_);
   RECFLEET_RETURN_IF_ERROR(ForwardBranch(x));
@@ -212,63 +292,128 @@ absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
   RECFLEET_RETURN_IF_ERROR(ops::Add(x.values, proj_.view(), y->view()));
   // The backward needs o's input, not its output.
   Release(x.values.device, {&proj_});
-  if (recompute_) {
-    // Dropped on every device (not only returned to a pool), so a backward
-    // that read a stored activation instead of its recomputation would fail.
-    x_ = x;
-    for (Tensor* t : {&normed_, &q_out_, &k_out_, &v_out_, &attn_out_, &proj_}) *t = Tensor();
+  x_ = x;
+  for (Tensor* t : {&x8_, &x8_scales_, &a8_, &a8_scales_, &x_restored_}) *t = Tensor();
+  if (mode_ == BlockCheckpoint::kNone) return absl::OkStatus();
+  // Dropped on every device (not only returned to a pool), so a backward
+  // that read a stored activation instead of its recomputation would fail.
+  proj_ = Tensor();
+  normed_ = Tensor();
+  if (mode_ >= BlockCheckpoint::kProjections) {
+    for (Tensor* t : {&q_out_, &k_out_, &v_out_}) *t = Tensor();
+    attention_.ReleaseInputCopies();
+  }
+  if (mode_ == BlockCheckpoint::kBlock) {
+    attn_out_ = Tensor();
     attention_.ReleaseSaved();
+  }
+  if (fp8_saved_) {
+    RECFLEET_RETURN_IF_ERROR(QuantizeSaved(ctx_, x.values, &x8_, &x8_scales_));
+    x_.values = TensorView();
+    if (!attn_out_.empty()) {
+      RECFLEET_RETURN_IF_ERROR(QuantizeSaved(ctx_, attn_out_.view(), &a8_, &a8_scales_));
+      attn_out_ = Tensor();
+    }
   }
   return absl::OkStatus();
 }
 
 absl::Status SelfAttentionBlock::Recompute() {
-  if (!recompute_ || recomputed_) return absl::OkStatus();
+  if (mode_ == BlockCheckpoint::kNone || recomputed_) return absl::OkStatus();
   // The recomputation is extra work, not model FLOPs.
   FlopCounter* flops = ctx_.flops;
   const FlopCounter before = flops != nullptr ? *flops : FlopCounter();
-  RECFLEET_RETURN_IF_ERROR(ForwardBranch(x_));
+  const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
+  JaggedView x = x_;
+  if (fp8_saved_) {
+    RECFLEET_RETURN_IF_ERROR(DequantizeSaved(ctx_, x8_, x8_scales_, x_dtype_, &x_restored_));
+    x.values = Reshaped(x_restored_.view(), shape_);
+    x8_ = Tensor();
+    x8_scales_ = Tensor();
+  }
+  // Every mode but kNone recomputes the norm; its backward then reads x
+  // (the restored input with fp8_saved) and the recomputed statistics.
+  RECFLEET_RETURN_IF_ERROR(norm_.Forward(x.values, &normed_, inner));
+  if (mode_ == BlockCheckpoint::kNorm) {
+    for (Linear* l : {&q_, &k_, &v_}) l->RebindInput(normed_.view());
+  } else {
+    RECFLEET_RETURN_IF_ERROR(q_.Forward(normed_.view(), &q_out_, inner));
+    RECFLEET_RETURN_IF_ERROR(k_.Forward(normed_.view(), &k_out_, inner));
+    RECFLEET_RETURN_IF_ERROR(v_.Forward(normed_.view(), &v_out_, inner));
+    const JaggedView q{q_out_.view(), x.offsets}, k{k_out_.view(), x.offsets};
+    if (mode_ == BlockCheckpoint::kProjections) {
+      RECFLEET_RETURN_IF_ERROR(attention_.RebindInputs(q, k, v_out_.view()));
+    } else {
+      // o's output is not needed, only its input: o's forward is not rerun.
+      RECFLEET_RETURN_IF_ERROR(attention_.Forward(q, k, v_out_.view(), &attn_out_));
+      o_.RebindInput(attn_out_.view());
+    }
+  }
+  if (!a8_.empty()) {
+    RECFLEET_RETURN_IF_ERROR(DequantizeSaved(ctx_, a8_, a8_scales_, inner, &attn_out_));
+    a8_ = Tensor();
+    a8_scales_ = Tensor();
+    attention_.RebindOutput(attn_out_.view());
+    o_.RebindInput(attn_out_.view());
+  }
   if (flops != nullptr) {
     flops->recomputed += (flops->linear - before.linear) + (flops->attention - before.attention);
     flops->linear = before.linear;
     flops->attention = before.attention;
   }
-  // o's output is not needed (only its input is).
-  proj_ = Tensor();
   recomputed_ = true;
   return absl::OkStatus();
 }
 
-int64_t SelfAttentionBlock::SavedBytes() const {
-  int64_t bytes = attention_.SavedBytes();
-  for (const Tensor* t : {&normed_, &q_out_, &k_out_, &v_out_, &attn_out_, &proj_}) {
-    if (!t->empty()) bytes += static_cast<int64_t>(t->nbytes());
-  }
-  return bytes;
+BlockSavedBytes SelfAttentionBlock::Saved() const {
+  BlockSavedBytes b;
+  b.input_owned = !x8_.empty();
+  b.input = b.input_owned ? Bytes({&x8_, &x8_scales_})
+                          : (x_.values.data != nullptr ? static_cast<int64_t>(x_.values.nbytes()) : 0);
+  b.normed = Bytes({&normed_});
+  b.qkv = Bytes({&q_out_, &k_out_, &v_out_});
+  b.attn_out = Bytes({&attn_out_, &a8_, &a8_scales_});
+  // The attention's own: the statistics and, off the bf16 flow on the bf16
+  // kernels, its bf16 copies of q, k, v and out (those count as q, k, v).
+  const int64_t attention = attention_.SavedBytes();
+  const int64_t stats = attention_.StatisticsBytes();
+  b.statistics = stats;
+  b.qkv += attention - stats;
+  return b;
 }
 
 absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView& dx) {
   RECFLEET_RETURN_IF_ERROR(Recompute());
   // With the bf16 flow the gradients between o, the attention and q/k/v
   // are bf16 too (each consumer would round them to bf16 itself); the
-  // gradient of the norm's output sums three GEMMs and stays fp32.
+  // gradient of the norm's output sums three GEMMs and stays fp32. Each
+  // scratch tensor is allocated when first written and released (CUDA) as
+  // soon as it is read for the last time, and so is each activation: the
+  // block's backward holds at most its activations plus four [L, dim]
+  // gradients at once.
   const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
-  for (Tensor* t : {&d_attn_, &dq_, &dk_, &dv_}) {
+  const Device device = dy.device;
+  RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, shape_, &d_attn_));
+  RECFLEET_RETURN_IF_ERROR(o_.Backward(dy, d_attn_.view(), false));
+  for (Tensor* t : {&dq_, &dk_, &dv_}) {
     RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, shape_, t));
   }
-  for (Tensor* t : {&d_normed_, &d_branch_}) {
-    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, shape_, t));
-  }
-  RECFLEET_RETURN_IF_ERROR(o_.Backward(dy, d_attn_.view(), false));
   RECFLEET_RETURN_IF_ERROR(attention_.Backward(d_attn_.view(), dq_.view(), dk_.view(), dv_.view()));
+  Release(device, {&d_attn_, &attn_out_});
+  if (device == Device::kCuda) attention_.ReleaseSaved();
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, shape_, &d_normed_));
   RECFLEET_RETURN_IF_ERROR(q_.Backward(dq_.view(), d_normed_.view(), false));
+  Release(device, {&dq_, &q_out_});
   RECFLEET_RETURN_IF_ERROR(k_.Backward(dk_.view(), d_normed_.view(), true));
+  Release(device, {&dk_, &k_out_});
   RECFLEET_RETURN_IF_ERROR(v_.Backward(dv_.view(), d_normed_.view(), true));
+  Release(device, {&dv_, &v_out_});
+  RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, shape_, &d_branch_));
   RECFLEET_RETURN_IF_ERROR(norm_.Backward(d_normed_.view(), d_branch_.view()));
+  Release(device, {&d_normed_, &normed_});
   RECFLEET_RETURN_IF_ERROR(ops::Add(dy, d_branch_.view(), dx));
   // This block's activations and scratch are dead until its next forward.
-  Release(dy.device, {&normed_, &q_out_, &k_out_, &v_out_, &attn_out_, &proj_, &d_attn_, &dq_,
-                      &dk_, &dv_, &d_normed_, &d_branch_});
+  Release(device, {&proj_, &d_branch_, &x_restored_});
   return absl::OkStatus();
 }
 

@@ -21,6 +21,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/layers/layer.h"
 #include "engine/layers/linear.h"
 #include "engine/layers/parameters.h"
@@ -45,8 +47,19 @@ class JaggedAttention {
   // the bf16 copies): a layer that recomputes its activations calls it
   // after its forward and runs Forward again before Backward.
   void ReleaseSaved();
-  // Bytes of what the forward keeps for the backward.
+  // Selective recomputation, keeping the output and the softmax statistics:
+  // ReleaseInputCopies drops the bf16 copies of q, k, v (fp32 q, k, v on the
+  // bf16 kernels); RebindInputs points the backward at recomputed q, k, v of
+  // the same values (remaking those copies); RebindOutput at a copy of the
+  // output (e.g. dequantized from FP8). The backward then reads them in
+  // place of the forward's tensors.
+  void ReleaseInputCopies();
+  absl::Status RebindInputs(const JaggedView& q, const JaggedView& k, const TensorView& v);
+  void RebindOutput(const TensorView& out) { out_ = out; }
+  // Bytes of what the forward keeps for the backward; of them, the softmax
+  // statistics.
   int64_t SavedBytes() const;
+  int64_t StatisticsBytes() const;
 
   // Whether calls run on the bf16 kernels: ctx.bf16_attention and a head
   // dim they support (64 or 128); other head dims stay in fp32.
@@ -72,6 +85,39 @@ class JaggedAttention {
   Tensor q16_, k16_, v16_, out16_, do16_, dq16_, dk16_, dv16_;
 };
 
+// What a self-attention block keeps from its forward for its backward
+// (activation checkpointing), from the most kept to the least; each level
+// also drops what the one before it drops. Per block of [L, dim] rows, in
+// units of one [L, dim] activation A (bf16 with the bf16 flow):
+//   kNone         keeps the norm's output, q, k, v, the attention output and
+//                 its statistics ([L, heads] fp32): 5 A.
+//   kNorm         drops the norm's output; the backward recomputes it from
+//                 the input (one elementwise pass): keeps 4 A.
+//   kProjections  also drops q, k, v; the backward recomputes them (three
+//                 [L, dim] x [dim, dim] GEMMs): keeps the attention output
+//                 and its statistics, 1 A.
+//   kBlock        keeps nothing but the input; the backward recomputes the
+//                 norm, q, k, v and the attention (not o's output: only its
+//                 input is needed), 0 A.
+// The input itself (1 A, the residual stream) is kept in every mode: the
+// norm's backward reads it.
+enum class BlockCheckpoint { kNone = 0, kNorm = 1, kProjections = 2, kBlock = 3 };
+absl::string_view BlockCheckpointName(BlockCheckpoint mode);  // "none", "norm", ...
+absl::StatusOr<BlockCheckpoint> ParseBlockCheckpoint(absl::string_view name);
+
+// The bytes a self-attention block holds from its forward for its backward,
+// by kind (SelfAttentionBlock::Saved).
+struct BlockSavedBytes {
+  int64_t input = 0;       // The input: its FP8 copy, or the caller's tensor (a view).
+  int64_t normed = 0;      // The norm's output.
+  int64_t qkv = 0;         // q, k, v (and the attention's bf16 copies of them).
+  int64_t attn_out = 0;    // The attention output (FP8 copy, or its bf16 copy too).
+  int64_t statistics = 0;  // The softmax statistics (log-sum-exp per row and head).
+  // Everything but a caller-held input: what the block itself allocated.
+  int64_t Own() const { return (input_owned ? input : 0) + normed + qkv + attn_out + statistics; }
+  bool input_owned = false;
+};
+
 class SelfAttentionBlock {
  public:
   SelfAttentionBlock(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
@@ -86,24 +132,42 @@ class SelfAttentionBlock {
   // dy and dx are of the model's dtype (the gradient stream stays fp32).
   absl::Status Backward(const TensorView& dy, const TensorView& dx);
 
-  // Activation checkpointing of the block: with `on`, Forward keeps only
-  // (a view of) its input x, which must then stay unchanged until Backward,
-  // and drops the norm's output, q, k, v, the attention's output and its
-  // saved statistics; Backward first runs the branch's forward again (its
-  // FLOPs go to FlopCounter::recomputed) and then the usual backward, so
-  // the gradients are those of the stored path exactly. The projections'
-  // own bf16 copies of their inputs (bf16 recipe without the bf16 flow) are
-  // still kept.
-  void set_recompute(bool on) { recompute_ = on; }
-  bool recompute() const { return recompute_; }
-  // With recompute on: runs the branch's forward again, once after each
-  // Forward (Backward calls it itself; a caller timing the recomputation
-  // calls it first). A no-op otherwise.
+  // Activation checkpointing of the block (BlockCheckpoint): Forward keeps
+  // only what `mode` keeps, and Backward first recomputes the rest (its
+  // FLOPs go to FlopCounter::recomputed) and then runs the usual backward,
+  // so the gradients are those of kNone exactly. Without `fp8_saved` the
+  // block keeps a view of its input x, which must stay unchanged until
+  // Backward. With `fp8_saved` (any mode but kNone, whose norm backward
+  // reads the input as it is) the block keeps its own FP8 copy of x (E4M3,
+  // 1 x 128 blocks with an fp32 scale each, kernels/quant), so the caller
+  // may free x after Forward, and the attention output, when the mode keeps
+  // it, in FP8 as well; the backward recomputes from and reads their
+  // dequantized values, so the gradients are approximate (those of the
+  // branch at an input rounded to FP8; o's weight gradient and the
+  // attention backward from an output rounded to FP8). A recomputing
+  // block's tensors are dropped on every device (not only returned to a
+  // pool), so a backward that read a stored activation instead of its
+  // recomputation would fail. The projections' own bf16 copies of their
+  // inputs (bf16 recipe without the bf16 flow) are still kept.
+  void set_checkpoint(BlockCheckpoint mode, bool fp8_saved) {
+    mode_ = mode;
+    fp8_saved_ = fp8_saved && mode != BlockCheckpoint::kNone;
+  }
+  BlockCheckpoint checkpoint() const { return mode_; }
+  bool fp8_saved() const { return fp8_saved_; }
+  // Whole-block recomputation (kBlock) or none: the older switch.
+  void set_recompute(bool on) { set_checkpoint(on ? BlockCheckpoint::kBlock : BlockCheckpoint::kNone, false); }
+  bool recompute() const { return mode_ != BlockCheckpoint::kNone; }
+  // Recomputes what the mode dropped, once after each Forward (Backward
+  // calls it itself; a caller timing the recomputation calls it first). A
+  // no-op for kNone.
   absl::Status Recompute();
-  // Bytes of the activations the block itself holds now: after Forward,
-  // what it keeps for the backward (its input, a view, not counted; nor the
-  // projections' own bf16 copies of their inputs).
-  int64_t SavedBytes() const;
+  // The activations the block holds now, by kind: after Forward, what it
+  // keeps for the backward (not the projections' own bf16 copies of their
+  // inputs).
+  BlockSavedBytes Saved() const;
+  // Saved().Own(): the bytes the block itself holds.
+  int64_t SavedBytes() const { return Saved().Own(); }
 
  private:
   // norm -> q, k, v -> attention -> o: fills normed_ ... proj_ from x.
@@ -116,11 +180,16 @@ class SelfAttentionBlock {
   JaggedAttention attention_;
   Shape shape_;
   bool bf16_flow_ = false;
-  bool recompute_ = false;
+  BlockCheckpoint mode_ = BlockCheckpoint::kNone;
+  bool fp8_saved_ = false;
   bool recomputed_ = false;  // Since the last Forward.
-  JaggedView x_;  // The last forward's input (recompute only).
+  JaggedView x_;  // The last forward's input (empty values with fp8_saved).
+  DType x_dtype_ = DType::kFloat32;
   // Activations of the last forward (released after the backward on CUDA).
   Tensor normed_, q_out_, k_out_, v_out_, attn_out_, proj_;
+  // fp8_saved: the input and the attention output in FP8 with their
+  // scales, and the input dequantized for the recomputation.
+  Tensor x8_, x8_scales_, a8_, a8_scales_, x_restored_;
   // Backward scratch.
   Tensor d_attn_, dq_, dk_, dv_, d_normed_, d_branch_;
 };

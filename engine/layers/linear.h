@@ -39,6 +39,12 @@ class Linear {
   // bf16 under the same condition as above.
   absl::Status Backward(const TensorView& dy, const TensorView& dx, bool accumulate);
 
+  // Activation checkpointing: Backward reads x, a recomputed or restored
+  // copy of the last Forward's input (its shape and dtype), in place of that
+  // input, which may then be gone. A bf16 copy the shared path made of an
+  // fp32 input (and an FP8 layer's quantized X^T) is kept and still used.
+  void RebindInput(const TensorView& x) { x_ = x; }
+
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
   Parameter& weight() { return w_; }

@@ -85,16 +85,99 @@ void AddTiling(const std::string& prefix, int world, int size, int stride,
   }
 }
 
-// The engine recomputes only the self-attention blocks (region
-// "sequence", one unit per block); every other region keeps its
-// activations. The job's model.activation_memory goes to the request as is.
+// Cuts the sequence branch's modules (`linear`, the blocks' GEMMs, and
+// "sequence.attention") into the engine's checkpoint levels
+// (engine::kSequenceCheckpointRegions, engine/layers/attention.h
+// BlockCheckpoint), each its own region recomputed in whole blocks: per
+// block and token, "sequence.norm" keeps the norm's output (2 d bytes,
+// bf16; recomputed by an elementwise pass the planner prices at 0) and,
+// with FP8-saved activations, the bytes FP8 saves on the block's input and
+// attention output; "sequence.projections" keeps q, k, v (6 d bytes;
+// recomputed by three of the block's four d x d GEMMs); "sequence.attention"
+// keeps the attention output and its statistics (2 d, or FP8's 1 + 1/32 d,
+// + 4 heads bytes; recomputed by the attention forward). What the branch's
+// estimate holds beyond them (the residual stream, the backward's gradients
+// and scratch) stays in region "sequence", not recomputable. The levels
+// nest in the engine (a block recomputing its attention recomputes its
+// projections and norm too); the planner cuts the cheapest bytes first,
+// which is that order whenever the attention costs more per byte than
+// three GEMMs.
+void AddSequenceLevels(const std::string& linear, double tokens, double d, double heads,
+                       int layers, bool fp8_saved, planner::Model* model) {
+  planner::DenseModule* lin = nullptr;
+  planner::DenseModule* attn = nullptr;
+  for (planner::DenseModule& m : model->modules) {
+    if (m.name == linear) lin = &m;
+    if (m.name == "sequence.attention") attn = &m;
+  }
+  if (lin == nullptr || layers <= 0 || tokens <= 0) return;
+  constexpr double kFp8 = (1.0 + 1.0 / 32) / 2;  // FP8 + a 1 x 128 fp32 scale, over bf16.
+  const double a = d * kBf16;                     // One [tokens, d] bf16 activation, per token.
+  const double fp8_gain = fp8_saved ? 2 * (1 - kFp8) * a : 0;
+  const double level_bytes[3] = {a + fp8_gain, 3 * a, (fp8_saved ? kFp8 : 1.0) * a + 4 * heads};
+  double branch = model->ActivationBytesPerSample(*lin);
+  if (attn != nullptr) branch += model->ActivationBytesPerSample(*attn);
+  double levels = 0;
+  for (double b : level_bytes) levels += b * layers * tokens;
+  lin->activation_bytes_per_sample = std::max(0.0, branch - levels);
+  lin->activation_bytes_per_token = 0;
+  lin->region = "sequence";
+  // q, k and v: three of the block's four d x d GEMMs.
+  const double qkv_flops = layers * 6 * d * d;
+  planner::DenseModule norm, proj;
+  norm.name = proj.name = engine::kSequenceCheckpointRegions[0];
+  proj.name = engine::kSequenceCheckpointRegions[1];
+  norm.op = planner::OpKind::kElementwise;
+  proj.op = planner::OpKind::kGemm;
+  if (lin->flops_per_token > 0) {
+    lin->flops_per_token = std::max(0.0, lin->flops_per_token - qkv_flops);
+    proj.flops_per_token = qkv_flops;
+  } else {
+    const double moved = std::min(lin->flops_per_sample, qkv_flops * tokens);
+    lin->flops_per_sample -= moved;
+    proj.flops_per_sample = moved;
+  }
+  norm.activation_bytes_per_sample = level_bytes[0] * layers * tokens;
+  proj.activation_bytes_per_sample = level_bytes[1] * layers * tokens;
+  if (attn != nullptr) {
+    attn->region = engine::kSequenceCheckpointRegions[2];
+    attn->activation_bytes_per_token = 0;
+    attn->activation_bytes_per_sample = level_bytes[2] * layers * tokens;
+    attn->io_bytes_per_sample = 0;  // Cut in blocks, each keeping nothing.
+  }
+  std::vector<planner::DenseModule> out;
+  for (planner::DenseModule& m : model->modules) {
+    const bool is_linear = m.name == linear;
+    out.push_back(std::move(m));
+    if (is_linear) {
+      out.push_back(norm);
+      out.push_back(proj);
+    }
+  }
+  model->modules = std::move(out);
+}
+
+// The engine recomputes the self-attention blocks at the levels of
+// AddSequenceLevels (one unit per block); every other region keeps its
+// activations. A level the job names forces it and the levels it nests
+// ("sequence": all three); the budget goes to the request as is.
 void ApplyActivationMemory(const JobSpec& spec, planner::PlanRequest* request) {
+  const std::set<std::string> levels(std::begin(engine::kSequenceCheckpointRegions),
+                                     std::end(engine::kSequenceCheckpointRegions));
   for (planner::DenseModule& m : request->model.modules) {
-    m.recomputable = m.RegionName() == "sequence";
+    m.recomputable = levels.count(m.RegionName()) > 0;
     m.recompute_units = m.recomputable ? spec.model().sequence().num_layers() : 0;
   }
   const v1::ActivationMemory& am = spec.model().activation_memory();
-  request->recompute_regions = {am.recompute().begin(), am.recompute().end()};
+  request->recompute_regions.clear();
+  for (const std::string& name : am.recompute()) {
+    int depth = 0;
+    if (name == "sequence" || name == engine::kSequenceCheckpointRegions[2]) depth = 3;
+    if (name == engine::kSequenceCheckpointRegions[1]) depth = 2;
+    if (name == engine::kSequenceCheckpointRegions[0]) depth = 1;
+    if (depth == 0) request->recompute_regions.insert(name);  // The planner names what is wrong.
+    for (int i = 0; i < depth; ++i) request->recompute_regions.insert(engine::kSequenceCheckpointRegions[i]);
+  }
   request->activation_budget_bytes = static_cast<double>(am.budget_bytes());
 }
 
@@ -204,6 +287,9 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec,
       request.model.modules.push_back(a);
     }
   }
+  AddSequenceLevels("sequence", mean_length, d, spec.model().sequence().num_heads(),
+                    spec.model().sequence().num_layers(),
+                    spec.model().activation_memory().fp8_saved(), &request.model);
   // The engine's FP8 modules under the part names above.
   std::set<std::string> fp8;
   for (const std::string& name : spec.model().precision().fp8_modules()) {
@@ -329,6 +415,8 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
     attn.activation_bytes_per_token = layers * 2 * d * kBf16;
     attn.io_bytes_per_sample = length * d * kBf16;
     request.model.modules.push_back(attn);
+    AddSequenceLevels(proj.name, length, d, seq.num_heads(), static_cast<int>(layers),
+                      model.activation_memory().fp8_saved(), &request.model);
 
     input_width += static_cast<int64_t>(d) * std::max(model.cross().pma_queries(), 1);
     const v1::CrossBranch& cross = model.cross();

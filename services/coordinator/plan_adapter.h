@@ -187,7 +187,7 @@ absl::StatusOr<double> CpuRankPeakBytes(const ::recfleet::v1::JobSpec& spec, con
 // The plan of `spec` on one GPU of `hardware` from the spec's shapes: what
 // a run of one rank outside a coordinator (`recfleet train --local`,
 // engine_bench) takes its activation checkpointing from (engine/job_model.h
-// RecomputedAttentionBlocks). Errors as PlanPlacement's.
+// AttentionCheckpointModes). Errors as PlanPlacement's.
 absl::StatusOr<::recfleet::v1::Plan> PlanOneGpu(const ::recfleet::v1::JobSpec& spec,
                                                 const planner::Topology& hardware);
 

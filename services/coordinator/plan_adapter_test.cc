@@ -49,13 +49,26 @@ TEST(PlanAdapterTest, EstimatesFollowTheDocumentedFormulas) {
   const planner::DenseModule* proj = FindModule(*request, "sequence.proj");
   ASSERT_NE(proj, nullptr);
   EXPECT_EQ(proj->params, static_cast<int64_t>(2 * 12 * d * d));
-  EXPECT_DOUBLE_EQ(proj->flops_per_token, 2 * 24 * d * d);
+  // 24 d^2 per token per layer, of which q, k, v's 6 d^2 are the
+  // projections level's (what recomputing that level redoes).
+  EXPECT_DOUBLE_EQ(proj->flops_per_token, 2 * 18 * d * d);
+  EXPECT_FALSE(proj->recomputable);
+  const planner::DenseModule* qkv = FindModule(*request, "sequence.projections");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_DOUBLE_EQ(qkv->flops_per_token, 2 * 6 * d * d);
+  EXPECT_TRUE(qkv->recomputable);
+  EXPECT_EQ(qkv->recompute_units, 2);
+  // Per block and token: q, k, v in bf16.
+  EXPECT_DOUBLE_EQ(qkv->activation_bytes_per_sample, 2 * 3 * d * 2 * 512);
+  const planner::DenseModule* norm = FindModule(*request, "sequence.norm");
+  ASSERT_NE(norm, nullptr);
+  EXPECT_DOUBLE_EQ(norm->activation_bytes_per_sample, 2 * d * 2 * 512);
   const planner::DenseModule* attn = FindModule(*request, "sequence.attention");
   ASSERT_NE(attn, nullptr);
   EXPECT_EQ(attn->op, planner::OpKind::kAttention);
   EXPECT_DOUBLE_EQ(attn->flops_per_token, 2 * 4 * d * 64);  // BLOCK of 64.
   EXPECT_DOUBLE_EQ(attn->flops_per_token_sq, 0);
-  EXPECT_EQ(attn->RegionName(), "sequence");
+  EXPECT_EQ(attn->RegionName(), "sequence.attention");
 
   const planner::DenseModule* cross = FindModule(*request, "cross");
   ASSERT_NE(cross, nullptr);
@@ -390,69 +403,87 @@ TEST(PlanAdapterTest, TablesThatCannotFitFailWithThePlannersReason) {
   EXPECT_NE(plan.status().message().find("users"), std::string::npos) << plan.status();
 }
 
-// model.activation_memory on one GPU: a budget that leaves room for 3/4
-// of the sequence region's recomputable bytes makes the planner recompute
-// one of its two self-attention blocks (whole blocks, the only region the
-// engine recomputes; every other region keeps all its activations), the
-// predicted activations are what is kept, and the engine's setting read
-// from the plan is that one block; a tighter budget takes both, naming
-// "sequence" recomputes both without a budget.
-TEST(PlanAdapterTest, ActivationBudgetChoosesWholeSequenceBlocksForTheEngine) {
+// model.activation_memory on one GPU. The sequence blocks are three nested
+// checkpoint regions (norm, projections, attention), each cut in whole
+// blocks; every other region keeps all its activations. Recomputing the
+// last of the two blocks saves nothing at the peak (its backward comes
+// first and brings its activations back), so the planner cuts one block per
+// level at most and a level the job forces keeps one block's bytes. A
+// budget short by half the norm level's bytes cuts the norm of one block
+// (the cheapest bytes); one short by half of every level cuts each level
+// in one block, so the engine recomputes block 0 whole; a budget below
+// what one block per level can save fails; naming "sequence" recomputes
+// every block whole.
+TEST(PlanAdapterTest, ActivationBudgetChoosesSequenceLevelsForTheEngine) {
   auto spec = BuildableSpec(1);
   spec.mutable_resources()->set_gpus_per_worker(1);
   absl::StatusOr<v1::Plan> free = PlanOneGpu(spec, DefaultHardware());
   ASSERT_TRUE(free.ok()) << free.status();
-  double others = 0, seq_full = 0, seq_min = 0;
+  using engine::layers::BlockCheckpoint;
+  using Modes = std::vector<BlockCheckpoint>;
+  double others = 0, level[3] = {0, 0, 0};
   for (const v1::RegionCheckpointPlan& r : free->checkpoint()) {
     EXPECT_EQ(r.kept_bytes(), r.full_bytes()) << r.region();
     EXPECT_EQ(r.recomputed_units(), 0) << r.region();
-    if (r.region() == "sequence") {
+    bool is_level = false;
+    for (int i = 0; i < 3; ++i) {
+      if (r.region() != engine::kSequenceCheckpointRegions[i]) continue;
       EXPECT_EQ(r.units(), 2);
-      seq_full = r.full_bytes();
-    } else {
+      level[i] = r.full_bytes();
+      is_level = true;
+    }
+    if (!is_level) {
       EXPECT_EQ(r.units(), 0) << r.region();
       others += r.full_bytes();
     }
   }
-  ASSERT_GT(seq_full, 0);
-  // The kept input of the region: its activations with both blocks recomputed.
+  for (double b : level) ASSERT_GT(b, 0);
+  const double total = others + level[0] + level[1] + level[2];
+  EXPECT_NEAR(free->peak_memory().activation_bytes(), total, 1e-6 * total);
+
   spec.mutable_model()->mutable_activation_memory()->add_recompute("sequence");
   absl::StatusOr<v1::Plan> named = PlanOneGpu(spec, DefaultHardware());
   ASSERT_TRUE(named.ok()) << named.status();
   for (const v1::RegionCheckpointPlan& r : named->checkpoint()) {
-    if (r.region() == "sequence") {
+    for (int i = 0; i < 3; ++i) {
+      if (r.region() != engine::kSequenceCheckpointRegions[i]) continue;
       EXPECT_EQ(r.recomputed_units(), 2);
-      EXPECT_GT(r.recompute_seconds(), 0);
-      seq_min = r.kept_bytes();
+      EXPECT_NEAR(r.kept_bytes(), level[i] / 2, 1e-6 * level[i]);
+      // The norm's elementwise pass is priced at 0; the GEMMs and the
+      // attention are not.
+      if (i > 0) EXPECT_GT(r.recompute_seconds(), 0) << r.region();
     }
   }
-  ASSERT_LT(seq_min, seq_full);
   absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
   ASSERT_TRUE(model.ok()) << model.status();
-  EXPECT_EQ(*engine::RecomputedAttentionBlocks(*model, nullptr), 2);
+  EXPECT_EQ(*engine::AttentionCheckpointModes(*model, nullptr), Modes(2, BlockCheckpoint::kBlock));
 
   spec.mutable_model()->clear_activation_memory();
-  const double saved = seq_full - seq_min;
   spec.mutable_model()->mutable_activation_memory()->set_budget_bytes(
-      static_cast<int64_t>(others + seq_min + 0.75 * saved));
+      static_cast<int64_t>(total - level[0] / 2 + 16));
   absl::StatusOr<v1::Plan> budget = PlanOneGpu(spec, DefaultHardware());
   ASSERT_TRUE(budget.ok()) << budget.status();
-  EXPECT_NEAR(budget->peak_memory().activation_bytes(), others + seq_min + 0.5 * saved, 1e-6 * seq_full);
+  EXPECT_NEAR(budget->peak_memory().activation_bytes(), total - level[0] / 2, 1e-6 * total);
   model = engine::BuildJobModel(spec);
   ASSERT_TRUE(model.ok()) << model.status();
-  EXPECT_EQ(*engine::RecomputedAttentionBlocks(*model, &*budget), 1);
+  EXPECT_EQ(*engine::AttentionCheckpointModes(*model, &*budget),
+            (Modes{BlockCheckpoint::kNorm, BlockCheckpoint::kNone}));
   bool shown = false;
   for (const v1::PlanDecision& d : budget->decisions()) {
-    shown = shown || d.chosen().find("sequence: 1 of 2 blocks recomputed") != std::string::npos;
+    shown = shown || d.chosen().find("sequence.norm: 1 of 2 blocks recomputed") != std::string::npos;
   }
   EXPECT_TRUE(shown);
 
+  const double one_block = (level[0] + level[1] + level[2]) / 2;
   spec.mutable_model()->mutable_activation_memory()->set_budget_bytes(
-      static_cast<int64_t>(others + seq_min + 0.25 * saved));
+      static_cast<int64_t>(total - one_block + 16));
   budget = PlanOneGpu(spec, DefaultHardware());
   ASSERT_TRUE(budget.ok()) << budget.status();
-  EXPECT_EQ(*engine::RecomputedAttentionBlocks(*model, &*budget), 2);
-  spec.mutable_model()->mutable_activation_memory()->set_budget_bytes(static_cast<int64_t>(others));
+  EXPECT_NEAR(budget->peak_memory().activation_bytes(), total - one_block, 1e-6 * total);
+  EXPECT_EQ(*engine::AttentionCheckpointModes(*model, &*budget),
+            (Modes{BlockCheckpoint::kBlock, BlockCheckpoint::kNone}));
+  spec.mutable_model()->mutable_activation_memory()->set_budget_bytes(
+      static_cast<int64_t>(total - one_block - 1024));
   EXPECT_FALSE(PlanOneGpu(spec, DefaultHardware()).ok());
 }
 

@@ -281,6 +281,8 @@ const std::map<std::string, Field>& Fields() {
        {H, [](JobSpec& s) { M(s).mutable_activation_memory()->add_recompute("sequence"); }}},
       {"model.activation_memory.budget_bytes",
        {H, [](JobSpec& s) { M(s).mutable_activation_memory()->set_budget_bytes(int64_t{1} << 30); }}},
+      {"model.activation_memory.fp8_saved",
+       {H, [](JobSpec& s) { M(s).mutable_activation_memory()->set_fp8_saved(true); }}},
       {"resources.gpus_per_worker",
        {R, [](JobSpec& s) { s.mutable_resources()->set_gpus_per_worker(2); }, "spec.resources.gpus_per_worker"}},
       {"parallelism.fsdp_group_size", {H, [](JobSpec& s) { s.mutable_parallelism()->set_fsdp_group_size(2); }}},
