@@ -110,6 +110,14 @@ struct ExecutionOptions {
   // the same recompute cost; the first ones are chosen because their
   // activations would be held the longest. Gradients are unchanged.
   int recompute_attention_blocks = 0;
+  // CUDA: the dense part of a training step (DCN, MoE and the towers,
+  // forward and backward: fixed shapes at a fixed batch size) is captured
+  // once per batch size and heads as two CUDA graphs and replayed instead of
+  // being issued launch by launch (engine/cuda_device.h CudaGraphRegion).
+  // Numerics are the eager path's. Off in steps with a phase timer, an
+  // expert router or FP8 layers, and in Predict/Loss; a batch of another
+  // size runs eagerly and re-captures. A failed capture fails the step.
+  bool cuda_graphs = false;
 };
 
 template <typename T>
@@ -156,6 +164,9 @@ class GemLite {
   // null (the default) computes every expert here. Every forward (Predict
   // included) then runs the router's collectives.
   void SetExpertRouter(layers::ExpertRouter* router);
+  // ExecutionOptions::cuda_graphs: steps whose dense forward ran as a
+  // replayed CUDA graph (0 without the option).
+  int64_t cuda_graph_replays() const;
 
   // External tables. Per table of the schema, the bags `batch` looks up,
   // in this order: for every id-list feature on the table (schema order) one
