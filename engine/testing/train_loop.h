@@ -35,9 +35,8 @@ inline MovieLensCtr EvalNeData() {
 // Its model: head dim 64 (the bf16 tensor-core attention's size) and a dense
 // learning rate of 1e-3. At the default 2e-3 some fp32 trainings diverge
 // (training loss in the hundreds or thousands after 600-900 steps, eval NE
-// 0.72-1.20; bench/RESULTS.md, "fp32 eval-NE regression"), whether one does
-// depending on the run's non-deterministic reduction order, so the test
-// compared a diverged fp32 run with bf16 now and then.
+// 0.72-1.20; bench/RESULTS.md, "Run 9"), and which ones do changes from run
+// to run, so the test compared a diverged fp32 run with bf16 now and then.
 inline GemLiteConfig EvalNeConfig(uint64_t seed) {
   GemLiteConfig c = SmallCudaTestConfig();
   c.dim = 128;
