@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/base/cuda_status.h"
 
 namespace recfleet::engine {
@@ -89,6 +90,101 @@ absl::StatusOr<double> CudaStreamTimer::Seconds(int from, int to) {
     return s;
   }
   return ms * 1e-3;
+}
+
+CudaGraphRegion::~CudaGraphRegion() {
+  Reset();
+  if (before_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(before_));
+  if (after_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(after_));
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  }
+}
+
+void CudaGraphRegion::Reset() {
+  if (exec_ != nullptr) {
+    // Rare (a new batch size): wait for the launches in flight rather than
+    // rely on their resources outliving the executable graph.
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+    exec_ = nullptr;
+  }
+  state_ = State::kEmpty;
+}
+
+absl::Status CudaGraphRegion::Enter() {
+  if (stream_ == nullptr) {
+    cudaStream_t s;
+    RECFLEET_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "graph region stream"));
+    stream_ = s;
+    cudaEvent_t a, b;
+    RECFLEET_RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&a, cudaEventDisableTiming), "graph region event"));
+    before_ = a;
+    RECFLEET_RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&b, cudaEventDisableTiming), "graph region event"));
+    after_ = b;
+  }
+  RECFLEET_RETURN_IF_ERROR(
+      CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(before_), nullptr), "graph region"));
+  return CudaStatus(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_),
+                                        static_cast<cudaEvent_t>(before_), 0),
+                    "graph region");
+}
+
+absl::Status CudaGraphRegion::BeginCapture() {
+  // Thread-local: a legacy-stream call of this thread inside the body fails
+  // the capture; other threads (the gradient-id deduplication) are free.
+  return CudaStatus(cudaStreamBeginCapture(static_cast<cudaStream_t>(stream_),
+                                           cudaStreamCaptureModeThreadLocal),
+                    "graph capture");
+}
+
+absl::Status CudaGraphRegion::EndCapture(absl::Status body) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &graph);
+  if (!body.ok() || end != cudaSuccess) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    state_ = State::kEmpty;
+    if (!body.ok()) {
+      return absl::InternalError(
+          absl::StrCat("CUDA graph capture of a step region failed: ", body.message()));
+    }
+    return absl::InternalError(absl::StrCat("CUDA graph capture of a step region failed: ",
+                                            cudaGetErrorString(end)));
+  }
+  cudaGraphExec_t exec = nullptr;
+  // Memory the graph allocates and another graph frees (a layer's bf16 copy
+  // of its input, made in the forward and dropped in the backward) is freed
+  // before a relaunch if nothing freed it.
+  const cudaError_t made =
+      cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+  cudaGraphDestroy(graph);
+  if (made != cudaSuccess) {
+    cudaGetLastError();
+    state_ = State::kEmpty;
+    return absl::InternalError(
+        absl::StrCat("CUDA graph instantiation failed: ", cudaGetErrorString(made)));
+  }
+  exec_ = exec;
+  return absl::OkStatus();
+}
+
+absl::Status CudaGraphRegion::Launch() {
+  return CudaStatus(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_),
+                                    static_cast<cudaStream_t>(stream_)),
+                    "graph launch");
+}
+
+absl::Status CudaGraphRegion::Leave() {
+  RECFLEET_RETURN_IF_ERROR(CudaStatus(
+      cudaEventRecord(static_cast<cudaEvent_t>(after_), static_cast<cudaStream_t>(stream_)),
+      "graph region"));
+  return CudaStatus(cudaStreamWaitEvent(nullptr, static_cast<cudaEvent_t>(after_), 0),
+                    "graph region");
 }
 
 }  // namespace recfleet::engine

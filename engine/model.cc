@@ -233,6 +233,57 @@ struct GemLite<T>::Impl {
   int64_t steps_enqueued = 0;
   int current = 0;
   bool prefetched = false;
+  // ExecutionOptions::cuda_graphs: the dense forward (x0 -> logits) and
+  // backward (dlogits -> dx0), and the forward's linear FLOPs, which a
+  // replay must count without running the layers' host code.
+  CudaGraphRegion dense_forward_graph, dense_backward_graph;
+  double dense_forward_flops = 0;
+  bool routed = false;  // SetExpertRouter: the MoE's host code runs every step.
+
+  bool UseGraphs() const {
+    // Module hooks run collectives and the memory marks synchronize: neither
+    // can be captured.
+    return execution.cuda_graphs && on_device() && phases.timer == nullptr && !routed &&
+           config.fp8.empty() && !hooks.before_forward && !hooks.after_backward && !report_regions;
+  }
+
+  // The dense forward: x0 -> z -> mix -> logits.
+  absl::Status DenseForward() {
+    RECFLEET_RETURN_IF_ERROR(BeforeForward(dcn_module));
+    RECFLEET_RETURN_IF_ERROR(dcn->Forward(x0.view(), &z));
+    RECFLEET_RETURN_IF_ERROR(BeforeForward(moe_module));
+    RECFLEET_RETURN_IF_ERROR(moe->Forward(z.view(), &mix));
+    RECFLEET_RETURN_IF_ERROR(Mark("forward.dcn_moe"));
+    for (int k = 0; k < kNumHeads; ++k) {
+      RECFLEET_RETURN_IF_ERROR(BeforeForward(tower_modules[k]));
+      RECFLEET_RETURN_IF_ERROR(towers[k]->Forward(mix.view(), &logits[k]));
+    }
+    return Mark("forward.heads");
+  }
+
+  // The dense backward: dlogits of the labelled heads -> dx0 (and the dense
+  // layers' parameter gradients).
+  absl::Status DenseBackward(int64_t B, const bool has_head[kNumHeads]) {
+    // The first labelled head writes dmix, the other adds to it (in the
+    // GEMM epilogue): no memset. ForwardBackward ensures one head at least.
+    RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, config.expert_out}, &dmix));
+    bool dmix_written = false;
+    for (int k = 0; k < kNumHeads; ++k) {
+      if (!has_head[k]) continue;
+      RECFLEET_RETURN_IF_ERROR(towers[k]->Backward(dlogits[k].view(), dmix.view(), dmix_written));
+      dmix_written = true;
+    }
+    // A head without labels has no backward: its gradients stay zero.
+    for (int k = 0; k < kNumHeads; ++k) RECFLEET_RETURN_IF_ERROR(AfterBackward(tower_modules[k]));
+    RECFLEET_RETURN_IF_ERROR(Mark("backward.heads"));
+    RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, interaction_dim}, &dz));
+    RECFLEET_RETURN_IF_ERROR(moe->Backward(dmix.view(), dz.view(), /*accumulate=*/false));
+    RECFLEET_RETURN_IF_ERROR(AfterBackward(moe_module));
+    RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, interaction_dim}, &dx0));
+    RECFLEET_RETURN_IF_ERROR(dcn->Backward(dz.view(), dx0.view()));
+    RECFLEET_RETURN_IF_ERROR(AfterBackward(dcn_module));
+    return Mark("backward.dcn_moe");
+  }
 
   // Activations of the last forward.
   Tensor token_offsets;
@@ -321,7 +372,10 @@ struct GemLite<T>::Impl {
 
   const layers::StagedBatch& step_batch() const { return staged[current]; }
 
-  absl::Status Forward(const Batch& b, absl::Span<const TensorView> pooled = {}) {
+  // `step`: the forward of a training step (ForwardBackward), the only one
+  // whose dense part may run as a CUDA graph.
+  absl::Status Forward(const Batch& b, absl::Span<const TensorView> pooled = {},
+                       bool step = false) {
     RECFLEET_RETURN_IF_ERROR(CheckBatch(b));
     RECFLEET_RETURN_IF_ERROR(StageStep(b));
     if (storage == TableStorage::kExternal || !pooled.empty()) {
@@ -402,18 +456,23 @@ struct GemLite<T>::Impl {
       RECFLEET_RETURN_IF_ERROR(
           ops::ScatterColumns(layers::Reshaped(pma_out.view(), {B, P * d}), F * d, x0.view()));
     }
-    RECFLEET_RETURN_IF_ERROR(BeforeForward(dcn_module));
-    RECFLEET_RETURN_IF_ERROR(dcn->Forward(x0.view(), &z));
-    RECFLEET_RETURN_IF_ERROR(BeforeForward(moe_module));
-    RECFLEET_RETURN_IF_ERROR(moe->Forward(z.view(), &mix));
-    RECFLEET_RETURN_IF_ERROR(Mark("forward.dcn_moe"));
-
-    // CTR and CVR towers.
-    for (int k = 0; k < kNumHeads; ++k) {
-      RECFLEET_RETURN_IF_ERROR(BeforeForward(tower_modules[k]));
-      RECFLEET_RETURN_IF_ERROR(towers[k]->Forward(mix.view(), &logits[k]));
+    // DCN, MoE and the CTR and CVR towers.
+    if (!(step && UseGraphs())) {
+      // The layers may reallocate their buffers for another batch size: a
+      // captured graph would then launch on freed memory.
+      if (!dense_forward_graph.holds(static_cast<uint64_t>(B))) {
+        dense_forward_graph.Reset();
+        dense_backward_graph.Reset();
+      }
+      return DenseForward();
     }
-    return Mark("forward.heads");
+    const double before = flops.linear;
+    absl::StatusOr<CudaGraphRegion::Mode> mode =
+        dense_forward_graph.Run(static_cast<uint64_t>(B), [this] { return DenseForward(); });
+    if (!mode.ok()) return mode.status();
+    if (*mode == CudaGraphRegion::Mode::kCaptured) dense_forward_flops = flops.linear - before;
+    if (*mode == CudaGraphRegion::Mode::kReplayed) flops.linear += dense_forward_flops;
+    return absl::OkStatus();
   }
 
   const std::vector<float>& Labels(const Batch& b, int head) const {
@@ -431,29 +490,23 @@ struct GemLite<T>::Impl {
 
   absl::Status Backward(const Batch& b, const bool has_head[kNumHeads]) {
     RECFLEET_RETURN_IF_ERROR(params.ZeroGradients());
-    const int64_t d = config.dim, B = b.size, F = num_tokens, D = interaction_dim;
+    const int64_t d = config.dim, B = b.size, F = num_tokens;
     const int64_t P = config.pma_queries, L = b.sequence[0].offsets.back();
 
-    // The first labelled head writes dmix, the other adds to it (in the
-    // GEMM epilogue): no memset. ForwardBackward ensures one head at least.
-    RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, config.expert_out}, &dmix));
-    bool dmix_written = false;
     for (int k = 0; k < kNumHeads; ++k) {
-      if (!has_head[k]) continue;
-      if (loss_weight != 1.0) RECFLEET_RETURN_IF_ERROR(ops::Scale(dlogits[k].view(), loss_weight));
-      RECFLEET_RETURN_IF_ERROR(towers[k]->Backward(dlogits[k].view(), dmix.view(), dmix_written));
-      dmix_written = true;
+      if (has_head[k] && loss_weight != 1.0) {
+        RECFLEET_RETURN_IF_ERROR(ops::Scale(dlogits[k].view(), loss_weight));
+      }
     }
-    // A head without labels has no backward: its gradients stay zero.
-    for (int k = 0; k < kNumHeads; ++k) RECFLEET_RETURN_IF_ERROR(AfterBackward(tower_modules[k]));
-    RECFLEET_RETURN_IF_ERROR(Mark("backward.heads"));
-    RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, D}, &dz));
-    RECFLEET_RETURN_IF_ERROR(moe->Backward(dmix.view(), dz.view(), /*accumulate=*/false));
-    RECFLEET_RETURN_IF_ERROR(AfterBackward(moe_module));
-    RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, D}, &dx0));
-    RECFLEET_RETURN_IF_ERROR(dcn->Backward(dz.view(), dx0.view()));
-    RECFLEET_RETURN_IF_ERROR(AfterBackward(dcn_module));
-    RECFLEET_RETURN_IF_ERROR(Mark("backward.dcn_moe"));
+    if (UseGraphs() && dense_forward_graph.holds(static_cast<uint64_t>(B))) {
+      const uint64_t key = static_cast<uint64_t>(B) * 4 + (has_head[0] ? 1 : 0) +
+                           (has_head[1] ? 2 : 0);
+      absl::StatusOr<CudaGraphRegion::Mode> mode =
+          dense_backward_graph.Run(key, [&] { return DenseBackward(B, has_head); });
+      if (!mode.ok()) return mode.status();
+    } else {
+      RECFLEET_RETURN_IF_ERROR(DenseBackward(B, has_head));
+    }
 
     // Split x0's gradient back into cross tokens and PMA tokens.
     RECFLEET_RETURN_IF_ERROR(layers::AllocateTensor(ctx, {B, F * d}, &dcross));
@@ -636,7 +689,7 @@ absl::StatusOr<StepResult> GemLite<T>::ForwardBackward(const Batch& batch,
   if (!has_head[0] && !has_head[1]) {
     return absl::InvalidArgumentError("batch has neither CTR nor CVR labels");
   }
-  RECFLEET_RETURN_IF_ERROR(m.Forward(batch, pooled));
+  RECFLEET_RETURN_IF_ERROR(m.Forward(batch, pooled, /*step=*/true));
   for (int k = 0; k < kNumHeads; ++k) {
     if (has_head[k]) RECFLEET_RETURN_IF_ERROR(m.EnqueueHeadLoss(batch, k, &m.dlogits[k]));
   }
@@ -718,6 +771,12 @@ void GemLite<T>::set_loss_weight(double weight) {
 template <typename T>
 void GemLite<T>::SetExpertRouter(layers::ExpertRouter* router) {
   impl_->moe->SetRouter(router);
+  impl_->routed = router != nullptr;
+}
+
+template <typename T>
+int64_t GemLite<T>::cuda_graph_replays() const {
+  return impl_->dense_forward_graph.replays();
 }
 
 template <typename T>

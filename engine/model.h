@@ -143,6 +143,15 @@ struct ExecutionOptions {
   // on CUDA the model frees the block's bf16 input right after the block's
   // forward. Gradients then approximate the stored path's.
   bool fp8_saved_activations = false;
+  // CUDA: the dense part of a training step (DCN, MoE and the towers,
+  // forward and backward: fixed shapes at a fixed batch size) is captured
+  // once per batch size and heads as two CUDA graphs and replayed instead of
+  // being issued launch by launch (engine/cuda_device.h CudaGraphRegion).
+  // Numerics are the eager path's. Off in steps with a phase timer, an
+  // expert router, FP8 layers or module hooks (FSDP units: the hooks'
+  // collectives are not capturable), and in Predict/Loss; a batch of another
+  // size runs eagerly and re-captures. A failed capture fails the step.
+  bool cuda_graphs = false;
 };
 
 // Calls at the boundaries of the model's top-level modules during a forward
@@ -216,6 +225,9 @@ class GemLite {
   // null (the default) computes every expert here. Every forward (Predict
   // included) then runs the router's collectives.
   void SetExpertRouter(layers::ExpertRouter* router);
+  // ExecutionOptions::cuda_graphs: steps whose dense forward ran as a
+  // replayed CUDA graph (0 without the option).
+  int64_t cuda_graph_replays() const;
 
   // External tables. Per table of the schema, the bags `batch` looks up,
   // in this order: for every id-list feature on the table (schema order) one

@@ -49,14 +49,17 @@ class HostAllocator final : public Allocator {
   std::atomic<uint64_t> peak_{0};
 };
 
+thread_local void* compute_stream = nullptr;
+
 class DeviceAllocator final : public Allocator {
  public:
   explicit DeviceAllocator(cudaMemPool_t pool) : pool_(pool) {}
   Device device() const override { return Device::kCuda; }
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     void* p = nullptr;
-    // The legacy default stream: the engine's compute stream.
-    const cudaError_t err = cudaMallocFromPoolAsync(&p, bytes == 0 ? 1 : bytes, pool_, nullptr);
+    // The engine's compute stream (the legacy default stream by default).
+    const cudaError_t err = cudaMallocFromPoolAsync(&p, bytes == 0 ? 1 : bytes, pool_,
+                                                    static_cast<cudaStream_t>(ComputeStream()));
     if (err != cudaSuccess) {
       cudaGetLastError();
       return absl::ResourceExhaustedError(absl::StrCat("device allocation of ", bytes,
@@ -64,10 +67,14 @@ class DeviceAllocator final : public Allocator {
     }
     return p;
   }
-  void Deallocate(void* ptr, size_t) override { cudaFreeAsync(ptr, nullptr); }
+  void Deallocate(void* ptr, size_t) override {
+    cudaFreeAsync(ptr, static_cast<cudaStream_t>(ComputeStream()));
+  }
   absl::Status Zero(void* ptr, size_t bytes) override {
     if (bytes == 0) return absl::OkStatus();
-    return CudaStatus(cudaMemsetAsync(ptr, 0, bytes, nullptr), "device memset");
+    return CudaStatus(
+        cudaMemsetAsync(ptr, 0, bytes, static_cast<cudaStream_t>(ComputeStream())),
+        "device memset");
   }
   cudaMemPool_t pool() const { return pool_; }
 
@@ -268,5 +275,13 @@ JaggedView JaggedTensor::view() const {
   v.offsets = offsets_.view();
   return v;
 }
+
+void* ComputeStream() { return compute_stream; }
+
+ScopedComputeStream::ScopedComputeStream(void* stream) : previous_(compute_stream) {
+  compute_stream = stream;
+}
+
+ScopedComputeStream::~ScopedComputeStream() { compute_stream = previous_; }
 
 }  // namespace recfleet::engine

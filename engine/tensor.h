@@ -46,9 +46,29 @@ struct HostMemoryStats {
 HostMemoryStats CpuMemoryStats();
 void ResetCpuMemoryPeak();
 
+// The engine's CUDA compute stream on this thread (a cudaStream_t): the
+// legacy default stream (nullptr) unless a ScopedComputeStream is alive.
+// Every CUDA operation of the engine's layers, and the device allocator's
+// allocations, frees and memsets, go to it; a region that moves to another
+// stream (the model's CUDA graphs, which cannot capture the legacy stream)
+// orders itself against the legacy stream with events.
+void* ComputeStream();
+
+// Makes `stream` this thread's compute stream until destroyed (nestable).
+class ScopedComputeStream {
+ public:
+  explicit ScopedComputeStream(void* stream);
+  ~ScopedComputeStream();
+  ScopedComputeStream(const ScopedComputeStream&) = delete;
+  ScopedComputeStream& operator=(const ScopedComputeStream&) = delete;
+
+ private:
+  void* previous_;
+};
+
 // The process-wide allocator of the current CUDA device: stream-ordered
-// (cudaMallocAsync / cudaFreeAsync on the legacy default stream, the
-// engine's compute stream) from the device's default memory pool, whose
+// (cudaMallocAsync / cudaFreeAsync on ComputeStream(), the legacy default
+// stream by default) from the device's default memory pool, whose
 // release threshold is raised so that freed blocks stay reserved and are
 // reused without a driver call: a caching allocator. Zero() is an
 // asynchronous memset on that stream. FailedPrecondition without a CUDA

@@ -51,9 +51,13 @@
 //                [--precision bf16|fp32] [--search-s 60]
 //                [--fp8 MODULES] [--fp8-wgrad bf16|fp8] [--eval-batches N]
 //                [--ne-baseline 1] [--ne-tolerance 0.001]
-//                [--recompute-attention-blocks N]
+//                [--recompute-attention-blocks N] [--cuda-graphs 1]
 //                [--attention-checkpoint none|norm|projections|block[,...]]
 //                [--fp8-saved 1]
+//
+// --cuda-graphs 1: the dense part of every step (DCN, MoE, towers, forward
+// and backward) replays as CUDA graphs (ExecutionOptions::cuda_graphs); the
+// JSON's "cuda_graph_replays" counts the steps that replayed them.
 
 #include <cuda_runtime_api.h>
 
@@ -169,7 +173,7 @@ int main(int argc, char** argv) {
   std::string job, batches_path, json, precision = "bf16", fp8, fp8_wgrad = "bf16";
   int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0, recompute_blocks = -1;
   double search_s = 0, ne_tolerance = 0.001;
-  bool ne_baseline = false, fp8_saved = false;
+  bool ne_baseline = false, fp8_saved = false, cuda_graphs = false;
   std::string attention_checkpoint;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -209,6 +213,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--search-s") {
       if (!absl::SimpleAtod(v, &search_s)) return Fail("--search-s needs seconds");
+    } else if (a == "--cuda-graphs") {
+      cuda_graphs = v == "1";
     } else if (a == "--warmup") {
       if (!absl::SimpleAtoi(v, &warmup) || warmup < 0) return Fail("--warmup needs an integer >= 0");
     } else {
@@ -218,7 +224,8 @@ int main(int argc, char** argv) {
   if (job.empty() || batches_path.empty()) {
     return Fail("usage: engine_bench --job SPEC.yaml --batches FILE [--json OUT] [--steps N] "
                 "[--warmup N] [--precision bf16|fp32] [--fp8 MODULES] [--fp8-wgrad bf16|fp8] "
-                "[--eval-batches N] [--ne-baseline 1] [--ne-tolerance F] [--recompute-attention-blocks N]");
+                "[--eval-batches N] [--ne-baseline 1] [--ne-tolerance F] [--recompute-attention-blocks N] "
+                "[--cuda-graphs 1]");
   }
   if (precision != "bf16" && precision != "fp32") return Fail("--precision is bf16 or fp32");
   if (fp8_wgrad != "bf16" && fp8_wgrad != "fp8") return Fail("--fp8-wgrad is bf16 or fp8");
@@ -278,6 +285,7 @@ int main(int argc, char** argv) {
       exec.attention_checkpoint.assign(model->config.seq_layers, exec.attention_checkpoint[0]);
     }
   }
+  exec.cuda_graphs = cuda_graphs;
   auto gem = recfleet::engine::GemLite<float>::Create(model->config, model->schema,
                                                       recfleet::engine::TableStorage::kInternal, exec);
   if (!gem.ok()) return Fail(std::string(gem.status().message()));
@@ -620,14 +628,16 @@ int main(int argc, char** argv) {
       "\"loss_wait\": %.3f}, "
       "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s, "
       "\"ne_gate\": %s, \"recompute_attention_blocks\": %d, \"recomputed_flops_per_step\": %.6g, "
-      "\"attention_checkpoint\": \"%s\", \"fp8_saved\": %s, \"regions\": %s, \"memory\": %s}",
+      "\"attention_checkpoint\": \"%s\", \"fp8_saved\": %s, \"regions\": %s, \"memory\": %s, "
+      "\"cuda_graphs\": %s, \"cuda_graph_replays\": %lld}",
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
       static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle,
       host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
       static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate, recompute_blocks,
-      recomputed_flops, attention_checkpoint, fp8_saved ? "true" : "false", regions, memory);
+      recomputed_flops, attention_checkpoint, fp8_saved ? "true" : "false", regions, memory,
+      cuda_graphs ? "true" : "false", static_cast<long long>(m.cuda_graph_replays()));
   std::printf("%s\n", out.c_str());
   if (!json.empty()) std::ofstream(json) << out << "\n";
   return 0;

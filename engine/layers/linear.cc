@@ -72,7 +72,7 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
     // The weight may have changed since the last step: quantize it anew.
     if (fp8_ != nullptr) fp8_->InvalidateWeight();
     return LinearForward(Reshaped(x, {rows, in_}), w_.value.view(), bias, y->view(),
-                         RecipeFor(rows), /*stream=*/nullptr, Fp8ContextFor(rows));
+                         RecipeFor(rows), ComputeStream(), Fp8ContextFor(rows));
   }
   TensorView x_op = Reshaped(x, {rows, in_});
   if (x.dtype != DType::kBFloat16) {
@@ -88,7 +88,7 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
     RECFLEET_RETURN_IF_ERROR(ops::Convert(w_.value.view(), w_bf16_.view()));
     w_shared_ = w_bf16_.view();
   }
-  return LinearForward(x_op, w_shared_, bias, y->view(), RecipeFor(rows));
+  return LinearForward(x_op, w_shared_, bias, y->view(), RecipeFor(rows), ComputeStream());
 }
 
 bool Linear::SharesBf16Operands(const TensorView& x) const {
@@ -113,7 +113,8 @@ absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool a
     }
     w_op = w_shared_;
     if (has_bias_) {
-      RECFLEET_RETURN_IF_ERROR(LinearBackwardBias(dy2, b_.grad.view(), /*accumulate=*/true));
+      RECFLEET_RETURN_IF_ERROR(
+          LinearBackwardBias(dy2, b_.grad.view(), /*accumulate=*/true, ComputeStream()));
     }
   }
   // dgrad before wgrad: with an FP8 weight gradient, the FP8 context keeps
@@ -125,14 +126,14 @@ absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool a
     // A fan-in (`accumulate`) is summed in the GEMM's epilogue.
     const TensorView dx2 = Reshaped(dx, {rows, in_});
     status = accumulate ? LinearBackwardInputAccumulate(dy_op, w_op, dx2, RecipeFor(rows),
-                                                        /*stream=*/nullptr, Fp8ContextFor(rows))
-                        : LinearBackwardInput(dy_op, w_op, dx2, RecipeFor(rows), /*stream=*/nullptr,
+                                                        ComputeStream(), Fp8ContextFor(rows))
+                        : LinearBackwardInput(dy_op, w_op, dx2, RecipeFor(rows), ComputeStream(),
                                               Fp8ContextFor(rows));
   }
   if (status.ok()) {
     status = LinearBackwardWeight(
         dy_op, x_op, w_.grad.view(), has_bias_ && !shared ? b_.grad.view() : TensorView(),
-        /*accumulate=*/true, RecipeFor(rows), /*stream=*/nullptr, Fp8ContextFor(rows));
+        /*accumulate=*/true, RecipeFor(rows), ComputeStream(), Fp8ContextFor(rows));
   }
   // The copies are step-sized: give them back to the pool (stream-ordered,
   // so the GEMMs above still read them) for the layers whose backward comes

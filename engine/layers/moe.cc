@@ -32,10 +32,10 @@ absl::Status MixtureOfExperts::Forward(const TensorView& x, Tensor* y) {
     Expert& ex = *experts_[e];
     RECFLEET_RETURN_IF_ERROR(ex.l1.Forward(x, &ex.h1));
     RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, ex.h1.shape(), &ex.a1));
-    RECFLEET_RETURN_IF_ERROR(ActivationForward(activation_, ex.h1.view(), ex.a1.view()));
+    RECFLEET_RETURN_IF_ERROR(ActivationForward(activation_, ex.h1.view(), ex.a1.view(), ComputeStream()));
     RECFLEET_RETURN_IF_ERROR(ex.l2.Forward(ex.a1.view(), &ex.h2));
     RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, ex.h2.shape(), &ex.a2));
-    RECFLEET_RETURN_IF_ERROR(ActivationForward(activation_, ex.h2.view(), ex.a2.view()));
+    RECFLEET_RETURN_IF_ERROR(ActivationForward(activation_, ex.h2.view(), ex.a2.view(), ComputeStream()));
     RECFLEET_RETURN_IF_ERROR(ops::AddGated(gate_prob_.view(), e, ex.a2.view(), y->view()));
   }
   return absl::OkStatus();
@@ -52,10 +52,10 @@ absl::Status MixtureOfExperts::Backward(const TensorView& dy, const TensorView& 
     RECFLEET_RETURN_IF_ERROR(ops::AddGatedBackward(gate_prob_.view(), e, ex.a2.view(), dy,
                                                    d_out_.view(), d_gate_.view()));
     RECFLEET_RETURN_IF_ERROR(
-        ActivationBackward(activation_, ex.h2.view(), d_out_.view(), d_out_.view()));
+        ActivationBackward(activation_, ex.h2.view(), d_out_.view(), d_out_.view(), ComputeStream()));
     RECFLEET_RETURN_IF_ERROR(ex.l2.Backward(d_out_.view(), d_hidden_.view(), false));
     RECFLEET_RETURN_IF_ERROR(
-        ActivationBackward(activation_, ex.h1.view(), d_hidden_.view(), d_hidden_.view()));
+        ActivationBackward(activation_, ex.h1.view(), d_hidden_.view(), d_hidden_.view(), ComputeStream()));
     // Without `accumulate` the first expert overwrites dx (a GEMM with
     // beta = 0) instead of adding to a zeroed dx: one memset less.
     RECFLEET_RETURN_IF_ERROR(ex.l1.Backward(d_hidden_.view(), dx, accumulate || e > 0));
@@ -84,10 +84,10 @@ absl::Status MixtureOfExperts::ForwardRouted(const TensorView& x, Tensor* y) {
     Expert& ex = *experts_[local[i]];
     RECFLEET_RETURN_IF_ERROR(ex.l1.Forward(routed_.view(), &ex.h1));
     RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, ex.h1.shape(), &ex.a1));
-    RECFLEET_RETURN_IF_ERROR(ActivationForward(activation_, ex.h1.view(), ex.a1.view()));
+    RECFLEET_RETURN_IF_ERROR(ActivationForward(activation_, ex.h1.view(), ex.a1.view(), ComputeStream()));
     RECFLEET_RETURN_IF_ERROR(ex.l2.Forward(ex.a1.view(), &ex.h2));
     RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, ex.h2.shape(), &ex.a2));
-    RECFLEET_RETURN_IF_ERROR(ActivationForward(activation_, ex.h2.view(), ex.a2.view()));
+    RECFLEET_RETURN_IF_ERROR(ActivationForward(activation_, ex.h2.view(), ex.a2.view(), ComputeStream()));
     RECFLEET_RETURN_IF_ERROR(ops::Copy(ex.a2.view(), RowSlice(local_out_.view(), i * *n, (i + 1) * *n)));
   }
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {num_experts * batch, out_}, &outputs_));
@@ -123,9 +123,9 @@ absl::Status MixtureOfExperts::BackwardRouted(const TensorView& dy, const Tensor
     Expert& ex = *experts_[local[i]];
     const TensorView d_out = RowSlice(d_local_out_.view(), i * n, (i + 1) * n);
     RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, ex.a1.shape(), &d_hidden_));
-    RECFLEET_RETURN_IF_ERROR(ActivationBackward(activation_, ex.h2.view(), d_out, d_out));
+    RECFLEET_RETURN_IF_ERROR(ActivationBackward(activation_, ex.h2.view(), d_out, d_out, ComputeStream()));
     RECFLEET_RETURN_IF_ERROR(ex.l2.Backward(d_out, d_hidden_.view(), false));
-    RECFLEET_RETURN_IF_ERROR(ActivationBackward(activation_, ex.h1.view(), d_hidden_.view(), d_hidden_.view()));
+    RECFLEET_RETURN_IF_ERROR(ActivationBackward(activation_, ex.h1.view(), d_hidden_.view(), d_hidden_.view(), ComputeStream()));
     RECFLEET_RETURN_IF_ERROR(ex.l1.Backward(d_hidden_.view(), d_routed_.view(), true));
   }
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, {batch, in}, &d_x_));

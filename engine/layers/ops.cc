@@ -8,15 +8,16 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/layers/ops_cuda.h"
+#include "engine/tensor.h"
 #include "kernels/base/cuda_status.h"
 #include "kernels/base/formats.h"
 
 namespace recfleet::engine::ops {
 namespace {
 
-// The CUDA versions run on the legacy default stream, the engine's compute
-// stream (engine/device.h).
-constexpr void* kStream = nullptr;
+// The CUDA versions run on the engine's compute stream (engine/tensor.h's
+// ComputeStream: the legacy default stream unless a region moved).
+void* Stream() { return ComputeStream(); }
 
 // Every operand: on the first one's device and of its dtype; fp32 or fp64
 // on the host, fp32 on CUDA.
@@ -128,14 +129,14 @@ absl::Status Add(const TensorView& a, const TensorView& b, const TensorView& out
     RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "b", b, a.numel()));
     RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "out", out, a.numel()));
     return Cuda(ops_cuda::AddMixed(a.data, is16(a), b.data, is16(b), out.data, is16(out),
-                                   a.numel(), kStream),
+                                   a.numel(), Stream()),
                 "Add");
   }
   RECFLEET_RETURN_IF_ERROR(CheckOperands("Add", {{"a", &a}, {"b", &b}, {"out", &out}}));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "b", b, a.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("Add", "out", out, a.numel()));
   if (a.device == Device::kCuda) {
-    return Cuda(ops_cuda::Elementwise(0, F(a), F(b), nullptr, 0, F(out), a.numel(), kStream), "Add");
+    return Cuda(ops_cuda::Elementwise(0, F(a), F(b), nullptr, 0, F(out), a.numel(), Stream()), "Add");
   }
   return Dispatch(a.dtype, [&](auto t) {
     using T = decltype(t);
@@ -150,7 +151,7 @@ absl::Status Mul(const TensorView& a, const TensorView& b, const TensorView& out
   RECFLEET_RETURN_IF_ERROR(CheckNumel("Mul", "b", b, a.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("Mul", "out", out, a.numel()));
   if (a.device == Device::kCuda) {
-    return Cuda(ops_cuda::Elementwise(1, F(a), F(b), nullptr, 0, F(out), a.numel(), kStream), "Mul");
+    return Cuda(ops_cuda::Elementwise(1, F(a), F(b), nullptr, 0, F(out), a.numel(), Stream()), "Mul");
   }
   return Dispatch(a.dtype, [&](auto t) {
     using T = decltype(t);
@@ -165,7 +166,7 @@ absl::Status AddMul(const TensorView& a, const TensorView& b, const TensorView& 
   RECFLEET_RETURN_IF_ERROR(CheckNumel("AddMul", "b", b, a.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("AddMul", "acc", acc, a.numel()));
   if (a.device == Device::kCuda) {
-    return Cuda(ops_cuda::Elementwise(2, F(a), F(b), nullptr, 0, F(acc), a.numel(), kStream),
+    return Cuda(ops_cuda::Elementwise(2, F(a), F(b), nullptr, 0, F(acc), a.numel(), Stream()),
                 "AddMul");
   }
   return Dispatch(a.dtype, [&](auto t) {
@@ -184,7 +185,7 @@ absl::Status MulAdd(const TensorView& a, const TensorView& b, const TensorView& 
   RECFLEET_RETURN_IF_ERROR(CheckNumel("MulAdd", "c", c, a.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("MulAdd", "out", out, a.numel()));
   if (a.device == Device::kCuda) {
-    return Cuda(ops_cuda::Elementwise(3, F(a), F(b), F(c), 0, F(out), a.numel(), kStream),
+    return Cuda(ops_cuda::Elementwise(3, F(a), F(b), F(c), 0, F(out), a.numel(), Stream()),
                 "MulAdd");
   }
   return Dispatch(a.dtype, [&](auto t) {
@@ -199,7 +200,7 @@ absl::Status Scale(const TensorView& x, double weight) {
   RECFLEET_RETURN_IF_ERROR(CheckOperands("Scale", {{"x", &x}}));
   if (x.device == Device::kCuda) {
     return Cuda(ops_cuda::Elementwise(4, F(x), nullptr, nullptr, static_cast<float>(weight), F(x),
-                                      x.numel(), kStream),
+                                      x.numel(), Stream()),
                 "Scale");
   }
   return Dispatch(x.dtype, [&](auto t) {
@@ -215,7 +216,7 @@ absl::Status AddScaled(const TensorView& x, double weight, const TensorView& acc
   RECFLEET_RETURN_IF_ERROR(CheckNumel("AddScaled", "acc", acc, x.numel()));
   if (x.device == Device::kCuda) {
     return Cuda(ops_cuda::Elementwise(5, F(x), nullptr, nullptr, static_cast<float>(weight),
-                                      F(acc), x.numel(), kStream),
+                                      F(acc), x.numel(), Stream()),
                 "AddScaled");
   }
   return Dispatch(x.dtype, [&](auto t) {
@@ -233,7 +234,7 @@ absl::Status Copy(const TensorView& src, const TensorView& dst) {
   if (src.device == Device::kCuda) {
     if (src.numel() == 0 || src.data == dst.data) return absl::OkStatus();
     return Cuda(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice,
-                                static_cast<cudaStream_t>(kStream)),
+                                static_cast<cudaStream_t>(Stream())),
                 "Copy");
   }
   return Dispatch(src.dtype, [&](auto t) {
@@ -246,12 +247,12 @@ absl::Status Zero(const TensorView& x) {
   if (x.device == Device::kCuda && x.dtype == DType::kBFloat16) {
     // bf16 activations (engine/layers/attention.h's bf16 flow): zero bits.
     if (x.numel() == 0) return absl::OkStatus();
-    return Cuda(cudaMemsetAsync(x.data, 0, x.nbytes(), static_cast<cudaStream_t>(kStream)), "Zero");
+    return Cuda(cudaMemsetAsync(x.data, 0, x.nbytes(), static_cast<cudaStream_t>(Stream())), "Zero");
   }
   RECFLEET_RETURN_IF_ERROR(CheckOperands("Zero", {{"x", &x}}));
   if (x.device == Device::kCuda) {
     if (x.numel() == 0) return absl::OkStatus();
-    return Cuda(cudaMemsetAsync(x.data, 0, x.nbytes(), static_cast<cudaStream_t>(kStream)), "Zero");
+    return Cuda(cudaMemsetAsync(x.data, 0, x.nbytes(), static_cast<cudaStream_t>(Stream())), "Zero");
   }
   return Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
@@ -264,7 +265,7 @@ absl::Status FillMeanWeights(const TensorView& x) {
   if (x.device == Device::kCuda) {
     return Cuda(ops_cuda::Elementwise(6, nullptr, nullptr, nullptr,
                                       1.0f / static_cast<float>(x.numel()), F(x), x.numel(),
-                                      kStream),
+                                      Stream()),
                 "FillMeanWeights");
   }
   return Dispatch(x.dtype, [&](auto t) {
@@ -286,7 +287,7 @@ absl::Status ScatterColumns(const TensorView& src, int64_t col, const TensorView
     if (rows * w == 0) return absl::OkStatus();
     return Cuda(cudaMemcpy2DAsync(F(dst) + col, W * sizeof(float), F(src), w * sizeof(float),
                                   w * sizeof(float), rows, cudaMemcpyDeviceToDevice,
-                                  static_cast<cudaStream_t>(kStream)),
+                                  static_cast<cudaStream_t>(Stream())),
                 "ScatterColumns");
   }
   return Dispatch(src.dtype, [&](auto t) {
@@ -308,7 +309,7 @@ absl::Status GatherColumns(const TensorView& src, int64_t col, const TensorView&
     if (rows * w == 0) return absl::OkStatus();
     return Cuda(cudaMemcpy2DAsync(F(dst), w * sizeof(float), F(src) + col, W * sizeof(float),
                                   w * sizeof(float), rows, cudaMemcpyDeviceToDevice,
-                                  static_cast<cudaStream_t>(kStream)),
+                                  static_cast<cudaStream_t>(Stream())),
                 "GatherColumns");
   }
   return Dispatch(src.dtype, [&](auto t) {
@@ -321,7 +322,7 @@ absl::Status RepeatRows(const TensorView& x, int64_t times, const TensorView& ou
   RECFLEET_RETURN_IF_ERROR(CheckOperands("RepeatRows", {{"x", &x}, {"out", &out}}));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("RepeatRows", "out", out, times * x.numel()));
   if (x.device == Device::kCuda) {
-    return Cuda(ops_cuda::RepeatRows(F(x), x.numel(), times, F(out), kStream), "RepeatRows");
+    return Cuda(ops_cuda::RepeatRows(F(x), x.numel(), times, F(out), Stream()), "RepeatRows");
   }
   return Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
@@ -338,7 +339,7 @@ absl::Status AccumulateRepeats(const TensorView& dy, const TensorView& dx) {
                                                    " is not whole repeats of dx ", dx.DebugString()));
   }
   if (dx.device == Device::kCuda) {
-    return Cuda(ops_cuda::AccumulateRepeats(F(dy), n, n == 0 ? 0 : dy.numel() / n, F(dx), kStream),
+    return Cuda(ops_cuda::AccumulateRepeats(F(dy), n, n == 0 ? 0 : dy.numel() / n, F(dx), Stream()),
                 "AccumulateRepeats");
   }
   return Dispatch(dx.dtype, [&](auto t) {
@@ -356,7 +357,7 @@ absl::Status SoftmaxRows(const TensorView& x, const TensorView& y) {
   RECFLEET_RETURN_IF_ERROR(CheckMatrix("SoftmaxRows", "x", x, x.dim(0)));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("SoftmaxRows", "y", y, x.numel()));
   if (x.device == Device::kCuda) {
-    return Cuda(ops_cuda::SoftmaxRows(F(x), F(y), x.dim(0), x.dim(1), kStream), "SoftmaxRows");
+    return Cuda(ops_cuda::SoftmaxRows(F(x), F(y), x.dim(0), x.dim(1), Stream()), "SoftmaxRows");
   }
   return Dispatch(x.dtype, [&](auto t) {
     using T = decltype(t);
@@ -379,7 +380,7 @@ absl::Status SoftmaxRowsBackward(const TensorView& y, const TensorView& dy, cons
   RECFLEET_RETURN_IF_ERROR(CheckNumel("SoftmaxRowsBackward", "dy", dy, y.numel()));
   RECFLEET_RETURN_IF_ERROR(CheckNumel("SoftmaxRowsBackward", "dx", dx, y.numel()));
   if (y.device == Device::kCuda) {
-    return Cuda(ops_cuda::SoftmaxRowsBackward(F(y), F(dy), F(dx), y.dim(0), y.dim(1), kStream),
+    return Cuda(ops_cuda::SoftmaxRowsBackward(F(y), F(dy), F(dx), y.dim(0), y.dim(1), Stream()),
                 "SoftmaxRowsBackward");
   }
   return Dispatch(y.dtype, [&](auto t) {
@@ -408,7 +409,7 @@ absl::Status AddGated(const TensorView& gate, int64_t column, const TensorView& 
   }
   if (x.device == Device::kCuda) {
     return Cuda(ops_cuda::AddGated(F(gate), gate.dim(1), column, F(x), x.dim(0), x.dim(1), F(acc),
-                                   kStream),
+                                   Stream()),
                 "AddGated");
   }
   return Dispatch(x.dtype, [&](auto t) {
@@ -439,7 +440,7 @@ absl::Status AddGatedBackward(const TensorView& gate, int64_t column, const Tens
   }
   if (x.device == Device::kCuda) {
     return Cuda(ops_cuda::AddGatedBackward(F(gate), gate.dim(1), column, F(x), F(dacc), x.dim(0),
-                                           x.dim(1), F(dx), F(dgate), kStream),
+                                           x.dim(1), F(dx), F(dgate), Stream()),
                 "AddGatedBackward");
   }
   return Dispatch(x.dtype, [&](auto t) {
@@ -466,7 +467,7 @@ absl::Status ScaleBags(const TensorView& sums, const TensorView& offsets, Poolin
   RECFLEET_RETURN_IF_ERROR(CheckOffsets("ScaleBags", offsets, sums.dim(0), -1, sums.device));
   if (sums.device == Device::kCuda) {
     return Cuda(ops_cuda::ScaleBags(F(sums), offsets.as<int64_t>(), sums.dim(0), sums.dim(1),
-                                    pooling == Pooling::kMean, F(out), kStream),
+                                    pooling == Pooling::kMean, F(out), Stream()),
                 "ScaleBags");
   }
   return Dispatch(sums.dtype, [&](auto t) {
@@ -496,7 +497,7 @@ absl::Status ExpandBags(const TensorView& dpooled, const TensorView& offsets, Po
   }
   if (dpooled.device == Device::kCuda) {
     return Cuda(ops_cuda::ExpandBags(F(dpooled), offsets.as<int64_t>(), dpooled.dim(0), out.dim(0),
-                                     out.dim(1), pooling == Pooling::kMean, F(out), kStream),
+                                     out.dim(1), pooling == Pooling::kMean, F(out), Stream()),
                 "ExpandBags");
   }
   return Dispatch(dpooled.dtype, [&](auto t) {
@@ -527,7 +528,7 @@ absl::Status ScatterAddRows(const TensorView& rows, const TensorView& slots, con
   }
   const int64_t n = rows.dim(0), d = rows.dim(1);
   if (rows.device == Device::kCuda) {
-    return Cuda(ops_cuda::ScatterAddRows(F(rows), slots.as<int64_t>(), n, d, F(out), kStream),
+    return Cuda(ops_cuda::ScatterAddRows(F(rows), slots.as<int64_t>(), n, d, F(out), Stream()),
                 "ScatterAddRows");
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -557,8 +558,8 @@ absl::Status Convert(const TensorView& src, const TensorView& dst) {
                                                    " must be fp32 and bf16 of one size and device"));
   }
   if (src.device == Device::kCuda) {
-    return down ? Cuda(ops_cuda::ToBf16(F(src), dst.data, src.numel(), kStream), "Convert")
-                : Cuda(ops_cuda::FromBf16(src.data, F(dst), src.numel(), kStream), "Convert");
+    return down ? Cuda(ops_cuda::ToBf16(F(src), dst.data, src.numel(), Stream()), "Convert")
+                : Cuda(ops_cuda::FromBf16(src.data, F(dst), src.numel(), Stream()), "Convert");
   }
   for (int64_t i = 0; i < src.numel(); ++i) {
     if (down) {
@@ -580,7 +581,7 @@ absl::Status CopyIndices(const TensorView& src, const TensorView& dst) {
   if (src.numel() == 0) return absl::OkStatus();
   if (src.device == Device::kCuda) {
     return Cuda(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice,
-                                static_cast<cudaStream_t>(kStream)),
+                                static_cast<cudaStream_t>(Stream())),
                 "CopyIndices");
   }
   std::copy_n(src.as<int64_t>(), src.numel(), dst.as<int64_t>());
@@ -593,7 +594,7 @@ absl::Status CopyFromHost(absl::Span<const float> src, const TensorView& dst) {
   if (dst.device == Device::kCuda) {
     if (src.empty()) return absl::OkStatus();
     return Cuda(cudaMemcpyAsync(dst.data, src.data(), src.size() * sizeof(float),
-                                cudaMemcpyHostToDevice, static_cast<cudaStream_t>(kStream)),
+                                cudaMemcpyHostToDevice, static_cast<cudaStream_t>(Stream())),
                 "CopyFromHost");
   }
   return Dispatch(dst.dtype, [&](auto t) {

@@ -17,7 +17,7 @@ Tower::Tower(const LayerContext& ctx, const std::string& name, int64_t in, int64
 absl::Status Tower::Forward(const TensorView& x, Tensor* logits) {
   RECFLEET_RETURN_IF_ERROR(l1_.Forward(x, &hidden_));
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, hidden_.shape(), &activated_));
-  RECFLEET_RETURN_IF_ERROR(ActivationForward(activation_, hidden_.view(), activated_.view()));
+  RECFLEET_RETURN_IF_ERROR(ActivationForward(activation_, hidden_.view(), activated_.view(), ComputeStream()));
   return l2_.Forward(activated_.view(), logits);
 }
 
@@ -25,7 +25,7 @@ absl::Status Tower::Backward(const TensorView& dlogits, const TensorView& dx, bo
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, hidden_.shape(), &d_hidden_));
   RECFLEET_RETURN_IF_ERROR(l2_.Backward(dlogits, d_hidden_.view(), false));
   RECFLEET_RETURN_IF_ERROR(
-      ActivationBackward(activation_, hidden_.view(), d_hidden_.view(), d_hidden_.view()));
+      ActivationBackward(activation_, hidden_.view(), d_hidden_.view(), d_hidden_.view(), ComputeStream()));
   return l1_.Backward(d_hidden_.view(), dx, accumulate);
 }
 
