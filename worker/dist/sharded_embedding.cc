@@ -707,7 +707,8 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
       served_grads[k].resize(served[k].size() / sizeof(float));
       if (absl::Status s = served[k].CopyToHost(served_grads[k].data(), served[k].size()); !s.ok()) return s;
     }
-    if (replica_group_ != nullptr && replica_group_->size() > 1) {
+    const bool replicated = replica_group_ != nullptr && replica_group_->size() > 1;
+    if (replicated) {
       if (absl::Status s = GatherReplicas(host, served_grads); !s.ok()) return s;
     }
     if (absl::Status s = AlignColumnSliceAccumulators(host, served_grads); !s.ok()) return s;
@@ -715,6 +716,8 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
       absl::StatusOr<DeviceBuffer> b = Stage(device_, served_grads[k]);
       if (!b.ok()) return b.status();
       served[k] = *std::move(b);
+      // Only the replicas' union changes the served bags.
+      if (!replicated) continue;
       absl::StatusOr<DeviceBuffer> ids_dev = Stage(device_, host.ids[k]);
       if (!ids_dev.ok()) return ids_dev.status();
       pending_.ids[k] = *std::move(ids_dev);
