@@ -496,7 +496,8 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
     }
   }
   std::vector<int64_t> lengths_filled(num_mine, 0), ids_filled(num_mine, 0);
-  for (int p = 0, len_pos = 0, id_pos = 0; p < group; ++p) {
+  int64_t len_pos = 0, id_pos = 0;
+  for (int p = 0; p < group; ++p) {
     for (int k = 0; k < num_mine; ++k) {
       const int64_t bags = Bags(p, mine[k]), n = received(p, mine[k]);
       if (absl::Status s = CopyOnDevice(device_, static_cast<int64_t*>(lengths[k].data()) + lengths_filled[k],
