@@ -689,17 +689,18 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
   }
   // Replicated shards and column slices exchange bags and per-row sums
   // with their peers on the host (the whole group takes this branch or
-  // none: both conditions are the plan's).
-  bool any_sliced = false;
-  for (int t = 0; t < num_tables; ++t) {
-    any_sliced = any_sliced || (plan_.placement(t).sharding == TableSharding::kColumnWise && plan_.NumShards(t) > 1);
-  }
-  if ((replica_group_ != nullptr && replica_group_->size() > 1) || any_sliced) {
+  // none: both conditions are the plan's). Slices alone only read their
+  // own bags and gradients there; replicas replace every table's.
+  const bool replicated = replica_group_ != nullptr && replica_group_->size() > 1;
+  if (replicated || AnySliced()) {
     ServedOnHost host;
     std::vector<std::vector<float>> served_grads(num_mine);
+    host.offsets.resize(num_mine);
+    host.ids.resize(num_mine);
     for (int k = 0; k < num_mine; ++k) {
-      host.offsets.emplace_back(pending_.served_bags[k] + 1);
-      host.ids.emplace_back(pending_.served_ids[k]);
+      if (!replicated && !Sliced(mine[k])) continue;
+      host.offsets[k].resize(pending_.served_bags[k] + 1);
+      host.ids[k].resize(pending_.served_ids[k]);
       for (auto [buffer, to] : {std::pair<const DeviceBuffer*, std::vector<int64_t>*>{&pending_.offsets[k],
                                                                                     &host.offsets[k]},
                                 {&pending_.ids[k], &host.ids[k]}}) {
@@ -708,17 +709,14 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
       served_grads[k].resize(served[k].size() / sizeof(float));
       if (absl::Status s = served[k].CopyToHost(served_grads[k].data(), served[k].size()); !s.ok()) return s;
     }
-    const bool replicated = replica_group_ != nullptr && replica_group_->size() > 1;
     if (replicated) {
       if (absl::Status s = GatherReplicas(host, served_grads); !s.ok()) return s;
     }
     if (absl::Status s = AlignColumnSliceAccumulators(host, served_grads); !s.ok()) return s;
-    for (int k = 0; k < num_mine; ++k) {
+    for (int k = 0; replicated && k < num_mine; ++k) {
       absl::StatusOr<DeviceBuffer> b = Stage(device_, served_grads[k]);
       if (!b.ok()) return b.status();
       served[k] = *std::move(b);
-      // Only the replicas' union changes the served bags.
-      if (!replicated) continue;
       absl::StatusOr<DeviceBuffer> ids_dev = Stage(device_, host.ids[k]);
       if (!ids_dev.ok()) return ids_dev.status();
       pending_.ids[k] = *std::move(ids_dev);
@@ -739,6 +737,17 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
   // V3: every holder of the block applied the same update; each keeps its
   // part.
   return ReleaseBlocks();
+}
+
+bool ShardedEmbeddingCollection::Sliced(int t) const {
+  return plan_.placement(t).sharding == TableSharding::kColumnWise && plan_.NumShards(t) > 1;
+}
+
+bool ShardedEmbeddingCollection::AnySliced() const {
+  for (int t = 0; t < plan_.num_tables(); ++t) {
+    if (Sliced(t)) return true;
+  }
+  return false;
 }
 
 JaggedView ShardedEmbeddingCollection::ServedBags(int k) const {
@@ -817,7 +826,7 @@ absl::Status ShardedEmbeddingCollection::AlignColumnSliceAccumulators(const Serv
   std::vector<std::vector<double>> own(mine.size());
   for (size_t k = 0; k < mine.size(); ++k) {
     const int t = mine[k];
-    if (plan_.placement(t).sharding != TableSharding::kColumnWise || plan_.NumShards(t) < 2) continue;
+    if (!Sliced(t)) continue;
     sliced.push_back(static_cast<int>(k));
     const int64_t cols = plan_.Columns(t, me);
     std::map<int64_t, std::vector<double>> summed;
@@ -838,11 +847,7 @@ absl::Status ShardedEmbeddingCollection::AlignColumnSliceAccumulators(const Serv
   }
   // The exchange is a collective of the whole group: every rank joins it
   // when any table is sliced, whether or not it holds a slice.
-  bool any_sliced = false;
-  for (int t = 0; t < plan_.num_tables(); ++t) {
-    any_sliced = any_sliced || (plan_.placement(t).sharding == TableSharding::kColumnWise && plan_.NumShards(t) > 1);
-  }
-  if (!any_sliced) return absl::OkStatus();
+  if (!AnySliced()) return absl::OkStatus();
 
   // Every other holder of a sliced table gets this slice's sums, tables in
   // ascending order (the order both sides walk).

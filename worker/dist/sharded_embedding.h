@@ -54,10 +54,12 @@
 //    and scaled (mean pooling, by the offsets already there) by device
 //    copies and the engine's ops, around device all-to-alls; the backward
 //    reuses the served bags Forward left on the device;
-//  - with a replica group, or column-wise tables of several slices, the
-//    served bags and their gradients go to the host for the replicas'
-//    exchange of bags and the slices' per-row sums (GatherReplicas,
-//    AlignColumnSliceAccumulators) and come back.
+//  - with a replica group, every table's served bags and gradients go to
+//    the host for the replicas' exchange of bags (GatherReplicas) and come
+//    back; with column-wise tables of several slices, those tables' bags
+//    and gradients go to the host for the slices' per-row sums, which
+//    change only the accumulators (AlignColumnSliceAccumulators, a copy of
+//    each sliced table's accumulators to the host and back).
 // Buffers are allocated per call. Not thread-safe.
 
 #include <functional>
@@ -229,7 +231,7 @@ class ShardedEmbeddingCollection {
   };
 
   // The served bags of Pending copied to the host, for the exchanges that
-  // still run there.
+  // still run there (empty for tables they do not read).
   struct ServedOnHost {
     std::vector<std::vector<int64_t>> offsets;
     std::vector<std::vector<int64_t>> ids;
@@ -257,6 +259,9 @@ class ShardedEmbeddingCollection {
   int64_t Bags(int rank, int t) const { return pending_.bags[rank * plan_.num_tables() + t]; }
   // The served bags of local table k (index into TablesOn(rank)).
   JaggedView ServedBags(int k) const;
+  // Table t is column-wise in more than one slice; some table is.
+  bool Sliced(int t) const;
+  bool AnySliced() const;
   // out = in with each of this rank's bags of table t (the last Forward's)
   // divided by its length (empty bags unchanged): mean pooling, on the
   // device. `out` may be `in`.
@@ -264,7 +269,8 @@ class ShardedEmbeddingCollection {
   // Replaces the served bags and `grads` of every local table by their
   // union over the replica group, in replica-rank order.
   absl::Status GatherReplicas(ServedOnHost& served, std::vector<std::vector<float>>& grads);
-  // For every local column-wise table of more than one slice: adds to the
+  // For every local column-wise table of more than one slice (`served` and
+  // `grads` hold at least those tables'): adds to the
   // accumulator of each row that `grads` touch the difference between the
   // mean square of the row's whole gradient (every slice's, exchanged with
   // the other holders) and of this slice's, so the kernel's rowwise-Adagrad
