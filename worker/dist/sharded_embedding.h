@@ -60,6 +60,9 @@
 //    and gradients go to the host for the slices' per-row sums, which
 //    change only the accumulators (AlignColumnSliceAccumulators, a copy of
 //    each sliced table's accumulators to the host and back).
+// Without replicas or slices a step (Forward and BackwardAndUpdate) copies
+// twice to the device (this rank's bag counts, its batch) and twice back
+// (every rank's bag counts, the id counts), whatever the number of tables.
 // Buffers are allocated per call. Not thread-safe.
 
 #include <functional>
