@@ -2,9 +2,10 @@
 #define RECFLEET_WORKER_DIST_DEVICE_BUFFER_H_
 
 // Owned storage on the host or on the current CUDA device, with copies to
-// and from host memory. Distributed building blocks do their bookkeeping
-// (routing ids to owners, packing messages) on the host and stage it
-// through these buffers when their communicators and tables live on a GPU.
+// and from host memory. Distributed building blocks keep their messages
+// and the ids they route in these buffers on the communicators' device, and
+// stage the little bookkeeping that stays on the host (counts, the
+// exchanges not yet moved to the device) through them.
 // Move-only; not thread-safe.
 
 #include <cstddef>

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/layers/ops.h"
+#include "kernels/embedding/bucket.h"
 #include "worker/dist/staged.h"
 
 namespace recfleet {
@@ -375,56 +376,151 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
   });
   if (!gathered.ok()) return gathered;
 
-  // Per owner, per table it holds, per bag: how many ids of the bag it owns,
-  // and those ids as local rows.
-  std::vector<int64_t> len_send, id_send, len_counts(group, 0), id_counts(group, 0);
+  // This rank's batch on the device in one copy: per table, its offsets (as
+  // int64) then its ids.
+  std::vector<int64_t> packed, ids_at(num_tables);
+  pending_.own_offsets_at.assign(num_tables, 0);
+  for (int t = 0; t < num_tables; ++t) {
+    pending_.own_offsets_at[t] = static_cast<int64_t>(packed.size());
+    for (int64_t b = 0; b <= my_bags[t]; ++b) packed.push_back(ids[t].offset(b));
+    ids_at[t] = static_cast<int64_t>(packed.size());
+    const int64_t* v = ids[t].values.as<int64_t>();
+    packed.insert(packed.end(), v, v + ids[t].total_length());
+  }
+  absl::StatusOr<DeviceBuffer> input = Stage(device_, packed);
+  if (!input.ok()) return input.status();
+  pending_.input = *std::move(input);
+  pending_.own_bags = my_bags;
+  auto packed_view = [&](int64_t at, int64_t n) {
+    return MakeView(static_cast<int64_t*>(pending_.input.data()) + at, DType::kInt64, {n}, device_);
+  };
+
+  // Bucketed on the device, per owner, per table it holds, per bag: how
+  // many of the bag's ids the owner holds (the bag lengths it receives) and
+  // those ids as its local rows. Row blocks split the ids; every column
+  // slice holder gets them all.
+  std::vector<IdBucketing> bucketing(num_tables);
+  std::vector<int64_t> len_counts(group, 0);
+  int64_t num_lengths = 0, num_routed = 0;
+  for (int t = 0; t < num_tables; ++t) {
+    bucketing[t].ids = {packed_view(ids_at[t], ids[t].total_length()),
+                        packed_view(pending_.own_offsets_at[t], my_bags[t] + 1)};
+  }
   for (int d = 0; d < group; ++d) {
     for (int t : plan_.TablesOn(d)) {
       const auto [first, end] = plan_.RowRange(t, d);
-      const int64_t* v = ids[t].values.as<int64_t>();
-      for (int64_t b = 0; b < my_bags[t]; ++b) {
-        int64_t count = 0;
-        for (int64_t i = ids[t].offset(b); i < ids[t].offset(b + 1); ++i) {
-          if (v[i] >= first && v[i] < end) {
-            id_send.push_back(v[i] - first);
-            ++count;
-          }
-        }
-        len_send.push_back(count);
-        id_counts[d] += count;
-      }
+      bucketing[t].shards.push_back({first, end, num_lengths, static_cast<int64_t>(d) * num_tables + t});
+      num_lengths += my_bags[t];
       len_counts[d] += my_bags[t];
     }
+  }
+  for (int t = 0; t < num_tables; ++t) {
+    const bool sliced = plan_.placement(t).sharding == TableSharding::kColumnWise;
+    num_routed += ids[t].total_length() * (sliced ? static_cast<int64_t>(bucketing[t].shards.size()) : 1);
+  }
+  // counts: the ids this rank sends each (rank, table), then those it
+  // receives from each (rank, table).
+  const int64_t num_counts = static_cast<int64_t>(group) * num_tables;
+  absl::StatusOr<DeviceBuffer> counts = DeviceBuffer::Zeros(device_, 2 * num_counts * sizeof(int64_t));
+  if (!counts.ok()) return counts.status();
+  absl::StatusOr<DeviceBuffer> len_send = DeviceBuffer::Zeros(device_, num_lengths * sizeof(int64_t));
+  if (!len_send.ok()) return len_send.status();
+  absl::StatusOr<DeviceBuffer> id_send = DeviceBuffer::Zeros(device_, num_routed * sizeof(int64_t));
+  if (!id_send.ok()) return id_send.status();
+  const TensorView send_counts_view = View<int64_t>(*counts, num_counts);
+  const TensorView recv_counts_view =
+      MakeView(static_cast<int64_t*>(counts->data()) + num_counts, DType::kInt64, {num_counts}, device_);
+  if (absl::Status s = BucketIdsByShard(bucketing, View<int64_t>(*len_send, num_lengths),
+                                        View<int64_t>(*id_send, num_routed), send_counts_view);
+      !s.ok()) {
+    return s;
+  }
+  const std::vector<int64_t> per_rank(group, num_tables);
+  if (absl::Status s = table_group_->AllToAll(send_counts_view, per_rank, recv_counts_view, per_rank); !s.ok()) {
+    return s;
   }
   std::vector<int64_t> len_recv_counts(group, 0);
   for (int p = 0; p < group; ++p) {
     for (int t : mine) len_recv_counts[p] += Bags(p, t);
   }
-  std::vector<int64_t> len_recv(Sum(len_recv_counts));
-  if (absl::Status s = StagedAllToAll(*table_group_, len_send, len_counts, len_recv, len_recv_counts); !s.ok()) {
+  absl::StatusOr<DeviceBuffer> len_recv = DeviceBuffer::Zeros(device_, Sum(len_recv_counts) * sizeof(int64_t));
+  if (!len_recv.ok()) return len_recv.status();
+  if (absl::Status s = table_group_->AllToAll(View<int64_t>(*len_send, num_lengths), len_counts,
+                                              View<int64_t>(*len_recv, Sum(len_recv_counts)), len_recv_counts);
+      !s.ok()) {
     return s;
   }
-  std::vector<int64_t> id_recv_counts(group, 0);
-  for (int p = 0, pos = 0; p < group; ++p) {
-    for (int64_t i = 0; i < len_recv_counts[p]; ++i) id_recv_counts[p] += len_recv[pos++];
+  // The only copy back to the host: the id counts, which size the ids'
+  // all-to-all and the regrouping below.
+  std::vector<int64_t> id_matrix(2 * num_counts);
+  if (absl::Status s = counts->CopyToHost(id_matrix.data(), id_matrix.size() * sizeof(int64_t)); !s.ok()) return s;
+  auto received = [&](int p, int t) { return id_matrix[num_counts + static_cast<int64_t>(p) * num_tables + t]; };
+  std::vector<int64_t> id_counts(group, 0), id_recv_counts(group, 0);
+  for (int d = 0; d < group; ++d) {
+    for (int t = 0; t < num_tables; ++t) {
+      id_counts[d] += id_matrix[static_cast<int64_t>(d) * num_tables + t];
+      id_recv_counts[d] += received(d, t);
+    }
   }
-  std::vector<int64_t> id_recv(Sum(id_recv_counts));
-  if (absl::Status s = StagedAllToAll(*table_group_, id_send, id_counts, id_recv, id_recv_counts); !s.ok()) {
+  absl::StatusOr<DeviceBuffer> id_recv = DeviceBuffer::Zeros(device_, Sum(id_recv_counts) * sizeof(int64_t));
+  if (!id_recv.ok()) return id_recv.status();
+  if (absl::Status s = table_group_->AllToAll(View<int64_t>(*id_send, num_routed), id_counts,
+                                              View<int64_t>(*id_recv, Sum(id_recv_counts)), id_recv_counts);
+      !s.ok()) {
     return s;
   }
 
   // Regroup what arrived (source, table, bag) into one jagged batch per local
-  // table, bags ordered by (source, bag).
-  pending_.offsets.assign(num_mine, std::vector<int64_t>{0});
-  pending_.ids.assign(num_mine, {});
-  for (int p = 0, len_pos = 0, id_pos = 0; p < group; ++p) {
+  // table, bags ordered by (source, bag), by device copies; the offsets are
+  // the running sums of the received lengths.
+  pending_.served_bags.assign(num_mine, 0);
+  pending_.served_ids.assign(num_mine, 0);
+  for (int k = 0; k < num_mine; ++k) {
+    for (int p = 0; p < group; ++p) {
+      pending_.served_bags[k] += Bags(p, mine[k]);
+      pending_.served_ids[k] += received(p, mine[k]);
+    }
+  }
+  std::vector<DeviceBuffer> lengths(num_mine);
+  pending_.ids.clear();
+  pending_.ids.resize(num_mine);
+  pending_.offsets.clear();
+  pending_.offsets.resize(num_mine);
+  for (int k = 0; k < num_mine; ++k) {
+    for (auto [buffer, n] : {std::pair<DeviceBuffer*, int64_t>{&lengths[k], pending_.served_bags[k]},
+                             {&pending_.ids[k], pending_.served_ids[k]},
+                             {&pending_.offsets[k], pending_.served_bags[k] + 1}}) {
+      absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Zeros(device_, n * sizeof(int64_t));
+      if (!b.ok()) return b.status();
+      *buffer = *std::move(b);
+    }
+  }
+  std::vector<int64_t> lengths_filled(num_mine, 0), ids_filled(num_mine, 0);
+  int64_t len_pos = 0, id_pos = 0;
+  for (int p = 0; p < group; ++p) {
     for (int k = 0; k < num_mine; ++k) {
-      for (int64_t b = 0; b < Bags(p, mine[k]); ++b) {
-        const int64_t n = len_recv[len_pos++];
-        pending_.ids[k].insert(pending_.ids[k].end(), id_recv.begin() + id_pos, id_recv.begin() + id_pos + n);
-        id_pos += n;
-        pending_.offsets[k].push_back(pending_.offsets[k].back() + n);
+      const int64_t bags = Bags(p, mine[k]), n = received(p, mine[k]);
+      if (absl::Status s = CopyOnDevice(device_, static_cast<int64_t*>(lengths[k].data()) + lengths_filled[k],
+                                        static_cast<const int64_t*>(len_recv->data()) + len_pos, bags * sizeof(int64_t));
+          !s.ok()) {
+        return s;
       }
+      if (absl::Status s = CopyOnDevice(device_, static_cast<int64_t*>(pending_.ids[k].data()) + ids_filled[k],
+                                        static_cast<const int64_t*>(id_recv->data()) + id_pos, n * sizeof(int64_t));
+          !s.ok()) {
+        return s;
+      }
+      lengths_filled[k] += bags;
+      ids_filled[k] += n;
+      len_pos += bags;
+      id_pos += n;
+    }
+  }
+  for (int k = 0; k < num_mine; ++k) {
+    if (absl::Status s = OffsetsFromLengths(View<int64_t>(lengths[k], pending_.served_bags[k]),
+                                            View<int64_t>(pending_.offsets[k], pending_.served_bags[k] + 1));
+        !s.ok()) {
+      return s;
     }
   }
 
@@ -433,23 +529,16 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
   // (source, bag) order.
   std::vector<int64_t> partial_at(num_mine + 1, 0);
   for (int k = 0; k < num_mine; ++k) {
-    const int64_t served = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
-    partial_at[k + 1] = partial_at[k] + served * plan_.Columns(mine[k], me);
+    partial_at[k + 1] = partial_at[k] + pending_.served_bags[k] * plan_.Columns(mine[k], me);
   }
   absl::StatusOr<DeviceBuffer> partial = DeviceBuffer::Zeros(device_, partial_at[num_mine] * sizeof(float));
   if (!partial.ok()) return partial.status();
   float* const partial_data = static_cast<float*>(partial->data());
   for (int k = 0; k < num_mine; ++k) {
     const int t = mine[k];
-    const int64_t served = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
-    absl::StatusOr<DeviceBuffer> ids_dev = Stage(device_, pending_.ids[k]);
-    if (!ids_dev.ok()) return ids_dev.status();
-    absl::StatusOr<DeviceBuffer> offsets_dev = Stage(device_, pending_.offsets[k]);
-    if (!offsets_dev.ok()) return offsets_dev.status();
-    JaggedView bags{View<int64_t>(*ids_dev, pending_.ids[k].size()), View<int64_t>(*offsets_dev, served + 1)};
-    const TensorView out_k =
-        MakeView(partial_data + partial_at[k], DType::kFloat32, {served, plan_.Columns(t, me)}, device_);
-    if (absl::Status s = EmbeddingBagForward(Block(t), bags, Pooling::kSum, out_k); !s.ok()) return s;
+    const TensorView out_k = MakeView(partial_data + partial_at[k], DType::kFloat32,
+                                      {pending_.served_bags[k], plan_.Columns(t, me)}, device_);
+    if (absl::Status s = EmbeddingBagForward(Block(t), ServedBags(k), Pooling::kSum, out_k); !s.ok()) return s;
   }
 
   // Send each source its bags' vectors; receive ours from every owner. Each
@@ -506,9 +595,7 @@ absl::Status ShardedEmbeddingCollection::Forward(absl::Span<const JaggedView> id
       if (!s.ok()) return s;
     }
   }
-  pending_.own_lengths.assign(num_tables, {});
   for (int t = 0; t < num_tables; ++t) {
-    for (int64_t b = 0; b < my_bags[t]; ++b) pending_.own_lengths[t].push_back(ids[t].length(b));
     if (plan_.table(t).pooling == Pooling::kMean) {
       if (absl::Status s = ScaleByBagLengths(t, out[t], out[t]); !s.ok()) return s;
     }
@@ -525,7 +612,7 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
   if (absl::Status s = CheckPerTable(grads, "grads"); !s.ok()) return s;
   const int num_tables = plan_.num_tables();
   for (int t = 0; t < num_tables; ++t) {
-    const int64_t bags = static_cast<int64_t>(pending_.own_lengths[t].size());
+    const int64_t bags = pending_.own_bags[t];
     if (absl::Status s = CheckDim(grads[t], absl::StrCat("grads[", t, "]"), 0, bags); !s.ok()) return s;
   }
 
@@ -583,8 +670,8 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
   std::vector<DeviceBuffer> served(num_mine);
   std::vector<int64_t> filled(num_mine, 0);
   for (int k = 0; k < num_mine; ++k) {
-    const int64_t bags = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
-    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Zeros(device_, bags * plan_.Columns(mine[k], me) * sizeof(float));
+    absl::StatusOr<DeviceBuffer> b =
+        DeviceBuffer::Zeros(device_, pending_.served_bags[k] * plan_.Columns(mine[k], me) * sizeof(float));
     if (!b.ok()) return b.status();
     served[k] = *std::move(b);
   }
@@ -602,37 +689,49 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
   }
   // Replicated shards and column slices exchange bags and per-row sums
   // with their peers on the host (the whole group takes this branch or
-  // none: both conditions are the plan's).
-  bool any_sliced = false;
-  for (int t = 0; t < num_tables; ++t) {
-    any_sliced = any_sliced || (plan_.placement(t).sharding == TableSharding::kColumnWise && plan_.NumShards(t) > 1);
-  }
-  if ((replica_group_ != nullptr && replica_group_->size() > 1) || any_sliced) {
+  // none: both conditions are the plan's). Slices alone only read their
+  // own bags and gradients there; replicas replace every table's.
+  const bool replicated = replica_group_ != nullptr && replica_group_->size() > 1;
+  if (replicated || AnySliced()) {
+    ServedOnHost host;
     std::vector<std::vector<float>> served_grads(num_mine);
+    host.offsets.resize(num_mine);
+    host.ids.resize(num_mine);
     for (int k = 0; k < num_mine; ++k) {
+      if (!replicated && !Sliced(mine[k])) continue;
+      host.offsets[k].resize(pending_.served_bags[k] + 1);
+      host.ids[k].resize(pending_.served_ids[k]);
+      for (auto [buffer, to] : {std::pair<const DeviceBuffer*, std::vector<int64_t>*>{&pending_.offsets[k],
+                                                                                    &host.offsets[k]},
+                                {&pending_.ids[k], &host.ids[k]}}) {
+        if (absl::Status s = buffer->CopyToHost(to->data(), to->size() * sizeof(int64_t)); !s.ok()) return s;
+      }
       served_grads[k].resize(served[k].size() / sizeof(float));
       if (absl::Status s = served[k].CopyToHost(served_grads[k].data(), served[k].size()); !s.ok()) return s;
     }
-    if (replica_group_ != nullptr && replica_group_->size() > 1) {
-      if (absl::Status s = GatherReplicas(served_grads); !s.ok()) return s;
+    if (replicated) {
+      if (absl::Status s = GatherReplicas(host, served_grads); !s.ok()) return s;
     }
-    if (absl::Status s = AlignColumnSliceAccumulators(served_grads); !s.ok()) return s;
-    for (int k = 0; k < num_mine; ++k) {
+    if (absl::Status s = AlignColumnSliceAccumulators(host, served_grads); !s.ok()) return s;
+    for (int k = 0; replicated && k < num_mine; ++k) {
       absl::StatusOr<DeviceBuffer> b = Stage(device_, served_grads[k]);
       if (!b.ok()) return b.status();
       served[k] = *std::move(b);
+      absl::StatusOr<DeviceBuffer> ids_dev = Stage(device_, host.ids[k]);
+      if (!ids_dev.ok()) return ids_dev.status();
+      pending_.ids[k] = *std::move(ids_dev);
+      absl::StatusOr<DeviceBuffer> offsets_dev = Stage(device_, host.offsets[k]);
+      if (!offsets_dev.ok()) return offsets_dev.status();
+      pending_.offsets[k] = *std::move(offsets_dev);
+      pending_.served_bags[k] = static_cast<int64_t>(host.offsets[k].size()) - 1;
+      pending_.served_ids[k] = static_cast<int64_t>(host.ids[k].size());
     }
   }
   for (int k = 0; k < num_mine; ++k) {
     const int t = mine[k];
-    const int64_t bags = static_cast<int64_t>(pending_.offsets[k].size()) - 1;
-    absl::StatusOr<DeviceBuffer> ids_dev = Stage(device_, pending_.ids[k]);
-    if (!ids_dev.ok()) return ids_dev.status();
-    absl::StatusOr<DeviceBuffer> offsets_dev = Stage(device_, pending_.offsets[k]);
-    if (!offsets_dev.ok()) return offsets_dev.status();
-    JaggedView jagged{View<int64_t>(*ids_dev, pending_.ids[k].size()), View<int64_t>(*offsets_dev, bags + 1)};
-    absl::Status s = EmbeddingBagBackwardAdagrad(served[k].View(DType::kFloat32, {bags, plan_.Columns(t, me)}), jagged,
-                                                 Pooling::kSum, optimizer_, Block(t), BlockMomentum(t));
+    absl::Status s = EmbeddingBagBackwardAdagrad(
+        served[k].View(DType::kFloat32, {pending_.served_bags[k], plan_.Columns(t, me)}), ServedBags(k),
+        Pooling::kSum, optimizer_, Block(t), BlockMomentum(t));
     if (!s.ok()) return s;
   }
   // V3: every holder of the block applied the same update; each keeps its
@@ -640,18 +739,32 @@ absl::Status ShardedEmbeddingCollection::BackwardAndUpdate(absl::Span<const Tens
   return ReleaseBlocks();
 }
 
-absl::Status ShardedEmbeddingCollection::ScaleByBagLengths(int t, const TensorView& in, const TensorView& out) {
-  const std::vector<int64_t>& lengths = pending_.own_lengths[t];
-  if (lengths.empty()) return absl::OkStatus();
-  std::vector<int64_t> offsets = {0};
-  for (int64_t n : lengths) offsets.push_back(offsets.back() + n);
-  absl::StatusOr<DeviceBuffer> offsets_dev = Stage(device_, offsets);
-  if (!offsets_dev.ok()) return offsets_dev.status();
-  // ScaleBags reads a bag's row before writing it, so `out` may be `in`.
-  return engine::ops::ScaleBags(in, View<int64_t>(*offsets_dev, offsets.size()), Pooling::kMean, out);
+bool ShardedEmbeddingCollection::Sliced(int t) const {
+  return plan_.placement(t).sharding == TableSharding::kColumnWise && plan_.NumShards(t) > 1;
 }
 
-absl::Status ShardedEmbeddingCollection::GatherReplicas(std::vector<std::vector<float>>& grads) {
+bool ShardedEmbeddingCollection::AnySliced() const {
+  for (int t = 0; t < plan_.num_tables(); ++t) {
+    if (Sliced(t)) return true;
+  }
+  return false;
+}
+
+JaggedView ShardedEmbeddingCollection::ServedBags(int k) const {
+  return {View<int64_t>(pending_.ids[k], pending_.served_ids[k]),
+          View<int64_t>(pending_.offsets[k], pending_.served_bags[k] + 1)};
+}
+
+absl::Status ShardedEmbeddingCollection::ScaleByBagLengths(int t, const TensorView& in, const TensorView& out) {
+  const int64_t bags = pending_.own_bags[t];
+  if (bags == 0) return absl::OkStatus();
+  const TensorView offsets = MakeView(static_cast<int64_t*>(pending_.input.data()) + pending_.own_offsets_at[t],
+                                      DType::kInt64, {bags + 1}, device_);
+  // ScaleBags reads a bag's row before writing it, so `out` may be `in`.
+  return engine::ops::ScaleBags(in, offsets, Pooling::kMean, out);
+}
+
+absl::Status ShardedEmbeddingCollection::GatherReplicas(ServedOnHost& served, std::vector<std::vector<float>>& grads) {
   const std::vector<int>& mine = plan_.TablesOn(table_group_->rank());
   const int num_mine = static_cast<int>(mine.size());
   const int replicas = replica_group_->size();
@@ -659,11 +772,11 @@ absl::Status ShardedEmbeddingCollection::GatherReplicas(std::vector<std::vector<
   std::vector<int64_t> ints;
   std::vector<float> floats;
   for (int k = 0; k < num_mine; ++k) {
-    const std::vector<int64_t>& off = pending_.offsets[k];
+    const std::vector<int64_t>& off = served.offsets[k];
     ints.push_back(static_cast<int64_t>(off.size()) - 1);
-    ints.push_back(static_cast<int64_t>(pending_.ids[k].size()));
+    ints.push_back(static_cast<int64_t>(served.ids[k].size()));
     for (size_t b = 0; b + 1 < off.size(); ++b) ints.push_back(off[b + 1] - off[b]);
-    ints.insert(ints.end(), pending_.ids[k].begin(), pending_.ids[k].end());
+    ints.insert(ints.end(), served.ids[k].begin(), served.ids[k].end());
     floats.insert(floats.end(), grads[k].begin(), grads[k].end());
   }
   std::vector<int64_t> sizes = {static_cast<int64_t>(ints.size()), static_cast<int64_t>(floats.size())};
@@ -694,13 +807,14 @@ absl::Status ShardedEmbeddingCollection::GatherReplicas(std::vector<std::vector<
       fpos += n_floats;
     }
   }
-  pending_.offsets = std::move(offsets);
-  pending_.ids = std::move(ids);
+  served.offsets = std::move(offsets);
+  served.ids = std::move(ids);
   grads = std::move(union_grads);
   return absl::OkStatus();
 }
 
-absl::Status ShardedEmbeddingCollection::AlignColumnSliceAccumulators(const std::vector<std::vector<float>>& grads) {
+absl::Status ShardedEmbeddingCollection::AlignColumnSliceAccumulators(const ServedOnHost& served,
+                                                                      const std::vector<std::vector<float>>& grads) {
   const int group = table_group_->size();
   const int me = table_group_->rank();
   const std::vector<int>& mine = plan_.TablesOn(me);
@@ -712,14 +826,14 @@ absl::Status ShardedEmbeddingCollection::AlignColumnSliceAccumulators(const std:
   std::vector<std::vector<double>> own(mine.size());
   for (size_t k = 0; k < mine.size(); ++k) {
     const int t = mine[k];
-    if (plan_.placement(t).sharding != TableSharding::kColumnWise || plan_.NumShards(t) < 2) continue;
+    if (!Sliced(t)) continue;
     sliced.push_back(static_cast<int>(k));
     const int64_t cols = plan_.Columns(t, me);
     std::map<int64_t, std::vector<double>> summed;
-    const std::vector<int64_t>& off = pending_.offsets[k];
+    const std::vector<int64_t>& off = served.offsets[k];
     for (size_t b = 0; b + 1 < off.size(); ++b) {
       for (int64_t i = off[b]; i < off[b + 1]; ++i) {
-        std::vector<double>& g = summed[pending_.ids[k][i]];
+        std::vector<double>& g = summed[served.ids[k][i]];
         g.resize(cols, 0.0);
         for (int64_t c = 0; c < cols; ++c) g[c] += grads[k][b * cols + c];
       }
@@ -733,11 +847,7 @@ absl::Status ShardedEmbeddingCollection::AlignColumnSliceAccumulators(const std:
   }
   // The exchange is a collective of the whole group: every rank joins it
   // when any table is sliced, whether or not it holds a slice.
-  bool any_sliced = false;
-  for (int t = 0; t < plan_.num_tables(); ++t) {
-    any_sliced = any_sliced || (plan_.placement(t).sharding == TableSharding::kColumnWise && plan_.NumShards(t) > 1);
-  }
-  if (!any_sliced) return absl::OkStatus();
+  if (!AnySliced()) return absl::OkStatus();
 
   // Every other holder of a sliced table gets this slice's sums, tables in
   // ascending order (the order both sides walk).

@@ -36,18 +36,33 @@
 // Devices: tables, outputs and gradients live on the communicators' device
 // (host with Gloo, the current CUDA device with NCCL); id lists are host
 // memory, as they come from the data loader. The same code path on both
-// devices:
-//  - ids and bag lengths are routed to their owners on the host and staged
-//    through device buffers for the all-to-alls and the kernels (a
-//    device-side bucketing of ids would remove that copy);
+// devices (kernels/embedding/bucket.h runs on either):
+//  - a step's ids and bag offsets go to the device in one copy; there they
+//    are bucketed by owner (per owner and bag, the count of its ids; a
+//    scan; a stable scatter of the ids as the owner's local rows: row
+//    blocks split them, every column slice holder gets them all), sent
+//    (all-to-alls of the per-(owner, table) id counts, of the bag lengths
+//    and of the ids), regrouped per table by device copies and turned into
+//    jagged offsets by a device scan. The bag counts (an all-gather, before
+//    the copy) and the id counts (one copy of 2 x group x tables integers,
+//    after their all-to-all) are all that comes back to the host: they
+//    size the all-to-alls and the regrouping. Pooled rows need no index on
+//    the way back: each owner returns one row per bag it received, in the
+//    order it received them;
 //  - pooled partial rows, the pooled outputs and their gradients never
 //    leave the device: packed, summed (row blocks), placed (column slices)
-//    and scaled (mean pooling) there by device copies and the engine's
-//    ops, around device all-to-alls;
-//  - with a replica group, or column-wise tables of several slices, the
-//    served gradients go to the host for the replicas' exchange of bags
-//    and the slices' per-row sums (GatherReplicas,
-//    AlignColumnSliceAccumulators) and come back.
+//    and scaled (mean pooling, by the offsets already there) by device
+//    copies and the engine's ops, around device all-to-alls; the backward
+//    reuses the served bags Forward left on the device;
+//  - with a replica group, every table's served bags and gradients go to
+//    the host for the replicas' exchange of bags (GatherReplicas) and come
+//    back; with column-wise tables of several slices, those tables' bags
+//    and gradients go to the host for the slices' per-row sums, which
+//    change only the accumulators (AlignColumnSliceAccumulators, a copy of
+//    each sliced table's accumulators to the host and back).
+// Without replicas or slices a step (Forward and BackwardAndUpdate) copies
+// twice to the device (this rank's bag counts, its batch) and twice back
+// (every rank's bag counts, the id counts), whatever the number of tables.
 // Buffers are allocated per call. Not thread-safe.
 
 #include <functional>
@@ -204,11 +219,25 @@ class ShardedEmbeddingCollection {
     // bags[p * num_tables + t]: bags table-group rank p looked up in table t.
     std::vector<int64_t> bags;
     // Per table this rank holds (index into TablesOn(rank)): the bags it
-    // served, ordered by (source rank, bag), as local row ids.
+    // served, ordered by (source rank, bag), as a jagged batch of local row
+    // ids on the device (int64), and its bag and id counts.
+    std::vector<DeviceBuffer> offsets;
+    std::vector<DeviceBuffer> ids;
+    std::vector<int64_t> served_bags;
+    std::vector<int64_t> served_ids;
+    // This rank's own batch as copied to the device: per table, its offsets
+    // (from own_offsets_at[t], own_bags[t] + 1 of them, for mean pooling)
+    // then its ids.
+    DeviceBuffer input;
+    std::vector<int64_t> own_offsets_at;
+    std::vector<int64_t> own_bags;
+  };
+
+  // The served bags of Pending copied to the host, for the exchanges that
+  // still run there (empty for tables they do not read).
+  struct ServedOnHost {
     std::vector<std::vector<int64_t>> offsets;
     std::vector<std::vector<int64_t>> ids;
-    // Per table: the lengths of this rank's own bags (for mean pooling).
-    std::vector<std::vector<int64_t>> own_lengths;
   };
 
   ShardedEmbeddingCollection(EmbeddingShardingPlan plan, comm::Communicator* table_group,
@@ -231,19 +260,25 @@ class ShardedEmbeddingCollection {
   // Checks one [bags, dim] fp32 host buffer per table.
   absl::Status CheckPerTable(absl::Span<const TensorView> views, absl::string_view what) const;
   int64_t Bags(int rank, int t) const { return pending_.bags[rank * plan_.num_tables() + t]; }
+  // The served bags of local table k (index into TablesOn(rank)).
+  JaggedView ServedBags(int k) const;
+  // Table t is column-wise in more than one slice; some table is.
+  bool Sliced(int t) const;
+  bool AnySliced() const;
   // out = in with each of this rank's bags of table t (the last Forward's)
   // divided by its length (empty bags unchanged): mean pooling, on the
   // device. `out` may be `in`.
   absl::Status ScaleByBagLengths(int t, const TensorView& in, const TensorView& out);
-  // Replaces the pending bags and `grads` of every local table by their
+  // Replaces the served bags and `grads` of every local table by their
   // union over the replica group, in replica-rank order.
-  absl::Status GatherReplicas(std::vector<std::vector<float>>& grads);
-  // For every local column-wise table of more than one slice: adds to the
+  absl::Status GatherReplicas(ServedOnHost& served, std::vector<std::vector<float>>& grads);
+  // For every local column-wise table of more than one slice (`served` and
+  // `grads` hold at least those tables'): adds to the
   // accumulator of each row that `grads` touch the difference between the
   // mean square of the row's whole gradient (every slice's, exchanged with
   // the other holders) and of this slice's, so the kernel's rowwise-Adagrad
   // step, which adds the slice's own mean square, lands on the whole row's.
-  absl::Status AlignColumnSliceAccumulators(const std::vector<std::vector<float>>& grads);
+  absl::Status AlignColumnSliceAccumulators(const ServedOnHost& served, const std::vector<std::vector<float>>& grads);
 
   EmbeddingShardingPlan plan_;
   comm::Communicator* table_group_;
