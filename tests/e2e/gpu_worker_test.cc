@@ -10,8 +10,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/local_cluster.h"
@@ -43,20 +49,48 @@ absl::StatusOr<v1::Job> RunToEnd(LocalCluster& c, const v1::JobSpec& spec) {
       absl::Seconds(120));
 }
 
-// Max |a - b| / max |b| over every float record of the final checkpoints.
+// The end of the flat dense vector a shard's slices cover.
+int64_t DenseEnd(const worker::CheckpointShard& s) {
+  int64_t end = 0;
+  for (int slot : worker::DenseSlots(s)) {
+    const std::optional<std::pair<int64_t, int64_t>> r =
+        worker::RangeRecord(s, slot == 0 ? "dense.range" : absl::StrCat("dense.", slot, ".range"));
+    if (r.has_value()) end = std::max(end, r->second);
+  }
+  return end;
+}
+
+// Max |x - y| / max |y| over two float arrays.
+void Accumulate(const float* x, const float* y, size_t n, double* diff, double* norm) {
+  for (size_t i = 0; i < n; ++i) {
+    *diff = std::max(*diff, std::abs(static_cast<double>(x[i]) - y[i]));
+    *norm = std::max(*norm, std::abs(static_cast<double>(y[i])));
+  }
+}
+
+// Max |a - b| / max |b| over the final checkpoints' parameters: the flat
+// dense vector (however the ranks' FSDP units sliced it: checkpoints are
+// layout-independent) and every other float value record (the tables).
 double CheckpointDifference(const worker::CheckpointShard& a, const worker::CheckpointShard& b) {
   double diff = 0, norm = 0;
+  const int64_t end = std::max(DenseEnd(a), DenseEnd(b));
+  std::vector<float> dense[2], m(end), v(end);
+  const worker::CheckpointShard* shards[2] = {&a, &b};
+  for (int i = 0; i < 2; ++i) {
+    dense[i].assign(end, 0);
+    absl::StatusOr<int64_t> copied = worker::RestoreDenseSlice({*shards[i]}, {0, end}, dense[i].data(), m.data(), v.data());
+    EXPECT_TRUE(copied.ok() && *copied == end) << "dense values of checkpoint " << i << " cover "
+                                               << (copied.ok() ? *copied : -1) << " of " << end;
+    if (!copied.ok() || *copied != end) return 1;
+  }
+  Accumulate(dense[0].data(), dense[1].data(), end, &diff, &norm);
   for (const auto& [key, value] : b) {
-    if (key.find(".value") == std::string::npos) continue;
+    if (key.find(".value") == std::string::npos || absl::StartsWith(key, "dense")) continue;
     auto other = a.find(key);
     EXPECT_TRUE(other != a.end() && other->second.size() == value.size()) << key;
     if (other == a.end() || other->second.size() != value.size()) return 1;
-    const float* x = reinterpret_cast<const float*>(other->second.data());
-    const float* y = reinterpret_cast<const float*>(value.data());
-    for (size_t i = 0; i < value.size() / sizeof(float); ++i) {
-      diff = std::max(diff, std::abs(static_cast<double>(x[i]) - y[i]));
-      norm = std::max(norm, std::abs(static_cast<double>(y[i])));
-    }
+    Accumulate(reinterpret_cast<const float*>(other->second.data()), reinterpret_cast<const float*>(value.data()),
+               value.size() / sizeof(float), &diff, &norm);
   }
   return diff / std::max(norm, 1e-30);
 }
