@@ -242,7 +242,7 @@ int Run(const std::vector<std::string>& args) {
 
 }  // namespace
 
-RECFLEET_REGISTER_COMMAND({"plan", "plan a job's parallelism, memory and step time (dry run)",
+RECFLEET_REGISTER_COMMAND({"plan", "Plan a job's parallelism, memory and step time (dry run)",
                            kUsage, Run});
 
 }  // namespace recfleet::planner
