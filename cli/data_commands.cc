@@ -238,6 +238,13 @@ int RunBalanceReport(const std::vector<std::string>& args) {
       ++n;
     }
   }
+  if (n == 0) {
+    // A table of zeros would read as perfect balance.
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "no full step: ", (*loader)->samples_per_epoch(), " samples per epoch are fewer than one step of ",
+                    ranks, " ranks x --batch-size ", batch, "; lower --ranks or --batch-size")),
+                "balance-report");
+  }
   const std::string feature =
       (*loader)->schema()->features[(*loader)->length_column()].name;
   std::printf("dataset %s: %lld samples per epoch, %lld in full steps, %s length mean %.1f max "

@@ -33,6 +33,10 @@ TEST(DataCommandsTest, SynthInfoBalanceAndPlantedAuc) {
   EXPECT_EQ(RunCommand("data balance-report", {"--dataset", dir, "--ranks", "4", "--batch-size",
                                                "256", "--cost", "quadratic"}),
             cli::kExitOk);
+  // Fewer samples than one step of 8 x 1024: no step to report on, an error
+  // rather than a table of zero gaps.
+  EXPECT_EQ(RunCommand("data balance-report", {"--dataset", dir, "--ranks", "8", "--batch-size", "1024"}),
+            cli::kExitUsage);
   EXPECT_EQ(RunCommand("data planted-auc", {"--dataset", dir + "/eval.rfd"}), cli::kExitOk);
 }
 

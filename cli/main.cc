@@ -14,12 +14,24 @@ namespace {
 using recfleet::cli::AllCommands;
 using recfleet::cli::Command;
 
-void PrintHelp() {
-  std::printf("usage: recfleet COMMAND [ARGS...]\n\ncommands:\n");
+// Lists the commands whose name starts with `group` and a space ("data"),
+// or every command when `group` is empty.
+void PrintHelp(std::FILE* out, const std::string& group = "") {
+  const std::string prefix = group.empty() ? "" : group + " ";
+  std::fprintf(out, "usage: recfleet %sCOMMAND [ARGS...]\n\ncommands:\n", prefix.c_str());
   for (const Command* c : AllCommands()) {
-    std::printf("  %-22s %s\n", c->name.c_str(), c->summary.c_str());
+    if (!group.empty() && c->name.rfind(group + " ", 0) != 0) continue;
+    std::fprintf(out, "  %-22s %s\n", c->name.c_str(), c->summary.c_str());
   }
-  std::printf("\n`recfleet help COMMAND` shows a command's flags.\n");
+  std::fprintf(out, "\n`recfleet help COMMAND` shows a command's flags.\n");
+}
+
+// Whether `word` names a group of commands ("data" of "data ingest", ...).
+bool IsGroup(const std::string& word) {
+  for (const Command* c : AllCommands()) {
+    if (c->name.rfind(word + " ", 0) == 0) return true;
+  }
+  return false;
 }
 
 // Finds the command whose (multi-word) name matches the most leading words.
@@ -43,7 +55,7 @@ const Command* Match(const std::vector<std::string>& words, size_t* used) {
 int main(int argc, char** argv) {
   std::vector<std::string> words(argv + 1, argv + argc);
   if (words.empty() || words[0] == "--help" || words[0] == "-h") {
-    PrintHelp();
+    PrintHelp(stdout);
     return words.empty() ? recfleet::cli::kExitUsage : recfleet::cli::kExitOk;
   }
   if (words[0] == "help") {
@@ -51,14 +63,24 @@ int main(int argc, char** argv) {
     size_t used = 0;
     const Command* c = rest.empty() ? nullptr : Match(rest, &used);
     if (c == nullptr) {
-      PrintHelp();
-      return rest.empty() ? recfleet::cli::kExitOk : recfleet::cli::kExitUsage;
+      const bool group = rest.size() == 1 && IsGroup(rest[0]);
+      PrintHelp(stdout, group ? rest[0] : "");
+      return rest.empty() || group ? recfleet::cli::kExitOk : recfleet::cli::kExitUsage;
     }
     std::printf("%s\n", c->usage.c_str());
     return recfleet::cli::kExitOk;
   }
   size_t used = 0;
   const Command* c = Match(words, &used);
+  if (c == nullptr && IsGroup(words[0])) {
+    // `recfleet data [--help]`: the group's commands.
+    const bool help = words.size() == 2 && (words[1] == "--help" || words[1] == "-h");
+    if (words.size() > 1 && !help) {
+      std::fprintf(stderr, "recfleet: unknown command '%s %s'\n", words[0].c_str(), words[1].c_str());
+    }
+    PrintHelp(help ? stdout : stderr, words[0]);
+    return help ? recfleet::cli::kExitOk : recfleet::cli::kExitUsage;
+  }
   if (c == nullptr) {
     std::fprintf(stderr, "recfleet: unknown command '%s'; run `recfleet help` for the list\n",
                  words[0].c_str());

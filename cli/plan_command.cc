@@ -116,6 +116,13 @@ int Usage(const std::string& problem) {
   return cli::kExitUsage;
 }
 
+// A bad input file (job, topology, rates, token): the problem alone, since
+// the flags were right and the usage would bury the field it names.
+int BadInput(const std::string& problem) {
+  std::fprintf(stderr, "recfleet plan: %s\n", problem.c_str());
+  return cli::kExitUsage;
+}
+
 // Plans on the coordinator at `address` (JobService.PlanJob).
 int RunRemote(const std::string& job_path, const std::string& address,
               const std::string& token_file, const std::string& timeout_text, bool json, bool what_if) {
@@ -129,14 +136,14 @@ int RunRemote(const std::string& job_path, const std::string& address,
   }
   absl::StatusOr<std::string> token =
       LoadAuthToken(token_file, std::getenv("RECFLEET_AUTH_TOKEN"));
-  if (!token.ok()) return Usage(std::string(token.status().message()));
+  if (!token.ok()) return BadInput(std::string(token.status().message()));
   absl::StatusOr<::recfleet::v1::JobSpec> spec = cli::LoadJobSpec(job_path);
-  if (!spec.ok()) return Usage(std::string(spec.status().message()));
+  if (!spec.ok()) return BadInput(std::string(spec.status().message()));
   // The coordinator's PlanJob checks the structure (and answers with the
   // field), not what recfleet builds: that is checked here, on a
   // well-formed spec, as CreateJob orders the two.
   if (coordinator::ValidateJobSpec(*spec).ok()) {
-    if (absl::Status s = CheckBuildable(job_path, *spec, what_if); !s.ok()) return Usage(std::string(s.message()));
+    if (absl::Status s = CheckBuildable(job_path, *spec, what_if); !s.ok()) return BadInput(std::string(s.message()));
   }
   absl::StatusOr<std::unique_ptr<cli::JobClient>> client =
       cli::JobClient::Connect(address, *token, absl::Seconds(timeout));
@@ -204,16 +211,16 @@ int Run(const std::vector<std::string>& args) {
   }
 
   absl::StatusOr<Topology> topology = LoadTopologyYaml(topology_path);
-  if (!topology.ok()) return Usage(std::string(topology.status().message()));
+  if (!topology.ok()) return BadInput(std::string(topology.status().message()));
   std::optional<engine::StepRates> rates;
   if (flags->Has("rates")) {
     absl::StatusOr<engine::StepRates> r = engine::ReadStepRates(flags->Str("rates"));
-    if (!r.ok()) return Usage(std::string(r.status().message()));
+    if (!r.ok()) return BadInput(std::string(r.status().message()));
     rates = *std::move(r);
     *topology = coordinator::WithMeasuredPeak(*std::move(topology), *rates);
   }
   absl::StatusOr<PlanRequest> request = LoadJob(job_path, what_if, rates ? &*rates : nullptr, *topology);
-  if (!request.ok()) return Usage(std::string(request.status().message()));
+  if (!request.ok()) return BadInput(std::string(request.status().message()));
   absl::StatusOr<Plan> plan = MakePlan(*topology, *request);
   if (!plan.ok()) {
     std::fprintf(stderr, "recfleet plan: %s\n", std::string(plan.status().message()).c_str());
@@ -235,7 +242,7 @@ int Run(const std::vector<std::string>& args) {
 
 }  // namespace
 
-RECFLEET_REGISTER_COMMAND({"plan", "plan a job's parallelism, memory and step time (dry run)",
+RECFLEET_REGISTER_COMMAND({"plan", "Plan a job's parallelism, memory and step time (dry run)",
                            kUsage, Run});
 
 }  // namespace recfleet::planner

@@ -241,7 +241,7 @@ int Run(const std::vector<std::string>& args) {
 
 RECFLEET_REGISTER_COMMAND({
     "train",
-    "train a job locally in this process (--local JOB.yaml)",
+    "Train a job locally in this process (--local JOB.yaml)",
     kUsage,
     Run,
 });

@@ -182,6 +182,18 @@ struct PlanRequest {
   // Either way the planner still recomputes what HBM forces.
   std::set<std::string> recompute_regions;
   double activation_budget_bytes = 0;
+  // How the fixes of a plan that does not fit name the user's settings:
+  // the planner's model format (plan-model-*.yaml) by default, a job file's
+  // JobSpec paths when the request comes from one (the coordinator's
+  // adapter). Empty: the user's file has no such setting, and no fix
+  // suggests it.
+  struct SettingNames {
+    std::string local_batch = "batch.local";
+    std::string fp16_tables = "precision.embedding: fp16";
+    std::string fp8_kept_activations = "precision.kept_activations: fp8";
+    std::string activation_budget = "activation_memory.budget_bytes";
+  };
+  SettingNames setting_names;
 };
 
 // Checks names are unique and non-empty and every count, size and fraction

@@ -104,19 +104,29 @@ std::string ModuleCommSummary(const Model& model, const Evaluation& ev, int modu
 
 std::string Fixes(const Context& c, const Evaluation& ev, const SparseOption& s) {
   const PlanRequest& r = c.req;
+  const PlanRequest::SettingNames& names = r.setting_names;
   std::vector<std::string> fixes;
+  // Over the job's activation budget even with every region checkpointed
+  // (BudgetActivations leaves the least the regions can keep): the budget
+  // is what to change first.
+  if (r.activation_budget_bytes > 0 && ev.peak.activations > r.activation_budget_bytes) {
+    fixes.push_back(absl::StrCat("raise ", names.activation_budget, " to at least ",
+                                 static_cast<int64_t>(std::ceil(ev.peak.activations)),
+                                 " bytes (the activations with every region checkpointed)"));
+  }
   if (ev.peak.embedding > 0) {
     double one_copy = 0;
     for (const double bytes : s.sharding->rank_bytes) one_copy += bytes;
     one_copy *= s.s;  // rank_bytes hold 1/s of a group's shards under V3.
     const double room = c.usable - (ev.peak.Total() - ev.peak.embedding);
-    if (room > 0) {
-      fixes.push_back(absl::StrFormat(
-          "spread one copy of the tables (%s) over at least %d GPUs (fleet has %d)",
-          GiBText(one_copy), static_cast<int>(std::ceil(one_copy / room)), c.world));
+    const int gpus = room > 0 ? static_cast<int>(std::ceil(one_copy / room)) : 0;
+    // Within the fleet, the planner has tried spreading the tables already.
+    if (gpus > c.world) {
+      fixes.push_back(absl::StrFormat("spread one copy of the tables (%s) over at least %d GPUs (fleet has %d)",
+                                      GiBText(one_copy), gpus, c.world));
     }
-    if (r.precision.embedding_bytes > 2) {
-      fixes.push_back(absl::StrCat("store tables in fp16 (precision.embedding: fp16): saves ",
+    if (r.precision.embedding_bytes > 2 && !names.fp16_tables.empty()) {
+      fixes.push_back(absl::StrCat("store tables in fp16 (", names.fp16_tables, "): saves ",
                                    GiBText(ev.peak.embedding / 2), " per GPU"));
     }
   }
@@ -125,13 +135,12 @@ std::string Fixes(const Context& c, const Evaluation& ev, const SparseOption& s)
   if (per_sample > 0) {
     const int b = static_cast<int>(std::floor((c.usable - fixed) / per_sample));
     if (b >= 1 && b < r.local_batch) {
-      fixes.push_back(absl::StrCat("lower batch.local from ", r.local_batch, " to ", b));
+      fixes.push_back(absl::StrCat("lower ", names.local_batch, " from ", r.local_batch, " to ", b));
     }
   }
-  if (!r.precision.fp8_kept_activations && ev.peak.activations > 0) {
-    fixes.push_back(absl::StrCat("keep checkpointed activations in FP8 (precision.kept_activations: "
-                                 "fp8): saves ",
-                                 GiBText(ev.peak.activations / 2)));
+  if (!r.precision.fp8_kept_activations && ev.peak.activations > 0 && !names.fp8_kept_activations.empty()) {
+    fixes.push_back(absl::StrCat("keep checkpointed activations in FP8 (", names.fp8_kept_activations,
+                                 "): saves ", GiBText(ev.peak.activations / 2)));
   }
   if (fixes.empty()) fixes.push_back("use GPUs with more HBM");
   return absl::StrJoin(fixes, "; or ");
@@ -146,7 +155,7 @@ absl::Status NothingFits(const Context& c, const std::vector<SparseOption>& spar
       c.world);
   if (c.req.activation_budget_bytes > 0) {
     absl::StrAppend(&head, " with the job's activation budget of ", GiBText(c.req.activation_budget_bytes),
-                    " (activation_memory.budget_bytes)");
+                    " (", c.req.setting_names.activation_budget, ")");
   }
   if (closest == nullptr) {
     // No layout could even place the tables. First the aggregate: can the
@@ -171,7 +180,9 @@ absl::Status NothingFits(const Context& c, const std::vector<SparseOption>& spar
           " GPUs together hold ", GiBText(fleet), ": over by ", GiBText(total - fleet),
           ". Fix: at least ", static_cast<int64_t>(std::ceil(total / c.usable)),
           " GPUs of this kind (more with dense state and activations)",
-          p.embedding_bytes > 2 ? ", or fp16 tables (precision.embedding: fp16) to halve it" : "",
+          p.embedding_bytes > 2 && !c.req.setting_names.fp16_tables.empty()
+              ? absl::StrCat(", or fp16 tables (", c.req.setting_names.fp16_tables, ") to halve it")
+              : "",
           ", or fewer rows"));
     }
     // Otherwise report the finest layout's error, which names the table.
@@ -186,7 +197,9 @@ absl::Status NothingFits(const Context& c, const std::vector<SparseOption>& spar
     return absl::ResourceExhaustedError(absl::StrCat(
         head, ". Even the most sharded layout (", finest->Label(), ") fails: ",
         finest->sharding.status().message(),
-        ". Fix: more GPUs, fp16 tables (precision.embedding: fp16), or fewer rows in that table"));
+        ". Fix: more GPUs, ",
+        c.req.setting_names.fp16_tables.empty() ? "" : absl::StrCat("fp16 tables (", c.req.setting_names.fp16_tables, "), "),
+        "or fewer rows in that table"));
   }
   const Evaluation& ev = closest->eval;
   const SparseOption& s = *closest->sparse;

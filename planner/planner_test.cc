@@ -188,6 +188,9 @@ TEST(PlannerTest, ActivationBudgetRecomputesWholeBlocksCheapestFirst) {
   const absl::Status over = MakePlan(t, r).status();
   EXPECT_FALSE(over.ok());
   EXPECT_NE(over.message().find("budget"), std::string::npos) << over;
+  // The first fix is the budget itself: what the activations need at least.
+  EXPECT_NE(over.message().find("Fix: raise activation_memory.budget_bytes to at least 25"), std::string::npos)
+      << over;
 }
 
 TEST(PlannerTest, NothingFitsNamesTableOverageAndFix) {
@@ -216,6 +219,18 @@ TEST(PlannerTest, NothingFitsNamesActivationsAndBatchFix) {
   const std::string msg(plan.status().message());
   EXPECT_NE(msg.find("region 'tower'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("lower batch.local from 4096 to"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(precision.kept_activations: fp8)"), std::string::npos) << msg;
+
+  // A job file names its settings otherwise, and lacks some: the fixes
+  // speak its names and offer nothing it cannot set.
+  r.setting_names.local_batch = "spec.data.local_batch_size";
+  r.setting_names.fp8_kept_activations = "";
+  plan = MakePlan(t, r);
+  ASSERT_FALSE(plan.ok());
+  const std::string job(plan.status().message());
+  EXPECT_NE(job.find("lower spec.data.local_batch_size from 4096 to"), std::string::npos) << job;
+  EXPECT_EQ(job.find("batch.local"), std::string::npos) << job;
+  EXPECT_EQ(job.find("FP8"), std::string::npos) << job;
 }
 
 // GEM: a large expert MLP whose all-gather cannot hide behind the previous

@@ -64,10 +64,11 @@
 // on the legacy default stream (ordered with the engine and with NCCL's
 // blocking streams), and AdamW steps the device shard. Pooled rows, their
 // gradients and the experts' tokens and gradients go device to device
-// (sharded_embedding.h, expert_parallel.h). Through host memory still: the
-// routing of ids to their owners (the ids come from the host's batch) and,
-// with replicated or column-sliced tables, the served gradients; counts
-// and sizes. `world` only carries a few integers (host or device). Compute
+// (sharded_embedding.h, expert_parallel.h); the ids (from the host's
+// batch) are copied to the device once a step and bucketed by owner there.
+// Through host memory still: with replicated or column-sliced tables, the
+// served bags and gradients; counts and sizes. `world` only carries a few
+// integers (host or device). Compute
 // time on CUDA ends when the device has finished the backward (the step
 // waits for it).
 //

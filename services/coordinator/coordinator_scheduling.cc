@@ -135,9 +135,11 @@ absl::StatusOr<::recfleet::v1::PlanJobResponse> Coordinator::PlanJob(
   std::optional<Placement> placement = PlaceGang(spec, std::move(live));
   if (!placement) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "spec.resources.workers: the job needs ", spec.resources().workers(),
-        " worker(s) with at least ", spec.resources().gpus_per_worker(), " GPU(s) each; ",
-        registered, " worker(s) are registered"));
+        "spec.resources.workers: the job needs ", spec.resources().workers(), " worker(s)",
+        spec.resources().gpus_per_worker() > 0
+            ? absl::StrCat(" with at least ", spec.resources().gpus_per_worker(), " GPU(s) each")
+            : std::string(" (a CPU job: any worker)"),
+        "; ", registered, " worker(s) are registered"));
   }
   absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, *placement, options_.planner_hardware,
                                                      RatesForJob(spec, options_.step_rates));

@@ -332,6 +332,14 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
   planner::PlanRequest request;
   request.model.name = spec.display_name().empty() ? "job" : spec.display_name();
   request.local_batch = spec.data().local_batch_size();
+  // Fixes name the job file's fields. A JobSpec has no fp16 tables, and its
+  // FP8-saved activations (model.activation_memory.fp8_saved) cover only
+  // the recomputing self-attention blocks, which AddSequenceLevels prices:
+  // the planner's halving of every kept activation is not on offer.
+  request.setting_names.local_batch = "spec.data.local_batch_size";
+  request.setting_names.fp16_tables = "";
+  request.setting_names.fp8_kept_activations = "";
+  request.setting_names.activation_budget = "spec.model.activation_memory.budget_bytes";
 
   std::map<std::string, int> table_index;
   for (int i = 0; i < model.tables_size(); ++i) {

@@ -353,5 +353,50 @@ TEST(SpecFieldsTest, RejectedFieldsAreRejectedByPath) {
   }
 }
 
+// model.activation_memory.recompute takes four names, each honored: the
+// engine builds the level ("sequence" and "sequence.attention" are both
+// whole blocks) and a one-GPU plan keeps fewer activation bytes at each
+// deeper level. fp8_saved (honored above as a flag) keeps fewer still when
+// blocks recompute, and changes nothing the plan keeps when none does.
+TEST(SpecFieldsTest, EveryRecomputeLevelAndFp8SavedChangeThePlannedActivations) {
+  JobSpec base = Base();
+  GpuJob(base);
+  // Recomputing the last block saves nothing at the peak (its backward
+  // comes first), so the levels show with more than one.
+  M(base).mutable_sequence()->set_num_layers(3);
+  auto activations = [](const JobSpec& spec) -> double {
+    absl::StatusOr<v1::Plan> plan = PlanOneGpu(spec, DefaultHardware());
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? plan->peak_memory().activation_bytes() : -1;
+  };
+  JobSpec base_fp8 = base;
+  M(base_fp8).mutable_activation_memory()->set_fp8_saved(true);
+  ASSERT_TRUE(Check(base_fp8).ok()) << Check(base_fp8);
+  EXPECT_DOUBLE_EQ(activations(base_fp8), activations(base));
+
+  std::map<std::string, std::string> built;
+  double previous = activations(base);
+  for (const char* level : {"sequence.norm", "sequence.projections", "sequence.attention", "sequence"}) {
+    JobSpec spec = base;
+    M(spec).mutable_activation_memory()->add_recompute(level);
+    ASSERT_TRUE(Check(spec).ok()) << level << ": " << Check(spec);
+    built[level] = Built(spec);
+    const double kept = activations(spec);
+    if (std::string(level) == "sequence") {
+      EXPECT_DOUBLE_EQ(kept, previous) << "'sequence' is 'sequence.attention'";
+    } else {
+      EXPECT_LT(kept, previous) << level;
+    }
+    previous = kept;
+    JobSpec fp8 = spec;
+    M(fp8).mutable_activation_memory()->set_fp8_saved(true);
+    ASSERT_TRUE(Check(fp8).ok()) << level << ": " << Check(fp8);
+    EXPECT_LT(activations(fp8), kept) << level << " with fp8_saved";
+  }
+  EXPECT_NE(built["sequence.norm"], built["sequence.projections"]);
+  EXPECT_NE(built["sequence.projections"], built["sequence.attention"]);
+  EXPECT_EQ(built["sequence.attention"], built["sequence"]);
+}
+
 }  // namespace
 }  // namespace recfleet::coordinator
