@@ -216,6 +216,17 @@ int Run(const std::vector<std::string>& args) {
   if (flags->Has("rates")) {
     absl::StatusOr<engine::StepRates> r = engine::ReadStepRates(flags->Str("rates"));
     if (!r.ok()) return BadInput(std::string(r.status().message()));
+    // A table prices the device it was measured on: a CPU table's rates
+    // (and its rank synchronization term) mean nothing on GPUs, and a CUDA
+    // table's nothing on CPU ranks. A CPU fleet is one with CPU cores.
+    const bool cpu_fleet = topology->cpu_cores_per_node > 0;
+    if ((r->device == "cpu") != cpu_fleet) {
+      return BadInput(absl::StrCat("--rates ", flags->Str("rates"), " was measured on ", r->device, " (", r->machine,
+                                   ") but ", topology_path, " describes ",
+                                   cpu_fleet ? "CPU ranks (cpu_cores_per_node set)" : "GPUs (no cpu_cores_per_node)",
+                                   ": pass a ", cpu_fleet ? "cpu" : "cuda", " rate table (bench/rates/",
+                                   cpu_fleet ? "cpu-fp32" : "h200-bf16", ".yaml) or another topology"));
+    }
     rates = *std::move(r);
     *topology = coordinator::WithMeasuredPeak(*std::move(topology), *rates);
   }

@@ -69,6 +69,23 @@ TEST(PlanCommandTest, PlansWritesHtmlAndReportsErrorsWithExitCodes) {
   EXPECT_EQ(plan->run({huge, "--topology", topo, "--what-if"}), cli::kExitFailure);
 }
 
+TEST(PlanCommandTest, RefusesARateTableOfTheOtherDevice) {
+  const cli::Command* plan = PlanCommand();
+  ASSERT_NE(plan, nullptr);
+  const std::string job = "deploy/examples/job-gemlite.yaml";
+  const std::string gpus = "deploy/examples/topology-small.yaml", cpus = "deploy/local/cpu-topology.yaml";
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(plan->run({job, "--topology", gpus, "--rates", "bench/rates/h200-bf16.yaml"}), cli::kExitOk);
+  EXPECT_EQ(plan->run({job, "--topology", cpus, "--rates", "bench/rates/cpu-fp32.yaml"}), cli::kExitOk);
+  ::testing::internal::GetCapturedStdout();
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(plan->run({job, "--topology", gpus, "--rates", "bench/rates/cpu-fp32.yaml"}), cli::kExitUsage);
+  EXPECT_EQ(plan->run({job, "--topology", cpus, "--rates", "bench/rates/h200-bf16.yaml"}), cli::kExitUsage);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("was measured on cpu"), std::string::npos) << err;
+  EXPECT_NE(err.find("was measured on cuda"), std::string::npos) << err;
+}
+
 TEST(PlanCommandTest, PlansAJobSpecFileThroughTheAdapter) {
   const cli::Command* plan = PlanCommand();
   ASSERT_NE(plan, nullptr);
