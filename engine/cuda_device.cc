@@ -115,17 +115,13 @@ void CudaGraphRegion::Reset() {
 
 absl::Status CudaGraphRegion::Enter() {
   if (stream_ == nullptr) {
-    cudaStream_t s;
-    RECFLEET_RETURN_IF_ERROR(
-        CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "graph region stream"));
+    cudaStream_t s = nullptr;
+    cudaEvent_t a = nullptr, b = nullptr;
+    const absl::Status created = CreateSideStream("graph region", &s, {&a, &b});
     stream_ = s;
-    cudaEvent_t a, b;
-    RECFLEET_RETURN_IF_ERROR(
-        CudaStatus(cudaEventCreateWithFlags(&a, cudaEventDisableTiming), "graph region event"));
     before_ = a;
-    RECFLEET_RETURN_IF_ERROR(
-        CudaStatus(cudaEventCreateWithFlags(&b, cudaEventDisableTiming), "graph region event"));
     after_ = b;
+    RECFLEET_RETURN_IF_ERROR(created);
   }
   RECFLEET_RETURN_IF_ERROR(
       CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(before_), nullptr), "graph region"));

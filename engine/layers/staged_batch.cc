@@ -38,17 +38,13 @@ StagedBatch::~StagedBatch() {
 
 absl::Status StagedBatch::EnsureBuffers(size_t bytes) {
   if (copy_stream_ == nullptr) {
-    cudaStream_t s;
-    RECFLEET_RETURN_IF_ERROR(
-        CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "batch copy stream"));
+    cudaStream_t s = nullptr;
+    cudaEvent_t a = nullptr, b = nullptr;
+    const absl::Status created = CreateSideStream("batch copy", &s, {&a, &b});
     copy_stream_ = s;
-    cudaEvent_t a, b;
-    RECFLEET_RETURN_IF_ERROR(
-        CudaStatus(cudaEventCreateWithFlags(&a, cudaEventDisableTiming), "batch copy event"));
     copied_ = a;
-    RECFLEET_RETURN_IF_ERROR(
-        CudaStatus(cudaEventCreateWithFlags(&b, cudaEventDisableTiming), "batch consumed event"));
     consumed_ = b;
+    RECFLEET_RETURN_IF_ERROR(created);
   }
   if (bytes <= capacity_) return absl::OkStatus();
   // Growing: nothing may still read or write the old buffers.

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <initializer_list>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -13,6 +15,13 @@ namespace recfleet {
 
 // OK for cudaSuccess, else Internal naming `what` and the CUDA error text.
 absl::Status CudaStatus(cudaError_t err, absl::string_view what);
+
+// A non-blocking stream and, for each of `events`, an event without timing
+// (the pair a side stream needs to order itself with another one). On an
+// error, what was already created is left for the caller to destroy (each
+// output is set as soon as it exists, and stays untouched before).
+absl::Status CreateSideStream(absl::string_view what, cudaStream_t* stream,
+                              std::initializer_list<cudaEvent_t*> events);
 
 }  // namespace recfleet
 
