@@ -115,13 +115,12 @@ void CudaGraphRegion::Reset() {
 
 absl::Status CudaGraphRegion::Enter() {
   if (stream_ == nullptr) {
-    cudaStream_t s = nullptr;
-    cudaEvent_t a = nullptr, b = nullptr;
-    const absl::Status created = CreateSideStream("graph region", &s, {&a, &b});
+    cudaStream_t s;
+    cudaEvent_t a, b;
+    RECFLEET_RETURN_IF_ERROR(CreateSideStream("graph region", &s, {&a, &b}));
     stream_ = s;
     before_ = a;
     after_ = b;
-    RECFLEET_RETURN_IF_ERROR(created);
   }
   RECFLEET_RETURN_IF_ERROR(
       CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(before_), nullptr), "graph region"));

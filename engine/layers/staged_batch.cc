@@ -38,13 +38,12 @@ StagedBatch::~StagedBatch() {
 
 absl::Status StagedBatch::EnsureBuffers(size_t bytes) {
   if (copy_stream_ == nullptr) {
-    cudaStream_t s = nullptr;
-    cudaEvent_t a = nullptr, b = nullptr;
-    const absl::Status created = CreateSideStream("batch copy", &s, {&a, &b});
+    cudaStream_t s;
+    cudaEvent_t a, b;
+    RECFLEET_RETURN_IF_ERROR(CreateSideStream("batch copy", &s, {&a, &b}));
     copy_stream_ = s;
     copied_ = a;
     consumed_ = b;
-    RECFLEET_RETURN_IF_ERROR(created);
   }
   if (bytes <= capacity_) return absl::OkStatus();
   // Growing: nothing may still read or write the old buffers.

@@ -17,9 +17,9 @@ namespace recfleet {
 absl::Status CudaStatus(cudaError_t err, absl::string_view what);
 
 // A non-blocking stream and, for each of `events`, an event without timing
-// (the pair a side stream needs to order itself with another one). On an
-// error, what was already created is left for the caller to destroy (each
-// output is set as soon as it exists, and stays untouched before).
+// (the pair a side stream needs to order itself with another one). All or
+// nothing: on an error what was created is destroyed and the outputs are
+// left untouched, so a later call can try again.
 absl::Status CreateSideStream(absl::string_view what, cudaStream_t* stream,
                               std::initializer_list<cudaEvent_t*> events);
 
