@@ -354,7 +354,9 @@ class GlooCommunicator : public Communicator {
 
   absl::Status AfterStarted() override {
     started_.WaitIdle();
-    return absl::OkStatus();
+    // A started collective that failed while we waited broke the context:
+    // the blocking call must not run on it.
+    return health();
   }
 
  private:

@@ -275,7 +275,13 @@ class NcclCommunicator : public Communicator {
 class NcclPending : public PendingCollective {
  public:
   NcclPending(NcclCommunicator* comm, cudaEvent_t done) : comm_(comm), done_(done) {}
-  ~NcclPending() override { cudaEventDestroy(done_); }
+  // Waits for the collective (the handle's contract: its buffers may be
+  // freed once it is gone), then frees its event. A broken communicator was
+  // aborted, which ends its kernels: nothing left to wait for.
+  ~NcclPending() override {
+    if (comm_->health().ok()) cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+  }
   absl::Status Ready() override {
     if (absl::Status s = comm_->health(); !s.ok()) return s;
     cudaError_t err = cudaSetDevice(comm_->cuda_device());
