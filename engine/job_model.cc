@@ -185,6 +185,10 @@ void ActivationMemory(const v1::ModelSpec& m, const GemLiteConfig& c, JobModel& 
   } else if (am.budget_bytes() > 0 && (!m.has_sequence() || c.seq_layers == 0)) {
     p.Bad(f + ".budget_bytes", "has nothing to recompute: spec.model has no sequence branch");
   }
+  if (am.fp8_saved() && am.recompute_size() == 0 && am.budget_bytes() <= 0) {
+    // It applies to blocks that recompute: alone it would change nothing.
+    p.Bad(f + ".fp8_saved", "needs recompute or budget_bytes: it keeps the recomputing blocks' saved tensors in FP8");
+  }
   out.activation_memory.budget_bytes = std::max<int64_t>(0, am.budget_bytes());
   out.activation_memory.fp8_saved = am.fp8_saved();
 }

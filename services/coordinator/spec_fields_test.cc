@@ -282,7 +282,10 @@ const std::map<std::string, Field>& Fields() {
       {"model.activation_memory.budget_bytes",
        {H, [](JobSpec& s) { M(s).mutable_activation_memory()->set_budget_bytes(int64_t{1} << 30); }}},
       {"model.activation_memory.fp8_saved",
-       {H, [](JobSpec& s) { M(s).mutable_activation_memory()->set_fp8_saved(true); }}},
+       {H, [](JobSpec& s) {
+          M(s).mutable_activation_memory()->add_recompute("sequence.projections");
+          M(s).mutable_activation_memory()->set_fp8_saved(true);
+        }}},
       {"resources.gpus_per_worker",
        {R, [](JobSpec& s) { s.mutable_resources()->set_gpus_per_worker(2); }, "spec.resources.gpus_per_worker"}},
       {"parallelism.fsdp_group_size", {H, [](JobSpec& s) { s.mutable_parallelism()->set_fsdp_group_size(2); }}},
@@ -357,7 +360,7 @@ TEST(SpecFieldsTest, RejectedFieldsAreRejectedByPath) {
 // engine builds the level ("sequence" and "sequence.attention" are both
 // whole blocks) and a one-GPU plan keeps fewer activation bytes at each
 // deeper level. fp8_saved (honored above as a flag) keeps fewer still when
-// blocks recompute, and changes nothing the plan keeps when none does.
+// blocks recompute, and alone (nothing recomputes) is refused, naming it.
 TEST(SpecFieldsTest, EveryRecomputeLevelAndFp8SavedChangeThePlannedActivations) {
   JobSpec base = Base();
   GpuJob(base);
@@ -371,8 +374,9 @@ TEST(SpecFieldsTest, EveryRecomputeLevelAndFp8SavedChangeThePlannedActivations) 
   };
   JobSpec base_fp8 = base;
   M(base_fp8).mutable_activation_memory()->set_fp8_saved(true);
-  ASSERT_TRUE(Check(base_fp8).ok()) << Check(base_fp8);
-  EXPECT_DOUBLE_EQ(activations(base_fp8), activations(base));
+  const absl::Status alone = Check(base_fp8);
+  EXPECT_FALSE(alone.ok());
+  EXPECT_NE(alone.message().find("fp8_saved"), std::string::npos) << alone;
 
   std::map<std::string, std::string> built;
   double previous = activations(base);
