@@ -308,6 +308,15 @@ int RunRates(const cli::Flags& flags, const std::vector<std::string>& args, Devi
   RETURN_USAGE_IF_ERROR(flags.Get("warmup", &o.warmup), "calibrate");
   RETURN_USAGE_IF_ERROR(flags.Get("repeats", &o.repeats), "calibrate");
   RETURN_USAGE_IF_ERROR(flags.Get("seed", &o.seed), "calibrate");
+  // Checked before the probes run (minutes), not after.
+  int sync_ranks = device == Device::kCpu ? std::max<int>(2, sysconf(_SC_NPROCESSORS_ONLN)) : 0;
+  RETURN_USAGE_IF_ERROR(flags.Get("sync-ranks", &sync_ranks), "calibrate");
+  if (sync_ranks == 1 || sync_ranks < 0) {
+    return Fail(absl::InvalidArgumentError("--sync-ranks is 0 (skip) or >= 2"), "calibrate");
+  }
+  if (sync_ranks >= 2 && device != Device::kCpu) {
+    return Fail(absl::InvalidArgumentError("--sync-ranks: measured on CPU ranks (Gloo) only"), "calibrate");
+  }
   auto r = engine::MeasureStepRates(o);
   if (!r.ok()) return Fail(r.status(), "calibrate");
   engine::StepRates rates = r->rates;
@@ -325,17 +334,9 @@ int RunRates(const cli::Flags& flags, const std::vector<std::string>& args, Devi
                 p.peak_bytes * mib, f.peak_bytes * mib,
                 p.peak_bytes > 0 ? 100 * (f.peak_bytes / p.peak_bytes - 1) : 0.0);
   }
-  // CPU ranks of one host stepping together (the local cluster's workers):
-  // what they add to one rank's step, measured with the worker's code.
-  int sync_ranks = device == Device::kCpu ? std::max<int>(2, sysconf(_SC_NPROCESSORS_ONLN)) : 0;
-  RETURN_USAGE_IF_ERROR(flags.Get("sync-ranks", &sync_ranks), "calibrate");
-  if (sync_ranks == 1 || sync_ranks < 0) {
-    return Fail(absl::InvalidArgumentError("--sync-ranks is 0 (skip) or >= 2"), "calibrate");
-  }
   if (sync_ranks >= 2) {
-    if (device != Device::kCpu) {
-      return Fail(absl::InvalidArgumentError("--sync-ranks: measured on CPU ranks (Gloo) only"), "calibrate");
-    }
+    // CPU ranks of one host stepping together (the local cluster's workers):
+    // what they add to one rank's step, measured with the worker's code.
     absl::StatusOr<worker::RankSyncResult> sync = worker::MeasureRankSync(sync_ranks, o);
     if (!sync.ok()) return Fail(sync.status(), "calibrate");
     std::printf("\n%-28s %12s %12s %8s\n", "probe step", "1 rank ms", absl::StrCat(sync_ranks, " ranks ms").c_str(),
@@ -365,6 +366,9 @@ int RunCalibrate(const std::vector<std::string>& args) {
   if (!flags.ok()) return cli::kExitUsage;
   if (!flags->Has("spec") && !flags->Has("rates")) {
     return Fail(absl::InvalidArgumentError("--spec (or --rates FILE) is required"), "calibrate");
+  }
+  if (flags->Has("sync-ranks") && !flags->Has("rates")) {
+    return Fail(absl::InvalidArgumentError("--sync-ranks applies only with --rates FILE"), "calibrate");
   }
   engine::CalibrationOptions o;
   const std::string device = flags->Str("device", "cpu");

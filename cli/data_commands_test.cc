@@ -111,6 +111,12 @@ TEST(DataCommandsTest, CalibratePrintsCostWeights) {
   EXPECT_NEAR(cost->quadratic, w.quadratic(), 1e-5 * w.quadratic());
   EXPECT_EQ(RunCommand("data calibrate", {"--spec", spec, "--lengths", "1,x"}), cli::kExitUsage);
   EXPECT_EQ(RunCommand("data calibrate", {}), cli::kExitUsage);
+  // --sync-ranks belongs to --rates, and is checked before any probe runs.
+  EXPECT_EQ(RunCommand("data calibrate", {"--spec", spec, "--sync-ranks", "2"}), cli::kExitUsage);
+  const std::string rates = std::string(testing::TempDir()) + "/rates.yaml";
+  EXPECT_EQ(RunCommand("data calibrate", {"--rates", rates, "--sync-ranks", "1"}), cli::kExitUsage);
+  EXPECT_EQ(RunCommand("data calibrate", {"--rates", rates, "--device", "cuda", "--sync-ranks", "2"}),
+            cli::kExitUsage);
 }
 
 }  // namespace
