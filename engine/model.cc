@@ -238,6 +238,14 @@ struct GemLite<T>::Impl {
   // replay must count without running the layers' host code.
   CudaGraphRegion dense_forward_graph, dense_backward_graph;
   double dense_forward_flops = 0;
+  // Both regions are keyed on the step's batch size and labelled heads, so
+  // they capture and replay in lockstep: a backward run eagerly after a
+  // replayed forward would read layer state (e.g. Linear's bf16 input copy)
+  // that the replay, skipping all host code, never set.
+  uint64_t graph_key = 0;
+  static uint64_t GraphKey(int64_t B, const bool has_head[kNumHeads]) {
+    return static_cast<uint64_t>(B) * 4 + (has_head[0] ? 1 : 0) + (has_head[1] ? 2 : 0);
+  }
   bool routed = false;  // SetExpertRouter: the MoE's host code runs every step.
 
   bool UseGraphs() const {
@@ -460,7 +468,7 @@ struct GemLite<T>::Impl {
     if (!(step && UseGraphs())) {
       // The layers may reallocate their buffers for another batch size: a
       // captured graph would then launch on freed memory.
-      if (!dense_forward_graph.holds(static_cast<uint64_t>(B))) {
+      if (graph_key / 4 != static_cast<uint64_t>(B)) {
         dense_forward_graph.Reset();
         dense_backward_graph.Reset();
       }
@@ -468,7 +476,7 @@ struct GemLite<T>::Impl {
     }
     const double before = flops.linear;
     absl::StatusOr<CudaGraphRegion::Mode> mode =
-        dense_forward_graph.Run(static_cast<uint64_t>(B), [this] { return DenseForward(); });
+        dense_forward_graph.Run(graph_key, [this] { return DenseForward(); });
     if (!mode.ok()) return mode.status();
     if (*mode == CudaGraphRegion::Mode::kCaptured) dense_forward_flops = flops.linear - before;
     if (*mode == CudaGraphRegion::Mode::kReplayed) flops.linear += dense_forward_flops;
@@ -498,11 +506,9 @@ struct GemLite<T>::Impl {
         RECFLEET_RETURN_IF_ERROR(ops::Scale(dlogits[k].view(), loss_weight));
       }
     }
-    if (UseGraphs() && dense_forward_graph.holds(static_cast<uint64_t>(B))) {
-      const uint64_t key = static_cast<uint64_t>(B) * 4 + (has_head[0] ? 1 : 0) +
-                           (has_head[1] ? 2 : 0);
+    if (UseGraphs() && dense_forward_graph.holds(graph_key)) {
       absl::StatusOr<CudaGraphRegion::Mode> mode =
-          dense_backward_graph.Run(key, [&] { return DenseBackward(B, has_head); });
+          dense_backward_graph.Run(graph_key, [&] { return DenseBackward(B, has_head); });
       if (!mode.ok()) return mode.status();
     } else {
       RECFLEET_RETURN_IF_ERROR(DenseBackward(B, has_head));
@@ -689,6 +695,7 @@ absl::StatusOr<StepResult> GemLite<T>::ForwardBackward(const Batch& batch,
   if (!has_head[0] && !has_head[1]) {
     return absl::InvalidArgumentError("batch has neither CTR nor CVR labels");
   }
+  m.graph_key = Impl::GraphKey(batch.size, has_head);
   RECFLEET_RETURN_IF_ERROR(m.Forward(batch, pooled, /*step=*/true));
   for (int k = 0; k < kNumHeads; ++k) {
     if (has_head[k]) RECFLEET_RETURN_IF_ERROR(m.EnqueueHeadLoss(batch, k, &m.dlogits[k]));
