@@ -386,7 +386,8 @@ TEST_F(CoordinatorTest, JobRunsToSuccessWithAssignmentsAndProgress) {
   EXPECT_DOUBLE_EQ(p.loss(), 0.5);
   EXPECT_EQ(p.slowest_rank(), 1);
   EXPECT_NEAR(p.straggler_gap(), 0.3 / 0.2 - 1, 1e-9);
-  EXPECT_NEAR(p.samples_per_second(), 6 * 256 / 0.9, 1e-6);
+  // Each rank's first step (warm-up) is left out of the timing window.
+  EXPECT_NEAR(p.samples_per_second(), 4 * 256 / 0.6, 1e-6);
   // A report for a rank the worker does not hold is refused.
   ::recfleet::v1::ReportStepRequest wrong;
   wrong.set_worker_id(rank0);

@@ -20,8 +20,13 @@ int ProgressAggregator::Record(
     r.samples += s.samples();
     r.loss = s.loss();
     r.peak_memory_bytes = std::max(r.peak_memory_bytes, s.peak_memory_bytes());
+    if (!r.reported) r.warmup_in_recent = true;
     r.reported = true;
     r.recent.push_back(s);
+    if (r.warmup_in_recent && r.recent.size() > 1) {
+      r.recent.pop_front();
+      r.warmup_in_recent = false;
+    }
     if (r.recent.size() > kRecentSteps) r.recent.pop_front();
     ++recorded;
   }

@@ -5,7 +5,9 @@
 // JobProgress: the step every rank has reached, samples, mean loss,
 // throughput at the pace of the slowest rank, and the straggler gap with the
 // data-wait / compute / comm breakdown of a mean step. Statistics use the
-// newest kRecentSteps steps of each rank.
+// newest kRecentSteps steps of each rank; an attempt's first step (warm-up:
+// allocations, the first kernels' loading, the data pipeline filling) leaves
+// them as soon as the rank has reported a second one.
 //
 // Not thread-safe: the coordinator keeps one per active job under its mutex.
 
@@ -53,6 +55,8 @@ class ProgressAggregator {
     double loss = 0;
     int64_t peak_memory_bytes = 0;  // Largest StepStats.peak_memory_bytes.
     bool reported = false;
+    // The attempt's first step is still in `recent` (see the class comment).
+    bool warmup_in_recent = false;
     std::deque<::recfleet::v1::StepStats> recent;  // Newest last.
   };
   std::vector<RankStats> ranks_;

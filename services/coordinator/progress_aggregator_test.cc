@@ -37,8 +37,31 @@ TEST(ProgressAggregatorTest, JobMovesAtTheSlowestRanksPace) {
   EXPECT_NEAR(p.step_seconds(), 0.2, 1e-12);
   EXPECT_NEAR(p.straggler_gap(), 0.3 / 0.2 - 1, 1e-9);
   EXPECT_NEAR(p.data_wait_seconds(), 0.05, 1e-12);
-  // Window samples over the slowest rank's window time.
-  EXPECT_NEAR(p.samples_per_second(), 500 / 0.6, 1e-9);
+  // Window samples over the slowest rank's window time; each rank's first
+  // step (warm-up) has left the window: rank 1's window is its step 2 alone.
+  EXPECT_NEAR(p.samples_per_second(), 300 / 0.3, 1e-9);
+}
+
+TEST(ProgressAggregatorTest, AnAttemptsFirstStepLeavesTheTimingOnceASecondArrives) {
+  ProgressAggregator agg;
+  agg.Reset(1, 0);
+  agg.Record(0, OneStep(1, 10, 4.0, 1.0));  // Warm-up.
+  JobProgress p;
+  agg.Compute(p);
+  EXPECT_NEAR(p.step_seconds(), 4.0, 1e-12);  // The only step there is.
+  agg.Record(0, OneStep(2, 10, 0.5, 1.0));
+  agg.Record(0, OneStep(3, 10, 0.3, 1.0));
+  agg.Compute(p);
+  EXPECT_NEAR(p.step_seconds(), 0.4, 1e-12);
+  EXPECT_NEAR(p.samples_per_second(), 20 / 0.8, 1e-9);
+  EXPECT_EQ(p.samples(), 30);  // Counted all the same.
+
+  // A restart's first step is a warm-up too.
+  agg.Reset(1, 3);
+  agg.Record(0, OneStep(4, 10, 9.0, 1.0));
+  agg.Record(0, OneStep(5, 10, 0.2, 1.0));
+  agg.Compute(p);
+  EXPECT_NEAR(p.step_seconds(), 0.2, 1e-12);
 }
 
 TEST(ProgressAggregatorTest, RetriedReportsAreNotCountedTwice) {
