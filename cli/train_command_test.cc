@@ -133,5 +133,24 @@ TEST(TrainCommandTest, RejectsWhatTheJobCannotBuildAndBadFlags) {
   EXPECT_NE(testing::internal::GetCapturedStdout().find("usage: recfleet train --local"), std::string::npos);
 }
 
+// A gradient clip that is negative or not a finite number is refused
+// before anything trains, naming the field.
+TEST(TrainCommandTest, RejectsABadGradientClipNamingTheField) {
+  const Command* train = FindCommand("train");
+  ASSERT_NE(train, nullptr);
+  for (const char* bad : {"-1", "nan", "inf"}) {
+    std::string job = kJob;
+    job.replace(job.find("DATASET"), 7, Tmp("nowhere"));
+    job.replace(job.find("seed: 2}"), 8, absl::StrCat("seed: 2, dense_grad_clip_norm: ", bad, "}"));
+    const std::string job_path = Tmp("clip.yaml");
+    std::ofstream(job_path) << job;
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(train->run({"--local", job_path}), kExitUsage) << bad;
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("spec.training.dense_grad_clip_norm must be a finite number >= 0"), std::string::npos)
+        << bad << ": " << err;
+  }
+}
+
 }  // namespace
 }  // namespace recfleet::cli

@@ -355,6 +355,7 @@ absl::StatusOr<JobModel> BuildJobModel(const v1::JobSpec& spec) {
   const v1::TrainingSpec& t = spec.training();
   if (t.dense_learning_rate() > 0) c.learning_rate = t.dense_learning_rate();
   if (t.sparse_learning_rate() > 0) c.adagrad_learning_rate = t.sparse_learning_rate();
+  c.dense_grad_clip_norm = t.dense_grad_clip_norm();
   c.seed = t.seed();
   if (!p.empty()) return p.ToStatus();
   if (absl::Status s = c.Validate(); !s.ok()) {
@@ -409,6 +410,7 @@ std::string JobModel::DebugString() const {
                                config.expert_out, " tower=", config.tower_hidden,
                                " mlp_activation=", static_cast<int>(config.mlp_activation),
                                " lr=", config.learning_rate, " wd=", config.weight_decay,
+                               " clip=", config.dense_grad_clip_norm,
                                " adagrad_lr=", config.adagrad_learning_rate, " seed=", config.seed,
                                " fp8=", absl::StrJoin(config.fp8.modules, ","),
                                " fp8_wgrad=", config.fp8.fp8_weight_gradients,

@@ -604,7 +604,7 @@ struct GemLite<T>::Impl {
     adam.weight_decay = config.weight_decay;
     {
       const layers::ScopedPhase phase(&phases, layers::Phase::kOptimizer);
-      RECFLEET_RETURN_IF_ERROR(params.AdamStep(adam, adam_step));
+      RECFLEET_RETURN_IF_ERROR(params.AdamStep(adam, adam_step, config.dense_grad_clip_norm));
     }
     return sparse.ApplyUpdates(static_cast<float>(config.adagrad_learning_rate));
   }

@@ -183,7 +183,10 @@ class GemLite {
   // InvalidArgument when the batch does not match the schema (feature count,
   // offsets, id range) or has no labels.
   absl::StatusOr<StepResult> ForwardBackward(const Batch& batch);
-  // One optimizer step with the gradients of the last ForwardBackward.
+  // One optimizer step with the gradients of the last ForwardBackward:
+  // AdamW on the dense parameters, their gradients first clipped to global
+  // norm config.dense_grad_clip_norm when it is > 0 (on CUDA without a host
+  // wait), and rowwise Adagrad on the tables (never clipped).
   absl::Status ApplyUpdates();
   // Fills the losses of a result with losses_pending (no-op otherwise).
   // The losses of step s stay readable until the ForwardBackward of step

@@ -1,6 +1,7 @@
 #include "engine/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
@@ -62,6 +63,9 @@ absl::Status GemLiteConfig::Validate() const {
   if (tower_hidden < 1) return Bad("tower_hidden", ">= 1", tower_hidden);
   if (!(learning_rate >= 0)) return Bad("learning_rate", ">= 0", learning_rate);
   if (!(weight_decay >= 0)) return Bad("weight_decay", ">= 0", weight_decay);
+  if (!(dense_grad_clip_norm >= 0) || std::isinf(dense_grad_clip_norm)) {
+    return Bad("dense_grad_clip_norm", "finite and >= 0 (0: off)", dense_grad_clip_norm);
+  }
   if (!(adagrad_learning_rate >= 0)) return Bad("adagrad_learning_rate", ">= 0", adagrad_learning_rate);
   if (!(embedding_init_std > 0)) return Bad("embedding_init_std", "> 0", embedding_init_std);
   for (const std::string& m : fp8.modules) {

@@ -82,6 +82,13 @@ struct GemLiteConfig {
   // Optimizers: AdamW on dense parameters, rowwise Adagrad on tables.
   double learning_rate = 2e-3;
   double weight_decay = 0.0;
+  // > 0: before each AdamW step the dense gradients are clipped to this
+  // global L2 norm (PyTorch's clip_grad_norm_: scaled by
+  // min(1, c / (norm + 1e-6)), a non-finite norm passed on as it does,
+  // kernels/ops/grad_clip.h); over the whole model's dense gradients, also
+  // when they are sharded over ranks. Tables (rowwise Adagrad) are not
+  // clipped. 0: off.
+  double dense_grad_clip_norm = 0.0;
   double adagrad_learning_rate = 0.05;
   double embedding_init_std = 0.05;
   uint64_t seed = 1;

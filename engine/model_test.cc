@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/metrics.h"
+#include "engine/testing/compare.h"
 #include "engine/testing/movielens.h"
 #include "engine/testing/synthetic.h"
 #include "gtest/gtest.h"
@@ -716,6 +718,111 @@ TEST(GemLiteTest, RegionsReportKeptBytesPeakAndRecomputeTime) {
                   g.name.c_str(), static_cast<long long>(g.kept_bytes), static_cast<long long>(g.peak_bytes),
                   g.recompute_s * 1e6);
     }
+  }
+}
+
+}  // namespace
+}  // namespace recfleet::engine
+
+namespace recfleet::engine {
+namespace {
+
+// The dense gradients' global L2 norm of the tiny model on `batch` (fresh
+// model, unclipped: the gradient does not depend on the clip).
+double DenseGradNorm(const MovieLensCtr& data, const Batch& batch) {
+  auto m = GemLite<float>::Create(TinyConfig(), data.schema());
+  EXPECT_TRUE(m.ok());
+  EXPECT_TRUE((*m)->ForwardBackward(batch).ok());
+  return DenseGradientNorm(**m);
+}
+
+// ApplyUpdates with dense_grad_clip_norm = `factor` x the gradients' norm,
+// from random AdamW moments at step 5, against the clipped AdamW step in
+// float64 from the same parameters, gradients and moments. Returns the
+// largest relative difference between the clipped and the unclipped
+// reference (how much the clip moved the step).
+double ExpectClippedStepMatchesFloat64(double factor) {
+  const MovieLensCtr data = SmallData(4);
+  const Batch batch = data.MakeBatch(false, {0, 1, 2, 3, 4});
+  const double norm = DenseGradNorm(data, batch);
+  EXPECT_GT(norm, 0);
+  GemLiteConfig config = TinyConfig();
+  config.dense_grad_clip_norm = factor * norm;
+  config.weight_decay = 0.05;
+  auto m = GemLite<float>::Create(config, data.schema());
+  EXPECT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE((*m)->ForwardBackward(batch).ok());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.01f);
+  const int64_t step = 5;
+  (*m)->set_adam_step(step - 1);
+  struct Before {
+    std::vector<double> p, g, m, v;
+  };
+  std::vector<Before> before;
+  double sum = 0;
+  for (const std::string& name : (*m)->DenseParameterNames()) {
+    Before b;
+    const TensorView p = (*m)->DenseParameter(name), g = (*m)->DenseGradient(name);
+    const TensorView m1 = (*m)->DenseAdamMoment(name, 1), m2 = (*m)->DenseAdamMoment(name, 2);
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      m1.as<float>()[i] = normal(rng);
+      m2.as<float>()[i] = std::abs(normal(rng)) * 0.1f;
+      b.p.push_back(p.as<float>()[i]);
+      b.g.push_back(g.as<float>()[i]);
+      b.m.push_back(m1.as<float>()[i]);
+      b.v.push_back(m2.as<float>()[i]);
+      sum += b.g.back() * b.g.back();
+    }
+    before.push_back(b);
+  }
+  EXPECT_TRUE((*m)->ApplyUpdates().ok());
+  const double clip = config.dense_grad_clip_norm;
+  const double scale = std::min(1.0, clip / (std::sqrt(sum) + 1e-6));
+  EXPECT_EQ(scale < 1, factor < 1);
+  const double lr = config.learning_rate, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
+  auto reference = [&](const Before& b, int64_t i, double s) {
+    const double g = b.g[i] * s;
+    const double mi = b1 * b.m[i] + (1 - b1) * g, vi = b2 * b.v[i] + (1 - b2) * g * g;
+    return b.p[i] * (1 - lr * config.weight_decay) - lr * (mi / bc1) / (std::sqrt(vi / bc2) + eps);
+  };
+  double worst = 0, moved = 0;
+  int k = 0;
+  for (const std::string& name : (*m)->DenseParameterNames()) {
+    const TensorView p = (*m)->DenseParameter(name);
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      const double want = reference(before[k], i, scale);
+      const double denom = std::max(1e-3, std::abs(want));
+      worst = std::max(worst, std::abs(p.as<float>()[i] - want) / denom);
+      moved = std::max(moved, std::abs(reference(before[k], i, 1.0) - want) / denom);
+    }
+    ++k;
+  }
+  EXPECT_LT(worst, 1e-5) << "clip factor " << factor;
+  std::printf("clip %.3g x norm %.4g: worst relative error vs float64 %.2e; the clip moved the step by %.2e\n",
+              factor, norm, worst, moved);
+  return moved;
+}
+
+TEST(GemLiteGradClipTest, ActiveClipMatchesFloat64ClippedAdamW) {
+  // A norm 5x over the limit: the clipped step differs from the plain one
+  // by far more than the tolerance.
+  EXPECT_GT(ExpectClippedStepMatchesFloat64(0.2), 1e-3);
+}
+
+TEST(GemLiteGradClipTest, InactiveClipIsThePlainStep) {
+  EXPECT_EQ(ExpectClippedStepMatchesFloat64(5.0), 0.0);
+}
+
+TEST(GemLiteGradClipTest, RejectsNegativeAndNonFiniteClipNorms) {
+  const MovieLensCtr data = SmallData(4);
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    GemLiteConfig c = TinyConfig();
+    c.dense_grad_clip_norm = bad;
+    absl::Status s = GemLite<float>::Create(c, data.schema()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("dense_grad_clip_norm"), std::string::npos) << s;
   }
 }
 

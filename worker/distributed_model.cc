@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "kernels/ops/adam.h"
+#include "kernels/ops/grad_clip.h"
 #include "worker/dist/staged.h"
 
 namespace recfleet::worker {
@@ -192,6 +193,29 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
     absl::StatusOr<dist::DeviceBuffer> b = Floats(device, numel);
     if (!b.ok()) return b.status();
     *buffer = *std::move(b);
+  }
+  // AdamW over the shard of every unit in one pass (their padding stays
+  // zero: zero gradient, zero decay), and over this rank's experts.
+  const auto adam_over = [&](const dist::DeviceBuffer& value, const dist::DeviceBuffer& grad,
+                             const dist::DeviceBuffer& adam_m, const dist::DeviceBuffer& adam_v,
+                             int64_t numel) {
+    return MultiTensorAdam::Create(
+        {{Flat(value, numel), Flat(grad, numel), Flat(adam_m, numel), Flat(adam_v, numel)}});
+  };
+  absl::StatusOr<std::unique_ptr<MultiTensorAdam>> shard_adam =
+      adam_over(m->shard_, m->shard_grad_, m->adam_m_, m->adam_v_, shard_numel);
+  if (!shard_adam.ok()) return shard_adam.status();
+  m->shard_adam_ = *std::move(shard_adam);
+  if (own > 0) {
+    absl::StatusOr<std::unique_ptr<MultiTensorAdam>> expert_adam =
+        adam_over(m->expert_value_, m->expert_grad_, m->expert_m_, m->expert_v_, own);
+    if (!expert_adam.ok()) return expert_adam.status();
+    m->expert_adam_ = *std::move(expert_adam);
+  }
+  if (config.dense_grad_clip_norm > 0) {
+    absl::StatusOr<dist::DeviceBuffer> clip = Floats(device, 3);
+    if (!clip.ok()) return clip.status();
+    m->clip_ = *std::move(clip);
   }
   if (absl::Status s = m->CopyExperts(m->dense_params_, m->expert_value_, false); !s.ok()) return s;
   for (int u = 0; u < static_cast<int>(m->units_.size()); ++u) {
@@ -561,20 +585,12 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
   AdamConfig adam;
   adam.lr = config_.learning_rate;
   adam.weight_decay = config_.weight_decay;
-  // Every unit's shard in one call (their padding stays zero: zero
-  // gradient, zero decay).
-  const int64_t shard_numel = static_cast<int64_t>(shard_.size() / sizeof(float));
-  if (absl::Status s = AdamStep(adam, ++adam_step_, Flat(shard_, shard_numel), Flat(shard_grad_, shard_numel),
-                                Flat(adam_m_, shard_numel), Flat(adam_v_, shard_numel));
-      !s.ok()) {
-    return s;
+  if (config_.dense_grad_clip_norm > 0) {
+    if (absl::Status s = ClipScale(&adam); !s.ok()) return s;
   }
-  if (own > 0) {
-    if (absl::Status s = AdamStep(adam, adam_step_, Flat(expert_value_, own), Flat(expert_grad_, own),
-                                  Flat(expert_m_, own), Flat(expert_v_, own));
-        !s.ok()) {
-      return s;
-    }
+  if (absl::Status s = shard_adam_->Step(adam, ++adam_step_); !s.ok()) return s;
+  if (expert_adam_ != nullptr) {
+    if (absl::Status s = expert_adam_->Step(adam, adam_step_); !s.ok()) return s;
   }
   std::vector<TensorView> pooled_grads = model_->PooledGradients();
   times->compute_seconds += Since(t);
@@ -582,6 +598,50 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
   if (absl::Status s = tables_->BackwardAndUpdate(pooled_grads); !s.ok()) return s;
   times->comm_seconds += Since(t);
   return result;
+}
+
+absl::Status DistributedModel::ClipScale(AdamConfig* adam) {
+  float* clip = static_cast<float*>(clip_.data());
+  const TensorView parts = MakeView(clip, DType::kFloat32, {2}, device_);
+  const TensorView scale = MakeView(clip + 2, DType::kFloat32, {1}, device_);
+  // The sum of squares of one part of the dense gradients into `out`:
+  // this rank's slice (final after the reductions; replicas hold equal
+  // copies) summed over `group`, the ranks that split the part, then rank 0
+  // of `copies` (the replicas of this rank's slice) sends its sum to the
+  // others, so every rank gets the same bits whatever order each group's
+  // reduction added in. No slice here (adam null): 0.
+  const auto part = [&](const MultiTensorAdam* adam, comm::Communicator* group, comm::Communicator* copies,
+                        float* out_data) -> absl::Status {
+    const TensorView out = MakeView(out_data, DType::kFloat32, {1}, device_);
+    if (adam != nullptr) {
+      if (absl::Status s = adam->GradSquaredNorm(out, /*accumulate=*/false); !s.ok()) return s;
+    } else if (absl::Status s = dist::ZeroOnDevice(device_, out_data, sizeof(float)); !s.ok()) {
+      return s;
+    }
+    if (group != nullptr && group->size() > 1) {
+      if (absl::Status s = group->AllReduce(out, comm::ReduceOp::kSum); !s.ok()) return s;
+    }
+    if (copies != nullptr && copies->size() > 1) {
+      if (absl::Status s = copies->Broadcast(out, 0); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  // The FSDP shards split every dense parameter but the experts over the
+  // FSDP group (replicated over the replica group); under expert
+  // parallelism the experts are split over the expert group (replicated
+  // over the expert-replica group; a rank without experts adds 0). So each
+  // element is counted once, and the norm is one rank's on the whole model.
+  if (absl::Status s = part(shard_adam_.get(), groups_->fsdp(), groups_->replica(), clip); !s.ok()) return s;
+  if (router_ != nullptr) {
+    if (absl::Status s = part(expert_adam_.get(), groups_->expert(), groups_->expert_replica(), clip + 1); !s.ok()) {
+      return s;
+    }
+  } else if (absl::Status s = dist::ZeroOnDevice(device_, clip + 1, sizeof(float)); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = GradClipScale(parts, config_.dense_grad_clip_norm, scale); !s.ok()) return s;
+  adam->grad_scale = scale;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<double>> DistributedModel::Predict(const engine::Batch* batch, engine::Head head) {

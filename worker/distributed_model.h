@@ -110,6 +110,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
+#include "kernels/ops/multi_tensor.h"
 #include "worker/checkpoint.h"
 #include "worker/comm/communicator.h"
 #include "worker/dist/device_buffer.h"
@@ -236,6 +237,10 @@ class DistributedModel : public RankModel {
   absl::Status AfterBackward(int module);
   // Prefetch: waits for every reduction (replicas included) and gather.
   absl::Status FinishReductions();
+  // config.dense_grad_clip_norm > 0: the clip factor of the whole model's
+  // dense gradients (after the reductions) on the device, set as
+  // adam->grad_scale; every rank computes the same bits (see the .cc).
+  absl::Status ClipScale(AdamConfig* adam);
   // Times `fn` as exposed communication (step_wait_seconds_).
   absl::Status Waited(const std::function<absl::Status()>& fn);
   void Log(absl::string_view what, absl::string_view name) const;
@@ -293,6 +298,10 @@ class DistributedModel : public RankModel {
   // gathered and its gradient.
   dist::DeviceBuffer shard_, adam_m_, adam_v_, shard_grad_;
   int64_t adam_step_ = 0;
+  // AdamW over the shards and over this rank's experts (null: none), and
+  // with gradient clipping {dense sum of squares, the experts', factor}.
+  std::unique_ptr<MultiTensorAdam> shard_adam_, expert_adam_;
+  dist::DeviceBuffer clip_;
   dist::DeviceBuffer full_, full_grad_;
   // Per table: this step's lookups and pooled rows (grown, never shrunk).
   std::vector<engine::TableLookups> lookups_;

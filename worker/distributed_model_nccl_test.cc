@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/model.h"
@@ -58,10 +59,19 @@ std::vector<float> HostCopy(const TensorView& v) {
 // trains kSteps, its FSDP units' collectives prefetched on the
 // communicators' side streams or blocking; every step's loss and the final
 // dense parameters are compared with the CPU model's.
-void ExpectTrainsLikeTheCpuModel(bool prefetch) {
+// With `clip_factor` > 0 both clip the dense gradients' global norm at that
+// multiple of the first step's (on the GPU rank: on the device, over its
+// one-rank NCCL groups).
+void ExpectTrainsLikeTheCpuModel(bool prefetch, double clip_factor = 0) {
   ASSERT_GE(comm::CudaDeviceCount(), 1) << "this test needs a GPU";
   const engine::MovieLensCtr data = Data();
-  const engine::GemLiteConfig config = engine::StepComparisonConfig();
+  engine::GemLiteConfig config = engine::StepComparisonConfig();
+  if (clip_factor > 0) {
+    auto probe = engine::GemLite<float>::Create(config, data.schema());
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    ASSERT_TRUE((*probe)->ForwardBackward(data.MakeBatch(false, Samples(data, 0))).ok());
+    config.dense_grad_clip_norm = clip_factor * engine::DenseGradientNorm(**probe);
+  }
   auto cpu = engine::GemLite<float>::Create(config, data.schema());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   std::vector<double> ref;
@@ -116,15 +126,19 @@ void ExpectTrainsLikeTheCpuModel(bool prefetch) {
   ASSERT_EQ(dense.size(), ref_dense.size());
   const double err = engine::MaxRelativeError(dense.data(), ref_dense.data(), ref_dense.size());
   EXPECT_LT(err, 1e-3);
-  std::printf("1 gpu rank over nccl (prefetch %s) vs the cpu model, %d steps of %lld: worst relative loss "
-              "difference %.3g (first %.5f, last %.5f); dense parameters' max relative error %.3g\n",
-              prefetch ? "on" : "off", kSteps, static_cast<long long>(kBatch), worst, ref.front(), ref.back(), err);
+  std::printf("1 gpu rank over nccl (prefetch %s, clip %.3g) vs the cpu model, %d steps of %lld: worst relative "
+              "loss difference %.3g (first %.5f, last %.5f); dense parameters' max relative error %.3g\n",
+              prefetch ? "on" : "off", config.dense_grad_clip_norm, kSteps, static_cast<long long>(kBatch), worst, ref.front(), ref.back(), err);
 }
 
 TEST(DistributedModelNcclTest, OneGpuRankTrainsLikeTheCpuModel) { ExpectTrainsLikeTheCpuModel(true); }
 
 TEST(DistributedModelNcclTest, OneGpuRankWithoutPrefetchTrainsLikeTheCpuModel) {
   ExpectTrainsLikeTheCpuModel(false);
+}
+
+TEST(DistributedModelNcclTest, OneGpuRankWithGradientClippingTrainsLikeTheCpuModel) {
+  ExpectTrainsLikeTheCpuModel(true, /*clip_factor=*/0.5);
 }
 
 }  // namespace

@@ -76,11 +76,12 @@ struct Reference {
 
 // One rank holding everything, on the concatenated batches of steps
 // [0, steps).
-Reference TrainOneRank(const engine::MovieLensCtr& data, int steps, const engine::GemLiteConfig& config = Config()) {
+Reference TrainOneRank(const engine::MovieLensCtr& data, int steps, const engine::GemLiteConfig& config = Config(),
+                       int world = kWorld) {
   auto model = engine::GemLite<float>::Create(config, data.schema());
   EXPECT_TRUE(model.ok());
   for (int step = 0; step < steps; ++step) {
-    EXPECT_TRUE((*model)->ForwardBackward(data.MakeBatch(false, GlobalSamples(data, step, kWorld))).ok());
+    EXPECT_TRUE((*model)->ForwardBackward(data.MakeBatch(false, GlobalSamples(data, step, world))).ok());
     EXPECT_TRUE((*model)->ApplyUpdates().ok());
   }
   Reference r;
@@ -136,8 +137,8 @@ std::vector<double> OneRankLosses(const engine::MovieLensCtr& data, int steps,
 // groups `plan_groups`, or by `hints` without them.
 void OnRanks(const dist::ParallelismHints& hints,
              const std::function<void(int, const dist::TrainingGroups&, comm::Communicator&)>& fn,
-             const std::vector<dist::NamedGroup>& plan_groups = {}) {
-  dist::RunOnGlooRanks(kWorld, plan_groups, hints, fn);
+             const std::vector<dist::NamedGroup>& plan_groups = {}, int world = kWorld) {
+  dist::RunOnGlooRanks(world, plan_groups, hints, fn);
 }
 
 void Train(DistributedModel& m, const engine::MovieLensCtr& data, int rank, int from, int to,
@@ -635,6 +636,55 @@ TEST(DistributedModelTest, SingleRankCheckpointsInterchangeWithDistributedOnes) 
   auto wrong = SingleRankModel::Create(other, data.schema(), engine::ExecutionOptions());
   ASSERT_TRUE(wrong.ok());
   EXPECT_EQ((*wrong)->Restore(saved).code(), absl::StatusCode::kDataLoss);
+}
+
+// Global-norm clipping of the dense gradients: `world` ranks laid out by
+// `hints` or `plan_groups` train like one rank with the same clip, which is
+// active (the run ends far from the unclipped one's). The norm is summed
+// over the FSDP shards and the expert blocks, each counted once.
+void ExpectClippedTrainingLikeOneRank(int world, const dist::ParallelismHints& hints,
+                                      const std::vector<dist::NamedGroup>& plan_groups = {}) {
+  const engine::MovieLensCtr data = Data();
+  engine::GemLiteConfig config = Config();
+  config.dense_grad_clip_norm = 0.05;
+  const Reference ref = TrainOneRank(data, kSteps, config, world);
+  const Reference unclipped = TrainOneRank(data, kSteps, Config(), world);
+  EXPECT_GT(engine::MaxRelativeError(ref.dense.data(), unclipped.dense.data(), ref.dense.size()), 1e-2)
+      << "the clip never acted";
+  OnRanks(hints, [&](int rank, const dist::TrainingGroups& groups, comm::Communicator& world_comm) {
+    const std::vector<dist::PlannedTable> plan =
+        plan_groups.empty() ? std::vector<dist::PlannedTable>() : RowWiseEverywhere(data.schema().tables);
+    auto m = DistributedModel::Create(config, data.schema(), &groups, &world_comm, plan);
+    ASSERT_TRUE(m.ok()) << m.status();
+    for (int step = 0; step < kSteps; ++step) {
+      DistributedModel::Times times;
+      const std::vector<int64_t> samples = Samples(data, step, rank);
+      ASSERT_TRUE((*m)->TrainStep(data.MakeBatch(false, samples), &times).ok());
+    }
+    ExpectMatches(**m, ref, rank);
+  }, plan_groups, world);
+}
+
+TEST(DistributedModelGradClipTest, TwoFsdpRanksTrainLikeOneRank) {
+  ExpectClippedTrainingLikeOneRank(2, {2, 1, 2});
+}
+
+TEST(DistributedModelGradClipTest, FsdpTimesReplicasTrainLikeOneRank) {
+  ExpectClippedTrainingLikeOneRank(4, {2, 2, 2});
+}
+
+TEST(DistributedModelGradClipTest, ExpertParallelGroupsTrainLikeOneRank) {
+  ExpectClippedTrainingLikeOneRank(4, {}, kExpertGroups);
+}
+
+// Replicated FSDP shards and an expert group wider than the experts (two
+// ranks hold none): neither the replicas nor the empty ranks add anything.
+TEST(DistributedModelGradClipTest, ReplicasAndRanksWithoutExpertsCountOnce) {
+  ExpectClippedTrainingLikeOneRank(4, {},
+                                   {{"fsdp/0", {0, 1}},
+                                    {"fsdp/1", {2, 3}},
+                                    {"tables/0", {0, 1, 2, 3}},
+                                    {"expert/moe/0", {0, 1, 2, 3}}});
 }
 
 }  // namespace

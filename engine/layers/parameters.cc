@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/layers/ops.h"
+#include "kernels/ops/grad_clip.h"
 #include "common/status_macros.h"
 
 namespace recfleet::engine::layers {
@@ -67,7 +68,7 @@ void ParameterRegistry::AddBf16Copy(Parameter* p) {
 }
 
 absl::Status ParameterRegistry::Prepare() {
-  if (allocator_->device() != Device::kCuda || multi_ != nullptr) return absl::OkStatus();
+  if (multi_ != nullptr) return absl::OkStatus();
   std::vector<AdamTensors> tensors;
   for (Parameter* p : params_) {
     tensors.push_back({p->value.view(), p->grad.view(), p->m.view(), p->v.view(),
@@ -146,17 +147,24 @@ absl::Status ParameterRegistry::CopyValuesFrom(const ParameterRegistry& other) {
   return absl::OkStatus();
 }
 
-absl::Status ParameterRegistry::AdamStep(const AdamConfig& config, int64_t step) {
+absl::Status ParameterRegistry::AdamStep(const AdamConfig& config, int64_t step, double clip_norm) {
   bf16_current_ = false;
-  if (allocator_->device() == Device::kCuda) {
-    RECFLEET_RETURN_IF_ERROR(Prepare());
-    return multi_->Step(config, step);
+  RECFLEET_RETURN_IF_ERROR(Prepare());
+  if (!(clip_norm > 0)) return multi_->Step(config, step);
+  if (clip_.empty()) {
+    absl::StatusOr<Tensor> clip = Tensor::Zeros(dtype_, {2}, allocator_);
+    if (!clip.ok()) return clip.status();
+    clip_ = *std::move(clip);
   }
-  for (Parameter* p : params_) {
-    RECFLEET_RETURN_IF_ERROR(
-        recfleet::AdamStep(config, step, p->value.view(), p->grad.view(), p->m.view(), p->v.view()));
-  }
-  return absl::OkStatus();
+  const size_t bytes = DTypeSize(dtype_);
+  const TensorView sum = MakeView(clip_.view().data, dtype_, {1}, allocator_->device());
+  const TensorView scale =
+      MakeView(static_cast<char*>(clip_.view().data) + bytes, dtype_, {1}, allocator_->device());
+  RECFLEET_RETURN_IF_ERROR(multi_->GradSquaredNorm(sum, /*accumulate=*/false));
+  RECFLEET_RETURN_IF_ERROR(GradClipScale(sum, clip_norm, scale));
+  AdamConfig clipped = config;
+  clipped.grad_scale = scale;
+  return multi_->Step(clipped, step);
 }
 
 }  // namespace recfleet::engine::layers

@@ -77,10 +77,10 @@ class ParameterRegistry {
   // before it reads a copy. Writes through views the registry does not see
   // are the caller's to follow with a refresh (GemLite's forward does).
   bool bf16_copies_current() const { return bf16_current_; }
-  // CUDA: builds the one-launch passes (ZeroGradients, AdamStep,
-  // RefreshBf16Copies) over the parameters registered so far, uploading
-  // their device table now rather than inside the first step. Idempotent;
-  // Register or AddBf16Copy after it rebuilds on the next use.
+  // Builds the multi-tensor passes (ZeroGradients, AdamStep,
+  // RefreshBf16Copies) over the parameters registered so far; on CUDA it
+  // uploads their device table now rather than inside the first step.
+  // Idempotent; Register or AddBf16Copy after it rebuilds on the next use.
   absl::Status Prepare();
 
   absl::Status ZeroGradients();
@@ -92,8 +92,12 @@ class ParameterRegistry {
   absl::Status CopyValuesFrom(const ParameterRegistry& other);
   // One AdamW step on every parameter; `step` is 1-based. On CUDA one
   // launch for all of them (kernels/ops/multi_tensor.h), as ZeroGradients
-  // and RefreshBf16Copies.
-  absl::Status AdamStep(const AdamConfig& config, int64_t step);
+  // and RefreshBf16Copies. With clip_norm > 0 the gradients are first
+  // clipped to that global L2 norm over all of these parameters
+  // (kernels/ops/grad_clip.h: PyTorch's clip_grad_norm_); on CUDA the norm
+  // and the factor stay on the device (three small launches more, no host
+  // wait). The gradients themselves are left as they were.
+  absl::Status AdamStep(const AdamConfig& config, int64_t step, double clip_norm = 0);
 
  private:
   absl::Status CheckSameLayout(const ParameterRegistry& other, const char* what) const;
@@ -103,7 +107,9 @@ class ParameterRegistry {
   std::mt19937_64 rng_;
   std::vector<Parameter*> params_;
   absl::flat_hash_map<std::string, Parameter*> by_name_;
-  std::unique_ptr<MultiTensorAdam> multi_;  // CUDA; null until Prepare.
+  std::unique_ptr<MultiTensorAdam> multi_;  // Null until Prepare.
+  // Gradient clipping, on the parameters' device: {sum of squares, factor}.
+  Tensor clip_;
   bool bf16_current_ = false;
 };
 

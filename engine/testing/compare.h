@@ -38,6 +38,17 @@ inline std::vector<float> FlatDenseParameters(GemLite<float>& model) {
   return dense;
 }
 
+// The global L2 norm of the dense gradients of the last ForwardBackward of
+// a CPU model, in fp64: what tests set a gradient clip against.
+inline double DenseGradientNorm(GemLite<float>& model) {
+  double sum = 0;
+  for (const std::string& name : model.DenseParameterNames()) {
+    const TensorView g = model.DenseGradient(name);
+    for (int64_t i = 0; i < g.numel(); ++i) sum += static_cast<double>(g.as<float>()[i]) * g.as<float>()[i];
+  }
+  return std::sqrt(sum);
+}
+
 // A small GEM-lite with every branch (two causal RoPE attention layers, PMA,
 // DCN, three experts, GELU MLPs): what the CUDA-vs-CPU tests train.
 inline GemLiteConfig SmallCudaTestConfig() {

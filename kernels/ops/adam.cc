@@ -13,6 +13,7 @@ namespace {
 
 template <typename T>
 void Step(const AdamConfig& c, int64_t step, T* p, const T* g, T* m, T* v, int64_t n) {
+  const T scale = c.grad_scale.data != nullptr ? c.grad_scale.as<const T>()[0] : T(1);
   const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(step));
   const T b1 = T(c.beta1), b2 = T(c.beta2);
@@ -21,7 +22,7 @@ void Step(const AdamConfig& c, int64_t step, T* p, const T* g, T* m, T* v, int64
   const T decay = T(1.0 - c.lr * c.weight_decay);
   const T wd = T(c.weight_decay);
   for (int64_t i = 0; i < n; ++i) {
-    T grad = g[i];
+    T grad = g[i] * scale;
     if (c.decoupled_weight_decay) {
       p[i] *= decay;
     } else {
@@ -34,6 +35,17 @@ void Step(const AdamConfig& c, int64_t step, T* p, const T* g, T* m, T* v, int64
 }
 
 }  // namespace
+
+absl::Status CheckGradScale(const AdamConfig& config, const TensorView& param) {
+  const TensorView& s = config.grad_scale;
+  if (s.data == nullptr) return absl::OkStatus();
+  if (s.numel() != 1 || s.dtype != param.dtype || s.device != param.device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adam grad_scale must be one element of the param's dtype and device, got ", s.DebugString(),
+        " for ", param.DebugString()));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckAdamConfig(const AdamConfig& config, int64_t step) {
   if (step < 1) return absl::InvalidArgumentError(absl::StrCat("adam step must be >= 1, got ", step));
@@ -62,6 +74,7 @@ ops_cuda::AdamScalars CudaAdamScalars(const AdamConfig& config, int64_t step) {
   s.decay = static_cast<float>(1.0 - config.lr * config.weight_decay);
   s.weight_decay = static_cast<float>(config.weight_decay);
   s.decoupled = config.decoupled_weight_decay;
+  s.grad_scale = static_cast<const float*>(config.grad_scale.data);
   return s;
 }
 
@@ -72,6 +85,7 @@ absl::Status AdamStep(const AdamConfig& config, int64_t step, const TensorView& 
   RECFLEET_RETURN_IF_ERROR(CheckSameLayout(grad, "grad", param));
   RECFLEET_RETURN_IF_ERROR(CheckSameLayout(m, "m", param));
   RECFLEET_RETURN_IF_ERROR(CheckSameLayout(v, "v", param));
+  RECFLEET_RETURN_IF_ERROR(CheckGradScale(config, param));
   if (param.device == Device::kCuda) {
     const ops_cuda::AdamScalars s = CudaAdamScalars(config, step);
     return CudaStatus(ops_cuda::AdamStep(s, param.as<float>(), grad.as<const float>(),

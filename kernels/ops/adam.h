@@ -8,7 +8,8 @@
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // weight decay: AdamW (decoupled) first scales p by (1 - lr wd); plain Adam
-// adds wd p to g instead.
+// adds wd p to g instead. With a gradient scale (AdamConfig::grad_scale, the
+// factor of global-norm clipping, grad_clip.h) g is first multiplied by it.
 
 #include <cstdint>
 
@@ -24,6 +25,10 @@ struct AdamConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool decoupled_weight_decay = true;  // true: AdamW.
+  // Optional: one element of the param's dtype on its device (fp32 on
+  // CUDA), read there by the step, so a factor computed on the device
+  // (GradClipScale) needs no host round trip. Empty: 1.
+  TensorView grad_scale;
 };
 
 // Applies step `step` (1-based: the bias corrections use it) in place.

@@ -14,6 +14,9 @@ namespace recfleet {
 
 // InvalidArgument for step < 1 or lr/betas/eps/weight decay out of range.
 absl::Status CheckAdamConfig(const AdamConfig& config, int64_t step);
+// InvalidArgument unless config.grad_scale is empty or one element of
+// param's dtype and device.
+absl::Status CheckGradScale(const AdamConfig& config, const TensorView& param);
 // The bias-corrected scalars of `step`, computed in double as the CPU
 // reference does and rounded to fp32 once.
 ops_cuda::AdamScalars CudaAdamScalars(const AdamConfig& config, int64_t step);

@@ -50,6 +50,10 @@ absl::StatusOr<std::unique_ptr<MultiTensorAdam>> MultiTensorAdam::Create(
   }
   a->chunks_ = AssignChunks(&a->host_table_);
   if (a->host_table_.empty()) return a;
+  void* partials = nullptr;
+  RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&partials, a->chunks_ * sizeof(float)),
+                                      "multi-tensor partial sums"));
+  a->partials_ = static_cast<float*>(partials);
   const size_t bytes = a->host_table_.size() * sizeof(MultiTensorEntry);
   void* table = nullptr;
   RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&table, bytes), "multi-tensor table"));
@@ -64,10 +68,12 @@ absl::StatusOr<std::unique_ptr<MultiTensorAdam>> MultiTensorAdam::Create(
 MultiTensorAdam::~MultiTensorAdam() {
   // cudaFree waits for the device, so no launch still reads the table.
   if (device_table_ != nullptr) cudaFree(device_table_);
+  if (partials_ != nullptr) cudaFree(partials_);
 }
 
 absl::Status MultiTensorAdam::Step(const AdamConfig& config, int64_t step, void* stream) const {
   RECFLEET_RETURN_IF_ERROR(CheckAdamConfig(config, step));
+  if (!tensors_.empty()) RECFLEET_RETURN_IF_ERROR(CheckGradScale(config, tensors_.front().param));
   if (device_ != Device::kCuda) {
     for (const AdamTensors& t : tensors_) {
       RECFLEET_RETURN_IF_ERROR(AdamStep(config, step, t.param, t.grad, t.m, t.v));
@@ -108,6 +114,39 @@ absl::Status MultiTensorAdam::WriteBf16Copies(void* stream) const {
                                                   static_cast<int>(host_table_.size()), chunks_,
                                                   stream),
                     "multi-tensor bf16 copies");
+}
+
+absl::Status MultiTensorAdam::GradSquaredNorm(const TensorView& sum, bool accumulate,
+                                              void* stream) const {
+  if (sum.numel() != 1 || sum.device != device_ || sum.data == nullptr ||
+      (!tensors_.empty() && sum.dtype != tensors_.front().param.dtype) ||
+      (device_ == Device::kCuda && sum.dtype != DType::kFloat32)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "multi-tensor gradient norm: the sum must be one element of the params' dtype and device, got ",
+        sum.DebugString()));
+  }
+  if (device_ == Device::kCuda) {
+    return CudaStatus(ops_cuda::MultiTensorGradSquaredSum(device_table_,
+                                                          static_cast<int>(host_table_.size()),
+                                                          chunks_, partials_, sum.as<float>(),
+                                                          accumulate, stream),
+                      "multi-tensor gradient norm");
+  }
+  const bool fp64 = sum.dtype == DType::kFloat64;
+  double total = 0;
+  if (accumulate) total = fp64 ? sum.as<const double>()[0] : sum.as<const float>()[0];
+  for (const AdamTensors& t : tensors_) {
+    for (int64_t i = 0; i < t.grad.numel(); ++i) {
+      const double g = fp64 ? t.grad.as<const double>()[i] : t.grad.as<const float>()[i];
+      total += g * g;
+    }
+  }
+  if (fp64) {
+    sum.as<double>()[0] = total;
+  } else {
+    sum.as<float>()[0] = static_cast<float>(total);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace recfleet

@@ -49,6 +49,13 @@ class MultiTensorAdam {
   absl::Status ZeroGradients(void* stream = nullptr) const;
   // bf16 = round(param) for every entry with a bf16 copy.
   absl::Status WriteBf16Copies(void* stream = nullptr) const;
+  // sum[0] = (accumulate: sum[0] +) the sum of grad^2 over every entry: the
+  // square of the global norm that gradient clipping takes (grad_clip.h).
+  // `sum`: one element of the params' dtype on their device. Deterministic:
+  // CUDA adds fp32 sums of fixed chunks in a fixed order in fp64 (two
+  // launches, no host wait); the CPU adds in fp64.
+  absl::Status GradSquaredNorm(const TensorView& sum, bool accumulate,
+                               void* stream = nullptr) const;
 
   size_t size() const { return tensors_.size(); }
   bool has_bf16_copies() const { return has_bf16_; }
@@ -62,9 +69,11 @@ class MultiTensorAdam {
   Device device_ = Device::kCpu;
   bool has_bf16_ = false;
   // CUDA: the packed table, its host copy (kept until the upload is surely
-  // done: the object's end) and the chunk count.
+  // done: the object's end), the chunk count and one fp32 per chunk for
+  // GradSquaredNorm's partial sums.
   std::vector<MultiTensorEntry> host_table_;
   MultiTensorEntry* device_table_ = nullptr;
+  float* partials_ = nullptr;
   int64_t chunks_ = 0;
 };
 

@@ -1,15 +1,19 @@
 // Needs a GPU. The multi-tensor passes against the per-tensor ones on the
 // same device: Adam bit for bit (one arithmetic), zeroed gradients, bf16
-// copies equal to the host's round-to-nearest-even.
+// copies equal to the host's round-to-nearest-even; the gradient norm and
+// a clipped step against the CPU's.
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/base/device_buffer.h"
 #include "kernels/base/formats.h"
 #include "kernels/ops/adam.h"
+#include "kernels/ops/grad_clip.h"
 #include "kernels/ops/multi_tensor.h"
 #include "kernels/ops/multi_tensor_layout.h"
 
@@ -84,6 +88,83 @@ TEST(MultiTensorCudaTest, MatchesPerTensorAdamBitForBit) {
   ASSERT_TRUE((*adam)->ZeroGradients().ok());
   for (size_t k = 0; k < sizes.size(); ++k) {
     EXPECT_EQ(multi[k]->g.ToHost<float>(), std::vector<float>(sizes[k], 0.0f)) << k;
+  }
+}
+
+// Fresh random gradients on both sides: the device's squared norm (chunk
+// partials added in fp64) against the host's fp64 sum, the same bits on a
+// second run, the clip factor, and a clipped step against the CPU's
+// multi-tensor step with the same factor.
+TEST(MultiTensorCudaTest, GradientNormAndClippedStepMatchTheCpu) {
+  const std::vector<int64_t> sizes = {1, kMultiTensorChunk - 1, 0, kMultiTensorChunk + 1,
+                                      3 * kMultiTensorChunk + 17, 5};
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal;
+  std::vector<std::unique_ptr<Dev>> dev;
+  std::vector<std::vector<float>> hp, hg, hm, hv;
+  std::vector<AdamTensors> dviews, hviews;
+  double sum = 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    hp.push_back(Init(sizes[k], 0.3f + k));
+    dev.push_back(std::make_unique<Dev>(hp.back()));
+    std::vector<float> g(sizes[k]);
+    for (float& x : g) {
+      x = 0.01f * normal(rng);
+      sum += static_cast<double>(x) * x;
+    }
+    CudaOrDie(cudaMemcpy(dev.back()->g.get(), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice), "g");
+    hg.push_back(g);
+    hm.emplace_back(sizes[k]);
+    hv.emplace_back(sizes[k]);
+    dviews.push_back(dev.back()->Views(false));
+  }
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    hviews.push_back({MakeView(hp[k].data(), DType::kFloat32, {sizes[k]}),
+                      MakeView(hg[k].data(), DType::kFloat32, {sizes[k]}),
+                      MakeView(hm[k].data(), DType::kFloat32, {sizes[k]}),
+                      MakeView(hv[k].data(), DType::kFloat32, {sizes[k]})});
+  }
+  auto gpu = MultiTensorAdam::Create(dviews);
+  auto cpu = MultiTensorAdam::Create(hviews);
+  ASSERT_TRUE(gpu.ok() && cpu.ok());
+  DeviceBuffer clip(std::vector<float>{-1.0f, -1.0f});  // Poisoned: {sum, scale}.
+  const TensorView dsum = MakeView(clip.get(), DType::kFloat32, {1}, Device::kCuda);
+  const TensorView dscale = MakeView(static_cast<float*>(clip.get()) + 1, DType::kFloat32, {1}, Device::kCuda);
+  ASSERT_TRUE((*gpu)->GradSquaredNorm(dsum, false).ok());
+  const std::vector<float> first = clip.ToHost<float>();
+  EXPECT_NEAR(first[0], sum, 1e-5 * sum);
+  ASSERT_TRUE((*gpu)->GradSquaredNorm(dsum, false).ok());
+  EXPECT_EQ(clip.ToHost<float>()[0], first[0]);  // Deterministic.
+  ASSERT_TRUE((*gpu)->GradSquaredNorm(dsum, true).ok());
+  EXPECT_NEAR(clip.ToHost<float>()[0], 2 * sum, 1e-5 * sum);
+  ASSERT_TRUE((*gpu)->GradSquaredNorm(dsum, false).ok());
+  const double max_norm = 0.3 * std::sqrt(sum);
+  ASSERT_TRUE(GradClipScale(dsum, max_norm, dscale).ok());
+  const float scale = clip.ToHost<float>()[1];
+  EXPECT_NEAR(scale, max_norm / (std::sqrt(static_cast<double>(first[0])) + 1e-6), 1e-6);
+  float host_scale = scale;
+  AdamConfig c;
+  c.lr = 0.01;
+  c.weight_decay = 0.05;
+  c.grad_scale = dscale;
+  ASSERT_TRUE((*gpu)->Step(c, 1).ok());
+  c.grad_scale = MakeView(&host_scale, DType::kFloat32, {1});
+  ASSERT_TRUE((*cpu)->Step(c, 1).ok());
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const std::vector<float> p = dev[k]->p.ToHost<float>();
+    for (int64_t i = 0; i < sizes[k]; ++i) {
+      ASSERT_NEAR(p[i], hp[k][i], 1e-6 * std::max(1.0f, std::abs(hp[k][i]))) << k << " " << i;
+    }
+  }
+  // A NaN gradient: a NaN factor, every parameter NaN (clip_grad_norm_).
+  const float nan = std::nanf("");
+  CudaOrDie(cudaMemcpy(static_cast<float*>(dev[4]->g.get()) + 100, &nan, sizeof(float), cudaMemcpyHostToDevice), "nan");
+  ASSERT_TRUE((*gpu)->GradSquaredNorm(dsum, false).ok());
+  ASSERT_TRUE(GradClipScale(dsum, max_norm, dscale).ok());
+  c.grad_scale = dscale;
+  ASSERT_TRUE((*gpu)->Step(c, 2).ok());
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    for (float x : dev[k]->p.ToHost<float>()) ASSERT_TRUE(std::isnan(x)) << k;
   }
 }
 

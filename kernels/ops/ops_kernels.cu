@@ -76,9 +76,10 @@ __global__ void BceBackwardKernel(const float* z, const float* y, const float* d
 
 // One element of an Adam(W) step: the single place of its arithmetic, so the
 // per-tensor and the multi-tensor kernels agree bit for bit.
-__device__ __forceinline__ void AdamElement(const AdamScalars& s, float* p, const float* g,
-                                            float* m, float* v, int64_t i) {
-  float grad = g[i], param = p[i];
+// `scale`: *s.grad_scale, read once per thread (GradScale).
+__device__ __forceinline__ void AdamElement(const AdamScalars& s, float scale, float* p,
+                                            const float* g, float* m, float* v, int64_t i) {
+  float grad = g[i] * scale, param = p[i];
   if (s.decoupled) {
     param *= s.decay;
   } else {
@@ -91,11 +92,17 @@ __device__ __forceinline__ void AdamElement(const AdamScalars& s, float* p, cons
   p[i] = param - s.step_size * mi / (sqrtf(vi) * s.inv_sqrt_bc2 + s.eps);
 }
 
+// Multiplying by 1 is exact: without a scale the step is unchanged bit for bit.
+__device__ __forceinline__ float GradScale(const AdamScalars& s) {
+  return s.grad_scale != nullptr ? *s.grad_scale : 1.0f;
+}
+
 __global__ void AdamKernel(AdamScalars s, float* p, const float* g, float* m, float* v,
                            int64_t n) {
+  const float scale = GradScale(s);
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
-    AdamElement(s, p, g, m, v, i);
+    AdamElement(s, scale, p, g, m, v, i);
   }
 }
 
@@ -111,9 +118,10 @@ __global__ void MultiTensorKernel(AdamScalars s, const MultiTensorEntry* __restr
   const int64_t begin = (chunk - e.first_chunk) * kMultiTensorChunk;
   const int64_t end = min(begin + kMultiTensorChunk, e.numel);
   if (kOp == MultiOp::kBf16Copy && e.bf16 == nullptr) return;
+  const float scale = kOp == MultiOp::kAdam ? GradScale(s) : 1.0f;
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     if constexpr (kOp == MultiOp::kAdam) {
-      AdamElement(s, e.param, e.grad, e.m, e.v, i);
+      AdamElement(s, scale, e.param, e.grad, e.m, e.v, i);
     } else if constexpr (kOp == MultiOp::kZeroGrad) {
       e.grad[i] = 0.0f;
     } else {
@@ -121,6 +129,50 @@ __global__ void MultiTensorKernel(AdamScalars s, const MultiTensorEntry* __restr
       e.bf16[i] = *reinterpret_cast<const uint16_t*>(&b);
     }
   }
+}
+
+// The sum of `v` over the block, in thread 0, in a fixed order (warp
+// shuffles, then the warps' sums in order): the same bits every run.
+template <typename T>
+__device__ T BlockSum(T v) {
+  __shared__ T warp_sums[kThreads / 32];
+  for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  T total = 0;
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  }
+  return total;
+}
+
+// Block b: the sum of grad^2 over chunk b of the table.
+__global__ void GradSquaredSumKernel(const MultiTensorEntry* __restrict__ table, int count,
+                                     float* partials) {
+  const int64_t chunk = blockIdx.x;
+  const MultiTensorEntry e = table[FindChunkOwner(table, count, chunk)];
+  const int64_t begin = (chunk - e.first_chunk) * kMultiTensorChunk;
+  const int64_t end = min(begin + kMultiTensorChunk, e.numel);
+  float acc = 0.0f;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) acc = fmaf(e.grad[i], e.grad[i], acc);
+  acc = BlockSum(acc);
+  if (threadIdx.x == 0) partials[chunk] = acc;
+}
+
+// One block: *sum (+)= the partials' total, added in fp64.
+__global__ void SumPartialsKernel(const float* partials, int64_t n, float* sum, bool accumulate) {
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) acc += partials[i];
+  acc = BlockSum(acc);
+  if (threadIdx.x == 0) *sum = static_cast<float>((accumulate ? *sum : 0.0) + acc);
+}
+
+__global__ void GradClipScaleKernel(const float* sum, int64_t parts, double max_norm, float* scale) {
+  double total = 0.0;
+  for (int64_t i = 0; i < parts; ++i) total += sum[i];
+  const double ratio = max_norm / (sqrt(total) + 1e-6);
+  // fmin would drop a NaN ratio; clip_grad_norm_'s clamp keeps it.
+  *scale = static_cast<float>(isnan(ratio) || ratio < 1.0 ? ratio : 1.0);
 }
 
 cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
@@ -189,6 +241,24 @@ cudaError_t MultiTensorZeroGrad(const MultiTensorEntry* table, int count, int64_
 cudaError_t MultiTensorBf16Copy(const MultiTensorEntry* table, int count, int64_t chunks,
                                 void* stream) {
   return LaunchMulti<MultiOp::kBf16Copy>(AdamScalars{}, table, count, chunks, stream);
+}
+
+cudaError_t MultiTensorGradSquaredSum(const MultiTensorEntry* table, int count, int64_t chunks,
+                                      float* partials, float* sum, bool accumulate, void* stream) {
+  if (chunks > 0x7fffffff) return cudaErrorInvalidValue;
+  if (chunks > 0) {
+    GradSquaredSumKernel<<<static_cast<unsigned>(chunks), kThreads, 0, Stream(stream)>>>(table, count,
+                                                                                       partials);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  SumPartialsKernel<<<1, kThreads, 0, Stream(stream)>>>(partials, chunks, sum, accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t GradClipScale(const float* sum, int64_t parts, double max_norm, float* scale,
+                          void* stream) {
+  GradClipScaleKernel<<<1, 1, 0, Stream(stream)>>>(sum, parts, max_norm, scale);
+  return cudaGetLastError();
 }
 
 }  // namespace recfleet::ops_cuda

@@ -26,9 +26,12 @@ cudaError_t BceBackward(const float* z, const float* y, const float* dloss, floa
 
 // One Adam(W) step on fp32 tensors; the scalars are precomputed on the host
 // exactly as the CPU reference does (kernels/ops/adam.cc).
+// grad_scale: a device scalar every gradient element is multiplied by
+// first; null: 1.
 struct AdamScalars {
   float beta1, beta2, step_size, inv_sqrt_bc2, eps, decay, weight_decay;
   bool decoupled;
+  const float* grad_scale;
 };
 cudaError_t AdamStep(const AdamScalars& s, float* p, const float* g, float* m, float* v,
                      int64_t n, void* stream);
@@ -43,6 +46,18 @@ cudaError_t MultiTensorZeroGrad(const MultiTensorEntry* table, int count, int64_
                                 void* stream);
 cudaError_t MultiTensorBf16Copy(const MultiTensorEntry* table, int count, int64_t chunks,
                                 void* stream);
+
+// Global-norm clipping (grad_clip.h), deterministic: partials[c] = the sum of
+// grad^2 over chunk c of the table (fp32 within a chunk); then one block adds
+// the `chunks` partials in a fixed order in fp64 and writes (accumulate:
+// adds) the total to *sum.
+cudaError_t MultiTensorGradSquaredSum(const MultiTensorEntry* table, int count, int64_t chunks,
+                                      float* partials, float* sum, bool accumulate, void* stream);
+// *scale = min(1, max_norm / (sqrt(total) + 1e-6)), NaN when that ratio is
+// NaN, total = sum[0] + ... + sum[parts - 1] (fp64 arithmetic in order, as
+// the CPU reference).
+cudaError_t GradClipScale(const float* sum, int64_t parts, double max_norm, float* scale,
+                          void* stream);
 
 }  // namespace recfleet::ops_cuda
 

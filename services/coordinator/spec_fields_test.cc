@@ -302,6 +302,7 @@ const std::map<std::string, Field>& Fields() {
       {"training.sparse_learning_rate", {H, [](JobSpec& s) { T(s).set_sparse_learning_rate(0.1); }}},
       {"training.seed", {H, [](JobSpec& s) { T(s).set_seed(9); }}},
       {"training.max_restarts", {H, [](JobSpec& s) { T(s).set_max_restarts(5); }}},
+      {"training.dense_grad_clip_norm", {H, [](JobSpec& s) { T(s).set_dense_grad_clip_norm(1.0); }}},
   };
   return *fields;
 }

@@ -315,6 +315,7 @@ std::vector<FieldViolation> SpecFieldViolations(const JobSpec& spec) {
   c.NonNegative("spec.training.checkpoint_every", t.checkpoint_every());
   c.FinitePositive("spec.training.dense_learning_rate", t.dense_learning_rate());
   c.FinitePositive("spec.training.sparse_learning_rate", t.sparse_learning_rate());
+  c.FiniteNonNegative("spec.training.dense_grad_clip_norm", t.dense_grad_clip_norm());
   c.NonNegative("spec.training.max_restarts", t.max_restarts());
 
   if (spec.labels_size() > kMaxLabels) {

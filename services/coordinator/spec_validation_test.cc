@@ -165,6 +165,17 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"learning rate nan",
                 [](JobSpec& s) { s.mutable_training()->set_dense_learning_rate(std::nan("")); },
                 "spec.training.dense_learning_rate must be a finite number > 0, got nan"},
+        BadCase{"gradient clip negative",
+                [](JobSpec& s) { s.mutable_training()->set_dense_grad_clip_norm(-1); },
+                "spec.training.dense_grad_clip_norm must be a finite number >= 0, got -1"},
+        BadCase{"gradient clip nan",
+                [](JobSpec& s) { s.mutable_training()->set_dense_grad_clip_norm(std::nan("")); },
+                "spec.training.dense_grad_clip_norm must be a finite number >= 0, got nan"},
+        BadCase{"gradient clip inf",
+                [](JobSpec& s) {
+                  s.mutable_training()->set_dense_grad_clip_norm(std::numeric_limits<double>::infinity());
+                },
+                "spec.training.dense_grad_clip_norm must be a finite number >= 0, got inf"},
         BadCase{"display name",
                 [](JobSpec& s) { s.set_display_name(std::string(200, 'x')); },
                 "spec.display_name must be at most 128 characters, got 200 characters"},
