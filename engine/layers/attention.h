@@ -95,7 +95,9 @@ class JaggedAttention {
 //   kNone         keeps the norm's output, q, k, v, the attention output and
 //                 its statistics ([L, heads] fp32): 5 A.
 //   kNorm         drops the norm's output; the backward recomputes it from
-//                 the input (one elementwise pass): keeps 4 A.
+//                 the input (one elementwise pass) once the attention's
+//                 backward, where the block's memory peaks, is done:
+//                 keeps 4 A.
 //   kProjections  also drops q, k, v; the backward recomputes them (three
 //                 [L, dim] x [dim, dim] GEMMs): keeps the attention output
 //                 and its statistics, 1 A.

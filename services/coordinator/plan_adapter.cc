@@ -179,6 +179,16 @@ void ApplyActivationMemory(const JobSpec& spec, planner::PlanRequest* request) {
     for (int i = 0; i < depth; ++i) request->recompute_regions.insert(engine::kSequenceCheckpointRegions[i]);
   }
   request->activation_budget_bytes = static_cast<double>(am.budget_bytes());
+  // The engine recomputes a kNorm block's norm after its attention's
+  // backward (the block's memory peak): the last block's norm output is off
+  // the peak too, unless every block recomputes its projections (forced),
+  // which need the norm first.
+  const bool all_projections =
+      request->recompute_regions.count(engine::kSequenceCheckpointRegions[1]) > 0;
+  for (planner::DenseModule& m : request->model.modules) {
+    m.recompute_after_peak =
+        m.RegionName() == engine::kSequenceCheckpointRegions[0] && !all_projections;
+  }
 }
 
 v1::MemoryPlan MemoryToProto(const planner::MemoryBreakdown& m) {
