@@ -59,9 +59,10 @@ double BudgetActivations(const Context& c, Evaluation* ev) {
   const double available = budget > 0 ? std::min(hbm_left, budget) : hbm_left;
   auto forced = [&](const Region& reg) { return c.req.recompute_regions.count(reg.name) > 0; };
   // The least a region can keep: its minimum, plus one unit's activations
-  // for a region cut in several units (see below).
+  // for a region cut in several units whose last unit is recomputed before
+  // the peak (see below).
   auto least = [](const Region& reg) {
-    return reg.units > 1 ? reg.min + (reg.full - reg.min) / reg.units : reg.min;
+    return reg.units > 1 && !reg.after_peak ? reg.min + (reg.full - reg.min) / reg.units : reg.min;
   };
   double full = 0, minimum = 0;
   for (const Region& reg : c.regions) {
@@ -90,8 +91,9 @@ double BudgetActivations(const Context& c, Evaluation* ev) {
     // which comes first for the last unit of the forward: its activations
     // are all back at the backward's start, where the step's memory peaks.
     // So k of n units recomputed (the first ones) lower the peak by k units'
-    // bytes up to n - 1, and recomputing the last one saves nothing more.
-    const int useful_units = reg.units > 1 ? reg.units - 1 : reg.units;
+    // bytes up to n - 1, and recomputing the last one saves nothing more,
+    // unless the runtime recomputes it after the peak (Region::after_peak).
+    const int useful_units = reg.units > 1 && !reg.after_peak ? reg.units - 1 : reg.units;
     auto saving = [&](int k) { return saved_max * std::min(k, useful_units) / reg.units; };
     double cut = forced(reg) ? saved_max : excess > 0 ? std::min(excess, saved_max) : 0;
     if (cut > 0 && saved_max > 0) {
@@ -253,12 +255,14 @@ Context MakeContext(const Topology& t, const PlanRequest& r) {
     auto [it, fresh] = region_index.emplace(m.RegionName(), c.regions.size());
     if (fresh) {
       c.regions.push_back({m.RegionName()});
+      c.regions.back().after_peak = m.recompute_after_peak;
       // A region recomputed in units keeps each unit's input.
       c.regions.back().min = m.io_bytes_per_sample * b * kept * std::max(1, m.recompute_units);
     }
     Region& reg = c.regions[it->second];
     reg.recomputable = reg.recomputable && m.recomputable;
     reg.units = std::max(reg.units, m.recompute_units);
+    reg.after_peak = reg.after_peak && m.recompute_after_peak;
     reg.full += model.ActivationBytesPerSample(m) * b * kept;
     reg.fwd_s += c.fwd_s.back();
   }

@@ -46,6 +46,7 @@ struct Region {
   double fwd_s = 0;  // Forward time: what recomputing all of it costs.
   bool recomputable = true;
   int units = 0;     // DenseModule::recompute_units (max over the modules).
+  bool after_peak = false;  // DenseModule::recompute_after_peak (all its modules).
 };
 
 // What every candidate shares, computed once per plan.

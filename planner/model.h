@@ -52,6 +52,12 @@ struct DenseModule {
   // units, and fully cut it keeps every unit's input (io_bytes_per_sample
   // each). 0: by any fraction, keeping the region's one input.
   int recompute_units = 0;
+  // With recompute_units: the runtime recomputes the last unit of the
+  // forward (whose backward comes first) after that backward's memory peak,
+  // not before it (the engine's sequence.norm level: the norm's output is
+  // read only after the attention's backward), so recomputing that unit
+  // lowers the peak too.
+  bool recompute_after_peak = false;
 
   bool is_expert() const { return num_experts > 0; }
   const std::string& RegionName() const { return region.empty() ? name : region; }

@@ -225,6 +225,9 @@ def main():
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--search-s", type=float, default=0, help="time for the largest-batch search (0: skip)")
     ap.add_argument("--search-limit", type=int, default=1 << 16, help="largest batch size tried")
+    ap.add_argument("--probe", type=int, default=0,
+                    help="only whether K file batches concatenated train 2 steps: exit 0 (fits) or 3; "
+                         "one probe per process (bench/e2e/max_batch.sh)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", help="write the result here (also printed)")
     ap.add_argument("--label", default="")
@@ -233,6 +236,16 @@ def main():
     device = torch.device(args.device)
     spec = gl.load_spec(args.model)
     batches = gl.read_batches(args.batches)
+    if args.probe > 0:
+        file_batch = batches[0]["size"]
+        try:
+            ok, gib = fits(spec, args.mode, device, batches, args.probe * file_batch, file_batch)
+            what = "fits" if ok else "out of memory"
+        except Exception as e:  # e.g. a kernel refusing the shape: not a fit
+            ok, gib, what = False, None, f"{type(e).__name__}: {e}"[:300]
+        print(f"probe batch {args.probe * file_batch} ({args.probe} x {file_batch}): {what}, "
+              f"peak {gib if gib is None else round(gib, 3)} GiB", flush=True)
+        return 0 if ok else 3
     res = {"label": args.label, "mode": args.mode, "torch": torch.__version__,
            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
            "batch_size": batches[0]["size"], "batches_in_file": len(batches),

@@ -53,8 +53,12 @@
 //                [--ne-baseline 1] [--ne-tolerance 0.001]
 //                [--recompute-attention-blocks N] [--cuda-graphs 1]
 //                [--attention-checkpoint none|norm|projections|block[,...]]
-//                [--fp8-saved 1]
+//                [--fp8-saved 1] [--probe K]
 //
+// --probe K: only whether one batch of K file batches concatenated trains
+// for --steps steps (exit 0, "fits" and the peak) or not (exit 3, the error,
+// e.g. out of memory); bench/e2e/max_batch.sh bisects on it, one process
+// per probe.
 // --cuda-graphs 1: the dense part of every step (DCN, MoE, towers, forward
 // and backward) replays as CUDA graphs (ExecutionOptions::cuda_graphs); the
 // JSON's "cuda_graph_replays" counts the steps that replayed them.
@@ -171,7 +175,7 @@ int Fail(const std::string& m) {
 
 int main(int argc, char** argv) {
   std::string job, batches_path, json, precision = "bf16", fp8, fp8_wgrad = "bf16";
-  int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0, recompute_blocks = -1;
+  int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0, recompute_blocks = -1, probe = 0;
   double search_s = 0, ne_tolerance = 0.001;
   bool ne_baseline = false, fp8_saved = false, cuda_graphs = false;
   std::string attention_checkpoint;
@@ -213,6 +217,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--search-s") {
       if (!absl::SimpleAtod(v, &search_s)) return Fail("--search-s needs seconds");
+    } else if (a == "--probe") {
+      if (!absl::SimpleAtoi(v, &probe) || probe < 1) return Fail("--probe needs an integer >= 1");
     } else if (a == "--cuda-graphs") {
       cuda_graphs = v == "1";
     } else if (a == "--warmup") {
@@ -290,6 +296,34 @@ int main(int argc, char** argv) {
                                                       recfleet::engine::TableStorage::kInternal, exec);
   if (!gem.ok()) return Fail(std::string(gem.status().message()));
   recfleet::engine::GemLite<float>& m = **gem;
+
+  // --probe K: whether a batch of K file batches concatenated fits: --steps
+  // training steps on it (forward, backward, update, a device sync after
+  // each), nothing else. Exit 0 and "fits" with the pool's peak, or exit 3
+  // with the error (out of memory). One probe per process, so that a failed
+  // allocation leaves nothing behind for the next probe.
+  if (probe > 0) {
+    std::vector<Batch> parts;
+    for (int i = 0; i < probe; ++i) parts.push_back((*batches)[i % train]);
+    const Batch big = recfleet::engine::ConcatBatches(parts);
+    parts.clear();
+    absl::Status st;
+    for (int s = 0; s < steps && st.ok(); ++s) {
+      absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(big);
+      st = r.status();
+      if (st.ok()) st = m.ApplyUpdates();
+      if (st.ok() && cudaDeviceSynchronize() != cudaSuccess) {
+        st = absl::InternalError(cudaGetErrorString(cudaGetLastError()));
+      }
+    }
+    absl::StatusOr<recfleet::engine::DeviceMemoryStats> mem = recfleet::engine::CudaMemoryStats();
+    std::printf("probe batch %lld (%d x %lld): %s, peak %.3f GiB\n",
+                static_cast<long long>(big.size), probe,
+                static_cast<long long>((*batches)[0].size),
+                st.ok() ? "fits" : std::string(st.message()).c_str(),
+                mem.ok() ? static_cast<double>(mem->peak) / (1ull << 30) : -1.0);
+    return st.ok() ? 0 : 3;
+  }
 
   cudaEvent_t begin, end;
   CUDA_OR_FAIL(cudaEventCreate(&begin));

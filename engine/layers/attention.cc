@@ -142,7 +142,8 @@ int64_t JaggedAttention::StatisticsBytes() const {
 }
 
 absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView& dq,
-                                       const TensorView& dk, const TensorView& dv) {
+                                       const TensorView& dk, const TensorView& dv,
+                                       bool qk_writable) {
   const ScopedPhase phase(ctx_.phases, Phase::kAttention);
   const int64_t rows = q_.values.dim(0), dim = q_.values.dim(1), dh = dim / heads_;
   if (rows == 0) {
@@ -160,6 +161,7 @@ absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView
   if (!Bf16(dh) || q_.values.dtype == DType::kBFloat16) {
     // fp32 throughout, or bf16 throughout (d_out and the gradients in the
     // dtypes of out and q, k, v).
+    in.qk_writable = qk_writable;
     return attention::AttentionBackward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse,
                                         Reshaped(d_out, {rows, heads_, dh}), g);
   }
@@ -170,6 +172,7 @@ absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView
   in.q.values = q16_.view();
   in.k.values = k16_.view();
   in.v = v16_.view();
+  in.qk_writable = true;  // Its own copies, released below.
   attention::AttentionGrads g16;
   g16.dq = dq16_.view();
   g16.dk = dk16_.view();
@@ -318,6 +321,17 @@ absl::Status SelfAttentionBlock::Forward(const JaggedView& x, Tensor* y) {
   return absl::OkStatus();
 }
 
+absl::Status SelfAttentionBlock::RestoreOutput() {
+  if (a8_.empty()) return absl::OkStatus();
+  const DType inner = bf16_flow_ ? DType::kBFloat16 : ctx_.dtype;
+  RECFLEET_RETURN_IF_ERROR(DequantizeSaved(ctx_, a8_, a8_scales_, inner, &attn_out_));
+  a8_ = Tensor();
+  a8_scales_ = Tensor();
+  attention_.RebindOutput(attn_out_.view());
+  o_.RebindInput(attn_out_.view());
+  return absl::OkStatus();
+}
+
 absl::Status SelfAttentionBlock::Recompute() {
   if (mode_ == BlockCheckpoint::kNone || recomputed_) return absl::OkStatus();
   // The recomputation is extra work, not model FLOPs.
@@ -349,13 +363,7 @@ absl::Status SelfAttentionBlock::Recompute() {
       o_.RebindInput(attn_out_.view());
     }
   }
-  if (!a8_.empty()) {
-    RECFLEET_RETURN_IF_ERROR(DequantizeSaved(ctx_, a8_, a8_scales_, inner, &attn_out_));
-    a8_ = Tensor();
-    a8_scales_ = Tensor();
-    attention_.RebindOutput(attn_out_.view());
-    o_.RebindInput(attn_out_.view());
-  }
+  RECFLEET_RETURN_IF_ERROR(RestoreOutput());
   if (flops != nullptr) {
     flops->recomputed += (flops->linear - before.linear) + (flops->attention - before.attention);
     flops->linear = before.linear;
@@ -383,7 +391,12 @@ BlockSavedBytes SelfAttentionBlock::Saved() const {
 }
 
 absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView& dx) {
-  RECFLEET_RETURN_IF_ERROR(Recompute());
+  // kNorm's recomputation (the norm's output, and with fp8_saved the input
+  // it is made from) is read first by q, k and v's backward: it waits until
+  // the attention's backward, where the block's memory peaks, is done.
+  // Only the attention output (FP8-saved) is restored before o's backward.
+  const bool defer_norm = mode_ == BlockCheckpoint::kNorm && !recomputed_;
+  RECFLEET_RETURN_IF_ERROR(defer_norm ? RestoreOutput() : Recompute());
   // With the bf16 flow the gradients between o, the attention and q/k/v
   // are bf16 too (each consumer would round them to bf16 itself); the
   // gradient of the norm's output sums three GEMMs and stays fp32. Each
@@ -398,9 +411,14 @@ absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView
   for (Tensor* t : {&dq_, &dk_, &dv_}) {
     RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, inner, shape_, t));
   }
-  RECFLEET_RETURN_IF_ERROR(attention_.Backward(d_attn_.view(), dq_.view(), dk_.view(), dv_.view()));
+  // q and k are read by nothing after the attention's backward (q, k and
+  // v's backward read their input, the norm's output), so it may overwrite
+  // them (AttentionInputs::qk_writable).
+  RECFLEET_RETURN_IF_ERROR(attention_.Backward(d_attn_.view(), dq_.view(), dk_.view(), dv_.view(),
+                                               /*qk_writable=*/true));
   Release(device, {&d_attn_, &attn_out_});
   if (device == Device::kCuda) attention_.ReleaseSaved();
+  if (defer_norm) RECFLEET_RETURN_IF_ERROR(Recompute());
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, shape_, &d_normed_));
   RECFLEET_RETURN_IF_ERROR(q_.Backward(dq_.view(), d_normed_.view(), false));
   Release(device, {&dq_, &q_out_});

@@ -39,9 +39,12 @@ class JaggedAttention {
   // [Lk, dim] (rows by k_offsets); dim = heads * head_dim. Keeps the views
   // of q, k, v, the offsets and out, and counts the kernel's FLOPs.
   absl::Status Forward(const JaggedView& q, const JaggedView& k, const TensorView& v, Tensor* out);
-  // Overwrites dq, dk, dv (shapes of q, k, v) given d_out.
+  // Overwrites dq, dk, dv (shapes of q, k, v) given d_out. With
+  // `qk_writable` the caller reads the forward's q and k no more, and the
+  // kernels may overwrite them (AttentionInputs::qk_writable: RoPE rotated
+  // in place instead of into two temporaries).
   absl::Status Backward(const TensorView& d_out, const TensorView& dq, const TensorView& dk,
-                        const TensorView& dv);
+                        const TensorView& dv, bool qk_writable = false);
 
   // Drops what the forward kept for the backward (the softmax statistics,
   // the bf16 copies): a layer that recomputes its activations calls it
@@ -92,7 +95,9 @@ class JaggedAttention {
 //   kNone         keeps the norm's output, q, k, v, the attention output and
 //                 its statistics ([L, heads] fp32): 5 A.
 //   kNorm         drops the norm's output; the backward recomputes it from
-//                 the input (one elementwise pass): keeps 4 A.
+//                 the input (one elementwise pass) once the attention's
+//                 backward, where the block's memory peaks, is done:
+//                 keeps 4 A.
 //   kProjections  also drops q, k, v; the backward recomputes them (three
 //                 [L, dim] x [dim, dim] GEMMs): keeps the attention output
 //                 and its statistics, 1 A.
@@ -172,6 +177,8 @@ class SelfAttentionBlock {
  private:
   // norm -> q, k, v -> attention -> o: fills normed_ ... proj_ from x.
   absl::Status ForwardBranch(const JaggedView& x);
+  // The attention output back from its FP8 copy (a no-op without one).
+  absl::Status RestoreOutput();
 
   LayerContext ctx_;
   int64_t dim_, heads_;

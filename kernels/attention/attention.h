@@ -121,6 +121,13 @@ struct AttentionInputs {
   // H * sum_b Lq_b * Lk_b. Same dtype and device as q. BiasLength() gives the
   // expected length.
   TensorView bias;
+  // The backward may overwrite q's and k's values: the caller reads them no
+  // more after AttentionBackward. Where the CUDA kernels read a transform of
+  // q and k whose backward needs no input (RoPE without QK-norm on the
+  // jagged kernels), the backward then rotates them in place instead of into
+  // two temporaries of their size, which lowers the memory peak of a
+  // training step's attention backward. Ignored by the forward and the CPU.
+  bool qk_writable = false;
 };
 
 // Gradients of a scalar loss with respect to the inputs; shapes and dtypes

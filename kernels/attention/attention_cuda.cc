@@ -440,16 +440,24 @@ TransformParams MakeTransform(const AttentionInputs& in, const AttentionOptions&
   return t;
 }
 
+// `in_place` (a backward whose caller gave up q and k, AttentionInputs::
+// qk_writable) writes a transform that the backward can undo without the
+// input (RoPE alone) over q and k: each warp reads its (row, head) before
+// writing it, so the pass may alias. QK-norm's backward reads the raw input
+// and always gets temporaries.
 absl::StatusOr<PreparedQk> PrepareQk(const AttentionInputs& in, const AttentionOptions& o,
-                                     const DevicePlan& plan, Workspace& ws, cudaStream_t stream) {
+                                     const DevicePlan& plan, Workspace& ws, cudaStream_t stream,
+                                     bool in_place = false) {
   PreparedQk prep{in.q.values.data, in.k.values.data, false, false};
   prep.fused_rope = o.rope && plan.block_kernel;
   const bool pass_rope = o.rope && !plan.block_kernel;
   if (!o.qk_norm && !pass_rope) return prep;
   prep.transformed = true;
+  in_place = in_place && !o.qk_norm;
   for (bool is_query : {true, false}) {
     const TensorView& x = is_query ? in.q.values : in.k.values;
-    auto y = ws.Alloc(x.nbytes());
+    absl::StatusOr<void*> y = x.data;
+    if (!in_place) y = ws.Alloc(x.nbytes());
     if (!y.ok()) return y.status();
     TransformParams t = MakeTransform(in, o, plan, is_query, pass_rope);
     t.y = *y;
@@ -690,7 +698,7 @@ absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& o,
   if (!lease.ok()) return lease.status();
   const DevicePlan& plan = ***lease;
   Workspace ws(stream);
-  auto prep = PrepareQk(in, o, plan, ws, stream);
+  auto prep = PrepareQk(in, o, plan, ws, stream, in.qk_writable);
   if (!prep.ok()) return prep.status();
   KernelParams p = BaseParams(in, o, *prep);
   p.out = out.data;
@@ -698,16 +706,12 @@ absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& o,
   p.lse = lse.as<float>();
   p.dv = grads.dv.data;
   p.dbias = grads.dbias.data;
+  // With a transform, the kernels write the gradients of the transformed
+  // q/k into dq/dk and its backward pass turns them into those of q/k in
+  // place (each warp reads its (row, head) before writing it): no
+  // temporaries of their size.
   p.dq = grads.dq.data;
   p.dk = grads.dk.data;
-  if (prep->transformed) {  // gradients of the transformed q/k first
-    auto dq = ws.Alloc(grads.dq.nbytes());
-    auto dk = ws.Alloc(grads.dk.nbytes());
-    if (!dq.ok()) return dq.status();
-    if (!dk.ok()) return dk.status();
-    p.dq = *dq;
-    p.dk = *dk;
-  }
   if (grads.dbias.data != nullptr) {  // masked pairs are never visited
     if (auto s = CudaCheck(cudaMemsetAsync(grads.dbias.data, 0, grads.dbias.nbytes(), stream),
                            "cudaMemsetAsync(dbias)");
@@ -743,7 +747,7 @@ absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& o,
     const bool pass_rope = o.rope && !plan.block_kernel;
     for (bool is_query : {true, false}) {
       TransformParams t = MakeTransform(in, o, plan, is_query, pass_rope);
-      t.dy = is_query ? p.dq : p.dk;
+      t.dy = is_query ? grads.dq.data : grads.dk.data;
       t.y = is_query ? grads.dq.data : grads.dk.data;
       if (auto s = CudaCheck(cuda_impl::LaunchQkTransformBackward(t, stream),
                              "QK transform backward");

@@ -78,6 +78,7 @@ struct Case {
   int64_t heads, d;
   AttentionOptions opts;
   bool bias = false;
+  bool qk_writable = false;  // AttentionInputs::qk_writable for the backward
 };
 
 // Relative error of `got` against `want` within each of the given row
@@ -145,6 +146,9 @@ class CaseRun {
     ASSERT_TRUE(s.ok()) << s;
     AttentionGrads g{dq_.Device(), dk_.Device(), dv_.Device(),
                      c_.bias ? dbias_.Device() : TensorView()};
+    // The reference reads the host's exact copies: q and k on the device
+    // may be overwritten.
+    din.qk_writable = c_.qk_writable;
     s = AttentionBackward(din, opts, out_.Device(), LseView(), dout_.Device(), g);
     ASSERT_TRUE(s.ok()) << s;
   }
@@ -318,7 +322,35 @@ TEST(AttentionCudaTest, BiasQkNormAndRope) {
         rope.opts.mask = m;
         rope.opts.rope = true;
         RunCase(rope, seed++);
+        // The backward allowed to overwrite q and k (RoPE in place).
+        rope.name += " qk_writable";
+        rope.qk_writable = true;
+        RunCase(rope, seed++);
       }
+    }
+  }
+}
+
+// A training step's self-attention backward with RoPE where its caller
+// gives up q and k (AttentionInputs::qk_writable): RoPE rotates them in
+// place and the gradients of the rotated q/k are turned into q/k's in place
+// in dq/dk, on sequences of several Hopper tiles (and a few short ones),
+// every activation; QK-norm (never in place: its backward reads the raw
+// input) beside it. RECFLEET_ATTENTION_WGMMA_DQ=fused runs the same with dQ
+// fused into the dK/dV pass (by default these lengths take the dQ pass).
+TEST(AttentionCudaTest, RopeInPlaceBackward) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 300;
+  const std::vector<int64_t> lens = {700, 0, 1, 300, 129};
+  for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+    for (bool qk_norm : {false, true}) {
+      Case c{absl::StrCat("rope", qk_norm ? "+qknorm" : "", " in place d128 ", ActName(a)), lens,
+             lens, 2, 128};
+      c.opts.activation = a;
+      c.opts.rope = true;
+      c.opts.qk_norm = qk_norm;
+      c.qk_writable = true;
+      RunCase(c, seed++);
     }
   }
 }

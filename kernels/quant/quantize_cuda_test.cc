@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -100,6 +101,35 @@ void CheckQuantize(DType in, int64_t rows, int64_t cols, const QuantizeConfig& c
                          dback.View(DType::kFloat32, {qr, qc}))
                   .ok());
   ExpectSameValues(dback.ToHost<float>(), back);
+
+  // And into bf16: the same fp32 product rounded to nearest even, by the
+  // 16-element path (aligned output, whole 16-column groups) and the
+  // element path (the output one element off 16-byte alignment).
+  std::vector<uint16_t> want16(back.size());
+  for (size_t i = 0; i < back.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &back[i], 4);
+    want16[i] = std::isnan(back[i]) ? 0x7FC0
+                                    : static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+  }
+  for (int64_t shift : {0, 1}) {
+    SCOPED_TRACE(shift == 0 ? "bf16 aligned" : "bf16 misaligned");
+    DeviceBuffer d16((back.size() + 1) * 2);
+    CudaOrDie(cudaMemset(d16.get(), 0xFF, d16.bytes()), "poison");
+    const TensorView out16 = MakeView(static_cast<uint16_t*>(d16.get()) + shift, DType::kBFloat16,
+                                      {qr, qc}, Device::kCuda);
+    ASSERT_TRUE(Dequantize(dq.View(cfg.format, {qr, qc}), ds.View(DType::kFloat32, ss), cfg.block,
+                           out16)
+                    .ok());
+    const std::vector<uint16_t> got = d16.ToHost<uint16_t>();
+    int64_t bad16 = 0;
+    for (size_t i = 0; i < want16.size(); ++i) {
+      const uint16_t g = got[i + shift];
+      const bool g_nan = (g & 0x7F80) == 0x7F80 && (g & 0x7F) != 0;
+      bad16 += !(g == want16[i] || (g_nan && std::isnan(back[i])));
+    }
+    EXPECT_EQ(bad16, 0);
+  }
 }
 
 // bf16 first in each test: a kernel's shared-memory opt-in persists in the

@@ -115,9 +115,13 @@ void AddSequenceLevels(const std::string& linear, double tokens, double d, doubl
   const double a = d * kBf16;                     // One [tokens, d] bf16 activation, per token.
   const double fp8_gain = fp8_saved ? 2 * (1 - kFp8) * a : 0;
   const double level_bytes[3] = {a + fp8_gain, 3 * a, (fp8_saved ? kFp8 : 1.0) * a + 4 * heads};
+  // The first block's input is the embeddings' fp32 output (4 d bytes per
+  // token, not 2 d): its FP8 copy saves 2 d more, once per sample's tokens
+  // (counted in the norm level, spread over its blocks).
+  const double first_input_gain = fp8_saved ? 2 * d * tokens : 0;
   double branch = model->ActivationBytesPerSample(*lin);
   if (attn != nullptr) branch += model->ActivationBytesPerSample(*attn);
-  double levels = 0;
+  double levels = first_input_gain;
   for (double b : level_bytes) levels += b * layers * tokens;
   lin->activation_bytes_per_sample = std::max(0.0, branch - levels);
   lin->activation_bytes_per_token = 0;
@@ -137,7 +141,7 @@ void AddSequenceLevels(const std::string& linear, double tokens, double d, doubl
     lin->flops_per_sample -= moved;
     proj.flops_per_sample = moved;
   }
-  norm.activation_bytes_per_sample = level_bytes[0] * layers * tokens;
+  norm.activation_bytes_per_sample = level_bytes[0] * layers * tokens + first_input_gain;
   proj.activation_bytes_per_sample = level_bytes[1] * layers * tokens;
   if (attn != nullptr) {
     attn->region = engine::kSequenceCheckpointRegions[2];
@@ -179,6 +183,16 @@ void ApplyActivationMemory(const JobSpec& spec, planner::PlanRequest* request) {
     for (int i = 0; i < depth; ++i) request->recompute_regions.insert(engine::kSequenceCheckpointRegions[i]);
   }
   request->activation_budget_bytes = static_cast<double>(am.budget_bytes());
+  // The engine recomputes a kNorm block's norm after its attention's
+  // backward (the block's memory peak): the last block's norm output is off
+  // the peak too, unless every block recomputes its projections (forced),
+  // which need the norm first.
+  const bool all_projections =
+      request->recompute_regions.count(engine::kSequenceCheckpointRegions[1]) > 0;
+  for (planner::DenseModule& m : request->model.modules) {
+    m.recompute_after_peak =
+        m.RegionName() == engine::kSequenceCheckpointRegions[0] && !all_projections;
+  }
 }
 
 v1::MemoryPlan MemoryToProto(const planner::MemoryBreakdown& m) {

@@ -406,14 +406,17 @@ TEST(PlanAdapterTest, TablesThatCannotFitFailWithThePlannersReason) {
 // model.activation_memory on one GPU. The sequence blocks are three nested
 // checkpoint regions (norm, projections, attention), each cut in whole
 // blocks; every other region keeps all its activations. Recomputing the
-// last of the two blocks saves nothing at the peak (its backward comes
-// first and brings its activations back), so the planner cuts one block per
-// level at most and a level the job forces keeps one block's bytes. A
-// budget short by half the norm level's bytes cuts the norm of one block
-// (the cheapest bytes); one short by half of every level cuts each level
-// in one block, so the engine recomputes block 0 whole; a budget below
-// what one block per level can save fails; naming "sequence" recomputes
-// every block whole.
+// last of the two blocks' projections or attention saves nothing at the
+// peak (its backward comes first and brings its activations back), so the
+// planner cuts one block of those levels at most and a level the job forces
+// keeps one block's bytes; the last block's norm output, recomputed after
+// its attention's backward, is off the peak unless every block recomputes
+// its projections. A budget short by half the norm level's bytes cuts the
+// norm of one block (the cheapest bytes); one short by half of every level
+// cuts the norm of both blocks (free) and the projections and attention of
+// one, so the engine recomputes block 0 whole and block 1's norm; a budget
+// below what that can save fails; naming "sequence" recomputes every block
+// whole.
 TEST(PlanAdapterTest, ActivationBudgetChoosesSequenceLevelsForTheEngine) {
   auto spec = BuildableSpec(1);
   spec.mutable_resources()->set_gpus_per_worker(1);
@@ -479,11 +482,15 @@ TEST(PlanAdapterTest, ActivationBudgetChoosesSequenceLevelsForTheEngine) {
       static_cast<int64_t>(total - one_block + 16));
   budget = PlanOneGpu(spec, DefaultHardware());
   ASSERT_TRUE(budget.ok()) << budget.status();
-  EXPECT_NEAR(budget->peak_memory().activation_bytes(), total - one_block, 1e-6 * total);
+  EXPECT_NEAR(budget->peak_memory().activation_bytes(), total - one_block - level[0] / 2,
+              1e-6 * total);
   EXPECT_EQ(*engine::AttentionCheckpointModes(*model, &*budget),
-            (Modes{BlockCheckpoint::kBlock, BlockCheckpoint::kNone}));
+            (Modes{BlockCheckpoint::kBlock, BlockCheckpoint::kNorm}));
   spec.mutable_model()->mutable_activation_memory()->set_budget_bytes(
-      static_cast<int64_t>(total - one_block - 1024));
+      static_cast<int64_t>(total - one_block - level[0] / 2 + 16));
+  EXPECT_TRUE(PlanOneGpu(spec, DefaultHardware()).ok());
+  spec.mutable_model()->mutable_activation_memory()->set_budget_bytes(
+      static_cast<int64_t>(total - one_block - level[0] / 2 - 1024));
   EXPECT_FALSE(PlanOneGpu(spec, DefaultHardware()).ok());
 }
 
