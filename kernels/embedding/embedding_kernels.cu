@@ -178,20 +178,6 @@ __device__ __forceinline__ uint64_t EvictFirstPolicy() {
 // V elements of a table row under `policy` (16-byte vectors; other widths
 // take the plain path). The row is written back only by the same lanes, so
 // the read-only path is safe.
-// The other two L2 priorities, for the staged kernel's gradient rows and
-// its variants (kL2MomentumNormal, kL2GradsEvictLast).
-__device__ __forceinline__ uint64_t EvictNormalPolicy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-__device__ __forceinline__ uint64_t EvictLastPolicy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
 template <typename T, int V>
 __device__ __forceinline__ void LoadRow(const T* p, uint64_t policy, float (&out)[V]) {
   if constexpr (V * sizeof(T) == 16) {
@@ -352,10 +338,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32,
 // occurrence, then the later ones in sorted order).
 constexpr int kStagedThreads = 256;
 constexpr int kStagedHalo = 32;
-// L2 priorities of the staged kernel (bit flags; 0: momentum evict-first
-// like the table rows, gradient rows normal).
-constexpr int kL2MomentumNormal = 1;
-constexpr int kL2GradsEvictLast = 2;
 
 // Sorted keys and bags of [first, first + count) from shared memory, others
 // from global memory.
@@ -377,18 +359,18 @@ struct StagedKeys {
   }
 };
 
-__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem, uint64_t policy) {
+// Asynchronous copies global -> shared, without an L2 cache policy: nvcc
+// 13.0's ptxas miscompiles cp.async with a fractional policy (an illegal
+// instruction at run time on the H200), so the table rows read here enter
+// L2 at normal priority and only their write-back is marked evict-first.
+__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst),
-               "l"(gmem), "l"(policy)
-               : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
 }
 
-__device__ __forceinline__ void CopyAsync4(void* smem, const void* gmem, uint64_t policy) {
+__device__ __forceinline__ void CopyAsync4(void* smem, const void* gmem) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(dst),
-               "l"(gmem), "l"(policy)
-               : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem) : "memory");
 }
 
 // V elements of type T from shared memory (16-byte aligned when V *
@@ -432,8 +414,7 @@ __global__ void __launch_bounds__(kStagedThreads, 3)
     StagedAdagradKernel(TT* __restrict__ table, int64_t dim, const GT* __restrict__ grad,
                         Lookup l, const void* __restrict__ keys, bool keys32, int lo,
                         const int* __restrict__ bag_of, int64_t n, float lr, float eps,
-                        float* __restrict__ momentum, int positions, int lanes,
-                        int l2_mode) {
+                        float* __restrict__ momentum, int positions, int lanes) {
   constexpr int V = 16 / sizeof(TT);  // elements per lane: one 16-byte table chunk
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(TT));
@@ -484,29 +465,22 @@ __global__ void __launch_bounds__(kStagedThreads, 3)
   // Every owner's table row and momentum and every position's gradient row,
   // in flight together.
   {
-    const uint64_t policy = EvictFirstPolicy();
     const int row_chunks = static_cast<int>(row_bytes / 16);
     for (int c = tid; c < count * row_chunks; c += kStagedThreads) {
       const int k = c / row_chunks, j = c - k * row_chunks;
       const int64_t id = s_keys[kStagedHalo + s_owner[k]];
       CopyAsync16(s_rows + k * row_bytes + j * 16,
-                  reinterpret_cast<const unsigned char*>(table + id * dim) + j * 16, policy);
+                  reinterpret_cast<const unsigned char*>(table + id * dim) + j * 16);
     }
     const int grad_chunks = static_cast<int>(grad_bytes / 16);
     const int tile = static_cast<int>(min(static_cast<int64_t>(positions), n - base));
-    const bool grads_last = (l2_mode & kL2GradsEvictLast) != 0;
-    const uint64_t grad_policy = grads_last ? EvictLastPolicy() : EvictNormalPolicy();
     for (int c = tid; c < tile * grad_chunks; c += kStagedThreads) {
       const int t = c / grad_chunks, j = c - t * grad_chunks;
       const int64_t bag = s_bags[kStagedHalo + t];
       CopyAsync16(s_grads + t * grad_bytes + j * 16,
-                  reinterpret_cast<const unsigned char*>(grad + bag * dim) + j * 16, grad_policy);
+                  reinterpret_cast<const unsigned char*>(grad + bag * dim) + j * 16);
     }
-    if (tid < count) {
-      const uint64_t mom_policy =
-          (l2_mode & kL2MomentumNormal) != 0 ? EvictNormalPolicy() : policy;
-      CopyAsync4(s_mom + tid, momentum + s_keys[kStagedHalo + s_owner[tid]], mom_policy);
-    }
+    if (tid < count) CopyAsync4(s_mom + tid, momentum + s_keys[kStagedHalo + s_owner[tid]]);
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
   }
   __syncthreads();
@@ -549,10 +523,7 @@ __global__ void __launch_bounds__(kStagedThreads, 3)
     const float m = (active ? s_mom[k] : 0.0f) + GroupSum(sq, lanes) / static_cast<float>(dim);
     if (active && has_cols) {
       const float step = lr / (sqrtf(m) + eps);
-      if (sub == 0) {
-        StoreMomentum(momentum + id,
-                      (l2_mode & kL2MomentumNormal) != 0 ? EvictNormalPolicy() : policy, m);
-      }
+      if (sub == 0) StoreMomentum(momentum + id, policy, m);
 #pragma unroll
       for (int j = 0; j < V; ++j) w[j] -= step * g[j];
       StoreRow<TT, V>(table + id * dim + d0, policy, w);
@@ -623,11 +594,9 @@ cudaError_t LaunchAdagrad(const Table& t, const Lookup& l, const void* grad, con
                                  cudaSharedmemCarveoutMaxShared);
     }
     if (err != cudaSuccess) return err;
-    const char* l2_env = std::getenv("RECFLEET_EMBEDDING_ADAGRAD_L2");
-    const int l2_mode = l2_env != nullptr ? std::atoi(l2_env) : 0;
     kernel<<<cuda_util::GridFor(l.num_ids, positions), kStagedThreads, smem, s>>>(
         table, t.dim, g, l, keys, keys32, lo, bag_of, l.num_ids, lr, eps, momentum, positions,
-        lanes, l2_mode);
+        lanes);
     return cudaGetLastError();
   }
   const bool vec = t.dim % kVec == 0 && Aligned16(t.data) && Aligned16(grad);
