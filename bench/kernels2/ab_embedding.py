@@ -3,13 +3,14 @@
 Loads each build's librecfleet_kernels2.so side by side (ctypes, RTLD_LOCAL)
 and times them in rotating order for several rounds, on the same tables and
 ids, so that every ratio has a baseline from the same process and rounds
-show the device's drift. A variant is LABEL=PATH[:ENV=VALUE,...]; the
-environment is set around its calls (e.g.
-new_registers=new.so:RECFLEET_EMBEDDING_ADAGRAD=registers).
+show the device's drift. A variant is LABEL=PATH[:NAME=VALUE,...]; the
+environment variables are set around its calls, for builds that read a
+kernel switch from the environment (the same .so under two labels).
 
-Before timing, each round checks every variant against the first from the
-same starting table and momentum (max |diff| of the updated rows, relative
-to the first variant's momentum), on fresh random ids.
+Before timing, each round runs one step of every variant from the same
+starting table and momentum, on fresh random ids, and reports the largest
+absolute difference of the updated table and the largest relative
+difference of the momentum against the first variant.
 
     python3 ab_embedding.py --variant base=base.so --variant new=new.so \\
         [--rounds 3] [--json out.json]

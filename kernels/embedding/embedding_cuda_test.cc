@@ -1,7 +1,6 @@
 // CUDA embedding kernels against the CPU reference on fresh random data.
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -40,8 +39,7 @@ struct Batch {
   std::vector<int64_t> ids, offsets;
 };
 
-// With `hot`, half of the ids are one id (a sorted run far longer than any
-// tile of positions).
+// With `hot`, half of the ids are one id.
 Batch RandomBatch(int64_t bags, int64_t rows, int max_len, bool hot) {
   std::uniform_int_distribution<int64_t> id(0, rows - 1);
   std::uniform_int_distribution<int> len(0, max_len);
@@ -159,11 +157,7 @@ void CheckAgainstCpu(const Config& c) {
             0.0);
 }
 
-// Every case runs through the kernel the backward picks by default: the
-// staged one where table and gradient rows are multiples of 16 bytes up to
-// 512 (dims 128, 64 and 96 below; fp32 dim 128 with a fp32 gradient fills a
-// 64-position tile), the register kernel otherwise.
-void CheckReferenceCases() {
+TEST(EmbeddingCudaTest, MatchesCpuReference) {
   for (DType table : {DType::kFloat32, DType::kBFloat16}) {
     for (DType io : {DType::kFloat32, DType::kBFloat16}) {
       for (int64_t dim : {128, 37, 300}) {  // vector path, scalar path, several chunks
@@ -195,13 +189,13 @@ void CheckReferenceCases() {
                    Pooling::kMean});
 }
 
-// Tiles of the staged kernel: one partial tile, 17 chunks in a 32-lane
-// group (dim 136 bf16), one lane per row (dim 8), 2^16-row tables (no
-// skipped bits) and a hot id whose run crosses every tile (also through the
-// register kernel, dim 300).
-void CheckTileCases() {
+// Edge shapes of the Adagrad backward: a batch of a few ids, a partial
+// second chunk per lane (dim 136 bf16), one lane per row (dim 8), 2^16-row
+// tables (no skipped bits), and a hot id (half of all ids: one sorted run
+// spanning thousands of positions) with bf16 and fp32 rows (dims 128, 300).
+TEST(EmbeddingCudaTest, EdgeShapesAndHotIdsMatchCpuReference) {
   CheckAgainstCpu({DType::kBFloat16, DType::kBFloat16, DType::kInt64, 20, 128, 3, true,
-                   Pooling::kSum});  // fewer ids than one tile
+                   Pooling::kSum});
   CheckAgainstCpu({DType::kBFloat16, DType::kBFloat16, DType::kInt64, 100000, 136, 300, true,
                    Pooling::kSum});
   CheckAgainstCpu({DType::kBFloat16, DType::kBFloat16, DType::kInt32, 5000, 8, 900, true,
@@ -214,18 +208,6 @@ void CheckTileCases() {
                    Pooling::kSum, /*hot=*/true});
   CheckAgainstCpu({DType::kFloat32, DType::kFloat32, DType::kInt64, 1000, 300, 300, true,
                    Pooling::kSum, /*hot=*/true});
-}
-
-TEST(EmbeddingCudaTest, MatchesCpuReference) { CheckReferenceCases(); }
-
-TEST(EmbeddingCudaTest, StagedTilesMatchCpuReference) { CheckTileCases(); }
-
-// The same cases through the register kernel alone.
-TEST(EmbeddingCudaTest, RegisterKernelMatchesCpuReference) {
-  ASSERT_EQ(setenv("RECFLEET_EMBEDDING_ADAGRAD", "registers", 1), 0);
-  CheckReferenceCases();
-  CheckTileCases();
-  ASSERT_EQ(unsetenv("RECFLEET_EMBEDDING_ADAGRAD"), 0);
 }
 
 // A table past 2^31 elements: rows near the end must be addressed with

@@ -1,9 +1,5 @@
 #include "kernels/embedding/embedding_kernels.h"
 
-#include <algorithm>
-#include <cstdlib>
-#include <cstring>
-
 #include <cub/cub.cuh>
 
 #include "kernels/base/cuda_util.h"
@@ -318,227 +314,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32,
   }
 }
 
-// The same Adagrad step with a block per tile of consecutive sorted
-// positions: the table row and momentum of each of the tile's owners, and
-// the gradient row of each of its positions (most later occurrences of an
-// owner's id sit in the same tile), are copied into shared memory by
-// cp.async before any is used. The register kernel above holds its rows in
-// registers, so its loads in flight are capped by occupancy (32 B of row per
-// lane, ~32 KB per SM); here a block keeps up to 64 KB of rows and
-// gradients in flight without holding a register for them, and the keys
-// and bags of the tile (with a halo on each side for bucket runs crossing
-// its edges) are read once, coalesced, so finding owners and their later
-// occurrences costs shared-memory reads instead of dependent global loads.
-//
-// Rows of at most 512 bytes (table and gradient) whose length is a multiple
-// of 16 bytes; `positions` (a multiple of 32, at most the block size) sorted
-// positions per block. Owners are compacted in position order, then a group
-// of `lanes` lanes (a power of two covering the row's 16-byte chunks) per
-// owner updates its row: the same fp32 sums as the register kernel (first
-// occurrence, then the later ones in sorted order).
-constexpr int kStagedThreads = 256;
-constexpr int kStagedHalo = 32;
-
-// Sorted keys and bags of [first, first + count) from shared memory, others
-// from global memory.
-struct StagedKeys {
-  const int64_t* s_keys;
-  const int* s_bags;
-  int64_t first, count;
-  const void* keys;
-  bool keys32;
-  const int* bag_of;
-  __device__ __forceinline__ bool Staged(int64_t q) const {
-    return q >= first && q < first + count;
-  }
-  __device__ __forceinline__ int64_t operator()(int64_t q) const {
-    return Staged(q) ? s_keys[q - first] : SortedKey(keys, keys32, q);
-  }
-  __device__ __forceinline__ int64_t Bag(int64_t q) const {
-    return Staged(q) ? s_bags[q - first] : __ldg(bag_of + q);
-  }
-};
-
-// Asynchronous copies global -> shared, without an L2 cache policy: nvcc
-// 13.0's ptxas miscompiles cp.async with a fractional policy (an illegal
-// instruction at run time on the H200), so the table rows read here enter
-// L2 at normal priority and only their write-back is marked evict-first.
-__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void CopyAsync4(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem) : "memory");
-}
-
-// V elements of type T from shared memory (16-byte aligned when V *
-// sizeof(T) >= 16) as fp32.
-template <typename T, int V>
-__device__ __forceinline__ void LoadShared(const T* p, float (&out)[V]) {
-  if constexpr (V * sizeof(T) % 16 == 0) {
-#pragma unroll
-    for (int k = 0; k < static_cast<int>(V * sizeof(T) / 16); ++k) {
-      const uint4 raw = reinterpret_cast<const uint4*>(p)[k];
-      const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int i = 0; i < static_cast<int>(16 / sizeof(T)); ++i) {
-        out[k * (16 / sizeof(T)) + i] = cuda_util::ToFloat(e[i]);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) out[i] = cuda_util::ToFloat(p[i]);
-  }
-}
-
-__device__ __forceinline__ float BagScale(const Lookup& l, int64_t bag) {
-  if (!l.mean) return 1.0f;
-  int64_t b0, b1;
-  BagBounds(l, bag, &b0, &b1);
-  return 1.0f / static_cast<float>(b1 - b0);
-}
-
-// Shared-memory bytes of one block of the staged kernel.
-size_t StagedSharedBytes(int positions, int64_t row_bytes, int64_t grad_bytes) {
-  const int keyed = positions + 2 * kStagedHalo;
-  return static_cast<size_t>(positions) * (row_bytes + grad_bytes) +
-         static_cast<size_t>(keyed) * (sizeof(int64_t) + sizeof(int)) +
-         static_cast<size_t>(positions) * (sizeof(int) + 2 * sizeof(float)) +
-         (kStagedThreads / 32 + 1) * sizeof(int);
-}
-
-template <typename TT, typename GT>
-__global__ void __launch_bounds__(kStagedThreads, 3)
-    StagedAdagradKernel(TT* __restrict__ table, int64_t dim, const GT* __restrict__ grad,
-                        Lookup l, const void* __restrict__ keys, bool keys32, int lo,
-                        const int* __restrict__ bag_of, int64_t n, float lr, float eps,
-                        float* __restrict__ momentum, int positions, int lanes) {
-  constexpr int V = 16 / sizeof(TT);  // elements per lane: one 16-byte table chunk
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(TT));
-  const int64_t grad_bytes = dim * static_cast<int64_t>(sizeof(GT));
-  const int keyed = positions + 2 * kStagedHalo;
-  unsigned char* s_rows = smem;
-  unsigned char* s_grads = s_rows + positions * row_bytes;
-  int64_t* s_keys = reinterpret_cast<int64_t*>(s_grads + positions * grad_bytes);
-  int* s_bags = reinterpret_cast<int*>(s_keys + keyed);
-  int* s_owner = s_bags + keyed;  // tile-relative position of each owner
-  float* s_mom = reinterpret_cast<float*>(s_owner + positions);
-  float* s_scale = s_mom + positions;
-  int* s_counts = reinterpret_cast<int*>(s_scale + positions);  // per warp, then the total
-
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * positions;
-  const int64_t first = base - kStagedHalo;
-  for (int i = tid; i < keyed; i += kStagedThreads) {
-    const int64_t q = first + i;
-    if (q >= 0 && q < n) {
-      s_keys[i] = SortedKey(keys, keys32, q);
-      s_bags[i] = __ldg(bag_of + q);
-    }
-  }
-  __syncthreads();
-  const int64_t staged_count = min(static_cast<int64_t>(keyed), n - first);
-  const StagedKeys key_at{s_keys, s_bags, first, staged_count, keys, keys32, bag_of};
-
-  // Owners of the tile, compacted in position order.
-  const int64_t p = base + tid;
-  bool owner = false;
-  if (tid < positions && p < n) {
-    owner = sorted_runs::FirstOccurrence(key_at, p, s_keys[kStagedHalo + tid], lo);
-  }
-  const unsigned ballot = __ballot_sync(0xffffffffu, owner);
-  if (lane == 0) s_counts[warp] = __popc(ballot);
-  __syncthreads();
-  int slot = __popc(ballot & ((1u << lane) - 1));
-  for (int w = 0; w < warp; ++w) slot += s_counts[w];
-  if (owner) {
-    s_owner[slot] = tid;
-    s_scale[slot] = BagScale(l, s_bags[kStagedHalo + tid]);
-  }
-  if (tid == kStagedThreads - 1) s_counts[kStagedThreads / 32] = slot + (owner ? 1 : 0);
-  __syncthreads();
-  const int count = s_counts[kStagedThreads / 32];
-
-  // Every owner's table row and momentum and every position's gradient row,
-  // in flight together.
-  {
-    const int row_chunks = static_cast<int>(row_bytes / 16);
-    for (int c = tid; c < count * row_chunks; c += kStagedThreads) {
-      const int k = c / row_chunks, j = c - k * row_chunks;
-      const int64_t id = s_keys[kStagedHalo + s_owner[k]];
-      CopyAsync16(s_rows + k * row_bytes + j * 16,
-                  reinterpret_cast<const unsigned char*>(table + id * dim) + j * 16);
-    }
-    const int grad_chunks = static_cast<int>(grad_bytes / 16);
-    const int tile = static_cast<int>(min(static_cast<int64_t>(positions), n - base));
-    for (int c = tid; c < tile * grad_chunks; c += kStagedThreads) {
-      const int t = c / grad_chunks, j = c - t * grad_chunks;
-      const int64_t bag = s_bags[kStagedHalo + t];
-      CopyAsync16(s_grads + t * grad_bytes + j * 16,
-                  reinterpret_cast<const unsigned char*>(grad + bag * dim) + j * 16);
-    }
-    if (tid < count) CopyAsync4(s_mom + tid, momentum + s_keys[kStagedHalo + s_owner[tid]]);
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-  }
-  __syncthreads();
-
-  // A group of `lanes` lanes per owner, V columns per lane.
-  const int groups = kStagedThreads / lanes, sub = tid & (lanes - 1);
-  const int64_t d0 = static_cast<int64_t>(sub) * V;
-  const bool has_cols = d0 < dim;
-  const uint64_t policy = EvictFirstPolicy();
-  for (int k0 = 0; k0 < count; k0 += groups) {  // block-uniform: the shuffles need every lane
-    const int k = k0 + tid / lanes;
-    const bool active = k < count;
-    float w[V], g[V];
-    float sq = 0.0f;
-    int64_t id = 0;
-    if (active && has_cols) {
-      const int t = s_owner[k];
-      id = s_keys[kStagedHalo + t];
-      LoadShared<TT, V>(reinterpret_cast<const TT*>(s_rows + k * row_bytes) + d0, w);
-      LoadShared<GT, V>(reinterpret_cast<const GT*>(s_grads + t * grad_bytes) + d0, g);
-      const float scale = s_scale[k];
-#pragma unroll
-      for (int j = 0; j < V; ++j) g[j] *= scale;
-      sorted_runs::ForEachLaterOccurrence(key_at, n, base + t, id, lo, [&](int64_t q) {
-        const int64_t bag = key_at.Bag(q);
-        const float s = BagScale(l, bag);
-        float v[V];
-        if (q - base < positions) {
-          LoadShared<GT, V>(
-              reinterpret_cast<const GT*>(s_grads + (q - base) * grad_bytes) + d0, v);
-        } else {
-          LoadVec<GT, V>(grad + bag * dim + d0, v);
-        }
-#pragma unroll
-        for (int j = 0; j < V; ++j) g[j] += s * v[j];
-      });
-#pragma unroll
-      for (int j = 0; j < V; ++j) sq += g[j] * g[j];
-    }
-    const float m = (active ? s_mom[k] : 0.0f) + GroupSum(sq, lanes) / static_cast<float>(dim);
-    if (active && has_cols) {
-      const float step = lr / (sqrtf(m) + eps);
-      if (sub == 0) StoreMomentum(momentum + id, policy, m);
-#pragma unroll
-      for (int j = 0; j < V; ++j) w[j] -= step * g[j];
-      StoreRow<TT, V>(table + id * dim + d0, policy, w);
-    }
-  }
-}
-
-// RECFLEET_EMBEDDING_ADAGRAD=registers selects the register kernel for
-// every shape (the staged one is the default where rows fit it); read per
-// call so that tests and benchmarks can compare both in one process.
-bool UseStagedAdagrad() {
-  const char* mode = std::getenv("RECFLEET_EMBEDDING_ADAGRAD");
-  return mode == nullptr || std::strcmp(mode, "registers") != 0;
-}
-
 // Lanes per row: the smallest power of two covering dim / V, capped at 32.
 int GroupFor(int64_t dim, int v) {
   int g = 1;
@@ -569,36 +344,12 @@ cudaError_t LaunchForward(const Table& t, const Lookup& l, void* out, cudaStream
 // (more loads in flight, more ids per warp) but at least 8 lanes per id;
 // rows beyond 32 lanes x 4 chunks take the two-pass kernel (C = 0).
 template <typename TT, typename GT>
-cudaError_t LaunchAdagrad(const Table& t, const Lookup& l, const void* grad, const void* keys,
-                          bool keys32, int lo, const int* bag_of, float lr, float eps,
-                          float* momentum, cudaStream_t s) {
+void LaunchAdagrad(const Table& t, const Lookup& l, const void* grad, const void* keys,
+                   bool keys32, int lo, const int* bag_of, float lr, float eps, float* momentum,
+                   cudaStream_t s) {
   constexpr int kVec = 16 / sizeof(TT);
   TT* table = static_cast<TT*>(t.data);
   const GT* g = static_cast<const GT*>(grad);
-  const int64_t row_bytes = t.dim * static_cast<int64_t>(sizeof(TT));
-  const int64_t grad_bytes = t.dim * static_cast<int64_t>(sizeof(GT));
-  if (UseStagedAdagrad() && row_bytes % 16 == 0 && grad_bytes % 16 == 0 && row_bytes <= 512 &&
-      grad_bytes <= 512 && Aligned16(t.data) && Aligned16(grad)) {
-    // About 64 KB of rows and gradients per block: three blocks per SM.
-    const char* tile_env = std::getenv("RECFLEET_EMBEDDING_ADAGRAD_TILE_BYTES");
-    const int64_t tile_bytes = tile_env != nullptr ? std::atoll(tile_env) : 65536;
-    const int positions = static_cast<int>(std::max<int64_t>(
-        32, std::min<int64_t>(kStagedThreads, tile_bytes / (row_bytes + grad_bytes) / 32 * 32)));
-    const int lanes = GroupFor(row_bytes / 16, 1);
-    const size_t smem = StagedSharedBytes(positions, row_bytes, grad_bytes);
-    auto kernel = StagedAdagradKernel<TT, GT>;
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err == cudaSuccess) {
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-    }
-    if (err != cudaSuccess) return err;
-    kernel<<<cuda_util::GridFor(l.num_ids, positions), kStagedThreads, smem, s>>>(
-        table, t.dim, g, l, keys, keys32, lo, bag_of, l.num_ids, lr, eps, momentum, positions,
-        lanes);
-    return cudaGetLastError();
-  }
   const bool vec = t.dim % kVec == 0 && Aligned16(t.data) && Aligned16(grad);
   const int v = vec ? kVec : 1;
   const int64_t vectors = (t.dim + v - 1) / v;
@@ -621,7 +372,6 @@ cudaError_t LaunchAdagrad(const Table& t, const Lookup& l, const void* grad, con
     RECFLEET_ADAGRAD(1, 0);
   }
 #undef RECFLEET_ADAGRAD
-  return cudaGetLastError();
 }
 
 // Carves consecutive 256-byte aligned pieces out of one allocation.
@@ -706,16 +456,16 @@ cudaError_t BackwardAdagradImpl(const Table& table, const Lookup& lookup, const 
   if (err == cudaSuccess) {
     // Table and gradient element types as template arguments.
     auto launch = [&](auto table_elem, auto grad_elem) {
-      return LaunchAdagrad<decltype(table_elem), decltype(grad_elem)>(
+      LaunchAdagrad<decltype(table_elem), decltype(grad_elem)>(
           table, lookup, grad, sorted_keys, keys32, lo, sorted_bags, learning_rate, eps, momentum,
           s);
     };
     if (table.bf16) {
-      err = grad_bf16 ? launch(__nv_bfloat16{}, __nv_bfloat16{})
-                      : launch(__nv_bfloat16{}, float{});
+      grad_bf16 ? launch(__nv_bfloat16{}, __nv_bfloat16{}) : launch(__nv_bfloat16{}, float{});
     } else {
-      err = grad_bf16 ? launch(float{}, __nv_bfloat16{}) : launch(float{}, float{});
+      grad_bf16 ? launch(float{}, __nv_bfloat16{}) : launch(float{}, float{});
     }
+    err = cudaGetLastError();
   }
   const cudaError_t free_err = cudaFreeAsync(arena.base, s);
   return err != cudaSuccess ? err : free_err;
