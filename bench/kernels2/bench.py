@@ -113,13 +113,28 @@ def ceilings():
     return copy_bw
 
 
-def embedding(lib, copy_bw, dtype, rows, dim, bags, per_bag):
-    tag = f"embedding_{'fp32' if dtype == torch.float32 else 'bf16'}_dim{dim}"
-    code = FP32 if dtype == torch.float32 else BF16
+def bag_batch(dtype, rows, dim, bags, per_bag):
+    """A random table and `bags` bags of `per_bag` ids uniform over its rows."""
     n = bags * per_bag
     table = torch.randn(rows, dim, device="cuda", dtype=dtype)
     ids = torch.randint(0, rows, (n,), device="cuda", dtype=torch.int64)
     offsets = torch.arange(0, n + 1, per_bag, device="cuda", dtype=torch.int64)
+    return table, ids, offsets
+
+
+def adagrad_useful_bytes(table, ids, bags, unique):
+    """Fewest bytes of the backward + rowwise Adagrad: the output gradient,
+    each distinct row read and written, its momentum read and written, the
+    int64 ids."""
+    row = table.shape[1] * table.element_size()
+    return bags * row + 2 * unique * row + 2 * unique * 4 + ids.numel() * 8
+
+
+def embedding(lib, copy_bw, dtype, rows, dim, bags, per_bag):
+    tag = f"embedding_{'fp32' if dtype == torch.float32 else 'bf16'}_dim{dim}"
+    code = FP32 if dtype == torch.float32 else BF16
+    n = bags * per_bag
+    table, ids, offsets = bag_batch(dtype, rows, dim, bags, per_bag)
     out = torch.empty(bags, dim, device="cuda", dtype=dtype)
     esz = table.element_size()
 
@@ -159,7 +174,7 @@ def embedding(lib, copy_bw, dtype, rows, dim, bags, per_bag):
                                               momentum.data_ptr())
 
     t_bwd = bench(ours_bwd, iters=10)
-    bwd_bytes = bags * dim * esz + 2 * unique * dim * esz + 2 * unique * 4 + n * 8
+    bwd_bytes = adagrad_useful_bytes(table, ids, bags, unique)
     r.update({"unique_ids": unique, "bwd_adagrad_ms": t_bwd,
               "bwd_useful_TBps": bwd_bytes / (t_bwd * 1e-3) / 1e12})
     r["bwd_pct_of_copy"] = 100 * r["bwd_useful_TBps"] * 1e12 / copy_bw

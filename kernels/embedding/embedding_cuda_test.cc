@@ -39,14 +39,17 @@ struct Batch {
   std::vector<int64_t> ids, offsets;
 };
 
-Batch RandomBatch(int64_t bags, int64_t rows, int max_len) {
+// With `hot`, half of the ids are one id.
+Batch RandomBatch(int64_t bags, int64_t rows, int max_len, bool hot) {
   std::uniform_int_distribution<int64_t> id(0, rows - 1);
   std::uniform_int_distribution<int> len(0, max_len);
+  std::bernoulli_distribution coin(0.5);
+  const int64_t hot_id = id(TestRng());
   Batch b;
   b.offsets.push_back(0);
   for (int64_t i = 0; i < bags; ++i) {
     const int n = i == 0 ? 0 : (i == 1 ? 1 : len(TestRng()));
-    for (int k = 0; k < n; ++k) b.ids.push_back(id(TestRng()));
+    for (int k = 0; k < n; ++k) b.ids.push_back(hot && coin(TestRng()) ? hot_id : id(TestRng()));
     b.offsets.push_back(static_cast<int64_t>(b.ids.size()));
   }
   return b;
@@ -73,14 +76,16 @@ struct Config {
   int64_t rows, dim, bags;
   bool pooled;
   Pooling pooling;
+  bool hot = false;
 };
 
 void CheckAgainstCpu(const Config& c) {
   SCOPED_TRACE(::testing::Message() << DTypeName(c.table_dtype) << " table, "
                                     << DTypeName(c.io_dtype) << " io, dim " << c.dim
                                     << (c.pooled ? " pooled" : " sequence")
-                                    << (c.pooling == Pooling::kMean ? " mean" : " sum"));
-  Batch b = RandomBatch(c.bags, c.rows, 40);
+                                    << (c.pooling == Pooling::kMean ? " mean" : " sum")
+                                    << (c.hot ? " hot id" : ""));
+  Batch b = RandomBatch(c.bags, c.rows, 40, c.hot);
   if (!c.pooled) b.offsets.clear();
   const int64_t lookups = c.pooled ? c.bags : static_cast<int64_t>(b.ids.size());
   const int64_t n_ids = b.ids.size();
@@ -182,6 +187,27 @@ TEST(EmbeddingCudaTest, MatchesCpuReference) {
                    Pooling::kSum});
   CheckAgainstCpu({DType::kFloat32, DType::kFloat32, DType::kInt32, 1000, 600, 400, true,
                    Pooling::kMean});
+}
+
+// Edge shapes of the Adagrad backward: a batch of a few ids, a partial
+// second chunk per lane (dim 136 bf16), one lane per row (dim 8), 2^16-row
+// tables (no skipped bits), and a hot id (half of all ids: one sorted run
+// spanning thousands of positions) with bf16 and fp32 rows (dims 128, 300).
+TEST(EmbeddingCudaTest, EdgeShapesAndHotIdsMatchCpuReference) {
+  CheckAgainstCpu({DType::kBFloat16, DType::kBFloat16, DType::kInt64, 20, 128, 3, true,
+                   Pooling::kSum});
+  CheckAgainstCpu({DType::kBFloat16, DType::kBFloat16, DType::kInt64, 100000, 136, 300, true,
+                   Pooling::kSum});
+  CheckAgainstCpu({DType::kBFloat16, DType::kBFloat16, DType::kInt32, 5000, 8, 900, true,
+                   Pooling::kMean});
+  CheckAgainstCpu({DType::kFloat32, DType::kBFloat16, DType::kInt64, 1 << 16, 64, 600, true,
+                   Pooling::kSum});
+  CheckAgainstCpu({DType::kBFloat16, DType::kBFloat16, DType::kInt64, 100000, 128, 400, true,
+                   Pooling::kMean, /*hot=*/true});
+  CheckAgainstCpu({DType::kFloat32, DType::kFloat32, DType::kInt64, 1000, 128, 300, true,
+                   Pooling::kSum, /*hot=*/true});
+  CheckAgainstCpu({DType::kFloat32, DType::kFloat32, DType::kInt64, 1000, 300, 300, true,
+                   Pooling::kSum, /*hot=*/true});
 }
 
 // A table past 2^31 elements: rows near the end must be addressed with
