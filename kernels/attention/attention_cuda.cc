@@ -180,8 +180,6 @@ struct DevicePlan {
       num_wide_key_tiles = 0, num_blocks = 0;
   bool block_kernel = false;
   double mean_streamed_key_tiles = 0.0;  // MeanStreamedTiles(wide key tiles)
-  // MeanStreamedTiles(forward tiles, 128-key K/V tiles)
-  double mean_forward_kv_tiles = 0.0;
 
   // Marks the work enqueued on `stream` so far as reading the plan.
   void RecordUse(cudaStream_t stream) const {
@@ -318,8 +316,6 @@ class PlanCache {
     plan->num_blocks = static_cast<int>(host.blocks.size());
     plan->block_kernel = host.block_kernel;
     plan->mean_streamed_key_tiles = MeanStreamedTiles(host.wide_key_tiles);
-    plan->mean_forward_kv_tiles =
-        MeanStreamedTiles(host.forward_tiles, cuda_impl::kForwardTileRows);
     // One allocation: each list at a kAlign-aligned offset.
     struct Part {
       const void* data;
@@ -543,25 +539,6 @@ bool EnvFlag(const char* name) {
   return mode == nullptr || std::string(mode) != "0";
 }
 
-// Whether the Hopper softmax forward chains its GEMM steps across query
-// tiles (KernelParams::wgmma_softmax_chain). A query tile that sees n K/V
-// tiles runs n + 1 GEMM steps unchained (S_0 alone, the last P V alone) and
-// n chained; where n is small (sliding window W = 256: 3, GDPA cross with
-// K/V = 256: 2) the step saved is worth more than the chain's cost, which
-// made softmax 5% slower on long K/V ranges (bench/RESULTS.md, attention).
-// The rule: chained up to kSoftmaxChainMaxKvTiles (work-weighted mean,
-// MeanStreamedTiles); RECFLEET_ATTENTION_WGMMA_SOFTMAX_CHAIN=0 or =1 forces
-// either (for re-measuring), and RECFLEET_ATTENTION_WGMMA_CHAIN=0 switches
-// every chain off.
-constexpr double kSoftmaxChainMaxKvTiles = 4.0;
-
-bool WgmmaSoftmaxChain(const DevicePlan& plan) {
-  const char* mode = std::getenv("RECFLEET_ATTENTION_WGMMA_SOFTMAX_CHAIN");
-  if (mode != nullptr && std::string(mode) == "0") return false;
-  if (mode != nullptr && std::string(mode) == "1") return true;
-  return plan.mean_forward_kv_tiles <= kSoftmaxChainMaxKvTiles;
-}
-
 // A zeroed fp32 buffer of dQ's shape, into which a dK/dV pass adds dQ.
 absl::StatusOr<float*> ZeroedDqAccum(const AttentionGrads& grads, Workspace& ws,
                                      cudaStream_t stream) {
@@ -704,7 +681,6 @@ absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& o, T
     p.wgmma_tma = EnvFlag("RECFLEET_ATTENTION_WGMMA_TMA");
     p.wgmma_overlap = EnvFlag("RECFLEET_ATTENTION_WGMMA_OVERLAP");
     p.wgmma_chain = EnvFlag("RECFLEET_ATTENTION_WGMMA_CHAIN");
-    p.wgmma_softmax_chain = WgmmaSoftmaxChain(plan);
     p.q_rows = in.q.values.dim(0);
     p.kv_rows = in.k.values.dim(0);
     return CudaCheck(cuda_impl::LaunchJaggedForwardWgmma(p, *sms, stream),

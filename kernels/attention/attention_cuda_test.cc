@@ -364,17 +364,12 @@ TEST(AttentionCudaTest, RopeInPlaceBackward) {
 // and single rows, bias, short-K/V runs longer than a group, more items
 // than SMs with mixed K/V tile counts (0, 1, 2, 3); the same without turns,
 // TMA and grouping, and the mma.sync kernel on the same cases (the
-// variants and the grouped and many-item cases at d = 128). The softmax
-// cases run both Hopper loops: chained across query tiles
-// (RECFLEET_ATTENTION_WGMMA_SOFTMAX_CHAIN=1, variant "wgmma") and one query
-// tile at a time (=0, "wgmma softmax unchained", softmax cases only). One
-// test per variant, so that gtest shards can run them in parallel.
+// variants and the grouped and many-item cases at d = 128). One test per
+// variant, so that gtest shards can run them in parallel.
 struct ForwardVariant {
   const char* name;
   const char* fwd;
-  const char* switches;       // RECFLEET_ATTENTION_WGMMA_TURNS, _TMA, _GROUP, _OVERLAP, _CHAIN
-  const char* softmax_chain;  // RECFLEET_ATTENTION_WGMMA_SOFTMAX_CHAIN
-  bool softmax_only;
+  const char* switches;  // RECFLEET_ATTENTION_WGMMA_TURNS, _TMA, _GROUP, _OVERLAP, _CHAIN
   uint64_t seed;
 };
 
@@ -387,26 +382,18 @@ TEST_P(HopperForwardTileEdges, MatchesReference) {
   const std::vector<int64_t> k_lens = {128, 129, 3, 0, 400, 256, 1, 300};
   const ForwardVariant& var = GetParam();
   uint64_t seed = var.seed;
-  const std::vector<Activation> acts =
-      var.softmax_only ? std::vector<Activation>{Activation::kSoftmax}
-                       : std::vector<Activation>{Activation::kSoftmax, Activation::kGelu,
-                                                 Activation::kSilu};
   setenv("RECFLEET_ATTENTION_FWD", var.fwd, 1);
   setenv("RECFLEET_ATTENTION_WGMMA_TURNS", var.switches, 1);
   setenv("RECFLEET_ATTENTION_WGMMA_TMA", var.switches, 1);
   setenv("RECFLEET_ATTENTION_WGMMA_GROUP", var.switches, 1);
   setenv("RECFLEET_ATTENTION_WGMMA_CHAIN", var.switches, 1);
   setenv("RECFLEET_ATTENTION_WGMMA_OVERLAP", var.switches, 1);
-  setenv("RECFLEET_ATTENTION_WGMMA_SOFTMAX_CHAIN", var.softmax_chain, 1);
   const bool plain = std::string(var.switches) == "0";
   for (int64_t d : {128, 64}) {
-    for (Activation a : acts) {
+    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
       for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
         if (plain && m == Mask::kSlidingWindow) continue;
-        if (d == 64 && std::string(var.name) != "wgmma" &&
-            std::string(var.name) != "wgmma softmax unchained") {
-          continue;
-        }
+        if (d == 64 && std::string(var.name) != "wgmma") continue;
         Case self{absl::StrCat("hopper self ", var.name, " d", d, " ", ActName(a), " ",
                                MaskName(m)),
                   lens, lens, 2, d};
@@ -431,7 +418,7 @@ TEST_P(HopperForwardTileEdges, MatchesReference) {
     }
   }
   // Short K/V behind long Q: 9 query tiles make groups of 4, 4 and 1.
-  for (Activation a : acts) {
+  for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
     Case grouped{absl::StrCat("hopper grouped ", var.name, " ", ActName(a)),
                  {1100, 640, 5, 0, 513},
                  {200, 256, 256, 100, 1},
@@ -449,7 +436,7 @@ TEST_P(HopperForwardTileEdges, MatchesReference) {
     many_q[i] = static_cast<int64_t>(rng() % 300);
     many_k[i] = i % 7 == 0 ? 0 : static_cast<int64_t>(rng() % 300);
   }
-  for (Activation a : acts) {
+  for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
     Case many{absl::StrCat("hopper many items ", var.name, " ", ActName(a)), many_q, many_k, 2,
               128};
     many.opts.activation = a;
@@ -468,7 +455,6 @@ TEST_P(HopperForwardTileEdges, MatchesReference) {
   unsetenv("RECFLEET_ATTENTION_WGMMA_GROUP");
   unsetenv("RECFLEET_ATTENTION_WGMMA_CHAIN");
   unsetenv("RECFLEET_ATTENTION_WGMMA_OVERLAP");
-  unsetenv("RECFLEET_ATTENTION_WGMMA_SOFTMAX_CHAIN");
 }
 
 // Test names from the variants' names ("wgmma plain" -> "wgmma_plain").
@@ -483,10 +469,9 @@ std::string VariantName(const ::testing::TestParamInfo<Variant>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     AttentionCudaTest, HopperForwardTileEdges,
-    ::testing::Values(ForwardVariant{"wgmma", "wgmma", "1", "1", false, 400},
-                      ForwardVariant{"wgmma softmax unchained", "wgmma", "1", "0", true, 1400},
-                      ForwardVariant{"wgmma plain", "wgmma", "0", "0", false, 2400},
-                      ForwardVariant{"mma", "mma", "1", "1", false, 3400}),
+    ::testing::Values(ForwardVariant{"wgmma", "wgmma", "1", 400},
+                      ForwardVariant{"wgmma plain", "wgmma", "0", 1400},
+                      ForwardVariant{"mma", "mma", "1", 2400}),
     VariantName<ForwardVariant>);
 
 // The Hopper backward (the default at d = 64 and 128): dK/dV over 128-key

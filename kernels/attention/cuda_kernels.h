@@ -94,10 +94,6 @@ struct KernelParams {
   // items); off, every tile ends with a step of its own for it (and starts
   // with a discarded P V).
   bool wgmma_chain = true;
-  // Hopper forward, softmax: the same chain (with wgmma_chain), which the
-  // launcher picks where query tiles see few K/V tiles (attention_cuda.cc);
-  // off, softmax runs one query tile at a time.
-  bool wgmma_softmax_chain = false;
   // Hopper backward: the next item's stationary tiles load into a second
   // buffer while this item is computed (where shared memory allows); off,
   // one buffer, reloaded once both consumers finished the item.

@@ -273,7 +273,7 @@ __device__ __forceinline__ void StoreOut(const float (&o)[D / 8][4], bf16* row, 
   }
 }
 
-template <int D, int A, bool kOverlapOwnPv, bool kChain>
+template <int D, int A, bool kOverlapOwnPv>
 __global__ void __launch_bounds__(kCtaThreads, 1)
     WgmmaForwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap q_map,
                        const __grid_constant__ CUtensorMap k_map,
@@ -346,14 +346,13 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   // beside the pinned O and P_{n-1}; the earlier polynomial GELU spilled).
   // Without it the warpgroup waits for its P V first and overlaps only with
   // the other warpgroup's GEMMs.
-  // kChain (SiLU and GELU always; softmax where the launcher picks it,
-  // KernelParams::wgmma_softmax_chain): the steps run across query tiles and
-  // items, a query tile's last P V issued with the next tile's S_0 and its O
-  // stored after that (KernelParams::wgmma_chain), so short K/V ranges need
-  // no GEMM step of their own for the last P V: +9.5% on the short-K/V cross
-  // shape for SiLU, none on causal SiLU. Without it a query tile runs S_0
-  // alone and its last P V alone; for softmax on long K/V ranges that
-  // measured 5% faster than the chain on H200 (bench/RESULTS.md, attention).
+  // kChain (SiLU and GELU): the steps run across query tiles and items, a
+  // query tile's last P V issued with the next tile's S_0 and its O stored
+  // after that (KernelParams::wgmma_chain), so short K/V ranges need no GEMM
+  // step of their own for the last P V: +9.5% on the short-K/V cross shape
+  // for SiLU, none on causal SiLU. Softmax keeps one query tile at a time,
+  // which measured 5% faster for it on H200 (bench/RESULTS.md, attention).
+  constexpr bool kChain = A != kActSoftmax;
   const int c = wg;  // rows [64 c, 64 c + 64) of the query tile
   const int my_turn = 1 + c, other_turn = 2 - c;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -601,7 +600,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   if (c == 0) TurnWait(p, my_turn);
 }
 
-template <int D, int A, bool kOverlapOwnPv, bool kChain>
+template <int D, int A, bool kOverlapOwnPv>
 int LaunchWgmma(const KernelParams& p, int sms, void* stream) {
   const int total = p.num_items * p.heads;
   if (total == 0) return 0;
@@ -609,7 +608,7 @@ int LaunchWgmma(const KernelParams& p, int sms, void* stream) {
   const bool tma = p.wgmma_tma && MakeTileMap(&q_map, p.q, p.q_rows, p.heads, D, kRowsQ) &&
                    MakeTileMap(&k_map, p.k, p.kv_rows, p.heads, D, kRowsKv) &&
                    MakeTileMap(&v_map, p.v, p.kv_rows, p.heads, D, kRowsKv);
-  auto kernel = WgmmaForwardKernel<D, A, kOverlapOwnPv, kChain>;
+  auto kernel = WgmmaForwardKernel<D, A, kOverlapOwnPv>;
   cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<D>);
   if (e != cudaSuccess) return e;
@@ -628,15 +627,12 @@ int LaunchJaggedForwardWgmma(const KernelParams& p, int sms, void* stream) {
   return DispatchKernel(p, [&](auto d, auto a) {
     constexpr int D = decltype(d)::value, A = decltype(a)::value;
     // SiLU and GELU overlap their activation with their own P V unless
-    // switched off, and always run the chained loop; softmax always
-    // overlaps, and chains where the launcher asks for it.
+    // switched off; softmax always does.
     if constexpr (A != kActSoftmax) {
-      return p.wgmma_overlap ? LaunchWgmma<D, A, true, true>(p, sms, stream)
-                             : LaunchWgmma<D, A, false, true>(p, sms, stream);
+      return p.wgmma_overlap ? LaunchWgmma<D, A, true>(p, sms, stream)
+                             : LaunchWgmma<D, A, false>(p, sms, stream);
     } else {
-      return p.wgmma_chain && p.wgmma_softmax_chain
-                 ? LaunchWgmma<D, A, true, true>(p, sms, stream)
-                 : LaunchWgmma<D, A, true, false>(p, sms, stream);
+      return LaunchWgmma<D, A, true>(p, sms, stream);
     }
   });
 }

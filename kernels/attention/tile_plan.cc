@@ -178,10 +178,10 @@ TilePlan MakeTilePlan(const AttentionInputs& in, const AttentionOptions& o) {
   return plan;
 }
 
-double MeanStreamedTiles(const std::vector<WorkItem>& items, int tile_rows) {
+double MeanStreamedTiles(const std::vector<WorkItem>& key_tiles) {
   double tiles = 0, weighted = 0;
-  for (const WorkItem& it : items) {
-    const double n = (it.inner_end - it.inner_begin + tile_rows - 1) / tile_rows;
+  for (const WorkItem& it : key_tiles) {
+    const double n = (it.inner_end - it.inner_begin + kTile - 1) / kTile;
     tiles += n;
     weighted += n * n;
   }

@@ -38,13 +38,10 @@ TilePlan MakeTilePlan(const AttentionInputs& in, const AttentionOptions& o);
 // query tiles; items of equal work keep their order (stable).
 void SortLongestFirst(std::vector<cuda_impl::WorkItem>& items);
 
-// Work-weighted mean number of inner tiles per item: sum(n^2) / sum(n) over
-// the items, n the item's inner rows in tiles of `tile_rows` (the Hopper
-// dK/dV pass's streamed 64-row query tiles per key tile by default; the
-// Hopper forward's 128-key K/V tiles per query tile with
-// kForwardTileRows).
-double MeanStreamedTiles(const std::vector<cuda_impl::WorkItem>& items,
-                         int tile_rows = cuda_impl::kTileRows);
+// Work-weighted mean number of streamed query tiles per key tile of the
+// Hopper dK/dV pass: sum(n^2) / sum(n) over its items, n the item's 64-row
+// query tiles.
+double MeanStreamedTiles(const std::vector<cuda_impl::WorkItem>& key_tiles);
 
 // What a plan depends on: the mask (and the window of a sliding window) and
 // both offset arrays. Equal keys give equal plans, whatever the values, the
