@@ -179,6 +179,21 @@ def wgmma_variants(workload, impl, flops, fn, switches=()):
     record(workload, f"{impl}, mma.sync fwd", "fwd", flops, mma_forward(fn))
 
 
+def load_lib(path):
+    """libattention_bench.so at `path` with its C ABI's signatures."""
+    lib = ctypes.CDLL(path)
+    lib.rf_attention_forward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
+    lib.rf_attention_backward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
+    lib.rf_attention_forward_flops.argtypes = [ctypes.POINTER(Args)]
+    lib.rf_attention_forward_flops.restype = ctypes.c_double
+    return lib
+
+
+def rel_diff(a, b):
+    """|a - b| / |b| (Frobenius norms, in fp32)."""
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
 def offsets(lengths):
     out = [0]
     for n in lengths:
@@ -559,11 +574,7 @@ def main():
     DEADLINE[0] = time.time() + args.budget_s
     FWD_VARIANTS[0] = not args.no_fwd_variants
     MMA_BWD[0] = args.mma_bwd
-    lib = ctypes.CDLL(args.lib)
-    lib.rf_attention_forward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
-    lib.rf_attention_backward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
-    lib.rf_attention_forward_flops.argtypes = [ctypes.POINTER(Args)]
-    lib.rf_attention_forward_flops.restype = ctypes.c_double
+    lib = load_lib(args.lib)
     dev = torch.device("cuda")
     torch.manual_seed(0)
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)

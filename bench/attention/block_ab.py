@@ -13,7 +13,6 @@ bench_attention.timed (median of 10 after 3 warm-up). Every row is also
 rated against the HBM roofline of the layout at the copy bandwidth measured
 in the same run (bytes that must move: bench/RESULTS.md).
 """
-import ctypes
 import json
 import os
 import statistics
@@ -24,18 +23,6 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import bench_attention as ba  # noqa: E402
 
-
-def load(path):
-    lib = ctypes.CDLL(path)
-    lib.rf_attention_forward.argtypes = [ctypes.POINTER(ba.Args), ctypes.c_char_p, ctypes.c_int]
-    lib.rf_attention_backward.argtypes = [ctypes.POINTER(ba.Args), ctypes.c_char_p, ctypes.c_int]
-    lib.rf_attention_forward_flops.argtypes = [ctypes.POINTER(ba.Args)]
-    lib.rf_attention_forward_flops.restype = ctypes.c_double
-    return lib
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
 def copy_bandwidth(dev):
@@ -51,7 +38,7 @@ def main():
     builds = {}
     for arg in sys.argv[2:]:
         name, path = arg.split("=", 1)
-        builds[name] = load(path)
+        builds[name] = ba.load_lib(path)
     base = next(iter(builds))
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -68,7 +55,7 @@ def main():
            "checks": {}, "times": {}}
     for b in builds:
         if b != base:
-            out["checks"][b] = {t: rel(getattr(ours[b], t), getattr(ours[base], t))
+            out["checks"][b] = {t: ba.rel_diff(getattr(ours[b], t), getattr(ours[base], t))
                                 for t in ("out", "dq", "dk", "dv", "lse")}
     print(json.dumps(out["checks"]), flush=True)
 
@@ -91,7 +78,7 @@ def main():
             return F.scaled_dot_product_attention(qbg, kbg, vbg)
     full = pos < torch.tensor([n // 64 * 64 for n in lens], device=dev).repeat_interleave(
         torch.tensor(lens, device=dev))
-    out["checks"]["sdpa_vs_" + base] = rel(
+    out["checks"]["sdpa_vs_" + base] = ba.rel_diff(
         sdpa().transpose(1, 2).reshape(-1, h, d)[index][full], ours[base].out[full])
 
     fns = {}

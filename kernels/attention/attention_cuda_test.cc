@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -363,87 +364,90 @@ TEST(AttentionCudaTest, RopeInPlaceBackward) {
 // and single rows, bias, short-K/V runs longer than a group, more items
 // than SMs with mixed K/V tile counts (0, 1, 2, 3); the same without turns,
 // TMA and grouping, and the mma.sync kernel on the same cases (the
-// variants and the grouped and many-item cases at d = 128).
-TEST(AttentionCudaTest, HopperForwardTileEdges) {
+// variants and the grouped and many-item cases at d = 128). One test per
+// variant, so that gtest shards can run them in parallel.
+struct ForwardVariant {
+  const char* name;
+  const char* fwd;
+  const char* switches;  // RECFLEET_ATTENTION_WGMMA_TURNS, _TMA, _GROUP, _OVERLAP, _CHAIN
+  uint64_t seed;
+};
+
+class HopperForwardTileEdges : public ::testing::TestWithParam<ForwardVariant> {};
+
+TEST_P(HopperForwardTileEdges, MatchesReference) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   const std::vector<int64_t> lens = {0, 1, 127, 128, 129, 255, 257, 400};
   const std::vector<int64_t> q_lens = {300, 1, 0, 129, 128, 5, 257, 1};
   const std::vector<int64_t> k_lens = {128, 129, 3, 0, 400, 256, 1, 300};
-  struct Variant {
-    const char* name;
-    const char* fwd;
-    const char* switches;  // RECFLEET_ATTENTION_WGMMA_TURNS, _TMA, _GROUP, _OVERLAP, _CHAIN
-  };
-  uint64_t seed = 400;
-  for (const Variant& var : {Variant{"wgmma", "wgmma", "1"}, Variant{"wgmma plain", "wgmma", "0"},
-                             Variant{"mma", "mma", "1"}}) {
-    setenv("RECFLEET_ATTENTION_FWD", var.fwd, 1);
-    setenv("RECFLEET_ATTENTION_WGMMA_TURNS", var.switches, 1);
-    setenv("RECFLEET_ATTENTION_WGMMA_TMA", var.switches, 1);
-    setenv("RECFLEET_ATTENTION_WGMMA_GROUP", var.switches, 1);
-    setenv("RECFLEET_ATTENTION_WGMMA_CHAIN", var.switches, 1);
-    setenv("RECFLEET_ATTENTION_WGMMA_OVERLAP", var.switches, 1);
-    const bool plain = std::string(var.switches) == "0";
-    for (int64_t d : {128, 64}) {
-      for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
-        for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
-          if (plain && m == Mask::kSlidingWindow) continue;
-          if (d == 64 && std::string(var.name) != "wgmma") continue;
-          Case self{absl::StrCat("hopper self ", var.name, " d", d, " ", ActName(a), " ",
-                                 MaskName(m)),
-                    lens, lens, 2, d};
-          self.opts.activation = a;
-          self.opts.mask = m;
-          self.opts.window = 200;
+  const ForwardVariant& var = GetParam();
+  uint64_t seed = var.seed;
+  setenv("RECFLEET_ATTENTION_FWD", var.fwd, 1);
+  setenv("RECFLEET_ATTENTION_WGMMA_TURNS", var.switches, 1);
+  setenv("RECFLEET_ATTENTION_WGMMA_TMA", var.switches, 1);
+  setenv("RECFLEET_ATTENTION_WGMMA_GROUP", var.switches, 1);
+  setenv("RECFLEET_ATTENTION_WGMMA_CHAIN", var.switches, 1);
+  setenv("RECFLEET_ATTENTION_WGMMA_OVERLAP", var.switches, 1);
+  const bool plain = std::string(var.switches) == "0";
+  for (int64_t d : {128, 64}) {
+    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+      for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
+        if (plain && m == Mask::kSlidingWindow) continue;
+        if (d == 64 && std::string(var.name) != "wgmma") continue;
+        Case self{absl::StrCat("hopper self ", var.name, " d", d, " ", ActName(a), " ",
+                               MaskName(m)),
+                  lens, lens, 2, d};
+        self.opts.activation = a;
+        self.opts.mask = m;
+        self.opts.window = 200;
+        RunCase(self, seed++);
+        Case cross{absl::StrCat("hopper cross ", var.name, " d", d, " ", ActName(a), " ",
+                                MaskName(m)),
+                   q_lens, k_lens, 2, d};
+        cross.opts = self.opts;
+        RunCase(cross, seed++);
+        if (m == Mask::kCausal) {
+          self.name += " bias";
+          self.bias = true;
           RunCase(self, seed++);
-          Case cross{absl::StrCat("hopper cross ", var.name, " d", d, " ", ActName(a), " ",
-                                  MaskName(m)),
-                     q_lens, k_lens, 2, d};
-          cross.opts = self.opts;
+          cross.name += " bias";
+          cross.bias = true;
           RunCase(cross, seed++);
-          if (m == Mask::kCausal) {
-            self.name += " bias";
-            self.bias = true;
-            RunCase(self, seed++);
-            cross.name += " bias";
-            cross.bias = true;
-            RunCase(cross, seed++);
-          }
         }
       }
     }
-    // Short K/V behind long Q: 9 query tiles make groups of 4, 4 and 1.
-    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
-      Case grouped{absl::StrCat("hopper grouped ", var.name, " ", ActName(a)),
-                   {1100, 640, 5, 0, 513},
-                   {200, 256, 256, 100, 1},
-                   2,
-                   128};
-      grouped.opts.activation = a;
-      grouped.bias = a == Activation::kSilu;
-      RunCase(grouped, seed++);
-    }
-    // Many items: CTAs loop over several, with 0..3 K/V tiles each, so the
-    // ring buffers wrap and the warpgroups' turns cross item borders.
-    std::mt19937_64 rng(seed);
-    std::vector<int64_t> many_q(100), many_k(100);
-    for (size_t i = 0; i < many_q.size(); ++i) {
-      many_q[i] = static_cast<int64_t>(rng() % 300);
-      many_k[i] = i % 7 == 0 ? 0 : static_cast<int64_t>(rng() % 300);
-    }
-    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
-      Case many{absl::StrCat("hopper many items ", var.name, " ", ActName(a)), many_q, many_k, 2,
-                128};
-      many.opts.activation = a;
-      RunCase(many, seed++);
-    }
-    // A negative scale: full softmax tiles cannot keep their scores raw
-    // (the row maximum does not commute with it) and scale them first.
-    for (int64_t d : {128, 64}) {
-      Case negative{absl::StrCat("hopper negative scale ", var.name, " d", d), lens, lens, 2, d};
-      negative.opts.scale = -0.3;
-      RunCase(negative, seed++);
-    }
+  }
+  // Short K/V behind long Q: 9 query tiles make groups of 4, 4 and 1.
+  for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+    Case grouped{absl::StrCat("hopper grouped ", var.name, " ", ActName(a)),
+                 {1100, 640, 5, 0, 513},
+                 {200, 256, 256, 100, 1},
+                 2,
+                 128};
+    grouped.opts.activation = a;
+    grouped.bias = a == Activation::kSilu;
+    RunCase(grouped, seed++);
+  }
+  // Many items: CTAs loop over several, with 0..3 K/V tiles each, so the
+  // ring buffers wrap and the warpgroups' turns cross item borders.
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> many_q(100), many_k(100);
+  for (size_t i = 0; i < many_q.size(); ++i) {
+    many_q[i] = static_cast<int64_t>(rng() % 300);
+    many_k[i] = i % 7 == 0 ? 0 : static_cast<int64_t>(rng() % 300);
+  }
+  for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+    Case many{absl::StrCat("hopper many items ", var.name, " ", ActName(a)), many_q, many_k, 2,
+              128};
+    many.opts.activation = a;
+    RunCase(many, seed++);
+  }
+  // A negative scale: full softmax tiles cannot keep their scores raw
+  // (the row maximum does not commute with it) and scale them first.
+  for (int64_t d : {128, 64}) {
+    Case negative{absl::StrCat("hopper negative scale ", var.name, " d", d), lens, lens, 2, d};
+    negative.opts.scale = -0.3;
+    RunCase(negative, seed++);
   }
   unsetenv("RECFLEET_ATTENTION_FWD");
   unsetenv("RECFLEET_ATTENTION_WGMMA_TURNS");
@@ -452,6 +456,23 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
   unsetenv("RECFLEET_ATTENTION_WGMMA_CHAIN");
   unsetenv("RECFLEET_ATTENTION_WGMMA_OVERLAP");
 }
+
+// Test names from the variants' names ("wgmma plain" -> "wgmma_plain").
+template <typename Variant>
+std::string VariantName(const ::testing::TestParamInfo<Variant>& info) {
+  std::string name = info.param.name;
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AttentionCudaTest, HopperForwardTileEdges,
+    ::testing::Values(ForwardVariant{"wgmma", "wgmma", "1", 400},
+                      ForwardVariant{"wgmma plain", "wgmma", "0", 1400},
+                      ForwardVariant{"mma", "mma", "1", 2400}),
+    VariantName<ForwardVariant>);
 
 // The Hopper backward (the default at d = 64 and 128): dK/dV over 128-key
 // tiles streaming 64-query tiles through a three-stage ring in a persistent
@@ -463,8 +484,18 @@ TEST(AttentionCudaTest, HopperForwardTileEdges) {
 // sequences long enough for the ring to wrap within an item, more items
 // than SMs (the stationary tiles reload), every activation with each mask,
 // bias (dbias); then the mma.sync backward (RECFLEET_ATTENTION_BWD=mma) on
-// the same cases.
-TEST(AttentionCudaTest, HopperBackwardTileEdges) {
+// the same cases. One test per (backward, TMA) variant, so that gtest shards
+// can run them in parallel.
+struct BackwardVariant {
+  const char* name;
+  const char* bwd;  // "wgmma" (fused dQ), "wgmma-pass" or "mma"
+  const char* tma;  // RECFLEET_ATTENTION_WGMMA_TMA and _STAT_PREFETCH
+  uint64_t seed;
+};
+
+class HopperBackwardTileEdges : public ::testing::TestWithParam<BackwardVariant> {};
+
+TEST_P(HopperBackwardTileEdges, MatchesReference) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   const std::vector<int64_t> lens = {0, 1, 63, 64, 65, 127, 128, 129, 191, 700};
   const std::vector<int64_t> q_lens = {700, 1, 0, 129, 64, 5, 257, 1, 65};
@@ -472,38 +503,36 @@ TEST(AttentionCudaTest, HopperBackwardTileEdges) {
   std::mt19937_64 len_rng(7);
   std::vector<int64_t> many(150);
   for (int64_t& l : many) l = static_cast<int64_t>(len_rng() % 260);
-  uint64_t seed = 500;
-  for (const char* bwd : {"wgmma", "wgmma-pass", "mma"}) {
-    setenv("RECFLEET_ATTENTION_BWD", std::string(bwd) == "mma" ? "mma" : "wgmma", 1);
-    setenv("RECFLEET_ATTENTION_WGMMA_DQ", std::string(bwd) == "wgmma-pass" ? "pass" : "fused", 1);
-    for (const char* tma : {"1", "0"}) {
-      if (std::string(bwd) != "wgmma" && std::string(tma) == "0") continue;
-      setenv("RECFLEET_ATTENTION_WGMMA_TMA", tma, 1);
-      setenv("RECFLEET_ATTENTION_WGMMA_STAT_PREFETCH", tma, 1);
-      for (int64_t d : {64, 128}) {
-        for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
-          for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
-            const std::string tag =
-                absl::StrCat(bwd, " tma=", tma, " d", d, " ", ActName(a), " ", MaskName(m));
-            Case self{absl::StrCat("backward self ", tag), lens, lens, 2, d};
-            self.opts.activation = a;
-            self.opts.mask = m;
-            self.opts.window = 150;
-            self.bias = m == Mask::kCausal;
-            RunCase(self, seed++);
-            Case cross{absl::StrCat("backward cross ", tag), q_lens, k_lens, 2, d};
-            cross.opts = self.opts;
-            cross.bias = m == Mask::kNone;
-            RunCase(cross, seed++);
-          }
-          Case lots{absl::StrCat("backward many items ", bwd, " tma=", tma, " d", d, " ",
-                                 ActName(a)),
-                    many, many, 2, d};
-          lots.opts.activation = a;
-          lots.opts.mask = Mask::kCausal;
-          RunCase(lots, seed++);
-        }
+  const BackwardVariant& var = GetParam();
+  uint64_t seed = var.seed;
+  const char* bwd = var.bwd;
+  setenv("RECFLEET_ATTENTION_BWD", std::string(bwd) == "mma" ? "mma" : "wgmma", 1);
+  setenv("RECFLEET_ATTENTION_WGMMA_DQ", std::string(bwd) == "wgmma-pass" ? "pass" : "fused", 1);
+  const char* tma = var.tma;
+  setenv("RECFLEET_ATTENTION_WGMMA_TMA", tma, 1);
+  setenv("RECFLEET_ATTENTION_WGMMA_STAT_PREFETCH", tma, 1);
+  for (int64_t d : {64, 128}) {
+    for (Activation a : {Activation::kSoftmax, Activation::kGelu, Activation::kSilu}) {
+      for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
+        const std::string tag =
+            absl::StrCat(bwd, " tma=", tma, " d", d, " ", ActName(a), " ", MaskName(m));
+        Case self{absl::StrCat("backward self ", tag), lens, lens, 2, d};
+        self.opts.activation = a;
+        self.opts.mask = m;
+        self.opts.window = 150;
+        self.bias = m == Mask::kCausal;
+        RunCase(self, seed++);
+        Case cross{absl::StrCat("backward cross ", tag), q_lens, k_lens, 2, d};
+        cross.opts = self.opts;
+        cross.bias = m == Mask::kNone;
+        RunCase(cross, seed++);
       }
+      Case lots{absl::StrCat("backward many items ", bwd, " tma=", tma, " d", d, " ",
+                             ActName(a)),
+                many, many, 2, d};
+      lots.opts.activation = a;
+      lots.opts.mask = Mask::kCausal;
+      RunCase(lots, seed++);
     }
   }
   unsetenv("RECFLEET_ATTENTION_BWD");
@@ -511,6 +540,13 @@ TEST(AttentionCudaTest, HopperBackwardTileEdges) {
   unsetenv("RECFLEET_ATTENTION_WGMMA_TMA");
   unsetenv("RECFLEET_ATTENTION_WGMMA_STAT_PREFETCH");
 }
+
+INSTANTIATE_TEST_SUITE_P(AttentionCudaTest, HopperBackwardTileEdges,
+                         ::testing::Values(BackwardVariant{"wgmma_tma", "wgmma", "1", 500},
+                                           BackwardVariant{"wgmma_no_tma", "wgmma", "0", 1500},
+                                           BackwardVariant{"wgmma_pass", "wgmma-pass", "1", 2500},
+                                           BackwardVariant{"mma", "mma", "1", 3500}),
+                         VariantName<BackwardVariant>);
 
 // The backward's dQ through fp32 atomics in the dK/dV pass instead of the
 // separate pass.
