@@ -494,6 +494,10 @@ int main(int argc, char** argv) {
       where = t;
       recfleet::bench::HostSampler::SetTag(t);
     };
+    // The first sampled step's batch prefetched too, like every later one.
+    if (absl::Status p = m.Prefetch((*batches)[total % train]); !p.ok()) {
+      return Fail(std::string(p.message()));
+    }
     CUDA_OR_FAIL(cudaDeviceSynchronize());
     absl::StatusOr<std::unique_ptr<recfleet::bench::HostSampler>> sampler =
         recfleet::bench::HostSampler::Start(host_sample_us);
@@ -724,7 +728,10 @@ int main(int argc, char** argv) {
       host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
       static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate, recompute_blocks,
       recomputed_flops, attention_checkpoint, fp8_saved ? "true" : "false", regions, memory,
-      cuda_graphs ? "true" : "false", static_cast<long long>(m.cuda_graph_replays()));
+      cuda_graphs ? "true" : "false", static_cast<long long>(m.cuda_graph_replays()), host_sample);
+  // GCC does not check absl::StrFormat's arguments at compile time: a
+  // mismatch gives an empty string, never a valid result.
+  if (out.empty()) return Fail("internal: the result's format does not match its arguments");
   std::printf("%s\n", out.c_str());
   if (!json.empty()) std::ofstream(json) << out << "\n";
   return 0;
