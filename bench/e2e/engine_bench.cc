@@ -62,6 +62,12 @@
 // --cuda-graphs 1: the dense part of every step (DCN, MoE, towers, forward
 // and backward) replays as CUDA graphs (ExecutionOptions::cuda_graphs); the
 // JSON's "cuda_graph_replays" counts the steps that replayed them.
+// --host-sample-steps N --host-sample-out FILE [--host-sample-us 50]: after
+// the CUPTI steps, N more steps as the timed ones with the stepping thread's
+// stack sampled every US microseconds of wall time (bench/e2e/host_sampler.h),
+// each sample tagged with the loop part (forward_backward, prefetch, update,
+// read_losses) or the phase being issued; FILE holds the raw samples, which
+// bench/e2e/host_profile.py symbolizes against the unstripped binary.
 
 #include <cuda_runtime_api.h>
 
@@ -81,6 +87,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/e2e/batch_file.h"
 #include "bench/e2e/gpu_busy.h"
+#include "bench/e2e/host_sampler.h"
 #include "cli/jobs/spec_file.h"
 #include "engine/batch_concat.h"
 #include "engine/job_model.h"
@@ -160,6 +167,19 @@ class EventPhaseTimer : public recfleet::engine::layers::PhaseTimer {
   size_t used_ = 0;
 };
 
+// Tags the host sampler's samples with the phase being issued (no events).
+class TagPhaseTimer : public recfleet::engine::layers::PhaseTimer {
+ public:
+  explicit TagPhaseTimer(const char* const* outer) : outer_(outer) {}
+  void Mark(Phase phase, bool begin) override {
+    static constexpr const char* kNames[] = {"embedding", "attention", "gemm", "optimizer"};
+    recfleet::bench::HostSampler::SetTag(begin ? kNames[static_cast<int>(phase)] : *outer_);
+  }
+
+ private:
+  const char* const* outer_;  // The loop's current tag.
+};
+
 int Fail(const std::string& m) {
   std::fprintf(stderr, "engine_bench: %s\n", m.c_str());
   return 1;
@@ -176,6 +196,8 @@ int Fail(const std::string& m) {
 int main(int argc, char** argv) {
   std::string job, batches_path, json, precision = "bf16", fp8, fp8_wgrad = "bf16";
   int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0, recompute_blocks = -1, probe = 0;
+  int host_sample_steps = 0, host_sample_us = 50;
+  std::string host_sample_out;
   double search_s = 0, ne_tolerance = 0.001;
   bool ne_baseline = false, fp8_saved = false, cuda_graphs = false;
   std::string attention_checkpoint;
@@ -219,6 +241,16 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtod(v, &search_s)) return Fail("--search-s needs seconds");
     } else if (a == "--probe") {
       if (!absl::SimpleAtoi(v, &probe) || probe < 1) return Fail("--probe needs an integer >= 1");
+    } else if (a == "--host-sample-steps") {
+      if (!absl::SimpleAtoi(v, &host_sample_steps) || host_sample_steps < 0) {
+        return Fail("--host-sample-steps needs an integer >= 0");
+      }
+    } else if (a == "--host-sample-us") {
+      if (!absl::SimpleAtoi(v, &host_sample_us) || host_sample_us < 10) {
+        return Fail("--host-sample-us needs an integer >= 10");
+      }
+    } else if (a == "--host-sample-out") {
+      host_sample_out = v;
     } else if (a == "--cuda-graphs") {
       cuda_graphs = v == "1";
     } else if (a == "--warmup") {
@@ -231,9 +263,10 @@ int main(int argc, char** argv) {
     return Fail("usage: engine_bench --job SPEC.yaml --batches FILE [--json OUT] [--steps N] "
                 "[--warmup N] [--precision bf16|fp32] [--fp8 MODULES] [--fp8-wgrad bf16|fp8] "
                 "[--eval-batches N] [--ne-baseline 1] [--ne-tolerance F] [--recompute-attention-blocks N] "
-                "[--cuda-graphs 1]");
+                "[--cuda-graphs 1] [--host-sample-steps N --host-sample-out FILE [--host-sample-us US]]");
   }
   if (precision != "bf16" && precision != "fp32") return Fail("--precision is bf16 or fp32");
+  if (host_sample_steps > 0 && host_sample_out.empty()) return Fail("--host-sample-steps needs --host-sample-out");
   if (fp8_wgrad != "bf16" && fp8_wgrad != "fp8") return Fail("--fp8-wgrad is bf16 or fp8");
   if (ne_baseline && (fp8.empty() || eval_batches == 0)) return Fail("--ne-baseline needs --fp8 and --eval-batches");
   absl::StatusOr<recfleet::v1::JobSpec> spec = recfleet::cli::LoadJobSpec(job);
@@ -483,6 +516,64 @@ int main(int argc, char** argv) {
     }
   }
 
+  // Host samples: more steps run as the timed ones (no sync inside or
+  // between them), the stepping thread's stack sampled on the wall clock,
+  // each sample tagged with the loop part and the phase being issued.
+  std::string host_sample = "null";
+  if (host_sample_steps > 0) {
+    const char* where = "-";
+    TagPhaseTimer tags(&where);
+    m.SetPhaseTimer(&tags);
+    auto tag = [&where](const char* t) {
+      where = t;
+      recfleet::bench::HostSampler::SetTag(t);
+    };
+    // The first sampled step's batch prefetched too, like every later one.
+    if (absl::Status p = m.Prefetch((*batches)[total % train]); !p.ok()) {
+      return Fail(std::string(p.message()));
+    }
+    CUDA_OR_FAIL(cudaDeviceSynchronize());
+    absl::StatusOr<std::unique_ptr<recfleet::bench::HostSampler>> sampler =
+        recfleet::bench::HostSampler::Start(host_sample_us);
+    if (!sampler.ok()) return Fail(std::string(sampler.status().message()));
+    CUDA_OR_FAIL(cudaEventRecord(begin, nullptr));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int s = 0; s < host_sample_steps; ++s) {
+      const Batch& b = (*batches)[(total + s) % train];
+      tag("forward_backward");
+      absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
+      if (!r.ok()) return Fail(std::string(r.status().message()));
+      tag("prefetch");
+      if (absl::Status p = m.Prefetch((*batches)[(total + s + 1) % train]); !p.ok()) {
+        return Fail(std::string(p.message()));
+      }
+      tag("update");
+      if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
+      tag("read_losses");
+      if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
+      pending = *r;
+    }
+    tag("end");
+    CUDA_OR_FAIL(cudaEventRecord(end, nullptr));
+    CUDA_OR_FAIL(cudaEventSynchronize(end));
+    const double wall_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t kept = (*sampler)->Stop();
+    m.SetPhaseTimer(nullptr);
+    if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
+    float gpu_ms = 0;
+    CUDA_OR_FAIL(cudaEventElapsedTime(&gpu_ms, begin, end));
+    if (absl::Status w = (*sampler)->Write(host_sample_out); !w.ok()) {
+      return Fail(std::string(w.message()));
+    }
+    host_sample = absl::StrFormat(
+        "{\"steps\": %d, \"interval_us\": %d, \"samples\": %lld, \"wall_ms_per_step\": %.3f, "
+        "\"gpu_ms_per_step\": %.3f, \"file\": \"%s\"}",
+        host_sample_steps, host_sample_us, static_cast<long long>(kept), wall_ms / host_sample_steps,
+        gpu_ms / host_sample_steps, host_sample_out);
+    std::fprintf(stderr, "host samples: %s\n", host_sample.c_str());
+  }
+
   // Phase split and host issue time on a few more steps.
   EventPhaseTimer timer;
   std::array<double, recfleet::engine::layers::kNumPhases> phase_ms{};
@@ -663,7 +754,7 @@ int main(int argc, char** argv) {
       "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s, "
       "\"ne_gate\": %s, \"recompute_attention_blocks\": %d, \"recomputed_flops_per_step\": %.6g, "
       "\"attention_checkpoint\": \"%s\", \"fp8_saved\": %s, \"regions\": %s, \"memory\": %s, "
-      "\"cuda_graphs\": %s, \"cuda_graph_replays\": %lld}",
+      "\"cuda_graphs\": %s, \"cuda_graph_replays\": %lld, \"host_sample\": %s}",
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
@@ -671,7 +762,10 @@ int main(int argc, char** argv) {
       host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
       static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate, recompute_blocks,
       recomputed_flops, attention_checkpoint, fp8_saved ? "true" : "false", regions, memory,
-      cuda_graphs ? "true" : "false", static_cast<long long>(m.cuda_graph_replays()));
+      cuda_graphs ? "true" : "false", static_cast<long long>(m.cuda_graph_replays()), host_sample);
+  // GCC does not check absl::StrFormat's arguments at compile time: a
+  // mismatch gives an empty string, never a valid result.
+  if (out.empty()) return Fail("internal: the result's format does not match its arguments");
   std::printf("%s\n", out.c_str());
   if (!json.empty()) std::ofstream(json) << out << "\n";
   return 0;

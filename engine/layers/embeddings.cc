@@ -125,11 +125,15 @@ SparseEmbeddings::SparseEmbeddings(const LayerContext& ctx, const FeatureSchema&
 }
 
 SparseEmbeddings::~SparseEmbeddings() {
-  if (copied_ != nullptr) {
-    cudaEventSynchronize(static_cast<cudaEvent_t>(copied_));
-    cudaEventDestroy(static_cast<cudaEvent_t>(copied_));
+  // The task in flight may be writing a staging buffer.
+  if (prepared_.valid()) prepared_.wait();
+  for (IdStaging& st : staging_) {
+    if (st.copied != nullptr) {
+      cudaEventSynchronize(static_cast<cudaEvent_t>(st.copied));
+      cudaEventDestroy(static_cast<cudaEvent_t>(st.copied));
+    }
+    if (st.pinned != nullptr) cudaFreeHost(st.pinned);
   }
-  if (pinned_ != nullptr) cudaFreeHost(pinned_);
 }
 
 SparseEmbeddings::BagLayout SparseEmbeddings::Bags(int64_t batch_size, int64_t tokens) const {
@@ -364,87 +368,141 @@ void TableUses(const FeatureSchema& schema, const Batch& batch,
   }
 }
 
+absl::Status SparseEmbeddings::EnsureStagingEvents() {
+  for (IdStaging& st : staging_) {
+    if (st.copied != nullptr) continue;
+    cudaEvent_t e;
+    RECFLEET_RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "gradient ids event"));
+    st.copied = e;
+  }
+  return absl::OkStatus();
+}
+
+int SparseEmbeddings::FreeStaging() const {
+  for (int i = 0; i < 3; ++i) {
+    if (i != last_copied_ && i != pending_staging_) return i;
+  }
+  return 0;  // unreachable: two indices exclude at most two of three
+}
+
+SparseEmbeddings::PackedIds SparseEmbeddings::PackIds(std::vector<DeduplicatedIds> dedup,
+                                                      int index) {
+  PackedIds p;
+  p.staging = index;
+  for (const DeduplicatedIds& d : dedup) {
+    p.unique.push_back(static_cast<int64_t>(d.unique.size()));
+    p.uses.push_back(static_cast<int64_t>(d.slots.size()));
+    p.total_ids += p.unique.back() + p.uses.back();
+    p.total_rows += p.unique.back();
+  }
+  IdStaging& st = staging_[index];
+  const size_t bytes = static_cast<size_t>(p.total_ids) * sizeof(int64_t);
+  // The buffer is refilled only after its last copy is done.
+  if (st.copy_recorded) {
+    p.status = CudaStatus(cudaEventSynchronize(static_cast<cudaEvent_t>(st.copied)), "gradient ids");
+    if (!p.status.ok()) return p;
+    st.copy_recorded = false;
+  }
+  if (bytes > st.bytes) {
+    if (st.pinned != nullptr) cudaFreeHost(st.pinned);
+    st.pinned = nullptr;
+    st.bytes = 0;
+    p.status = CudaStatus(cudaMallocHost(&st.pinned, bytes * 2), "pinned ids");
+    if (!p.status.ok()) return p;
+    st.bytes = bytes * 2;
+  }
+  int64_t* host = static_cast<int64_t*>(st.pinned);
+  for (const DeduplicatedIds& d : dedup) {
+    host = std::copy(d.unique.begin(), d.unique.end(), host);
+    host = std::copy(d.slots.begin(), d.slots.end(), host);
+  }
+  return p;
+}
+
 void SparseEmbeddings::PrepareGradientIds(const StagedBatch& staged) {
   if (ctx_.allocator->device() != Device::kCuda || storage_ != TableStorage::kInternal ||
       staged.batch() == nullptr) {
     return;
   }
   // At most one in flight: the last one's task may still read
-  // prepared_uses_.
+  // prepared_uses_ and fill its staging buffer (then unused: it was for a
+  // batch no Backward trained).
   if (prepared_.valid()) prepared_.wait();
+  pending_staging_ = -1;
+  prepared_for_ = nullptr;
+  int device = 0;
+  // Without events or a device the Backward deduplicates inline and
+  // reports the error.
+  if (!EnsureStagingEvents().ok() || cudaGetDevice(&device) != cudaSuccess) return;
   prepared_for_ = &staged;
   prepared_generation_ = staged.generation();
   TableUses(schema_, *staged.batch(), &prepared_uses_);
   if (table_rows_.empty()) table_rows_ = RowCounts(schema_);
-  prepared_ = std::async(std::launch::async, [uses = &prepared_uses_, rows = &table_rows_] {
-    return DeduplicateTables(*uses, *rows);
+  const int index = FreeStaging();
+  pending_staging_ = index;
+  prepared_ = std::async(std::launch::async, [this, index, device] {
+    // The stepping thread's device, for the pinned allocation.
+    if (cudaSetDevice(device) != cudaSuccess) {
+      PackedIds failed;
+      failed.status = absl::InternalError("gradient ids: cudaSetDevice failed on the worker thread");
+      return failed;
+    }
+    return PackIds(DeduplicateTables(prepared_uses_, table_rows_), index);
   });
 }
 
 absl::Status SparseEmbeddings::ReduceDuplicates(const StagedBatch& staged) {
-  std::vector<DeduplicatedIds> dedup;
+  RECFLEET_RETURN_IF_ERROR(EnsureStagingEvents());
+  PackedIds packed;
   if (prepared_.valid() && prepared_for_ == &staged &&
       prepared_generation_ == staged.generation()) {
-    dedup = prepared_.get();
+    packed = prepared_.get();
+    pending_staging_ = -1;
   } else {
     // Not prefetched: a copy of its own (a task in flight for another
-    // batch may still read prepared_uses_).
+    // batch may still read prepared_uses_), packed into a buffer that task
+    // does not fill.
     std::vector<std::vector<int64_t>> uses;
     TableUses(schema_, *staged.batch(), &uses);
-    dedup = DeduplicateTables(uses, RowCounts(schema_));
+    packed = PackIds(DeduplicateTables(uses, RowCounts(schema_)), FreeStaging());
   }
   prepared_for_ = nullptr;
-  int64_t total_ids = 0, total_rows = 0;
+  RECFLEET_RETURN_IF_ERROR(packed.status);
+  if (packed.uses.size() != tables_.size()) {
+    return absl::InternalError(absl::StrCat("gradient ids of ", packed.uses.size(), " tables for ",
+                                            tables_.size()));
+  }
   for (size_t k = 0; k < tables_.size(); ++k) {
     const int64_t n = tables_[k].grad_ids.numel();
-    if (static_cast<int64_t>(dedup[k].slots.size()) != n) {
-      return absl::InternalError(absl::StrCat("table ", k, ": ", dedup[k].slots.size(),
+    if (packed.uses[k] != n) {
+      return absl::InternalError(absl::StrCat("table ", k, ": ", packed.uses[k],
                                               " deduplicated uses for ", n, " gradient rows"));
     }
-    total_ids += static_cast<int64_t>(dedup[k].unique.size()) + n;
-    total_rows += static_cast<int64_t>(dedup[k].unique.size());
   }
+  const int64_t total_ids = packed.total_ids, total_rows = packed.total_rows;
   const size_t bytes = total_ids * sizeof(int64_t);
-  // The pinned buffer is refilled only after its last copy is done.
-  if (copied_ == nullptr) {
-    cudaEvent_t e;
-    RECFLEET_RETURN_IF_ERROR(
-        CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "gradient ids event"));
-    copied_ = e;
-  } else {
-    RECFLEET_RETURN_IF_ERROR(
-        CudaStatus(cudaEventSynchronize(static_cast<cudaEvent_t>(copied_)), "gradient ids"));
-  }
-  if (bytes > pinned_bytes_) {
-    if (pinned_ != nullptr) cudaFreeHost(pinned_);
-    pinned_ = nullptr;
-    pinned_bytes_ = 0;
-    RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&pinned_, bytes * 2), "pinned ids"));
-    pinned_bytes_ = bytes * 2;
-  }
-  int64_t* host = static_cast<int64_t*>(pinned_);
-  for (const DeduplicatedIds& d : dedup) {
-    host = std::copy(d.unique.begin(), d.unique.end(), host);
-    host = std::copy(d.slots.begin(), d.slots.end(), host);
-  }
+  IdStaging& st = staging_[packed.staging];
   if (ids_.empty() || ids_.numel() != total_ids || ids_.device() != Device::kCuda) {
     absl::StatusOr<Tensor> fresh = Tensor::Empty(DType::kInt64, {total_ids}, ctx_.allocator);
     if (!fresh.ok()) return fresh.status();
     ids_ = *std::move(fresh);
   }
   if (bytes > 0) {
-    RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(ids_.view().data, pinned_, bytes,
+    RECFLEET_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(ids_.view().data, st.pinned, bytes,
                                                         cudaMemcpyHostToDevice, nullptr),
                                         "gradient ids"));
   }
   RECFLEET_RETURN_IF_ERROR(
-      CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(copied_), nullptr), "gradient ids"));
+      CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(st.copied), nullptr), "gradient ids"));
+  st.copy_recorded = true;
+  last_copied_ = packed.staging;
   RECFLEET_RETURN_IF_ERROR(AllocateZeros(ctx_, {total_rows, dim_}, &reduced_));
   int64_t id_at = 0, row_at = 0;
   for (size_t k = 0; k < tables_.size(); ++k) {
     Table& t = tables_[k];
     const int64_t n = t.grad_ids.numel();
-    const int64_t u = static_cast<int64_t>(dedup[k].unique.size());
+    const int64_t u = packed.unique[k];
     t.unique_ids = RowSlice(ids_.view(), id_at, id_at + u);
     t.slots = RowSlice(ids_.view(), id_at + u, id_at + u + n);
     t.reduced_rows = RowSlice(reduced_.view(), row_at, row_at + u);

@@ -109,9 +109,10 @@ class SparseEmbeddings {
   // CUDA, internal storage (a no-op otherwise): starts deduplicating the
   // table ids of the batch just staged into `staged` on a worker thread,
   // for the Backward that trains this staging of it (the ids are copied
-  // now, like the batch itself), so the hashing of every id of the step
-  // runs beside the thread that launches the GPU work instead of on it. A
-  // Backward on any other staging deduplicates inline, as without it.
+  // now, like the batch itself), so the hashing of every id of the step and
+  // the packing of the results into pinned memory run beside the thread
+  // that launches the GPU work instead of on it. A Backward on any other
+  // staging deduplicates inline, as without it.
   void PrepareGradientIds(const StagedBatch& staged);
   // External storage, after Backward: [bags, dim] per table, in Lookups'
   // order. Valid until the next Backward.
@@ -178,23 +179,46 @@ class SparseEmbeddings {
   int64_t dim_;
   TableStorage storage_;
   std::vector<Table> tables_;
-  // CUDA: every table's unique ids and slots back to back, staged in pinned
-  // host memory and copied in one transfer per step (the copy's event guards
-  // the staging's reuse), and every table's reduced rows, cleared in one
-  // memset: one operation each per step instead of one per table.
+  // CUDA: every table's unique ids and slots back to back, packed in pinned
+  // host memory and copied in one transfer per step, and every table's
+  // reduced rows, cleared in one memset: one operation each per step
+  // instead of one per table.
   Tensor ids_, reduced_;
-  void* pinned_ = nullptr;
-  size_t pinned_bytes_ = 0;
-  void* copied_ = nullptr;
+  // A pinned buffer the packed ids are staged in, and the event of its last
+  // copy (created on the stepping thread; waited for before a refill).
+  struct IdStaging {
+    void* pinned = nullptr;
+    size_t bytes = 0;
+    void* copied = nullptr;  // cudaEvent_t
+    bool copy_recorded = false;
+  };
+  // The packed ids of one batch: where they sit and every table's counts.
+  struct PackedIds {
+    absl::Status status;
+    int staging = -1;  // index into staging_
+    std::vector<int64_t> unique, uses;  // per table
+    int64_t total_ids = 0, total_rows = 0;
+  };
+  // Packs `dedup` into staging_[index] (waiting for its last copy, growing
+  // it): on PrepareGradientIds' task, off the stepping thread, or inline.
+  PackedIds PackIds(std::vector<DeduplicatedIds> dedup, int index);
+  // A staging buffer neither the last copy nor the task in flight uses:
+  // three of them, so one is always free and a refill waits at most for a
+  // copy two steps old.
+  int FreeStaging() const;
+  absl::Status EnsureStagingEvents();
+  IdStaging staging_[3];
+  int last_copied_ = -1;
+  int pending_staging_ = -1;  // prepared_'s, while it is in flight
   std::vector<Tensor> pooled_grads_;
   Tensor field_;
   // PrepareGradientIds' input, read by its task (declared before prepared_,
   // whose destructor waits for the task), and every table's row count.
   std::vector<std::vector<int64_t>> prepared_uses_;
   std::vector<int64_t> table_rows_;
-  // PrepareGradientIds' work in flight, per table, and the staging it is
-  // for (object and generation).
-  std::future<std::vector<DeduplicatedIds>> prepared_;
+  // PrepareGradientIds' work in flight (deduplication and packing), and the
+  // staging it is for (object and generation).
+  std::future<PackedIds> prepared_;
   const StagedBatch* prepared_for_ = nullptr;
   uint64_t prepared_generation_ = 0;
 };

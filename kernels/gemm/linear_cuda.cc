@@ -267,11 +267,13 @@ absl::Status LtMatmul(const LtOperand& a, const LtOperand& b, void* d, cudaDataT
       RECFLEET_RETURN_IF_ERROR(
           SetAttr(plan->desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias pointer"));
     }
-    // Time the candidates only for shapes that recur: rows a multiple of 128
-    // (dense towers, experts, FSDP shards, benchmarks). Jagged token counts
-    // change with every batch, and timing each new one would stall the
-    // stream once per GEMM per step; they take the heuristic's first choice.
-    const bool time_candidates = m % 128 == 0 && n % 128 == 0;
+    // Time the candidates only for shapes that recur: every dimension a
+    // multiple of 128 (dense towers, experts, FSDP shards, benchmarks).
+    // Jagged token counts change with every batch, as M or N of a forward or
+    // input gradient and as K of a weight gradient (x^T dy over the tokens),
+    // and timing each new one would stall the stream (an event wait) once
+    // per such GEMM per step; they take the heuristic's first choice.
+    const bool time_candidates = m % 128 == 0 && n % 128 == 0 && k % 128 == 0;
     const absl::Status chosen = ChooseAlgo(handle, plan->desc.d, plan->la.l, plan->lb.l,
                                            plan->ld.l, a.data, b.data, d_type, m, n, stream,
                                            time_candidates, &plan->algo);
