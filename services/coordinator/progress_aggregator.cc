@@ -40,6 +40,12 @@ void ProgressAggregator::Compute(::recfleet::v1::JobProgress& progress) const {
   double step_sum = 0, wait_sum = 0, compute_sum = 0, comm_sum = 0, max_mean = 0;
   int reported = 0, timed = 0, slowest = 0;
   int64_t peak_memory = 0;
+  // While some ranks are past their warm-up step, a rank whose window holds
+  // only its warm-up stays out of the timing: mixed in, it would read as a
+  // straggler until its second step arrives.
+  const bool some_warm = std::any_of(ranks_.begin(), ranks_.end(), [](const RankStats& r) {
+    return !r.recent.empty() && !r.warmup_in_recent;
+  });
   for (size_t rank = 0; rank < ranks_.size(); ++rank) {
     const RankStats& r = ranks_[rank];
     min_step = min_step < 0 ? r.step : std::min(min_step, r.step);
@@ -48,7 +54,7 @@ void ProgressAggregator::Compute(::recfleet::v1::JobProgress& progress) const {
     if (!r.reported) continue;
     ++reported;
     loss_sum += r.loss;
-    if (r.recent.empty()) continue;
+    if (r.recent.empty() || (some_warm && r.warmup_in_recent)) continue;
     double seconds = 0, wait = 0, compute = 0, comm = 0, n = r.recent.size();
     for (const auto& s : r.recent) {
       seconds += s.step_seconds();

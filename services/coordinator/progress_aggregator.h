@@ -7,7 +7,9 @@
 // data-wait / compute / comm breakdown of a mean step. Statistics use the
 // newest kRecentSteps steps of each rank; an attempt's first step (warm-up:
 // allocations, the first kernels' loading, the data pipeline filling) leaves
-// them as soon as the rank has reported a second one.
+// them as soon as the rank has reported a second one, and a rank that has
+// reported only its warm-up is left out of them while another rank is past
+// its own.
 //
 // Not thread-safe: the coordinator keeps one per active job under its mutex.
 
