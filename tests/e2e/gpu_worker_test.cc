@@ -128,8 +128,12 @@ TEST(GpuWorkerTest, OneGpuJobEndsWhereTheCpuReferenceDoes) {
 
 TEST(GpuWorkerTest, SigkilledGpuWorkerResumesWithoutSkippingOrRepeatingSamples) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/kill";
-  ASSERT_TRUE(MakeSyntheticDataset(dir + "/data", 20000).ok());
-  constexpr int64_t kSteps = 200, kEvery = 20;
+  // Long enough that the kill lands mid-job: the coordinator publishes
+  // progress about once a second, and the GPU trains this small model at a
+  // few hundred steps a second (200 steps once finished before the first
+  // publication). One epoch: 1,000 steps of 32 samples out of 40,000.
+  ASSERT_TRUE(MakeSyntheticDataset(dir + "/data", 40000).ok());
+  constexpr int64_t kSteps = 1000, kEvery = 20;
   ClusterOptions options;
   options.dir = dir + "/cluster";
   options.workers = 1;
