@@ -142,8 +142,26 @@ TEST(GemLiteCudaTest, Fp32WithGradientClippingTrainsLikeTheCpuModel) {
   // only as far as the norm varies between steps.
   const std::vector<float> a = FlatDenseParameters(*clipped), b = FlatDenseParameters(*plain);
   EXPECT_NE(a, b) << "the clip never acted";
+  const double effect = MaxRelativeError(a.data(), b.data(), static_cast<int64_t>(a.size()));
   std::printf("10 steps clipped vs unclipped (cpu): dense parameters' max relative difference %.3g\n",
-              MaxRelativeError(a.data(), b.data(), static_cast<int64_t>(a.size())));
+              effect);
+  // The GPU applied the clip: after the same 10 steps its parameters are far
+  // closer to the clipped CPU run than the clip's own effect, which an
+  // ignored clip on the device would leave between them.
+  auto gpu = Make(config, data.schema(), Device::kCuda, false);
+  ASSERT_TRUE(gpu);
+  ASSERT_EQ(Train(*gpu, data, 10, 64, false).size(), 10u);
+  std::vector<float> g;
+  for (const std::string& name : gpu->DenseParameterNames()) {
+    const TensorView v = gpu->DenseParameter(name);
+    std::vector<float> host(v.numel());
+    ASSERT_EQ(cudaMemcpy(host.data(), v.data, v.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    g.insert(g.end(), host.begin(), host.end());
+  }
+  ASSERT_EQ(g.size(), a.size());
+  const double gpu_vs_clipped = MaxRelativeError(g.data(), a.data(), static_cast<int64_t>(a.size()));
+  std::printf("10 steps, cuda clipped vs cpu clipped: %.3g (the clip's effect: %.3g)\n", gpu_vs_clipped, effect);
+  EXPECT_LT(gpu_vs_clipped, 0.1 * effect);
 }
 
 // The dense part replayed as CUDA graphs computes what the eager launches

@@ -98,7 +98,7 @@ TEST(MultiTensorCudaTest, MatchesPerTensorAdamBitForBit) {
 TEST(MultiTensorCudaTest, GradientNormAndClippedStepMatchTheCpu) {
   const std::vector<int64_t> sizes = {1, kMultiTensorChunk - 1, 0, kMultiTensorChunk + 1,
                                       3 * kMultiTensorChunk + 17, 5};
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(20261202);  // Fixed: a tolerance failure reproduces.
   std::normal_distribution<float> normal;
   std::vector<std::unique_ptr<Dev>> dev;
   std::vector<std::vector<float>> hp, hg, hm, hv;
