@@ -81,6 +81,9 @@ class Trainer:
             torch._dynamo.config.cache_size_limit = 64
             self.forward = torch.compile(self.model.forward, dynamic=True)
         self.cuda = device.type == "cuda"
+        # The engine's training.dense_grad_clip_norm: clip_grad_norm_ over the
+        # dense parameters (the tables are not clipped there either).
+        self.clip = c.get("dense_grad_clip_norm", 0.0)
 
     def max_len(self, db):
         # Compiled code specializes on Python ints: round the longest history
@@ -99,6 +102,8 @@ class Trainer:
             loss = self.forward(feats, hist, db, self.max_len(db))
         loss.backward()
         mark(2)
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip, foreach=True)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         mark(3)
@@ -241,8 +246,10 @@ def main():
         try:
             ok, gib = fits(spec, args.mode, device, batches, args.probe * file_batch, file_batch)
             what = "fits" if ok else "out of memory"
-        except Exception as e:  # e.g. a kernel refusing the shape: not a fit
+        except torch.cuda.OutOfMemoryError as e:  # raised outside fits()' own check
             ok, gib, what = False, None, f"{type(e).__name__}: {e}"[:300]
+        # Any other error is not "does not fit": it propagates (exit 1), so
+        # max_batch.sh stops instead of bisecting on it.
         print(f"probe batch {args.probe * file_batch} ({args.probe} x {file_batch}): {what}, "
               f"peak {gib if gib is None else round(gib, 3)} GiB", flush=True)
         return 0 if ok else 3

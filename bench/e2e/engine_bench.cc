@@ -56,9 +56,9 @@
 //                [--fp8-saved 1] [--probe K]
 //
 // --probe K: only whether one batch of K file batches concatenated trains
-// for --steps steps (exit 0, "fits" and the peak) or not (exit 3, the error,
-// e.g. out of memory); bench/e2e/max_batch.sh bisects on it, one process
-// per probe.
+// for --steps steps (exit 0, "fits" and the peak) or runs out of device
+// memory (exit 3, the error; another error exits 1); bench/e2e/max_batch.sh
+// bisects on it, one process per probe.
 // --cuda-graphs 1: the dense part of every step (DCN, MoE, towers, forward
 // and backward) replays as CUDA graphs (ExecutionOptions::cuda_graphs); the
 // JSON's "cuda_graph_replays" counts the steps that replayed them.
@@ -81,6 +81,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -332,9 +333,10 @@ int main(int argc, char** argv) {
 
   // --probe K: whether a batch of K file batches concatenated fits: --steps
   // training steps on it (forward, backward, update, a device sync after
-  // each), nothing else. Exit 0 and "fits" with the pool's peak, or exit 3
-  // with the error (out of memory). One probe per process, so that a failed
-  // allocation leaves nothing behind for the next probe.
+  // each), nothing else. Exit 0 and "fits" with the pool's peak, exit 3
+  // with the error when it ran out of device memory, exit 1 on another
+  // error. One probe per process, so that a failed allocation leaves nothing
+  // behind for the next probe.
   if (probe > 0) {
     std::vector<Batch> parts;
     for (int i = 0; i < probe; ++i) parts.push_back((*batches)[i % train]);
@@ -355,7 +357,10 @@ int main(int argc, char** argv) {
                 static_cast<long long>((*batches)[0].size),
                 st.ok() ? "fits" : std::string(st.message()).c_str(),
                 mem.ok() ? static_cast<double>(mem->peak) / (1ull << 30) : -1.0);
-    return st.ok() ? 0 : 3;
+    // Only running out of device memory is "does not fit"; any other error
+    // fails the probe (exit 1), which stops max_batch.sh.
+    const bool oom = absl::IsResourceExhausted(st) || absl::StrContains(st.message(), "out of memory");
+    return st.ok() ? 0 : oom ? 3 : 1;
   }
 
   cudaEvent_t begin, end;

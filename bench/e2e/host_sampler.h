@@ -11,6 +11,10 @@
 // against the unstripped binary (bench/e2e/host_profile.py).
 //
 // One sampler per process at a time; not a general-purpose profiler.
+// backtrace() in a signal handler is not async-signal-safe: a sample that
+// lands while the sampled thread holds the dynamic loader's lock (dlopen,
+// a first CUDA module load, exception unwinding) can deadlock. Sample only
+// warmed-up steady-state steps, as engine_bench does after its timed steps.
 
 #include <cstdint>
 #include <memory>

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The largest batch that fits, one process per probe: a probe command that
 # takes a last argument K (file batches concatenated into one batch) and
-# exits 0 when that batch trains and non-zero when it does not
-# (engine_bench --probe K, bench_torch.py --probe K). From K0 (a guess) the
+# exits 0 when that batch trains and 3 when it does not fit
+# (engine_bench --probe K, bench_torch.py --probe K); any other exit status
+# is an error that stops the search (exit 1). From K0 (a guess) the
 # step grows by --factor (2: doubling) until a probe fails, or shrinks until
 # one fits, then bisects between the largest K that fit and the smallest that
 # failed, with at most --probes probes and until the --deadline (seconds
@@ -24,6 +25,10 @@ probe() {  # probe K -> 0 fits, 1 does not
   rc=$?
   printf '%s k=%d rc=%d %.1fs: %s\n' "$label" "$k" "$rc" "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')" \
     "$(grep -m1 '^probe batch' "/tmp/max_batch.$$.log" || tail -n 2 "/tmp/max_batch.$$.log" | tr '\n' ' ')"
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 3 ]; then
+    echo "max_batch $label: probe k=$k failed with exit $rc (not 3, out of memory): stopping" >&2
+    exit 1
+  fi
   return $((rc != 0))
 }
 left() { [ "$n" -lt "$max_probes" ] && [ "$(date +%s)" -lt "$deadline" ]; }

@@ -157,6 +157,7 @@ std::string ModelJson(const engine::JobModel& model) {
                   ", \"tower_hidden\": ", c.tower_hidden, ", \"mlp_activation\": \"",
                   ActivationName(c.mlp_activation), "\",\n");
   absl::StrAppend(&j, "    \"learning_rate\": ", Num(c.learning_rate), ", \"weight_decay\": ", Num(c.weight_decay),
+                  ", \"dense_grad_clip_norm\": ", Num(c.dense_grad_clip_norm),
                   ", \"adagrad_learning_rate\": ", Num(c.adagrad_learning_rate),
                   ", \"embedding_init_std\": ", Num(c.embedding_init_std), ", \"seed\": ", c.seed, "\n  },\n");
   absl::StrAppend(&j, "  \"schema\": {\n    \"tables\": [", absl::StrJoin(tables, ", "), "],\n    \"id_lists\": [",
