@@ -56,7 +56,21 @@ TEST(ProgressAggregatorTest, AnAttemptsFirstStepLeavesTheTimingOnceASecondArrive
   EXPECT_NEAR(p.samples_per_second(), 20 / 0.8, 1e-9);
   EXPECT_EQ(p.samples(), 30);  // Counted all the same.
 
-  // A restart's first step is a warm-up too.
+  // A restart's first step is a warm-up too; a rank that has reported only
+  // its warm-up stays out of the timing while another rank is past its own.
+  agg.Reset(2, 3);
+  agg.Record(0, OneStep(4, 10, 4.0, 1.0));
+  agg.Record(0, OneStep(5, 10, 0.3, 1.0));
+  agg.Record(1, OneStep(4, 10, 4.0, 1.0));
+  agg.Compute(p);
+  EXPECT_NEAR(p.step_seconds(), 0.3, 1e-12);
+  EXPECT_EQ(p.slowest_rank(), 0);
+  EXPECT_NEAR(p.straggler_gap(), 0.0, 1e-12);
+  agg.Record(1, OneStep(5, 10, 0.5, 1.0));
+  agg.Compute(p);
+  EXPECT_NEAR(p.step_seconds(), 0.4, 1e-12);
+  EXPECT_EQ(p.slowest_rank(), 1);
+
   agg.Reset(1, 3);
   agg.Record(0, OneStep(4, 10, 9.0, 1.0));
   agg.Record(0, OneStep(5, 10, 0.2, 1.0));
