@@ -28,7 +28,10 @@
 # Binaries come from --bin (default: the repository's bazel-bin).
 # --step-rates: the engine's measured rate tables the coordinator predicts
 # step time and peak memory with (`recfleet get` shows them beside the
-# measured ones); default bench/rates/h200-bf16.yaml,bench/rates/cpu-fp32.yaml.
+# measured ones); default bench/rates/h200-bf16.yaml and the CPU table of
+# bench/rates/cpu-fp32*.yaml whose `machine:` is this machine's CPU model and
+# core count (cpu-fp32.yaml when none is): CPU speeds differ between hosts,
+# so measure yours with `recfleet data calibrate --rates FILE --device cpu`.
 # --worker-flag passes FLAG to every worker (e.g. --worker-flag --device=cuda
 # for GPU workers; tools/gpu_demo.sh).
 # Prometheus: `start` writes DIR/prometheus/ ready to scrape the cluster:
@@ -53,8 +56,15 @@ lease=10
 loader=0
 data_root=$(pwd)
 topology="$root/deploy/local/cpu-topology.yaml"
+# The CPU table: the one of bench/rates/cpu-fp32*.yaml measured on this
+# machine's CPU model and core count (its `machine:` line), else cpu-fp32.yaml.
+cpu_rates="$root/bench/rates/cpu-fp32.yaml"
+this_cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1), $(nproc) cores"
+for f in "$root"/bench/rates/cpu-fp32*.yaml; do
+  [[ -f $f && "$(sed -n 's/^machine: //p' "$f")" == "$this_cpu" ]] && cpu_rates=$f
+done
 step_rates=""
-for f in "$root/bench/rates/h200-bf16.yaml" "$root/bench/rates/cpu-fp32.yaml"; do
+for f in "$root/bench/rates/h200-bf16.yaml" "$cpu_rates"; do
   [[ -f $f ]] && step_rates+="${step_rates:+,}$f"
 done
 tls=0
