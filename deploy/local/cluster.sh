@@ -204,7 +204,7 @@ start() {
     echo "loader ${loader_metrics%%)*}" >>"$dir/metrics.txt"
   fi
   "$coordinator_bin" --listen=127.0.0.1:0 --db="$dir/coordinator.db" --lease_seconds="$lease" \
-    --loader_address="$loader_address" --metrics_address=127.0.0.1:0 \
+    --loader_address="$loader_address" --metrics_address=127.0.0.1:0 --data_root="$data_root" \
     ${topology:+--hardware_topology="$topology"} ${step_rates:+--step_rates="$step_rates"} \
     ${server_tls[@]+"${server_tls[@]}"} >"$dir/coordinator.log" 2>&1 &
   pid=$!

@@ -20,7 +20,8 @@ constexpr absl::Duration kEndedLogRetention = absl::Minutes(10);
 
 CoordinatorOptions WithGroupPlanner(CoordinatorOptions options) {
   if (!options.group_planner) {
-    options.group_planner = PlanningGroupPlanner(options.planner_hardware, options.step_rates);
+    options.group_planner =
+        PlanningGroupPlanner(options.planner_hardware, options.step_rates, options.data_root);
   }
   return options;
 }

@@ -80,6 +80,9 @@ struct CoordinatorOptions {
   // per device: the planner prices each job's GEM-lite with the one of its
   // device (RatesForJob). Empty: the planner's shape estimates.
   std::vector<engine::StepRates> step_rates;
+  // Where relative dataset paths of specs resolve for planning (the
+  // loaders' and workers' --data_root); "" = the working directory.
+  std::string data_root;
   // Communication groups for an assignment. Unset: every job is planned on
   // its placement with the planner (PlanningGroupPlanner(planner_hardware,
   // step_rates));

@@ -122,8 +122,8 @@ absl::StatusOr<::recfleet::v1::PlanJobResponse> Coordinator::PlanJob(
   if (!request.has_spec()) {
     return absl::InvalidArgumentError("spec is required (the JobSpec to plan)");
   }
-  const ::recfleet::v1::JobSpec& spec = request.spec();
-  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  if (absl::Status s = ValidateJobSpec(request.spec()); !s.ok()) return s;
+  const ::recfleet::v1::JobSpec spec = SpecForPlanning(request.spec(), options_.data_root);
   std::vector<WorkerView> live;
   {
     absl::MutexLock lock(&mu_);

@@ -35,6 +35,9 @@ ABSL_FLAG(std::vector<std::string>, step_rates, {},
           "bench/rates/h200-bf16.yaml), comma-separated, at most one per device: the planner "
           "predicts each job's step time and peak memory from its real model with the table of "
           "the job's device; without: shape estimates");
+ABSL_FLAG(std::string, data_root, "",
+          "Where relative dataset paths of job specs resolve when the planner samples their "
+          "lengths: the loaders' and workers' --data_root (empty = the working directory)");
 ABSL_FLAG(std::string, hardware_topology, "",
           "Planner topology YAML whose GPU and link numbers describe the workers' hardware "
           "(e.g. a calibrated CPU cluster); default: H200 nodes");
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
   }
   options.coordinator.lease = absl::Seconds(lease);
   options.coordinator.loader_address = absl::GetFlag(FLAGS_loader_address);
+  options.coordinator.data_root = absl::GetFlag(FLAGS_data_root);
   if (const std::string topology = absl::GetFlag(FLAGS_hardware_topology); !topology.empty()) {
     absl::StatusOr<recfleet::planner::Topology> hardware = recfleet::planner::LoadTopologyYaml(topology);
     if (!hardware.ok()) {

@@ -789,9 +789,23 @@ const engine::StepRates* RatesForJob(const JobSpec& spec, const std::vector<engi
   return nullptr;
 }
 
-GroupPlanner PlanningGroupPlanner(planner::Topology hardware, std::vector<engine::StepRates> rates) {
-  return [hardware = std::move(hardware), rates = std::move(rates)](
-             const JobSpec& spec, const Placement& placement) -> absl::StatusOr<GroupPlan> {
+JobSpec SpecForPlanning(const JobSpec& spec, const std::string& data_root) {
+  if (data_root.empty()) return spec;
+  JobSpec out = spec;
+  auto resolve = [&](const std::string& path) {
+    if (path.empty() || path[0] == '/' || absl::StrContains(path, "://")) return path;
+    return absl::StrCat(data_root, "/", path);
+  };
+  out.mutable_data()->set_dataset(resolve(spec.data().dataset()));
+  out.mutable_data()->set_eval_dataset(resolve(spec.data().eval_dataset()));
+  return out;
+}
+
+GroupPlanner PlanningGroupPlanner(planner::Topology hardware, std::vector<engine::StepRates> rates,
+                                  std::string data_root) {
+  return [hardware = std::move(hardware), rates = std::move(rates), data_root = std::move(data_root)](
+             const JobSpec& user_spec, const Placement& placement) -> absl::StatusOr<GroupPlan> {
+    const JobSpec spec = SpecForPlanning(user_spec, data_root);
     const engine::StepRates* job_rates = RatesForJob(spec, rates);
     // Built and sampled once for the time and the CPU memory prediction.
     absl::StatusOr<engine::StepCounts> counts;

@@ -202,8 +202,19 @@ const engine::StepRates* RatesForJob(const ::recfleet::v1::JobSpec& spec,
 // placement's largest worker resident memory) for a CPU job, none for a
 // CPU job without a CPU table with memory terms or a worker that reported
 // no resident memory.
+// `data_root`: where relative dataset paths of specs resolve, as on the
+// loaders and workers (their --data_root); "" = the working directory.
 GroupPlanner PlanningGroupPlanner(planner::Topology hardware,
-                                  std::vector<engine::StepRates> rates = {});
+                                  std::vector<engine::StepRates> rates = {},
+                                  std::string data_root = "");
+
+// `spec` with relative spec.data.dataset / eval_dataset paths (not URIs,
+// not absolute) made absolute under `data_root`, so the planner samples the
+// files the loaders and workers read; `spec` itself when data_root is "".
+// For planning only: the spec a job stores and hands to workers keeps the
+// user's paths.
+::recfleet::v1::JobSpec SpecForPlanning(const ::recfleet::v1::JobSpec& spec,
+                                        const std::string& data_root);
 
 }  // namespace recfleet::coordinator
 

@@ -241,6 +241,17 @@ TEST(PlanAdapterTest, DatasetDirectoryLengthsAreSampledFromItsFile) {
 
   spec.mutable_data()->set_dataset(dir + "/absent");
   for (int64_t l : SpecSequenceLengths(spec, *model)) ASSERT_EQ(l, 512);
+
+  // A relative path resolves under the data root, as on the loaders.
+  spec.mutable_data()->set_dataset("lengths_dataset");
+  spec.mutable_data()->set_eval_dataset("synthetic://e?samples=10");
+  const ::recfleet::v1::JobSpec planned = SpecForPlanning(spec, testing::TempDir());
+  EXPECT_EQ(planned.data().dataset(), std::string(testing::TempDir()) + "/lengths_dataset");
+  EXPECT_EQ(planned.data().eval_dataset(), "synthetic://e?samples=10");
+  EXPECT_EQ(SpecSequenceLengths(planned, *model), lengths);
+  EXPECT_EQ(SpecForPlanning(spec, "").data().dataset(), "lengths_dataset");
+  spec.mutable_data()->set_dataset(dir);
+  EXPECT_EQ(SpecForPlanning(spec, "/elsewhere").data().dataset(), dir);  // Absolute: kept.
 }
 
 TEST(PlanAdapterTest, GroupsFollowThePlan) {
