@@ -792,12 +792,8 @@ const engine::StepRates* RatesForJob(const JobSpec& spec, const std::vector<engi
 JobSpec SpecForPlanning(const JobSpec& spec, const std::string& data_root) {
   if (data_root.empty()) return spec;
   JobSpec out = spec;
-  auto resolve = [&](const std::string& path) {
-    if (path.empty() || path[0] == '/' || absl::StrContains(path, "://")) return path;
-    return absl::StrCat(data_root, "/", path);
-  };
-  out.mutable_data()->set_dataset(resolve(spec.data().dataset()));
-  out.mutable_data()->set_eval_dataset(resolve(spec.data().eval_dataset()));
+  out.mutable_data()->set_dataset(dataloader::DatasetPath(spec.data().dataset(), data_root));
+  out.mutable_data()->set_eval_dataset(dataloader::DatasetPath(spec.data().eval_dataset(), data_root));
   return out;
 }
 

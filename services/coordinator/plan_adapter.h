@@ -208,9 +208,9 @@ GroupPlanner PlanningGroupPlanner(planner::Topology hardware,
                                   std::vector<engine::StepRates> rates = {},
                                   std::string data_root = "");
 
-// `spec` with relative spec.data.dataset / eval_dataset paths (not URIs,
-// not absolute) made absolute under `data_root`, so the planner samples the
-// files the loaders and workers read; `spec` itself when data_root is "".
+// `spec` with its spec.data.dataset / eval_dataset paths resolved under
+// `data_root` as the loaders and workers resolve them
+// (dataloader::DatasetPath), so the planner samples the files they read; `spec` itself when data_root is "".
 // For planning only: the spec a job stores and hands to workers keeps the
 // user's paths.
 ::recfleet::v1::JobSpec SpecForPlanning(const ::recfleet::v1::JobSpec& spec,

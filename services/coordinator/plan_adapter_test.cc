@@ -250,6 +250,8 @@ TEST(PlanAdapterTest, DatasetDirectoryLengthsAreSampledFromItsFile) {
   EXPECT_EQ(planned.data().eval_dataset(), "synthetic://e?samples=10");
   EXPECT_EQ(SpecSequenceLengths(planned, *model), lengths);
   EXPECT_EQ(SpecForPlanning(spec, "").data().dataset(), "lengths_dataset");
+  spec.mutable_data()->set_dataset("file://lengths_dataset");  // As the loaders read it.
+  EXPECT_EQ(SpecForPlanning(spec, testing::TempDir()).data().dataset(), planned.data().dataset());
   spec.mutable_data()->set_dataset(dir);
   EXPECT_EQ(SpecForPlanning(spec, "/elsewhere").data().dataset(), dir);  // Absolute: kept.
 }

@@ -123,6 +123,14 @@ absl::StatusOr<std::string> MaterializeSynthetic(const std::string& location, co
 
 }  // namespace
 
+std::string DatasetPath(const std::string& location, const std::string& root) {
+  const bool file = absl::StartsWith(location, "file://");
+  if (!file && absl::StrContains(location, "://")) return location;
+  std::string path = file ? location.substr(7) : location;
+  if (!root.empty() && !path.empty() && path[0] != '/') path = absl::StrCat(root, "/", path);
+  return path;
+}
+
 absl::StatusOr<DatasetFiles> ResolveDataset(const std::string& location, const DatasetOptions& options) {
   if (location.empty()) return absl::InvalidArgumentError("no dataset: spec.data.dataset is empty");
   std::string path;
@@ -131,11 +139,10 @@ absl::StatusOr<DatasetFiles> ResolveDataset(const std::string& location, const D
     if (!dir.ok()) return dir.status();
     path = *dir;
   } else {
-    path = absl::StartsWith(location, "file://") ? location.substr(7) : location;
     if (absl::StrContains(location, "://") && !absl::StartsWith(location, "file://")) {
       return Bad(location, "unknown scheme (use a path, file://PATH or synthetic://NAME?...)");
     }
-    if (!options.root.empty() && !path.empty() && path[0] != '/') path = absl::StrCat(options.root, "/", path);
+    path = DatasetPath(location, options.root);
   }
   DatasetFiles files;
   if (IsDirectory(path)) {

@@ -52,6 +52,11 @@ struct DatasetFiles {
 // batches of a job's data shape without writing a dataset.
 absl::StatusOr<data::SynthOptions> ParseSyntheticDataset(const std::string& location);
 
+// The path a plain or file:// dataset location names, made absolute under
+// `root` when relative ("" = the working directory); a location of another
+// scheme (synthetic://...) or "" as it is. The rule ResolveDataset applies.
+std::string DatasetPath(const std::string& location, const std::string& root);
+
 // NotFound naming the path when nothing is there; InvalidArgument for a
 // malformed synthetic:// URI.
 absl::StatusOr<DatasetFiles> ResolveDataset(const std::string& location, const DatasetOptions& options);
