@@ -602,7 +602,8 @@ absl::StatusOr<engine::StepResult> DistributedModel::TrainStep(const engine::Bat
 
 absl::Status DistributedModel::ClipScale(AdamConfig* adam) {
   float* clip = static_cast<float*>(clip_.data());
-  const TensorView parts = MakeView(clip, DType::kFloat32, {2}, device_);
+  // Parts: the FSDP shards', and the experts' under expert parallelism.
+  const TensorView parts = MakeView(clip, DType::kFloat32, {router_ != nullptr ? 2 : 1}, device_);
   const TensorView scale = MakeView(clip + 2, DType::kFloat32, {1}, device_);
   // The sum of squares of one part of the dense gradients into `out`:
   // this rank's slice (final after the reductions; replicas hold equal
@@ -636,8 +637,6 @@ absl::Status DistributedModel::ClipScale(AdamConfig* adam) {
     if (absl::Status s = part(expert_adam_.get(), groups_->expert(), groups_->expert_replica(), clip + 1); !s.ok()) {
       return s;
     }
-  } else if (absl::Status s = dist::ZeroOnDevice(device_, clip + 1, sizeof(float)); !s.ok()) {
-    return s;
   }
   if (absl::Status s = GradClipScale(parts, config_.dense_grad_clip_norm, scale); !s.ok()) return s;
   adam->grad_scale = scale;
