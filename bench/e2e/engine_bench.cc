@@ -76,6 +76,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -460,6 +461,24 @@ int main(int argc, char** argv) {
     total_flops += flops[i];
     total_samples += samples[i];
   }
+  // One more step as the timed ones run (the GPU idle and host sample
+  // passes below): issue file batch s's forward+backward, prefetch the
+  // next, update, then read the previous step's losses; `at` is told each
+  // part as it begins, and "end" after the last.
+  const auto pipelined_step = [&](int s, const std::function<void(const char*)>& at) -> absl::Status {
+    at("forward_backward");
+    absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward((*batches)[s % train]);
+    if (!r.ok()) return r.status();
+    at("prefetch");
+    if (absl::Status p = m.Prefetch((*batches)[(s + 1) % train]); !p.ok()) return p;
+    at("update");
+    if (absl::Status u = m.ApplyUpdates(); !u.ok()) return u;
+    at("read_losses");
+    if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return l;
+    at("end");
+    pending = *r;
+    return absl::OkStatus();
+  };
   // GPU idle: a few more steps back to back (as timed above), every kernel,
   // copy and set recorded by CUPTI; idle = the GPU timeline's span minus
   // the union of those intervals.
@@ -478,20 +497,18 @@ int main(int argc, char** argv) {
       // graphs would remove); a wait means the queue stayed full.
       double issue_ms = 0, wait_ms = 0;
       using Clock = std::chrono::steady_clock;
-      for (int s = 0; s < idle_steps; ++s) {
-        const auto t0 = Clock::now();
-        const recfleet::engine::Batch& b = (*batches)[(total + s) % train];
-        absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
-        if (!r.ok()) return Fail(std::string(r.status().message()));
-        if (absl::Status p = m.Prefetch((*batches)[(total + s + 1) % train]); !p.ok()) {
-          return Fail(std::string(p.message()));
+      Clock::time_point t0, t1;
+      const auto timed = [&](const char* part) {
+        const absl::string_view what = part;
+        if (what == "forward_backward") t0 = Clock::now();
+        if (what == "read_losses") t1 = Clock::now();
+        if (what == "end") {
+          issue_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+          wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
         }
-        if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
-        const auto t1 = Clock::now();
-        if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
-        issue_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
-        wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
-        pending = *r;
+      };
+      for (int s = 0; s < idle_steps; ++s) {
+        if (absl::Status st = pipelined_step(total + s, timed); !st.ok()) return Fail(std::string(st.message()));
       }
       CUDA_OR_FAIL(cudaDeviceSynchronize());
       if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
@@ -544,21 +561,8 @@ int main(int argc, char** argv) {
     CUDA_OR_FAIL(cudaEventRecord(begin, nullptr));
     const auto t0 = std::chrono::steady_clock::now();
     for (int s = 0; s < host_sample_steps; ++s) {
-      const Batch& b = (*batches)[(total + s) % train];
-      tag("forward_backward");
-      absl::StatusOr<recfleet::engine::StepResult> r = m.ForwardBackward(b);
-      if (!r.ok()) return Fail(std::string(r.status().message()));
-      tag("prefetch");
-      if (absl::Status p = m.Prefetch((*batches)[(total + s + 1) % train]); !p.ok()) {
-        return Fail(std::string(p.message()));
-      }
-      tag("update");
-      if (absl::Status u = m.ApplyUpdates(); !u.ok()) return Fail(std::string(u.message()));
-      tag("read_losses");
-      if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
-      pending = *r;
+      if (absl::Status st = pipelined_step(total + s, tag); !st.ok()) return Fail(std::string(st.message()));
     }
-    tag("end");
     CUDA_OR_FAIL(cudaEventRecord(end, nullptr));
     CUDA_OR_FAIL(cudaEventSynchronize(end));
     const double wall_ms =
