@@ -162,6 +162,10 @@ struct GemLite<T>::Impl {
   std::vector<int> block_modules;
   ModuleHooks hooks;
   int64_t adam_step = 0;
+  // DenseParameter handed out a mutable view: its holder may write the
+  // values (a checkpoint restore, DistributedModel's gathers) where the
+  // registry cannot see it, so every forward refreshes the bf16 copies.
+  bool dense_views_out = false;
   // set_report_regions: per block, filled by the backward.
   bool report_regions = false;
   std::vector<StepResult::Region> regions;
@@ -396,8 +400,12 @@ struct GemLite<T>::Impl {
       memory.back().peak_bytes = memory.back().in_use_bytes;
     }
     // The bf16 weight copies of the bf16 linears, in one launch, from the
-    // values as they are now (whoever wrote them last).
-    if (on_device()) RECFLEET_RETURN_IF_ERROR(params.RefreshBf16Copies());
+    // values as they are now (whoever wrote them last). Skipped when the
+    // last AdamW pass wrote them and no one else can have written the
+    // values since (no mutable view of them was handed out).
+    if (on_device() && (dense_views_out || !params.bf16_copies_current())) {
+      RECFLEET_RETURN_IF_ERROR(params.RefreshBf16Copies());
+    }
     const int64_t d = config.dim, B = b.size, F = num_tokens, P = config.pma_queries;
     const TensorView hist_off = HostOffsets(b.sequence[0].offsets);
     RECFLEET_RETURN_IF_ERROR(layers::UniformOffsets(B, F, &token_offsets));
@@ -604,7 +612,8 @@ struct GemLite<T>::Impl {
     adam.weight_decay = config.weight_decay;
     {
       const layers::ScopedPhase phase(&phases, layers::Phase::kOptimizer);
-      RECFLEET_RETURN_IF_ERROR(params.AdamStep(adam, adam_step, config.dense_grad_clip_norm));
+      RECFLEET_RETURN_IF_ERROR(params.AdamStep(adam, adam_step, config.dense_grad_clip_norm,
+                                               /*write_bf16_copies=*/!dense_views_out));
     }
     return sparse.ApplyUpdates(static_cast<float>(config.adagrad_learning_rate));
   }
@@ -888,6 +897,7 @@ std::vector<std::string> GemLite<T>::DenseParameterNames() const {
 
 template <typename T>
 TensorView GemLite<T>::DenseParameter(const std::string& name) {
+  impl_->dense_views_out = true;
   const layers::Parameter* p = impl_->params.Find(name);
   return p == nullptr ? TensorView() : p->value.view();
 }

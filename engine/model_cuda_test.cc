@@ -292,6 +292,38 @@ TEST(GemLiteCudaTest, Bf16EvalNeMatchesFp32WithinSeedNoise) {
   EXPECT_LE(std::abs(bf16 - fp32), std::max(spread, 1e-3 * fp32));
 }
 
+// bf16: each AdamW pass also writes the bf16 weight copies and the next
+// forward uses them without re-rounding. A forward on those copies gives
+// the loss of a forward on copies rounded anew from the values (what every
+// forward does once a mutable view of the parameters is out), bit for bit;
+// copies one update stale would not.
+TEST(GemLiteCudaTest, Bf16CopiesWrittenByAdamWEqualRefreshedOnes) {
+  const MovieLensCtr data = Data(64);
+  GemLiteConfig c = ComparisonConfig();
+  c.dim = 128;
+  c.heads = 2;
+  auto m = Make(c, data.schema(), Device::kCuda, /*bf16=*/true);
+  ASSERT_TRUE(m);
+  ASSERT_EQ(Train(*m, data, 6, 64, true).size(), 6u);
+  const Batch probe = TrainBatch(data, 6, 64);
+  absl::StatusOr<double> trusted = m->Loss(probe);
+  ASSERT_TRUE(trusted.ok()) << trusted.status();
+  const std::vector<std::string> names = m->DenseParameterNames();
+  ASSERT_FALSE(names.empty());
+  ASSERT_NE(m->DenseParameter(names.front()).data, nullptr);
+  absl::StatusOr<double> refreshed = m->Loss(probe);
+  ASSERT_TRUE(refreshed.ok()) << refreshed.status();
+  EXPECT_EQ(*trusted, *refreshed);
+  // One more step with the view out (AdamW leaves the copies alone, the
+  // forward rounds them) still trains on current weights: the loss moves.
+  ASSERT_EQ(Train(*m, data, 1, 64, false).size(), 1u);
+  absl::StatusOr<double> after = m->Loss(probe);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_NE(*after, *refreshed);
+  std::printf("bf16 loss on AdamW-written copies %.9f, on refreshed copies %.9f, after one more "
+              "step %.9f\n", *trusted, *refreshed, *after);
+}
+
 // Activation checkpointing on CUDA (50 steps of 64, dim 128 so that the
 // bf16 run takes the bf16 flow, the benchmark's path). fp32: the blocks
 // recomputing their projections (an exact mode) train like the stored path

@@ -147,10 +147,19 @@ absl::Status ParameterRegistry::CopyValuesFrom(const ParameterRegistry& other) {
   return absl::OkStatus();
 }
 
-absl::Status ParameterRegistry::AdamStep(const AdamConfig& config, int64_t step, double clip_norm) {
+absl::Status ParameterRegistry::AdamStep(const AdamConfig& config, int64_t step, double clip_norm,
+                                         bool write_bf16_copies) {
   bf16_current_ = false;
   RECFLEET_RETURN_IF_ERROR(Prepare());
-  if (!(clip_norm > 0)) return multi_->Step(config, step);
+  const bool fused = write_bf16_copies && allocator_->device() == Device::kCuda &&
+                     multi_->has_bf16_copies();
+  auto step_with = [&](const AdamConfig& c) -> absl::Status {
+    if (!fused) return multi_->Step(c, step);
+    RECFLEET_RETURN_IF_ERROR(multi_->StepWritingBf16Copies(c, step));
+    bf16_current_ = true;
+    return absl::OkStatus();
+  };
+  if (!(clip_norm > 0)) return step_with(config);
   if (clip_.empty()) {
     absl::StatusOr<Tensor> clip = Tensor::Zeros(dtype_, {2}, allocator_);
     if (!clip.ok()) return clip.status();
@@ -164,7 +173,7 @@ absl::Status ParameterRegistry::AdamStep(const AdamConfig& config, int64_t step,
   RECFLEET_RETURN_IF_ERROR(GradClipScale(sum, clip_norm, scale));
   AdamConfig clipped = config;
   clipped.grad_scale = scale;
-  return multi_->Step(clipped, step);
+  return step_with(clipped);
 }
 
 }  // namespace recfleet::engine::layers

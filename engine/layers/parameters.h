@@ -97,7 +97,12 @@ class ParameterRegistry {
   // (kernels/ops/grad_clip.h: PyTorch's clip_grad_norm_); on CUDA the norm
   // and the factor stay on the device (three small launches more, no host
   // wait). The gradients themselves are left as they were.
-  absl::Status AdamStep(const AdamConfig& config, int64_t step, double clip_norm = 0);
+  // write_bf16_copies (CUDA): the AdamW pass also rounds each new value into
+  // its bf16 copy, so the copies stay current and the next forward need not
+  // refresh them; only for a caller that knows nothing else writes the
+  // values before that forward.
+  absl::Status AdamStep(const AdamConfig& config, int64_t step, double clip_norm = 0,
+                        bool write_bf16_copies = false);
 
  private:
   absl::Status CheckSameLayout(const ParameterRegistry& other, const char* what) const;
