@@ -40,15 +40,15 @@ absl::Status MixtureOfExperts::Forward(const TensorView& x, Tensor* y) {
   // for all of them (each would copy it), and keep each hidden layer in
   // bf16 (the GEMM writes h1 rounded, the activation runs on it, and the
   // second GEMM reads a1 as it is) instead of fp32 copies rounded later.
-  bf16_hidden_ = Bf16Hidden(x);
+  const bool bf16_hidden = Bf16Hidden(x);
   TensorView expert_in = x;
   x_bf16_ = Tensor();
-  if (bf16_hidden_ && x.dtype != DType::kBFloat16) {
+  if (bf16_hidden && x.dtype != DType::kBFloat16) {
     RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, x.shape, &x_bf16_));
     RECFLEET_RETURN_IF_ERROR(ops::Convert(x, x_bf16_.view()));
     expert_in = x_bf16_.view();
   }
-  const DType hidden = bf16_hidden_ ? DType::kBFloat16 : ctx_.dtype;
+  const DType hidden = bf16_hidden ? DType::kBFloat16 : ctx_.dtype;
   for (size_t e = 0; e < experts_.size(); ++e) {
     Expert& ex = *experts_[e];
     RECFLEET_RETURN_IF_ERROR(ex.l1.Forward(expert_in, &ex.h1, hidden));

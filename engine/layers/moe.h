@@ -87,7 +87,6 @@ class MixtureOfExperts {
   // The bf16 path (Bf16Hidden): x rounded once for every expert's first
   // layer; each expert's hidden layer (h1, a1 and its gradient) in bf16.
   bool Bf16Hidden(const TensorView& x) const;
-  bool bf16_hidden_ = false;  // Of the last Forward.
   Tensor x_bf16_;
   Tensor gate_logits_, gate_prob_;
   Tensor d_out_, d_hidden_, d_gate_, d_gate_logits_;
