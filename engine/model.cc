@@ -111,6 +111,9 @@ struct GemLite<T>::Impl {
   }
   absl::Status AfterBackward(int module) {
     if (module < 0 || !hooks.after_backward) return absl::OkStatus();
+    // The hook reads the module's gradients: one its layers did not write
+    // this step must read as zero.
+    RECFLEET_RETURN_IF_ERROR(params.SettleGradients());
     return hooks.after_backward(module);
   }
 
@@ -602,6 +605,9 @@ struct GemLite<T>::Impl {
       for (Tensor& t : history) t = Tensor();
       dhistory = Tensor();
     }
+    // Gradients the step's layers did not write (a head without labels)
+    // are zeroed now, so every reader after the backward sees this step's.
+    RECFLEET_RETURN_IF_ERROR(params.SettleGradients());
     return staged[current].MarkConsumed(nullptr);
   }
 
@@ -684,6 +690,10 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
   if (impl->sparse_parameters != 0) {
     return absl::InternalError("the sparse part registered dense parameters; the module map assumes it has none");
   }
+  // The linears' weight gradients are overwritten by their first write of a
+  // step rather than zeroed and added to; not under CUDA graphs, whose
+  // replays skip the host code that tracks which were written.
+  impl->params.set_overwrite_first(execution.device == Device::kCuda && !execution.cuda_graphs);
   // Every parameter is registered: the one-launch optimizer passes get their
   // device table now, not inside the first step.
   RECFLEET_RETURN_IF_ERROR(impl->params.Prepare());
