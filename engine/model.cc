@@ -111,6 +111,9 @@ struct GemLite<T>::Impl {
   }
   absl::Status AfterBackward(int module) {
     if (module < 0 || !hooks.after_backward) return absl::OkStatus();
+    // The hook reads the module's gradients: one its layers did not write
+    // this step must read as zero.
+    RECFLEET_RETURN_IF_ERROR(params.SettleGradients());
     return hooks.after_backward(module);
   }
 
@@ -162,6 +165,10 @@ struct GemLite<T>::Impl {
   std::vector<int> block_modules;
   ModuleHooks hooks;
   int64_t adam_step = 0;
+  // DenseParameter handed out a mutable view: its holder may write the
+  // values (a checkpoint restore, DistributedModel's gathers) where the
+  // registry cannot see it, so every forward refreshes the bf16 copies.
+  bool dense_views_out = false;
   // set_report_regions: per block, filled by the backward.
   bool report_regions = false;
   std::vector<StepResult::Region> regions;
@@ -396,8 +403,12 @@ struct GemLite<T>::Impl {
       memory.back().peak_bytes = memory.back().in_use_bytes;
     }
     // The bf16 weight copies of the bf16 linears, in one launch, from the
-    // values as they are now (whoever wrote them last).
-    if (on_device()) RECFLEET_RETURN_IF_ERROR(params.RefreshBf16Copies());
+    // values as they are now (whoever wrote them last). Skipped when the
+    // last AdamW pass wrote them and no one else can have written the
+    // values since (no mutable view of them was handed out).
+    if (on_device() && (dense_views_out || !params.bf16_copies_current())) {
+      RECFLEET_RETURN_IF_ERROR(params.RefreshBf16Copies());
+    }
     const int64_t d = config.dim, B = b.size, F = num_tokens, P = config.pma_queries;
     const TensorView hist_off = HostOffsets(b.sequence[0].offsets);
     RECFLEET_RETURN_IF_ERROR(layers::UniformOffsets(B, F, &token_offsets));
@@ -594,6 +605,9 @@ struct GemLite<T>::Impl {
       for (Tensor& t : history) t = Tensor();
       dhistory = Tensor();
     }
+    // Gradients the step's layers did not write (a head without labels)
+    // are zeroed now, so every reader after the backward sees this step's.
+    RECFLEET_RETURN_IF_ERROR(params.SettleGradients());
     return staged[current].MarkConsumed(nullptr);
   }
 
@@ -604,7 +618,8 @@ struct GemLite<T>::Impl {
     adam.weight_decay = config.weight_decay;
     {
       const layers::ScopedPhase phase(&phases, layers::Phase::kOptimizer);
-      RECFLEET_RETURN_IF_ERROR(params.AdamStep(adam, adam_step, config.dense_grad_clip_norm));
+      RECFLEET_RETURN_IF_ERROR(params.AdamStep(adam, adam_step, config.dense_grad_clip_norm,
+                                               /*write_bf16_copies=*/!dense_views_out));
     }
     return sparse.ApplyUpdates(static_cast<float>(config.adagrad_learning_rate));
   }
@@ -675,6 +690,10 @@ absl::StatusOr<std::unique_ptr<GemLite<T>>> GemLite<T>::Create(const GemLiteConf
   if (impl->sparse_parameters != 0) {
     return absl::InternalError("the sparse part registered dense parameters; the module map assumes it has none");
   }
+  // The linears' weight gradients are overwritten by their first write of a
+  // step rather than zeroed and added to; not under CUDA graphs, whose
+  // replays skip the host code that tracks which were written.
+  impl->params.set_overwrite_first(execution.device == Device::kCuda && !execution.cuda_graphs);
   // Every parameter is registered: the one-launch optimizer passes get their
   // device table now, not inside the first step.
   RECFLEET_RETURN_IF_ERROR(impl->params.Prepare());
@@ -888,6 +907,7 @@ std::vector<std::string> GemLite<T>::DenseParameterNames() const {
 
 template <typename T>
 TensorView GemLite<T>::DenseParameter(const std::string& name) {
+  impl_->dense_views_out = true;
   const layers::Parameter* p = impl_->params.Find(name);
   return p == nullptr ? TensorView() : p->value.view();
 }

@@ -266,7 +266,10 @@ class GemLite {
   // for gradient checks and checkpoints. Dense gradients are exact; a
   // table's gradient is assembled densely from the embedding-output
   // gradients (through the fused Adagrad kernel, see the .cc), so it is slow
-  // and meant for small test tables.
+  // and meant for small test tables. Once DenseParameter has handed out a
+  // view (which its holder may write), every later forward re-rounds the
+  // bf16 weight copies from the values instead of trusting those the AdamW
+  // pass wrote.
   std::vector<std::string> DenseParameterNames() const;
   TensorView DenseParameter(const std::string& name);
   TensorView DenseGradient(const std::string& name);

@@ -68,6 +68,22 @@ BinaryMetrics Evaluate(GemLite<float>& m, const MovieLensCtr& data) {
   return e.ok() ? *e : BinaryMetrics();
 }
 
+// A CPU tensor against a CUDA one of its shape: the largest absolute
+// difference and the CPU tensor's largest magnitude.
+struct Difference {
+  double err = 0, norm = 0;
+};
+Difference Compare(const TensorView& cpu, const TensorView& gpu) {
+  std::vector<float> host(gpu.numel());
+  EXPECT_EQ(cudaMemcpy(host.data(), gpu.data, gpu.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  Difference d;
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    d.err = std::max<double>(d.err, std::abs(host[i] - cpu.as<float>()[i]));
+    d.norm = std::max<double>(d.norm, std::abs(cpu.as<float>()[i]));
+  }
+  return d;
+}
+
 void ExpectSameTraining(const GemLiteConfig& config, const MovieLensCtr& data,
                         bool graphs = false) {
   auto cpu = Make(config, data.schema(), Device::kCpu, false);
@@ -92,16 +108,8 @@ void ExpectSameTraining(const GemLiteConfig& config, const MovieLensCtr& data,
   EXPECT_LT(std::accumulate(a.end() - 10, a.end(), 0.0), std::accumulate(a.begin(), a.begin() + 10, 0.0));
   // And the parameters agree at the end.
   for (const std::string& name : cpu->DenseParameterNames()) {
-    const TensorView c = cpu->DenseParameter(name);
-    const TensorView g = gpu->DenseParameter(name);
-    std::vector<float> host(g.numel());
-    ASSERT_EQ(cudaMemcpy(host.data(), g.data, g.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-    double err = 0, norm = 0;
-    for (int64_t i = 0; i < c.numel(); ++i) {
-      err = std::max<double>(err, std::abs(host[i] - c.as<float>()[i]));
-      norm = std::max<double>(norm, std::abs(c.as<float>()[i]));
-    }
-    EXPECT_LT(err, 1e-3 * std::max(1.0, norm)) << name;
+    const Difference d = Compare(cpu->DenseParameter(name), gpu->DenseParameter(name));
+    EXPECT_LT(d.err, 1e-3 * std::max(1.0, d.norm)) << name;
   }
 }
 
@@ -290,6 +298,69 @@ TEST(GemLiteCudaTest, Bf16EvalNeMatchesFp32WithinSeedNoise) {
               "%.5f (%.3f%%)\n",
               fp32, bf16, 100 * rel, spread, 100 * spread / fp32);
   EXPECT_LE(std::abs(bf16 - fp32), std::max(spread, 1e-3 * fp32));
+}
+
+// The linears' weight gradients are overwritten by their step's first
+// write instead of zeroed and added to. A step whose batch has no CVR
+// labels writes nothing into the CVR tower: its gradients (left from the
+// step before, which had labels) must read as zero, and every other
+// gradient must equal the CPU model's after the same two steps.
+TEST(GemLiteCudaTest, GradientsOfAnUnlabelledHeadReadZero) {
+  const MovieLensCtr data = Data(64);
+  auto cpu = Make(ComparisonConfig(), data.schema(), Device::kCpu, false);
+  auto gpu = Make(ComparisonConfig(), data.schema(), Device::kCuda, false);
+  ASSERT_TRUE(cpu && gpu);
+  Batch unlabelled = TrainBatch(data, 1, 64);
+  unlabelled.cvr_labels.clear();
+  for (GemLite<float>* m : {cpu.get(), gpu.get()}) {
+    ASSERT_TRUE(m->ForwardBackward(TrainBatch(data, 0, 64)).ok());
+    ASSERT_TRUE(m->ApplyUpdates().ok());
+    ASSERT_TRUE(m->ForwardBackward(unlabelled).ok());
+  }
+  int cvr = 0;
+  for (const std::string& name : cpu->DenseParameterNames()) {
+    const Difference d = Compare(cpu->DenseGradient(name), gpu->DenseGradient(name));
+    if (name.rfind("cvr", 0) == 0) {
+      ++cvr;
+      EXPECT_EQ(d.norm, 0.0) << name;
+      EXPECT_EQ(d.err, 0.0) << name;
+    } else {
+      EXPECT_LT(d.err, 1e-3 * std::max(1e-3, d.norm)) << name;
+    }
+  }
+  EXPECT_GT(cvr, 0);
+}
+
+// bf16: each AdamW pass also writes the bf16 weight copies and the next
+// forward uses them without re-rounding. A forward on those copies gives
+// the loss of a forward on copies rounded anew from the values (what every
+// forward does once a mutable view of the parameters is out), bit for bit;
+// copies one update stale would not.
+TEST(GemLiteCudaTest, Bf16CopiesWrittenByAdamWEqualRefreshedOnes) {
+  const MovieLensCtr data = Data(64);
+  GemLiteConfig c = ComparisonConfig();
+  c.dim = 128;
+  c.heads = 2;
+  auto m = Make(c, data.schema(), Device::kCuda, /*bf16=*/true);
+  ASSERT_TRUE(m);
+  ASSERT_EQ(Train(*m, data, 6, 64, true).size(), 6u);
+  const Batch probe = TrainBatch(data, 6, 64);
+  absl::StatusOr<double> trusted = m->Loss(probe);
+  ASSERT_TRUE(trusted.ok()) << trusted.status();
+  const std::vector<std::string> names = m->DenseParameterNames();
+  ASSERT_FALSE(names.empty());
+  ASSERT_NE(m->DenseParameter(names.front()).data, nullptr);
+  absl::StatusOr<double> refreshed = m->Loss(probe);
+  ASSERT_TRUE(refreshed.ok()) << refreshed.status();
+  EXPECT_EQ(*trusted, *refreshed);
+  // One more step with the view out (AdamW leaves the copies alone, the
+  // forward rounds them) still trains on current weights: the loss moves.
+  ASSERT_EQ(Train(*m, data, 1, 64, false).size(), 1u);
+  absl::StatusOr<double> after = m->Loss(probe);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_NE(*after, *refreshed);
+  std::printf("bf16 loss on AdamW-written copies %.9f, on refreshed copies %.9f, after one more "
+              "step %.9f\n", *trusted, *refreshed, *after);
 }
 
 // Activation checkpointing on CUDA (50 steps of 64, dim 128 so that the

@@ -9,8 +9,10 @@
 // jagged lengths and local MFU against 989 TFLOP/s (dense bf16 H100/H200
 // SXM) and against the measured ~790 TFLOP/s bf16 GEMM ceiling, and the
 // device memory peak. Then at least 5 more steps back to back under CUPTI
-// (bench/e2e/gpu_busy.h): GPU idle, and the busy and idle time per kernel
-// name ("gpu_idle" in the JSON). Then --profile-steps more steps with CUDA events
+// (bench/e2e/gpu_busy.h), twice: GPU idle, and the busy and idle time per
+// kernel name, from an empty queue ("gpu_idle_cold" in the JSON) and in
+// steady training, two steps into the pipeline ("gpu_idle"). Then
+// --profile-steps more steps with CUDA events
 // around every phase the layers mark (embedding, attention, GEMM,
 // optimizer; the rest of the step is "other", idle gaps included) and the
 // host's time to issue each step; and, with --search-s > 0, the largest
@@ -91,6 +93,7 @@
 #include "bench/e2e/gpu_busy.h"
 #include "bench/e2e/host_sampler.h"
 #include "cli/jobs/spec_file.h"
+#include "common/status_macros.h"
 #include "engine/batch_concat.h"
 #include "engine/job_model.h"
 #include "engine/metrics.h"
@@ -481,62 +484,76 @@ int main(int argc, char** argv) {
   };
   // GPU idle: a few more steps back to back (as timed above), every kernel,
   // copy and set recorded by CUPTI; idle = the GPU timeline's span minus
-  // the union of those intervals.
-  std::string gpu_idle = "null";
-  {
+  // the union of those intervals. Measured twice. "gpu_idle_cold": the
+  // window opens on an empty queue (the timed steps ended with a device
+  // sync) and on a batch not prefetched, so its first step is staged and
+  // deduplicated inline and the GPU trails the host's issue through it.
+  // "gpu_idle": the window opens as training runs, `warm` pipelined steps
+  // in (the queue a step deep, the first recorded step's batch
+  // prefetched), so it shows only the gaps of steady training.
+  int next_step = total;
+  const auto measure_idle = [&](int warm, std::string* result) -> absl::Status {
     const int idle_steps = std::max(profile_steps, 5);
+    for (int s = 0; s < warm; ++s) {
+      RECFLEET_RETURN_IF_ERROR(pipelined_step(next_step++, [](const char*) {}));
+    }
     absl::StatusOr<std::unique_ptr<recfleet::bench::GpuBusyMeter>> meter =
         recfleet::bench::GpuBusyMeter::Start();
     if (!meter.ok()) {
       std::fprintf(stderr, "GPU idle not measured: %s\n", std::string(meter.status().message()).c_str());
-    } else {
-      // The host's side of the same steps: issuing a step (forward,
-      // backward, prefetch, update) and waiting for the previous step's
-      // losses. An issue time near the GPU's step time with no wait means
-      // the host, not the GPU, sets the pace (launch-bound: what CUDA
-      // graphs would remove); a wait means the queue stayed full.
-      double issue_ms = 0, wait_ms = 0;
-      using Clock = std::chrono::steady_clock;
-      Clock::time_point t0, t1;
-      const auto timed = [&](const char* part) {
-        const absl::string_view what = part;
-        if (what == "forward_backward") t0 = Clock::now();
-        if (what == "read_losses") t1 = Clock::now();
-        if (what == "end") {
-          issue_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
-          wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
-        }
-      };
-      for (int s = 0; s < idle_steps; ++s) {
-        if (absl::Status st = pipelined_step(total + s, timed); !st.ok()) return Fail(std::string(st.message()));
-      }
-      CUDA_OR_FAIL(cudaDeviceSynchronize());
-      if (absl::Status l = m.ReadLosses(&pending); !l.ok()) return Fail(std::string(l.message()));
-      absl::StatusOr<recfleet::bench::GpuBusy> busy = (*meter)->Stop();
-      if (!busy.ok()) return Fail(std::string(busy.status().message()));
-      // Per-step milliseconds by record name: where the busy and idle time go.
-      auto shares = [&](const std::vector<recfleet::bench::GpuBusy::Share>& v) {
-        std::string j = "[";
-        for (const auto& e : v) {
-          absl::StrAppend(&j, j.size() > 1 ? ", " : "",
-                          absl::StrFormat("{\"name\": \"%s\", \"ms_per_step\": %.4f, "
-                                          "\"count_per_step\": %.1f}",
-                                          e.name, e.ms / idle_steps,
-                                          static_cast<double>(e.count) / idle_steps));
-        }
-        return j + "]";
-      };
-      gpu_idle = absl::StrFormat(
-          "{\"steps\": %d, \"window_ms\": %.3f, \"busy_ms\": %.3f, \"idle_fraction\": %.4f, "
-          "\"records\": %lld, \"gaps\": %lld, \"gaps_over_50us_ms\": %.3f, "
-          "\"host_issue_ms_per_step\": %.3f, \"host_wait_ms_per_step\": %.3f, "
-          "\"busy_by_name\": %s, \"idle_before\": %s, \"idle_after\": %s}",
-          idle_steps, busy->window_ms, busy->busy_ms, busy->idle_fraction(),
-          static_cast<long long>(busy->records), static_cast<long long>(busy->gaps),
-          busy->gaps_over_50us_ms, issue_ms / idle_steps, wait_ms / idle_steps,
-          shares(busy->busy_by_name), shares(busy->idle_before), shares(busy->idle_after));
+      if (cudaDeviceSynchronize() != cudaSuccess) return absl::InternalError("device sync");
+      return m.ReadLosses(&pending);
     }
-  }
+    // The host's side of the same steps: issuing a step (forward,
+    // backward, prefetch, update) and waiting for the previous step's
+    // losses. An issue time near the GPU's step time with no wait means
+    // the host, not the GPU, sets the pace (launch-bound: what CUDA
+    // graphs would remove); a wait means the queue stayed full.
+    double issue_ms = 0, wait_ms = 0;
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point t0, t1;
+    const auto timed = [&](const char* part) {
+      const absl::string_view what = part;
+      if (what == "forward_backward") t0 = Clock::now();
+      if (what == "read_losses") t1 = Clock::now();
+      if (what == "end") {
+        issue_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+        wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+      }
+    };
+    for (int s = 0; s < idle_steps; ++s) {
+      RECFLEET_RETURN_IF_ERROR(pipelined_step(next_step++, timed));
+    }
+    if (cudaDeviceSynchronize() != cudaSuccess) return absl::InternalError("device sync");
+    RECFLEET_RETURN_IF_ERROR(m.ReadLosses(&pending));
+    absl::StatusOr<recfleet::bench::GpuBusy> busy = (*meter)->Stop();
+    if (!busy.ok()) return busy.status();
+    // Per-step milliseconds by record name: where the busy and idle time go.
+    auto shares = [&](const std::vector<recfleet::bench::GpuBusy::Share>& v) {
+      std::string j = "[";
+      for (const auto& e : v) {
+        absl::StrAppend(&j, j.size() > 1 ? ", " : "",
+                        absl::StrFormat("{\"name\": \"%s\", \"ms_per_step\": %.4f, "
+                                        "\"count_per_step\": %.1f}",
+                                        e.name, e.ms / idle_steps,
+                                        static_cast<double>(e.count) / idle_steps));
+      }
+      return j + "]";
+    };
+    *result = absl::StrFormat(
+        "{\"steps\": %d, \"warm_steps\": %d, \"window_ms\": %.3f, \"busy_ms\": %.3f, "
+        "\"idle_fraction\": %.4f, \"records\": %lld, \"gaps\": %lld, \"gaps_over_50us_ms\": %.3f, "
+        "\"host_issue_ms_per_step\": %.3f, \"host_wait_ms_per_step\": %.3f, "
+        "\"busy_by_name\": %s, \"idle_before\": %s, \"idle_after\": %s}",
+        idle_steps, warm, busy->window_ms, busy->busy_ms, busy->idle_fraction(),
+        static_cast<long long>(busy->records), static_cast<long long>(busy->gaps),
+        busy->gaps_over_50us_ms, issue_ms / idle_steps, wait_ms / idle_steps,
+        shares(busy->busy_by_name), shares(busy->idle_before), shares(busy->idle_after));
+    return absl::OkStatus();
+  };
+  std::string gpu_idle_cold = "null", gpu_idle = "null";
+  if (absl::Status st = measure_idle(0, &gpu_idle_cold); !st.ok()) return Fail(std::string(st.message()));
+  if (absl::Status st = measure_idle(2, &gpu_idle); !st.ok()) return Fail(std::string(st.message()));
 
   // Host samples: more steps run as the timed ones (no sync inside or
   // between them), the stepping thread's stack sampled on the wall clock,
@@ -758,6 +775,7 @@ int main(int argc, char** argv) {
       "\"mean_step_ms\": %.3f, \"useful_flops_per_step\": %.6g, \"tflops\": %.2f, "
       "\"mfu_989\": %.4f, \"mfu_790\": %.4f, \"peak_memory_bytes\": %llu, "
       "\"reserved_memory_bytes\": %llu, \"last_loss\": %.5f, \"phases\": %s, \"gpu_idle\": %s, "
+      "\"gpu_idle_cold\": %s, "
       "\"host_ms_per_step\": {\"forward_backward\": %.3f, \"prefetch\": %.3f, \"update\": %.3f, "
       "\"loss_wait\": %.3f}, "
       "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s, "
@@ -767,7 +785,7 @@ int main(int argc, char** argv) {
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
-      static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle,
+      static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle, gpu_idle_cold,
       host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
       static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate, recompute_blocks,
       recomputed_flops, attention_checkpoint, fp8_saved ? "true" : "false", regions, memory,

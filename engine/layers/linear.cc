@@ -28,6 +28,8 @@ Linear::Linear(const LayerContext& ctx, const std::string& name, int64_t in, int
   ctx.parameters->Register(&w_, name + ".w", {out, in},
                            ParameterInit{1.0 / std::sqrt(static_cast<double>(in)), 0.0});
   if (bias) ctx.parameters->Register(&b_, name + ".b", {out}, ParameterInit{});
+  // Backward writes the whole weight gradient once a step.
+  ctx.parameters->OverwriteGradientFirst(&w_);
   // The FP8 GEMMs need K and N divisible by 16 (a head's 1-wide logit is
   // not): such a layer keeps the model's recipe.
   if (HasFp8(recipe_) && (in % 16 != 0 || out % 16 != 0)) recipe_ = ctx.recipe;
@@ -131,9 +133,14 @@ absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool a
                                               Fp8ContextFor(rows));
   }
   if (status.ok()) {
+    // A pending gradient (ParameterRegistry::OverwriteGradientFirst) is
+    // overwritten: the GEMM neither reads it nor needs it zeroed. The bias
+    // gradient computed beside it was zeroed, so overwriting it adds to 0.
+    const bool overwrite = w_.grad_pending;
+    w_.grad_pending = false;
     status = LinearBackwardWeight(
         dy_op, x_op, w_.grad.view(), has_bias_ && !shared ? b_.grad.view() : TensorView(),
-        /*accumulate=*/true, RecipeFor(rows), ComputeStream(), Fp8ContextFor(rows));
+        /*accumulate=*/!overwrite, RecipeFor(rows), ComputeStream(), Fp8ContextFor(rows));
   }
   // The copies are step-sized: give them back to the pool (stream-ordered,
   // so the GEMMs above still read them) for the layers whose backward comes

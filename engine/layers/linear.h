@@ -45,19 +45,21 @@ class Linear {
   // fp32 input (and an FP8 layer's quantized X^T) is kept and still used.
   void RebindInput(const TensorView& x) { x_ = x; }
 
+  // CUDA with an all-bf16 recipe: every GEMM of the layer would round its
+  // operands to bf16 itself, x and W twice each, dy twice. The layer rounds
+  // each once instead: W and an fp32 x in Forward (x's copy kept for the
+  // weight gradient, freed by Backward), an fp32 dy in Backward; bf16 ones
+  // are used as they are. The bias gradient sums dy as given, so the
+  // numerics equal the unshared path's. True: x (of its row count) may be
+  // bf16 and Forward may write a bf16 y.
+  bool SharesBf16Operands(const TensorView& x) const;
+
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
   Parameter& weight() { return w_; }
   Parameter* bias() { return has_bias_ ? &b_ : nullptr; }
 
  private:
-  // CUDA with an all-bf16 recipe: every GEMM of the layer would round its
-  // operands to bf16 itself, x and W twice each, dy twice. The layer rounds
-  // each once instead: W and an fp32 x in Forward (x's copy kept for the
-  // weight gradient, freed by Backward), an fp32 dy in Backward; bf16 ones
-  // are used as they are. The bias gradient sums dy as given, so the
-  // numerics equal the unshared path's.
-  bool SharesBf16Operands(const TensorView& x) const;
   bool forward_shared_ = false;  // The last Forward took the shared path.
   // The one place the layer's precision is decided: its own recipe, except
   // that an FP8 layer runs a call of `rows` rows the FP8 GEMMs cannot take

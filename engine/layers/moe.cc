@@ -20,6 +20,14 @@ MixtureOfExperts::MixtureOfExperts(const LayerContext& ctx, const std::string& n
   }
 }
 
+bool MixtureOfExperts::Bf16Hidden(const TensorView& x) const {
+  if (x.device != Device::kCuda || ctx_.dtype != DType::kFloat32) return false;
+  for (const auto& ex : experts_) {
+    if (!ex->l1.SharesBf16Operands(x) || !ex->l2.SharesBf16Operands(x)) return false;
+  }
+  return !experts_.empty();
+}
+
 absl::Status MixtureOfExperts::Forward(const TensorView& x, Tensor* y) {
   routed_by_ = router_;
   if (router_ != nullptr) return ForwardRouted(x, y);
@@ -28,10 +36,23 @@ absl::Status MixtureOfExperts::Forward(const TensorView& x, Tensor* y) {
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, gate_logits_.shape(), &gate_prob_));
   RECFLEET_RETURN_IF_ERROR(ops::SoftmaxRows(gate_logits_.view(), gate_prob_.view()));
   RECFLEET_RETURN_IF_ERROR(AllocateZeros(ctx_, {batch, out_}, y));
+  // The experts' GEMMs round their operands to bf16 anyway: round x once
+  // for all of them (each would copy it), and keep each hidden layer in
+  // bf16 (the GEMM writes h1 rounded, the activation runs on it, and the
+  // second GEMM reads a1 as it is) instead of fp32 copies rounded later.
+  const bool bf16_hidden = Bf16Hidden(x);
+  TensorView expert_in = x;
+  x_bf16_ = Tensor();
+  if (bf16_hidden && x.dtype != DType::kBFloat16) {
+    RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, DType::kBFloat16, x.shape, &x_bf16_));
+    RECFLEET_RETURN_IF_ERROR(ops::Convert(x, x_bf16_.view()));
+    expert_in = x_bf16_.view();
+  }
+  const DType hidden = bf16_hidden ? DType::kBFloat16 : ctx_.dtype;
   for (size_t e = 0; e < experts_.size(); ++e) {
     Expert& ex = *experts_[e];
-    RECFLEET_RETURN_IF_ERROR(ex.l1.Forward(x, &ex.h1));
-    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, ex.h1.shape(), &ex.a1));
+    RECFLEET_RETURN_IF_ERROR(ex.l1.Forward(expert_in, &ex.h1, hidden));
+    RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, hidden, ex.h1.shape(), &ex.a1));
     RECFLEET_RETURN_IF_ERROR(ActivationForward(activation_, ex.h1.view(), ex.a1.view(), ComputeStream()));
     RECFLEET_RETURN_IF_ERROR(ex.l2.Forward(ex.a1.view(), &ex.h2));
     RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, ex.h2.shape(), &ex.a2));
@@ -48,7 +69,7 @@ absl::Status MixtureOfExperts::Backward(const TensorView& dy, const TensorView& 
   for (size_t e = 0; e < experts_.size(); ++e) {
     Expert& ex = *experts_[e];
     RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, ex.a2.shape(), &d_out_));
-    RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, ex.a1.shape(), &d_hidden_));
+    RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, ex.a1.dtype(), ex.a1.shape(), &d_hidden_));
     RECFLEET_RETURN_IF_ERROR(ops::AddGatedBackward(gate_prob_.view(), e, ex.a2.view(), dy,
                                                    d_out_.view(), d_gate_.view()));
     RECFLEET_RETURN_IF_ERROR(
@@ -60,6 +81,7 @@ absl::Status MixtureOfExperts::Backward(const TensorView& dy, const TensorView& 
     // beta = 0) instead of adding to a zeroed dx: one memset less.
     RECFLEET_RETURN_IF_ERROR(ex.l1.Backward(d_hidden_.view(), dx, accumulate || e > 0));
   }
+  x_bf16_ = Tensor();  // The experts' weight gradients (stream-ordered) were its last readers.
   if (experts_.empty() && !accumulate) RECFLEET_RETURN_IF_ERROR(ops::Zero(dx));
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, gate_prob_.shape(), &d_gate_logits_));
   RECFLEET_RETURN_IF_ERROR(

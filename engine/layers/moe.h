@@ -84,6 +84,10 @@ class MixtureOfExperts {
   Activation activation_;
   Linear gate_;
   std::vector<std::unique_ptr<Expert>> experts_;
+  // The bf16 path (Bf16Hidden): x rounded once for every expert's first
+  // layer; each expert's hidden layer (h1, a1 and its gradient) in bf16.
+  bool Bf16Hidden(const TensorView& x) const;
+  Tensor x_bf16_;
   Tensor gate_logits_, gate_prob_;
   Tensor d_out_, d_hidden_, d_gate_, d_gate_logits_;
   // Expert parallelism: the router of the last Forward, the routed tokens,

@@ -67,15 +67,34 @@ void ParameterRegistry::AddBf16Copy(Parameter* p) {
   bf16_current_ = false;
 }
 
+void ParameterRegistry::OverwriteGradientFirst(Parameter* p) {
+  if (allocator_->device() != Device::kCuda || p->overwrite_first) return;
+  p->overwrite_first = true;
+  multi_.reset();
+}
+
+void ParameterRegistry::set_overwrite_first(bool on) {
+  if (on == overwrite_first_) return;
+  overwrite_first_ = on;
+  multi_.reset();
+}
+
 absl::Status ParameterRegistry::Prepare() {
   if (multi_ != nullptr) return absl::OkStatus();
-  std::vector<AdamTensors> tensors;
+  std::vector<AdamTensors> tensors, zeroed;
   for (Parameter* p : params_) {
     tensors.push_back({p->value.view(), p->grad.view(), p->m.view(), p->v.view(),
                        p->bf16.empty() ? TensorView() : p->bf16.view()});
+    if (!(overwrite_first_ && p->overwrite_first)) zeroed.push_back(tensors.back());
   }
   absl::StatusOr<std::unique_ptr<MultiTensorAdam>> multi = MultiTensorAdam::Create(tensors);
   if (!multi.ok()) return multi.status();
+  zero_multi_.reset();
+  if (zeroed.size() != tensors.size()) {
+    absl::StatusOr<std::unique_ptr<MultiTensorAdam>> zero = MultiTensorAdam::Create(zeroed);
+    if (!zero.ok()) return zero.status();
+    zero_multi_ = *std::move(zero);
+  }
   multi_ = *std::move(multi);
   return absl::OkStatus();
 }
@@ -102,13 +121,30 @@ int64_t ParameterRegistry::num_elements() const {
 absl::Status ParameterRegistry::ZeroGradients() {
   if (allocator_->device() == Device::kCuda) {
     RECFLEET_RETURN_IF_ERROR(Prepare());
-    return multi_->ZeroGradients();
+    if (zero_multi_ == nullptr) return multi_->ZeroGradients();
+    for (Parameter* p : params_) {
+      if (p->overwrite_first) p->grad_pending = true;
+    }
+    any_pending_ = true;
+    return zero_multi_->ZeroGradients();
   }
   for (Parameter* p : params_) RECFLEET_RETURN_IF_ERROR(p->grad.SetZero());
   return absl::OkStatus();
 }
 
+absl::Status ParameterRegistry::SettleGradients() {
+  if (!any_pending_) return absl::OkStatus();
+  any_pending_ = false;
+  for (Parameter* p : params_) {
+    if (!p->grad_pending) continue;
+    p->grad_pending = false;
+    RECFLEET_RETURN_IF_ERROR(p->grad.SetZero());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParameterRegistry::ScaleGradients(double weight) {
+  RECFLEET_RETURN_IF_ERROR(SettleGradients());
   for (Parameter* p : params_) RECFLEET_RETURN_IF_ERROR(ops::Scale(p->grad.view(), weight));
   return absl::OkStatus();
 }
@@ -131,6 +167,10 @@ absl::Status ParameterRegistry::CheckSameLayout(const ParameterRegistry& other,
 
 absl::Status ParameterRegistry::AddGradients(const ParameterRegistry& other, double weight) {
   RECFLEET_RETURN_IF_ERROR(CheckSameLayout(other, "AddGradients"));
+  if (other.any_pending_) {
+    return absl::FailedPreconditionError("AddGradients: the other registry's gradients are not settled");
+  }
+  RECFLEET_RETURN_IF_ERROR(SettleGradients());
   for (size_t k = 0; k < params_.size(); ++k) {
     RECFLEET_RETURN_IF_ERROR(
         ops::AddScaled(other.params_[k]->grad.view(), weight, params_[k]->grad.view()));
@@ -147,10 +187,20 @@ absl::Status ParameterRegistry::CopyValuesFrom(const ParameterRegistry& other) {
   return absl::OkStatus();
 }
 
-absl::Status ParameterRegistry::AdamStep(const AdamConfig& config, int64_t step, double clip_norm) {
+absl::Status ParameterRegistry::AdamStep(const AdamConfig& config, int64_t step, double clip_norm,
+                                         bool write_bf16_copies) {
   bf16_current_ = false;
   RECFLEET_RETURN_IF_ERROR(Prepare());
-  if (!(clip_norm > 0)) return multi_->Step(config, step);
+  RECFLEET_RETURN_IF_ERROR(SettleGradients());
+  const bool fused = write_bf16_copies && allocator_->device() == Device::kCuda &&
+                     multi_->has_bf16_copies();
+  auto step_with = [&](const AdamConfig& c) -> absl::Status {
+    if (!fused) return multi_->Step(c, step);
+    RECFLEET_RETURN_IF_ERROR(multi_->StepWritingBf16Copies(c, step));
+    bf16_current_ = true;
+    return absl::OkStatus();
+  };
+  if (!(clip_norm > 0)) return step_with(config);
   if (clip_.empty()) {
     absl::StatusOr<Tensor> clip = Tensor::Zeros(dtype_, {2}, allocator_);
     if (!clip.ok()) return clip.status();
@@ -164,7 +214,7 @@ absl::Status ParameterRegistry::AdamStep(const AdamConfig& config, int64_t step,
   RECFLEET_RETURN_IF_ERROR(GradClipScale(sum, clip_norm, scale));
   AdamConfig clipped = config;
   clipped.grad_scale = scale;
-  return multi_->Step(clipped, step);
+  return step_with(clipped);
 }
 
 }  // namespace recfleet::engine::layers

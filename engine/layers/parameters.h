@@ -34,6 +34,11 @@ struct Parameter {
   // CUDA, for a parameter a bf16 GEMM reads (ParameterRegistry::AddBf16Copy):
   // value rounded to bf16 by RefreshBf16Copies; empty otherwise.
   Tensor bf16;
+  // ParameterRegistry::OverwriteGradientFirst: grad is not zeroed by
+  // ZeroGradients; while grad_pending, the layer's first write of the step
+  // overwrites it (and clears the flag) instead of adding to it.
+  bool overwrite_first = false;
+  bool grad_pending = false;
 };
 
 // How a parameter starts: N(0, stddev^2) draws when stddev > 0, else every
@@ -83,7 +88,21 @@ class ParameterRegistry {
   // Idempotent; Register or AddBf16Copy after it rebuilds on the next use.
   absl::Status Prepare();
 
+  // CUDA registries with set_overwrite_first(true) only (else a no-op): p's
+  // layer writes its whole gradient once per step and can overwrite it (a
+  // GEMM with beta = 0) as readily as add to it, so ZeroGradients marks it
+  // pending instead of zeroing it, which saves a write and, in the GEMM, a
+  // read of the whole gradient. A gradient still pending when something
+  // reads it (SettleGradients) is zeroed then.
+  void OverwriteGradientFirst(Parameter* p);
+  void set_overwrite_first(bool on);
+
   absl::Status ZeroGradients();
+  // Zeroes the gradients still pending (their layer wrote nothing this
+  // step, e.g. a head without labels): every gradient then holds this
+  // step's sum. AdamStep, ScaleGradients and AddGradients call it; so must
+  // anyone reading gradients directly after a backward.
+  absl::Status SettleGradients();
   // grad *= weight for every parameter.
   absl::Status ScaleGradients(double weight);
   // grad += weight * other's grad, parameter by parameter; InvalidArgument
@@ -97,7 +116,12 @@ class ParameterRegistry {
   // (kernels/ops/grad_clip.h: PyTorch's clip_grad_norm_); on CUDA the norm
   // and the factor stay on the device (three small launches more, no host
   // wait). The gradients themselves are left as they were.
-  absl::Status AdamStep(const AdamConfig& config, int64_t step, double clip_norm = 0);
+  // write_bf16_copies (CUDA): the AdamW pass also rounds each new value into
+  // its bf16 copy, so the copies stay current and the next forward need not
+  // refresh them; only for a caller that knows nothing else writes the
+  // values before that forward.
+  absl::Status AdamStep(const AdamConfig& config, int64_t step, double clip_norm = 0,
+                        bool write_bf16_copies = false);
 
  private:
   absl::Status CheckSameLayout(const ParameterRegistry& other, const char* what) const;
@@ -108,6 +132,10 @@ class ParameterRegistry {
   std::vector<Parameter*> params_;
   absl::flat_hash_map<std::string, Parameter*> by_name_;
   std::unique_ptr<MultiTensorAdam> multi_;  // Null until Prepare.
+  // With overwrite-first gradients: the zero pass over the other ones.
+  std::unique_ptr<MultiTensorAdam> zero_multi_;
+  bool overwrite_first_ = false;
+  bool any_pending_ = false;
   // Gradient clipping, on the parameters' device: {sum of squares, factor}.
   Tensor clip_;
   bool bf16_current_ = false;

@@ -103,6 +103,15 @@ void Check(bool layer_norm, DType dtype, int64_t rows, int64_t dim) {
   // Column sums over `rows` terms of size ~1.
   EXPECT_LE(MaxRelDiff(h(dg_gpu, DType::kFloat32, {dim}), h(dg, DType::kFloat32, {dim})),
             1e-5 * rows);
+  if (!layer_norm) {
+    // A second run gives the same bits (sums in a fixed order).
+    ASSERT_TRUE(RmsNormBackward(ddy.View(dtype, xs), dx_.View(dtype, xs),
+                                dgam.View(DType::kFloat32, {dim}),
+                                drstd_cpu.View(DType::kFloat32, {rows}), ddx.View(dtype, xs),
+                                ddg.View(DType::kFloat32, {dim}))
+                    .ok());
+    EXPECT_EQ(ddg.ToHost<float>(), dg_gpu);
+  }
   if (layer_norm) {
     std::vector<float> db_gpu = ddb.ToHost<float>();
     EXPECT_LE(MaxRelDiff(h(db_gpu, DType::kFloat32, {dim}), h(db, DType::kFloat32, {dim})),
@@ -171,6 +180,12 @@ TEST(NormCudaTest, MatchesCpuReference) {
       Check(ln, t, 5, 16384);
       Check(ln, t, 3, 20480);
       Check(ln, t, 33, 300);  // partial 128-segment, odd rows
+      // The backward's row kernel (widths 32 x 2^k up to 1,024): rows not
+      // a multiple of its 8 warps or of its 256 blocks, and more rows than
+      // blocks x warps.
+      Check(ln, t, 3001, 256);
+      Check(ln, t, 517, 128);
+      Check(ln, t, 13, 32);
       Check(ln, t, 300, 1);
     }
   }

@@ -330,6 +330,81 @@ __global__ void __launch_bounds__(kThreads)
   if (part_b != nullptr) part_b[blockIdx.y * p.s.dim + col] = b;
 }
 
+// Rows of width 32 * kVec (at most 1,024): the dx rows and the column
+// partial sums of dgamma (and dbeta) in one pass over dy and x. Block b
+// takes rows [b * rows_per_block, ...), one warp per row at a time, lane l
+// holding columns l + 32 j; each lane keeps its columns' sums in registers
+// over its rows, then the block adds its warps' sums in warp order into
+// part[b][col]. Every sum has a fixed order: the same bits every run.
+template <int kVec>
+__global__ void __launch_bounds__(kThreads)
+    BackwardRowsKernel(BackParams p, int64_t rows_per_block, float* __restrict__ part_g,
+                       float* __restrict__ part_b) {
+  constexpr int kDim = 32 * kVec;
+  __shared__ float red[kWarps][kDim];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t r0 = blockIdx.x * rows_per_block;
+  const int64_t r1 = min(p.s.rows, r0 + rows_per_block);
+  const bool ln = p.s.layer_norm, with_b = part_b != nullptr;
+  float gam[kVec], acc_g[kVec], acc_b[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    gam[j] = LoadF(p.gamma, p.gt, lane + 32 * j);
+    acc_g[j] = 0.0f;
+    acc_b[j] = 0.0f;
+  }
+  for (int64_t r = r0 + warp; r < r1; r += kWarps) {
+    const int64_t base = r * kDim;
+    const float mu = ln ? p.mean[r] : 0.0f;
+    const float rs = p.rstd[r];
+    float g[kVec], xhat[kVec], sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float dy = LoadF(p.dy, p.dyt, base + lane + 32 * j);
+      xhat[j] = (LoadF(p.x, p.xt, base + lane + 32 * j) - mu) * rs;
+      g[j] = dy * gam[j];
+      sg += g[j];
+      sgx += g[j] * xhat[j];
+      acc_g[j] += dy * xhat[j];
+      acc_b[j] += dy;
+    }
+    const float mean_g = ln ? cuda_util::WarpSum(sg) / static_cast<float>(kDim) : 0.0f;
+    const float mean_gx = cuda_util::WarpSum(sgx) / static_cast<float>(kDim);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      StoreF(p.dx, p.dxt, base + lane + 32 * j, rs * (g[j] - mean_g - xhat[j] * mean_gx));
+    }
+  }
+  for (int pass = 0; pass < (with_b ? 2 : 1); ++pass) {
+    float* part = pass == 0 ? part_g : part_b;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) red[warp][lane + 32 * j] = pass == 0 ? acc_g[j] : acc_b[j];
+    __syncthreads();
+    for (int c = threadIdx.x; c < kDim; c += kThreads) {
+      float t = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) t += red[w][c];
+      part[blockIdx.x * kDim + c] = t;
+    }
+    __syncthreads();
+  }
+}
+
+template <int kVec>
+cudaError_t LaunchBackwardRows(const BackParams& p, int64_t chunks, int64_t rows_per_chunk,
+                               float* part, float* part_b, cudaStream_t st) {
+  BackwardRowsKernel<kVec><<<static_cast<unsigned>(chunks), kThreads, 0, st>>>(p, rows_per_chunk,
+                                                                              part, part_b);
+  return cudaGetLastError();
+}
+
+// The row kernel's lanes per row: dim / 32 for the widths it takes, else 0.
+int RowVec(const Shape& s) {
+  if (s.dim % 32 != 0) return 0;
+  const int64_t v = s.dim / 32;
+  return v == 1 || v == 2 || v == 4 || v == 8 || v == 16 || v == 32 ? static_cast<int>(v) : 0;
+}
+
 __global__ void SumChunksKernel(const float* __restrict__ part, int64_t chunks, int64_t dim,
                                 float* __restrict__ out) {
   const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -365,25 +440,44 @@ cudaError_t Backward(const Shape& s, const void* dy, int dy_type, const void* x,
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   BackParams p{s, dy, ElemType(dy_type), x, ElemType(x_type), gamma, ElemType(gamma_type),
                mean, rstd, dx, ElemType(dx_type)};
-  if (s.rows > 0) {
+  // Widths the row kernel takes: dx and the column partials in one pass.
+  const int vec = s.rows > 0 ? RowVec(s) : 0;
+  if (vec == 0 && s.rows > 0) {
     BackwardKernel<<<static_cast<unsigned>(s.rows), kThreads, 0, st>>>(p);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  // Deterministic two-stage column reduction for dgamma/dbeta.
-  const int64_t chunks = s.rows == 0 ? 1 : std::min<int64_t>(s.rows, 256);
+  // Deterministic two-stage column reduction for dgamma/dbeta: partial sums
+  // over chunks of consecutive rows (the row kernel's blocks: a warp's
+  // worth of rows at least), then the chunks added in order.
+  const int64_t chunk_rows = vec > 0 ? (s.rows + kWarps - 1) / kWarps : s.rows;
+  const int64_t chunks = s.rows == 0 ? 1 : std::min<int64_t>(chunk_rows, 256);
   const int64_t rows_per_chunk = s.rows == 0 ? 1 : (s.rows + chunks - 1) / chunks;
   float* part = nullptr;
   const size_t n = static_cast<size_t>(chunks * s.dim);
   cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&part), 2 * n * sizeof(float), st);
   if (err != cudaSuccess) return err;
   float* part_b = dbeta != nullptr ? part + n : nullptr;
-  dim3 grid(cuda_util::GridFor(s.dim, kThreads), static_cast<unsigned>(chunks));
-  ParamGradPartialKernel<<<grid, kThreads, 0, st>>>(p, rows_per_chunk, part, part_b);
-  const unsigned g1 = cuda_util::GridFor(s.dim, kThreads);
-  SumChunksKernel<<<g1, kThreads, 0, st>>>(part, chunks, s.dim, dgamma);
-  if (dbeta != nullptr) SumChunksKernel<<<g1, kThreads, 0, st>>>(part_b, chunks, s.dim, dbeta);
-  err = cudaGetLastError();
+  switch (vec) {
+    case 0: {
+      dim3 grid(cuda_util::GridFor(s.dim, kThreads), static_cast<unsigned>(chunks));
+      ParamGradPartialKernel<<<grid, kThreads, 0, st>>>(p, rows_per_chunk, part, part_b);
+      err = cudaGetLastError();
+      break;
+    }
+    case 1: err = LaunchBackwardRows<1>(p, chunks, rows_per_chunk, part, part_b, st); break;
+    case 2: err = LaunchBackwardRows<2>(p, chunks, rows_per_chunk, part, part_b, st); break;
+    case 4: err = LaunchBackwardRows<4>(p, chunks, rows_per_chunk, part, part_b, st); break;
+    case 8: err = LaunchBackwardRows<8>(p, chunks, rows_per_chunk, part, part_b, st); break;
+    case 16: err = LaunchBackwardRows<16>(p, chunks, rows_per_chunk, part, part_b, st); break;
+    default: err = LaunchBackwardRows<32>(p, chunks, rows_per_chunk, part, part_b, st); break;
+  }
+  if (err == cudaSuccess) {
+    const unsigned g1 = cuda_util::GridFor(s.dim, kThreads);
+    SumChunksKernel<<<g1, kThreads, 0, st>>>(part, chunks, s.dim, dgamma);
+    if (dbeta != nullptr) SumChunksKernel<<<g1, kThreads, 0, st>>>(part_b, chunks, s.dim, dbeta);
+    err = cudaGetLastError();
+  }
   const cudaError_t free_err = cudaFreeAsync(part, st);
   return err != cudaSuccess ? err : free_err;
 }

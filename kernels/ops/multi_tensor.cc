@@ -86,6 +86,20 @@ absl::Status MultiTensorAdam::Step(const AdamConfig& config, int64_t step, void*
       "multi-tensor Adam step");
 }
 
+absl::Status MultiTensorAdam::StepWritingBf16Copies(const AdamConfig& config, int64_t step,
+                                                    void* stream) const {
+  if (device_ != Device::kCuda || !has_bf16_) {
+    RECFLEET_RETURN_IF_ERROR(Step(config, step, stream));
+    return WriteBf16Copies(stream);
+  }
+  RECFLEET_RETURN_IF_ERROR(CheckAdamConfig(config, step));
+  RECFLEET_RETURN_IF_ERROR(CheckGradScale(config, tensors_.front().param));
+  return CudaStatus(
+      ops_cuda::MultiTensorAdamStepBf16(CudaAdamScalars(config, step), device_table_,
+                                        static_cast<int>(host_table_.size()), chunks_, stream),
+      "multi-tensor Adam step with bf16 copies");
+}
+
 absl::Status MultiTensorAdam::ZeroGradients(void* stream) const {
   if (device_ != Device::kCuda) {
     for (const AdamTensors& t : tensors_) {

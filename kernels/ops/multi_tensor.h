@@ -3,11 +3,11 @@
 
 // The dense optimizer over a fixed list of parameters in one launch per
 // pass: AdamW on every (param, grad, m, v), zeroing every grad, and bf16
-// copies of every param that has one. Per parameter these are exactly
-// AdamStep (adam.h), a memset and a round-to-nearest-even conversion; the
-// point is the count: a model of ~60 parameters otherwise issues ~60
-// launches for each, and on a small-batch step the host's issue time, not
-// the GPU, sets the pace.
+// copies of every param that has one (alone, or written by the AdamW pass).
+// Per parameter these are exactly AdamStep (adam.h), a memset and a
+// round-to-nearest-even conversion; the point is the count: a model of ~60
+// parameters otherwise issues ~60 launches for each, and on a small-batch
+// step the host's issue time, not the GPU, sets the pace.
 //
 // On CUDA the list lives in a device table (multi_tensor_layout.h) uploaded
 // once, stream-ordered, when the object is made: the tensors' memory must
@@ -46,6 +46,10 @@ class MultiTensorAdam {
 
   // AdamStep(config, step, ...) on every entry; the same validation.
   absl::Status Step(const AdamConfig& config, int64_t step, void* stream = nullptr) const;
+  // Step, then WriteBf16Copies, in one pass on CUDA (the copies' bits
+  // equal; param is not read a second time).
+  absl::Status StepWritingBf16Copies(const AdamConfig& config, int64_t step,
+                                     void* stream = nullptr) const;
   absl::Status ZeroGradients(void* stream = nullptr) const;
   // bf16 = round(param) for every entry with a bf16 copy.
   absl::Status WriteBf16Copies(void* stream = nullptr) const;

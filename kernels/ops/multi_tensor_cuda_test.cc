@@ -91,6 +91,57 @@ TEST(MultiTensorCudaTest, MatchesPerTensorAdamBitForBit) {
   }
 }
 
+// The AdamW pass that also writes the bf16 copies: param, m and v equal the
+// plain pass's bit for bit, every copy equals the host's rounding of the new
+// param (poisoned beforehand, so a copy left unwritten shows), and entries
+// without a copy keep none.
+TEST(MultiTensorCudaTest, StepWritingBf16CopiesMatchesStepThenCopies) {
+  const std::vector<int64_t> sizes = {kMultiTensorChunk + 1, 1, 0, 3 * kMultiTensorChunk + 17,
+                                      kMultiTensorChunk - 1, 5};
+  std::vector<std::unique_ptr<Dev>> fused, plain;
+  std::vector<AdamTensors> fused_views, plain_views;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    fused.push_back(std::make_unique<Dev>(Init(sizes[k], 0.7f + k)));
+    plain.push_back(std::make_unique<Dev>(Init(sizes[k], 0.7f + k)));
+    fused_views.push_back(fused.back()->Views(k != 1));
+    plain_views.push_back(plain.back()->Views(k != 1));
+  }
+  auto a = MultiTensorAdam::Create(fused_views);
+  auto b = MultiTensorAdam::Create(plain_views);
+  ASSERT_TRUE(a.ok() && b.ok());
+  AdamConfig c;
+  c.lr = 0.02;
+  c.weight_decay = 0.1;
+  for (int t = 1; t <= 3; ++t) {
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      fused[k]->SetGrad(t);
+      plain[k]->SetGrad(t);
+      // Poison: 0x7fc1 is a NaN that no rounding of these values gives.
+      const std::vector<uint16_t> poison(sizes[k], 0x7fc1);
+      if (sizes[k] > 0) {
+        CudaOrDie(cudaMemcpy(fused[k]->b.get(), poison.data(), sizes[k] * sizeof(uint16_t),
+                             cudaMemcpyHostToDevice), "poison");
+      }
+    }
+    ASSERT_TRUE((*a)->StepWritingBf16Copies(c, t).ok());
+    ASSERT_TRUE((*b)->Step(c, t).ok());
+    ASSERT_TRUE((*b)->WriteBf16Copies().ok());
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const std::vector<float> p = fused[k]->p.ToHost<float>();
+      ASSERT_EQ(p, plain[k]->p.ToHost<float>()) << "step " << t << " entry " << k;
+      ASSERT_EQ(fused[k]->m.ToHost<float>(), plain[k]->m.ToHost<float>()) << k;
+      ASSERT_EQ(fused[k]->v.ToHost<float>(), plain[k]->v.ToHost<float>()) << k;
+      const std::vector<uint16_t> copy = fused[k]->b.ToHost<uint16_t>();
+      if (k != 1) {
+        EXPECT_EQ(copy, plain[k]->b.ToHost<uint16_t>()) << k;
+      }
+      for (int64_t i = 0; i < sizes[k]; ++i) {
+        ASSERT_EQ(copy[i], k != 1 ? FloatToBFloat16(p[i]) : 0x7fc1) << k << " " << i;
+      }
+    }
+  }
+}
+
 // Fresh random gradients on both sides: the device's squared norm (chunk
 // partials added in fp64) against the host's fp64 sum, the same bits on a
 // second run, the clip factor, and a clipped step against the CPU's

@@ -76,8 +76,9 @@ __global__ void BceBackwardKernel(const float* z, const float* y, const float* d
 
 // One element of an Adam(W) step: the single place of its arithmetic, so the
 // per-tensor and the multi-tensor kernels agree bit for bit.
-// `scale`: *s.grad_scale, read once per thread (GradScale).
-__device__ __forceinline__ void AdamElement(const AdamScalars& s, float scale, float* p,
+// `scale`: *s.grad_scale, read once per thread (GradScale). Returns the new
+// value it stored.
+__device__ __forceinline__ float AdamElement(const AdamScalars& s, float scale, float* p,
                                             const float* g, float* m, float* v, int64_t i) {
   float grad = g[i] * scale, param = p[i];
   if (s.decoupled) {
@@ -89,7 +90,9 @@ __device__ __forceinline__ void AdamElement(const AdamScalars& s, float scale, f
   const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * grad * grad;
   m[i] = mi;
   v[i] = vi;
-  p[i] = param - s.step_size * mi / (sqrtf(vi) * s.inv_sqrt_bc2 + s.eps);
+  const float updated = param - s.step_size * mi / (sqrtf(vi) * s.inv_sqrt_bc2 + s.eps);
+  p[i] = updated;
+  return updated;
 }
 
 // Multiplying by 1 is exact: without a scale the step is unchanged bit for bit.
@@ -106,7 +109,7 @@ __global__ void AdamKernel(AdamScalars s, float* p, const float* g, float* m, fl
   }
 }
 
-enum class MultiOp { kAdam, kZeroGrad, kBf16Copy };
+enum class MultiOp { kAdam, kAdamBf16, kZeroGrad, kBf16Copy };
 
 // Block b: chunk b of the table; its entry by binary search (a few dozen
 // entries, cached), then a block-stride loop over the chunk's elements.
@@ -118,10 +121,19 @@ __global__ void MultiTensorKernel(AdamScalars s, const MultiTensorEntry* __restr
   const int64_t begin = (chunk - e.first_chunk) * kMultiTensorChunk;
   const int64_t end = min(begin + kMultiTensorChunk, e.numel);
   if (kOp == MultiOp::kBf16Copy && e.bf16 == nullptr) return;
-  const float scale = kOp == MultiOp::kAdam ? GradScale(s) : 1.0f;
+  constexpr bool kStep = kOp == MultiOp::kAdam || kOp == MultiOp::kAdamBf16;
+  const float scale = kStep ? GradScale(s) : 1.0f;
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     if constexpr (kOp == MultiOp::kAdam) {
       AdamElement(s, scale, e.param, e.grad, e.m, e.v, i);
+    } else if constexpr (kOp == MultiOp::kAdamBf16) {
+      // The new value rounded as the copy pass rounds it, without reading
+      // param again.
+      const float updated = AdamElement(s, scale, e.param, e.grad, e.m, e.v, i);
+      if (e.bf16 != nullptr) {
+        const __nv_bfloat16 b = __float2bfloat16_rn(updated);
+        e.bf16[i] = *reinterpret_cast<const uint16_t*>(&b);
+      }
     } else if constexpr (kOp == MultiOp::kZeroGrad) {
       e.grad[i] = 0.0f;
     } else {
@@ -231,6 +243,11 @@ cudaError_t LaunchMulti(const AdamScalars& s, const MultiTensorEntry* table, int
 cudaError_t MultiTensorAdamStep(const AdamScalars& s, const MultiTensorEntry* table, int count,
                                 int64_t chunks, void* stream) {
   return LaunchMulti<MultiOp::kAdam>(s, table, count, chunks, stream);
+}
+
+cudaError_t MultiTensorAdamStepBf16(const AdamScalars& s, const MultiTensorEntry* table, int count,
+                                    int64_t chunks, void* stream) {
+  return LaunchMulti<MultiOp::kAdamBf16>(s, table, count, chunks, stream);
 }
 
 cudaError_t MultiTensorZeroGrad(const MultiTensorEntry* table, int count, int64_t chunks,

@@ -42,6 +42,10 @@ cudaError_t AdamStep(const AdamScalars& s, float* p, const float* g, float* m, f
 // (round to nearest even) for every entry with a bf16 copy.
 cudaError_t MultiTensorAdamStep(const AdamScalars& s, const MultiTensorEntry* table, int count,
                                 int64_t chunks, void* stream);
+// MultiTensorAdamStep that also writes bf16 = the new param (the
+// MultiTensorBf16Copy bits) for every entry with a bf16 copy: one pass.
+cudaError_t MultiTensorAdamStepBf16(const AdamScalars& s, const MultiTensorEntry* table, int count,
+                                    int64_t chunks, void* stream);
 cudaError_t MultiTensorZeroGrad(const MultiTensorEntry* table, int count, int64_t chunks,
                                 void* stream);
 cudaError_t MultiTensorBf16Copy(const MultiTensorEntry* table, int count, int64_t chunks,
