@@ -99,12 +99,10 @@ static_assert(kForwardTileRows == kRowsQ, "the planner's forward tiles must be 1
 // hands the turn over by arriving on 2 - c.
 // KernelParams::wgmma_turns = false turns both into no-ops.
 __device__ __forceinline__ void TurnWait(const KernelParams& p, int id) {
-  if (p.wgmma_turns) asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(2 * kWgThreads) : "memory");
+  if (p.wgmma_turns) NamedBarSync(id, 2 * kWgThreads);
 }
 __device__ __forceinline__ void TurnPass(const KernelParams& p, int id) {
-  if (p.wgmma_turns) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(2 * kWgThreads) : "memory");
-  }
+  if (p.wgmma_turns) NamedBarArrive(id, 2 * kWgThreads);
 }
 
 // Hides the scores of a warpgroup's partially visible tile: `hidden` where
@@ -296,12 +294,12 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
       for (uint32_t f : {k_full, v_full, q_full}) BarInit(f + 8 * s, kWgThreads);
       for (uint32_t e : {k_empty, v_empty, q_empty}) BarInit(e + 8 * s, 2 * kWgThreads);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    BarInitDone();
   }
   __syncthreads();
 
   if (wg == 2) {  // producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    ProducerRegs();
     const bf16* q = static_cast<const bf16*>(p.q);
     const bf16* k = static_cast<const bf16*>(p.k);
     const bf16* v = static_cast<const bf16*>(p.v);
@@ -340,7 +338,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   // and O += P_{n-1} V_{n-1} back to back, passes the turn, and computes P_n
   // from S_n while the other warpgroup's GEMMs run (FlashAttention-3's
   // ping-pong with the intra-warpgroup overlap).
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  ConsumerRegs();
   // kOverlapOwnPv: S_n turns into P_n while this warpgroup's own
   // P_{n-1} V_{n-1} still runs (the one-tanh SiLU and GELU fit the registers
   // beside the pinned O and P_{n-1}; the earlier polynomial GELU spilled).

@@ -184,9 +184,7 @@ __device__ __forceinline__ void StoreDsT(uint32_t ds, const uint32_t (&pa)[N / 1
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = row + 8 * (j & 1), col = kk * 16 + 8 * (j >> 1) + 2 * t;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds + SwzOffset<128>(r, col) + (col & 7) * 2),
-                   "r"(pa[kk][j])
-                   : "memory");
+      *SmemPtr<uint32_t>(ds + SwzOffset<128>(r, col) + (col & 7) * 2) = pa[kk][j];
     }
   }
 }
@@ -247,12 +245,12 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
       BarInit(b_full + 8 * s, kWgThreads);
       BarInit(empty + 8 * s, 2 * kWgThreads);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    BarInitDone();
   }
   __syncthreads();
 
   if (wg == 2) {  // producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    ProducerRegs();
     const bf16* xg = kDkDv ? k : q;
     const bf16* yg = kDkDv ? v : dout;
     const bf16* ag = kDkDv ? q : k;
@@ -297,7 +295,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  ConsumerRegs();
   const int c = wg;  // stationary rows [64 c, 64 c + 64) of the tile
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   int iter = 0, item = 0;
@@ -440,7 +438,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
         // shared memory into dq_accum; the previous block's reduce must have
         // read the buffer first.
         const uint32_t blk = base + C::kDq + c * C::kDqBlockBytes;
-        if (tid == 0) BulkWait<true>();
+        if (tid == 0) BulkWaitRead();
         NamedBarSync(kDqBar + c, kWgThreads);
         // Two 32-column halves [64 rows][128 bytes], 128-byte swizzled (the
         // 16-byte chunk c of row r at c ^ (r & 7)), so that the quad-strided
@@ -452,9 +450,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
             const int row = warp * 16 + g + 8 * r, chunk = 2 * (nt & 3) + (t >> 1);
             const uint32_t at = blk + (nt >> 2) * (64 * 128) + row * 128 +
                                 ((chunk ^ (row & 7)) << 4) + (t & 1) * 8;
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[nt][2 * r]),
-                         "f"(dq[nt][2 * r + 1])
-                         : "memory");
+            *SmemPtr<float2>(at) = make_float2(dq[nt][2 * r], dq[nt][2 * r + 1]);
           }
         }
         FenceProxyAsync();
@@ -479,7 +475,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
     }
   }
   if constexpr (C::kFusedDq) {
-    if (tid == 0) BulkWait<false>();
+    if (tid == 0) BulkWaitRead();
   }
 }
 
