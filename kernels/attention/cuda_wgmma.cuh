@@ -1,8 +1,13 @@
 // Hopper (sm_90a) building blocks shared by the warp-specialized attention
 // kernels (cuda_wgmma.cu forward, cuda_wgmma_bwd.cu backward): mbarriers,
-// warpgroup MMA (wgmma) on 128-byte-swizzled shared-memory tiles, and the
-// producer's tile loads (TMA where a tile lies inside its sequence, cp.async
-// with zero fill where it crosses the end).
+// named barriers, fences and register reconfiguration (CUTLASS's
+// cutlass/arch), warpgroup MMA (wgmma) on 128-byte-swizzled shared-memory
+// tiles (CuTe's SM90 GMMA atoms and descriptor), the producer's tile loads
+// (CuTe's TMA copy where a tile lies inside its sequence, cp.async with zero
+// fill where it crosses the end), the tile scheduler and the ring positions.
+// CUTLASS/CuTe come from the pinned nvidia-cutlass wheel's headers
+// (tools/setup.sh, the @cutlass repository); only their arch-level headers
+// are included, which keeps the kernels' compile time.
 //
 // Tile layout: a [ROWS][D] bf16 tile is stored as D / 64 column blocks of
 // [ROWS][64] (128 bytes a row), and the 16-byte chunk c of row r sits at
@@ -19,6 +24,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -295,6 +301,37 @@ __device__ __forceinline__ void FillTile(uint32_t s, const CUtensorMap* map, boo
     CopiesDone(bar);
   }
 }
+
+// ---- Tile scheduler and pipeline positions (forward and backward). ----
+// Persistent CTAs over the launcher's work items, each item once per head
+// (ItemAt): CTA c takes items c, c + grid, c + 2 grid, ..., so with the
+// planner's longest-first order the longest start first on every SM. The
+// producer and the consumers walk the same sequence.
+struct TileScheduler {
+  int total;
+  __device__ explicit TileScheduler(const KernelParams& p) : total(p.num_items * p.heads) {}
+  __device__ int First() const { return blockIdx.x; }
+  __device__ bool Valid(int w) const { return w < total; }
+  __device__ int Next(int w) const { return w + static_cast<int>(gridDim.x); }
+  // The CTAs of a launch: one per SM, fewer for fewer items.
+  static int Grid(const KernelParams& p, int sms) { return std::min(p.num_items * p.heads, sms); }
+};
+
+// The stage and phase (barrier parity) of the iter-th use of a ring of
+// kStages stages; the waits on "empty" barriers take the phase flipped, so
+// that the first pass through the ring does not wait.
+template <int kStages>
+struct RingPos {
+  int stage, phase;
+  // iter >= 0; a power-of-two depth takes a mask and a shift.
+  __device__ explicit RingPos(int iter)
+      : stage(kPow2 ? static_cast<int>(static_cast<unsigned>(iter) % kStages) : iter % kStages),
+        phase((kPow2 ? static_cast<int>(static_cast<unsigned>(iter) / kStages)
+                     : iter / kStages) & 1) {}
+
+ private:
+  static constexpr bool kPow2 = (kStages & (kStages - 1)) == 0;
+};
 
 // ---- Host. ----
 // A tensor map over a [rows, heads, d] tensor whose boxes are 128-byte
