@@ -311,6 +311,22 @@ __device__ __forceinline__ void BwdProducer(const KernelParams& p, const BwdSmem
   }
 }
 
+// ---- Epilogue. ----
+// A consumer's stationary rows of the item's gradients (this thread's rows
+// row0 and row0 + 8): dK and dV in the dK/dV pass, dQ in the dQ pass.
+template <class C>
+__device__ __forceinline__ void BwdEpilogue(const KernelParams& p, const WorkItem& it, int row0,
+                                            const float (&o1)[C::D / 8][4],
+                                            const float (&o2)[C::kDkDv ? C::D / 8 : 1][4]) {
+  const float one[2] = {1.f, 1.f};
+  if constexpr (C::kDkDv) {
+    StoreRows<C::D>(p.dk, o1, it.k_start, row0, it.k_len, it.head, p.heads, one);
+    StoreRows<C::D>(p.dv, o2, it.k_start, row0, it.k_len, it.head, p.heads, one);
+  } else {
+    StoreRows<C::D>(p.dq, o1, it.q_start, row0, it.q_len, it.head, p.heads, one);
+  }
+}
+
 // ---- Consumers (warpgroups 0 and 1): main loop and epilogue. ----
 // Consumer c owns stationary rows [64 c, 64 c + 64) of each item's tile: per
 // streamed tile T1 and T2 (wgmma), P and dS (GradsTile), the accumulating
@@ -498,13 +514,7 @@ __device__ __forceinline__ void BwdConsumer(const KernelParams& p, const BwdSmem
     }
     for (int n = n_end; n < n_tiles; ++n) skip(iter);
     BarArrive(sm.stat_empty + 8 * sb);
-    const float one[2] = {1.f, 1.f};
-    if constexpr (kDkDv) {
-      StoreRows<D>(p.dk, o1, it.k_start, row0, it.k_len, it.head, p.heads, one);
-      StoreRows<D>(p.dv, o2, it.k_start, row0, it.k_len, it.head, p.heads, one);
-    } else {
-      StoreRows<D>(p.dq, o1, it.q_start, row0, it.q_len, it.head, p.heads, one);
-    }
+    BwdEpilogue<C>(p, it, row0, o1, o2);
   }
   if constexpr (C::kFusedDq) {
     if (tid == 0) BulkWaitRead();
