@@ -93,10 +93,10 @@ if ! cmp -s "$lock" "$repo/.venv/requirements.lock"; then
   cp "$lock" "$repo/.venv/requirements.lock"
 fi
 
-# CUTLASS/CuTe headers, which the Hopper attention kernels build on
-# (kernels/attention/cuda_wgmma*): the nvidia-cutlass wheel from PyPI, pinned
-# by version and hash, of which only the C++ include/ tree is unpacked into
-# .deps/cutlass/ (git-ignored). The @cutlass repository
+# CUTLASS/CuTe headers for the CUDA kernels' building blocks (wgmma atoms,
+# TMA, mbarriers): the nvidia-cutlass wheel from PyPI, pinned by version and
+# hash, of which only the C++ include/ tree is unpacked into .deps/cutlass/
+# (git-ignored). The @cutlass repository
 # (tools/build/cutlass_configure.bzl) points Bazel at it; the build itself
 # downloads nothing. Redone only when the pin changes.
 CUTLASS_VERSION=4.2.0.0
