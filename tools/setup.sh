@@ -93,6 +93,42 @@ if ! cmp -s "$lock" "$repo/.venv/requirements.lock"; then
   cp "$lock" "$repo/.venv/requirements.lock"
 fi
 
+# CUTLASS/CuTe headers for the CUDA kernels' building blocks (wgmma atoms,
+# TMA, mbarriers): the nvidia-cutlass wheel from PyPI, pinned by version and
+# hash, of which only the C++ include/ tree is unpacked into .deps/cutlass/
+# (git-ignored). The @cutlass repository
+# (tools/build/cutlass_configure.bzl) points Bazel at it; the build itself
+# downloads nothing. Redone only when the pin changes.
+CUTLASS_VERSION=4.2.0.0
+CUTLASS_SHA256=f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6
+cutlass="$repo/.deps/cutlass"
+if [[ "$(cat "$cutlass/VERSION" 2>/dev/null)" != "$CUTLASS_VERSION $CUTLASS_SHA256" ]]; then
+  echo "setup: unpacking the CUTLASS $CUTLASS_VERSION headers into .deps/cutlass/"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  /usr/bin/python3 -m pip download --quiet --only-binary=:all: --no-deps --dest "$tmp" \
+    "nvidia-cutlass==$CUTLASS_VERSION"
+  rm -rf "$cutlass"
+  /usr/bin/python3 - "$tmp"/nvidia_cutlass-"$CUTLASS_VERSION"-*.whl "$CUTLASS_SHA256" \
+    "$cutlass/include" <<'PY'
+import hashlib, os, sys, zipfile
+wheel, sha, dest = sys.argv[1:]
+if hashlib.sha256(open(wheel, "rb").read()).hexdigest() != sha:
+    sys.exit(f"setup: ERROR: {os.path.basename(wheel)} does not match its pinned sha256")
+prefix = "cutlass_library/source/include/"
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            path = os.path.join(dest, name[len(prefix):])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(z.read(name))
+PY
+  echo "$CUTLASS_VERSION $CUTLASS_SHA256" > "$cutlass/VERSION"
+  rm -rf "$tmp"
+  trap - EXIT
+fi
+
 command -v nvcc >/dev/null || [[ -x "${CUDA_PATH:-/usr/local/cuda}/bin/nvcc" ]] || {
   echo "setup: ERROR: the CUDA toolkit (nvcc) is required to build kernels/; install CUDA 13 or set CUDA_PATH" >&2
   exit 1

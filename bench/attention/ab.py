@@ -10,8 +10,9 @@ bench_attention.py (d=128, bf16): "window" (64 sequences heavy-tailed to
 4096, H=8, softmax, sliding window W=256; FA2 varlen_attn window (255, 0)),
 "cross" (GDPA cross softmax, 1152 sequences of Q 256..2048, K/V=256, H=4;
 FA2 varlen_attn, padded cuDNN SDPA forward), "jagged" (the window's
-lengths, no mask; FA2) and "silu" (the same lengths, SiLU causal, the HSTU
-shape). Every build but the first is also timed forward with the variant
+lengths, no mask; FA2), "jagged64" (the same at d=64), "silu" (the same
+lengths, SiLU causal, the HSTU shape) and "cross_silu" / "cross_gelu" (the
+cross shape with that activation, no baseline). Every build but the first is also timed forward with the variant
 switches given by --variants (LABEL:ENV=VALUE, the environment variable set
 around each call).
 Rounds run the rows in rotating order; each row is bench_attention.timed
@@ -32,7 +33,7 @@ import bench_attention as ba  # noqa: E402
 
 def workload(name, dev):
     """(q, k, v, q_lens, k_lens, activation, mask, window, FA2 kwargs)."""
-    if name == "cross":
+    if name.startswith("cross"):
         import random
         b, h, d, lk = 1152, 4, 128, 256
         rng = random.Random(3)
@@ -40,9 +41,11 @@ def workload(name, dev):
         k_lens = [lk] * b
         q = ba.packed(q_lens, h, d, dev)
         k, v = ba.packed(k_lens, h, d, dev), ba.packed(k_lens, h, d, dev)
-        return q, k, v, q_lens, k_lens, "softmax", "none", 0, {}
+        act = name[len("cross_"):] or "softmax"
+        return q, k, v, q_lens, k_lens, act, "none", 0, {} if act == "softmax" else None
     lens = ba.heavy_tailed(64, 4096, 0.5, seed=1)
-    q, k, v = (ba.packed(lens, 8, 128, dev) for _ in range(3))
+    d = 64 if name == "jagged64" else 128
+    q, k, v = (ba.packed(lens, 8, d, dev) for _ in range(3))
     if name == "window":
         return q, k, v, lens, lens, "softmax", "window", 256, {"window": 256}
     if name == "silu":
@@ -122,7 +125,7 @@ def run_section(section, dev, builds, base, variants, args, out):
         rows.append(("FA2 varlen_attn", "fwd+bwd",
                      ba.grad_of(lambda: ba.call_varlen(qg, kg, vg, cq, ck, mq, mk, **fa2),
                                 (qg, kg, vg))))
-    if section == "cross":
+    if section == "cross":  # softmax only
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
         b_, h, d = len(q_lens), q.shape[1], q.shape[2]
