@@ -2,8 +2,9 @@
 // steps and peaks (bench/RESULTS.md, "The H200 rate table refitted after the
 // activation-memory work", 2026-12-02): `recfleet plan --rates` must keep
 // predicting configs A (batch 64) and B (batch 1024) on one H200 within 20%
-// of what was measured there, and each measured recipe's peak within 10%. A change to the counts, the adapter or the planner's
-// step composition that breaks the prediction fails here, on the CPU.
+// of what was measured there, and each measured recipe's peak within 10%.
+// A change to the counts, the adapter or the planner's step composition
+// that breaks the prediction fails here, on the CPU.
 
 #include <cmath>
 #include <cstdio>
