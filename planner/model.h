@@ -174,6 +174,13 @@ struct PlanRequest {
   // allocator's rounding; bytes). 0 without a measured rate table.
   double other_compute_s = 0;
   double other_memory_bytes = 0;
+  // The activations already hold each rank's own lookups (the embedding
+  // outputs of its batch) and its batch's ids: a rate table's fitted
+  // activation terms, measured on one rank whose peak includes them. Then
+  // the sparse buffers count only what an all-to-all adds beyond them (the
+  // send side of the outputs and the ids), and nothing on a table-sharding
+  // group of one rank, which runs no all-to-all.
+  bool activations_hold_lookups = false;
   // Measured cost of ranks stepping together: with more than one rank the
   // step adds rank_sync_fraction x its compute (the rate table's
   // rank_sync_overhead: waits for the slowest rank at each synchronous

@@ -429,6 +429,39 @@ TEST(PlannerPropertyTest, NeverOverHbmDeterministicAndMonotoneInBandwidth) {
   EXPECT_GE(planned, 10);
 }
 
+// A rate table's activations hold each rank's own lookups and ids. One
+// rank: 100 samples x 10 ids of a pooled 64-wide table send 100 x 64 x 2 B
+// of outputs, receive as much and send 1,000 x 8 B of ids; with the flag
+// none of it is a buffer (no all-to-all). Two ranks sharing the table over
+// an all-to-all: only the received outputs (the rank's own lookups) leave.
+TEST(PlannerTest, LookupsHeldByTheActivationsAreNotBuffersToo) {
+  PlanRequest r = Request(100);
+  r.model.modules.push_back(Mlp("a", 1e6, 2e6, /*act=*/1e5));
+  r.model.tables.push_back(MakeTable("t", 1e6, 64, 10));
+  absl::StatusOr<Plan> counted = MakePlan(MakeTopology(1, 1, 1, 16), r);
+  ASSERT_TRUE(counted.ok()) << counted.status();
+  EXPECT_DOUBLE_EQ(counted->peak.buffers, 2 * 100 * 64 * 2 + 1000 * 8);
+  r.activations_hold_lookups = true;
+  absl::StatusOr<Plan> held = MakePlan(MakeTopology(1, 1, 1, 16), r);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_DOUBLE_EQ(held->peak.buffers, 0);
+  EXPECT_DOUBLE_EQ(held->peak.Total(), counted->peak.Total() - counted->peak.buffers);
+
+  r.hints.table_sharding_group_size = 2;
+  absl::StatusOr<Plan> two_held = MakePlan(MakeTopology(1, 2, 1, 16), r);
+  r.activations_hold_lookups = false;
+  absl::StatusOr<Plan> two_counted = MakePlan(MakeTopology(1, 2, 1, 16), r);
+  ASSERT_TRUE(two_held.ok()) << two_held.status();
+  ASSERT_TRUE(two_counted.ok()) << two_counted.status();
+  ASSERT_EQ(two_counted->sparse.mp_group, 2);
+  ASSERT_EQ(two_held->sparse.mp_group, 2);
+  const std::vector<double>& out = two_counted->sparse.sharding.rank_out_bytes;
+  ASSERT_EQ(out.size(), 2u);
+  const double received = (out[0] + out[1]) / 2;
+  EXPECT_GT(received, 0);
+  EXPECT_DOUBLE_EQ(two_held->peak.buffers, two_counted->peak.buffers - received);
+}
+
 }  // namespace
 }  // namespace recfleet::planner
 

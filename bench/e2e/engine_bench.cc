@@ -8,11 +8,13 @@
 // time (CUDA events at the step boundaries), useful model FLOPs from the real
 // jagged lengths and local MFU against 989 TFLOP/s (dense bf16 H100/H200
 // SXM) and against the measured ~790 TFLOP/s bf16 GEMM ceiling, and the
-// device memory peak. Then at least 5 more steps back to back under CUPTI
-// (bench/e2e/gpu_busy.h), twice: GPU idle, and the busy and idle time per
-// kernel name, from an empty queue ("gpu_idle_cold" in the JSON) and in
-// steady training, two steps into the pipeline ("gpu_idle"). Then
-// --profile-steps more steps with CUDA events
+// device memory peak (the pool's peak in use; beside it the whole device's
+// bytes in use after the timed steps, which also count what is allocated
+// outside the pool, and other processes on the same GPU). Then at least 5
+// more steps back to back under CUPTI (bench/e2e/gpu_busy.h), twice: GPU
+// idle, and the busy and idle time per kernel name, from an empty queue
+// ("gpu_idle_cold" in the JSON) and in steady training, two steps into the
+// pipeline ("gpu_idle"). Then --profile-steps more steps with CUDA events
 // around every phase the layers mark (embedding, attention, GEMM,
 // optimizer; the rest of the step is "other", idle gaps included) and the
 // host's time to issue each step; and, with --search-s > 0, the largest
@@ -55,8 +57,11 @@
 //                [--ne-baseline 1] [--ne-tolerance 0.001]
 //                [--recompute-attention-blocks N] [--cuda-graphs 1]
 //                [--attention-checkpoint none|norm|projections|block[,...]]
-//                [--fp8-saved 1] [--probe K]
+//                [--fp8-saved 1] [--probe K] [--start-after FILE]
 //
+// --start-after FILE: build the model and read the batches, then wait until
+// FILE exists before the first step (runs whose peaks, not times, are
+// wanted can start while another run has the GPU).
 // --probe K: only whether one batch of K file batches concatenated trains
 // for --steps steps (exit 0, "fits" and the peak) or runs out of device
 // memory (exit 3, the error; another error exits 1); bench/e2e/max_batch.sh
@@ -82,6 +87,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -190,6 +196,15 @@ int Fail(const std::string& m) {
   return 1;
 }
 
+// Bytes in use on the whole device (cudaMemGetInfo): the pool's reserved
+// bytes plus what is allocated outside it (the CUDA context, library
+// workspaces, the FP8 linears' cudaMalloc'd operand caches); 0 on error.
+uint64_t DeviceUsedBytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
+  return total_bytes - free_bytes;
+}
+
 #define CUDA_OR_FAIL(expr)                                                          \
   do {                                                                              \
     cudaError_t e_ = (expr);                                                        \
@@ -202,7 +217,7 @@ int main(int argc, char** argv) {
   std::string job, batches_path, json, precision = "bf16", fp8, fp8_wgrad = "bf16";
   int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0, recompute_blocks = -1, probe = 0;
   int host_sample_steps = 0, host_sample_us = 50;
-  std::string host_sample_out;
+  std::string host_sample_out, start_after;
   double search_s = 0, ne_tolerance = 0.001;
   bool ne_baseline = false, fp8_saved = false, cuda_graphs = false;
   std::string attention_checkpoint;
@@ -258,6 +273,8 @@ int main(int argc, char** argv) {
       host_sample_out = v;
     } else if (a == "--cuda-graphs") {
       cuda_graphs = v == "1";
+    } else if (a == "--start-after") {
+      start_after = v;
     } else if (a == "--warmup") {
       if (!absl::SimpleAtoi(v, &warmup) || warmup < 0) return Fail("--warmup needs an integer >= 0");
     } else {
@@ -334,6 +351,13 @@ int main(int argc, char** argv) {
                                                       recfleet::engine::TableStorage::kInternal, exec);
   if (!gem.ok()) return Fail(std::string(gem.status().message()));
   recfleet::engine::GemLite<float>& m = **gem;
+  // --start-after FILE: the model is built and the batches read (the
+  // process's long start: the tables are drawn on the host); wait for FILE
+  // before any step, so that several runs' starts overlap another's work.
+  if (!start_after.empty()) {
+    std::fprintf(stderr, "engine_bench: ready, waiting for %s\n", start_after.c_str());
+    while (!std::ifstream(start_after).good()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 
   // --probe K: whether a batch of K file batches concatenated fits: --steps
   // training steps on it (forward, backward, update, a device sync after
@@ -356,11 +380,12 @@ int main(int argc, char** argv) {
       }
     }
     absl::StatusOr<recfleet::engine::DeviceMemoryStats> mem = recfleet::engine::CudaMemoryStats();
-    std::printf("probe batch %lld (%d x %lld): %s, peak %.3f GiB\n",
+    std::printf("probe batch %lld (%d x %lld): %s, peak %.3f GiB, device used %.3f GiB\n",
                 static_cast<long long>(big.size), probe,
                 static_cast<long long>((*batches)[0].size),
                 st.ok() ? "fits" : std::string(st.message()).c_str(),
-                mem.ok() ? static_cast<double>(mem->peak) / (1ull << 30) : -1.0);
+                mem.ok() ? static_cast<double>(mem->peak) / (1ull << 30) : -1.0,
+                static_cast<double>(DeviceUsedBytes()) / (1ull << 30));
     // Only running out of device memory is "does not fit"; any other error
     // fails the probe (exit 1), which stops max_batch.sh.
     const bool oom = absl::IsResourceExhausted(st) || absl::StrContains(st.message(), "out of memory");
@@ -458,6 +483,7 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<recfleet::engine::DeviceMemoryStats> mem = recfleet::engine::CudaMemoryStats();
   if (!mem.ok()) return Fail(std::string(mem.status().message()));
+  const uint64_t device_used = DeviceUsedBytes();
   double total_ms = 0, total_flops = 0, total_samples = 0;
   for (size_t i = 0; i < ms.size(); ++i) {
     total_ms += ms[i];
@@ -774,8 +800,8 @@ int main(int argc, char** argv) {
       "\"batch_size\": %.0f, \"samples_per_s\": %.1f, \"median_step_ms\": %.3f, "
       "\"mean_step_ms\": %.3f, \"useful_flops_per_step\": %.6g, \"tflops\": %.2f, "
       "\"mfu_989\": %.4f, \"mfu_790\": %.4f, \"peak_memory_bytes\": %llu, "
-      "\"reserved_memory_bytes\": %llu, \"last_loss\": %.5f, \"phases\": %s, \"gpu_idle\": %s, "
-      "\"gpu_idle_cold\": %s, "
+      "\"reserved_memory_bytes\": %llu, \"device_used_bytes\": %llu, \"last_loss\": %.5f, "
+      "\"phases\": %s, \"gpu_idle\": %s, \"gpu_idle_cold\": %s, "
       "\"host_ms_per_step\": {\"forward_backward\": %.3f, \"prefetch\": %.3f, \"update\": %.3f, "
       "\"loss_wait\": %.3f}, "
       "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s, "
@@ -785,7 +811,8 @@ int main(int argc, char** argv) {
       precision, steps, warmup, total_samples / ms.size(), total_samples / seconds, median,
       total_ms / ms.size(), total_flops / ms.size(), achieved / 1e12, achieved / kPeakBf16,
       achieved / kMeasuredGemm, static_cast<unsigned long long>(mem->peak),
-      static_cast<unsigned long long>(mem->reserved), last_loss, phases, gpu_idle, gpu_idle_cold,
+      static_cast<unsigned long long>(mem->reserved), static_cast<unsigned long long>(device_used),
+      last_loss, phases, gpu_idle, gpu_idle_cold,
       host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
       static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate, recompute_blocks,
       recomputed_flops, attention_checkpoint, fp8_saved ? "true" : "false", regions, memory,

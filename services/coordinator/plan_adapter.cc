@@ -329,6 +329,9 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec,
                             batch * per * (n.token_elements * rates->seconds_per_token_element +
                                            n.dense_elements * rates->seconds_per_dense_element);
   request.other_memory_bytes = rates->fixed_bytes;
+  // The probes' peaks, and so the fitted activation terms, include their
+  // lookups' outputs and the staged batch's ids.
+  request.activations_hold_lookups = true;
   // Measured on the rate table's own ranks (CPU: ranks of one host over
   // loopback); the planner adds it only to plans of more than one rank.
   request.rank_sync_fraction = rates->rank_sync_overhead;
