@@ -48,12 +48,12 @@ __device__ __forceinline__ void CpAsyncWait() {
 // Starts copying rows [row0, row0 + ROWS) of one head of a sequence (global
 // rows start..start+len) into a swizzled tile; rows outside the sequence are
 // zero-filled, so they add nothing to the products.
-template <int D, int ROWS, int NT = kThreads>
+template <int D, int ROWS>
 __device__ __forceinline__ void LoadTileAsync(bf16* s, const bf16* g, int64_t start, int row0,
                                               int len, int head, int heads) {
   constexpr int kChunks = D / 8;
 #pragma unroll
-  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += NT) {
+  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     const int row = row0 + r;
     const bool ok = row >= 0 && row < len;
@@ -386,33 +386,32 @@ __device__ __forceinline__ void StoreRows(void* dst, const float (&acc)[D / 8][4
   }
 }
 
-// StoreRows through shared memory: a warp's 16 accumulator rows of NC
-// columns from col0 on (scaled by mul, rounded to bf16) go to rows
-// stage_row .. stage_row + 15, columns col0 .. col0 + NC, of a swizzled
+// StoreRows through shared memory: a warp's 16 accumulator rows (scaled by
+// mul, rounded to bf16) go to rows stage_row .. stage_row + 15 of a swizzled
 // [.][D] tile that no other warp touches meanwhile, then leave as 16-byte
 // stores of whole row segments to rows row0 .. row0 + 15 of the sequence
 // (those at or past `len` skipped). The caller orders every earlier read of
 // those staging rows before the call.
-template <int D, int NC = D>
-__device__ __forceinline__ void StoreRowsStaged(void* dst, const float (&acc)[NC / 8][4],
+template <int D>
+__device__ __forceinline__ void StoreRowsStaged(void* dst, const float (&acc)[D / 8][4],
                                                 bf16* stage, int stage_row, int64_t start,
                                                 int row0, int len, int head, int heads,
-                                                const float (&mul)[2], int col0 = 0) {
+                                                const float (&mul)[2]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int sr = stage_row + g + 8 * r;
 #pragma unroll
-    for (int dt = 0; dt < NC / 8; ++dt) {
-      *reinterpret_cast<__nv_bfloat162*>(stage + Swz<D>(sr, col0 + dt * 8 + 2 * t)) =
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<__nv_bfloat162*>(stage + Swz<D>(sr, dt * 8 + 2 * t)) =
           __floats2bfloat162_rn(acc[dt][2 * r] * mul[r], acc[dt][2 * r + 1] * mul[r]);
     }
   }
   __syncwarp();
-  constexpr int kChunks = NC / 8;
+  constexpr int kChunks = D / 8;
 #pragma unroll
   for (int idx = lane; idx < 16 * kChunks; idx += 32) {
-    const int r = idx / kChunks, c = col0 + (idx % kChunks) * 8;
+    const int r = idx / kChunks, c = (idx % kChunks) * 8;
     if (row0 + r < len) {
       bf16* out = static_cast<bf16*>(dst) + ((start + row0 + r) * heads + head) * D + c;
       *reinterpret_cast<uint4*>(out) =
@@ -441,14 +440,14 @@ int DispatchKernel(const KernelParams& p, F&& f) {
   return f(D128{}, Silu{});
 }
 
-template <int NT = kThreads, typename Kernel>
+template <typename Kernel>
 int Launch(Kernel kernel, int blocks, int smem_bytes, const KernelParams& p, void* stream) {
   blocks *= p.heads;
   if (blocks == 0) return 0;
   cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (e != cudaSuccess) return e;
-  kernel<<<blocks, NT, smem_bytes, static_cast<cudaStream_t>(stream)>>>(p);
+  kernel<<<blocks, kThreads, smem_bytes, static_cast<cudaStream_t>(stream)>>>(p);
   return cudaGetLastError();
 }
 
