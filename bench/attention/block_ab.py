@@ -3,6 +3,10 @@
 cuDNN on pre-made blocks and the device's copy bandwidth, in one process.
 
   python3 bench/attention/block_ab.py OUT_JSON NAME=LIB [NAME=LIB ...]
+  python3 bench/attention/block_ab.py --profile NAME=LIB [NAME=LIB ...]
+
+--profile runs each build's forward + backward once more between
+cudaProfilerStart/Stop and exits (for `ncu --profile-from-start off`).
 
 The first NAME is the reference build of the output checks. Workload as in
 bench_attention.py's "block" section: 32 sequences, heavy-tailed up to 16384
@@ -35,6 +39,7 @@ def copy_bandwidth(dev):
 
 def main():
     out_json = sys.argv[1]
+    profile = out_json == "--profile"
     builds = {}
     for arg in sys.argv[2:]:
         name, path = arg.split("=", 1)
@@ -51,6 +56,13 @@ def main():
         ours[b].dout.copy_(ours[base].dout)
         ours[b].fwd_bwd()
     torch.cuda.synchronize()
+    if profile:
+        torch.cuda.profiler.start()
+        for b in builds:
+            ours[b].fwd_bwd()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        return
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": sum(lens),
            "checks": {}, "times": {}}
     for b in builds:

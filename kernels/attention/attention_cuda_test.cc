@@ -332,6 +332,54 @@ TEST(AttentionCudaTest, BiasQkNormAndRope) {
   }
 }
 
+// The BlockAttention kernels on every edge of a 64-token block (empty, one
+// token, 63, 64, 65, 127, 128, 129 and 191 tokens), both head dims, three
+// heads, softmax with and without RoPE and SiLU with RoPE. Small enough to
+// run under compute-sanitizer.
+TEST(AttentionCudaTest, BlockAttentionTileEdges) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<int64_t> lens = {0, 1, 63, 64, 65, 127, 128, 129, 191};
+  uint64_t seed = 500;
+  for (int64_t d : {64, 128}) {
+    for (Activation a : {Activation::kSoftmax, Activation::kSilu}) {
+      for (bool rope : {false, true}) {
+        if (a == Activation::kSilu && !rope) continue;
+        Case c{absl::StrCat("block edges d", d, " ", ActName(a), rope ? " rope" : ""), lens, lens,
+               3, d};
+        c.opts.activation = a;
+        c.opts.mask = Mask::kBlock;
+        c.opts.rope = rope;
+        RunCase(c, seed++);
+      }
+    }
+  }
+}
+
+// The BlockAttention kernels on more CTAs than one wave of an SM's resident
+// ones: ragged lengths (partial last blocks, empty and one-token sequences),
+// head counts 1, 3 and 8, both head dims, every activation, with and
+// without RoPE.
+TEST(AttentionCudaTest, BlockAttentionManyBlocks) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<int64_t> lens = {1100, 64, 63, 0, 1, 700, 129, 450};
+  uint64_t seed = 400;
+  const struct {
+    int64_t heads, d;
+    Activation act;
+    bool rope;
+  } cases[] = {{8, 128, Activation::kSoftmax, true}, {8, 128, Activation::kSilu, true},
+               {3, 128, Activation::kGelu, false},   {3, 64, Activation::kSoftmax, true},
+               {1, 64, Activation::kSoftmax, false}, {3, 64, Activation::kSilu, true}};
+  for (const auto& k : cases) {
+    Case c{absl::StrCat("block h", k.heads, " d", k.d, " ", ActName(k.act), k.rope ? " rope" : ""),
+           lens, lens, k.heads, k.d};
+    c.opts.activation = k.act;
+    c.opts.mask = Mask::kBlock;
+    c.opts.rope = k.rope;
+    RunCase(c, seed++);
+  }
+}
+
 // A training step's self-attention backward with RoPE where its caller
 // gives up q and k (AttentionInputs::qk_writable): RoPE rotates them in
 // place and the gradients of the rotated q/k are turned into q/k's in place
