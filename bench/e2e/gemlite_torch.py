@@ -261,6 +261,28 @@ def _varlen():
 VARLEN = _varlen()
 
 
+# FlashAttention-2 puts the sequences on a grid dimension of at most 65,535
+# blocks, so larger batches (the largest-batch probes) go through it in
+# slices of whole sequences.
+_VARLEN_MAX_SEQS = 65535
+
+
+def _varlen_sliced(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+    """varlen_attn over any number of sequences: slices of at most
+    _VARLEN_MAX_SEQS sequences each, offsets rebased to the slice."""
+    n = cu_q.shape[0] - 1
+    if n <= _VARLEN_MAX_SEQS:
+        return VARLEN(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    out = []
+    for s in range(0, n, _VARLEN_MAX_SEQS):
+        e = min(s + _VARLEN_MAX_SEQS, n)
+        q0, q1, k0, k1 = bounds_q[s], bounds_q[e], bounds_k[s], bounds_k[e]
+        out.append(VARLEN(q[q0:q1], k[k0:k1], v[k0:k1], cu_q[s:e + 1] - q0, cu_k[s:e + 1] - k0,
+                          max_q, max_k, **kw))
+    return torch.cat(out)
+
+
 def _flash(x):
     """Whether the FlashAttention varlen kernel can take x (CUDA only)."""
     return VARLEN is not None and x.is_cuda
@@ -293,9 +315,9 @@ def self_attention(q, k, v, db, mask, activation, window, scale, max_len):
     """Self-attention of the history tokens [T, H, d] (Lq = Lk per sequence)."""
     if activation == "softmax" and _flash(q):
         if mask == "block":
-            return VARLEN(q, k, v, db.block_offsets, db.block_offsets, 64, 64, scale=scale)
+            return _varlen_sliced(q, k, v, db.block_offsets, db.block_offsets, 64, 64, scale=scale)
         ws = {"full": (-1, -1), "causal": (-1, 0), "sliding_window": (window - 1, 0)}[mask]
-        return VARLEN(q, k, v, db.seq_cu, db.seq_cu, max_len, max_len, scale=scale, window_size=ws)
+        return _varlen_sliced(q, k, v, db.seq_cu, db.seq_cu, max_len, max_len, scale=scale, window_size=ws)
     if mask == "block":
         H, d = q.shape[1], q.shape[2]
         num_blocks = db.block_offsets.shape[0] - 1
@@ -339,7 +361,7 @@ def pooling_attention(q, k, v, q_per_sample, db, scale, max_len):
     B = db.lengths.shape[0]
     if _flash(q):
         cu_q = torch.arange(0, (B + 1) * q_per_sample, q_per_sample, device=q.device, dtype=torch.int32)
-        return VARLEN(q, k, v, cu_q, db.seq_cu, q_per_sample, max_len, scale=scale)
+        return _varlen_sliced(q, k, v, cu_q, db.seq_cu, q_per_sample, max_len, scale=scale)
     kp, _, _ = _padded(k, db.seq_offsets, db.lengths, B, max_len)
     vp, _, _ = _padded(v, db.seq_offsets, db.lengths, B, max_len)
     qp = q.view(B, q_per_sample, q.shape[1], q.shape[2]).transpose(1, 2)
