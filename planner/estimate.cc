@@ -42,11 +42,19 @@ void StaticMemory(const Context& c, const DenseOption& d, const SparseOption& s,
     if (d.fsdp_group > 1) grad_full = std::max(grad_full, params / d.ep[i] * p.gradient_reduce_bytes);
     if (d.ep[i] > 1) ep_act = std::max(ep_act, 2.0 * d.ep[i] * b * m.io_bytes_per_sample);
   }
-  // The sent outputs, the received ones (the rank's own lookups) and the
-  // sent ids; see PlanRequest::activations_hold_lookups.
-  const double lookups = !c.req.activations_hold_lookups ? s.out_max + s.out_mean + s.ids_max
-                         : s.m > 1                       ? s.out_max + s.ids_max
-                                                         : 0;
+  // The sent outputs, the received ones and the sent ids; see
+  // PlanRequest::activations_hold_lookups. The activations hold one copy of
+  // the rank's own lookups; a row-sharded table's all-to-all delivers one
+  // partial sum per shard, so only the copies beyond the first are buffers.
+  double own_lookups = 0;
+  for (const Table& t : c.req.model.tables) {
+    own_lookups += b * t.access_frequency * (t.pooled ? 1 : t.pooling_factor) * t.dim *
+                   p.embedding_comm_bytes;
+  }
+  const double lookups =
+      !c.req.activations_hold_lookups ? s.out_max + s.out_mean + s.ids_max
+      : s.m > 1 ? s.out_max + std::max(0.0, s.out_mean - own_lookups) + s.ids_max
+                : 0;
   ev->sparse_buffers = lookups + (s.scheme == SparseScheme::kV3 ? s.largest_touched_table : 0);
   mem.buffers = gathered1 + gathered2 + grad_full + ep_act + ev->sparse_buffers +
                 c.req.other_memory_bytes;

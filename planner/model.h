@@ -178,8 +178,9 @@ struct PlanRequest {
   // outputs of its batch) and its batch's ids: a rate table's fitted
   // activation terms, measured on one rank whose peak includes them. Then
   // the sparse buffers count only what an all-to-all adds beyond them (the
-  // send side of the outputs and the ids), and nothing on a table-sharding
-  // group of one rank, which runs no all-to-all.
+  // send side of the outputs and the ids, and the received partial sums of
+  // row-sharded tables beyond the one copy held), and nothing on a
+  // table-sharding group of one rank, which runs no all-to-all.
   bool activations_hold_lookups = false;
   // Measured cost of ranks stepping together: with more than one rank the
   // step adds rank_sync_fraction x its compute (the rate table's
