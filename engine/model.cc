@@ -913,6 +913,22 @@ TensorView GemLite<T>::DenseParameter(const std::string& name) {
 }
 
 template <typename T>
+TensorView GemLite<T>::DenseParameterView(const std::string& name) const {
+  const layers::Parameter* p = impl_->params.Find(name);
+  return p == nullptr ? TensorView() : p->value.view();
+}
+
+template <typename T>
+void GemLite<T>::DenseParametersWritten() {
+  impl_->params.ValuesWritten();
+}
+
+template <typename T>
+bool GemLite<T>::Bf16CopiesTrusted() const {
+  return !impl_->dense_views_out && impl_->params.bf16_copies_current();
+}
+
+template <typename T>
 TensorView GemLite<T>::DenseGradient(const std::string& name) {
   const layers::Parameter* p = impl_->params.Find(name);
   return p == nullptr ? TensorView() : p->grad.view();

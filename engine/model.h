@@ -272,6 +272,16 @@ class GemLite {
   // pass wrote.
   std::vector<std::string> DenseParameterNames() const;
   TensorView DenseParameter(const std::string& name);
+  // The same view without that consequence: for reading (checkpoints,
+  // fingerprints), or for a one-time write that the caller follows with
+  // DenseParametersWritten(), after which the next forward re-rounds the
+  // bf16 copies once.
+  TensorView DenseParameterView(const std::string& name) const;
+  void DenseParametersWritten();
+  // Whether the next forward reads the bf16 weight copies as they are
+  // (written by the last AdamW pass or refresh) instead of re-rounding them:
+  // false on the CPU, with no copies, or with a mutable view out.
+  bool Bf16CopiesTrusted() const;
   TensorView DenseGradient(const std::string& name);
   // Tables the model holds: the schema's with internal storage, 0 with
   // external storage.

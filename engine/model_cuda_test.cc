@@ -349,7 +349,31 @@ TEST(GemLiteCudaTest, Bf16CopiesWrittenByAdamWEqualRefreshedOnes) {
   ASSERT_TRUE(trusted.ok()) << trusted.status();
   const std::vector<std::string> names = m->DenseParameterNames();
   ASSERT_FALSE(names.empty());
+  // Reading views (checkpoints, fingerprints) leaves the copies trusted; a
+  // write through one, announced, costs one refresh and is then seen.
+  EXPECT_TRUE(m->Bf16CopiesTrusted());
+  const TensorView w = m->DenseParameterView(names.front());
+  ASSERT_NE(w.data, nullptr);
+  EXPECT_TRUE(m->Bf16CopiesTrusted());
+  std::vector<float> saved(w.numel());
+  ASSERT_EQ(cudaMemcpy(saved.data(), w.data, saved.size() * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemset(w.data, 0, saved.size() * sizeof(float)), cudaSuccess);
+  m->DenseParametersWritten();
+  EXPECT_FALSE(m->Bf16CopiesTrusted());
+  absl::StatusOr<double> zeroed = m->Loss(probe);
+  ASSERT_TRUE(zeroed.ok()) << zeroed.status();
+  EXPECT_NE(*zeroed, *trusted);
+  EXPECT_TRUE(m->Bf16CopiesTrusted());
+  ASSERT_EQ(cudaMemcpy(w.data, saved.data(), saved.size() * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  m->DenseParametersWritten();
+  absl::StatusOr<double> restored = m->Loss(probe);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*restored, *trusted);
+  // A mutable view: every later forward re-rounds.
   ASSERT_NE(m->DenseParameter(names.front()).data, nullptr);
+  EXPECT_FALSE(m->Bf16CopiesTrusted());
   absl::StatusOr<double> refreshed = m->Loss(probe);
   ASSERT_TRUE(refreshed.ok()) << refreshed.status();
   EXPECT_EQ(*trusted, *refreshed);

@@ -5,10 +5,10 @@
 
 namespace recfleet::worker {
 
-std::string ModelFingerprint(engine::GemLite<float>& model, const engine::FeatureSchema& schema, int64_t dim) {
+std::string ModelFingerprint(const engine::GemLite<float>& model, const engine::FeatureSchema& schema, int64_t dim) {
   std::string fingerprint;
   for (const std::string& name : model.DenseParameterNames()) {
-    absl::StrAppend(&fingerprint, name, ":", model.DenseParameter(name).numel(), ";");
+    absl::StrAppend(&fingerprint, name, ":", model.DenseParameterView(name).numel(), ";");
   }
   for (const engine::FeatureSchema::Table& t : schema.tables) {
     absl::StrAppend(&fingerprint, "table.", t.name, ":", t.rows, "x", dim, ";");

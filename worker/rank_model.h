@@ -64,7 +64,7 @@ class RankModel {
 
 // "name:numel;" per dense parameter, then "table.<name>:<rows>x<dim>;" per
 // table: what a checkpoint's "fingerprint" record must equal to restore.
-std::string ModelFingerprint(engine::GemLite<float>& model, const engine::FeatureSchema& schema, int64_t dim);
+std::string ModelFingerprint(const engine::GemLite<float>& model, const engine::FeatureSchema& schema, int64_t dim);
 
 // The AdamW step count recorded in checkpoint shard `index`; DataLoss when
 // the shard belongs to a model of another fingerprint or has no count.

@@ -49,7 +49,7 @@ absl::StatusOr<std::unique_ptr<SingleRankModel>> SingleRankModel::Create(const e
   if (!model.ok()) return model.status();
   m->model_ = *std::move(model);
   m->dense_names_ = m->model_->DenseParameterNames();
-  for (const std::string& name : m->dense_names_) m->dense_numel_ += m->model_->DenseParameter(name).numel();
+  for (const std::string& name : m->dense_names_) m->dense_numel_ += m->model_->DenseParameterView(name).numel();
   m->fingerprint_ = ModelFingerprint(*m->model_, schema, config.dim);
   if (execution.device == Device::kCuda) m->timer_ = std::make_unique<engine::CudaStreamTimer>(4);
   return m;
@@ -106,7 +106,7 @@ absl::Status SingleRankModel::Save(CheckpointShard* shard) {
   for (const auto& [key, moment] : dense) {
     std::vector<TensorView> views;
     for (const std::string& name : dense_names_) {
-      views.push_back(moment == 0 ? model_->DenseParameter(name) : model_->DenseAdamMoment(name, moment));
+      views.push_back(moment == 0 ? model_->DenseParameterView(name) : model_->DenseAdamMoment(name, moment));
     }
     if (absl::Status s = Gather(views, &host); !s.ok()) return s;
     (*shard)[key] = FloatRecord(host.data(), dense_numel_);
@@ -142,10 +142,11 @@ absl::Status SingleRankModel::Restore(const std::vector<CheckpointShard>& shards
   for (const auto& [host, moment] : dense) {
     std::vector<TensorView> views;
     for (const std::string& name : dense_names_) {
-      views.push_back(moment == 0 ? model_->DenseParameter(name) : model_->DenseAdamMoment(name, moment));
+      views.push_back(moment == 0 ? model_->DenseParameterView(name) : model_->DenseAdamMoment(name, moment));
     }
     if (absl::Status s = Scatter(*host, views); !s.ok()) return s;
   }
+  model_->DenseParametersWritten();
   for (int t = 0; t < model_->num_tables(); ++t) {
     const TensorView table = model_->Table(t);
     std::vector<float> values(table.numel()), momentum(table.dim(0));

@@ -82,6 +82,9 @@ class ParameterRegistry {
   // before it reads a copy. Writes through views the registry does not see
   // are the caller's to follow with a refresh (GemLite's forward does).
   bool bf16_copies_current() const { return bf16_current_; }
+  // Values were written through views: the copies are stale until the next
+  // RefreshBf16Copies.
+  void ValuesWritten() { bf16_current_ = false; }
   // Builds the multi-tensor passes (ZeroGradients, AdamStep,
   // RefreshBf16Copies) over the parameters registered so far; on CUDA it
   // uploads their device table now rather than inside the first step.
