@@ -112,8 +112,10 @@ struct GemLite<T>::Impl {
   absl::Status AfterBackward(int module) {
     if (module < 0 || !hooks.after_backward) return absl::OkStatus();
     // The hook reads the module's gradients: one its layers did not write
-    // this step must read as zero.
-    RECFLEET_RETURN_IF_ERROR(params.SettleGradients());
+    // this step must read as zero. Later modules' gradients stay pending
+    // (their backward is still to come and may overwrite them).
+    RECFLEET_RETURN_IF_ERROR(params.SettleGradients(
+        module > 0 ? module_ends[module - 1] : 0, module_ends[module]));
     return hooks.after_backward(module);
   }
 

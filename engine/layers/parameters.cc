@@ -1,5 +1,6 @@
 #include "engine/layers/parameters.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -134,8 +135,15 @@ absl::Status ParameterRegistry::ZeroGradients() {
 
 absl::Status ParameterRegistry::SettleGradients() {
   if (!any_pending_) return absl::OkStatus();
+  RECFLEET_RETURN_IF_ERROR(SettleGradients(0, params_.size()));
   any_pending_ = false;
-  for (Parameter* p : params_) {
+  return absl::OkStatus();
+}
+
+absl::Status ParameterRegistry::SettleGradients(size_t begin, size_t end) {
+  if (!any_pending_) return absl::OkStatus();
+  for (size_t k = begin; k < std::min(end, params_.size()); ++k) {
+    Parameter* p = params_[k];
     if (!p->grad_pending) continue;
     p->grad_pending = false;
     RECFLEET_RETURN_IF_ERROR(p->grad.SetZero());

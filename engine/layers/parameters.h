@@ -106,6 +106,9 @@ class ParameterRegistry {
   // step's sum. AdamStep, ScaleGradients and AddGradients call it; so must
   // anyone reading gradients directly after a backward.
   absl::Status SettleGradients();
+  // The same for parameters [begin, end) of the registration order only (a
+  // module's, read by a hook while later modules' backward is to come).
+  absl::Status SettleGradients(size_t begin, size_t end);
   // grad *= weight for every parameter.
   absl::Status ScaleGradients(double weight);
   // grad += weight * other's grad, parameter by parameter; InvalidArgument
