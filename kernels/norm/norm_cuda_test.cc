@@ -103,20 +103,30 @@ void Check(bool layer_norm, DType dtype, int64_t rows, int64_t dim) {
   // Column sums over `rows` terms of size ~1.
   EXPECT_LE(MaxRelDiff(h(dg_gpu, DType::kFloat32, {dim}), h(dg, DType::kFloat32, {dim})),
             1e-5 * rows);
-  if (!layer_norm) {
-    // A second run gives the same bits (sums in a fixed order).
+  std::vector<float> db_gpu;
+  if (layer_norm) {
+    db_gpu = ddb.ToHost<float>();
+    EXPECT_LE(MaxRelDiff(h(db_gpu, DType::kFloat32, {dim}), h(db, DType::kFloat32, {dim})),
+              1e-5 * rows);
+  }
+  // A second run gives the same bits (sums in a fixed order).
+  if (layer_norm) {
+    ASSERT_TRUE(LayerNormBackward(ddy.View(dtype, xs), dx_.View(dtype, xs),
+                                  dgam.View(DType::kFloat32, {dim}),
+                                  dmean_cpu.View(DType::kFloat32, {rows}),
+                                  drstd_cpu.View(DType::kFloat32, {rows}), ddx.View(dtype, xs),
+                                  ddg.View(DType::kFloat32, {dim}), ddb.View(DType::kFloat32, {dim}))
+                    .ok());
+    EXPECT_EQ(ddb.ToHost<float>(), db_gpu);
+  } else {
     ASSERT_TRUE(RmsNormBackward(ddy.View(dtype, xs), dx_.View(dtype, xs),
                                 dgam.View(DType::kFloat32, {dim}),
                                 drstd_cpu.View(DType::kFloat32, {rows}), ddx.View(dtype, xs),
                                 ddg.View(DType::kFloat32, {dim}))
                     .ok());
-    EXPECT_EQ(ddg.ToHost<float>(), dg_gpu);
   }
-  if (layer_norm) {
-    std::vector<float> db_gpu = ddb.ToHost<float>();
-    EXPECT_LE(MaxRelDiff(h(db_gpu, DType::kFloat32, {dim}), h(db, DType::kFloat32, {dim})),
-              1e-5 * rows);
-  }
+  EXPECT_EQ(ddg.ToHost<float>(), dg_gpu);
+  EXPECT_EQ(ddx.ToHost<uint8_t>(), dx_gpu);
 
   // FP8 output: the same bits as quantizing the fp32 norm, up to the rare
   // element where fp32 vs double rounding of y crosses an FP8 tie.
@@ -186,6 +196,8 @@ TEST(NormCudaTest, MatchesCpuReference) {
       Check(ln, t, 3001, 256);
       Check(ln, t, 517, 128);
       Check(ln, t, 13, 32);
+      Check(ln, t, 129, 64);
+      Check(ln, t, 2049, 512);
       Check(ln, t, 300, 1);
     }
   }
