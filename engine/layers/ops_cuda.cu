@@ -4,6 +4,8 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "engine/layers/ops_cuda.h"
 #include "kernels/base/cuda_util.h"
 
@@ -11,6 +13,9 @@ namespace recfleet::engine::ops_cuda {
 namespace {
 
 constexpr int kThreads = 256;
+// The largest output (elements) ScatterAddRows sums in shared memory: 48 KiB,
+// the default dynamic shared-memory limit.
+constexpr int64_t kFewRowsElems = 48 * 1024 / sizeof(float);
 
 unsigned Blocks(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
@@ -123,9 +128,39 @@ __global__ void ExpandBagsKernel(const float* dpooled, const int64_t* offsets, i
   }
 }
 
+// One warp per input row, its lanes over the columns: no division per
+// element, one slot load per row.
 __global__ void ScatterAddRowsKernel(const float* rows, const int64_t* slots, int64_t n,
-                                     int64_t dim, float* out) {
-  RECFLEET_GRID_LOOP(i, n * dim) { atomicAdd(out + slots[i / dim] * dim + i % dim, rows[i]); }
+                                     int dim, float* out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; r < n; r += warps) {
+    const float* src = rows + r * dim;
+    float* dst = out + slots[r] * dim;
+    for (int c = lane; c < dim; c += 32) atomicAdd(dst + c, src[c]);
+  }
+}
+
+// For an output of few rows (a small table, or a batch whose ids repeat a
+// lot): each block sums its share of the input rows into a shared-memory
+// copy of the whole output, then adds that copy to out once. The global
+// atomics per output element drop from one per input row to one per block.
+__global__ void ScatterAddFewRowsKernel(const float* rows, const int64_t* slots, int64_t n,
+                                        int dim, int out_elems, float* out) {
+  extern __shared__ float acc[];
+  for (int e = threadIdx.x; e < out_elems; e += blockDim.x) acc[e] = 0.0f;
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; r < n; r += warps) {
+    const float* src = rows + r * dim;
+    float* dst = acc + static_cast<int>(slots[r]) * dim;
+    for (int c = lane; c < dim; c += 32) atomicAdd(dst + c, src[c]);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < out_elems; e += blockDim.x) {
+    if (acc[e] != 0.0f) atomicAdd(out + e, acc[e]);
+  }
 }
 
 __global__ void ToBf16Kernel(const float* x, __nv_bfloat16* y, int64_t n) {
@@ -164,9 +199,25 @@ cudaError_t AddMixed(const void* a, bool a_bf16, const void* b, bool b_bf16, voi
 }
 
 cudaError_t ScatterAddRows(const float* rows, const int64_t* slots, int64_t n, int64_t dim,
-                           float* out, void* stream) {
+                           int64_t out_rows, float* out, void* stream) {
   if (n * dim == 0) return cudaSuccess;
-  ScatterAddRowsKernel<<<Blocks(n * dim), kThreads, 0, Stream(stream)>>>(rows, slots, n, dim, out);
+  if (dim > (int64_t{1} << 30)) return cudaErrorInvalidValue;
+  constexpr int64_t kWarps = kThreads / 32;
+  const int64_t out_elems = out_rows * dim;
+  if (out_elems <= kFewRowsElems && n >= 4 * out_rows) {
+    // Enough input rows per block (at least 4x the output's) that the
+    // block's zeroing and flush stay small beside its share of the input.
+    // At most 256 blocks (about two per SM): each output element takes one
+    // global atomic per block.
+    const int64_t per_block = std::max<int64_t>(kWarps * 8, 4 * out_rows);
+    const int64_t blocks = std::min<int64_t>((n + per_block - 1) / per_block, 256);
+    ScatterAddFewRowsKernel<<<static_cast<unsigned>(blocks), kThreads,
+                              static_cast<size_t>(out_elems) * sizeof(float), Stream(stream)>>>(
+        rows, slots, n, static_cast<int>(dim), static_cast<int>(out_elems), out);
+  } else {
+    ScatterAddRowsKernel<<<Blocks(n * 32), kThreads, 0, Stream(stream)>>>(
+        rows, slots, n, static_cast<int>(dim), out);
+  }
   return cudaGetLastError();
 }
 
