@@ -11,6 +11,17 @@ using cuda_util::ElemType;
 using cuda_util::LoadF;
 using cuda_util::StoreF;
 
+template <typename T>
+__device__ __forceinline__ T ToElem(float v);
+template <>
+__device__ __forceinline__ float ToElem<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 ToElem<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
 __global__ void CastKernel(const float* __restrict__ in, __nv_bfloat16* __restrict__ out,
                            int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -19,12 +30,33 @@ __global__ void CastKernel(const float* __restrict__ in, __nv_bfloat16* __restri
   }
 }
 
-__global__ void AddBiasKernel(void* c, int c_type, const void* bias, int bias_type, int64_t m,
+// Typed per (c, bias) pair, and no division per element: each thread keeps
+// the column of its element and steps it by the grid stride modulo n. Four
+// elements' loads are issued before their stores, so that each thread keeps
+// several loads in flight.
+template <typename C, typename B>
+__global__ void AddBiasKernel(C* __restrict__ c, const B* __restrict__ bias, int64_t total,
                               int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < m * n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    StoreF(c, ElemType(c_type), i,
-           LoadF(c, ElemType(c_type), i) + LoadF(bias, ElemType(bias_type), i % n));
+  constexpr int kBatch = 4;
+  const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if (start >= total) return;
+  const int64_t step = stride % n;
+  int64_t col = start % n;
+  for (int64_t i = start; i < total; i += kBatch * stride) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t e = i + u * stride;
+      if (e < total) v[u] = static_cast<float>(c[e]) + static_cast<float>(bias[col]);
+      col += step;
+      if (col >= n) col -= n;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t e = i + u * stride;
+      if (e < total) c[e] = ToElem<C>(v[u]);
+    }
   }
 }
 
@@ -39,13 +71,21 @@ __global__ void PartialColumnSums(const void* dy, int dy_type, int64_t m, int64_
   part[blockIdx.y * n + col] = s;
 }
 
+// One warp per column: its lanes split the chunks, then a fixed butterfly
+// sums the lanes (deterministic). The old thread-per-column loop waited on
+// 256 dependent loads in a row.
 __global__ void FinishColumnSums(const float* __restrict__ part, int64_t chunks, int64_t n,
                                  bool accumulate, void* out, int out_type) {
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= n) return;
-  float s = accumulate ? LoadF(out, ElemType(out_type), col) : 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) s += part[k * n + col];
-  StoreF(out, ElemType(out_type), col, s);
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (col >= n) return;  // whole warps leave together: col is uniform in a warp
+  float s = 0;
+  for (int64_t k = lane; k < chunks; k += 32) s += part[k * n + col];
+  s = cuda_util::WarpSum(s);
+  if (lane == 0) {
+    if (accumulate) s += LoadF(out, ElemType(out_type), col);
+    StoreF(out, ElemType(out_type), col, s);
+  }
 }
 
 unsigned Grid(int64_t n) {
@@ -64,8 +104,25 @@ cudaError_t CastToBf16(const float* in, void* out, int64_t n, void* stream) {
 cudaError_t AddBias(void* c, int c_type, const void* bias, int bias_type, int64_t m, int64_t n,
                     void* stream) {
   if (m * n == 0) return cudaSuccess;
-  AddBiasKernel<<<Grid(m * n), 256, 0, static_cast<cudaStream_t>(stream)>>>(c, c_type, bias,
-                                                                           bias_type, m, n);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t total = m * n;
+  // About 8 elements per thread, so that its two divisions are shared.
+  const unsigned grid = Grid((total + 7) / 8);
+  const bool c16 = ElemType(c_type) == ElemType::kBFloat16;
+  const bool b16 = ElemType(bias_type) == ElemType::kBFloat16;
+  using Bf = __nv_bfloat16;
+  if (c16 && b16) {
+    AddBiasKernel<<<grid, 256, 0, s>>>(static_cast<Bf*>(c), static_cast<const Bf*>(bias), total, n);
+  } else if (c16) {
+    AddBiasKernel<<<grid, 256, 0, s>>>(static_cast<Bf*>(c), static_cast<const float*>(bias), total,
+                                       n);
+  } else if (b16) {
+    AddBiasKernel<<<grid, 256, 0, s>>>(static_cast<float*>(c), static_cast<const Bf*>(bias), total,
+                                       n);
+  } else {
+    AddBiasKernel<<<grid, 256, 0, s>>>(static_cast<float*>(c), static_cast<const float*>(bias),
+                                       total, n);
+  }
   return cudaGetLastError();
 }
 
@@ -80,8 +137,8 @@ cudaError_t ColumnSums(const void* dy, int dy_type, int64_t m, int64_t n, bool a
   if (err != cudaSuccess) return err;
   PartialColumnSums<<<dim3(cuda_util::GridFor(n, 256), static_cast<unsigned>(chunks)), 256, 0, s>>>(
       dy, dy_type, m, n, rows_per_chunk, part);
-  FinishColumnSums<<<cuda_util::GridFor(n, 256), 256, 0, s>>>(part, chunks, n, accumulate, dbias,
-                                                              dbias_type);
+  FinishColumnSums<<<cuda_util::GridFor(n * 32, 256), 256, 0, s>>>(part, chunks, n, accumulate,
+                                                                   dbias, dbias_type);
   err = cudaGetLastError();
   const cudaError_t free_err = cudaFreeAsync(part, s);
   return err != cudaSuccess ? err : free_err;
