@@ -51,28 +51,39 @@ std::vector<double> Read(const DeviceBuffer& d, int type) {
   return out;
 }
 
-void CheckAddBias(int64_t m, int64_t n, int c_type, int bias_type) {
+// `offset` elements before c in its allocation: an offset of 1 leaves c
+// off the 16-byte alignment of the vectorized kernel.
+void CheckAddBias(int64_t m, int64_t n, int c_type, int bias_type, int64_t offset = 0) {
   SCOPED_TRACE(::testing::Message() << "AddBias m=" << m << " n=" << n << " c=" << c_type
-                                    << " bias=" << bias_type);
-  HostTensor c(c_type, m * n), bias(bias_type, n);
+                                    << " bias=" << bias_type << " offset=" << offset);
+  HostTensor c(c_type, offset + m * n), bias(bias_type, n);
   DeviceBuffer dc = c.ToDevice(), dbias = bias.ToDevice();
-  ASSERT_EQ(gemm_cuda::AddBias(dc.get(), c_type, dbias.get(), bias_type, m, n, nullptr),
+  const int64_t es = c_type == kBf16 ? 2 : 4;
+  ASSERT_EQ(gemm_cuda::AddBias(static_cast<char*>(dc.get()) + offset * es, c_type, dbias.get(),
+                               bias_type, m, n, nullptr),
             cudaSuccess);
   const std::vector<double> got = Read(dc, c_type);
+  for (int64_t i = 0; i < offset; ++i) ASSERT_EQ(got[i], c.values[i]) << "before c";
   // The kernel adds in fp32 and rounds once to c's type.
   const double tol = c_type == kBf16 ? 8e-3 : 1e-6;
   for (int64_t i = 0; i < m * n; ++i) {
-    const double want = c.values[i] + bias.values[i % n];
-    ASSERT_NEAR(got[i], want, tol * (1 + std::fabs(want))) << "element " << i;
+    const double want = c.values[offset + i] + bias.values[i % n];
+    ASSERT_NEAR(got[offset + i], want, tol * (1 + std::fabs(want))) << "element " << i;
   }
 }
 
 TEST(GemmKernelsCudaTest, AddBiasMatchesFloat64Reference) {
-  const int64_t shapes[][2] = {{1, 1}, {3, 1}, {7, 5}, {1000, 1}, {257, 33},
-                               {1024, 256}, {4097, 1023}, {65537, 4}, {70001, 129}};
+  // Widths that are and are not multiples of the 16-byte packs (4 fp32,
+  // 8 bf16 elements), around the launch edges.
+  const int64_t shapes[][2] = {{1, 1},     {3, 1},      {7, 5},       {1000, 1},   {257, 33},
+                               {3, 16},    {999, 8},    {1024, 256},  {4097, 1023},
+                               {65537, 4}, {70001, 129}, {20001, 768}};
   for (const auto& s : shapes) {
     for (int c : {kF32, kBf16}) {
-      for (int b : {kF32, kBf16}) CheckAddBias(s[0], s[1], c, b);
+      for (int b : {kF32, kBf16}) {
+        CheckAddBias(s[0], s[1], c, b);
+        CheckAddBias(s[0], s[1], c, b, /*offset=*/1);
+      }
     }
   }
 }
