@@ -94,9 +94,19 @@ __global__ void PartialColumnSums(const void* dy, int dy_type, int64_t m, int64_
   if (col >= n) return;
   const int64_t r0 = blockIdx.y * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < m ? r0 + rows_per_chunk : m;
-  float s = 0;
-  for (int64_t r = r0; r < r1; ++r) s += LoadF(dy, ElemType(dy_type), r * n + col);
-  part[blockIdx.y * n + col] = s;
+  // Four running sums, so that four loads are in flight (fixed order:
+  // deterministic).
+  const ElemType t = ElemType(dy_type);
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t r = r0;
+  for (; r + 3 < r1; r += 4) {
+    s0 += LoadF(dy, t, r * n + col);
+    s1 += LoadF(dy, t, (r + 1) * n + col);
+    s2 += LoadF(dy, t, (r + 2) * n + col);
+    s3 += LoadF(dy, t, (r + 3) * n + col);
+  }
+  for (; r < r1; ++r) s0 += LoadF(dy, t, r * n + col);
+  part[blockIdx.y * n + col] = (s0 + s1) + (s2 + s3);
 }
 
 // One warp per column: its lanes split the chunks, then a fixed butterfly
