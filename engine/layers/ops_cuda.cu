@@ -128,16 +128,35 @@ __global__ void ExpandBagsKernel(const float* dpooled, const int64_t* offsets, i
   }
 }
 
+// dst[c] += src[c] for c < dim by one warp: each lane loads up to 8 of
+// its columns before it adds any of them (8 loads in flight), and the adds
+// are atomics (shared or global memory, wherever dst points).
+__device__ __forceinline__ void WarpAddRow(const float* __restrict__ src, float* dst, int dim,
+                                           int lane) {
+  constexpr int kPer = 8;
+  for (int c0 = lane; c0 < dim; c0 += 32 * kPer) {
+    float v[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int c = c0 + 32 * j;
+      v[j] = c < dim ? src[c] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int c = c0 + 32 * j;
+      if (c < dim) atomicAdd(dst + c, v[j]);
+    }
+  }
+}
+
 // One warp per input row, its lanes over the columns: no division per
 // element, one slot load per row.
-__global__ void ScatterAddRowsKernel(const float* rows, const int64_t* slots, int64_t n,
-                                     int dim, float* out) {
+__global__ void ScatterAddRowsKernel(const float* __restrict__ rows, const int64_t* slots,
+                                     int64_t n, int dim, float* out) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
   for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; r < n; r += warps) {
-    const float* src = rows + r * dim;
-    float* dst = out + slots[r] * dim;
-    for (int c = lane; c < dim; c += 32) atomicAdd(dst + c, src[c]);
+    WarpAddRow(rows + r * dim, out + slots[r] * dim, dim, lane);
   }
 }
 
@@ -145,17 +164,15 @@ __global__ void ScatterAddRowsKernel(const float* rows, const int64_t* slots, in
 // lot): each block sums its share of the input rows into a shared-memory
 // copy of the whole output, then adds that copy to out once. The global
 // atomics per output element drop from one per input row to one per block.
-__global__ void ScatterAddFewRowsKernel(const float* rows, const int64_t* slots, int64_t n,
-                                        int dim, int out_elems, float* out) {
+__global__ void ScatterAddFewRowsKernel(const float* __restrict__ rows, const int64_t* slots,
+                                        int64_t n, int dim, int out_elems, float* out) {
   extern __shared__ float acc[];
   for (int e = threadIdx.x; e < out_elems; e += blockDim.x) acc[e] = 0.0f;
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
   for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; r < n; r += warps) {
-    const float* src = rows + r * dim;
-    float* dst = acc + static_cast<int>(slots[r]) * dim;
-    for (int c = lane; c < dim; c += 32) atomicAdd(dst + c, src[c]);
+    WarpAddRow(rows + r * dim, acc + static_cast<int>(slots[r]) * dim, dim, lane);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < out_elems; e += blockDim.x) {
