@@ -1,4 +1,7 @@
 // The CUDA glue ops against a float64 host reference on fresh random data.
+// The elementwise ops: every kind, lengths around the 4-element packs, and
+// operands off the 16-byte alignment (the one-by-one kernel), with the
+// elements around the operands left bit for bit.
 // ScatterAddRows: both of its kernels (the shared-memory one for outputs of
 // at most 12,288 elements fed at least 4 rows per output row, the per-row
 // one otherwise), ragged widths, skewed slots that send most rows to one
@@ -7,6 +10,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -80,6 +85,81 @@ TEST(OpsCudaTest, ScatterAddRowsOfNoRowsLeavesOutAlone) {
                              dout.View(DType::kFloat32, {4, 8}))
                   .ok());
   EXPECT_EQ(dout.ToHost<float>(), out);
+}
+
+// Four device operands of n floats each, `offset` floats into their
+// allocations (one float of slack after them too): a, b, c and out.
+struct Operands {
+  int64_t n, offset;
+  std::vector<float> host[4];
+  std::unique_ptr<DeviceBuffer> dev[4];
+
+  Operands(int64_t size, int64_t off) : n(size), offset(off) {
+    for (int k = 0; k < 4; ++k) {
+      const std::vector<double> v = RandomDoubles(n + offset + 1);
+      host[k].assign(v.begin(), v.end());
+      dev[k] = std::make_unique<DeviceBuffer>(host[k]);
+    }
+  }
+  TensorView View(int k) const {
+    return MakeView(static_cast<float*>(dev[k]->get()) + offset, DType::kFloat32, {n},
+                    Device::kCuda);
+  }
+  double At(int k, int64_t i) const { return host[k][offset + i]; }
+};
+
+void CheckElementwise(int64_t n, int64_t offset) {
+  SCOPED_TRACE(::testing::Message() << "n=" << n << " offset=" << offset);
+  const double w = RandomDoubles(1, 0.5, 2.0)[0];
+  const float wf = static_cast<float>(w);
+  struct Case {
+    const char* name;
+    std::function<absl::Status(const Operands&)> run;
+    std::function<double(const Operands&, int64_t)> want;
+    int out;  // which operand holds the result
+  };
+  const Case cases[] = {
+      {"Add", [](const Operands& o) { return Add(o.View(0), o.View(1), o.View(3)); },
+       [](const Operands& o, int64_t i) { return o.At(0, i) + o.At(1, i); }, 3},
+      {"Mul", [](const Operands& o) { return Mul(o.View(0), o.View(1), o.View(3)); },
+       [](const Operands& o, int64_t i) { return o.At(0, i) * o.At(1, i); }, 3},
+      {"AddMul", [](const Operands& o) { return AddMul(o.View(0), o.View(1), o.View(3)); },
+       [](const Operands& o, int64_t i) { return o.At(3, i) + o.At(0, i) * o.At(1, i); }, 3},
+      {"MulAdd",
+       [](const Operands& o) { return MulAdd(o.View(0), o.View(1), o.View(2), o.View(3)); },
+       [](const Operands& o, int64_t i) { return o.At(0, i) * o.At(1, i) + o.At(2, i); }, 3},
+      {"Scale", [&](const Operands& o) { return Scale(o.View(0), w); },
+       [&](const Operands& o, int64_t i) { return o.At(0, i) * wf; }, 0},
+      {"AddScaled", [&](const Operands& o) { return AddScaled(o.View(0), w, o.View(3)); },
+       [&](const Operands& o, int64_t i) { return o.At(3, i) + wf * o.At(0, i); }, 3},
+      {"FillMeanWeights", [](const Operands& o) { return FillMeanWeights(o.View(3)); },
+       [](const Operands& o, int64_t) { return 1.0 / static_cast<double>(o.n); }, 3},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    const Operands o(n, offset);
+    const absl::Status s = k.run(o);
+    ASSERT_TRUE(s.ok()) << s;
+    for (int op = 0; op < 4; ++op) {
+      const std::vector<float> got = o.dev[op]->ToHost<float>();
+      for (int64_t j = 0; j < n + offset + 1; ++j) {
+        const int64_t i = j - offset;
+        if (op != k.out || i < 0 || i >= n) {
+          ASSERT_EQ(got[j], o.host[op][j]) << "operand " << op << " element " << j;
+        } else {
+          // One or two fp32 roundings of terms of magnitude <= 2 (w < 2).
+          ASSERT_NEAR(got[j], k.want(o, i), 1e-6) << "element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(OpsCudaTest, ElementwiseOpsMatchFloat64Reference) {
+  for (int64_t n : {1, 3, 4, 5, 8, 1023, 4099, (1 << 20) + 3}) {
+    CheckElementwise(n, 0);  // 16-byte aligned: packs of 4, then the rest
+    CheckElementwise(n, 1);  // unaligned: one by one
+  }
 }
 
 }  // namespace
