@@ -528,7 +528,8 @@ absl::Status ScatterAddRows(const TensorView& rows, const TensorView& slots, con
   }
   const int64_t n = rows.dim(0), d = rows.dim(1);
   if (rows.device == Device::kCuda) {
-    return Cuda(ops_cuda::ScatterAddRows(F(rows), slots.as<int64_t>(), n, d, F(out), Stream()),
+    return Cuda(ops_cuda::ScatterAddRows(F(rows), slots.as<int64_t>(), n, d, out.dim(0), F(out),
+                                         Stream()),
                 "ScatterAddRows");
   }
   for (int64_t i = 0; i < n; ++i) {

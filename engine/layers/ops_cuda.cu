@@ -4,6 +4,8 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "engine/layers/ops_cuda.h"
 #include "kernels/base/cuda_util.h"
 
@@ -11,6 +13,9 @@ namespace recfleet::engine::ops_cuda {
 namespace {
 
 constexpr int kThreads = 256;
+// The largest output (elements) ScatterAddRows sums in shared memory: 48 KiB,
+// the default dynamic shared-memory limit.
+constexpr int64_t kFewRowsElems = 48 * 1024 / sizeof(float);
 
 unsigned Blocks(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
@@ -23,18 +28,62 @@ cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
-__global__ void ElementwiseKernel(int kind, const float* a, const float* b, const float* c,
-                                  float w, float* out, int64_t n) {
-  RECFLEET_GRID_LOOP(i, n) {
-    switch (kind) {
-      case 0: out[i] = a[i] + b[i]; break;
-      case 1: out[i] = a[i] * b[i]; break;
-      case 2: out[i] += a[i] * b[i]; break;
-      case 3: out[i] = a[i] * b[i] + c[i]; break;
-      case 4: out[i] = a[i] * w; break;
-      case 5: out[i] += w * a[i]; break;
-      default: out[i] = w; break;
-    }
+// out = f(a, b, c, w, out) for the op kinds of ops_cuda::Elementwise.
+template <int K>
+__device__ __forceinline__ float ElementwiseOp(float a, float b, float c, float w, float o) {
+  switch (K) {
+    case 0: return a + b;
+    case 1: return a * b;
+    case 2: return o + a * b;
+    case 3: return a * b + c;
+    case 4: return a * w;
+    case 5: return o + w * a;
+    default: return w;
+  }
+}
+
+template <int K>
+__device__ __forceinline__ void ElementwiseAt(const float* a, const float* b, const float* c,
+                                              float w, float* out, int64_t i) {
+  constexpr bool kA = K != 6, kB = K <= 3, kC = K == 3, kO = K == 2 || K == 5;
+  out[i] = ElementwiseOp<K>(kA ? a[i] : 0.0f, kB ? b[i] : 0.0f, kC ? c[i] : 0.0f, w,
+                            kO ? out[i] : 0.0f);
+}
+
+// One kernel per op kind (no switch per element), reading only the operands
+// the kind uses. With kVec (every operand 16-byte aligned), four elements
+// per float4 load, and the last n % 4 elements one by one. out may be a
+// (Scale): each element is read before it is written by the same thread.
+template <int K, bool kVec>
+__global__ void ElementwiseKernel(const float* a, const float* b, const float* c, float w,
+                                  float* out, int64_t n) {
+  if (!kVec) {
+    RECFLEET_GRID_LOOP(i, n) { ElementwiseAt<K>(a, b, c, w, out, i); }
+    return;
+  }
+  constexpr bool kA = K != 6, kB = K <= 3, kC = K == 3, kO = K == 2 || K == 5;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  RECFLEET_GRID_LOOP(v, n / 4) {
+    const float4 x = kA ? reinterpret_cast<const float4*>(a)[v] : zero;
+    const float4 y = kB ? reinterpret_cast<const float4*>(b)[v] : zero;
+    const float4 z = kC ? reinterpret_cast<const float4*>(c)[v] : zero;
+    const float4 o = kO ? reinterpret_cast<const float4*>(out)[v] : zero;
+    reinterpret_cast<float4*>(out)[v] =
+        make_float4(ElementwiseOp<K>(x.x, y.x, z.x, w, o.x), ElementwiseOp<K>(x.y, y.y, z.y, w, o.y),
+                    ElementwiseOp<K>(x.z, y.z, z.z, w, o.z), ElementwiseOp<K>(x.w, y.w, z.w, w, o.w));
+  }
+  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (t < n % 4) ElementwiseAt<K>(a, b, c, w, out, n / 4 * 4 + t);
+}
+
+template <int K>
+void LaunchElementwise(const float* a, const float* b, const float* c, float w, float* out,
+                       int64_t n, cudaStream_t s) {
+  auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (aligned(a) && aligned(b) && aligned(c) && aligned(out)) {  // null counts as aligned
+    ElementwiseKernel<K, true><<<Blocks((n + 3) / 4), kThreads, 0, s>>>(a, b, c, w, out, n);
+  } else {
+    ElementwiseKernel<K, false><<<Blocks(n), kThreads, 0, s>>>(a, b, c, w, out, n);
   }
 }
 
@@ -123,9 +172,56 @@ __global__ void ExpandBagsKernel(const float* dpooled, const int64_t* offsets, i
   }
 }
 
-__global__ void ScatterAddRowsKernel(const float* rows, const int64_t* slots, int64_t n,
-                                     int64_t dim, float* out) {
-  RECFLEET_GRID_LOOP(i, n * dim) { atomicAdd(out + slots[i / dim] * dim + i % dim, rows[i]); }
+// dst[c] += src[c] for c < dim by one warp: each lane loads up to 8 of
+// its columns before it adds any of them (8 loads in flight), and the adds
+// are atomics (shared or global memory, wherever dst points).
+__device__ __forceinline__ void WarpAddRow(const float* __restrict__ src, float* dst, int dim,
+                                           int lane) {
+  constexpr int kPer = 8;
+  for (int c0 = lane; c0 < dim; c0 += 32 * kPer) {
+    float v[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int c = c0 + 32 * j;
+      v[j] = c < dim ? src[c] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int c = c0 + 32 * j;
+      if (c < dim) atomicAdd(dst + c, v[j]);
+    }
+  }
+}
+
+// One warp per input row, its lanes over the columns: no division per
+// element, one slot load per row.
+__global__ void ScatterAddRowsKernel(const float* __restrict__ rows, const int64_t* slots,
+                                     int64_t n, int dim, float* out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; r < n; r += warps) {
+    WarpAddRow(rows + r * dim, out + slots[r] * dim, dim, lane);
+  }
+}
+
+// For an output of few rows (a small table, or a batch whose ids repeat a
+// lot): each block sums its share of the input rows into a shared-memory
+// copy of the whole output, then adds that copy to out once. The global
+// atomics per output element drop from one per input row to one per block.
+__global__ void ScatterAddFewRowsKernel(const float* __restrict__ rows, const int64_t* slots,
+                                        int64_t n, int dim, int out_elems, float* out) {
+  extern __shared__ float acc[];
+  for (int e = threadIdx.x; e < out_elems; e += blockDim.x) acc[e] = 0.0f;
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; r < n; r += warps) {
+    WarpAddRow(rows + r * dim, acc + static_cast<int>(slots[r]) * dim, dim, lane);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < out_elems; e += blockDim.x) {
+    if (acc[e] != 0.0f) atomicAdd(out + e, acc[e]);
+  }
 }
 
 __global__ void ToBf16Kernel(const float* x, __nv_bfloat16* y, int64_t n) {
@@ -164,9 +260,25 @@ cudaError_t AddMixed(const void* a, bool a_bf16, const void* b, bool b_bf16, voi
 }
 
 cudaError_t ScatterAddRows(const float* rows, const int64_t* slots, int64_t n, int64_t dim,
-                           float* out, void* stream) {
+                           int64_t out_rows, float* out, void* stream) {
   if (n * dim == 0) return cudaSuccess;
-  ScatterAddRowsKernel<<<Blocks(n * dim), kThreads, 0, Stream(stream)>>>(rows, slots, n, dim, out);
+  if (dim > (int64_t{1} << 30)) return cudaErrorInvalidValue;
+  constexpr int64_t kWarps = kThreads / 32;
+  const int64_t out_elems = out_rows * dim;
+  if (out_elems <= kFewRowsElems && n >= 4 * out_rows) {
+    // Enough input rows per block (at least 4x the output's) that the
+    // block's zeroing and flush stay small beside its share of the input.
+    // At most 256 blocks (about two per SM): each output element takes one
+    // global atomic per block.
+    const int64_t per_block = std::max<int64_t>(kWarps * 8, 4 * out_rows);
+    const int64_t blocks = std::min<int64_t>((n + per_block - 1) / per_block, 256);
+    ScatterAddFewRowsKernel<<<static_cast<unsigned>(blocks), kThreads,
+                              static_cast<size_t>(out_elems) * sizeof(float), Stream(stream)>>>(
+        rows, slots, n, static_cast<int>(dim), static_cast<int>(out_elems), out);
+  } else {
+    ScatterAddRowsKernel<<<Blocks(n * 32), kThreads, 0, Stream(stream)>>>(
+        rows, slots, n, static_cast<int>(dim), out);
+  }
   return cudaGetLastError();
 }
 
@@ -186,7 +298,16 @@ cudaError_t FromBf16(const void* x, float* y, int64_t n, void* stream) {
 cudaError_t Elementwise(int kind, const float* a, const float* b, const float* c, float w,
                         float* out, int64_t n, void* stream) {
   if (n == 0) return cudaSuccess;
-  ElementwiseKernel<<<Blocks(n), kThreads, 0, Stream(stream)>>>(kind, a, b, c, w, out, n);
+  cudaStream_t s = Stream(stream);
+  switch (kind) {
+    case 0: LaunchElementwise<0>(a, b, c, w, out, n, s); break;
+    case 1: LaunchElementwise<1>(a, b, c, w, out, n, s); break;
+    case 2: LaunchElementwise<2>(a, b, c, w, out, n, s); break;
+    case 3: LaunchElementwise<3>(a, b, c, w, out, n, s); break;
+    case 4: LaunchElementwise<4>(a, b, c, w, out, n, s); break;
+    case 5: LaunchElementwise<5>(a, b, c, w, out, n, s); break;
+    default: LaunchElementwise<6>(a, b, c, w, out, n, s); break;
+  }
   return cudaGetLastError();
 }
 

@@ -47,9 +47,11 @@ cudaError_t ScaleBags(const float* sums, const int64_t* offsets, int64_t bags, i
 cudaError_t ExpandBags(const float* dpooled, const int64_t* offsets, int64_t bags, int64_t ids,
                        int64_t dim, bool mean, float* out, void* stream);
 
-// out[slots[i], :] += rows[i, :] for i < n (fp32 atomics; out [*, dim]).
+// out[slots[i], :] += rows[i, :] for i < n (fp32 atomics; out [out_rows,
+// dim], every slot in [0, out_rows)). An output of at most 12,288 elements
+// is summed per block in shared memory first.
 cudaError_t ScatterAddRows(const float* rows, const int64_t* slots, int64_t n, int64_t dim,
-                           float* out, void* stream);
+                           int64_t out_rows, float* out, void* stream);
 
 // fp32 <-> bf16 (round to nearest even), n elements.
 cudaError_t ToBf16(const float* x, void* y, int64_t n, void* stream);
