@@ -19,9 +19,12 @@ namespace {
 constexpr absl::Duration kEndedLogRetention = absl::Minutes(10);
 
 CoordinatorOptions WithGroupPlanner(CoordinatorOptions options) {
+  if (!options.planning_data_reader) {
+    options.planning_data_reader = PlanningDatasetReader(options.step_rates, options.data_root);
+  }
   if (!options.group_planner) {
     options.group_planner =
-        PlanningGroupPlanner(options.planner_hardware, options.step_rates, options.data_root);
+        PlanningDataGroupPlanner(options.planner_hardware, options.step_rates, options.data_root);
   }
   return options;
 }
@@ -95,9 +98,14 @@ void Coordinator::RegisterMetrics(metrics::MetricRegistry* registry) {
 absl::Status Coordinator::Recover() {
   absl::StatusOr<std::vector<Job>> active = store_->ActiveJobs();
   if (!active.ok()) return active.status();
+  // Every active job may need a plan (RUNNING ones when they restart): read
+  // their data before taking the lock, and before the lease clock starts.
+  std::vector<absl::StatusOr<PlanningData>> planning_data;
+  for (const Job& job : *active) planning_data.push_back(options_.planning_data_reader(job.spec()));
   absl::MutexLock lock(&mu_);
   const absl::Time now = options_.clock();
-  for (Job& job : *active) {
+  for (size_t i = 0; i < active->size(); ++i) {
+    Job& job = (*active)[i];
     absl::StatusOr<std::string> id = ParseJobName(job.name(), "stored job name");
     if (!id.ok()) return id.status();
     absl::StatusOr<std::vector<JobTransition>> history = store_->Transitions(*id);
@@ -106,6 +114,7 @@ absl::Status Coordinator::Recover() {
     aj.id = *id;
     aj.order = next_order_++;
     aj.job = std::move(job);
+    aj.planning_data = std::move(planning_data[i]);
     aj.ranks_per_worker = std::max(aj.job.spec().resources().gpus_per_worker(), 1);
     for (const JobTransition& t : *history) aj.restarts += t.to() == JobStatus::RESTARTING;
     const JobState state = aj.job.status().state();

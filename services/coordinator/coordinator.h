@@ -12,7 +12,10 @@
 // it (see Create). Worker leases and rendezvous keys are soft state.
 //
 // Thread-safe: one mutex serializes the domain state; store writes happen
-// under it, so transitions are recorded in the order they occur.
+// under it, so transitions are recorded in the order they occur. Nothing
+// under it reads a dataset: what a plan needs from a job's data is read once
+// per job before the mutex is taken (CoordinatorOptions.planning_data_reader)
+// and kept with the job for every placement.
 //
 // The implementation is split by concern, all over the same state:
 //   coordinator.cc             construction, recovery, metrics, control loop
@@ -83,12 +86,21 @@ struct CoordinatorOptions {
   // Where relative dataset paths of specs resolve for planning (the
   // loaders' and workers' --data_root); "" = the working directory.
   std::string data_root;
-  // Communication groups for an assignment. Unset: every job is planned on
-  // its placement with the planner (PlanningGroupPlanner(planner_hardware,
-  // step_rates));
-  // a job the planner cannot fit fails with reason "PlanFailed" and the
-  // planner's message.
-  GroupPlanner group_planner;
+  // What a job's plans read from its dataset (plan_adapter.h PlanningData),
+  // given the spec as submitted. Called once per job outside the scheduler's
+  // lock: by CreateJob before it takes the lock, and on start-up for every
+  // recovered job before the lock is taken and RPCs are served. Unset:
+  // PlanningDatasetReader(step_rates, data_root). A job whose data cannot be
+  // read fails as one the planner cannot fit: when it is placed, with reason
+  // "PlanFailed" and the reader's message (the job state machine has no
+  // QUEUED -> FAILED); PlanJob returns the reader's error.
+  PlanningDataReader planning_data_reader;
+  // Communication groups for an assignment from a job's PlanningData, called
+  // under the lock (no file I/O). Unset: every job is planned on its
+  // placement with the planner (PlanningDataGroupPlanner(planner_hardware,
+  // step_rates, data_root)); a job the planner cannot fit fails with reason
+  // "PlanFailed" and the planner's message.
+  DataGroupPlanner group_planner;
   // Time source (tests substitute a manual clock).
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
@@ -116,7 +128,8 @@ class Coordinator {
       const ::recfleet::v1::ListJobsRequest& request);
   absl::StatusOr<::recfleet::v1::Job> CancelJob(const ::recfleet::v1::CancelJobRequest& request);
   absl::Status DeleteJob(const ::recfleet::v1::DeleteJobRequest& request);
-  // Plans outside the lock: the planner may take a while on large fleets.
+  // Reads the dataset and plans outside the lock: the planner may take a
+  // while on large fleets.
   absl::StatusOr<::recfleet::v1::PlanJobResponse> PlanJob(
       const ::recfleet::v1::PlanJobRequest& request);
 
@@ -170,6 +183,10 @@ class Coordinator {
     int ranks_per_worker = 1;
     std::vector<::recfleet::v1::ProcessGroup> groups;
     std::optional<::recfleet::v1::Plan> plan;  // Of this attempt's groups.
+    // What every placement of the job is planned from (read outside mu_),
+    // or why it could not be read.
+    absl::StatusOr<PlanningData> planning_data =
+        absl::FailedPreconditionError("the job's dataset was not read for planning");
     std::set<std::string> started;  // Workers that reported RUNNING this epoch.
     ProgressAggregator progress;  // This attempt's step reports.
     // Rank 0 claimed SUCCEEDED before its step reports reached the last

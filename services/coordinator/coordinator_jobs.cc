@@ -153,6 +153,9 @@ absl::StatusOr<Job> Coordinator::CreateJob(const ::recfleet::v1::CreateJobReques
         "request_id must be at most 128 characters of [A-Za-z0-9._-], got \"", rid, "\""));
   }
   if (absl::Status s = ValidateJobId(request.job_id()); !s.ok()) return s;
+  // The dataset is read here, before the lock (file I/O that may be slow),
+  // once per job; every placement is planned from it.
+  absl::StatusOr<PlanningData> planning_data = options_.planning_data_reader(request.spec());
   absl::MutexLock lock(&mu_);
   bool created = false;
   absl::StatusOr<Job> job =
@@ -169,6 +172,7 @@ absl::StatusOr<Job> Coordinator::CreateJob(const ::recfleet::v1::CreateJobReques
   aj.id = id;
   aj.order = next_order_++;
   aj.job = *job;
+  aj.planning_data = std::move(planning_data);
   waiting_.insert({aj.order, id});
   WatchJobResponse event;
   event.set_kind(WatchJobResponse::STATE_CHANGE);

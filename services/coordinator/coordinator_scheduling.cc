@@ -50,7 +50,11 @@ void Coordinator::ScheduleLocked() {
 void Coordinator::PlaceLocked(ActiveJob& aj, const Placement& placement) {
   const int64_t epoch = aj.job.status().restart_epoch() + 1;
   const int64_t step = aj.job.status().progress().step();
-  absl::StatusOr<GroupPlan> groups = options_.group_planner(aj.job.spec(), placement);
+  // Planned from the data read when the job was created or recovered: no
+  // file I/O under the lock.
+  absl::StatusOr<GroupPlan> groups =
+      aj.planning_data.ok() ? options_.group_planner(aj.job.spec(), placement, *aj.planning_data)
+                            : absl::StatusOr<GroupPlan>(aj.planning_data.status());
   std::vector<std::string> ids;
   for (const WorkerView& w : placement.workers) ids.push_back(w.id);
   absl::Status s = TransitionLocked(aj, JobStatus::SCHEDULING, "GangPlaced",
@@ -141,8 +145,12 @@ absl::StatusOr<::recfleet::v1::PlanJobResponse> Coordinator::PlanJob(
             : std::string(" (a CPU job: any worker)"),
         "; ", registered, " worker(s) are registered"));
   }
-  absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, *placement, options_.planner_hardware,
-                                                     RatesForJob(spec, options_.step_rates));
+  // The dataset is read as for a created job, without the lock.
+  absl::StatusOr<PlanningData> data = options_.planning_data_reader(request.spec());
+  if (!data.ok()) return data.status();
+  absl::StatusOr<planner::Plan> plan =
+      PlanPlacement(spec, *placement, options_.planner_hardware, RatesForJob(spec, options_.step_rates),
+                    data->counts.has_value() ? &*data->counts : nullptr);
   if (!plan.ok()) return plan.status();
   ::recfleet::v1::PlanJobResponse response;
   *response.mutable_plan() = PlanToProto(*plan);

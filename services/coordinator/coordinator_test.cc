@@ -1,10 +1,16 @@
 #include "services/coordinator/coordinator.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
 #include <map>
+#include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "data/dataset_file.h"
 #include "gtest/gtest.h"
 #include "services/common/data_grant.h"
 #include "services/common/exposition.h"
@@ -48,6 +54,7 @@ class CoordinatorTest : public ::testing::Test {
     options.clock = [this] { return clock_.Now(); };
     options.loader_address = "127.0.0.1:7000";
     options.data_grant_key = "grant-key";
+    if (configure_) configure_(options);
     absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(db);
     ASSERT_TRUE(store.ok()) << store.status();
     absl::StatusOr<std::unique_ptr<Coordinator>> c =
@@ -57,9 +64,10 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   std::string Register(const std::string& host, const std::string& id = "",
-                       const std::string& node = "") {
+                       const std::string& node = "", int64_t resident_bytes = 0) {
     ::recfleet::v1::RegisterWorkerRequest r;
     r.set_host(host);
+    r.set_resident_memory_bytes(resident_bytes);
     r.set_worker_id(id);
     r.mutable_topology()->set_node(node.empty() ? host : node);
     absl::StatusOr<::recfleet::v1::RegisterWorkerResponse> resp = coordinator_->RegisterWorker(r);
@@ -194,6 +202,8 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   ManualClock clock_;
+  // Applied to the options of every Start (planning tests).
+  std::function<void(CoordinatorOptions&)> configure_;
   std::map<std::string, std::string> credentials_;
   std::unique_ptr<metrics::MetricRegistry> registry_;
   std::unique_ptr<Coordinator> coordinator_;
@@ -871,6 +881,248 @@ TEST_F(CoordinatorTest, WatchSeesStateChangesInOrder) {
   // A watcher starting late finds the job terminal in its snapshot.
   EXPECT_EQ(coordinator_->WatchSnapshot(job.name())->second.job().status().state(),
             JobStatus::CANCELLED);
+}
+
+// ---------------------------------------------------------------------------
+// Planning from a job's dataset: read once per job, never under the lock.
+// ---------------------------------------------------------------------------
+
+// Writes `rows` rows to `path` whose "history" (the test spec's sequence
+// feature) holds r % 41 items: lengths 0..40, mean 20, far below its cap of
+// 512, so a plan priced at the cap differs from one priced at the file.
+void WriteHistories(const std::string& path, int rows) {
+  data::Schema schema;
+  schema.features = {{"history", data::DType::kInt64, data::Layout::kJagged, "items"}};
+  data::Batch batch(std::make_shared<const data::Schema>(schema));
+  for (int r = 0; r < rows; ++r) {
+    const std::vector<int64_t> items(r % 41, r);
+    batch.AddJaggedInt64(0, items.data(), items.size());
+    ASSERT_TRUE(batch.CommitRow().ok());
+  }
+  data::WriterOptions o;
+  o.max_rows_per_block = 100;
+  auto w = data::DatasetWriter::Create(path, batch.schema(), o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Write(batch).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+}
+
+// Bytes that are no dataset file, where a dataset's training file belongs.
+void WriteGarbage(const std::string& path) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << std::string(4096, '\x5a');
+}
+
+// A CPU rate table with memory terms: the planner prices a CPU job with it
+// from the dataset's lengths and eval set, so the coordinator reads them.
+engine::StepRates CpuRates() {
+  engine::StepRates cpu;
+  cpu.device = "cpu";
+  cpu.gemm_flops_per_s = 2e9;
+  cpu.attention_flops_per_s = 1e9;
+  cpu.seconds_per_step = 1e-3;
+  cpu.seconds_per_token_element = 1e-9;
+  cpu.fixed_bytes = 8 << 20;
+  cpu.bytes_per_token_element = 40;
+  cpu.bytes_per_dense_element = 8;
+  return cpu;
+}
+
+class PlanningDataTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    dir_ = std::string(testing::TempDir()) + "/coordinator_dataset";
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    WriteHistories(dir_ + "/train.rfd", 4100);
+    WriteHistories(dir_ + "/eval.rfd", 700);
+    configure_ = [this](CoordinatorOptions& o) {
+      o.step_rates = {CpuRates()};
+      // The real reader, counted, and held at `gate_` while one is set.
+      o.planning_data_reader = [this, read = PlanningDatasetReader(o.step_rates, o.data_root)](
+                                   const ::recfleet::v1::JobSpec& spec) {
+        ++reads_;
+        if (absl::Notification* gate = gate_.load(); gate != nullptr) {
+          reading_.Notify();
+          gate->WaitForNotification();
+        }
+        return read(spec);
+      };
+    };
+    Start(":memory:");
+  }
+
+  // The test spec as a CPU job over `dataset` (default: the test's files).
+  ::recfleet::v1::JobSpec CpuSpec(int workers, const std::string& dataset = "") {
+    ::recfleet::v1::JobSpec spec = BuildableSpec(workers);
+    spec.mutable_resources()->set_gpus_per_worker(0);
+    spec.mutable_data()->set_dataset(dataset.empty() ? dir_ : dataset);
+    return spec;
+  }
+
+  Job Create(const ::recfleet::v1::JobSpec& spec) {
+    ::recfleet::v1::CreateJobRequest r;
+    *r.mutable_spec() = spec;
+    absl::StatusOr<Job> job = coordinator_->CreateJob(r);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : Job();
+  }
+
+  std::string dir_;
+  std::atomic<int> reads_{0};
+  std::atomic<absl::Notification*> gate_{nullptr};
+  absl::Notification reading_;
+};
+
+// While one job's dataset is being read (held open by the reader here), the
+// worker and job APIs and the control loop answer: none waits for the read.
+TEST_F(PlanningDataTest, RpcsAreServedWhileAJobsDatasetIsRead) {
+  const std::string w0 = Register("host-a", "", "", 64 << 20), w1 = Register("host-b", "", "", 64 << 20);
+  const Job waiting = Create(CpuSpec(5));  // More workers than there are: stays QUEUED.
+  absl::Notification release;
+  gate_ = &release;
+  Job created;
+  std::thread creator([&] { created = Create(CpuSpec(2)); });
+  ASSERT_TRUE(reading_.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  std::future<void> rpcs = std::async(std::launch::async, [&] {
+    EXPECT_EQ(AssignmentOf(Beat(w0)), nullptr);
+    EXPECT_EQ(Get(waiting.name()).status().state(), JobStatus::QUEUED);
+    EXPECT_EQ(coordinator_->ListJobs({}).value().jobs_size(), 1);
+    EXPECT_TRUE(coordinator_->WatchSnapshot(waiting.name()).ok());
+    EXPECT_EQ(coordinator_->ListWorkers().workers_size(), 2);
+    Register("host-c");
+    coordinator_->Tick();
+  });
+  // Had any of them waited on the read, it would still be waiting: the read
+  // is released only after this.
+  const bool answered = rpcs.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  EXPECT_FALSE(release.HasBeenNotified());
+  release.Notify();
+  creator.join();
+  rpcs.wait();
+  EXPECT_TRUE(answered) << "an RPC waited for a job's dataset to be read";
+  gate_ = nullptr;
+
+  // The read job was then placed and planned, from that one read.
+  const Job placed = Get(created.name());
+  EXPECT_EQ(placed.status().state(), JobStatus::SCHEDULING) << placed.status().DebugString();
+  EXPECT_EQ(placed.status().plan_summary().rfind("plan: FSDP", 0), 0u) << placed.status().plan_summary();
+  EXPECT_GT(placed.status().predicted_step_seconds(), 0);
+  EXPECT_GT(placed.status().predicted_peak_memory_bytes(), 64 << 20);
+  EXPECT_EQ(reads_, 2);
+  // Placed again after its workers were lost, it is planned again from that
+  // read: nothing is read under the lock.
+  clock_.Advance(absl::Seconds(11));
+  coordinator_->Tick();
+  EXPECT_EQ(Get(created.name()).status().state(), JobStatus::QUEUED);
+  Register("host-d");
+  Register("host-e");
+  EXPECT_EQ(Get(created.name()).status().state(), JobStatus::SCHEDULING);
+  EXPECT_EQ(Get(created.name()).status().predicted_step_seconds(), placed.status().predicted_step_seconds());
+  EXPECT_EQ(reads_, 2);
+}
+
+// The plan a job gets from the data read at creation (and again after a
+// coordinator restart) is the plan of the planner reading the dataset
+// itself: same predicted step and peak; and it is priced at the file's
+// lengths, not the cap.
+TEST_F(PlanningDataTest, PlanFromTheReadDataIsThePlannersOwnAcrossARestart) {
+  const std::string db = TempDb("coordinator_planning.db");
+  Start(db);
+  const ::recfleet::v1::JobSpec spec = CpuSpec(2);
+  const Job job = Create(spec);
+  EXPECT_EQ(job.status().state(), JobStatus::QUEUED);
+  Start(db);  // Recovered: its data is read again, before RPCs are served.
+  EXPECT_EQ(reads_, 2);
+  const int64_t resident = 96 << 20;
+  const std::string w0 = Register("host-a", "", "", resident), w1 = Register("host-b", "", "", resident);
+  const Job placed = Get(job.name());
+  ASSERT_EQ(placed.status().state(), JobStatus::SCHEDULING) << placed.status().DebugString();
+  EXPECT_EQ(reads_, 2);
+
+  Placement p;
+  p.ranks_per_worker = 1;
+  for (const std::string& id : placed.status().workers()) {
+    WorkerView v;
+    v.id = id;
+    v.topology.set_node(id == w0 ? "host-a" : "host-b");
+    v.resident_memory_bytes = resident;
+    p.workers.push_back(v);
+  }
+  ASSERT_EQ(p.workers.size(), 2u);
+  const engine::StepRates cpu = CpuRates();
+  absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, p, DefaultHardware(), &cpu);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<double> peak = CpuRankPeakBytes(spec, cpu, resident);
+  ASSERT_TRUE(peak.ok()) << peak.status();
+  EXPECT_DOUBLE_EQ(placed.status().predicted_step_seconds(), plan->step.total_s);
+  EXPECT_EQ(placed.status().predicted_peak_memory_bytes(), static_cast<int64_t>(*peak));
+  absl::StatusOr<GroupPlan> direct = PlanningGroupPlanner(DefaultHardware(), {cpu})(spec, p);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(placed.status().plan_summary(), direct->summary);
+  EXPECT_EQ(static_cast<int64_t>(direct->predicted_peak_bytes), placed.status().predicted_peak_memory_bytes());
+
+  // Priced at the histories' cap instead (no file there), the step is longer
+  // and the peak higher: the coordinator's plan came from the file.
+  absl::StatusOr<planner::Plan> capped =
+      PlanPlacement(CpuSpec(2, dir_ + "/absent"), p, DefaultHardware(), &cpu);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_LT(placed.status().predicted_step_seconds(), capped->step.total_s);
+  absl::StatusOr<double> capped_peak = CpuRankPeakBytes(CpuSpec(2, dir_ + "/absent"), cpu, resident);
+  ASSERT_TRUE(capped_peak.ok());
+  EXPECT_LT(placed.status().predicted_peak_memory_bytes(), static_cast<int64_t>(*capped_peak));
+}
+
+// A dataset that is there but cannot be read fails its job, as a job the
+// planner cannot fit does, with the file and the cause; other jobs and the
+// workers are untouched. So does a recovered job whose dataset broke while
+// the coordinator was down.
+TEST_F(PlanningDataTest, UnreadableDatasetFailsTheJobWithItsCause) {
+  const std::string bad = std::string(testing::TempDir()) + "/coordinator_bad_dataset";
+  std::filesystem::remove_all(bad);
+  std::filesystem::create_directories(bad);
+  WriteGarbage(bad + "/train.rfd");
+  const std::string w0 = Register("host-a");
+  const Job failed = Get(Create(CpuSpec(1, bad)).name());
+  EXPECT_EQ(failed.status().state(), JobStatus::FAILED);
+  EXPECT_EQ(failed.status().reason(), "PlanFailed");
+  EXPECT_NE(failed.status().message().find("dataset '" + bad + "/train.rfd' cannot be read for planning: "),
+            std::string::npos)
+      << failed.status().message();
+  ::recfleet::v1::PlanJobRequest plan;
+  *plan.mutable_spec() = CpuSpec(1, bad);
+  absl::StatusOr<::recfleet::v1::PlanJobResponse> planned = coordinator_->PlanJob(plan);
+  EXPECT_EQ(planned.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(planned.status().message().find(bad + "/train.rfd' cannot be read for planning"), std::string::npos)
+      << planned.status();
+  // The worker stays free: the next job is placed on it.
+  const Job good = Create(CpuSpec(1));
+  EXPECT_EQ(good.status().state(), JobStatus::SCHEDULING) << good.status().DebugString();
+  const HeartbeatResponse reply = Beat(w0);
+  const Assignment* a = AssignmentOf(reply);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->job(), good.name());
+
+  const std::string db = TempDb("coordinator_unreadable.db");
+  Start(db);
+  const std::string breaks = std::string(testing::TempDir()) + "/coordinator_breaking_dataset";
+  std::filesystem::remove_all(breaks);
+  std::filesystem::create_directories(breaks);
+  WriteHistories(breaks + "/train.rfd", 500);
+  const Job queued = Create(CpuSpec(2, breaks));
+  const Job other = Create(CpuSpec(2));
+  WriteGarbage(breaks + "/train.rfd");
+  Start(db);
+  EXPECT_EQ(Get(queued.name()).status().state(), JobStatus::QUEUED);
+  Register("host-b");
+  Register("host-c");
+  const Job recovered = Get(queued.name());
+  EXPECT_EQ(recovered.status().state(), JobStatus::FAILED);
+  EXPECT_EQ(recovered.status().reason(), "PlanFailed");
+  EXPECT_NE(recovered.status().message().find(breaks + "/train.rfd' cannot be read for planning"),
+            std::string::npos)
+      << recovered.status().message();
+  coordinator_->Tick();  // The workers it was offered go to the next job.
+  EXPECT_EQ(Get(other.name()).status().state(), JobStatus::SCHEDULING);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <utility>
@@ -209,11 +210,17 @@ v1::MemoryPlan MemoryToProto(const planner::MemoryBreakdown& m) {
 // Samples drawn from the dataset's length distribution to price a step.
 constexpr int kLengthSamples = 4096;
 
-}  // namespace
+// A dataset that is where this process looks but cannot be read.
+absl::Status Unreadable(const std::string& what, const std::string& path, const absl::Status& cause) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " '", path, "' cannot be read for planning: ", cause.message()));
+}
 
-std::vector<int64_t> SpecSequenceLengths(const JobSpec& spec, const engine::JobModel& model) {
-  int64_t cap = 0;
-  for (int m : model.sequence_max_length) cap = std::max<int64_t>(cap, m);
+// The lengths drawn from `spec`'s dataset (uncapped); none when there is
+// nothing to sample (no sequence feature, a malformed synthetic:// URI, no
+// dataset where this process looks). Errors for a dataset file that is
+// there but cannot be read.
+absl::StatusOr<std::vector<int64_t>> SampledLengths(const JobSpec& spec, const engine::JobModel& model) {
   std::vector<int64_t> lengths;
   const std::string& dataset = spec.data().dataset();
   if (absl::StartsWith(dataset, "synthetic://")) {
@@ -226,16 +233,66 @@ std::vector<int64_t> SpecSequenceLengths(const JobSpec& spec, const engine::JobM
   } else if (!model.sequence_columns.empty()) {
     // The dataset's own histories, where this process can read its files.
     absl::StatusOr<dataloader::DatasetFiles> files = dataloader::ResolveDataset(dataset, {});
+    if (!files.ok()) return lengths;
     absl::StatusOr<std::vector<int64_t>> sampled =
-        files.ok() ? data::SampleRowLengths(files->train, model.sequence_columns[0], kLengthSamples)
-                   : absl::StatusOr<std::vector<int64_t>>(files.status());
-    if (sampled.ok()) lengths = *std::move(sampled);
+        data::SampleRowLengths(files->train, model.sequence_columns[0], kLengthSamples);
+    if (!sampled.ok()) return Unreadable("dataset", files->train, sampled.status());
+    lengths = *std::move(sampled);
   }
+  return lengths;
+}
+
+// `lengths` capped at the model's max_length; every history at the cap when
+// there are none.
+std::vector<int64_t> CappedLengths(std::vector<int64_t> lengths, const engine::JobModel& model) {
+  int64_t cap = 0;
+  for (int m : model.sequence_max_length) cap = std::max<int64_t>(cap, m);
   if (lengths.empty()) return std::vector<int64_t>(kLengthSamples, std::max<int64_t>(cap, 1));
   for (int64_t& l : lengths) {
     if (cap > 0) l = std::min(l, cap);
   }
   return lengths;
+}
+
+// The decoded bytes of `spec`'s eval set; unset when it has none this
+// process can find (or a synthetic:// training set). Errors for an eval file
+// that is there but cannot be read.
+absl::StatusOr<std::optional<double>> EvalSetBytes(const JobSpec& spec) {
+  const std::string& dataset = spec.data().dataset();
+  if (absl::StartsWith(dataset, "synthetic://")) return std::optional<double>();
+  absl::StatusOr<std::string> eval = dataloader::ResolveEvalFile(dataset, spec.data().eval_dataset(), {});
+  if (!eval.ok() || eval->empty()) return std::optional<double>();
+  absl::StatusOr<double> bytes = data::EstimateDecodedBytes(*eval);
+  if (!bytes.ok()) return Unreadable("eval set", *eval, bytes.status());
+  return std::optional<double>(*bytes);
+}
+
+// CpuRankPeakBytes over counts and eval set bytes already read.
+absl::StatusOr<double> CpuPeak(const JobSpec& spec, const engine::StepRates& rates, int64_t resident_bytes,
+                               const engine::StepCounts& n, std::optional<double> eval_set_bytes) {
+  if (!(rates.fixed_bytes > 0 || rates.bytes_per_token_element > 0 || rates.bytes_per_dense_element > 0)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", rates.device, " rate table measured no memory terms; run recfleet data calibrate --rates"));
+  }
+  const engine::StepPrediction p = engine::PredictStep(n, rates);
+  // Every rank holds the whole eval set decoded, and its eval forward keeps
+  // the activations of an eval batch.
+  double eval_batch = 0;
+  if (eval_set_bytes.has_value() && spec.training().eval_every() > 0) {
+    eval_batch = spec.data().eval_batch_size() > 0 ? spec.data().eval_batch_size() : engine::kDefaultEvalBatchSize;
+  }
+  // The counts are of kLengthSamples samples; activations scale with the batch.
+  const double batch = std::max<double>(spec.data().local_batch_size(), eval_batch);
+  return static_cast<double>(resident_bytes) + p.static_bytes +
+         p.activation_bytes * batch / static_cast<double>(n.samples) + rates.fixed_bytes +
+         eval_set_bytes.value_or(0);
+}
+
+}  // namespace
+
+std::vector<int64_t> SpecSequenceLengths(const JobSpec& spec, const engine::JobModel& model) {
+  absl::StatusOr<std::vector<int64_t>> sampled = SampledLengths(spec, model);
+  return CappedLengths(sampled.ok() ? *std::move(sampled) : std::vector<int64_t>(), model);
 }
 
 planner::Topology WithMeasuredPeak(planner::Topology hardware, const engine::StepRates& rates) {
@@ -743,37 +800,15 @@ absl::StatusOr<planner::Plan> PlanPlacement(const JobSpec& spec, const Placement
 
 absl::StatusOr<double> CpuRankPeakBytes(const JobSpec& spec, const engine::StepRates& rates,
                                         int64_t resident_bytes, const engine::StepCounts* counts) {
-  if (!(rates.fixed_bytes > 0 || rates.bytes_per_token_element > 0 || rates.bytes_per_dense_element > 0)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the ", rates.device, " rate table measured no memory terms; run recfleet data calibrate --rates"));
-  }
   absl::StatusOr<engine::StepCounts> counted;
   if (counts == nullptr) {
     counted = SpecStepCounts(spec);
     if (!counted.ok()) return counted.status();
     counts = &*counted;
   }
-  const engine::StepCounts& n = *counts;
-  const engine::StepPrediction p = engine::PredictStep(n, rates);
-  // Every rank holds the whole eval set decoded, and its eval forward keeps
-  // the activations of an eval batch.
-  double eval_set = 0, eval_batch = 0;
-  const std::string& dataset = spec.data().dataset();
-  if (!absl::StartsWith(dataset, "synthetic://")) {
-    absl::StatusOr<std::string> eval = dataloader::ResolveEvalFile(dataset, spec.data().eval_dataset(), {});
-    if (eval.ok() && !eval->empty()) {
-      absl::StatusOr<double> bytes = data::EstimateDecodedBytes(*eval);
-      if (bytes.ok()) eval_set = *bytes;
-      if (spec.training().eval_every() > 0) {
-        eval_batch = spec.data().eval_batch_size() > 0 ? spec.data().eval_batch_size()
-                                                       : engine::kDefaultEvalBatchSize;
-      }
-    }
-  }
-  // The counts are of kLengthSamples samples; activations scale with the batch.
-  const double batch = std::max<double>(spec.data().local_batch_size(), eval_batch);
-  return static_cast<double>(resident_bytes) + p.static_bytes +
-         p.activation_bytes * batch / static_cast<double>(n.samples) + rates.fixed_bytes + eval_set;
+  // An eval file that is there but does not decode counts as an empty one.
+  absl::StatusOr<std::optional<double>> eval = EvalSetBytes(spec);
+  return CpuPeak(spec, rates, resident_bytes, *counts, eval.ok() ? *eval : std::optional<double>(0.0));
 }
 
 absl::StatusOr<v1::Plan> PlanOneGpu(const JobSpec& spec, const planner::Topology& hardware) {
@@ -800,20 +835,41 @@ JobSpec SpecForPlanning(const JobSpec& spec, const std::string& data_root) {
   return out;
 }
 
-GroupPlanner PlanningGroupPlanner(planner::Topology hardware, std::vector<engine::StepRates> rates,
-                                  std::string data_root) {
+absl::StatusOr<PlanningData> ReadPlanningData(const JobSpec& spec, const engine::StepRates* rates) {
+  PlanningData out;
+  if (rates == nullptr) return out;  // The shape estimates read no data.
+  absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<std::vector<int64_t>> sampled = SampledLengths(spec, *model);
+  if (!sampled.ok()) return sampled.status();
+  out.counts = engine::CountStep(*model, CappedLengths(*std::move(sampled), *model));
+  absl::StatusOr<std::optional<double>> eval = EvalSetBytes(spec);
+  if (!eval.ok()) return eval.status();
+  out.eval_set_bytes = *eval;
+  return out;
+}
+
+PlanningDataReader PlanningDatasetReader(std::vector<engine::StepRates> rates, std::string data_root) {
+  return [rates = std::move(rates), data_root = std::move(data_root)](const JobSpec& user_spec) {
+    const JobSpec spec = SpecForPlanning(user_spec, data_root);
+    return ReadPlanningData(spec, RatesForJob(spec, rates));
+  };
+}
+
+DataGroupPlanner PlanningDataGroupPlanner(planner::Topology hardware, std::vector<engine::StepRates> rates,
+                                          std::string data_root) {
   return [hardware = std::move(hardware), rates = std::move(rates), data_root = std::move(data_root)](
-             const JobSpec& user_spec, const Placement& placement) -> absl::StatusOr<GroupPlan> {
+             const JobSpec& user_spec, const Placement& placement,
+             const PlanningData& data) -> absl::StatusOr<GroupPlan> {
     const JobSpec spec = SpecForPlanning(user_spec, data_root);
     const engine::StepRates* job_rates = RatesForJob(spec, rates);
-    // Built and sampled once for the time and the CPU memory prediction.
-    absl::StatusOr<engine::StepCounts> counts;
-    if (job_rates != nullptr) {
-      counts = SpecStepCounts(spec);
-      if (!counts.ok()) return counts.status();
+    // Priced by a rate table, the plan needs the counts read with it: never
+    // read here, where the caller may hold a lock.
+    if (job_rates != nullptr && !data.counts.has_value()) {
+      return absl::InternalError("the job's planning data was read without its rate table");
     }
-    absl::StatusOr<planner::Plan> plan =
-        PlanPlacement(spec, placement, hardware, job_rates, counts.ok() ? &*counts : nullptr);
+    const engine::StepCounts* counts = data.counts.has_value() ? &*data.counts : nullptr;
+    absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, placement, hardware, job_rates, counts);
     if (!plan.ok()) return plan.status();
     double peak = plan->peak.Total();
     if (spec.resources().gpus_per_worker() == 0) {
@@ -821,11 +877,23 @@ GroupPlanner PlanningGroupPlanner(planner::Topology hardware, std::vector<engine
       for (const WorkerView& w : placement.workers) resident = std::max(resident, w.resident_memory_bytes);
       peak = 0;
       if (job_rates != nullptr && resident > 0) {
-        absl::StatusOr<double> cpu = CpuRankPeakBytes(spec, *job_rates, resident, &*counts);
+        absl::StatusOr<double> cpu = CpuPeak(spec, *job_rates, resident, *counts, data.eval_set_bytes);
         if (cpu.ok()) peak = *cpu;
       }
     }
     return GroupPlan{PlanGroups(*plan), PlanSummary(*plan), PlanToProto(*plan), peak};
+  };
+}
+
+GroupPlanner PlanningGroupPlanner(planner::Topology hardware, std::vector<engine::StepRates> rates,
+                                  std::string data_root) {
+  PlanningDataReader read = PlanningDatasetReader(rates, data_root);
+  DataGroupPlanner plan = PlanningDataGroupPlanner(std::move(hardware), std::move(rates), std::move(data_root));
+  return [read = std::move(read), plan = std::move(plan)](
+             const JobSpec& spec, const Placement& placement) -> absl::StatusOr<GroupPlan> {
+    absl::StatusOr<PlanningData> data = read(spec);
+    if (!data.ok()) return data.status();
+    return plan(spec, placement, *data);
   };
 }
 

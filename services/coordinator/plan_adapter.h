@@ -76,6 +76,8 @@
 // topology YAML). Pure functions; thread-safe.
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -204,9 +206,52 @@ const engine::StepRates* RatesForJob(const ::recfleet::v1::JobSpec& spec,
 // no resident memory.
 // `data_root`: where relative dataset paths of specs resolve, as on the
 // loaders and workers (their --data_root); "" = the working directory.
+// Reads the job's dataset on every call (PlanningDatasetReader, then
+// PlanningDataGroupPlanner): a scheduler holding a lock reads once per job
+// instead, with the two halves below.
 GroupPlanner PlanningGroupPlanner(planner::Topology hardware,
                                   std::vector<engine::StepRates> rates = {},
                                   std::string data_root = "");
+
+// What a job's plans read from its dataset. It does not depend on the
+// placement, so a scheduler reads it once per job, outside its lock (file
+// I/O: up to 16 blocks of the training file and of the eval set), and plans
+// every placement of the job from it.
+struct PlanningData {
+  // SpecStepCounts of the job (its GEM-lite over the dataset's sampled
+  // lengths); unset for a job without a rate table of its device, whose plan
+  // takes the shape estimates and reads no data.
+  std::optional<engine::StepCounts> counts;
+  // The eval set decoded (data::EstimateDecodedBytes), for CpuRankPeakBytes;
+  // unset without an eval set this process finds, or without a rate table.
+  std::optional<double> eval_set_bytes;
+};
+
+// Reads the PlanningData of `spec` (already SpecForPlanning-resolved) priced
+// by `rates` (RatesForJob; null: nothing is read). A dataset or eval set
+// that is not where this process looks is not an error (the histories are
+// taken at their cap and no eval set is counted, as SpecSequenceLengths
+// says: the coordinator need not share the loaders' filesystem); one that is
+// there but cannot be read is: FAILED_PRECONDITION "dataset '<path>' cannot
+// be read for planning: <cause>". Also the builder's error for a spec
+// GEM-lite does not build.
+absl::StatusOr<PlanningData> ReadPlanningData(const ::recfleet::v1::JobSpec& spec,
+                                              const engine::StepRates* rates);
+
+// Reads a job's PlanningData from the spec it was submitted with (resolving
+// its dataset under `data_root` and pricing it with RatesForJob(rates)).
+using PlanningDataReader =
+    std::function<absl::StatusOr<PlanningData>(const ::recfleet::v1::JobSpec& spec)>;
+PlanningDataReader PlanningDatasetReader(std::vector<engine::StepRates> rates = {},
+                                         std::string data_root = "");
+
+// A GroupPlanner over a job's PlanningData: no file I/O, only the planner's
+// own work on the placement. The spec is the one the job was submitted with.
+using DataGroupPlanner = std::function<absl::StatusOr<GroupPlan>(
+    const ::recfleet::v1::JobSpec& spec, const Placement& placement, const PlanningData& data)>;
+DataGroupPlanner PlanningDataGroupPlanner(planner::Topology hardware,
+                                          std::vector<engine::StepRates> rates = {},
+                                          std::string data_root = "");
 
 // `spec` with its spec.data.dataset / eval_dataset paths resolved under
 // `data_root` as the loaders and workers resolve them
