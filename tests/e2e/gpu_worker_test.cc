@@ -131,8 +131,12 @@ TEST(GpuWorkerTest, SigkilledGpuWorkerResumesWithoutSkippingOrRepeatingSamples) 
   // Long enough that the kill lands mid-job: the coordinator publishes
   // progress about once a second, and the GPU trains this small model at a
   // few hundred steps a second (200 steps once finished before the first
-  // publication). One epoch: 1,000 steps of 32 samples out of 40,000.
-  ASSERT_TRUE(MakeSyntheticDataset(dir + "/data", 40000).ok());
+  // publication). Within one epoch, so that a sample seen twice is an
+  // error: 1,000 steps of 32 samples out of about 40,000 training samples
+  // (each sample goes to the eval split with probability 0.2, so 40,000
+  // samples in all left the training split a few dozen samples short of
+  // 32,000 about half the time, and the last steps began a second epoch).
+  ASSERT_TRUE(MakeSyntheticDataset(dir + "/data", 50000).ok());
   constexpr int64_t kSteps = 1000, kEvery = 20;
   ClusterOptions options;
   options.dir = dir + "/cluster";
