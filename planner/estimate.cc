@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "planner/sharding.h"
 #include "planner/units.h"
 
 namespace recfleet::planner {
@@ -48,8 +49,7 @@ void StaticMemory(const Context& c, const DenseOption& d, const SparseOption& s,
   // partial sum per shard, so only the copies beyond the first are buffers.
   double own_lookups = 0;
   for (const Table& t : c.req.model.tables) {
-    own_lookups += b * t.access_frequency * (t.pooled ? 1 : t.pooling_factor) * t.dim *
-                   p.embedding_comm_bytes;
+    own_lookups += LookupOutputBytes(t, b * t.access_frequency, t.dim, 1.0, p);
   }
   const double lookups =
       !c.req.activations_hold_lookups ? s.out_max + s.out_mean + s.ids_max

@@ -11,6 +11,14 @@
 #include "planner/units.h"
 
 namespace recfleet::planner {
+
+double LookupOutputBytes(const Table& t, double samples, int cols, double row_fraction,
+                         const PrecisionRecipe& p) {
+  // A row shard of a pooled table returns a partial sum for every sample.
+  const double vectors = t.pooled ? samples : samples * t.pooling_factor * row_fraction;
+  return vectors * cols * p.embedding_comm_bytes;
+}
+
 namespace {
 
 constexpr double kIdBytes = 8;  // int64 ids on the input all-to-all.
@@ -42,8 +50,7 @@ Option MakeOption(const ShardingInput& in, const Table& t, ShardingType type, in
   o.compute_s = kLookupPasses * lookups * o.cols * p.embedding_bytes /
                 (in.topology->hbm_bandwidth_bytes_per_s * in.topology->ComputeShare() *
                  in.efficiency->embedding);
-  // A row shard of a pooled table returns a partial sum for every sample.
-  o.out_bytes = (t.pooled ? samples : lookups) * o.cols * p.embedding_comm_bytes;
+  o.out_bytes = LookupOutputBytes(t, samples, o.cols, row_fraction, p);
   o.id_bytes = lookups * kIdBytes;
   // Distinct rows hit by the lookups of the groups sharing this storage,
   // ids spread uniformly over the rows.

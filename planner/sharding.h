@@ -78,6 +78,13 @@ struct ShardingResult {
   double compute_imbalance = 1;
 };
 
+// Bytes of the lookup outputs `samples` samples return from `cols` columns
+// of table t: one vector per sample for a pooled table (a row shard's
+// partial sum), one per id for a sequence table, of which a row shard
+// serves row_fraction.
+double LookupOutputBytes(const Table& t, double samples, int cols, double row_fraction,
+                         const PrecisionRecipe& p);
+
 // Fails (ResourceExhausted) naming the table, its smallest possible shard,
 // the limit and the overage when some shard fits on no rank.
 absl::StatusOr<ShardingResult> ShardTables(const ShardingInput& input);
