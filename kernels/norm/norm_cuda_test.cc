@@ -74,29 +74,31 @@ void Check(bool layer_norm, DType dtype, int64_t rows, int64_t dim) {
 
   // Backward from the CPU statistics on both sides.
   DeviceBuffer dmean_cpu(mean), drstd_cpu(rstd);
+  auto gpu_backward = [&] {
+    return layer_norm
+               ? LayerNormBackward(ddy.View(dtype, xs), dx_.View(dtype, xs),
+                                   dgam.View(DType::kFloat32, {dim}),
+                                   dmean_cpu.View(DType::kFloat32, {rows}),
+                                   drstd_cpu.View(DType::kFloat32, {rows}), ddx.View(dtype, xs),
+                                   ddg.View(DType::kFloat32, {dim}), ddb.View(DType::kFloat32, {dim}))
+               : RmsNormBackward(ddy.View(dtype, xs), dx_.View(dtype, xs),
+                                 dgam.View(DType::kFloat32, {dim}),
+                                 drstd_cpu.View(DType::kFloat32, {rows}), ddx.View(dtype, xs),
+                                 ddg.View(DType::kFloat32, {dim}));
+  };
   if (layer_norm) {
     ASSERT_TRUE(LayerNormBackward(h(dy, dtype, xs), h(x, dtype, xs), h(gamma, DType::kFloat32, {dim}),
                                   h(mean, DType::kFloat32, {rows}), h(rstd, DType::kFloat32, {rows}),
                                   h(dxh, dtype, xs), h(dg, DType::kFloat32, {dim}),
                                   h(db, DType::kFloat32, {dim}))
                     .ok());
-    ASSERT_TRUE(LayerNormBackward(ddy.View(dtype, xs), dx_.View(dtype, xs),
-                                  dgam.View(DType::kFloat32, {dim}),
-                                  dmean_cpu.View(DType::kFloat32, {rows}),
-                                  drstd_cpu.View(DType::kFloat32, {rows}), ddx.View(dtype, xs),
-                                  ddg.View(DType::kFloat32, {dim}), ddb.View(DType::kFloat32, {dim}))
-                    .ok());
   } else {
     ASSERT_TRUE(RmsNormBackward(h(dy, dtype, xs), h(x, dtype, xs), h(gamma, DType::kFloat32, {dim}),
                                 h(rstd, DType::kFloat32, {rows}), h(dxh, dtype, xs),
                                 h(dg, DType::kFloat32, {dim}))
                     .ok());
-    ASSERT_TRUE(RmsNormBackward(ddy.View(dtype, xs), dx_.View(dtype, xs),
-                                dgam.View(DType::kFloat32, {dim}),
-                                drstd_cpu.View(DType::kFloat32, {rows}), ddx.View(dtype, xs),
-                                ddg.View(DType::kFloat32, {dim}))
-                    .ok());
   }
+  ASSERT_TRUE(gpu_backward().ok());
   std::vector<uint8_t> dx_gpu = ddx.ToHost<uint8_t>();
   EXPECT_LE(MaxRelDiff(h(dx_gpu, dtype, {n}), h(dxh, dtype, {n})), 4 * tol);
   std::vector<float> dg_gpu = ddg.ToHost<float>();
@@ -110,21 +112,8 @@ void Check(bool layer_norm, DType dtype, int64_t rows, int64_t dim) {
               1e-5 * rows);
   }
   // A second run gives the same bits (sums in a fixed order).
-  if (layer_norm) {
-    ASSERT_TRUE(LayerNormBackward(ddy.View(dtype, xs), dx_.View(dtype, xs),
-                                  dgam.View(DType::kFloat32, {dim}),
-                                  dmean_cpu.View(DType::kFloat32, {rows}),
-                                  drstd_cpu.View(DType::kFloat32, {rows}), ddx.View(dtype, xs),
-                                  ddg.View(DType::kFloat32, {dim}), ddb.View(DType::kFloat32, {dim}))
-                    .ok());
-    EXPECT_EQ(ddb.ToHost<float>(), db_gpu);
-  } else {
-    ASSERT_TRUE(RmsNormBackward(ddy.View(dtype, xs), dx_.View(dtype, xs),
-                                dgam.View(DType::kFloat32, {dim}),
-                                drstd_cpu.View(DType::kFloat32, {rows}), ddx.View(dtype, xs),
-                                ddg.View(DType::kFloat32, {dim}))
-                    .ok());
-  }
+  ASSERT_TRUE(gpu_backward().ok());
+  if (layer_norm) EXPECT_EQ(ddb.ToHost<float>(), db_gpu);
   EXPECT_EQ(ddg.ToHost<float>(), dg_gpu);
   EXPECT_EQ(ddx.ToHost<uint8_t>(), dx_gpu);
 
