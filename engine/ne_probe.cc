@@ -39,9 +39,6 @@
 namespace recfleet::engine {
 namespace {
 
-// The fixed order of the shuffled batches (independent of the model seed).
-constexpr uint64_t kOrderSeed = 1;
-
 struct Args {
   EvalNeSetup setup;
   std::vector<uint64_t> seeds;
@@ -110,7 +107,7 @@ void CompareWithCpu(const Args& a, const MovieLensCtr& data, uint64_t seed) {
 int Run(const Args& a) {
   const absl::Time t0 = absl::Now();
   const MovieLensCtr data = EvalNeData(a.setup.users);
-  const std::vector<int64_t> shuffled = ShuffledOrder(data, kOrderSeed);
+  const std::vector<int64_t> shuffled = ShuffledOrder(data, a.setup.order_seed);
   std::fprintf(stderr, "data: %d users, %lld training and %lld eval samples in %.1f s\n",
                a.setup.users, static_cast<long long>(data.num_train()),
                static_cast<long long>(data.num_eval()), absl::ToDoubleSeconds(absl::Now() - t0));
