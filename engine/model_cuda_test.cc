@@ -265,39 +265,58 @@ TEST(GemLiteCudaTest, DeferredLossesEqualImmediateOnes) {
   EXPECT_EQ(b.ReadLosses(&stale).code(), absl::StatusCode::kFailedPrecondition);
 }
 
-// The issue's quality bar is bf16 eval NE within 0.1% of fp32 after 1,000
-// steps. One run's NE moves by more than that with the seed alone, so the
-// test compares means over three seeds and requires the bf16 mean to lie
-// within the fp32 runs' own seed-to-seed spread (or 0.1%, if larger); the
-// printed numbers go to bench/RESULTS.md.
-TEST(GemLiteCudaTest, Bf16EvalNeMatchesFp32WithinSeedNoise) {
-  const MovieLensCtr data = EvalNeData();
+// Issue #15: in bf16 mode the eval NE after 1,000 steps on synthetic data is
+// within 0.1% (relative) of fp32's, as means over the seeds of EvalNeSetup.
+// Each seed trains in both precisions; the paired relative differences and
+// their standard error say how precisely the gap is measured. On the setup
+// this test had before (batches of 128 from 4,000 users in storage order)
+// the fp32 NE moved by 2-5% with the seed and the bar was below the noise;
+// EvalNeSetup's comment says how the present one was chosen.
+TEST(GemLiteCudaTest, Bf16EvalNeWithinPointOnePercentOfFp32) {
+  const EvalNeSetup setup;
+  const MovieLensCtr data = EvalNeData(setup.users);
+  const std::vector<int64_t> order =
+      setup.shuffled ? ShuffledOrder(data, setup.order_seed) : std::vector<int64_t>();
   std::vector<double> ne[2];
-  for (int bf16 = 0; bf16 < 2; ++bf16) {
-    for (uint64_t seed = 1; seed <= 3; ++seed) {
-      auto m = Make(EvalNeConfig(seed), data.schema(), Device::kCuda, bf16 == 1);
+  for (uint64_t seed = 1; seed <= static_cast<uint64_t>(setup.seeds); ++seed) {
+    for (int bf16 = 0; bf16 < 2; ++bf16) {
+      auto m = Make(EvalNeConfig(seed, setup.learning_rate), data.schema(), Device::kCuda,
+                    bf16 == 1);
       ASSERT_TRUE(m);
-      Train(*m, data, 1000, 128, true);
+      absl::StatusOr<std::vector<double>> losses =
+          TrainSteps(*m, data, setup.steps, setup.batch, true, order);
+      ASSERT_TRUE(losses.ok()) << losses.status();
       const BinaryMetrics e = Evaluate(*m, data);
       ne[bf16].push_back(e.normalized_entropy);
-      std::printf("%s seed %d: eval NE %.5f AUC %.4f\n", bf16 ? "bf16" : "fp32",
+      std::printf("%s seed %d: eval NE %.5f AUC %.4f", bf16 ? "bf16" : "fp32",
                   static_cast<int>(seed), e.normalized_entropy, e.auc);
+      if (bf16 == 1) {
+        std::printf(", %+.3f%% against fp32", 100 * (ne[1].back() - ne[0].back()) / ne[0].back());
+      }
+      std::printf("\n");
       // Every run learns (the comparison below is meaningless against a
       // diverged run: constant predictions score NE ~1).
-      EXPECT_LT(e.normalized_entropy, 0.65) << (bf16 ? "bf16" : "fp32") << " seed " << seed;
+      EXPECT_LT(e.normalized_entropy, setup.learned_ne) << (bf16 ? "bf16" : "fp32") << " seed "
+                                                        << seed;
     }
   }
-  auto mean = [](const std::vector<double>& v) {
-    return std::accumulate(v.begin(), v.end(), 0.0) / v.size();
-  };
-  const double fp32 = mean(ne[0]), bf16 = mean(ne[1]);
-  const double spread = *std::max_element(ne[0].begin(), ne[0].end()) -
-                        *std::min_element(ne[0].begin(), ne[0].end());
-  const double rel = std::abs(bf16 - fp32) / fp32;
-  std::printf("eval NE over 3 seeds: fp32 %.5f, bf16 %.5f (relative %.3f%%); fp32 seed spread "
-              "%.5f (%.3f%%)\n",
-              fp32, bf16, 100 * rel, spread, 100 * spread / fp32);
-  EXPECT_LE(std::abs(bf16 - fp32), std::max(spread, 1e-3 * fp32));
+  const double n = static_cast<double>(ne[0].size());
+  const double fp32 = std::accumulate(ne[0].begin(), ne[0].end(), 0.0) / n;
+  const double bf16 = std::accumulate(ne[1].begin(), ne[1].end(), 0.0) / n;
+  // Paired: seed s in bf16 against seed s in fp32.
+  double mean_diff = 0, var_diff = 0, var_fp32 = 0;
+  for (size_t s = 0; s < ne[0].size(); ++s) mean_diff += (ne[1][s] - ne[0][s]) / ne[0][s] / n;
+  for (size_t s = 0; s < ne[0].size(); ++s) {
+    const double d = (ne[1][s] - ne[0][s]) / ne[0][s] - mean_diff;
+    var_diff += d * d / (n - 1);
+    var_fp32 += (ne[0][s] - fp32) * (ne[0][s] - fp32) / (n - 1);
+  }
+  const double rel = (bf16 - fp32) / fp32;
+  std::printf("eval NE over %d seeds: fp32 %.5f (seed-to-seed standard deviation %.3f%%), bf16 "
+              "%.5f: %+.3f%%; paired relative difference %+.3f%% +- %.3f%% (standard error)\n",
+              setup.seeds, fp32, 100 * std::sqrt(var_fp32) / fp32, bf16, 100 * rel,
+              100 * mean_diff, 100 * std::sqrt(var_diff / n));
+  EXPECT_LE(std::abs(rel), 1e-3);
 }
 
 // The linears' weight gradients are overwritten by their step's first

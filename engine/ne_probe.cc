@@ -1,52 +1,55 @@
-// The eval-NE distribution of model_cuda_test's Bf16EvalNe training (GEM-lite
-// of dim 128, 1,000 steps of 128 on 4,000 synthetic users; EvalNeConfig and
-// EvalNeData in engine/testing/train_loop.h), over as many
-// seeds as asked, one line per training: what a regression in the CUDA
-// training path is judged by, since one run of three seeds cannot tell a
-// shifted distribution from chance. Optionally the CPU model trains on the
-// same batches in lockstep at the step-comparison learning rates and the
-// per-step loss difference is reported: a data race or a stale buffer shows
-// there as a jump, which the chaotic default-rate training would hide.
+// The eval-NE distribution of model_cuda_test's bf16-vs-fp32 training
+// (EvalNeSetup, EvalNeData and EvalNeConfig in engine/testing/train_loop.h)
+// and of variants of it, so that one process measures a grid: the
+// training set's size, the batch, the dense learning rate, the batch order,
+// the seeds, fp32 and bf16, and repeats of one seed (what the order of the
+// GPU's fp32 atomics alone changes). One JSON line per training on stdout:
+// what a regression in the CUDA training path is judged by, since one run of
+// three seeds cannot tell a shifted distribution from chance. Seeds are the
+// outer loop, so a run cut short still has fp32 and bf16 for its first seeds.
 //
-//   ne_probe --seeds 1,2,3 [--steps 1000] [--batch 128] [--bf16]
-//            [--no-prefetch] [--compare-cpu-steps N] [--lr DENSE_LR]
+// Optionally (--compare-cpu-steps N) the CPU model trains on the same batches
+// in lockstep at the step-comparison learning rates and the per-step loss
+// difference is reported: a data race or a stale buffer shows there as a
+// jump, which the chaotic default-rate training would hide.
+//
+//   ne_probe [--users N] [--seeds 1,2,3] [--steps N] [--batch B,...]
+//            [--lr LR,...] [--order cyclic,shuffled] [--precision fp32,bf16]
+//            [--repeats R] [--no-prefetch] [--compare-cpu-steps N]
+// Defaults: EvalNeSetup's, fp32 only, one repeat.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "engine/metrics.h"
 #include "engine/model.h"
 #include "engine/testing/compare.h"
 #include "engine/testing/movielens.h"
-#include "engine/testing/synthetic.h"
 #include "engine/testing/train_loop.h"
 
 namespace recfleet::engine {
 namespace {
 
 struct Args {
-  std::vector<uint64_t> seeds = {1, 2, 3};
-  int steps = 1000;
-  int64_t batch = 128;
-  bool bf16 = false;
+  EvalNeSetup setup;
+  std::vector<uint64_t> seeds;
+  std::vector<int64_t> batches;
+  std::vector<double> lrs;
+  std::vector<bool> shuffled;
+  std::vector<bool> bf16 = {false};
+  int repeats = 1;
   bool prefetch = true;
   int compare_cpu_steps = 0;
-  double lr = 0;  // 0: EvalNeConfig's.
 };
-
-GemLiteConfig NeConfig(uint64_t seed, double lr) {
-  GemLiteConfig c = EvalNeConfig(seed);
-  if (lr > 0) c.learning_rate = lr;
-  return c;
-}
 
 std::unique_ptr<GemLite<float>> Make(const GemLiteConfig& c, const FeatureSchema& schema,
                                      Device device, bool bf16) {
@@ -63,8 +66,8 @@ std::unique_ptr<GemLite<float>> Make(const GemLiteConfig& c, const FeatureSchema
 }
 
 std::vector<double> Train(GemLite<float>& m, const MovieLensCtr& data, int steps, int64_t batch,
-                          bool prefetch) {
-  absl::StatusOr<std::vector<double>> losses = TrainSteps(m, data, steps, batch, prefetch);
+                          bool prefetch, absl::Span<const int64_t> order) {
+  absl::StatusOr<std::vector<double>> losses = TrainSteps(m, data, steps, batch, prefetch, order);
   if (!losses.ok()) {
     std::fprintf(stderr, "training failed: %s\n", losses.status().ToString().c_str());
     std::exit(1);
@@ -78,63 +81,106 @@ double Mean(const std::vector<double>& v, size_t from, size_t to) {
   return s / static_cast<double>(to - from);
 }
 
+void CompareWithCpu(const Args& a, const MovieLensCtr& data, uint64_t seed) {
+  GemLiteConfig c = EvalNeConfig(seed, a.setup.learning_rate);
+  const GemLiteConfig slow = StepComparisonConfig();
+  c.learning_rate = slow.learning_rate;
+  c.adagrad_learning_rate = slow.adagrad_learning_rate;
+  auto gpu = Make(c, data.schema(), Device::kCuda, false);
+  auto cpu = Make(c, data.schema(), Device::kCpu, false);
+  const std::vector<double> g =
+      Train(*gpu, data, a.compare_cpu_steps, a.batches[0], a.prefetch, {});
+  const std::vector<double> h = Train(*cpu, data, a.compare_cpu_steps, a.batches[0], false, {});
+  double worst = 0;
+  int first_bad = -1;
+  for (size_t s = 0; s < g.size(); ++s) {
+    const double rel = std::abs(g[s] - h[s]) / std::abs(h[s]);
+    if (rel > 1e-4 && first_bad < 0) first_bad = static_cast<int>(s);
+    worst = std::max(worst, rel);
+  }
+  std::printf("compare seed %d: %d steps, worst relative loss difference %.3g, first step "
+              "above 1e-4: %d\n",
+              static_cast<int>(seed), a.compare_cpu_steps, worst, first_bad);
+  std::fflush(stdout);
+}
+
 int Run(const Args& a) {
-  const MovieLensCtr data = EvalNeData();
+  const absl::Time t0 = absl::Now();
+  const MovieLensCtr data = EvalNeData(a.setup.users);
+  const std::vector<int64_t> shuffled = ShuffledOrder(data, a.setup.order_seed);
+  std::fprintf(stderr, "data: %d users, %lld training and %lld eval samples in %.1f s\n",
+               a.setup.users, static_cast<long long>(data.num_train()),
+               static_cast<long long>(data.num_eval()), absl::ToDoubleSeconds(absl::Now() - t0));
   for (uint64_t seed : a.seeds) {
     if (a.compare_cpu_steps > 0) {
-      GemLiteConfig c = NeConfig(seed, 0);
-      const GemLiteConfig slow = StepComparisonConfig();
-      c.learning_rate = slow.learning_rate;
-      c.adagrad_learning_rate = slow.adagrad_learning_rate;
-      auto gpu = Make(c, data.schema(), Device::kCuda, false);
-      auto cpu = Make(c, data.schema(), Device::kCpu, false);
-      const std::vector<double> g = Train(*gpu, data, a.compare_cpu_steps, a.batch, a.prefetch);
-      const std::vector<double> h = Train(*cpu, data, a.compare_cpu_steps, a.batch, false);
-      double worst = 0;
-      int first_bad = -1;
-      for (size_t s = 0; s < g.size(); ++s) {
-        const double rel = std::abs(g[s] - h[s]) / std::abs(h[s]);
-        if (rel > 1e-4 && first_bad < 0) first_bad = static_cast<int>(s);
-        worst = std::max(worst, rel);
-      }
-      std::printf("compare seed %d: %d steps, worst relative loss difference %.3g, first step "
-                  "above 1e-4: %d\n",
-                  static_cast<int>(seed), a.compare_cpu_steps, worst, first_bad);
-      std::fflush(stdout);
+      CompareWithCpu(a, data, seed);
       continue;
     }
-    auto m = Make(NeConfig(seed, a.lr), data.schema(), Device::kCuda, a.bf16);
-    const std::vector<double> losses = Train(*m, data, a.steps, a.batch, a.prefetch);
-    const absl::StatusOr<BinaryMetrics> e = EvaluateCtr(*m, data);
-    if (!e.ok()) {
-      std::fprintf(stderr, "eval failed: %s\n", e.status().ToString().c_str());
-      return 1;
-    }
-    const size_t n = losses.size();
-    double worst = 0;
-    int worst_step = 0;
-    for (size_t s = 0; s < n; ++s) {
-      if (!(losses[s] <= worst)) {
-        worst = losses[s];
-        worst_step = static_cast<int>(s);
+    for (int64_t batch : a.batches) {
+      for (double lr : a.lrs) {
+        for (bool shuffle : a.shuffled) {
+          for (bool bf16 : a.bf16) {
+            for (int rep = 0; rep < a.repeats; ++rep) {
+              const absl::Time start = absl::Now();
+              auto m = Make(EvalNeConfig(seed, lr), data.schema(), Device::kCuda, bf16);
+              const std::vector<double> losses =
+                  Train(*m, data, a.setup.steps, batch, a.prefetch,
+                        shuffle ? absl::Span<const int64_t>(shuffled) : absl::Span<const int64_t>());
+              const absl::Time trained = absl::Now();
+              const absl::StatusOr<BinaryMetrics> e = EvaluateCtr(*m, data);
+              if (!e.ok()) {
+                std::fprintf(stderr, "eval failed: %s\n", e.status().ToString().c_str());
+                return 1;
+              }
+              const size_t n = losses.size();
+              double worst = 0;
+              int worst_step = 0;
+              for (size_t s = 0; s < n; ++s) {
+                if (!(losses[s] <= worst)) {
+                  worst = losses[s];
+                  worst_step = static_cast<int>(s);
+                }
+              }
+              std::printf(
+                  "{\"users\": %d, \"batch\": %lld, \"lr\": %g, \"order\": \"%s\", \"steps\": %d, "
+                  "\"epochs\": %.3f, \"seed\": %d, \"precision\": \"%s\", \"repeat\": %d, "
+                  "\"ne\": %.6f, \"auc\": %.5f, \"loss_first100\": %.5f, \"loss_last100\": %.5f, "
+                  "\"max_loss\": %.4f, \"max_loss_step\": %d, \"train_s\": %.2f, "
+                  "\"eval_s\": %.2f}\n",
+                  a.setup.users, static_cast<long long>(batch), lr,
+                  shuffle ? "shuffled" : "cyclic", a.setup.steps,
+                  static_cast<double>(a.setup.steps) * batch / data.num_train(),
+                  static_cast<int>(seed), bf16 ? "bf16" : "fp32", rep, e->normalized_entropy,
+                  e->auc, Mean(losses, 0, std::min<size_t>(100, n)),
+                  Mean(losses, n >= 100 ? n - 100 : 0, n), worst, worst_step,
+                  absl::ToDoubleSeconds(trained - start), absl::ToDoubleSeconds(absl::Now() - trained));
+              std::fflush(stdout);
+            }
+          }
+        }
       }
     }
-    std::printf("%s lr %g seed %d: eval NE %.5f AUC %.4f; train loss mean steps 0-99 %.4f, 400-499 "
-                "%.4f, last 100 %.4f; max %.4f at step %d\n",
-                a.bf16 ? "bf16" : "fp32", NeConfig(seed, a.lr).learning_rate, static_cast<int>(seed),
-                e->normalized_entropy, e->auc,
-                Mean(losses, 0, std::min<size_t>(100, n)),
-                n >= 500 ? Mean(losses, 400, 500) : 0.0, Mean(losses, n >= 100 ? n - 100 : 0, n),
-                worst, worst_step);
-    std::fflush(stdout);
   }
   return 0;
+}
+
+// Comma-separated values of one flag through `parse`; false on any bad one.
+template <typename T, typename F>
+bool ParseList(const std::string& text, std::vector<T>& out, F parse) {
+  out.clear();
+  for (absl::string_view s : absl::StrSplit(text, ',')) {
+    T v{};
+    if (!parse(s, v)) return false;
+    out.push_back(v);
+  }
+  return !out.empty();
 }
 
 }  // namespace
 }  // namespace recfleet::engine
 
 int main(int argc, char** argv) {
+  using recfleet::engine::ParseList;
   recfleet::engine::Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -146,21 +192,34 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     bool ok = true;
-    if (arg == "--seeds") {
-      a.seeds.clear();
-      for (absl::string_view s : absl::StrSplit(value(), ',')) {
-        uint64_t seed = 0;
-        ok = ok && absl::SimpleAtoi(s, &seed);
-        a.seeds.push_back(seed);
-      }
+    if (arg == "--users") {
+      ok = absl::SimpleAtoi(value(), &a.setup.users) && a.setup.users > 0;
+    } else if (arg == "--seeds") {
+      ok = ParseList(value(), a.seeds, [](absl::string_view s, uint64_t& v) {
+        return absl::SimpleAtoi(s, &v);
+      });
     } else if (arg == "--steps") {
-      ok = absl::SimpleAtoi(value(), &a.steps);
+      ok = absl::SimpleAtoi(value(), &a.setup.steps) && a.setup.steps > 0;
     } else if (arg == "--batch") {
-      ok = absl::SimpleAtoi(value(), &a.batch);
+      ok = ParseList(value(), a.batches, [](absl::string_view s, int64_t& v) {
+        return absl::SimpleAtoi(s, &v) && v > 0;
+      });
     } else if (arg == "--lr") {
-      ok = absl::SimpleAtod(value(), &a.lr);
-    } else if (arg == "--bf16") {
-      a.bf16 = true;
+      ok = ParseList(value(), a.lrs, [](absl::string_view s, double& v) {
+        return absl::SimpleAtod(s, &v) && v > 0;
+      });
+    } else if (arg == "--order") {
+      ok = ParseList(value(), a.shuffled, [](absl::string_view s, bool& v) {
+        v = s == "shuffled";
+        return s == "shuffled" || s == "cyclic";
+      });
+    } else if (arg == "--precision") {
+      ok = ParseList(value(), a.bf16, [](absl::string_view s, bool& v) {
+        v = s == "bf16";
+        return s == "bf16" || s == "fp32";
+      });
+    } else if (arg == "--repeats") {
+      ok = absl::SimpleAtoi(value(), &a.repeats) && a.repeats > 0;
     } else if (arg == "--no-prefetch") {
       a.prefetch = false;
     } else if (arg == "--compare-cpu-steps") {
@@ -169,9 +228,20 @@ int main(int argc, char** argv) {
       ok = false;
     }
     if (!ok) {
-      std::fprintf(stderr, "bad argument %s\n", arg.c_str());
+      std::fprintf(stderr,
+                   "bad argument %s (expected --users N, --seeds S,..., --steps N, --batch B,..., "
+                   "--lr LR,..., --order cyclic|shuffled,..., --precision fp32|bf16,..., "
+                   "--repeats R, --no-prefetch, --compare-cpu-steps N)\n",
+                   arg.c_str());
       return 2;
     }
   }
+  const recfleet::engine::EvalNeSetup& s = a.setup;
+  if (a.seeds.empty()) {
+    for (int seed = 1; seed <= s.seeds; ++seed) a.seeds.push_back(seed);
+  }
+  if (a.batches.empty()) a.batches = {s.batch};
+  if (a.lrs.empty()) a.lrs = {s.learning_rate};
+  if (a.shuffled.empty()) a.shuffled = {s.shuffled};
   return recfleet::engine::Run(a);
 }
