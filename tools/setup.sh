@@ -93,8 +93,8 @@ if ! cmp -s "$lock" "$repo/.venv/requirements.lock"; then
   cp "$lock" "$repo/.venv/requirements.lock"
 fi
 
-# CUTLASS/CuTe headers for the CUDA kernels' building blocks (wgmma atoms,
-# TMA, mbarriers): the nvidia-cutlass wheel from PyPI, pinned by version and
+# CUTLASS/CuTe headers, whose wgmma atoms the Hopper attention kernels use
+# (kernels/attention/cuda_wgmma.cuh): the nvidia-cutlass wheel from PyPI, pinned by version and
 # hash, of which only the C++ include/ tree is unpacked into .deps/cutlass/
 # (git-ignored). The @cutlass repository
 # (tools/build/cutlass_configure.bzl) points Bazel at it; the build itself

@@ -1,14 +1,30 @@
 // Hopper forward of the jagged attention at head dim 64 or 128 (any activation,
 // mask and bias): warpgroup MMA (wgmma) from shared memory, warp-specialized.
 //
+// The kernel is assembled from named pieces, chosen at compile time by a
+// configuration struct (as FlashAttention-3, ThunderKittens and CuTe's
+// collectives read):
+//   FwdConfig      head dim, activation, tile shapes (128 x 128), ring depth,
+//                  the consumer's schedule (kChain, kOverlapOwnPv) and the
+//                  shared-memory layout; FwdSmem is that layout at run time.
+//                  The mask and the bias are runtime parameters: each tile's
+//                  class (tile_mask.h) picks the activation's path.
+//   TileScheduler  persistent CTAs over the launcher's longest-first work
+//                  items (cuda_wgmma.cuh, shared with the backward).
+//   FwdProducer    warpgroup 2: Q, K and V tiles into their rings.
+//   MainloopStep   one step of the consumers' main loop; FwdConsumer runs it
+//                  in the configuration's schedule.
+//   FwdEpilogue    the normalization, the log-sum-exp and the output store.
+// The building blocks are in cuda_wgmma.cuh: CuTe's wgmma atoms and
+// descriptor; TMA, cp.async, mbarriers and setmaxnreg as PTX (that header
+// says why).
+//
 // A persistent CTA has three warpgroups. Warpgroup 2 is the producer: it
 // streams the 128-row query tiles and 128-row K/V tiles of its work items
 // into shared memory, by TMA (one thread, two bulk tensor copies a tile)
 // where the tile lies inside its sequence and by cp.async with zero fill
 // where it crosses the sequence end. Query tiles go through a two-stage
-// ring of their own (the next item's Q loads while the current item
-// computes, which matters for the short-K/V shapes with one or two K/V
-// tiles per item), K and V through two-stage rings with separate barriers
+// ring of their own, K and V through two-stage rings with separate barriers
 // (K_n is released when S_n is done, V_n only after P_n V_n, one step
 // later). It hands most of its registers to the consumers
 // (setmaxnreg; wgmma kernels are allocated registers per warpgroup, so a
@@ -20,9 +36,7 @@
 // two consumers take turns issuing their GEMMs (named barriers), so one's
 // activation runs while the other's GEMMs keep the tensor cores busy, and
 // each issues S_n together with P_{n-1} V_{n-1} (FlashAttention-3's
-// ping-pong and intra-warpgroup overlap). Items are the launcher's
-// longest-first forward tiles; CTA c takes items c, c + grid, c + 2 grid,
-// ... so the longest start first on every SM. An item may cover up to
+// ping-pong and intra-warpgroup overlap). An item may cover up to
 // kWgmmaMaxGroup consecutive query tiles that see the same K/V rows (at
 // most two K/V tiles: short-K/V cross-attention, PMA); its K/V tiles then
 // load once and stay resident while its query tiles pass.
@@ -81,18 +95,9 @@ bool MakeTileMap(CUtensorMap* map, const void* base, int64_t rows, int heads, in
 
 namespace {
 
-constexpr int kRowsQ = 128;     // query rows per work item (kForwardTileRows)
-constexpr int kRowsKv = 128;    // keys per K/V tile
-constexpr int kCtaThreads = 3 * kWgThreads;
-// One 128-row tile at head dim D.
-template <int D>
-constexpr int kTileBytes = 128 * D * 2;
-// Two stages each of Q, K and V, the barriers; plus slack to align to 1024.
-template <int D>
-constexpr int kSmemBytes = 6 * kTileBytes<D> + 128 + 1024;
-static_assert(12 * 8 <= 128, "the barriers fit their 128 bytes");
-
-static_assert(kForwardTileRows == kRowsQ, "the planner's forward tiles must be 128 rows");
+// Rows of a query tile and of a K/V tile (FwdConfig's; the GEMM issue and
+// the activation below are written for it).
+constexpr int kFwdTileRows = 128;
 
 // Named barriers 1 and 2 order the two consumer warpgroups' GEMM issue
 // (barrier 0 is __syncthreads): warpgroup c waits on 1 + c for its turn and
@@ -139,7 +144,7 @@ __device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkI
                                               int t, float (&m)[2], float (&l)[2],
                                               float (&corr)[2]) {
   corr[0] = corr[1] = 1.f;
-  const TileClass cls = ClassOf(p, it.q_len, it.k_len, wg_row0, 64, col0, kRowsKv);
+  const TileClass cls = ClassOf(p, it.q_len, it.k_len, wg_row0, 64, col0, kFwdTileRows);
   // Softmax: the factor the exponent's FMA still applies to the scores. With
   // no bias and a positive scale the scores stay raw (the row maximum
   // commutes with the scale), which saves a multiply per score; otherwise
@@ -180,14 +185,32 @@ __device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkI
     // chained loop does not have).
     int lo[2], hi[2];
     RowKeyRanges(p, it.q_len, it.k_len, row0, lo, hi);
+    // GELU and SiLU add the bias in a pass of its own, so that no visibility
+    // flag lives from a bias load to its activation: in the chained loop
+    // ptxas batched the 64 loads ahead and kept the flags as bits of two
+    // registers, +170 instructions on every masked tile, bias or not.
+    float s = p.scale;
+    if (A != kActSoftmax && p.bias != nullptr) {
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, j = col0 + nt * 8 + 2 * t + (e & 1);
+          float x = sc[nt][e] * p.scale;
+          if (j >= lo[r] && j < hi[r]) x += BiasAt(p, it, row0 + 8 * r, j);
+          sc[nt][e] = x;
+        }
+      }
+      s = 1.f;
+    }
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1, j = col0 + nt * 8 + 2 * t + (e & 1);
         const bool vis = j >= lo[r] && j < hi[r];
-        float x = sc[nt][e] * p.scale;
-        if (p.bias != nullptr && vis) x += BiasAt(p, it, row0 + 8 * r, j);
+        float x = sc[nt][e] * s;
+        if (A == kActSoftmax && p.bias != nullptr && vis) x += BiasAt(p, it, row0 + 8 * r, j);
         if constexpr (A == kActSoftmax) {
           sc[nt][e] = vis ? x * kLog2e : -INFINITY;
         } else {
@@ -222,7 +245,7 @@ __device__ __forceinline__ void ScoresToProbs(const KernelParams& p, const WorkI
 // from shared memory, eight k16 steps over the head dim.
 template <int D>
 __device__ __forceinline__ void IssueS(float (&sc)[16][4], uint32_t q_rows, uint32_t kb) {
-  GemmSS<D, kRowsKv, kRowsQ>(sc, q_rows, kb);
+  GemmSS<D, kFwdTileRows, kFwdTileRows>(sc, q_rows, kb);
   WgCommit();
 }
 
@@ -231,7 +254,7 @@ __device__ __forceinline__ void IssueS(float (&sc)[16][4], uint32_t q_rows, uint
 template <int D>
 __device__ __forceinline__ void IssuePv(float (&o)[D / 8][4], const uint32_t (&pa)[8][4],
                                         uint32_t vb) {
-  GemmRS<D, kRowsKv>(o, pa, vb);
+  GemmRS<D, kFwdTileRows>(o, pa, vb);
   WgCommit();
 }
 
@@ -273,347 +296,437 @@ __device__ __forceinline__ void StoreOut(const float (&o)[D / 8][4], bf16* row, 
   }
 }
 
-template <int D, int A, bool kOverlapOwnPv>
-__global__ void __launch_bounds__(kCtaThreads, 1)
+// ---- Configuration. ----
+// The forward's compile-time configuration: head dim, activation, tile
+// shapes, ring depth, the consumer's schedule and the shared-memory layout.
+// The mask and the bias stay runtime parameters: each tile's class
+// (tile_mask.h) picks the masked or the unmasked activation path.
+template <int kHeadDim, int kAct, bool kOverlap>
+struct FwdConfig {
+  static constexpr int D = kHeadDim;
+  static constexpr int A = kAct;
+  // S_n turns into P_n while this warpgroup's own P_{n-1} V_{n-1} still
+  // runs (the one-tanh SiLU and GELU fit the registers beside the pinned O
+  // and P_{n-1}; the earlier polynomial GELU spilled). Without it the
+  // warpgroup waits for its P V first and overlaps only with the other
+  // warpgroup's GEMMs.
+  static constexpr bool kOverlapOwnPv = kOverlap;
+  // The schedule (ConsumerMainloop). Chained (SiLU and GELU): the steps run
+  // across query tiles and items, a query tile's last P V issued with the
+  // next tile's S_0 and its O stored after that (KernelParams::wgmma_chain),
+  // so short K/V ranges need no GEMM step of their own for the last P V:
+  // +9.5% on the short-K/V cross shape for SiLU, none on causal SiLU.
+  // Softmax keeps one query tile at a time (S_0 alone, S_n with
+  // P_{n-1} V_{n-1}, the last P V alone), which measured 5% faster for it on
+  // H200 (bench/RESULTS.md, attention).
+  static constexpr bool kChain = A != kActSoftmax;
+  static constexpr int kRowsQ = kFwdTileRows;   // query rows per tile, 64 per consumer
+  static constexpr int kRowsKv = kFwdTileRows;  // keys per K/V tile
+  static constexpr int kStages = 2;    // of each ring: Q, K and V
+  static constexpr int kTileBytes = kRowsQ * D * 2;
+  // Byte offsets from the 1024-aligned base: the Q, K and V rings, then the
+  // barriers (full and empty of each ring, kStages each).
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kStages * kTileBytes;
+  static constexpr int kV = kK + kStages * kTileBytes;
+  static constexpr int kBars = kV + kStages * kTileBytes;
+  static constexpr int kSmemBytes = kBars + 128 + 1024;
+  static constexpr int kCtaThreads = 3 * kWgThreads;
+  static_assert(kRowsQ == kRowsKv, "the query and K/V tiles share the tile size");
+  static_assert(6 * kStages * 8 <= 128, "the barriers fit their 128 bytes");
+};
+static_assert(kForwardTileRows == 128, "the planner's forward tiles must be 128 rows");
+
+// One CTA's shared memory: the rings' tiles (stage s at + s * kTileBytes)
+// and barriers (stage s at + 8 s): landed (full) and released (empty).
+template <class C>
+struct FwdSmem {
+  uint32_t q, k, v;
+  uint32_t k_full, v_full, q_full, k_empty, v_empty, q_empty;
+  __device__ explicit FwdSmem(uint32_t base)
+      : q(base + C::kQ),
+        k(base + C::kK),
+        v(base + C::kV),
+        k_full(base + C::kBars),
+        v_full(k_full + 8 * C::kStages),
+        q_full(k_full + 16 * C::kStages),
+        k_empty(k_full + 24 * C::kStages),
+        v_empty(k_full + 32 * C::kStages),
+        q_empty(k_full + 40 * C::kStages) {}
+  __device__ uint32_t Tile(uint32_t ring, int stage) const { return ring + stage * C::kTileBytes; }
+  // Full barriers: the producer's 128 threads; empty: both consumers'.
+  __device__ void Init() const {
+    for (int s = 0; s < C::kStages; ++s) {
+      for (uint32_t f : {k_full, v_full, q_full}) BarInit(f + 8 * s, kWgThreads);
+      for (uint32_t e : {k_empty, v_empty, q_empty}) BarInit(e + 8 * s, 2 * kWgThreads);
+    }
+    BarInitDone();
+  }
+};
+
+// ---- Producer (warpgroup 2). ----
+// Streams each work item's query tiles through the Q ring (the next item's
+// Q loads while the current one computes, which matters for the short-K/V
+// shapes with one or two K/V tiles per item) and its K/V tiles through the
+// K and V rings, which have barriers of their own: K_n is free once S_n is
+// done, V_n only after P_n V_n, which the consumers issue one step later.
+// The query tiles of a grouped item share its K/V tiles, loaded once after
+// its first query tile.
+template <class C>
+__device__ __forceinline__ void FwdProducer(const KernelParams& p, const FwdSmem<C>& sm,
+                                            const CUtensorMap& q_map, const CUtensorMap& k_map,
+                                            const CUtensorMap& v_map, bool tma, int tid,
+                                            const TileScheduler& sched) {
+  ProducerRegs();
+  const bf16* q = static_cast<const bf16*>(p.q);
+  const bf16* k = static_cast<const bf16*>(p.k);
+  const bf16* v = static_cast<const bf16*>(p.v);
+  int kv_iter = 0, q_iter = 0;
+  for (int w = sched.First(); sched.Valid(w); w = sched.Next(w)) {
+    const WorkItem it = ItemAt(p, w);
+    const int n_tiles = (it.inner_end - it.inner_begin + C::kRowsKv - 1) / C::kRowsKv;
+    for (int j = 0; j < it.q_tiles; ++j, ++q_iter) {
+      const RingPos<C::kStages> qp(q_iter);
+      BarWait(sm.q_empty + 8 * qp.stage, qp.phase ^ 1);
+      FillTile<C::D, C::kRowsQ>(sm.Tile(sm.q, qp.stage), &q_map, tma, q, it.q_start,
+                                it.tile_row + j * C::kRowsQ, it.q_len, it.head, p.heads, tid,
+                                sm.q_full + 8 * qp.stage);
+      if (j > 0) continue;
+      for (int n = 0; n < n_tiles; ++n, ++kv_iter) {
+        const RingPos<C::kStages> kp(kv_iter);
+        const int row0 = it.inner_begin + n * C::kRowsKv;
+        BarWait(sm.k_empty + 8 * kp.stage, kp.phase ^ 1);
+        FillTile<C::D, C::kRowsKv>(sm.Tile(sm.k, kp.stage), &k_map, tma, k, it.k_start, row0,
+                                   it.k_len, it.head, p.heads, tid, sm.k_full + 8 * kp.stage);
+        BarWait(sm.v_empty + 8 * kp.stage, kp.phase ^ 1);
+        FillTile<C::D, C::kRowsKv>(sm.Tile(sm.v, kp.stage), &v_map, tma, v, it.k_start, row0,
+                                   it.k_len, it.head, p.heads, tid, sm.v_full + 8 * kp.stage);
+      }
+    }
+  }
+}
+
+// ---- Consumers (warpgroups 0 and 1). ----
+// One consumer warpgroup's registers: its 64 query rows' output, the
+// current scores (then probabilities), the previous step's probabilities as
+// bf16 A fragments, and the softmax's running max and sum per row.
+template <class C>
+struct FwdRegs {
+  float o[C::D / 8][4];
+  float sc[16][4];
+  uint32_t pa[8][4];
+  float m[2], l[2], corr[2];
+};
+
+// What one main-loop step touches, as its schedule plans it: S_n's K stage
+// (Real: S reads a K/V tile; else the query tile, and its result is
+// unused), the pending P V's V stage (Pv: one is pending; else it reads the
+// query tile into an O that is discarded), and which stages the step
+// releases. TileStep is the one-query-tile schedule's plan: every S and P V
+// is real. ChainStep is the chained schedule's, whose pending P V lives
+// across tiles packed into one register (next to O, P and S); its flags are
+// decoded where they are used, so that they occupy no registers across the
+// activation.
+struct TileStep {
+  int k_stage, k_phase, v_stage, v_phase, q_stage, col0;
+  bool release_k, release_v;
+  __device__ bool Real() const { return true; }
+  __device__ bool Pv() const { return true; }
+  __device__ int VStage() const { return v_stage; }
+  __device__ int VPhase() const { return v_phase; }
+  __device__ bool ReleaseV() const { return release_v; }
+  // The query tile is released after the tile's last step (in FwdConsumer).
+  __device__ bool ReleaseQ() const { return false; }
+};
+struct ChainStep {
+  static constexpr int kPending = 1, kRelease = 2, kStage = 4, kParity = 8;
+  int n, n_tiles, steps, pv;
+  int k_stage, k_phase, q_stage, col0;
+  bool release_k;
+  __device__ bool Real() const { return n < n_tiles; }
+  __device__ bool Pv() const { return pv & kPending; }
+  __device__ int VStage() const { return (pv & kStage) != 0; }
+  __device__ int VPhase() const { return (pv & kParity) != 0; }
+  __device__ bool ReleaseV() const { return pv & kRelease; }
+  __device__ bool ReleaseQ() const { return n + 1 == steps; }
+  // The P V this step leaves pending (none if S_n was not real).
+  __device__ int NextPv() const {
+    return Real() ? kPending | (release_k ? kRelease : 0) | (k_stage ? kStage : 0) |
+                        (k_phase ? kParity : 0)
+                  : 0;
+  }
+};
+
+// The position of a consumer's rows: the query tile's rows in shared
+// memory, this warpgroup's first row, this thread's first row (the second
+// is 8 on), its quad lane, and the turn barriers.
+struct FwdRows {
+  uint32_t q_tile, q_rows;
+  int wg_row0, row0, t;
+  int my_turn, other_turn;
+};
+
+// One step of the consumer main loop (FlashAttention-3's intra-warpgroup
+// overlap). In its turn the warpgroup issues S_n = Q K_n^T (kS) and
+// O += P_{n-1} V_{n-1} (kPv) back to back and passes the turn, so that its
+// activation runs while the other warpgroup's GEMMs keep the tensor cores
+// busy; then S_n becomes P_n (beside its own P V with kOverlapOwnPv), the
+// finished stages are released, and P_n is packed for the next step. One
+// code path with no branch around any wgmma: two would merge versions of
+// O's registers with moves, and ptxas would serialize the wgmma pipeline
+// (C7520) and spill.
+template <class C, bool kS, bool kPv, class Step>
+__device__ __forceinline__ void MainloopStep(const KernelParams& p, const WorkItem& it,
+                                             const FwdSmem<C>& sm, FwdRegs<C>& r,
+                                             const FwdRows& at, const Step& st) {
+  if (kS && st.Real()) BarWait(sm.k_full + 8 * st.k_stage, st.k_phase);
+  if (kPv && st.Pv()) BarWait(sm.v_full + 8 * st.VStage(), st.VPhase());
+  const uint32_t kb = st.Real() ? sm.Tile(sm.k, st.k_stage) : at.q_tile;
+  const uint32_t vb = st.Pv() ? sm.Tile(sm.v, st.VStage()) : at.q_tile;
+  TurnWait(p, at.my_turn);
+  if constexpr (kPv) {
+    FenceRegs(r.pa);
+    FenceRegs(r.o);
+  }
+  WgFence();
+  if constexpr (kS) IssueS<C::D>(r.sc, at.q_rows, kb);
+  if constexpr (kPv) IssuePv<C::D>(r.o, r.pa, vb);
+  TurnPass(p, at.other_turn);
+  auto probs = [&] {
+    if (st.Real()) {
+      if (st.release_k) BarArrive(sm.k_empty + 8 * st.k_stage);
+      ScoresToProbs<C::A>(p, it, r.sc, at.wg_row0, at.row0, st.col0, at.t, r.m, r.l, r.corr);
+    }
+  };
+  constexpr bool kEarly = kS && kPv && C::kOverlapOwnPv;
+  if constexpr (kEarly) {
+    WgWait1();
+    FenceRegs(r.sc);
+    probs();
+  }
+  WgWait0();
+  if constexpr (kPv) {
+    FenceRegs(r.o);
+    FenceRegs(r.pa);
+  }
+  if constexpr (kS) FenceRegs(r.sc);
+  if (st.ReleaseQ()) BarArrive(sm.q_empty + 8 * st.q_stage);
+  if (kPv && st.Pv() && st.ReleaseV()) BarArrive(sm.v_empty + 8 * st.VStage());
+  if constexpr (kS) {
+    if constexpr (!kEarly) probs();
+    if constexpr (kPv && C::A == kActSoftmax) {
+      if (st.Real()) {
+#pragma unroll
+        for (int dt = 0; dt < C::D / 8; ++dt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) r.o[dt][e] *= r.corr[e >> 1];
+        }
+      }
+    }
+    if (st.Real()) PackA<C::kRowsKv>(r.sc, r.pa);
+  }
+}
+
+// ---- Epilogue. ----
+// A query tile's normalization (softmax: 1 / sum per row, and the
+// log-sum-exp written by the quad's first thread) and its output rows
+// (scaled, bf16). The one-tile schedule does both at once (StoreNow); the
+// chained one keeps where this thread's two rows go (Prepare) and stores
+// them one step later (Store).
+template <class C>
+struct FwdEpilogue {
+  bf16* row = nullptr;
+  int rows = 0;
+  float mul[2] = {1.f, 1.f};
+  __device__ void Prepare(const KernelParams& p, const WorkItem& it, int row0, int t,
+                          const float (&m)[2], const float (&l)[2]) {
+    row = static_cast<bf16*>(p.o) + ((it.q_start + row0) * p.heads + it.head) * C::D + 2 * t;
+    rows = (row0 < it.q_len) + (row0 + 8 < it.q_len);
+    FinishRows<C::A>(p, it, row0, t, m, l, mul);
+  }
+  __device__ void Store(const KernelParams& p, const float (&o)[C::D / 8][4]) const {
+    StoreOut<C::D>(o, row, rows, p.heads, mul);
+  }
+  // The one-tile schedule's epilogue: normalization and store at once.
+  __device__ void StoreNow(const KernelParams& p, const WorkItem& it, int row0, int t,
+                           const float (&m)[2], const float (&l)[2],
+                           const float (&o)[C::D / 8][4]) {
+    FinishRows<C::A>(p, it, row0, t, m, l, mul);
+    StoreRows<C::D>(p.o, o, it.q_start, row0, it.q_len, it.head, p.heads, mul);
+  }
+};
+
+template <int D>
+__device__ __forceinline__ void ZeroOut(float (&o)[D / 8][4]) {
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+  }
+}
+
+// A consumer warpgroup (c: query rows [64 c, 64 c + 64) of each tile): the
+// scheduler's items, each query tile through the main loop (MainloopStep
+// in the configuration's schedule), then the epilogue.
+template <class C>
+__device__ __forceinline__ void FwdConsumer(const KernelParams& p, const FwdSmem<C>& sm, int c,
+                                            int tid, const TileScheduler& sched) {
+  ConsumerRegs();
+  FwdRows at{};
+  at.my_turn = 1 + c;
+  at.other_turn = 2 - c;
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+  at.t = lane & 3;
+  const int row_in_tile = c * 64 + warp * 16 + g;  // and + 8
+  if (c == 1) TurnPass(p, 1);  // warpgroup 0 issues first
+  FwdRegs<C> r;
+  ZeroOut<C::D>(r.o);
+  if constexpr (C::kChain) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) r.pa[i][e] = 0u;
+    }
+  }
+  FwdEpilogue<C> epi;
+  // Chained: the P V not yet issued (ChainStep::pv: P in pa, V's stage and
+  // full-barrier parity, whether it releases V); epi holds where the query
+  // tile it completes goes.
+  int pv = 0;
+  int kv_iter = 0, q_iter = 0;
+  for (int w = sched.First(); sched.Valid(w); w = sched.Next(w)) {
+    WorkItem it = ItemAt(p, w);
+    const int n_tiles = (it.inner_end - it.inner_begin + C::kRowsKv - 1) / C::kRowsKv;
+    // Chained: whether the query tile after this item's last one has K/V
+    // tiles, so that the last P V can wait for its S_0.
+    bool next_has_tiles = false;
+    if constexpr (C::kChain) {
+      if (p.wgmma_chain && sched.Valid(sched.Next(w))) {
+        const WorkItem& nx = p.items[sched.Next(w) / p.heads];
+        next_has_tiles = nx.inner_end > nx.inner_begin;
+      }
+    }
+    // The query tiles of a grouped item share its resident K/V tiles (their
+    // full barriers stay complete), which only the last one releases.
+    const int kv_first = kv_iter;
+    for (int j = 0; j < it.q_tiles; ++j, ++q_iter, it.tile_row += C::kRowsQ) {
+      const bool release = j + 1 == it.q_tiles;
+      kv_iter = kv_first;
+      const int row0 = it.tile_row + row_in_tile;
+      at.row0 = row0;
+      at.wg_row0 = it.tile_row + 64 * c;
+      r.m[0] = r.m[1] = -INFINITY;
+      r.l[0] = r.l[1] = 0.f;
+      const RingPos<C::kStages> qp(q_iter);
+      BarWait(sm.q_full + 8 * qp.stage, qp.phase);
+      at.q_tile = sm.Tile(sm.q, qp.stage);
+      at.q_rows = at.q_tile + c * 64 * 128;  // this warpgroup's rows
+      if constexpr (C::kChain) {
+        // The tile's last P V waits for the next query tile's S_0 if that has
+        // K/V tiles; otherwise a last step issues it (with S on the query
+        // tile itself, discarded). Without one pending (n = 0 after a tile
+        // that flushed), the step still issues a P V, on the query tile,
+        // whose result n = 0 discards.
+        const bool flush = n_tiles > 0 && !(j + 1 < it.q_tiles ? p.wgmma_chain : next_has_tiles);
+        ChainStep st;
+        st.n_tiles = n_tiles;
+        st.steps = n_tiles + flush;
+        st.q_stage = qp.stage;
+        st.release_k = release;
+        for (st.n = 0; st.n < st.steps; ++st.n) {
+          const RingPos<C::kStages> kp(kv_iter);
+          st.pv = pv;
+          st.k_stage = kp.stage;
+          st.k_phase = kp.phase;
+          st.col0 = it.inner_begin + st.n * C::kRowsKv;
+          MainloopStep<C, true, true>(p, it, sm, r, at, st);
+          if (st.n == 0) {
+            // The previous query tile's O is complete (if its last P V
+            // waited). Pinned here, so that its conversion is not hoisted into
+            // the activation above (where it would hold 32 more registers).
+            FenceRegs(r.pa);
+            FenceRegs(r.o);
+            if (st.Pv()) epi.Store(p, r.o);
+            ZeroOut<C::D>(r.o);
+          }
+          pv = st.NextPv();
+          if (st.Real()) ++kv_iter;
+        }
+        if (n_tiles == 0) BarArrive(sm.q_empty + 8 * qp.stage);
+        epi.Prepare(p, it, row0, at.t, r.m, r.l);
+        // O is complete unless its last P V is pending (zero if no K/V).
+        if (pv == 0) {
+          epi.Store(p, r.o);
+          ZeroOut<C::D>(r.o);
+        }
+      } else {
+        ZeroOut<C::D>(r.o);
+        if (n_tiles > 0) {
+          TileStep st{};
+          st.q_stage = qp.stage;
+          st.release_k = st.release_v = release;
+          RingPos<C::kStages> kp(kv_iter);
+          st.k_stage = kp.stage;
+          st.k_phase = kp.phase;
+          st.col0 = it.inner_begin;
+          MainloopStep<C, true, false>(p, it, sm, r, at, st);
+          for (int n = 1; n < n_tiles; ++n) {
+            st.v_stage = kp.stage;
+            st.v_phase = kp.phase;
+            kp = RingPos<C::kStages>(++kv_iter);
+            st.k_stage = kp.stage;
+            st.k_phase = kp.phase;
+            st.col0 = it.inner_begin + n * C::kRowsKv;
+            MainloopStep<C, true, true>(p, it, sm, r, at, st);
+          }
+          st.v_stage = kp.stage;
+          st.v_phase = kp.phase;
+          MainloopStep<C, false, true>(p, it, sm, r, at, st);
+          ++kv_iter;
+        }
+        BarArrive(sm.q_empty + 8 * qp.stage);
+        epi.StoreNow(p, it, row0, at.t, r.m, r.l, r.o);
+      }
+    }
+  }
+  // Warpgroup 1 passed the turn once more than warpgroup 0 took it.
+  if (c == 0) TurnWait(p, at.my_turn);
+}
+
+// The kernel: three warpgroups of a persistent CTA, warpgroup 2 the
+// producer, 0 and 1 the consumers.
+template <class C>
+__global__ void __launch_bounds__(C::kCtaThreads, 1)
     WgmmaForwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap q_map,
                        const __grid_constant__ CUtensorMap k_map,
                        const __grid_constant__ CUtensorMap v_map, bool tma) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  const uint32_t base = (raw + 1023) & ~1023u;
-  const uint32_t q_s = base;                    // two stages
-  const uint32_t k_s = base + 2 * kTileBytes<D>;   // two stages
-  const uint32_t v_s = base + 4 * kTileBytes<D>;   // two stages
-  // Barriers, two stages each: K, V and Q landed (full) and released (empty).
-  const uint32_t bars = base + 6 * kTileBytes<D>;
-  const uint32_t k_full = bars, v_full = bars + 16, q_full = bars + 32;
-  const uint32_t k_empty = bars + 48, v_empty = bars + 64, q_empty = bars + 80;
+  const FwdSmem<C> sm((raw + 1023) & ~1023u);
   const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
-  const int total = p.num_items * p.heads;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 2; ++s) {
-      for (uint32_t f : {k_full, v_full, q_full}) BarInit(f + 8 * s, kWgThreads);
-      for (uint32_t e : {k_empty, v_empty, q_empty}) BarInit(e + 8 * s, 2 * kWgThreads);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  const TileScheduler sched(p);
+  if (threadIdx.x == 0) sm.Init();
   __syncthreads();
-
-  if (wg == 2) {  // producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    const bf16* q = static_cast<const bf16*>(p.q);
-    const bf16* k = static_cast<const bf16*>(p.k);
-    const bf16* v = static_cast<const bf16*>(p.v);
-    int kv_iter = 0, q_iter = 0;
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
-      const WorkItem it = ItemAt(p, w);
-      const int n_tiles = (it.inner_end - it.inner_begin + kRowsKv - 1) / kRowsKv;
-      // Query tile j of the run goes to stage q_iter & 1, so it loads while
-      // the consumers still work on the tile before; the item's K/V tiles
-      // follow its first query tile and stay for the others.
-      for (int j = 0; j < it.q_tiles; ++j, ++q_iter) {
-        const int qs = q_iter & 1;
-        BarWait(q_empty + 8 * qs, ((q_iter >> 1) & 1) ^ 1);
-        FillTile<D, kRowsQ>(q_s + qs * kTileBytes<D>, &q_map, tma, q, it.q_start,
-                            it.tile_row + j * kRowsQ, it.q_len, it.head, p.heads, tid,
-                            q_full + 8 * qs);
-        if (j > 0) continue;
-        // K and V have barriers of their own: K_n is free once S_n is done,
-        // V_n only after P_n V_n, which the consumers issue one step later.
-        for (int n = 0; n < n_tiles; ++n, ++kv_iter) {
-          const int s = kv_iter & 1, parity = ((kv_iter >> 1) & 1) ^ 1;
-          const int row0 = it.inner_begin + n * kRowsKv;
-          BarWait(k_empty + 8 * s, parity);
-          FillTile<D, kRowsKv>(k_s + s * kTileBytes<D>, &k_map, tma, k, it.k_start, row0,
-                               it.k_len, it.head, p.heads, tid, k_full + 8 * s);
-          BarWait(v_empty + 8 * s, parity);
-          FillTile<D, kRowsKv>(v_s + s * kTileBytes<D>, &v_map, tma, v, it.k_start, row0,
-                               it.k_len, it.head, p.heads, tid, v_full + 8 * s);
-        }
-      }
-    }
-    return;
-  }
-
-  // Consumers. Per K/V tile n, in its turn, a warpgroup issues S_n = Q K_n^T
-  // and O += P_{n-1} V_{n-1} back to back, passes the turn, and computes P_n
-  // from S_n while the other warpgroup's GEMMs run (FlashAttention-3's
-  // ping-pong with the intra-warpgroup overlap).
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  // kOverlapOwnPv: S_n turns into P_n while this warpgroup's own
-  // P_{n-1} V_{n-1} still runs (the one-tanh SiLU and GELU fit the registers
-  // beside the pinned O and P_{n-1}; the earlier polynomial GELU spilled).
-  // Without it the warpgroup waits for its P V first and overlaps only with
-  // the other warpgroup's GEMMs.
-  // kChain (SiLU and GELU): the steps run across query tiles and items, a
-  // query tile's last P V issued with the next tile's S_0 and its O stored
-  // after that (KernelParams::wgmma_chain), so short K/V ranges need no GEMM
-  // step of their own for the last P V: +9.5% on the short-K/V cross shape
-  // for SiLU, none on causal SiLU. Softmax keeps one query tile at a time,
-  // which measured 5% faster for it on H200 (bench/RESULTS.md, attention).
-  constexpr bool kChain = A != kActSoftmax;
-  const int c = wg;  // rows [64 c, 64 c + 64) of the query tile
-  const int my_turn = 1 + c, other_turn = 2 - c;
-  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int row_in_tile = c * 64 + warp * 16 + g;  // and + 8
-  if (c == 1) TurnPass(p, 1);  // warpgroup 0 issues first
-  if constexpr (kChain) {
-    float o[D / 8][4], sc[16][4], m[2], l[2], corr[2];
-    uint32_t pa[8][4];
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pa[i][e] = 0u;
-    }
-    // The P V not yet issued, packed into one register (its state lives
-    // across tiles, next to O, P and S): P in pa, V in stage pv_stage, its
-    // full-barrier parity, and whether it releases V. Then where the query
-    // tile it completes goes: this thread's first output row (the second is
-    // 8 rows on), how many of the two lie in the sequence, and their scales.
-    constexpr int kPvPending = 1, kPvRelease = 2, kPvStage = 4, kPvParity = 8;
-    int pv = 0;
-    bf16* out_row = nullptr;
-    int out_rows = 0;
-    float out_mul[2] = {1.f, 1.f};
-    int kv_iter = 0, q_iter = 0;
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
-      WorkItem it = ItemAt(p, w);
-      const int n_tiles = (it.inner_end - it.inner_begin + kRowsKv - 1) / kRowsKv;
-      // Whether the query tile after this item's last one has K/V tiles, so
-      // that the last P V can wait for its S_0.
-      bool next_has_tiles = false;
-      if (p.wgmma_chain && w + static_cast<int>(gridDim.x) < total) {
-        const WorkItem& nx = p.items[(w + gridDim.x) / p.heads];
-        next_has_tiles = nx.inner_end > nx.inner_begin;
-      }
-      // The query tiles of a grouped item share its resident K/V tiles (their
-      // full barriers stay complete), which only the last one releases.
-      const int kv_first = kv_iter;
-      for (int j = 0; j < it.q_tiles; ++j, ++q_iter, it.tile_row += kRowsQ) {
-        const bool release = j + 1 == it.q_tiles;
-        kv_iter = kv_first;
-        const int row0 = it.tile_row + row_in_tile;
-        m[0] = m[1] = -INFINITY;
-        l[0] = l[1] = 0.f;
-        const int qs = q_iter & 1;
-        const uint32_t q_tile = q_s + qs * kTileBytes<D>;
-        const uint32_t q_rows = q_tile + c * 64 * 128;  // this warpgroup's rows
-        BarWait(q_full + 8 * qs, (q_iter >> 1) & 1);
-        // The tile's last P V waits for the next query tile's S_0 if that has
-        // K/V tiles; otherwise a last step issues it (with S on the query
-        // tile itself, discarded).
-        const bool flush = n_tiles > 0 && !(j + 1 < it.q_tiles ? p.wgmma_chain : next_has_tiles);
-        const int steps = n_tiles + flush;
-        for (int n = 0; n < steps; ++n) {
-          // Step n: S_n with the pending P V (the previous K/V tile's, or at
-          // n = 0 the previous query tile's last one). Without one pending
-          // (n = 0 after a tile that flushed), the step still issues a P V,
-          // on the query tile, whose result n = 0 discards. One code path
-          // with no branch around any wgmma: two would merge versions of
-          // O's registers with moves, and ptxas would serialize the wgmma
-          // pipeline (C7520) and spill.
-          const bool real = n < n_tiles;
-          const int s = kv_iter & 1, parity = (kv_iter >> 1) & 1;
-          const int col0 = it.inner_begin + n * kRowsKv;
-          const bool pv_pending = pv & kPvPending;
-          const int pv_stage = (pv & kPvStage) != 0;
-          if (real) BarWait(k_full + 8 * s, parity);
-          if (pv_pending) BarWait(v_full + 8 * pv_stage, (pv & kPvParity) != 0);
-          const uint32_t kb = real ? k_s + s * kTileBytes<D> : q_tile;
-          const uint32_t vb = pv_pending ? v_s + pv_stage * kTileBytes<D> : q_tile;
-          TurnWait(p, my_turn);
-          FenceRegs(pa);
-          FenceRegs(o);
-          WgFence();
-          IssueS<D>(sc, q_rows, kb);
-          IssuePv<D>(o, pa, vb);
-          TurnPass(p, other_turn);
-          if constexpr (kOverlapOwnPv) {
-            WgWait1();
-            FenceRegs(sc);
-            if (real) {
-              if (release) BarArrive(k_empty + 8 * s);
-              ScoresToProbs<A>(p, it, sc, it.tile_row + 64 * c, row0, col0, t, m, l, corr);
-            }
-          }
-          WgWait0();
-          FenceRegs(o);
-          FenceRegs(pa);
-          FenceRegs(sc);
-          if (n + 1 == steps) BarArrive(q_empty + 8 * qs);
-          if (pv_pending && (pv & kPvRelease)) BarArrive(v_empty + 8 * pv_stage);
-          if constexpr (!kOverlapOwnPv) {
-            if (real) {
-              if (release) BarArrive(k_empty + 8 * s);
-              ScoresToProbs<A>(p, it, sc, it.tile_row + 64 * c, row0, col0, t, m, l, corr);
-            }
-          }
-          if (real) PackA<kRowsKv>(sc, pa);
-          if (n == 0) {
-            // The previous query tile's O is complete (if its last P V waited).
-            // Pinned here, so that its conversion is not hoisted into the
-            // activation above (where it would hold 32 more registers).
-            FenceRegs(pa);
-            FenceRegs(o);
-            if (pv_pending) StoreOut<D>(o, out_row, out_rows, p.heads, out_mul);
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
-            }
-          } else if constexpr (A == kActSoftmax) {
-            if (real) {
-#pragma unroll
-              for (int dt = 0; dt < D / 8; ++dt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e >> 1];
-              }
-            }
-          }
-          pv = real ? kPvPending | (release ? kPvRelease : 0) | (s ? kPvStage : 0) |
-                          (parity ? kPvParity : 0)
-                    : 0;
-          if (real) ++kv_iter;
-        }
-        if (n_tiles == 0) BarArrive(q_empty + 8 * qs);
-
-        // The tile's normalization (and log-sum-exp) are known now.
-        out_row = static_cast<bf16*>(p.o) + ((it.q_start + row0) * p.heads + it.head) * D + 2 * t;
-        out_rows = (row0 < it.q_len) + (row0 + 8 < it.q_len);
-        FinishRows<A>(p, it, row0, t, m, l, out_mul);
-        // O is complete unless its last P V is pending (zero if no K/V).
-        if (pv == 0) {
-          StoreOut<D>(o, out_row, out_rows, p.heads, out_mul);
-#pragma unroll
-          for (int dt = 0; dt < D / 8; ++dt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
-          }
-        }
-      }
-    }
+  if (wg == 2) {
+    FwdProducer<C>(p, sm, q_map, k_map, v_map, tma, tid, sched);
   } else {
-    // The loop of one query tile at a time: S_0 alone, S_n with
-    // P_{n-1} V_{n-1}, the last P V alone, then O.
-    int kv_iter = 0, q_iter = 0;
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
-      WorkItem it = ItemAt(p, w);
-      const int n_tiles = (it.inner_end - it.inner_begin + kRowsKv - 1) / kRowsKv;
-      // The query tiles of a grouped item share its resident K/V tiles (their
-      // full barriers stay complete), which only the last one releases.
-      const int kv_first = kv_iter;
-      for (int j = 0; j < it.q_tiles; ++j, ++q_iter, it.tile_row += kRowsQ) {
-        const bool release = j + 1 == it.q_tiles;
-        kv_iter = kv_first;
-        const int row0 = it.tile_row + row_in_tile;
-        float o[D / 8][4], sc[16][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
-        uint32_t pa[8][4];
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
-        }
-        const int qs = q_iter & 1;
-        BarWait(q_full + 8 * qs, (q_iter >> 1) & 1);
-        const uint32_t q_rows = q_s + qs * kTileBytes<D> + c * 64 * 128;  // this warpgroup's rows
-        if (n_tiles > 0) {
-          // Tile 0: S_0 alone.
-          int s = kv_iter & 1;
-          BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
-          TurnWait(p, my_turn);
-          WgFence();
-          IssueS<D>(sc, q_rows, k_s + s * kTileBytes<D>);
-          TurnPass(p, other_turn);
-          WgWait0();
-          FenceRegs(sc);
-          if (release) BarArrive(k_empty + 8 * s);
-          ScoresToProbs<A>(p, it, sc, it.tile_row + 64 * c, row0, it.inner_begin, t, m, l, corr);
-          PackA<kRowsKv>(sc, pa);
-          for (int n = 1; n < n_tiles; ++n) {
-            const int prev = s, prev_parity = (kv_iter >> 1) & 1;
-            ++kv_iter;
-            s = kv_iter & 1;
-            BarWait(k_full + 8 * s, (kv_iter >> 1) & 1);
-            BarWait(v_full + 8 * prev, prev_parity);
-            TurnWait(p, my_turn);
-            FenceRegs(pa);
-            FenceRegs(o);
-            WgFence();
-            IssueS<D>(sc, q_rows, k_s + s * kTileBytes<D>);
-            IssuePv<D>(o, pa, v_s + prev * kTileBytes<D>);
-            TurnPass(p, other_turn);
-            const int col0 = it.inner_begin + n * kRowsKv;
-            if constexpr (kOverlapOwnPv) {
-              WgWait1();
-              FenceRegs(sc);
-              if (release) BarArrive(k_empty + 8 * s);
-              ScoresToProbs<A>(p, it, sc, it.tile_row + 64 * c, row0, col0, t, m, l, corr);
-            }
-            WgWait0();
-            FenceRegs(o);
-            FenceRegs(pa);
-            FenceRegs(sc);
-            if (release) {
-              if constexpr (!kOverlapOwnPv) BarArrive(k_empty + 8 * s);
-              BarArrive(v_empty + 8 * prev);
-            }
-            if constexpr (!kOverlapOwnPv) {
-              ScoresToProbs<A>(p, it, sc, it.tile_row + 64 * c, row0, col0, t, m, l, corr);
-            }
-            if constexpr (A == kActSoftmax) {
-#pragma unroll
-              for (int dt = 0; dt < D / 8; ++dt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e >> 1];
-              }
-            }
-            PackA<kRowsKv>(sc, pa);
-          }
-          // The last tile's P V.
-          BarWait(v_full + 8 * s, (kv_iter >> 1) & 1);
-          TurnWait(p, my_turn);
-          FenceRegs(pa);
-          FenceRegs(o);
-          WgFence();
-          IssuePv<D>(o, pa, v_s + s * kTileBytes<D>);
-          TurnPass(p, other_turn);
-          WgWait0();
-          FenceRegs(o);
-          if (release) BarArrive(v_empty + 8 * s);
-          ++kv_iter;
-        }
-        BarArrive(q_empty + 8 * qs);
-
-        float mul[2] = {1.f, 1.f};
-        FinishRows<A>(p, it, row0, t, m, l, mul);
-        StoreRows<D>(p.o, o, it.q_start, row0, it.q_len, it.head, p.heads, mul);
-      }
-    }
+    FwdConsumer<C>(p, sm, wg, tid, sched);
   }
-  // Warpgroup 1 passed the turn once more than warpgroup 0 took it.
-  if (c == 0) TurnWait(p, my_turn);
 }
 
-template <int D, int A, bool kOverlapOwnPv>
-int LaunchWgmma(const KernelParams& p, int sms, void* stream) {
-  const int total = p.num_items * p.heads;
-  if (total == 0) return 0;
+template <class C>
+int LaunchForward(const KernelParams& p, int sms, void* stream) {
+  if (p.num_items * p.heads == 0) return 0;
   CUtensorMap q_map{}, k_map{}, v_map{};
-  const bool tma = p.wgmma_tma && MakeTileMap(&q_map, p.q, p.q_rows, p.heads, D, kRowsQ) &&
-                   MakeTileMap(&k_map, p.k, p.kv_rows, p.heads, D, kRowsKv) &&
-                   MakeTileMap(&v_map, p.v, p.kv_rows, p.heads, D, kRowsKv);
-  auto kernel = WgmmaForwardKernel<D, A, kOverlapOwnPv>;
+  const bool tma = p.wgmma_tma && MakeTileMap(&q_map, p.q, p.q_rows, p.heads, C::D, C::kRowsQ) &&
+                   MakeTileMap(&k_map, p.k, p.kv_rows, p.heads, C::D, C::kRowsKv) &&
+                   MakeTileMap(&v_map, p.v, p.kv_rows, p.heads, C::D, C::kRowsKv);
+  auto kernel = WgmmaForwardKernel<C>;
   cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<D>);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (e != cudaSuccess) return e;
-  kernel<<<min(total, sms), kCtaThreads, kSmemBytes<D>, static_cast<cudaStream_t>(stream)>>>(
-      p, q_map, k_map, v_map, tma);
+  kernel<<<TileScheduler::Grid(p, sms), C::kCtaThreads, C::kSmemBytes,
+           static_cast<cudaStream_t>(stream)>>>(p, q_map, k_map, v_map, tma);
   return cudaGetLastError();
 }
 
@@ -629,10 +742,10 @@ int LaunchJaggedForwardWgmma(const KernelParams& p, int sms, void* stream) {
     // SiLU and GELU overlap their activation with their own P V unless
     // switched off; softmax always does.
     if constexpr (A != kActSoftmax) {
-      return p.wgmma_overlap ? LaunchWgmma<D, A, true>(p, sms, stream)
-                             : LaunchWgmma<D, A, false>(p, sms, stream);
+      return p.wgmma_overlap ? LaunchForward<FwdConfig<D, A, true>>(p, sms, stream)
+                             : LaunchForward<FwdConfig<D, A, false>>(p, sms, stream);
     } else {
-      return LaunchWgmma<D, A, true>(p, sms, stream);
+      return LaunchForward<FwdConfig<D, A, true>>(p, sms, stream);
     }
   });
 }

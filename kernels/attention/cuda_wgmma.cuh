@@ -1,8 +1,16 @@
 // Hopper (sm_90a) building blocks shared by the warp-specialized attention
 // kernels (cuda_wgmma.cu forward, cuda_wgmma_bwd.cu backward): mbarriers,
-// warpgroup MMA (wgmma) on 128-byte-swizzled shared-memory tiles, and the
-// producer's tile loads (TMA where a tile lies inside its sequence, cp.async
-// with zero fill where it crosses the end).
+// named barriers, fences, register reconfiguration, warpgroup MMA (wgmma) on
+// 128-byte-swizzled shared-memory tiles, the producer's tile loads (TMA where
+// a tile lies inside its sequence, cp.async with zero fill where it crosses
+// the end), and the tile scheduler and ring positions both kernels walk.
+// The wgmma atoms, their descriptor and the warpgroup fences are CuTe's
+// (the pinned nvidia-cutlass wheel's headers, tools/setup.sh and the @cutlass
+// repository), which compile to the same SASS as the PTX they replaced. The
+// rest stays PTX: CuTe's TMA load and zero-filling cp.async attach L2 cache
+// hints, and CUTLASS's barrier wrappers changed ptxas's unrolling and
+// register allocation of the main loops (more instructions, more spills);
+// bench/RESULTS.md, attention kernels.
 //
 // Tile layout: a [ROWS][D] bf16 tile is stored as D / 64 column blocks of
 // [ROWS][64] (128 bytes a row), and the 16-byte chunk c of row r sits at
@@ -19,7 +27,12 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
+
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "kernels/attention/cuda_common.cuh"
 
@@ -61,61 +74,79 @@ __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// ---- wgmma. ----
+// Makes barrier initialization visible before the first arrive or wait.
+__device__ __forceinline__ void BarInitDone() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Warp specialization: the producer warpgroup gives registers back (to 40),
+// the consumer warpgroups take them (232).
+__device__ __forceinline__ void ProducerRegs() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+}
+__device__ __forceinline__ void ConsumerRegs() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+}
+
+// Plain shared-memory stores at a shared-window address.
+__device__ __forceinline__ void StoreShared(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void StoreShared(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// ---- wgmma (CuTe: cute/arch/mma_sm90_gmma.hpp, mma_sm90_desc.hpp). ----
+namespace GMMA = cute::SM90::GMMA;
+
 // Shared-memory matrix descriptor of a 128-byte-swizzled tile at byte address
-// `addr` (1024-aligned atoms): leading and stride byte offsets in 16 bytes.
+// `addr` (1024-aligned atoms): leading and stride byte offsets.
 __device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>(lbo >> 4) << 16) | (static_cast<uint64_t>(sbo >> 4) << 32) |
-         (1ull << 62);
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = static_cast<uint16_t>((addr & 0x3FFFF) >> 4);
+  d.bitfield.leading_byte_offset_ = static_cast<uint16_t>(lbo >> 4);
+  d.bitfield.stride_byte_offset_ = static_cast<uint16_t>(sbo >> 4);
+  d.bitfield.layout_type_ = static_cast<uint8_t>(GMMA::LayoutType::B128);
+  return d.desc_;
 }
-__device__ __forceinline__ void WgFence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgWait0() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgWait1() {
-  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-}
+__device__ __forceinline__ void WgFence() { cute::warpgroup_arrive(); }
+__device__ __forceinline__ void WgCommit() { cute::warpgroup_commit_batch(); }
+__device__ __forceinline__ void WgWait0() { cute::warpgroup_wait<0>(); }
+__device__ __forceinline__ void WgWait1() { cute::warpgroup_wait<1>(); }
 // Pins register values at this point of the instruction stream, so that the
 // compiler neither moves their computation past a wgmma fence nor touches
 // wgmma operands or accumulators before the wait; either makes ptxas
 // serialize the wgmma chain (C7511).
-template <int N, int M>
-__device__ __forceinline__ void FenceRegs(float (&r)[N][M]) {
+template <class T, int N, int M>
+__device__ __forceinline__ void FenceRegs(T (&r)[N][M]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
 #pragma unroll
-    for (int j = 0; j < M; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
-  }
-}
-template <int N, int M>
-__device__ __forceinline__ void FenceRegs(uint32_t (&r)[N][M]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-#pragma unroll
-    for (int j = 0; j < M; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+    for (int j = 0; j < M; ++j) cute::warpgroup_fence_operand(r[i][j]);
   }
 }
 
-#define RF_ACC4(a, i) "+f"(a[i][0]), "+f"(a[i][1]), "+f"(a[i][2]), "+f"(a[i][3])
-#define RF_ACC32(a)                                                                            \
-  RF_ACC4(a, 0), RF_ACC4(a, 1), RF_ACC4(a, 2), RF_ACC4(a, 3), RF_ACC4(a, 4), RF_ACC4(a, 5),    \
-      RF_ACC4(a, 6), RF_ACC4(a, 7)
-#define RF_ACC64(a)                                                                           \
-  RF_ACC32(a), RF_ACC4(a, 8), RF_ACC4(a, 9), RF_ACC4(a, 10), RF_ACC4(a, 11), RF_ACC4(a, 12),  \
-      RF_ACC4(a, 13), RF_ACC4(a, 14), RF_ACC4(a, 15)
-#define RF_D32                                                                                \
-  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
-  "%25,%26,%27,%28,%29,%30,%31}"
-#define RF_D64                                                                                 \
-  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
-  "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"   \
-  "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+namespace detail {
+// CuTe's wgmma atoms take the accumulator as N / 2 scalars; these spread
+// acc[N / 8][4] over them.
+template <class Op, int N, size_t... I>
+__device__ __forceinline__ void FmaSS(float (&acc)[N / 8][4], uint64_t a, uint64_t b,
+                                      GMMA::ScaleOut scale, std::index_sequence<I...>) {
+  Op::fma(a, b, acc[I / 4][I % 4]..., scale);
+}
+template <class Op, int N, size_t... I>
+__device__ __forceinline__ void FmaRS(float (&acc)[N / 8][4], const uint32_t (&a)[4],
+                                      uint64_t b, std::index_sequence<I...>) {
+  Op::fma(a[0], a[1], a[2], a[3], b, acc[I / 4][I % 4]...);
+}
+template <int N, GMMA::Major kA, GMMA::Major kB>
+using SsAtom = std::conditional_t<N == 128, GMMA::MMA_64x128x16_F32BF16BF16_SS<kA, kB>,
+                                  GMMA::MMA_64x64x16_F32BF16BF16_SS<kA, kB>>;
+constexpr GMMA::Major kRsA = GMMA::Major::K, kRsB = GMMA::Major::MN;  // B read transposed
+template <int N>
+using RsAtom = std::conditional_t<N == 128, GMMA::MMA_64x128x16_F32BF16BF16_RS<kRsA, kRsB>,
+                                  GMMA::MMA_64x64x16_F32BF16BF16_RS<kRsA, kRsB>>;
+}  // namespace detail
 
 // acc[64 x N] (+)= A[64 x 16] * B[16 x N], both in shared memory: K-major
 // (A[64 x 16], B^T[N x 16]) unless kTransA / kTransB say M- / N-major.
@@ -123,23 +154,11 @@ template <int N, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void WgmmaSS(float (&acc)[N / 8][4], uint64_t a, uint64_t b,
                                         int accumulate) {
   static_assert(N == 64 || N == 128, "wgmma N");
-  if constexpr (N == 128) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " RF_D64
-        ", %64, %65, p, 1, 1, %67, %68;\n"
-        "}\n"
-        : RF_ACC64(acc)
-        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " RF_D32
-        ", %32, %33, p, 1, 1, %35, %36;\n"
-        "}\n"
-        : RF_ACC32(acc)
-        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
-  }
+  constexpr GMMA::Major kA = kTransA ? GMMA::Major::MN : GMMA::Major::K;
+  constexpr GMMA::Major kB = kTransB ? GMMA::Major::MN : GMMA::Major::K;
+  detail::FmaSS<detail::SsAtom<N, kA, kB>, N>(
+      acc, a, b, accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero,
+      std::make_index_sequence<N / 2>{});
 }
 // acc[64 x N] += A[64 x 16] (registers) * B[16 x N], B N-major in shared
 // memory (the transposed operand).
@@ -147,29 +166,8 @@ template <int N>
 __device__ __forceinline__ void WgmmaRS(float (&acc)[N / 8][4], const uint32_t (&a)[4],
                                         uint64_t b) {
   static_assert(N == 64 || N == 128, "wgmma N");
-  if constexpr (N == 128) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " RF_D64
-        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
-        "}\n"
-        : RF_ACC64(acc)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " RF_D32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
-        "}\n"
-        : RF_ACC32(acc)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  }
+  detail::FmaRS<detail::RsAtom<N>, N>(acc, a, b, std::make_index_sequence<N / 2>{});
 }
-#undef RF_ACC4
-#undef RF_ACC32
-#undef RF_ACC64
-#undef RF_D32
-#undef RF_D64
 
 // acc[64 x N] (+)= A[64 x D] * B[N x D]^T: A the 64 rows of a tile at
 // `a_rows` (tile of A_ROWS rows), B an N-row tile, both K-major, D / 16 k16
@@ -308,6 +306,38 @@ __device__ __forceinline__ void FillTile(uint32_t s, const CUtensorMap* map, boo
     CopiesDone(bar);
   }
 }
+
+// ---- Tile scheduler and pipeline positions (forward and backward). ----
+// Persistent CTAs over the launcher's work items, each item once per head
+// (ItemAt): CTA c takes items c, c + grid, c + 2 grid, ..., so with the
+// planner's longest-first order the longest start first on every SM. The
+// producer and the consumers walk the same sequence.
+struct TileScheduler {
+  int total;
+  __device__ explicit TileScheduler(const KernelParams& p) : total(p.num_items * p.heads) {}
+  __device__ int First() const { return blockIdx.x; }
+  __device__ bool Valid(int w) const { return w < total; }
+  // Unsigned as main's loops had it (a signed add changed the loop's code).
+  __device__ int Next(int w) const { return w + gridDim.x; }
+  // The CTAs of a launch: one per SM, fewer for fewer items.
+  static int Grid(const KernelParams& p, int sms) { return std::min(p.num_items * p.heads, sms); }
+};
+
+// The stage and phase (barrier parity) of the iter-th use of a ring of
+// kStages stages; the waits on "empty" barriers take the phase flipped, so
+// that the first pass through the ring does not wait.
+template <int kStages>
+struct RingPos {
+  int stage, phase;
+  // iter >= 0; a power-of-two depth takes a mask and a shift.
+  __device__ explicit RingPos(int iter)
+      : stage(kPow2 ? static_cast<int>(static_cast<unsigned>(iter) % kStages) : iter % kStages),
+        phase((kPow2 ? static_cast<int>(static_cast<unsigned>(iter) / kStages)
+                     : iter / kStages) & 1) {}
+
+ private:
+  static constexpr bool kPow2 = (kStages & (kStages - 1)) == 0;
+};
 
 // ---- Host. ----
 // A tensor map over a [rows, heads, d] tensor whose boxes are 128-byte

@@ -1,6 +1,9 @@
 // Hopper backward of the jagged attention (head dim 64 or 128, any
 // activation, mask and bias): two warp-specialized persistent passes
-// without atomics, built from the forward's pieces (cuda_wgmma.cuh).
+// without atomics, built from the forward's pieces (cuda_wgmma.cuh: the tile
+// scheduler, ring positions, producer tile loads, GEMMs and barriers) and
+// configured by BwdConfig (head dim, stationary side, tile shapes, ring
+// depth, shared-memory layout).
 //
 // Both passes have one shape. A CTA owns a 128-row stationary tile pair
 // (X, Y) of one (sequence, head) and streams the 64-row tile pairs (A, B)
@@ -184,9 +187,7 @@ __device__ __forceinline__ void StoreDsT(uint32_t ds, const uint32_t (&pa)[N / 1
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = row + 8 * (j & 1), col = kk * 16 + 8 * (j >> 1) + 2 * t;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds + SwzOffset<128>(r, col) + (col & 7) * 2),
-                   "r"(pa[kk][j])
-                   : "memory");
+      StoreShared(ds + SwzOffset<128>(r, col) + (col & 7) * 2, pa[kk][j]);
     }
   }
 }
@@ -202,106 +203,164 @@ __device__ __forceinline__ void GemmDq(float (&dq)[8][4], uint32_t ds, uint32_t 
   }
 }
 
+// One CTA's shared memory (BwdConfig's layout at run time): the stationary
+// pairs, the A and B rings, the softmax statistics, and the barriers: per
+// stationary buffer, the pair landed (x_full, y_full) and released
+// (stat_empty); per stage, A and B landed and the stage released (empty).
+template <class C>
+struct BwdSmem {
+  uint32_t x, y, a, b, ds, dq;
+  float* stats;
+  uint32_t x_full, y_full, stat_empty, a_full, b_full, empty;
+  int stat_bufs;
+  __device__ BwdSmem(unsigned char* smem_raw, const KernelParams& p) {
+    const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+    const uint32_t base = (raw + 1023) & ~1023u;
+    stats = reinterpret_cast<float*>(smem_raw + (base - raw) + C::kStats);
+    x = base + C::kX;
+    y = base + C::kY;
+    a = base + C::kA;
+    b = base + C::kB;
+    ds = base + C::kDs;
+    dq = base + C::kDq;
+    x_full = base + C::kBars;
+    y_full = x_full + 16;
+    stat_empty = x_full + 32;
+    a_full = x_full + 48;
+    b_full = a_full + 8 * C::kStages;
+    empty = b_full + 8 * C::kStages;
+    stat_bufs = p.wgmma_stat_prefetch ? C::kStatBufs : 1;
+  }
+  // Item i's stationary pair: buffer i % stat_bufs, its (i / stat_bufs)-th use.
+  __device__ int StatBuf(int item) const { return stat_bufs == 2 ? item & 1 : 0; }
+  __device__ int StatPhase(int item) const { return (stat_bufs == 2 ? item >> 1 : item) & 1; }
+  __device__ void Init() const {
+    for (int i = 0; i < 2; ++i) {
+      BarInit(x_full + 8 * i, kWgThreads);
+      BarInit(y_full + 8 * i, kWgThreads);
+      BarInit(stat_empty + 8 * i, 2 * kWgThreads);
+    }
+    for (int s = 0; s < C::kStages; ++s) {
+      BarInit(a_full + 8 * s, kWgThreads);
+      BarInit(b_full + 8 * s, kWgThreads);
+      BarInit(empty + 8 * s, 2 * kWgThreads);
+    }
+    BarInitDone();
+  }
+};
+
+// The softmax statistics of streamed query row i: its log2-domain
+// log-sum-exp and rowsum(dO * O) (zeros past the sequence end).
+__device__ __forceinline__ float2 StreamedRowStats(const KernelParams& p, const WorkItem& it,
+                                                   int i) {
+  if (i >= it.q_len) return make_float2(0.f, 0.f);
+  const int64_t rh = (it.q_start + i) * p.heads + it.head;
+  return make_float2(Lse2(p, rh), p.dsum[rh]);
+}
+
+// The four global tensors of a pass: the stationary pair (X, Y) and the
+// streamed pair (A, B).
+template <class C>
+struct BwdOperands {
+  const bf16 *x, *y, *a, *b;
+  __device__ explicit BwdOperands(const KernelParams& p) {
+    const bf16* q = static_cast<const bf16*>(p.q);
+    const bf16* k = static_cast<const bf16*>(p.k);
+    const bf16* v = static_cast<const bf16*>(p.v);
+    const bf16* dout = static_cast<const bf16*>(p.dout);
+    x = C::kDkDv ? k : q;
+    y = C::kDkDv ? v : dout;
+    a = C::kDkDv ? q : k;
+    b = C::kDkDv ? dout : v;
+  }
+};
+
+// ---- Producer (warpgroup 2). ----
+// Per work item its stationary pair (X, Y) into the item's buffer, then the
+// streamed tile pairs (A, B) that see it through the ring (for the softmax
+// dK/dV pass with the streamed queries' log-sum-exp and rowsum(dO * O)).
 template <class C, int A>
-__global__ void __launch_bounds__(C::kCtaThreads, 1)
-    WgmmaBackwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap x_map,
-                        const __grid_constant__ CUtensorMap y_map,
-                        const __grid_constant__ CUtensorMap a_map,
-                        const __grid_constant__ CUtensorMap b_map,
-                        const __grid_constant__ CUtensorMap dq_map, bool tma) {
+__device__ __forceinline__ void BwdProducer(const KernelParams& p, const BwdSmem<C>& sm,
+                                            const CUtensorMap& x_map, const CUtensorMap& y_map,
+                                            const CUtensorMap& a_map, const CUtensorMap& b_map,
+                                            bool tma, int tid, const TileScheduler& sched,
+                                            const BwdOperands<C>& src) {
+  constexpr int D = C::D, R = C::kStreamRows, kS = C::kStages;
+  constexpr bool kDkDv = C::kDkDv;
+  ProducerRegs();
+  const bf16* xg = src.x;
+  const bf16* yg = src.y;
+  const bf16* ag = src.a;
+  const bf16* bg = src.b;
+  int iter = 0, item = 0;
+  for (int w = sched.First(); sched.Valid(w); w = sched.Next(w), ++item) {
+    const WorkItem it = ItemAt(p, w);
+    const int64_t x_start = kDkDv ? it.k_start : it.q_start;
+    const int64_t a_start = kDkDv ? it.q_start : it.k_start;
+    const int x_len = kDkDv ? it.k_len : it.q_len, a_len = kDkDv ? it.q_len : it.k_len;
+    const int n_tiles = (it.inner_end - it.inner_begin + R - 1) / R;
+    const int sb = sm.StatBuf(item);
+    BarWait(sm.stat_empty + 8 * sb, sm.StatPhase(item) ^ 1);
+    FillTile<D, C::kStatRows>(sm.x + sb * C::kStatPairBytes, &x_map, tma, xg, x_start,
+                              it.tile_row, x_len, it.head, p.heads, tid, sm.x_full + 8 * sb);
+    FillTile<D, C::kStatRows>(sm.y + sb * C::kStatPairBytes, &y_map, tma, yg, x_start,
+                              it.tile_row, x_len, it.head, p.heads, tid, sm.y_full + 8 * sb);
+    for (int n = 0; n < n_tiles; ++n, ++iter) {
+      const RingPos<kS> rp(iter);
+      const int s = rp.stage, parity = rp.phase ^ 1;
+      const int row0 = it.inner_begin + n * R;
+      BarWait(sm.empty + 8 * s, parity);
+      if constexpr (kDkDv && A == kActSoftmax) {
+        // Published by this thread's arrive on a_full (release).
+        if (tid < R) {
+          const float2 st = StreamedRowStats(p, it, row0 + tid);
+          sm.stats[s * 2 * R + tid] = st.x;
+          sm.stats[s * 2 * R + R + tid] = st.y;
+        }
+      }
+      FillTile<D, R>(sm.a + s * C::kStreamBytes, &a_map, tma, ag, a_start, row0, a_len,
+                     it.head, p.heads, tid, sm.a_full + 8 * s);
+      FillTile<D, R>(sm.b + s * C::kStreamBytes, &b_map, tma, bg, a_start, row0, a_len,
+                     it.head, p.heads, tid, sm.b_full + 8 * s);
+    }
+  }
+}
+
+// ---- Epilogue. ----
+// A consumer's stationary rows of the item's gradients (this thread's rows
+// row0 and row0 + 8): dK and dV in the dK/dV pass, dQ in the dQ pass.
+template <class C>
+__device__ __forceinline__ void BwdEpilogue(const KernelParams& p, const WorkItem& it, int row0,
+                                            const float (&o1)[C::D / 8][4],
+                                            const float (&o2)[C::kDkDv ? C::D / 8 : 1][4]) {
+  const float one[2] = {1.f, 1.f};
+  if constexpr (C::kDkDv) {
+    StoreRows<C::D>(p.dk, o1, it.k_start, row0, it.k_len, it.head, p.heads, one);
+    StoreRows<C::D>(p.dv, o2, it.k_start, row0, it.k_len, it.head, p.heads, one);
+  } else {
+    StoreRows<C::D>(p.dq, o1, it.q_start, row0, it.q_len, it.head, p.heads, one);
+  }
+}
+
+// ---- Consumers (warpgroups 0 and 1): main loop and epilogue. ----
+// Consumer c owns stationary rows [64 c, 64 c + 64) of each item's tile: per
+// streamed tile T1 and T2 (wgmma), P and dS (GradsTile), the accumulating
+// GEMMs (and the fused dQ block); then the epilogue stores dK and dV (or
+// dQ).
+template <class C, int A>
+__device__ __forceinline__ void BwdConsumer(const KernelParams& p, const BwdSmem<C>& sm,
+                                            const CUtensorMap& dq_map, int c, int tid,
+                                            const TileScheduler& sched) {
   constexpr int D = C::D, R = C::kStreamRows, kS = C::kStages;
   constexpr bool kDkDv = C::kDkDv;
   // Fused dQ: who forms a streamed tile's dQ block. At d = 128 each consumer
   // the 64 columns from 64 c; at d = 64 (one 64-column block) the consumers
   // take turns by step parity, so each pays for every other step's GEMM.
   constexpr bool kSplitDqColumns = D == 128;
-  extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  const uint32_t base = (raw + 1023) & ~1023u;
-  float* stats = reinterpret_cast<float*>(smem_raw + (base - raw) + C::kStats);
-  const uint32_t x_s = base + C::kX, y_s = base + C::kY, a_s = base + C::kA, b_s = base + C::kB;
-  // Barriers: per stationary buffer, the pair landed (x_full, y_full) and
-  // released (stat_empty); per stage, A and B landed and the stage released.
-  const uint32_t bars = base + C::kBars;
-  const uint32_t x_full = bars, y_full = bars + 16, stat_empty = bars + 32;
-  const uint32_t a_full = bars + 48, b_full = a_full + 8 * kS, empty = b_full + 8 * kS;
-  // Item i's stationary pair: buffer i % stat_bufs, its (i / stat_bufs)-th use.
-  const int stat_bufs = p.wgmma_stat_prefetch ? C::kStatBufs : 1;
-  auto stat_buf = [stat_bufs](int item) { return stat_bufs == 2 ? item & 1 : 0; };
-  auto stat_phase = [stat_bufs](int item) { return (stat_bufs == 2 ? item >> 1 : item) & 1; };
-  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
-  const int total = p.num_items * p.heads;
-  const bf16* q = static_cast<const bf16*>(p.q);
-  const bf16* k = static_cast<const bf16*>(p.k);
-  const bf16* v = static_cast<const bf16*>(p.v);
-  const bf16* dout = static_cast<const bf16*>(p.dout);
-
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b) {
-      BarInit(x_full + 8 * b, kWgThreads);
-      BarInit(y_full + 8 * b, kWgThreads);
-      BarInit(stat_empty + 8 * b, 2 * kWgThreads);
-    }
-    for (int s = 0; s < kS; ++s) {
-      BarInit(a_full + 8 * s, kWgThreads);
-      BarInit(b_full + 8 * s, kWgThreads);
-      BarInit(empty + 8 * s, 2 * kWgThreads);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  if (wg == 2) {  // producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    const bf16* xg = kDkDv ? k : q;
-    const bf16* yg = kDkDv ? v : dout;
-    const bf16* ag = kDkDv ? q : k;
-    const bf16* bg = kDkDv ? dout : v;
-    int iter = 0, item = 0;
-    for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
-      const WorkItem it = ItemAt(p, w);
-      const int64_t x_start = kDkDv ? it.k_start : it.q_start;
-      const int64_t a_start = kDkDv ? it.q_start : it.k_start;
-      const int x_len = kDkDv ? it.k_len : it.q_len, a_len = kDkDv ? it.q_len : it.k_len;
-      const int n_tiles = (it.inner_end - it.inner_begin + R - 1) / R;
-      const int sb = stat_buf(item);
-      BarWait(stat_empty + 8 * sb, stat_phase(item) ^ 1);
-      FillTile<D, C::kStatRows>(x_s + sb * C::kStatPairBytes, &x_map, tma, xg, x_start,
-                                it.tile_row, x_len, it.head, p.heads, tid, x_full + 8 * sb);
-      FillTile<D, C::kStatRows>(y_s + sb * C::kStatPairBytes, &y_map, tma, yg, x_start,
-                                it.tile_row, x_len, it.head, p.heads, tid, y_full + 8 * sb);
-      for (int n = 0; n < n_tiles; ++n, ++iter) {
-        const int s = iter % kS, parity = ((iter / kS) & 1) ^ 1;
-        const int row0 = it.inner_begin + n * R;
-        BarWait(empty + 8 * s, parity);
-        if constexpr (kDkDv && A == kActSoftmax) {
-          // Published by this thread's arrive on a_full (release).
-          if (tid < R) {
-            const int i = row0 + tid;
-            float l2 = 0.f, ds = 0.f;
-            if (i < it.q_len) {
-              const int64_t rh = (it.q_start + i) * p.heads + it.head;
-              l2 = Lse2(p, rh);
-              ds = p.dsum[rh];
-            }
-            stats[s * 2 * R + tid] = l2;
-            stats[s * 2 * R + R + tid] = ds;
-          }
-        }
-        FillTile<D, R>(a_s + s * C::kStreamBytes, &a_map, tma, ag, a_start, row0, a_len,
-                       it.head, p.heads, tid, a_full + 8 * s);
-        FillTile<D, R>(b_s + s * C::kStreamBytes, &b_map, tma, bg, a_start, row0, a_len,
-                       it.head, p.heads, tid, b_full + 8 * s);
-      }
-    }
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int c = wg;  // stationary rows [64 c, 64 c + 64) of the tile
+  ConsumerRegs();
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   int iter = 0, item = 0;
-  for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
+  for (int w = sched.First(); sched.Valid(w); w = sched.Next(w), ++item) {
     const WorkItem it = ItemAt(p, w);
     const int n_tiles = (it.inner_end - it.inner_begin + R - 1) / R;
     const int wg_row0 = it.tile_row + c * 64;
@@ -318,11 +377,11 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
     float o1[D / 8][4], o2[kDkDv ? D / 8 : 1][4];
     Zero(o1);
     Zero(o2);
-    const int sb = stat_buf(item);
-    const uint32_t x_sb = x_s + sb * C::kStatPairBytes, y_sb = y_s + sb * C::kStatPairBytes;
+    const int sb = sm.StatBuf(item);
+    const uint32_t x_sb = sm.x + sb * C::kStatPairBytes, y_sb = sm.y + sb * C::kStatPairBytes;
     const uint32_t x_rows = x_sb + c * 64 * 128, y_rows = y_sb + c * 64 * 128;
-    BarWait(x_full + 8 * sb, stat_phase(item));
-    BarWait(y_full + 8 * sb, stat_phase(item));
+    BarWait(sm.x_full + 8 * sb, sm.StatPhase(item));
+    BarWait(sm.y_full + 8 * sb, sm.StatPhase(item));
     // This warpgroup's 64 stationary rows against a streamed tile
     // (tile_mask.h). The tiles none of whose pairs is visible (the window's
     // far edge for one warpgroup or the other, stationary rows past the
@@ -349,27 +408,29 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
     // A skipped tile is released once it has landed, which keeps this
     // warpgroup's releases in step with the producer's refills.
     auto skip = [&](int& iter) {
-      const int s = iter % kS, parity = (iter / kS) & 1;
-      BarWait(a_full + 8 * s, parity);
-      BarWait(b_full + 8 * s, parity);
-      BarArrive(empty + 8 * s);
+      const RingPos<kS> rp(iter);
+      const int s = rp.stage, parity = rp.phase;
+      BarWait(sm.a_full + 8 * s, parity);
+      BarWait(sm.b_full + 8 * s, parity);
+      BarArrive(sm.empty + 8 * s);
       ++iter;
     };
     for (int n = 0; n < n_begin; ++n) skip(iter);
     for (int n = n_begin; n < n_end; ++n, ++iter) {
-      const int s = iter % kS, parity = (iter / kS) & 1;
+      const RingPos<kS> rp(iter);
+      const int s = rp.stage, parity = rp.phase;
       const int col0 = it.inner_begin + n * R;
-      const uint32_t as = a_s + s * C::kStreamBytes, bs = b_s + s * C::kStreamBytes;
+      const uint32_t as = sm.a + s * C::kStreamBytes, bs = sm.b + s * C::kStreamBytes;
       float t1[R / 8][4], t2[R / 8][4];
-      BarWait(a_full + 8 * s, parity);
-      BarWait(b_full + 8 * s, parity);
+      BarWait(sm.a_full + 8 * s, parity);
+      BarWait(sm.b_full + 8 * s, parity);
       WgFence();
       GemmSS<D, R, C::kStatRows>(t1, x_rows, as);
       if constexpr (A == kActSoftmax) WgCommit();  // its own group: P starts first
       GemmSS<D, R, C::kStatRows>(t2, y_rows, bs);
       WgCommit();
       const bool full = p.bias == nullptr && tile_class(col0) == kTileFull;
-      const float* lse2_c = stats + s * 2 * R;
+      const float* lse2_c = sm.stats + s * 2 * R;
       const float* dsum_c = lse2_c + R;
       if constexpr (A == kActSoftmax) {
         // P while the dP GEMM runs.
@@ -391,7 +452,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
       uint32_t pds[R / 16][4], pp[kDkDv ? R / 16 : 1][4];
       PackA<R>(t2, pds);
       if constexpr (kDkDv) PackA<R>(t1, pp);
-      const uint32_t ds_buf = base + C::kDs + (iter & 1) * C::kDsBytes;
+      const uint32_t ds_buf = sm.ds + (iter & 1) * C::kDsBytes;
       if constexpr (C::kFusedDq) {
         // dS^T to shared memory for dQ = dS K, which needs all 128 keys:
         // both consumers' halves, hence the barrier. Two buffers, so that a
@@ -415,7 +476,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
       WgWait0();
       FenceRegs(o1);
       if constexpr (kDkDv) FenceRegs(o2);
-      BarArrive(empty + 8 * s);
+      BarArrive(sm.empty + 8 * s);
       if constexpr (C::kFusedDq) {
         if (!kSplitDqColumns && c != (iter & 1)) continue;  // the other's turn (d = 64)
         // A GEMM step of its own: with dS and P still held by the one above,
@@ -439,7 +500,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
         // This consumer's dQ block [64 queries][64 columns from dq_col0] through
         // shared memory into dq_accum; the previous block's reduce must have
         // read the buffer first.
-        const uint32_t blk = base + C::kDq + c * C::kDqBlockBytes;
+        const uint32_t blk = sm.dq + c * C::kDqBlockBytes;
         if (tid == 0) BulkWait<true>();
         NamedBarSync(kDqBar + c, kWgThreads);
         // Two 32-column halves [64 rows][128 bytes], 128-byte swizzled (the
@@ -452,9 +513,7 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
             const int row = warp * 16 + g + 8 * r, chunk = 2 * (nt & 3) + (t >> 1);
             const uint32_t at = blk + (nt >> 2) * (64 * 128) + row * 128 +
                                 ((chunk ^ (row & 7)) << 4) + (t & 1) * 8;
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[nt][2 * r]),
-                         "f"(dq[nt][2 * r + 1])
-                         : "memory");
+            StoreShared(at, dq[nt][2 * r], dq[nt][2 * r + 1]);
           }
         }
         FenceProxyAsync();
@@ -469,14 +528,8 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
       }
     }
     for (int n = n_end; n < n_tiles; ++n) skip(iter);
-    BarArrive(stat_empty + 8 * sb);
-    const float one[2] = {1.f, 1.f};
-    if constexpr (kDkDv) {
-      StoreRows<D>(p.dk, o1, it.k_start, row0, it.k_len, it.head, p.heads, one);
-      StoreRows<D>(p.dv, o2, it.k_start, row0, it.k_len, it.head, p.heads, one);
-    } else {
-      StoreRows<D>(p.dq, o1, it.q_start, row0, it.q_len, it.head, p.heads, one);
-    }
+    BarArrive(sm.stat_empty + 8 * sb);
+    BwdEpilogue<C>(p, it, row0, o1, o2);
   }
   if constexpr (C::kFusedDq) {
     if (tid == 0) BulkWait<false>();
@@ -484,9 +537,29 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
 }
 
 template <class C, int A>
+__global__ void __launch_bounds__(C::kCtaThreads, 1)
+    WgmmaBackwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap x_map,
+                        const __grid_constant__ CUtensorMap y_map,
+                        const __grid_constant__ CUtensorMap a_map,
+                        const __grid_constant__ CUtensorMap b_map,
+                        const __grid_constant__ CUtensorMap dq_map, bool tma) {
+  extern __shared__ unsigned char smem_raw[];
+  const BwdSmem<C> sm(smem_raw, p);
+  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
+  const TileScheduler sched(p);
+  const BwdOperands<C> src(p);
+  if (threadIdx.x == 0) sm.Init();
+  __syncthreads();
+  if (wg == 2) {
+    BwdProducer<C, A>(p, sm, x_map, y_map, a_map, b_map, tma, tid, sched, src);
+  } else {
+    BwdConsumer<C, A>(p, sm, dq_map, wg, tid, sched);
+  }
+}
+
+template <class C, int A>
 int LaunchBackward(const KernelParams& p, int sms, void* stream) {
-  const int total = p.num_items * p.heads;
-  if (total == 0) return 0;
+  if (p.num_items * p.heads == 0) return 0;
   const void* x = C::kDkDv ? p.k : p.q;
   const void* y = C::kDkDv ? p.v : p.dout;
   const void* a = C::kDkDv ? p.q : p.k;
@@ -509,8 +582,8 @@ int LaunchBackward(const KernelParams& p, int sms, void* stream) {
   cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (e != cudaSuccess) return e;
-  kernel<<<min(total, sms), C::kCtaThreads, C::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-      p, x_map, y_map, a_map, b_map, dq_map, tma);
+  kernel<<<TileScheduler::Grid(p, sms), C::kCtaThreads, C::kSmemBytes,
+           static_cast<cudaStream_t>(stream)>>>(p, x_map, y_map, a_map, b_map, dq_map, tma);
   return cudaGetLastError();
 }
 
