@@ -15,13 +15,15 @@ lengths, SiLU causal, the HSTU shape) and "cross_silu" / "cross_gelu" (the
 cross shape with that activation, no baseline). Every build but the first is also timed forward with the variant
 switches given by --variants (LABEL:ENV=VALUE, the environment variable set
 around each call).
-Rounds run the rows in rotating order; each row is bench_attention.timed
+Each round runs the rows in its own shuffled order (seeded by the round), so
+that no row always follows the same one; each row is bench_attention.timed
 (median of 10 after 3 warm-up). Prints per row the milliseconds per round,
 their median and spread, useful TFLOP/s and the ratio to the first build.
 """
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import traceback
@@ -140,8 +142,12 @@ def run_section(section, dev, builds, base, variants, args, out):
     print(f"# {section} checks: {json.dumps(checks)}", flush=True)
     times = {(r[0], r[1]): [] for r in rows}
     for rnd in range(args.rounds):
-        shift = rnd * len(rows) // args.rounds
-        for label, mode, fn in rows[shift:] + rows[:shift]:
+        # A row's time depends on the row before it (a forward timed right
+        # after a forward+backward ran up to 7% slower, the same library
+        # against itself), so each round runs the rows in a new order.
+        order = list(rows)
+        random.Random(rnd).shuffle(order)
+        for label, mode, fn in order:
             times[(label, mode)].append(ba.timed(fn))
     for (label, mode), ms in times.items():
         med = statistics.median(ms)
