@@ -163,7 +163,7 @@ training:
 EOF
 
 step "local cluster: coordinator, data-loader and 2 CPU workers on 127.0.0.1"
-deploy/local/cluster.sh start "$cluster" --workers 2 --bin "$bin" --loader
+deploy/local/cluster.sh start "$cluster" --workers 2 --bin "$bin" --loader --data-root "$tmp"
 coordinator=$(cat "$cluster/coordinator.address")
 export RECFLEET_COORDINATOR=$coordinator
 

@@ -62,8 +62,8 @@ ABSL_FLAG(std::string, checkpoint_root, "",
 ABSL_FLAG(std::string, sample_log_dir, "",
           "If set, append every trained step's sample ids to per-rank logs here (audit of exactly-once training).");
 ABSL_FLAG(std::string, data_root, "",
-          "Relative dataset paths of jobs this worker reads itself (no data-loader) are taken from here; default: the "
-          "working directory.");
+          "Relative dataset paths of jobs this worker reads itself (no data-loader) are taken from here, and when set, "
+          "a job may name no dataset outside it; default: the working directory, any path.");
 ABSL_FLAG(std::string, synthetic_cache_dir, "",
           "Where synthetic:// datasets are generated; default: $TMPDIR/recfleet-synthetic.");
 ABSL_FLAG(double, comm_timeout, 60, "Seconds any collective (and the rendezvous) may take before failing.");

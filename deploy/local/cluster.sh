@@ -20,7 +20,8 @@
 # measured by bench/planner/cpu_step_bench, which re-measures yours).
 # The loader serves every job its own data: the dataset, ranks, batch sizes
 # and BBS policy come from each job's spec (relative dataset paths from
-# --data-root, default the directory the cluster was started from); without
+# --data-root, default the directory the cluster was started from; a job
+# naming a dataset outside it is refused when submitted); without
 # a loader each worker reads and deals its job's data itself, the same way.
 # `start` prints the coordinator address and the /metrics addresses, and
 # writes them to DIR/coordinator.address and DIR/metrics.txt; the processes'

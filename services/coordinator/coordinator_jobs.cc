@@ -143,6 +143,7 @@ absl::StatusOr<Job> Coordinator::CreateJob(const ::recfleet::v1::CreateJobReques
     return absl::InvalidArgumentError("spec is required (the JobSpec to run)");
   }
   if (absl::Status s = ValidateJobSpec(request.spec()); !s.ok()) return s;
+  if (absl::Status s = CheckDatasetsUnderRoot(request.spec(), options_.data_root); !s.ok()) return s;
   // A well-formed spec must also be one recfleet builds: a field nothing
   // honors is rejected here, never dropped or failed at worker start.
   if (absl::Status s = engine::CheckBuildable(request.spec()); !s.ok()) return s;

@@ -127,6 +127,7 @@ absl::StatusOr<::recfleet::v1::PlanJobResponse> Coordinator::PlanJob(
     return absl::InvalidArgumentError("spec is required (the JobSpec to plan)");
   }
   if (absl::Status s = ValidateJobSpec(request.spec()); !s.ok()) return s;
+  if (absl::Status s = CheckDatasetsUnderRoot(request.spec(), options_.data_root); !s.ok()) return s;
   const ::recfleet::v1::JobSpec spec = SpecForPlanning(request.spec(), options_.data_root);
   std::vector<WorkerView> live;
   {

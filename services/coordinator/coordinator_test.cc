@@ -9,6 +9,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "data/dataset_file.h"
 #include "gtest/gtest.h"
@@ -264,6 +265,48 @@ TEST_F(CoordinatorTest, BadSpecIsRejectedWithFieldPath) {
   r.mutable_spec()->mutable_model()->mutable_tables(1)->set_dim(8);
   r.set_request_id("has space");
   EXPECT_EQ(coordinator_->CreateJob(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// With --data_root set, a spec cannot name files elsewhere: CreateJob and
+// PlanJob refuse it with the field, create nothing, and answer alike whether
+// the path outside exists or not.
+TEST_F(CoordinatorTest, DatasetsOutsideTheDataRootAreRefused) {
+  const std::string root = std::string(testing::TempDir()) + "/coordinator_data_root";
+  std::filesystem::create_directories(root + "/inside");
+  configure_ = [&root](CoordinatorOptions& o) { o.data_root = root; };
+  Start(":memory:");
+  Register("host-a");
+  auto create = [this](const std::string& dataset, const std::string& eval) {
+    ::recfleet::v1::CreateJobRequest r;
+    *r.mutable_spec() = BuildableSpec();
+    r.mutable_spec()->mutable_data()->set_dataset(dataset);
+    r.mutable_spec()->mutable_data()->set_eval_dataset(eval);
+    return coordinator_->CreateJob(r).status();
+  };
+  const std::string exists = std::string(testing::TempDir());  // Outside the root, and there.
+  for (const std::string& outside : {exists, std::string("/no/such/place"), std::string("../x"),
+                                     root + "/inside/../../x", "file://" + exists, root + "-sibling/x"}) {
+    absl::Status s = create(outside, "");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << outside;
+    EXPECT_EQ(s.message(), "spec.data.dataset: dataset '" + outside +
+                               "' lies outside the data root; name a path under it (relative paths resolve "
+                               "there) or a synthetic:// dataset")
+        << outside;
+    s = create("inside", outside);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << outside;
+    EXPECT_TRUE(absl::StartsWith(s.message(), "spec.data.eval_dataset: dataset '" + outside + "'")) << s;
+    ::recfleet::v1::PlanJobRequest plan;
+    *plan.mutable_spec() = BuildableSpec();
+    plan.mutable_spec()->mutable_data()->set_dataset(outside);
+    EXPECT_EQ(coordinator_->PlanJob(plan).status().code(), absl::StatusCode::kInvalidArgument) << outside;
+  }
+  EXPECT_EQ(coordinator_->ListJobs({}).value().jobs_size(), 0);
+  // Inside the root, relative or absolute, and synthetic data are accepted.
+  for (const std::string& ok : {std::string("inside"), root + "/inside", "file://" + root + "/inside/../inside",
+                                std::string("synthetic://t?samples=100")}) {
+    EXPECT_TRUE(create(ok, "").ok()) << ok;
+  }
+  EXPECT_EQ(coordinator_->ListJobs({}).value().jobs_size(), 4);
 }
 
 TEST_F(CoordinatorTest, OversizedSpecIsRejectedAtCreate) {

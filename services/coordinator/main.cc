@@ -37,7 +37,8 @@ ABSL_FLAG(std::vector<std::string>, step_rates, {},
           "the job's device; without: shape estimates");
 ABSL_FLAG(std::string, data_root, "",
           "Where relative dataset paths of job specs resolve when the planner samples their "
-          "lengths: the loaders' and workers' --data_root (empty = the working directory)");
+          "lengths: the loaders' and workers' --data_root (empty = the working directory). When set, "
+          "CreateJob and PlanJob refuse a spec whose dataset lies outside it");
 ABSL_FLAG(std::string, hardware_topology, "",
           "Planner topology YAML whose GPU and link numbers describe the workers' hardware "
           "(e.g. a calibrated CPU cluster); default: H200 nodes");

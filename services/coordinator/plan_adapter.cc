@@ -835,6 +835,18 @@ JobSpec SpecForPlanning(const JobSpec& spec, const std::string& data_root) {
   return out;
 }
 
+absl::Status CheckDatasetsUnderRoot(const JobSpec& spec, const std::string& data_root) {
+  const std::pair<const char*, const std::string*> fields[] = {{"dataset", &spec.data().dataset()},
+                                                                {"eval_dataset", &spec.data().eval_dataset()}};
+  for (const auto& [field, location] : fields) {
+    if (location->empty()) continue;
+    if (absl::Status s = dataloader::CheckDatasetUnderRoot(*location, data_root); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.data.", field, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PlanningData> ReadPlanningData(const JobSpec& spec, const engine::StepRates* rates) {
   PlanningData out;
   if (rates == nullptr) return out;  // The shape estimates read no data.

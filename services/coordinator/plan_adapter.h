@@ -261,6 +261,13 @@ DataGroupPlanner PlanningDataGroupPlanner(planner::Topology hardware,
 ::recfleet::v1::JobSpec SpecForPlanning(const ::recfleet::v1::JobSpec& spec,
                                         const std::string& data_root);
 
+// InvalidArgument naming the field when spec.data.dataset or
+// spec.data.eval_dataset lies outside `data_root`
+// (dataloader::CheckDatasetUnderRoot; "" allows every path). The
+// coordinator checks it before it creates or plans a job, as the loaders and
+// workers check it before they open one.
+absl::Status CheckDatasetsUnderRoot(const ::recfleet::v1::JobSpec& spec, const std::string& data_root);
+
 }  // namespace recfleet::coordinator
 
 #endif  // RECFLEET_SERVICES_COORDINATOR_PLAN_ADAPTER_H_

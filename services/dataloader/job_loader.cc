@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -131,6 +132,22 @@ std::string DatasetPath(const std::string& location, const std::string& root) {
   return path;
 }
 
+absl::Status CheckDatasetUnderRoot(const std::string& location, const std::string& root) {
+  // synthetic:// data is generated, not read; ResolveDataset rejects other schemes.
+  if (root.empty() || (absl::StrContains(location, "://") && !absl::StartsWith(location, "file://"))) {
+    return absl::OkStatus();
+  }
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path base = fs::absolute(root, ec).lexically_normal();
+  const fs::path path = fs::absolute(DatasetPath(location, root), ec).lexically_normal();
+  const fs::path rel = path.lexically_relative(base);
+  if (!ec && !rel.empty() && *rel.begin() != "..") return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dataset '", location, "' lies outside the data root; name a path under it (relative paths resolve there) "
+      "or a synthetic:// dataset"));
+}
+
 absl::StatusOr<DatasetFiles> ResolveDataset(const std::string& location, const DatasetOptions& options) {
   if (location.empty()) return absl::InvalidArgumentError("no dataset: spec.data.dataset is empty");
   std::string path;
@@ -142,6 +159,7 @@ absl::StatusOr<DatasetFiles> ResolveDataset(const std::string& location, const D
     if (absl::StrContains(location, "://") && !absl::StartsWith(location, "file://")) {
       return Bad(location, "unknown scheme (use a path, file://PATH or synthetic://NAME?...)");
     }
+    if (absl::Status s = CheckDatasetUnderRoot(location, options.root); !s.ok()) return s;
     path = DatasetPath(location, options.root);
   }
   DatasetFiles files;

@@ -34,6 +34,8 @@ namespace recfleet::dataloader {
 
 struct DatasetOptions {
   // Relative dataset paths are taken from here ("" = the working directory).
+  // When set, a plain or file:// location must also lie inside it
+  // (CheckDatasetUnderRoot): a job cannot name files elsewhere.
   std::string root;
   // Where synthetic:// datasets are generated ("" = $TMPDIR or /tmp, in
   // recfleet-synthetic/).
@@ -57,8 +59,20 @@ absl::StatusOr<data::SynthOptions> ParseSyntheticDataset(const std::string& loca
 // scheme (synthetic://...) or "" as it is. The rule ResolveDataset applies.
 std::string DatasetPath(const std::string& location, const std::string& root);
 
+// OK when a job may read `location` on a process whose data root is `root`:
+// a synthetic:// URI (or another scheme, which ResolveDataset rejects), any
+// location when `root` is "" (a process without a
+// data root reads what its user can), else a plain or file:// path that,
+// resolved by DatasetPath and normalized ("." and ".." taken lexically, the
+// working directory for relative paths), is `root` or lies below it.
+// InvalidArgument otherwise, decided without looking at the file system, so
+// the answer says nothing about what exists outside the root. Symbolic links
+// inside the root are followed: they are the operator's.
+absl::Status CheckDatasetUnderRoot(const std::string& location, const std::string& root);
+
 // NotFound naming the path when nothing is there; InvalidArgument for a
-// malformed synthetic:// URI.
+// malformed synthetic:// URI or a path outside options.root
+// (CheckDatasetUnderRoot).
 absl::StatusOr<DatasetFiles> ResolveDataset(const std::string& location, const DatasetOptions& options);
 
 // The evaluation file of a job: spec.data.eval_dataset's eval.rfd (or the

@@ -49,6 +49,30 @@ TEST(JobLoaderTest, BadLocationsSayWhatIsWrong) {
   EXPECT_NE(s.message().find(o.root + "/relative/dir"), std::string::npos) << s;
 }
 
+// A loader or worker with a data root opens nothing outside it, decided on
+// the path alone (the same answer whether the file exists or not).
+TEST(JobLoaderTest, PathsOutsideTheRootAreRefused) {
+  const std::string root = std::string(testing::TempDir()) + "/loader_root";
+  for (const std::string& outside :
+       {std::string("/etc"), std::string("/no/such/place"), std::string("../x"), std::string("a/../../x"),
+        root + "/../x", root + "2/x", std::string("file:///etc")}) {
+    absl::Status s = CheckDatasetUnderRoot(outside, root);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << outside;
+    EXPECT_NE(s.message().find("lies outside the data root"), std::string::npos) << s;
+    DatasetOptions o;
+    o.root = root;
+    EXPECT_EQ(ResolveDataset(outside, o).status(), s) << outside;
+    EXPECT_EQ(ResolveEvalFile("synthetic://t?samples=10", outside, o).status(), s) << outside;
+  }
+  for (const std::string& inside : {std::string("x"), std::string("."), std::string("a/../b"), root,
+                                    root + "/x/y", "file://" + root + "/x", std::string("synthetic://t?samples=10")}) {
+    EXPECT_TRUE(CheckDatasetUnderRoot(inside, root).ok()) << inside;
+  }
+  // Without a root, a process reads whatever its user can.
+  EXPECT_TRUE(CheckDatasetUnderRoot("/etc", "").ok());
+  EXPECT_TRUE(CheckDatasetUnderRoot("../x", "").ok());
+}
+
 TEST(JobLoaderTest, EvalFileComesFromEvalDatasetOrBesideTheTrainingData) {
   DatasetOptions o;
   o.cache_dir = std::string(testing::TempDir()) + "/synthetic";
