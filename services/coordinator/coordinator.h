@@ -90,10 +90,12 @@ struct CoordinatorOptions {
   // given the spec as submitted. Called once per job outside the scheduler's
   // lock: by CreateJob before it takes the lock, and on start-up for every
   // recovered job before the lock is taken and RPCs are served. Unset:
-  // PlanningDatasetReader(step_rates, data_root). A job whose data cannot be
-  // read fails as one the planner cannot fit: when it is placed, with reason
-  // "PlanFailed" and the reader's message (the job state machine has no
-  // QUEUED -> FAILED); PlanJob returns the reader's error.
+  // PlanningDatasetReader(step_rates, data_root). CreateJob and PlanJob
+  // return the reader's error and create nothing (a retried CreateJob of a
+  // job created before its data broke returns that job); a recovered job
+  // whose data can no longer be read fails as one the planner cannot fit:
+  // when it is placed, with reason "PlanFailed" and the reader's message
+  // (the job state machine has no QUEUED -> FAILED).
   PlanningDataReader planning_data_reader;
   // Communication groups for an assignment from a job's PlanningData, called
   // under the lock (no file I/O). Unset: every job is planned on its

@@ -158,6 +158,17 @@ absl::StatusOr<Job> Coordinator::CreateJob(const ::recfleet::v1::CreateJobReques
   // once per job; every placement is planned from it.
   absl::StatusOr<PlanningData> planning_data = options_.planning_data_reader(request.spec());
   absl::MutexLock lock(&mu_);
+  if (!planning_data.ok()) {
+    // A dataset that is there but cannot be read: no job is created, unless
+    // this is a retry of one created before the dataset broke (that job
+    // keeps its course and fails when it is placed).
+    absl::StatusOr<std::optional<Job>> existing =
+        store_->FindCreated(request.spec(), rid, request.job_id());
+    if (!existing.ok()) return existing.status();
+    if (!existing->has_value()) return planning_data.status();
+    auto it = jobs_.find(*ParseJobName((*existing)->name(), "name"));
+    return it != jobs_.end() ? it->second.job : **existing;
+  }
   bool created = false;
   absl::StatusOr<Job> job =
       store_->Create(request.spec(), rid, options_.clock(), &created, request.job_id());

@@ -1115,22 +1115,27 @@ TEST_F(PlanningDataTest, PlanFromTheReadDataIsThePlannersOwnAcrossARestart) {
   EXPECT_LT(placed.status().predicted_peak_memory_bytes(), static_cast<int64_t>(*capped_peak));
 }
 
-// A dataset that is there but cannot be read fails its job, as a job the
-// planner cannot fit does, with the file and the cause; other jobs and the
-// workers are untouched. So does a recovered job whose dataset broke while
-// the coordinator was down.
-TEST_F(PlanningDataTest, UnreadableDatasetFailsTheJobWithItsCause) {
+// A dataset that is there but cannot be read is refused at CreateJob and
+// PlanJob with the file and the cause; other jobs and the workers are
+// untouched. A retry of a request whose job was created before its dataset
+// broke returns that job, and a recovered job whose dataset broke while the
+// coordinator was down fails, as a job the planner cannot fit does.
+TEST_F(PlanningDataTest, UnreadableDatasetIsRefusedWithItsCause) {
   const std::string bad = std::string(testing::TempDir()) + "/coordinator_bad_dataset";
   std::filesystem::remove_all(bad);
   std::filesystem::create_directories(bad);
   WriteGarbage(bad + "/train.rfd");
   const std::string w0 = Register("host-a");
-  const Job failed = Get(Create(CpuSpec(1, bad)).name());
-  EXPECT_EQ(failed.status().state(), JobStatus::FAILED);
-  EXPECT_EQ(failed.status().reason(), "PlanFailed");
-  EXPECT_NE(failed.status().message().find("dataset '" + bad + "/train.rfd' cannot be read for planning: "),
+  // Refused at CreateJob with the cause; nothing is created.
+  ::recfleet::v1::CreateJobRequest create;
+  *create.mutable_spec() = CpuSpec(1, bad);
+  create.set_request_id("unreadable-1");
+  absl::StatusOr<Job> refused = coordinator_->CreateJob(create);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("dataset '" + bad + "/train.rfd' cannot be read for planning: "),
             std::string::npos)
-      << failed.status().message();
+      << refused.status();
+  EXPECT_EQ(coordinator_->ListJobs({}).value().jobs_size(), 0);
   ::recfleet::v1::PlanJobRequest plan;
   *plan.mutable_spec() = CpuSpec(1, bad);
   absl::StatusOr<::recfleet::v1::PlanJobResponse> planned = coordinator_->PlanJob(plan);
@@ -1151,9 +1156,16 @@ TEST_F(PlanningDataTest, UnreadableDatasetFailsTheJobWithItsCause) {
   std::filesystem::remove_all(breaks);
   std::filesystem::create_directories(breaks);
   WriteHistories(breaks + "/train.rfd", 500);
-  const Job queued = Create(CpuSpec(2, breaks));
+  ::recfleet::v1::CreateJobRequest first;
+  *first.mutable_spec() = CpuSpec(2, breaks);
+  first.set_request_id("breaks-1");
+  const Job queued = coordinator_->CreateJob(first).value();
   const Job other = Create(CpuSpec(2));
   WriteGarbage(breaks + "/train.rfd");
+  // A retry of the request that created the job still returns it.
+  absl::StatusOr<Job> retried = coordinator_->CreateJob(first);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(retried->name(), queued.name());
   Start(db);
   EXPECT_EQ(Get(queued.name()).status().state(), JobStatus::QUEUED);
   Register("host-b");

@@ -290,40 +290,51 @@ absl::Status JobStore::InsertTransitionLocked(const std::string& id, const JobTr
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<Job>> JobStore::FindCreatedLocked(const JobSpec& spec, const std::string& request_id,
+                                                                const std::string& job_id) {
+  if (request_id.empty()) return std::nullopt;
+  sqlite3_stmt* s = Prepare("SELECT id FROM jobs WHERE request_id = ?");
+  if (s == nullptr) return Error("prepare request_id lookup");
+  std::string existing;
+  {
+    StmtScope scope(s);
+    BindText(s, 1, request_id);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+      existing = ColumnBytes(s, 0);
+    } else if (rc != SQLITE_DONE) {
+      return Error("look up request_id");
+    }
+  }
+  if (existing.empty()) return std::nullopt;
+  absl::StatusOr<Job> job = GetLocked(existing);
+  if (!job.ok()) return job.status();
+  if (!google::protobuf::util::MessageDifferencer::Equals(job->spec(), spec)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id \"", request_id, "\" already created ", job->name(),
+                     " with a different spec; use a new request_id for a new job"));
+  }
+  if (!job_id.empty() && job->name() != JobName(job_id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id \"", request_id, "\" already created ", job->name(),
+                     ", not jobs/", job_id, "; use a new request_id for a new job"));
+  }
+  return std::optional<Job>(*std::move(job));
+}
+
+absl::StatusOr<std::optional<Job>> JobStore::FindCreated(const JobSpec& spec, const std::string& request_id,
+                                                         const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  return FindCreatedLocked(spec, request_id, job_id);
+}
+
 absl::StatusOr<Job> JobStore::Create(const JobSpec& spec, const std::string& request_id,
                                      absl::Time now, bool* created, const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   *created = false;
-  if (!request_id.empty()) {
-    sqlite3_stmt* s = Prepare("SELECT id FROM jobs WHERE request_id = ?");
-    if (s == nullptr) return Error("prepare request_id lookup");
-    std::string existing;
-    {
-      StmtScope scope(s);
-      BindText(s, 1, request_id);
-      int rc = sqlite3_step(s);
-      if (rc == SQLITE_ROW) {
-        existing = ColumnBytes(s, 0);
-      } else if (rc != SQLITE_DONE) {
-        return Error("look up request_id");
-      }
-    }
-    if (!existing.empty()) {
-      absl::StatusOr<Job> job = GetLocked(existing);
-      if (!job.ok()) return job.status();
-      if (!google::protobuf::util::MessageDifferencer::Equals(job->spec(), spec)) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("request_id \"", request_id, "\" already created ", job->name(),
-                         " with a different spec; use a new request_id for a new job"));
-      }
-      if (!job_id.empty() && job->name() != JobName(job_id)) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("request_id \"", request_id, "\" already created ", job->name(),
-                         ", not jobs/", job_id, "; use a new request_id for a new job"));
-      }
-      return job;
-    }
-  }
+  absl::StatusOr<std::optional<Job>> existing = FindCreatedLocked(spec, request_id, job_id);
+  if (!existing.ok()) return existing.status();
+  if (existing->has_value()) return **existing;
 
   Job job;
   *job.mutable_spec() = spec;

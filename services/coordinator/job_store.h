@@ -14,6 +14,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -47,6 +48,15 @@ class JobStore {
   absl::StatusOr<::recfleet::v1::Job> Create(const ::recfleet::v1::JobSpec& spec,
                                              const std::string& request_id, absl::Time now,
                                              bool* created, const std::string& job_id = "");
+
+  // What Create would return for an already stored request_id, without
+  // creating anything: the job (or ALREADY_EXISTS, as Create says) when
+  // `request_id` is stored, nullopt when it is empty or not stored. For a
+  // caller that refuses a new job but must still answer a retry of one it
+  // created.
+  absl::StatusOr<std::optional<::recfleet::v1::Job>> FindCreated(const ::recfleet::v1::JobSpec& spec,
+                                                                 const std::string& request_id,
+                                                                 const std::string& job_id = "");
 
   // Errors: NOT_FOUND "jobs/<id> not found".
   absl::StatusOr<::recfleet::v1::Job> Get(const std::string& id);
@@ -98,6 +108,10 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::StatusOr<::recfleet::v1::Job> GetLocked(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::optional<::recfleet::v1::Job>> FindCreatedLocked(const ::recfleet::v1::JobSpec& spec,
+                                                                       const std::string& request_id,
+                                                                       const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status InsertTransitionLocked(const std::string& id, const ::recfleet::v1::JobTransition& t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

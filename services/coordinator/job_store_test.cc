@@ -151,6 +151,16 @@ TEST(JobStoreTest, RequestIdMakesCreateIdempotent) {
   EXPECT_EQ(page->jobs.size(), 1u);
   absl::StatusOr<Job> c = (*store)->Create(ValidSpec(3), "same", kT0, &created);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kAlreadyExists);
+  // FindCreated answers as Create would for a stored request_id, and
+  // creates nothing for one that is not stored.
+  absl::StatusOr<std::optional<Job>> found = (*store)->FindCreated(ValidSpec(), "same");
+  ASSERT_TRUE(found.ok() && found->has_value());
+  EXPECT_EQ((*found)->name(), a->name());
+  EXPECT_EQ((*store)->FindCreated(ValidSpec(3), "same").status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ((*store)->FindCreated(ValidSpec(), "same", "other-id").status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_FALSE((*store)->FindCreated(ValidSpec(), "new").value().has_value());
+  EXPECT_FALSE((*store)->FindCreated(ValidSpec(), "").value().has_value());
   // Jobs without request_id never collide.
   ASSERT_TRUE((*store)->Create(ValidSpec(), "", kT0, &created).ok());
   ASSERT_TRUE((*store)->Create(ValidSpec(), "", kT0, &created).ok());
