@@ -154,21 +154,30 @@ absl::StatusOr<Job> Coordinator::CreateJob(const ::recfleet::v1::CreateJobReques
         "request_id must be at most 128 characters of [A-Za-z0-9._-], got \"", rid, "\""));
   }
   if (absl::Status s = ValidateJobId(request.job_id()); !s.ok()) return s;
+  // A retry of a request that created its job: that job, as Create would
+  // return it, without reading the dataset again.
+  auto created_before = [&]() -> absl::StatusOr<std::optional<Job>> {
+    absl::StatusOr<std::optional<Job>> existing = store_->FindCreated(request.spec(), rid, request.job_id());
+    if (!existing.ok() || !existing->has_value()) return existing;
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(*ParseJobName((*existing)->name(), "name"));
+    return it != jobs_.end() ? std::optional<Job>(it->second.job) : *existing;
+  };
+  absl::StatusOr<std::optional<Job>> existing = created_before();
+  if (!existing.ok()) return existing.status();
+  if (existing->has_value()) return **existing;
   // The dataset is read here, before the lock (file I/O that may be slow),
   // once per job; every placement is planned from it.
   absl::StatusOr<PlanningData> planning_data = options_.planning_data_reader(request.spec());
-  absl::MutexLock lock(&mu_);
   if (!planning_data.ok()) {
     // A dataset that is there but cannot be read: no job is created, unless
-    // this is a retry of one created before the dataset broke (that job
-    // keeps its course and fails when it is placed).
-    absl::StatusOr<std::optional<Job>> existing =
-        store_->FindCreated(request.spec(), rid, request.job_id());
+    // a concurrent retry of this request created it meanwhile.
+    existing = created_before();
     if (!existing.ok()) return existing.status();
     if (!existing->has_value()) return planning_data.status();
-    auto it = jobs_.find(*ParseJobName((*existing)->name(), "name"));
-    return it != jobs_.end() ? it->second.job : **existing;
+    return **existing;
   }
+  absl::MutexLock lock(&mu_);
   bool created = false;
   absl::StatusOr<Job> job =
       store_->Create(request.spec(), rid, options_.clock(), &created, request.job_id());

@@ -1162,10 +1162,13 @@ TEST_F(PlanningDataTest, UnreadableDatasetIsRefusedWithItsCause) {
   const Job queued = coordinator_->CreateJob(first).value();
   const Job other = Create(CpuSpec(2));
   WriteGarbage(breaks + "/train.rfd");
-  // A retry of the request that created the job still returns it.
+  // A retry of the request that created the job still returns it, without
+  // reading the dataset again.
+  const int reads_before_retry = reads_;
   absl::StatusOr<Job> retried = coordinator_->CreateJob(first);
   ASSERT_TRUE(retried.ok()) << retried.status();
   EXPECT_EQ(retried->name(), queued.name());
+  EXPECT_EQ(reads_, reads_before_retry);
   Start(db);
   EXPECT_EQ(Get(queued.name()).status().state(), JobStatus::QUEUED);
   Register("host-b");
