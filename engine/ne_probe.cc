@@ -16,7 +16,17 @@
 //   ne_probe [--users N] [--seeds 1,2,3] [--steps N] [--batch B,...]
 //            [--lr LR,...] [--order cyclic,shuffled] [--precision fp32,bf16]
 //            [--repeats R] [--no-prefetch] [--compare-cpu-steps N]
+//            [--precision fp32,bf16,fp8,fp8w] [--fp8-modules M,...]
+//            [--movielens DIR]
 // Defaults: EvalNeSetup's, fp32 only, one repeat.
+//
+// fp8 is bf16 with the linear layers of --fp8-modules (default
+// dense_proj,dcn,moe.experts,towers: every FP8-capable module of this
+// model) on block-scaled FP8 GEMMs, fp8w the same with FP8 weight
+// gradients: the low-precision recipe's quality against bf16, on the same
+// batches and initial parameters. --movielens reads a MovieLens-format
+// dataset folder (ReadMovieLens: NAME.inter, optional NAME.user/NAME.item)
+// instead of the synthetic users, e.g. the public ml-100k.
 
 #include <algorithm>
 #include <cmath>
@@ -45,17 +55,24 @@ struct Args {
   std::vector<int64_t> batches;
   std::vector<double> lrs;
   std::vector<bool> shuffled;
-  std::vector<bool> bf16 = {false};
+  std::vector<std::string> precisions = {"fp32"};
+  std::vector<std::string> fp8_modules = {"dense_proj", "dcn", "moe.experts", "towers"};
+  std::string movielens;  // Empty: EvalNeData's synthetic users.
   int repeats = 1;
   bool prefetch = true;
   int compare_cpu_steps = 0;
 };
 
-std::unique_ptr<GemLite<float>> Make(const GemLiteConfig& c, const FeatureSchema& schema,
-                                     Device device, bool bf16) {
+std::unique_ptr<GemLite<float>> Make(GemLiteConfig c, const FeatureSchema& schema,
+                                     Device device, const std::string& precision,
+                                     const std::vector<std::string>& fp8_modules = {}) {
   ExecutionOptions e;
   e.device = device;
-  e.bf16 = bf16;
+  e.bf16 = precision != "fp32";
+  if (precision == "fp8" || precision == "fp8w") {
+    c.fp8.modules = fp8_modules;
+    c.fp8.fp8_weight_gradients = precision == "fp8w";
+  }
   absl::StatusOr<std::unique_ptr<GemLite<float>>> m =
       GemLite<float>::Create(c, schema, TableStorage::kInternal, e);
   if (!m.ok()) {
@@ -86,8 +103,8 @@ void CompareWithCpu(const Args& a, const MovieLensCtr& data, uint64_t seed) {
   const GemLiteConfig slow = StepComparisonConfig();
   c.learning_rate = slow.learning_rate;
   c.adagrad_learning_rate = slow.adagrad_learning_rate;
-  auto gpu = Make(c, data.schema(), Device::kCuda, false);
-  auto cpu = Make(c, data.schema(), Device::kCpu, false);
+  auto gpu = Make(c, data.schema(), Device::kCuda, "fp32");
+  auto cpu = Make(c, data.schema(), Device::kCpu, "fp32");
   const std::vector<double> g =
       Train(*gpu, data, a.compare_cpu_steps, a.batches[0], a.prefetch, {});
   const std::vector<double> h = Train(*cpu, data, a.compare_cpu_steps, a.batches[0], false, {});
@@ -104,12 +121,29 @@ void CompareWithCpu(const Args& a, const MovieLensCtr& data, uint64_t seed) {
   std::fflush(stdout);
 }
 
+// The synthetic users of EvalNeData, or the MovieLens folder of --movielens
+// with EvalNeData's history length.
+absl::StatusOr<MovieLensCtr> LoadData(const Args& a) {
+  if (a.movielens.empty()) return EvalNeData(a.setup.users);
+  absl::StatusOr<MovieLensData> raw = ReadMovieLens(a.movielens);
+  if (!raw.ok()) return raw.status();
+  CtrOptions o;
+  o.max_history = 64;
+  return MovieLensCtr::Create(*std::move(raw), o);
+}
+
 int Run(const Args& a) {
   const absl::Time t0 = absl::Now();
-  const MovieLensCtr data = EvalNeData(a.setup.users);
+  absl::StatusOr<MovieLensCtr> loaded = LoadData(a);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "%s: %s\n", a.movielens.c_str(), loaded.status().ToString().c_str());
+    return 1;
+  }
+  const MovieLensCtr& data = *loaded;
   const std::vector<int64_t> shuffled = ShuffledOrder(data, a.setup.order_seed);
-  std::fprintf(stderr, "data: %d users, %lld training and %lld eval samples in %.1f s\n",
-               a.setup.users, static_cast<long long>(data.num_train()),
+  std::fprintf(stderr, "data (%s): %lld training and %lld eval samples in %.1f s\n",
+               a.movielens.empty() ? "synthetic" : a.movielens.c_str(),
+               static_cast<long long>(data.num_train()),
                static_cast<long long>(data.num_eval()), absl::ToDoubleSeconds(absl::Now() - t0));
   for (uint64_t seed : a.seeds) {
     if (a.compare_cpu_steps > 0) {
@@ -119,10 +153,11 @@ int Run(const Args& a) {
     for (int64_t batch : a.batches) {
       for (double lr : a.lrs) {
         for (bool shuffle : a.shuffled) {
-          for (bool bf16 : a.bf16) {
+          for (const std::string& precision : a.precisions) {
             for (int rep = 0; rep < a.repeats; ++rep) {
               const absl::Time start = absl::Now();
-              auto m = Make(EvalNeConfig(seed, lr), data.schema(), Device::kCuda, bf16);
+              auto m = Make(EvalNeConfig(seed, lr), data.schema(), Device::kCuda, precision,
+                            a.fp8_modules);
               const std::vector<double> losses =
                   Train(*m, data, a.setup.steps, batch, a.prefetch,
                         shuffle ? absl::Span<const int64_t>(shuffled) : absl::Span<const int64_t>());
@@ -142,15 +177,16 @@ int Run(const Args& a) {
                 }
               }
               std::printf(
-                  "{\"users\": %d, \"batch\": %lld, \"lr\": %g, \"order\": \"%s\", \"steps\": %d, "
+                  "{\"data\": \"%s\", \"users\": %d, \"batch\": %lld, \"lr\": %g, \"order\": \"%s\", \"steps\": %d, "
                   "\"epochs\": %.3f, \"seed\": %d, \"precision\": \"%s\", \"repeat\": %d, "
                   "\"ne\": %.6f, \"auc\": %.5f, \"loss_first100\": %.5f, \"loss_last100\": %.5f, "
                   "\"max_loss\": %.4f, \"max_loss_step\": %d, \"train_s\": %.2f, "
                   "\"eval_s\": %.2f}\n",
-                  a.setup.users, static_cast<long long>(batch), lr,
+                  a.movielens.empty() ? "synthetic" : a.movielens.c_str(),
+                  a.movielens.empty() ? a.setup.users : -1, static_cast<long long>(batch), lr,
                   shuffle ? "shuffled" : "cyclic", a.setup.steps,
                   static_cast<double>(a.setup.steps) * batch / data.num_train(),
-                  static_cast<int>(seed), bf16 ? "bf16" : "fp32", rep, e->normalized_entropy,
+                  static_cast<int>(seed), precision.c_str(), rep, e->normalized_entropy,
                   e->auc, Mean(losses, 0, std::min<size_t>(100, n)),
                   Mean(losses, n >= 100 ? n - 100 : 0, n), worst, worst_step,
                   absl::ToDoubleSeconds(trained - start), absl::ToDoubleSeconds(absl::Now() - trained));
@@ -214,10 +250,17 @@ int main(int argc, char** argv) {
         return s == "shuffled" || s == "cyclic";
       });
     } else if (arg == "--precision") {
-      ok = ParseList(value(), a.bf16, [](absl::string_view s, bool& v) {
-        v = s == "bf16";
-        return s == "bf16" || s == "fp32";
+      ok = ParseList(value(), a.precisions, [](absl::string_view s, std::string& v) {
+        v = std::string(s);
+        return s == "fp32" || s == "bf16" || s == "fp8" || s == "fp8w";
       });
+    } else if (arg == "--fp8-modules") {
+      ok = ParseList(value(), a.fp8_modules, [](absl::string_view s, std::string& v) {
+        v = std::string(s);
+        return !s.empty();
+      });
+    } else if (arg == "--movielens") {
+      a.movielens = value();
     } else if (arg == "--repeats") {
       ok = absl::SimpleAtoi(value(), &a.repeats) && a.repeats > 0;
     } else if (arg == "--no-prefetch") {
@@ -230,8 +273,9 @@ int main(int argc, char** argv) {
     if (!ok) {
       std::fprintf(stderr,
                    "bad argument %s (expected --users N, --seeds S,..., --steps N, --batch B,..., "
-                   "--lr LR,..., --order cyclic|shuffled,..., --precision fp32|bf16,..., "
-                   "--repeats R, --no-prefetch, --compare-cpu-steps N)\n",
+                   "--lr LR,..., --order cyclic|shuffled,..., --precision fp32|bf16|fp8|fp8w,..., "
+                   "--fp8-modules M,..., --movielens DIR, --repeats R, --no-prefetch, "
+                   "--compare-cpu-steps N)\n",
                    arg.c_str());
       return 2;
     }
