@@ -16,6 +16,18 @@ absl::Status CheckLabels(absl::Span<const double> scores, absl::Span<const doubl
     return absl::InvalidArgumentError(absl::StrCat("scores has ", scores.size(),
                                                    " entries but labels has ", labels.size()));
   }
+  // A NaN cannot be ranked: it compares unequal to itself, which breaks the
+  // sort's ordering and the tie groups (a diverged model's predictions).
+  int64_t nans = 0;
+  size_t first_nan = 0;
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (std::isnan(scores[i]) && nans++ == 0) first_nan = i;
+  }
+  if (nans > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        nans, " of ", scores.size(), " scores are NaN (the first at index ", first_nan,
+        "): the model's predictions diverged"));
+  }
   *positives = 0;
   for (size_t i = 0; i < labels.size(); ++i) {
     if (labels[i] != 0.0 && labels[i] != 1.0) {
@@ -60,6 +72,12 @@ absl::StatusOr<BinaryMetrics> ComputeBinaryMetrics(absl::Span<const double> logi
   BinaryMetrics m;
   absl::StatusOr<double> auc = Auc(logits, labels);
   if (!auc.ok()) return auc.status();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!std::isfinite(logits[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logits[", i, "] is ", logits[i], ": the model's predictions diverged"));
+    }
+  }
   m.auc = *auc;
   m.count = logits.size();
   double loss = 0, positives = 0;

@@ -26,10 +26,11 @@ struct BinaryMetrics {
 // ROC AUC: the probability that a random positive scores above a random
 // negative, ties counting one half (the midrank / Mann-Whitney form).
 // Labels are 0 or 1. InvalidArgument when sizes differ, a label is not 0/1,
-// or one class is absent.
+// one class is absent, or a score is NaN (it has no rank).
 absl::StatusOr<double> Auc(absl::Span<const double> scores, absl::Span<const double> labels);
 
-// All of the above from logits and 0/1 labels. Same errors as Auc.
+// All of the above from logits and 0/1 labels. Same errors as Auc, and
+// InvalidArgument for an infinite logit (no finite log loss).
 absl::StatusOr<BinaryMetrics> ComputeBinaryMetrics(absl::Span<const double> logits,
                                                    absl::Span<const double> labels);
 

@@ -1,9 +1,12 @@
 #include "engine/metrics.h"
 
 #include <cmath>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace recfleet::engine {
@@ -61,6 +64,26 @@ TEST(MetricsTest, RejectsOneClassAndBadLabels) {
   EXPECT_FALSE(Auc({1, 2}, {1, 1}).ok());
   EXPECT_FALSE(Auc({1, 2}, {0, 2}).ok());
   EXPECT_FALSE(Auc({1, 2, 3}, {0, 1}).ok());
+}
+
+// A diverged model's NaN predictions are refused, not ranked: NaN compares
+// unequal to itself, and the tie grouping used to loop on it for ever (an
+// eval that never returned).
+TEST(MetricsTest, NonFiniteScoresAreRefusedWithTheirCount) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  absl::StatusOr<double> a = Auc({0.5, nan, 0.2, nan}, {0, 1, 1, 0});
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(a.status().message()), ::testing::HasSubstr("2 of 4 scores are NaN"));
+  EXPECT_THAT(std::string(a.status().message()), ::testing::HasSubstr("index 1"));
+  EXPECT_FALSE(Auc({nan, nan}, {0, 1}).ok());
+  EXPECT_FALSE(ComputeBinaryMetrics({0.1, nan, 0.3}, {0, 1, 1}).ok());
+  // An infinite score still ranks, but no log loss is finite for it.
+  EXPECT_DOUBLE_EQ(*Auc({-inf, 0.0, inf}, {0, 0, 1}), 1.0);
+  absl::StatusOr<BinaryMetrics> m = ComputeBinaryMetrics({-inf, 0.0, 1.0}, {0, 0, 1});
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("logits[0]"));
 }
 
 TEST(MetricsTest, CompareVectorsHandComputed) {
