@@ -13,18 +13,18 @@
 // difference is reported: a data race or a stale buffer shows there as a
 // jump, which the chaotic default-rate training would hide.
 //
-//   ne_probe [--users N] [--seeds 1,2,3] [--steps N] [--batch B,...]
-//            [--lr LR,...] [--order cyclic,shuffled] [--precision fp32,bf16]
-//            [--repeats R] [--no-prefetch] [--compare-cpu-steps N]
+//   ne_probe [--users N | --movielens DIR] [--seeds 1,2,3] [--steps N]
+//            [--batch B,...] [--lr LR,...] [--order cyclic,shuffled]
 //            [--precision fp32,bf16,fp8,fp8w] [--fp8-modules M,...]
-//            [--movielens DIR]
+//            [--repeats R] [--no-prefetch] [--compare-cpu-steps N]
 // Defaults: EvalNeSetup's, fp32 only, one repeat.
 //
-// fp8 is bf16 with the linear layers of --fp8-modules (default
-// dense_proj,dcn,moe.experts,towers: every FP8-capable module of this
-// model) on block-scaled FP8 GEMMs, fp8w the same with FP8 weight
-// gradients: the low-precision recipe's quality against bf16, on the same
-// batches and initial parameters. --movielens reads a MovieLens-format
+// fp8 is bf16 with the linear layers of --fp8-modules (Fp8ModuleNames;
+// default dense_proj,dcn,moe.experts,towers) on block-scaled FP8 GEMMs,
+// fp8w the same with FP8 weight gradients: the low-precision recipe's
+// quality against bf16, on the same batches and initial parameters. A layer
+// with a side that is not a multiple of 16 keeps bf16 (in this model only
+// dcn and the experts' l1 run FP8). --movielens reads a MovieLens-format
 // dataset folder (ReadMovieLens: NAME.inter, optional NAME.user/NAME.item)
 // instead of the synthetic users, e.g. the public ml-100k.
 
@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -122,14 +123,12 @@ void CompareWithCpu(const Args& a, const MovieLensCtr& data, uint64_t seed) {
 }
 
 // The synthetic users of EvalNeData, or the MovieLens folder of --movielens
-// with EvalNeData's history length.
+// with the same sample options.
 absl::StatusOr<MovieLensCtr> LoadData(const Args& a) {
   if (a.movielens.empty()) return EvalNeData(a.setup.users);
   absl::StatusOr<MovieLensData> raw = ReadMovieLens(a.movielens);
   if (!raw.ok()) return raw.status();
-  CtrOptions o;
-  o.max_history = 64;
-  return MovieLensCtr::Create(*std::move(raw), o);
+  return MovieLensCtr::Create(*std::move(raw), EvalNeCtrOptions());
 }
 
 int Run(const Args& a) {
@@ -218,6 +217,7 @@ bool ParseList(const std::string& text, std::vector<T>& out, F parse) {
 int main(int argc, char** argv) {
   using recfleet::engine::ParseList;
   recfleet::engine::Args a;
+  bool users_given = false, fp8_modules_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
@@ -229,6 +229,7 @@ int main(int argc, char** argv) {
     };
     bool ok = true;
     if (arg == "--users") {
+      users_given = true;
       ok = absl::SimpleAtoi(value(), &a.setup.users) && a.setup.users > 0;
     } else if (arg == "--seeds") {
       ok = ParseList(value(), a.seeds, [](absl::string_view s, uint64_t& v) {
@@ -255,9 +256,11 @@ int main(int argc, char** argv) {
         return s == "fp32" || s == "bf16" || s == "fp8" || s == "fp8w";
       });
     } else if (arg == "--fp8-modules") {
+      fp8_modules_given = true;
       ok = ParseList(value(), a.fp8_modules, [](absl::string_view s, std::string& v) {
         v = std::string(s);
-        return !s.empty();
+        const std::vector<std::string>& known = recfleet::engine::Fp8ModuleNames();
+        return std::find(known.begin(), known.end(), v) != known.end();
       });
     } else if (arg == "--movielens") {
       a.movielens = value();
@@ -274,11 +277,21 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "bad argument %s (expected --users N, --seeds S,..., --steps N, --batch B,..., "
                    "--lr LR,..., --order cyclic|shuffled,..., --precision fp32|bf16|fp8|fp8w,..., "
-                   "--fp8-modules M,..., --movielens DIR, --repeats R, --no-prefetch, "
+                   "--fp8-modules M,... (of %s), --movielens DIR, --repeats R, --no-prefetch, "
                    "--compare-cpu-steps N)\n",
-                   arg.c_str());
+                   arg.c_str(), absl::StrJoin(recfleet::engine::Fp8ModuleNames(), ", ").c_str());
       return 2;
     }
+  }
+  if (users_given && !a.movielens.empty()) {
+    std::fprintf(stderr, "--users sets the synthetic users; --movielens reads real ones: give one\n");
+    return 2;
+  }
+  const bool any_fp8 = std::any_of(a.precisions.begin(), a.precisions.end(),
+                                   [](const std::string& p) { return p == "fp8" || p == "fp8w"; });
+  if (fp8_modules_given && !any_fp8) {
+    std::fprintf(stderr, "--fp8-modules needs --precision fp8 or fp8w\n");
+    return 2;
   }
   const recfleet::engine::EvalNeSetup& s = a.setup;
   if (a.seeds.empty()) {

@@ -48,13 +48,19 @@ struct EvalNeSetup {
   double learned_ne = 0.56;
 };
 
+// The samples' options of the eval-NE setup (histories of up to 64 events),
+// for its synthetic users and for a real MovieLens folder alike.
+inline CtrOptions EvalNeCtrOptions() {
+  CtrOptions o;
+  o.max_history = 64;
+  return o;
+}
+
 inline MovieLensCtr EvalNeData(int32_t users) {
   SyntheticOptions s;
   s.num_users = users;
   s.num_items = 400;
-  CtrOptions o;
-  o.max_history = 64;
-  return *MovieLensCtr::Create(SyntheticMovieLens(s), o);
+  return *MovieLensCtr::Create(SyntheticMovieLens(s), EvalNeCtrOptions());
 }
 
 // Its model: head dim 64 (the bf16 tensor-core attention's size). At a
