@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarizes engine_bench's host samples (--host-sample-out FILE).
 
-    host_profile.py FILE BINARY [--steps N] [--interval-us US] [--top K]
+    host_profile.py FILE BINARY [--steps N] [--top K]
 
 BINARY is the unstripped engine_bench the samples came from (addresses in
 it are symbolized with addr2line; other modules are named by their file).
@@ -9,7 +9,9 @@ Prints, as milliseconds of the stepping thread's wall time per step: the
 time per tag (loop part or phase being issued), the innermost frame's
 module and function per tag, and the functions of the binary by inclusive
 time (every function on the sampled stack; inlined code counts as its
-caller's).
+caller's). Each sample counts for the wall time it stands for (the file's
+second column, microseconds), so signals that merged while the thread
+waited for a core do not shrink that part.
 """
 import argparse
 import collections
@@ -34,7 +36,8 @@ def parse(path):
                 maps.append((lo, hi, int(parts[2], 16), parts[5]))
             elif section == "samples" and line:
                 parts = line.split()
-                samples.append((parts[0], [int(a, 16) for a in parts[1:]]))
+                samples.append((parts[0], int(parts[1]),
+                                [int(a, 16) for a in parts[2:]]))
     return maps, samples
 
 
@@ -70,14 +73,13 @@ def main():
     ap.add_argument("file")
     ap.add_argument("binary")
     ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--interval-us", type=float, default=50)
     ap.add_argument("--top", type=int, default=40)
     a = ap.parse_args()
     maps, samples = parse(a.file)
     exe = os.path.basename(a.binary)
-    per = a.interval_us / 1e3 / a.steps  # ms per step per sample
+    per = 1e-3 / a.steps  # ms per step per sampled microsecond
     exe_offsets = []
-    for _, frames in samples:
+    for _, _, frames in samples:
         for addr in frames:
             path, off = module_of(addr, maps)
             if path and os.path.basename(path) == exe:
@@ -94,11 +96,11 @@ def main():
     leaf = collections.defaultdict(collections.Counter)
     first_exe = collections.defaultdict(collections.Counter)
     inclusive = collections.Counter()
-    for tag, frames in samples:
-        by_tag[tag] += 1
+    for tag, us, frames in samples:
+        by_tag[tag] += us
         if not frames:
             continue
-        leaf[tag][frame_names(frames[0])[0]] += 1
+        leaf[tag][frame_names(frames[0])[0]] += us
         seen = set()
         first = None
         for addr in frames:
@@ -107,10 +109,10 @@ def main():
                     first = n
                 if n not in seen:
                     seen.add(n)
-                    inclusive[n] += 1
-        first_exe[tag][first or "?"] += 1
-    total = len(samples)
-    print(f"{total} samples, {a.steps} steps, {a.interval_us} us: "
+                    inclusive[n] += us
+        first_exe[tag][first or "?"] += us
+    total = sum(us for _, us, _ in samples)
+    print(f"{len(samples)} samples, {a.steps} steps: "
           f"{total * per:.3f} ms per step sampled")
     print("\n== per tag (ms per step)")
     for tag, n in by_tag.most_common():

@@ -24,6 +24,7 @@ constexpr int kDepth = 40;
 
 struct Sample {
   const char* tag;
+  int64_t weight_ns;  // wall time since the previous sample (or the start)
   int depth;
   void* frames[kDepth];
 };
@@ -34,14 +35,30 @@ std::atomic<int> g_count{0};
 std::atomic<const char*> g_tag{"-"};
 pthread_t g_target;
 std::atomic<bool> g_active{false};
+// When the previous sample was taken; only the sampled thread touches it
+// once sampling runs.
+int64_t g_last_ns = 0;
+
+int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 void OnSignal(int, siginfo_t*, void*) {
   if (!g_active.load(std::memory_order_acquire) || !pthread_equal(pthread_self(), g_target)) return;
   const int saved_errno = errno;
+  // Signals sent while the thread waited for a core merge into one
+  // (a pending signal is not queued twice), so a sample stands for the
+  // wall time since the previous one, not for one interval.
+  const int64_t now = MonotonicNs();
+  const int64_t weight = now - g_last_ns;
+  g_last_ns = now;
   const int n = g_count.fetch_add(1, std::memory_order_relaxed);
   if (n < kMaxSamples) {
     Sample& s = g_samples[n];
     s.tag = g_tag.load(std::memory_order_relaxed);
+    s.weight_ns = weight;
     s.depth = backtrace(s.frames, kDepth);
   }
   errno = saved_errno;
@@ -65,6 +82,7 @@ absl::StatusOr<std::unique_ptr<HostSampler>> HostSampler::Start(int interval_us)
   if (g_samples == nullptr) g_samples = new Sample[kMaxSamples];
   g_count.store(0);
   g_target = pthread_self();
+  g_last_ns = MonotonicNs();
   struct sigaction sa;
   std::memset(&sa, 0, sizeof(sa));
   sa.sa_sigaction = OnSignal;
@@ -125,7 +143,7 @@ absl::Status HostSampler::Write(const std::string& path) const {
   char hex[32];
   for (int i = 0; i < n; ++i) {
     const Sample& s = g_samples[i];
-    out << (s.tag != nullptr ? s.tag : "-");
+    out << (s.tag != nullptr ? s.tag : "-") << ' ' << (s.weight_ns + 500) / 1000;
     // Frames 0-1 are the handler and the signal trampoline.
     for (int f = 2; f < s.depth; ++f) {
       std::snprintf(hex, sizeof(hex), " %lx", reinterpret_cast<unsigned long>(s.frames[f]));

@@ -36,7 +36,10 @@ class HostSampler {
   // Stops sampling (idempotent). Returns the number of samples kept.
   int64_t Stop();
   // "maps" section (/proc/self/maps), then one line per sample:
-  // "TAG ADDR ADDR ..." innermost frame first, addresses in hex.
+  // "TAG US ADDR ADDR ..." with US the wall time (microseconds) the sample
+  // stands for: since the previous sample, more than one interval when the
+  // thread waited for a core and the signals merged. Frames innermost
+  // first, addresses in hex.
   absl::Status Write(const std::string& path) const;
 
   // What the sampled thread is doing now (a string literal or another
