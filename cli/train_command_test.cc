@@ -70,7 +70,10 @@ double Number(const std::string& text, const std::string& label) {
   return v;
 }
 
-TEST(TrainCommandTest, TrainsAnIngestedImplicitLogAndBeatsItemPopularity) {
+// Ingests the implicit log into Tmp("implicit") (once per process).
+void IngestImplicitLog() {
+  static bool done = false;
+  if (done) return;
   data::IngestOptions o;
   o.path = WriteImplicitLog();
   o.user_column = "user";
@@ -82,7 +85,11 @@ TEST(TrainCommandTest, TrainsAnIngestedImplicitLogAndBeatsItemPopularity) {
   absl::StatusOr<data::IngestStats> stats = data::Ingest(o, Tmp("implicit"));
   ASSERT_TRUE(stats.ok()) << stats.status();
   ASSERT_GT(stats->train_samples, stats->events);  // Negatives were added.
+  done = true;
+}
 
+TEST(TrainCommandTest, TrainsAnIngestedImplicitLogAndBeatsItemPopularity) {
+  ASSERT_NO_FATAL_FAILURE(IngestImplicitLog());
   std::string job = kJob;
   job.replace(job.find("DATASET"), 7, Tmp("implicit"));
   const std::string job_path = Tmp("implicit.yaml");
@@ -102,6 +109,35 @@ TEST(TrainCommandTest, TrainsAnIngestedImplicitLogAndBeatsItemPopularity) {
   // Popularity knows nothing of a user's taste; the history does.
   EXPECT_GT(popularity, 0.55) << out;
   EXPECT_GT(model, popularity + 0.1) << out;
+}
+
+// A step whose loss is not finite ends the run there, naming the step,
+// instead of training on (and checkpointing) NaN parameters.
+TEST(TrainCommandTest, ADivergingRunStopsAtTheFirstNonFiniteLoss) {
+  ASSERT_NO_FATAL_FAILURE(IngestImplicitLog());
+  std::string job = kJob;
+  job.replace(job.find("DATASET"), 7, Tmp("implicit"));
+  const std::string rates = "dense_learning_rate: 0.003, sparse_learning_rate: 0.5";
+  job.replace(job.find(rates), rates.size(), "dense_learning_rate: 1e300, sparse_learning_rate: 1e300");
+  const std::string job_path = Tmp("diverging.yaml");
+  std::ofstream(job_path) << job;
+  const Command* train = FindCommand("train");
+  ASSERT_NE(train, nullptr);
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const int code = train->run({"--local", job_path, "--checkpoint-dir", Tmp("ckpt-diverging"), "--log-every", "1"});
+  const std::string out = testing::internal::GetCapturedStdout();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, kExitFailure) << out << err;
+  const size_t at = err.find("training diverged at step ");
+  ASSERT_NE(at, std::string::npos) << out << err;
+  std::printf("%s", err.substr(at).c_str());
+  EXPECT_NE(err.find("the loss is not finite"), std::string::npos) << err;
+  // Long before the 600 steps, and no eval of a NaN model was printed.
+  const double step = Number(err.substr(at), "training diverged at step ");
+  EXPECT_GE(step, 1) << err;
+  EXPECT_LT(step, 50) << err;
+  EXPECT_EQ(out.find("AUC"), std::string::npos) << out;
 }
 
 TEST(TrainCommandTest, RejectsWhatTheJobCannotBuildAndBadFlags) {

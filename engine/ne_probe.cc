@@ -27,6 +27,10 @@
 // dcn and the experts' l1 run FP8). --movielens reads a MovieLens-format
 // dataset folder (ReadMovieLens: NAME.inter, optional NAME.user/NAME.item)
 // instead of the synthetic users, e.g. the public ml-100k.
+//
+// A training whose loss goes non-finite is not evaluated: its line says
+// "diverged": true with the first step whose CTR loss was not finite (and
+// the loss before it), and the probe goes on with the next training.
 
 #include <algorithm>
 #include <cmath>
@@ -161,12 +165,28 @@ int Run(const Args& a) {
                   Train(*m, data, a.setup.steps, batch, a.prefetch,
                         shuffle ? absl::Span<const int64_t>(shuffled) : absl::Span<const int64_t>());
               const absl::Time trained = absl::Now();
+              const size_t n = losses.size();
+              size_t first_nonfinite = 0;
+              while (first_nonfinite < n && std::isfinite(losses[first_nonfinite])) ++first_nonfinite;
+              if (first_nonfinite < n) {
+                // A diverged run: no eval of NaN parameters; say where it
+                // started and go on with the next run.
+                std::printf(
+                    "{\"data\": \"%s\", \"batch\": %lld, \"lr\": %g, \"seed\": %d, \"precision\": \"%s\", "
+                    "\"repeat\": %d, \"diverged\": true, \"first_nonfinite_loss_step\": %d, "
+                    "\"loss_before\": %.5f, \"train_s\": %.2f}\n",
+                    a.movielens.empty() ? "synthetic" : a.movielens.c_str(), static_cast<long long>(batch), lr,
+                    static_cast<int>(seed), precision.c_str(), rep, static_cast<int>(first_nonfinite),
+                    first_nonfinite > 0 ? losses[first_nonfinite - 1] : 0.0,
+                    absl::ToDoubleSeconds(trained - start));
+                std::fflush(stdout);
+                continue;
+              }
               const absl::StatusOr<BinaryMetrics> e = EvaluateCtr(*m, data);
               if (!e.ok()) {
                 std::fprintf(stderr, "eval failed: %s\n", e.status().ToString().c_str());
                 return 1;
               }
-              const size_t n = losses.size();
               double worst = 0;
               int worst_step = 0;
               for (size_t s = 0; s < n; ++s) {

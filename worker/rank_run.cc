@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <optional>
@@ -395,6 +396,18 @@ absl::Status RankRun::Step(int64_t step) {
     return model_->Prefetch(next.batch);
   });
   if (!result.ok()) return result.status();
+  if (!std::isfinite(result->ctr_loss) || !std::isfinite(result->cvr_loss)) {
+    // The step has already applied its non-finite gradients: stop here, so
+    // that a cluster job resumes from its last checkpoint (the coordinator's
+    // restart, up to training.max_restarts) instead of training on and
+    // checkpointing NaN parameters.
+    return absl::AbortedError(absl::StrFormat(
+        "%s: training diverged at step %lld: the loss is not finite (ctr %g, cvr %g) on this rank's batch of %lld "
+        "samples; stopped so that no checkpoint holds the non-finite parameters (lower training.dense_learning_rate or "
+        "sparse_learning_rate, set training.dense_grad_clip_norm, or run fewer model.precision.fp8_modules)",
+        Describe().c_str(), static_cast<long long>(step), result->ctr_loss, result->cvr_loss,
+        static_cast<long long>(batch.size)));
+  }
   times.compute_seconds = split.compute_seconds;
   times.comm_seconds = split.comm_seconds;
   times.step_seconds = Since(start);
