@@ -467,7 +467,9 @@ TEST(PlanAdapterTest, ActivationBudgetChoosesSequenceLevelsForTheEngine) {
       EXPECT_NEAR(r.kept_bytes(), level[i] / 2, 1e-6 * level[i]);
       // The norm's elementwise pass is priced at 0; the GEMMs and the
       // attention are not.
-      if (i > 0) EXPECT_GT(r.recompute_seconds(), 0) << r.region();
+      if (i > 0) {
+        EXPECT_GT(r.recompute_seconds(), 0) << r.region();
+      }
     }
   }
   absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
