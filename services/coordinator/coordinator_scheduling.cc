@@ -155,6 +155,11 @@ absl::StatusOr<::recfleet::v1::PlanJobResponse> Coordinator::PlanJob(
   if (!plan.ok()) return plan.status();
   ::recfleet::v1::PlanJobResponse response;
   *response.mutable_plan() = PlanToProto(*plan);
+  if (spec.resources().gpus_per_worker() == 0) {
+    // The plan's memory is a GPU's; a CPU job's summary gives its rank's.
+    response.mutable_plan()->set_summary(PlanSummary(
+        *plan, CpuJobPeakBytes(spec, *placement, RatesForJob(spec, options_.step_rates), *data)));
+  }
   for (const WorkerView& w : placement->workers) {
     response.add_workers(absl::StrCat(w.id, " (", w.topology.zone(), "/",
                                       w.topology.nvlink_domain(), "/", w.topology.node(), ")"));

@@ -691,18 +691,25 @@ std::vector<ProcessGroup> PlanGroups(const planner::Plan& plan) {
   return groups;
 }
 
-std::string PlanSummary(const planner::Plan& plan) {
+std::string PlanSummary(const planner::Plan& plan, std::optional<double> cpu_rank_peak_bytes) {
   std::string experts;
   for (const planner::ExpertChoice& e : plan.dense.experts) {
     if (e.ep_degree > 1) absl::StrAppend(&experts, ", EP ", e.ep_degree, " for ", e.module);
   }
+  std::string memory;
+  if (!cpu_rank_peak_bytes.has_value()) {
+    memory = absl::StrFormat("peak %.2f of %.2f GiB per GPU", plan.peak.Total() / (1 << 30),
+                             plan.hbm_usable_bytes / (1 << 30));
+  } else if (*cpu_rank_peak_bytes > 0) {
+    memory = absl::StrFormat("peak %.1f MiB resident per CPU rank", *cpu_rank_peak_bytes / (1 << 20));
+  } else {
+    memory = "peak per CPU rank not predicted (no CPU rate table with memory terms)";
+  }
   return absl::StrFormat(
-      "plan: FSDP %d x %d replicas%s; %s tables over groups of %d (%d copies); peak %.2f of %.2f "
-      "GiB per GPU; predicted step %.2f ms (scaling %.2f)",
-      plan.dense.fsdp_group, plan.dense.replicas, experts,
-      planner::SparseSchemeName(plan.sparse.scheme), plan.sparse.mp_group,
-      plan.sparse.table_copies, plan.peak.Total() / (1 << 30), plan.hbm_usable_bytes / (1 << 30),
-      plan.step.total_s * 1e3, plan.step.scaling_ratio);
+      "plan: FSDP %d x %d replicas%s; %s tables over groups of %d (%d copies); %s; predicted step %.2f ms "
+      "(scaling %.2f)",
+      plan.dense.fsdp_group, plan.dense.replicas, experts, planner::SparseSchemeName(plan.sparse.scheme),
+      plan.sparse.mp_group, plan.sparse.table_copies, memory, plan.step.total_s * 1e3, plan.step.scaling_ratio);
 }
 
 v1::Plan PlanToProto(const planner::Plan& plan) {
@@ -861,6 +868,15 @@ absl::StatusOr<PlanningData> ReadPlanningData(const JobSpec& spec, const engine:
   return out;
 }
 
+double CpuJobPeakBytes(const JobSpec& spec, const Placement& placement, const engine::StepRates* rates,
+                       const PlanningData& data) {
+  int64_t resident = 0;
+  for (const WorkerView& w : placement.workers) resident = std::max(resident, w.resident_memory_bytes);
+  if (rates == nullptr || resident <= 0 || !data.counts.has_value()) return 0;
+  absl::StatusOr<double> cpu = CpuPeak(spec, *rates, resident, *data.counts, data.eval_set_bytes);
+  return cpu.ok() ? *cpu : 0;
+}
+
 PlanningDataReader PlanningDatasetReader(std::vector<engine::StepRates> rates, std::string data_root) {
   return [rates = std::move(rates), data_root = std::move(data_root)](const JobSpec& user_spec) {
     const JobSpec spec = SpecForPlanning(user_spec, data_root);
@@ -883,17 +899,13 @@ DataGroupPlanner PlanningDataGroupPlanner(planner::Topology hardware, std::vecto
     const engine::StepCounts* counts = data.counts.has_value() ? &*data.counts : nullptr;
     absl::StatusOr<planner::Plan> plan = PlanPlacement(spec, placement, hardware, job_rates, counts);
     if (!plan.ok()) return plan.status();
-    double peak = plan->peak.Total();
-    if (spec.resources().gpus_per_worker() == 0) {
-      int64_t resident = 0;
-      for (const WorkerView& w : placement.workers) resident = std::max(resident, w.resident_memory_bytes);
-      peak = 0;
-      if (job_rates != nullptr && resident > 0) {
-        absl::StatusOr<double> cpu = CpuPeak(spec, *job_rates, resident, *counts, data.eval_set_bytes);
-        if (cpu.ok()) peak = *cpu;
-      }
+    if (spec.resources().gpus_per_worker() > 0) {
+      return GroupPlan{PlanGroups(*plan), PlanSummary(*plan), PlanToProto(*plan), plan->peak.Total()};
     }
-    return GroupPlan{PlanGroups(*plan), PlanSummary(*plan), PlanToProto(*plan), peak};
+    const double peak = CpuJobPeakBytes(spec, placement, job_rates, data);
+    GroupPlan out{PlanGroups(*plan), PlanSummary(*plan, peak), PlanToProto(*plan), peak};
+    out.plan->set_summary(out.summary);
+    return out;
   };
 }
 

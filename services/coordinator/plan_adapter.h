@@ -146,8 +146,10 @@ absl::StatusOr<planner::Topology> TopologyFromPlacement(const Placement& placeme
 std::vector<::recfleet::v1::ProcessGroup> PlanGroups(const planner::Plan& plan);
 
 // One line for JobStatus.message: mesh, sparse layout, peak memory and the
-// predicted step time.
-std::string PlanSummary(const planner::Plan& plan);
+// predicted step time. The plan's peak is a GPU's; for a CPU job pass
+// `cpu_rank_peak_bytes` (CpuJobPeakBytes; 0: not predicted), which the line
+// gives instead, as the rank's resident memory.
+std::string PlanSummary(const planner::Plan& plan, std::optional<double> cpu_rank_peak_bytes = std::nullopt);
 
 // The plan as the API message (recfleet/v1/plan.proto).
 ::recfleet::v1::Plan PlanToProto(const planner::Plan& plan);
@@ -226,6 +228,13 @@ struct PlanningData {
   // unset without an eval set this process finds, or without a rate table.
   std::optional<double> eval_set_bytes;
 };
+
+// A CPU job's predicted peak resident bytes per rank: CpuRankPeakBytes over
+// the placement's largest reported worker resident memory and `data`; 0
+// when it cannot be predicted (no CPU rate table with memory terms, no
+// counts read with it, or no worker that reported its resident memory).
+double CpuJobPeakBytes(const ::recfleet::v1::JobSpec& spec, const Placement& placement,
+                       const engine::StepRates* rates, const PlanningData& data);
 
 // Reads the PlanningData of `spec` (already SpecForPlanning-resolved) priced
 // by `rates` (RatesForJob; null: nothing is read). A dataset or eval set

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "data/dataset_file.h"
 #include "engine/job_model.h"
 #include "engine/step_cost.h"
@@ -171,6 +172,10 @@ TEST(PlanAdapterTest, PeakMemoryPredictedForGpuJobsAndMeasuredMemoryTables) {
   ASSERT_TRUE(without->plan.has_value());
   EXPECT_EQ(without->predicted_peak_bytes, 0);
   EXPECT_FALSE(CpuRankPeakBytes(spec, cpu, 1).ok());
+  // The summary does not quote the plan's GPU memory for a CPU job.
+  EXPECT_NE(without->summary.find("peak per CPU rank not predicted"), std::string::npos) << without->summary;
+  EXPECT_EQ(without->summary.find("GPU"), std::string::npos) << without->summary;
+  EXPECT_EQ(without->plan->summary(), without->summary);
 
   cpu.fixed_bytes = 8 << 20;
   cpu.bytes_per_token_element = 40;
@@ -179,6 +184,10 @@ TEST(PlanAdapterTest, PeakMemoryPredictedForGpuJobsAndMeasuredMemoryTables) {
   absl::StatusOr<double> expected = CpuRankPeakBytes(spec, cpu, 120 << 20);
   ASSERT_TRUE(expected.ok()) << expected.status();
   EXPECT_EQ(with->predicted_peak_bytes, *expected);
+  EXPECT_NE(with->summary.find(absl::StrFormat("peak %.1f MiB resident per CPU rank", *expected / (1 << 20))),
+            std::string::npos)
+      << with->summary;
+  EXPECT_EQ(with->plan->summary(), with->summary);
   // The job's own bytes: the model's static state, activations, fixed.
   absl::StatusOr<engine::JobModel> model = engine::BuildJobModel(spec);
   ASSERT_TRUE(model.ok());
@@ -206,6 +215,7 @@ TEST(PlanAdapterTest, PeakMemoryPredictedForGpuJobsAndMeasuredMemoryTables) {
   absl::StatusOr<GroupPlan> gpu = PlanningGroupPlanner(DefaultHardware(), {})(spec, one);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ(gpu->predicted_peak_bytes, gpu->plan->peak_memory().total_bytes());
+  EXPECT_NE(gpu->summary.find("GiB per GPU"), std::string::npos) << gpu->summary;
 }
 
 // A dataset directory is priced at the lengths in its file, not at the

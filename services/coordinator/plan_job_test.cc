@@ -57,6 +57,10 @@ TEST_F(PlanJobTest, ReturnsThePlanWithExplanations) {
   EXPECT_GT(plan.peak_memory().total_bytes(), 0);
   EXPECT_LE(plan.peak_memory().total_bytes(), plan.hbm_usable_bytes());
   EXPECT_NE(plan.summary().find("plan: FSDP"), std::string::npos);
+  // A CPU job (ValidSpec's): no GPU memory in its summary; this coordinator
+  // has no CPU rate table to predict the rank's.
+  EXPECT_NE(plan.summary().find("peak per CPU rank not predicted"), std::string::npos) << plan.summary();
+  EXPECT_EQ(plan.summary().find("GPU"), std::string::npos) << plan.summary();
   EXPECT_FALSE(response.report().empty());
   EXPECT_EQ(response.workers_size(), 2);
 }
