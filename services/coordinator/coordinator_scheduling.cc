@@ -154,12 +154,12 @@ absl::StatusOr<::recfleet::v1::PlanJobResponse> Coordinator::PlanJob(
                     data->counts.has_value() ? &*data->counts : nullptr);
   if (!plan.ok()) return plan.status();
   ::recfleet::v1::PlanJobResponse response;
-  *response.mutable_plan() = PlanToProto(*plan);
+  // The plan's memory is a GPU's; a CPU job's summary gives its rank's.
+  std::optional<double> cpu_peak;
   if (spec.resources().gpus_per_worker() == 0) {
-    // The plan's memory is a GPU's; a CPU job's summary gives its rank's.
-    response.mutable_plan()->set_summary(PlanSummary(
-        *plan, CpuJobPeakBytes(spec, *placement, RatesForJob(spec, options_.step_rates), *data)));
+    cpu_peak = CpuJobPeakBytes(spec, *placement, RatesForJob(spec, options_.step_rates), *data);
   }
+  *response.mutable_plan() = PlanToProto(*plan, cpu_peak);
   for (const WorkerView& w : placement->workers) {
     response.add_workers(absl::StrCat(w.id, " (", w.topology.zone(), "/",
                                       w.topology.nvlink_domain(), "/", w.topology.node(), ")"));

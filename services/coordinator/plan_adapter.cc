@@ -703,7 +703,7 @@ std::string PlanSummary(const planner::Plan& plan, std::optional<double> cpu_ran
   } else if (*cpu_rank_peak_bytes > 0) {
     memory = absl::StrFormat("peak %.1f MiB resident per CPU rank", *cpu_rank_peak_bytes / (1 << 20));
   } else {
-    memory = "peak per CPU rank not predicted (no CPU rate table with memory terms)";
+    memory = "peak per CPU rank not predicted";
   }
   return absl::StrFormat(
       "plan: FSDP %d x %d replicas%s; %s tables over groups of %d (%d copies); %s; predicted step %.2f ms "
@@ -712,7 +712,7 @@ std::string PlanSummary(const planner::Plan& plan, std::optional<double> cpu_ran
       plan.sparse.mp_group, plan.sparse.table_copies, memory, plan.step.total_s * 1e3, plan.step.scaling_ratio);
 }
 
-v1::Plan PlanToProto(const planner::Plan& plan) {
+v1::Plan PlanToProto(const planner::Plan& plan, std::optional<double> cpu_rank_peak_bytes) {
   v1::Plan p;
   p.set_world_size(plan.world);
   p.set_local_batch_size(plan.local_batch);
@@ -776,7 +776,7 @@ v1::Plan PlanToProto(const planner::Plan& plan) {
     }
   }
   p.set_candidates_evaluated(plan.candidates_evaluated);
-  p.set_summary(PlanSummary(plan));
+  p.set_summary(PlanSummary(plan, cpu_rank_peak_bytes));
   for (const planner::RegionBudget& rb : plan.checkpoint) {
     v1::RegionCheckpointPlan* x = p.add_checkpoint();
     x->set_region(rb.region);
@@ -903,9 +903,7 @@ DataGroupPlanner PlanningDataGroupPlanner(planner::Topology hardware, std::vecto
       return GroupPlan{PlanGroups(*plan), PlanSummary(*plan), PlanToProto(*plan), plan->peak.Total()};
     }
     const double peak = CpuJobPeakBytes(spec, placement, job_rates, data);
-    GroupPlan out{PlanGroups(*plan), PlanSummary(*plan, peak), PlanToProto(*plan), peak};
-    out.plan->set_summary(out.summary);
-    return out;
+    return GroupPlan{PlanGroups(*plan), PlanSummary(*plan, peak), PlanToProto(*plan, peak), peak};
   };
 }
 

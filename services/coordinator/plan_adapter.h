@@ -151,8 +151,10 @@ std::vector<::recfleet::v1::ProcessGroup> PlanGroups(const planner::Plan& plan);
 // gives instead, as the rank's resident memory.
 std::string PlanSummary(const planner::Plan& plan, std::optional<double> cpu_rank_peak_bytes = std::nullopt);
 
-// The plan as the API message (recfleet/v1/plan.proto).
-::recfleet::v1::Plan PlanToProto(const planner::Plan& plan);
+// The plan as the API message (recfleet/v1/plan.proto); its summary is
+// PlanSummary(plan, cpu_rank_peak_bytes).
+::recfleet::v1::Plan PlanToProto(const planner::Plan& plan,
+                                 std::optional<double> cpu_rank_peak_bytes = std::nullopt);
 
 // Plans `spec` on `placement`. Errors: INVALID_ARGUMENT (spec, hints or
 // labels the adapter cannot use; a hint the fleet cannot form names its
