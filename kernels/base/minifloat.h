@@ -282,10 +282,17 @@ RECFLEET_HD float Pow2AtLeast(float r) {
 // taken once per block in fp32 (see Reciprocal). With `power_of_two`, the smallest power of two >= that
 // ratio (an E8M0 value, exponent clamped to [-127, 127]), so the block never
 // saturates and its scale survives any exact transposition or packing.
+// Otherwise the ratio is raised to the smallest normal fp32, 2^-126: below
+// it (amax < fmax * 2^-126, e.g. the gradients of a nearly unused expert)
+// the reciprocal would overflow to infinity and a zero element would encode
+// 0 * inf = NaN. At 2^-126 every |x| * 2^126 stays below fmax, so nothing
+// saturates either; such a block only uses less of the format's range.
 RECFLEET_HD float BlockScale(float amax, float fmax, bool power_of_two) {
   if (!(amax > 0.0f) || std::isinf(amax)) return 1.0f;
   const float r = amax / fmax;
-  return power_of_two ? Pow2AtLeast(r) : r;
+  if (power_of_two) return Pow2AtLeast(r);
+  constexpr float kMinNormal = 1.17549435e-38f;  // 2^-126
+  return r < kMinNormal ? kMinNormal : r;
 }
 
 // The per-block multiplier applied before encoding: 1 / scale, rounded to

@@ -123,6 +123,48 @@ TEST(QuantizeTest, BlockAmaxMapsToFormatMaxAndPow2ScalesNeverSaturate) {
   }
 }
 
+// Blocks whose amax lies below fmax * 2^-126 (the gradients of a nearly
+// unused expert: mostly exact zeros and a few values near 1e-37): the
+// reciprocal of amax / fmax would overflow to infinity and a zero would
+// encode as 0 * inf = NaN. Every element must decode to a finite value
+// within the format's error of the block (relative to its amax).
+TEST(QuantizeTest, TinyBlocksWithZerosStayFinite) {
+  const int64_t rows = 64, cols = 256;
+  for (DType f : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    for (ScaleBlock b : {ScaleBlock::k1x128, ScaleBlock::k128x128, ScaleBlock::k32x32}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(f) << " " << ScaleBlockName(b));
+      std::vector<double> x(rows * cols, 0.0);
+      // Row r holds zeros and one tiny value, from 1e-37 (a normal amax whose
+      // amax / fmax is subnormal) down to subnormal amaxes; row 0 stays zero.
+      for (int64_t r = 1; r < rows; ++r) {
+        x[r * cols + (r * 37) % cols] = (r % 2 ? 1 : -1) * 1e-37 * std::exp2(-double(r % 24));
+      }
+      const QuantizeConfig cfg{b, f, Rounding::kNearest, 0};
+      Quantized qd = QuantizeRef(x, rows, cols, cfg);
+      for (float sc : qd.scales) {
+        EXPECT_TRUE(std::isfinite(1.0f / sc)) << "scale " << sc;
+      }
+      const std::vector<double> back = Dequant(qd, rows, cols, cfg);
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        ASSERT_TRUE(std::isfinite(back[i])) << "element " << i << " of " << x[i];
+        // The block of element i holds only x[i] and zeros in this data
+        // (one tiny value per row, 37 columns apart), except for the
+        // square blocks; bound by the row's largest value.
+        double amax = 0;
+        for (int64_t j = 0; j < cols; ++j) amax = std::max(amax, std::fabs(x[(i / cols) * cols + j]));
+        const int64_t r0 = (i / cols) / 32 * 32;
+        for (int64_t r = r0; b != ScaleBlock::k1x128 && r < std::min(rows, r0 + 128); ++r) {
+          for (int64_t j = 0; j < cols; ++j) amax = std::max(amax, std::fabs(x[r * cols + j]));
+        }
+        // Plus half the format's smallest step at the smallest scale,
+        // 2^-126: a block far below it only uses less of the format.
+        EXPECT_LE(std::fabs(back[i] - x[i]), 0.125 * amax + std::ldexp(1.0, -136))
+            << "element " << i;
+      }
+    }
+  }
+}
+
 TEST(QuantizeTest, SquareBlocksAreIdenticalForTheTranspose) {
   const int64_t rows = 70, cols = 150;
   std::vector<double> x = WideRange(rows * cols);
