@@ -232,5 +232,75 @@ TEST(LinearCudaTest, Fp8ScalesFollowTheirBlocksWithContext) {
   }
 }
 
+// An output the GEMM overwrites may hold anything, NaN included (the engine's
+// pool hands out memory as the last user left it): with beta = 0 none of it
+// may reach the result. Outputs are poisoned with NaN bytes; dx is also
+// accumulated onto finite values (a fan-in). Every eighth row of dy is a
+// nearly unused expert's gradient: zeros and one value of 1e-37, whose
+// block scale amax / 448 is subnormal (its reciprocal once overflowed and
+// the zeros encoded NaN). Shapes of the engine's FP8 layers: an expert's l1
+// (N = 48, so the dgrad's K is 48) and a DCN layer.
+TEST(LinearCudaTest, Fp8OutputsIgnoreThePoisonTheyOverwrite) {
+  const DType f32 = DType::kFloat32;
+  for (bool fp8_wgrad : {false, true}) {
+    const LinearRecipe r{GemmPrecision::kFp8Block, GemmPrecision::kFp8Block,
+                         fp8_wgrad ? GemmPrecision::kFp8Block : GemmPrecision::kBf16};
+    for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{1024, 896, 48},
+                           {1024, 896, 896},
+                           {384, 272, 144}}) {
+      SCOPED_TRACE(::testing::Message() << "m=" << m << " k=" << k << " n=" << n
+                                        << " fp8 wgrad " << fp8_wgrad);
+      std::vector<uint8_t> x = RandomTensor(f32, m * k), w = RandomTensor(f32, n * k),
+                           dy = RandomTensor(f32, m * n), bias = RandomTensor(f32, n),
+                           dx_acc = RandomTensor(f32, m * k);
+      float* dyf = reinterpret_cast<float*>(dy.data());
+      for (int64_t i = 0; i < m; i += 8) {
+        for (int64_t j = 0; j < n; ++j) dyf[i * n + j] = j == i % n ? 1e-37f : 0.0f;
+      }
+      auto h = [](std::vector<uint8_t>& v, Shape s) { return MakeView(v.data(), DType::kFloat32, std::move(s)); };
+      std::vector<uint8_t> y(m * n * 4), dx(m * k * 4), dx_sum = dx_acc, dw(n * k * 4);
+      ASSERT_TRUE(LinearForward(h(x, {m, k}), h(w, {n, k}), h(bias, {n}), h(y, {m, n}), r).ok());
+      ASSERT_TRUE(LinearBackwardInput(h(dy, {m, n}), h(w, {n, k}), h(dx, {m, k}), r).ok());
+      ASSERT_TRUE(LinearBackwardInputAccumulate(h(dy, {m, n}), h(w, {n, k}), h(dx_sum, {m, k}), r).ok());
+      ASSERT_TRUE(LinearBackwardWeight(h(dy, {m, n}), h(x, {m, k}), h(dw, {n, k}), TensorView(),
+                                       false, r).ok());
+      DeviceBuffer gx(x), gw(w), gdy(dy), gbias(bias), gdx_sum(dx_acc), gy(y.size()),
+          gdx(dx.size()), gdw(dw.size());
+      for (const DeviceBuffer* b : {&gy, &gdx, &gdw}) {
+        CudaOrDie(cudaMemset(b->get(), 0xFF, b->bytes()), "poison");
+      }
+      LinearContext ctx;
+      absl::Status s = LinearForward(gx.View(f32, {m, k}), gw.View(f32, {n, k}),
+                                     gbias.View(f32, {n}), gy.View(f32, {m, n}), r, nullptr, &ctx);
+      ASSERT_TRUE(s.ok()) << s;
+      s = LinearBackwardInput(gdy.View(f32, {m, n}), gw.View(f32, {n, k}), gdx.View(f32, {m, k}),
+                              r, nullptr, &ctx);
+      ASSERT_TRUE(s.ok()) << s;
+      s = LinearBackwardInputAccumulate(gdy.View(f32, {m, n}), gw.View(f32, {n, k}),
+                                        gdx_sum.View(f32, {m, k}), r, nullptr, &ctx);
+      ASSERT_TRUE(s.ok()) << s;
+      s = LinearBackwardWeight(gdy.View(f32, {m, n}), gx.View(f32, {m, k}), gdw.View(f32, {n, k}),
+                               TensorView(), false, r, nullptr, &ctx);
+      ASSERT_TRUE(s.ok()) << s;
+      struct Out {
+        const char* name;
+        std::vector<uint8_t> got;
+        const std::vector<uint8_t>* want;
+        int64_t k;
+      };
+      for (const Out& o : {Out{"forward", gy.ToHost<uint8_t>(), &y, k},
+                           Out{"dgrad", gdx.ToHost<uint8_t>(), &dx, n},
+                           Out{"dgrad accumulated", gdx_sum.ToHost<uint8_t>(), &dx_sum, n},
+                           Out{"wgrad", gdw.ToHost<uint8_t>(), &dw, m}}) {
+        const float* v = reinterpret_cast<const float*>(o.got.data());
+        int64_t nonfinite = 0;
+        for (size_t i = 0; i < o.got.size() / 4; ++i) nonfinite += !std::isfinite(v[i]);
+        EXPECT_EQ(nonfinite, 0) << o.name;
+        EXPECT_LE(Error(o.got, *o.want, f32, o.k), 2e-3) << o.name;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace recfleet
