@@ -17,6 +17,7 @@
 //            [--batch B,...] [--lr LR,...] [--order cyclic,shuffled]
 //            [--precision fp32,bf16,fp8,fp8w] [--fp8-modules M,...]
 //            [--repeats R] [--no-prefetch] [--compare-cpu-steps N]
+//            [--trace-nonfinite]
 // Defaults: EvalNeSetup's, fp32 only, one repeat.
 //
 // fp8 is bf16 with the linear layers of --fp8-modules (Fp8ModuleNames;
@@ -30,7 +31,13 @@
 //
 // A training whose loss goes non-finite is not evaluated: its line says
 // "diverged": true with the first step whose CTR loss was not finite (and
-// the loss before it), and the probe goes on with the next training.
+// the loss before it), and the probe goes on with the next training. With
+// --trace-nonfinite such a training is then repeated from the same start,
+// step by step, waiting for the GPU at every module boundary: one "trace"
+// line per step (from a few steps before the divergence) gives each
+// module's largest |gradient| and |parameter| and the count of non-finite
+// ones, and "first_nonfinite" names where a non-finite value showed first
+// (a parameter before a forward, or a gradient in backward order).
 
 #include <algorithm>
 #include <cmath>
@@ -40,7 +47,10 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -66,6 +76,7 @@ struct Args {
   int repeats = 1;
   bool prefetch = true;
   int compare_cpu_steps = 0;
+  bool trace_nonfinite = false;
 };
 
 std::unique_ptr<GemLite<float>> Make(GemLiteConfig c, const FeatureSchema& schema,
@@ -126,6 +137,97 @@ void CompareWithCpu(const Args& a, const MovieLensCtr& data, uint64_t seed) {
   std::fflush(stdout);
 }
 
+// Largest |value| and the count of non-finite values of a device view of
+// fp32 or bf16 (a module's parameters and gradients are fp32; the check
+// waits for the device).
+struct Extent {
+  double max_abs = 0;
+  int64_t nonfinite = 0;
+  void Add(const Extent& e) {
+    max_abs = std::max(max_abs, e.max_abs);
+    nonfinite += e.nonfinite;
+  }
+};
+
+Extent ExtentOf(const TensorView& v) {
+  Extent e;
+  if (v.data == nullptr || v.numel() == 0) return e;
+  std::vector<float> host(v.numel());
+  if (v.dtype != DType::kFloat32 ||
+      cudaMemcpy(host.data(), v.data, v.nbytes(), cudaMemcpyDeviceToHost) != cudaSuccess) {
+    std::fprintf(stderr, "trace: cannot read a device view\n");
+    std::exit(1);
+  }
+  for (float x : host) {
+    if (!std::isfinite(x)) {
+      ++e.nonfinite;
+    } else {
+      e.max_abs = std::max(e.max_abs, static_cast<double>(std::abs(x)));
+    }
+  }
+  return e;
+}
+
+// --trace-nonfinite: trains `m` (fresh, as the diverged training started)
+// again up to step `diverged_at`, checking each module's parameters before
+// its forward and its gradients once its backward wrote them.
+void TraceNonfinite(GemLite<float>& m, const MovieLensCtr& data, int diverged_at, int64_t batch,
+                    absl::Span<const int64_t> order) {
+  const std::vector<std::string> modules = m.ModuleNames();
+  const std::vector<std::string> names = m.DenseParameterNames();
+  const std::vector<int> module_of = m.DenseParameterModules();
+  std::vector<Extent> params(modules.size()), grads(modules.size());
+  std::string first;  // Where a non-finite value showed first.
+  int step = 0;
+  auto check = [&](int module, bool gradient) -> absl::Status {
+    if (cudaDeviceSynchronize() != cudaSuccess) return absl::InternalError("device error");
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (module_of[i] != module) continue;
+      const Extent e = ExtentOf(gradient ? m.DenseGradient(names[i]) : m.DenseParameterView(names[i]));
+      (gradient ? grads : params)[module].Add(e);
+      if (e.nonfinite > 0 && first.empty()) {
+        first = absl::StrCat("step ", step, ": ", e.nonfinite, " non-finite ",
+                             gradient ? "gradients of " : "values of ", names[i],
+                             gradient ? " (backward order)" : " before its forward");
+      }
+    }
+    return absl::OkStatus();
+  };
+  ModuleHooks hooks;
+  hooks.before_forward = [&](int module) { return check(module, false); };
+  hooks.after_backward = [&](int module) { return check(module, true); };
+  m.SetModuleHooks(hooks);
+  for (step = 0; step <= diverged_at; ++step) {
+    std::fill(params.begin(), params.end(), Extent{});
+    std::fill(grads.begin(), grads.end(), Extent{});
+    const Batch b = CyclicTrainBatch(data, step, batch, order);
+    absl::StatusOr<StepResult> r = m.ForwardBackward(b);
+    if (!r.ok()) {
+      std::fprintf(stderr, "trace: step %d: %s\n", step, r.status().ToString().c_str());
+      return;
+    }
+    if (step + 5 >= diverged_at) {
+      std::string line = absl::StrCat("{\"trace_step\": ", step, ", \"ctr_loss\": ", r->ctr_loss,
+                                      ", \"modules\": {");
+      for (size_t k = 0; k < modules.size(); ++k) {
+        absl::StrAppend(&line, k > 0 ? ", " : "", "\"", modules[k], "\": [", params[k].max_abs,
+                        ", ", params[k].nonfinite, ", ", grads[k].max_abs, ", ",
+                        grads[k].nonfinite, "]");
+      }
+      absl::StrAppend(&line, "}}");
+      std::printf("%s\n", line.c_str());
+    }
+    if (absl::Status u = m.ApplyUpdates(); !u.ok()) {
+      std::fprintf(stderr, "trace: update %d: %s\n", step, u.ToString().c_str());
+      return;
+    }
+  }
+  std::printf("{\"first_nonfinite\": \"%s\", \"trace_columns\": \"max |parameter|, non-finite "
+              "parameters, max |gradient|, non-finite gradients\"}\n",
+              first.empty() ? "none seen (the loss alone)" : first.c_str());
+  std::fflush(stdout);
+}
+
 // The synthetic users of EvalNeData, or the MovieLens folder of --movielens
 // with the same sample options.
 absl::StatusOr<MovieLensCtr> LoadData(const Args& a) {
@@ -180,6 +282,13 @@ int Run(const Args& a) {
                     first_nonfinite > 0 ? losses[first_nonfinite - 1] : 0.0,
                     absl::ToDoubleSeconds(trained - start));
                 std::fflush(stdout);
+                if (a.trace_nonfinite) {
+                  auto again = Make(EvalNeConfig(seed, lr), data.schema(), Device::kCuda, precision,
+                                    a.fp8_modules);
+                  TraceNonfinite(*again, data, static_cast<int>(first_nonfinite), batch,
+                                 shuffle ? absl::Span<const int64_t>(shuffled)
+                                         : absl::Span<const int64_t>());
+                }
                 continue;
               }
               const absl::StatusOr<BinaryMetrics> e = EvaluateCtr(*m, data);
@@ -290,6 +399,8 @@ int main(int argc, char** argv) {
       a.prefetch = false;
     } else if (arg == "--compare-cpu-steps") {
       ok = absl::SimpleAtoi(value(), &a.compare_cpu_steps);
+    } else if (arg == "--trace-nonfinite") {
+      a.trace_nonfinite = true;
     } else {
       ok = false;
     }
@@ -298,7 +409,7 @@ int main(int argc, char** argv) {
                    "bad argument %s (expected --users N, --seeds S,..., --steps N, --batch B,..., "
                    "--lr LR,..., --order cyclic|shuffled,..., --precision fp32|bf16|fp8|fp8w,..., "
                    "--fp8-modules M,... (of %s), --movielens DIR, --repeats R, --no-prefetch, "
-                   "--compare-cpu-steps N)\n",
+                   "--compare-cpu-steps N, --trace-nonfinite)\n",
                    arg.c_str(), absl::StrJoin(recfleet::engine::Fp8ModuleNames(), ", ").c_str());
       return 2;
     }
