@@ -20,6 +20,14 @@
 //     TMA: rows past a sequence end belong to the next sequence (finite,
 //     hidden by the mask like the bf16 kernel's zero-filled rows) and rows
 //     past the tensor are zero-filled by TMA.
+//   - Key tiles start at a multiple of 16 keys of the whole tensor
+//     (ItemKeyTiles): in V^T the key is the innermost coordinate of the TMA
+//     box, and a box whose innermost start is not 16-byte aligned faults
+//     (cudaErrorIllegalInstruction). An item's first key tile therefore
+//     starts up to 15 keys before its first key (the previous sequence's,
+//     or zeros), masked like keys outside the row's range; that can add a
+//     tile, so the rings are three deep (a grouped item's K/V tiles stay
+//     resident while its query tiles pass).
 //   - P = exp2(s - m + 8) lies in [0, 256] (the row maximum gives 256), a
 //     fixed power-of-two scale that uses e4m3's range; the row sum carries
 //     the same factor, so the output needs no correction.
@@ -166,17 +174,36 @@ __global__ void TransposeVKernel(const bf16* v, int64_t rows, int cols, const fl
 struct Fp8Config {
   static constexpr int D = 128;
   static constexpr int kRows = 128;  // query rows (64 per consumer) and keys per tile
-  static constexpr int kStages = 2;  // of each ring: Q, K and V^T
+  static constexpr int kStages = 3;  // of each ring: Q, K and V^T
   static constexpr int kTileBytes = kRows * D;  // one byte an element
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + kStages * kTileBytes;
   static constexpr int kV = kK + kStages * kTileBytes;
   static constexpr int kBars = kV + kStages * kTileBytes;
-  static constexpr int kSmemBytes = kBars + 128 + 1024;
+  static constexpr int kSmemBytes = kBars + 256 + 1024;
   static constexpr int kCtaThreads = 3 * kWgThreads;
   static constexpr int kFullArrivals = 1;  // the TMA thread's expect_tx
-  static_assert(6 * kStages * 8 <= 128, "the barriers fit their 128 bytes");
+  // The 16-key alignment of ItemKeyTiles adds at most 15 keys.
+  static constexpr int kKeyAlign = 16;
+  static_assert(6 * kStages * 8 <= 256, "the barriers fit their 256 bytes");
+  static_assert(kStages * kRows >= kWgmmaResidentKeys + kKeyAlign - 1,
+                "a grouped item's aligned K/V tiles fit the rings");
 };
+
+// An item's K/V tiles: `count` tiles of kRows keys from key `first` of the
+// sequence (first <= inner_begin, possibly negative), chosen so that the
+// tensor-wide key k_start + first is a multiple of kKeyAlign (the file
+// comment says why); none when the item sees no key.
+struct KeyTiles {
+  int first, count;
+};
+__device__ __forceinline__ KeyTiles ItemKeyTiles(const WorkItem& it) {
+  using C = Fp8Config;
+  if (it.inner_end <= it.inner_begin) return {it.inner_begin, 0};
+  const int first = it.inner_begin - static_cast<int>((it.k_start + it.inner_begin) %
+                                                      C::kKeyAlign);
+  return {first, (it.inner_end - first + C::kRows - 1) / C::kRows};
+}
 static_assert(kForwardTileRows == Fp8Config::kRows, "the planner's forward tiles are 128 rows");
 
 __device__ __forceinline__ void ExpectTile(uint32_t bar) {
@@ -205,7 +232,7 @@ __device__ __forceinline__ void Fp8Producer(const KernelParams& p, const FwdSmem
   int kv_iter = 0, q_iter = 0;
   for (int w = sched.First(); sched.Valid(w); w = sched.Next(w)) {
     const WorkItem it = ItemAt(p, w);
-    const int n_tiles = (it.inner_end - it.inner_begin + C::kRows - 1) / C::kRows;
+    const KeyTiles kt = ItemKeyTiles(it);
     for (int j = 0; j < it.q_tiles; ++j, ++q_iter) {
       const RingPos<C::kStages> qp(q_iter);
       BarWait(sm.q_empty + 8 * qp.stage, qp.phase ^ 1);
@@ -214,9 +241,9 @@ __device__ __forceinline__ void Fp8Producer(const KernelParams& p, const FwdSmem
                    static_cast<int>(it.q_start + it.tile_row + j * C::kRows),
                    sm.q_full + 8 * qp.stage);
       if (j > 0) continue;
-      for (int n = 0; n < n_tiles; ++n, ++kv_iter) {
+      for (int n = 0; n < kt.count; ++n, ++kv_iter) {
         const RingPos<C::kStages> kp(kv_iter);
-        const int key = static_cast<int>(it.k_start + it.inner_begin + n * C::kRows);
+        const int key = static_cast<int>(it.k_start + kt.first + n * C::kRows);
         BarWait(sm.k_empty + 8 * kp.stage, kp.phase ^ 1);
         ExpectTile(sm.k_full + 8 * kp.stage);
         TmaLoadBlock(sm.Tile(sm.k, kp.stage), &k_map, 0, it.head, key, sm.k_full + 8 * kp.stage);
@@ -273,10 +300,13 @@ __device__ __forceinline__ void GemmFp8RS(float (&acc)[16][4], const uint32_t (&
 
 // The online softmax step of one 64 x 128 score tile, raw scores in, P * 256
 // out (see the file comment): the mask where the tile is not fully
-// visible, the row max and sum, corr for the output so far.
+// visible (always where it starts before the sequence's key 0), the row max
+// and sum, corr for the output so far.
 __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& it, Fp8Regs& r,
                                          const Fp8Rows& at, int col0) {
-  const TileClass cls = ClassOf(p, it.q_len, it.k_len, at.wg_row0, 64, col0, Fp8Config::kRows);
+  const TileClass cls =
+      col0 < 0 ? kTilePartial
+               : ClassOf(p, it.q_len, it.k_len, at.wg_row0, 64, col0, Fp8Config::kRows);
   if (cls != kTileFull) {
     int lo[2], hi[2], lo_rel[2], hi_rel[2];
     RowKeyRanges(p, it.q_len, it.k_len, at.row0, lo, hi);
@@ -435,7 +465,7 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
   int kv_iter = 0, q_iter = 0;
   for (int w = sched.First(); sched.Valid(w); w = sched.Next(w)) {
     WorkItem it = ItemAt(p, w);
-    const int n_tiles = (it.inner_end - it.inner_begin + C::kRows - 1) / C::kRows;
+    const KeyTiles kt = ItemKeyTiles(it);
     const int kv_first = kv_iter;
     for (int j = 0; j < it.q_tiles; ++j, ++q_iter, it.tile_row += C::kRows) {
       kv_iter = kv_first;
@@ -454,25 +484,25 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
 #pragma unroll
         for (int e = 0; e < 4; ++e) r.o[dt][e] = 0.f;
       }
-      const RingPos<2> qp(q_iter);
+      const RingPos<C::kStages> qp(q_iter);
       BarWait(sm.q_full + 8 * qp.stage, qp.phase);
       at.q_tile = sm.Tile(sm.q, qp.stage);
       at.q_rows = at.q_tile + c * 64 * 128;
-      if (n_tiles > 0) {
+      if (kt.count > 0) {
         Fp8Step st{};
         st.release = j + 1 == it.q_tiles;
         RingPos<C::kStages> kp(kv_iter);
         st.k_stage = kp.stage;
         st.k_phase = kp.phase;
-        st.col0 = it.inner_begin;
+        st.col0 = kt.first;
         Fp8MainloopStep<true, false>(p, it, sm, r, at, st);
-        for (int n = 1; n < n_tiles; ++n) {
+        for (int n = 1; n < kt.count; ++n) {
           st.v_stage = kp.stage;
           st.v_phase = kp.phase;
           kp = RingPos<C::kStages>(++kv_iter);
           st.k_stage = kp.stage;
           st.k_phase = kp.phase;
-          st.col0 = it.inner_begin + n * C::kRows;
+          st.col0 = kt.first + n * C::kRows;
           Fp8MainloopStep<true, true>(p, it, sm, r, at, st);
         }
         st.v_stage = kp.stage;
