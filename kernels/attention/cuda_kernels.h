@@ -115,8 +115,10 @@ struct KernelParams {
 //                  scales folded into Q, then one scale per token and head
 //                  over the whole reduction dimension of Q K^T), so that
 //                  <q, k> = q_scale[r, h] * <q8, k8> exactly up to rounding
-//   vt8[h d + c, t] = v[t, h, c] / v_scale[h, c]   (V^T, so that the P V
-//                  GEMM reads V K-major; columns t >= rows are zero)
+//   vt8[h d + c, 32 b + s] = v[32 b + KeyOfSlot(s), h, c] / v_scale[h, c]
+//                  (V^T, so that the P V GEMM reads V K-major, its keys
+//                  permuted inside each 32-key block to match the P
+//                  fragments (cuda_wgmma_fp8.cu); keys >= rows are zero)
 // vt_cols is rows rounded up to 16 (TMA row pitch).
 struct Fp8Operands {
   void* q8 = nullptr;

@@ -20,23 +20,27 @@
 //     TMA: rows past a sequence end belong to the next sequence (finite,
 //     hidden by the mask like the bf16 kernel's zero-filled rows) and rows
 //     past the tensor are zero-filled by TMA.
-//   - Key tiles start at a multiple of 16 keys of the whole tensor
+//   - Key tiles start at a multiple of 32 keys of the whole tensor
 //     (ItemKeyTiles): in V^T the key is the innermost coordinate of the TMA
 //     box, and a box whose innermost start is not 16-byte aligned faults
-//     (cudaErrorIllegalInstruction). An item's first key tile therefore
-//     starts up to 15 keys before its first key (the previous sequence's,
-//     or zeros), masked like keys outside the row's range; that can add a
-//     tile, so the rings are three deep (a grouped item's K/V tiles stay
-//     resident while its query tiles pass).
-//   - P = exp2(s - m + 8) lies in [0, 256] (the row maximum gives 256), a
-//     fixed power-of-two scale that uses e4m3's range; the row sum carries
-//     the same factor, so the output needs no correction.
-//   - The fp32 accumulator holds a thread's scores at columns 8 n + 2 t,
-//     + 1 of each 8-column group; the e4m3 A fragment of a k32 step wants
-//     columns 4 t .. 4 t + 3 and 16 + 4 t .. 16 + 4 t + 3. PackP converts
-//     pairs to e4m3 and exchanges them inside the quad with two shuffles per
-//     row and k step (each lane serves exactly one reader per shuffle, so it
-//     sends what that reader needs), then byte-permutes them into place.
+//     (cudaErrorIllegalInstruction); 32 also lines the tiles' k32 steps up
+//     with V^T's permuted key blocks (next point). An item's first key tile
+//     therefore starts up to 31 keys before its first key (the previous
+//     sequence's, or zeros), masked like keys outside the row's range; that
+//     can add a tile, so the rings are three deep (a grouped item's K/V
+//     tiles stay resident while its query tiles pass).
+//   - The fp32 accumulator holds a thread's scores at columns 8 q + 2 t,
+//     + 1 (q = 0..3) of a k32 step; the e4m3 A fragment wants k indices
+//     4 t .. 4 t + 3 and 16 + 4 t .. 16 + 4 t + 3. Rather than moving P
+//     between the threads of a quad, the pre-pass stores V^T's keys permuted
+//     inside each 32-key block (KeyOfSlot), so that slot 4 t + j holds the
+//     key the thread's accumulator has there: P packs in place (PackP), and
+//     the P V sum, over the same keys, is unchanged.
+//   - P = exp2(s - m + 8) lies in [0, 256 * 2^kLazyMax]: m, the row's
+//     running maximum, moves only when a tile's maximum exceeds it by more
+//     than kLazyMax (as the row sum, P needs a fixed bound only, e4m3's
+//     448), which spares the output's rescaling on most tiles; the row sum
+//     carries the same factor, so the output needs no correction.
 
 #include <cuda_fp8.h>
 
@@ -77,21 +81,57 @@ __device__ __forceinline__ void Bf16x8(const uint4& raw, float (&x)[8]) {
 }
 
 // ---- Quantize pre-pass. ----
-// amax[c] = max over rows of |x[r, c]| for x [rows, cols] bf16 (cols a
-// multiple of 8), as float bits (non-negative floats order as integers).
-// Block: 8 row lanes x 32 lanes of 8-column chunks.
-__global__ void ChannelAmaxKernel(const bf16* x, int64_t rows, int cols, uint32_t* amax) {
-  const int chunk = blockIdx.x * 32 + threadIdx.x % 32;
-  if (chunk * 8 >= cols) return;
+// The key held by slot k of a 32-key block of V^T (file comment): slots
+// 4 t + j (j = 0..3) of each half hold keys 2 t, 2 t + 1, 8 + 2 t, 9 + 2 t of
+// that half, the accumulator columns of thread t.
+__host__ __device__ constexpr int KeyOfSlot(int k) {
+  return (k & 16) | (((k & 15) >> 2) << 1) | (k & 1) | ((k & 2) << 2);
+}
+
+// amax[z][c] = max over rows of |x_z[r, c]| for x_0 = k and x_1 = v
+// ([rows, cols] bf16, cols a multiple of 8), as float bits (non-negative
+// floats order as integers). Block: 8 row lanes x 32 lanes of 8-column
+// chunks (256 columns), four rows in flight per thread, then one atomic per
+// column and block.
+__global__ void ChannelAmaxKernel(const bf16* k, const bf16* v, int64_t rows, int cols,
+                                  uint32_t* amax) {
+  __shared__ float part[8][256 + 8];
+  const bf16* x = blockIdx.z == 0 ? k : v;
+  const int lane = threadIdx.x % 32, row_lane = threadIdx.x / 32;
+  const int chunk = blockIdx.x * 32 + lane;
   float m[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int64_t r = blockIdx.y * 8 + threadIdx.x / 32; r < rows; r += gridDim.y * 8) {
-    float v[8];
-    Bf16x8(*reinterpret_cast<const uint4*>(x + r * cols + chunk * 8), v);
+  if (chunk * 8 < cols) {
+    const int64_t step = static_cast<int64_t>(gridDim.y) * 8;
+    int64_t r = blockIdx.y * 8 + row_lane;
+    for (; r + 3 * step < rows; r += 4 * step) {
+      uint4 raw[4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) m[i] = fmaxf(m[i], fabsf(v[i]));
+      for (int u = 0; u < 4; ++u) {
+        raw[u] = *reinterpret_cast<const uint4*>(x + (r + u * step) * cols + chunk * 8);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        float f[8];
+        Bf16x8(raw[u], f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) m[i] = fmaxf(m[i], fabsf(f[i]));
+      }
+    }
+    for (; r < rows; r += step) {
+      float f[8];
+      Bf16x8(*reinterpret_cast<const uint4*>(x + r * cols + chunk * 8), f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) m[i] = fmaxf(m[i], fabsf(f[i]));
+    }
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i) atomicMax(amax + chunk * 8 + i, __float_as_uint(m[i]));
+  for (int i = 0; i < 8; ++i) part[row_lane][lane * 8 + i] = m[i];
+  __syncthreads();
+  float mx = part[0][threadIdx.x];
+#pragma unroll
+  for (int j = 1; j < 8; ++j) mx = fmaxf(mx, part[j][threadIdx.x]);
+  const int c = blockIdx.x * 256 + threadIdx.x;
+  if (c < cols) atomicMax(amax + blockIdx.z * cols + c, __float_as_uint(mx));
 }
 
 // scale[c] = Fp8Scale(amax[c]).
@@ -143,31 +183,43 @@ __global__ void QuantizeQKernel(const bf16* q, int64_t rows_heads, int heads, co
   }
 }
 
-// vt8[c, t] = v[t, c] / v_scale[c] for v [rows, cols] bf16 and vt8
-// [cols, vt_cols] (zero for t >= rows): 32 x 32 tiles through shared memory,
-// block 32 x 8.
+// vt8[c, 32 b + k] = v[32 b + KeyOfSlot(k), c] / v_scale[c] for v [rows,
+// cols] bf16 and vt8 [cols, vt_cols] (zero for keys >= rows): 64 keys x 64
+// channels a block of 256 threads, 16-byte loads and stores, through a
+// shared-memory tile of e4m3 bytes (scales are powers of two, so
+// multiplying by the reciprocal is exact).
 __global__ void TransposeVKernel(const bf16* v, int64_t rows, int cols, const float* v_scale,
                                  uint8_t* vt8, int64_t vt_cols) {
-  __shared__ float tile[32][33];
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * 32;
-  const int c0 = blockIdx.y * 32;
-  const int x = threadIdx.x % 32, y = threadIdx.x / 32;
+  __shared__ uint8_t tile[64][64 + 4];  // [channel][key]
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * 64;
+  const int c0 = blockIdx.y * 64;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t t = t0 + y + 8 * i;
-    tile[y + 8 * i][x] =
-        t < rows ? __bfloat162float(v[t * cols + c0 + x]) / v_scale[c0 + x] : 0.f;
-  }
-  __syncthreads();
+  for (int j = 0; j < 2; ++j) {
+    const int key = threadIdx.x / 8 + 32 * j, chunk = threadIdx.x % 8;
+    const int64_t t = t0 + key;
+    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (t < rows) Bf16x8(*reinterpret_cast<const uint4*>(v + t * cols + c0 + 8 * chunk), f);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c = c0 + y + 8 * i;
-    const int64_t t = t0 + x;
-    if (t < vt_cols) {
-      vt8[c * vt_cols + t] =
-          static_cast<uint8_t>(E4m3x2(tile[x][y + 8 * i], 0.f) & 0xffu);
+    for (int i = 0; i < 8; ++i) {
+      const int c = 8 * chunk + i;
+      tile[c][key] = static_cast<uint8_t>(E4m3x2(f[i] * (1.f / v_scale[c0 + c]), 0.f) & 0xffu);
     }
   }
+  __syncthreads();
+  const int c = threadIdx.x / 4, slot0 = 16 * (threadIdx.x % 4);
+  if (t0 + slot0 >= vt_cols) return;
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const int slot = slot0 + 4 * i + b;
+      w[i] |= static_cast<uint32_t>(tile[c][(slot & ~31) | KeyOfSlot(slot & 31)]) << (8 * b);
+    }
+  }
+  *reinterpret_cast<uint4*>(vt8 + (c0 + c) * vt_cols + t0 + slot0) =
+      make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // ---- Forward configuration and shared memory. ----
@@ -183,8 +235,11 @@ struct Fp8Config {
   static constexpr int kSmemBytes = kBars + 256 + 1024;
   static constexpr int kCtaThreads = 3 * kWgThreads;
   static constexpr int kFullArrivals = 1;  // the TMA thread's expect_tx
-  // The 16-key alignment of ItemKeyTiles adds at most 15 keys.
-  static constexpr int kKeyAlign = 16;
+  // The 32-key alignment of ItemKeyTiles adds at most 31 keys.
+  static constexpr int kKeyAlign = 32;
+  // How far (log2) a row's maximum may grow past m before m moves: P stays
+  // below 256 * 2^kLazyMax = 362 < 448, e4m3's largest finite value.
+  static constexpr float kLazyMax = 0.5f;
   static_assert(6 * kStages * 8 <= 256, "the barriers fit their 256 bytes");
   static_assert(kStages * kRows >= kWgmmaResidentKeys + kKeyAlign - 1,
                 "a grouped item's aligned K/V tiles fit the rings");
@@ -269,8 +324,6 @@ struct Fp8Rows {
   uint32_t q_tile, q_rows;
   int wg_row0, row0, t;
   int my_turn, other_turn;
-  uint32_t perm_lo, perm_hi;  // PackP's byte selectors
-  int src_a, src_b;           // PackP's shuffle sources
 };
 
 struct Fp8Step {
@@ -322,7 +375,8 @@ __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& 
     float mx = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) mx = fmaxf(mx, fmaxf(r.sc[nt][2 * i], r.sc[nt][2 * i + 1]));
-    const float m_new = fmaxf(r.m[i], QuadMax(mx) * r.k_exp[i]);
+    const float m_tile = QuadMax(mx) * r.k_exp[i];
+    const float m_new = m_tile > r.m[i] + Fp8Config::kLazyMax ? m_tile : r.m[i];
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     r.corr[i] = Exp2(r.m[i] - m_use);
     r.m[i] = m_new;
@@ -338,25 +392,21 @@ __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& 
   }
 }
 
-// P (fp32 accumulator layout) into e4m3 A fragments (file comment). For
-// k step kk and row i, h[q] holds the thread's columns 8 q + 2 t, + 1 of the
-// step's 32; reader t' needs h[t' / 2] (low half) and h[2 + t' / 2] (high)
-// of lanes 2 (t' % 2) and 2 (t' % 2) + 1.
-__device__ __forceinline__ void PackP(const float (&sc)[16][4], uint32_t (&pa)[4][4],
-                                      const Fp8Rows& at) {
-  const bool odd = at.t & 1;
+// P (fp32 accumulator layout) into e4m3 A fragments, in place: V^T's
+// permuted key blocks make the thread's accumulator columns 8 q + 2 t, + 1
+// of k step kk the fragment's k indices 4 t .. 4 t + 3 (q = 0, 1) and
+// 16 + 4 t .. 16 + 4 t + 3 (q = 2, 3) of rows g (i = 0) and g + 8 (i = 1).
+__device__ __forceinline__ void PackP(const float (&sc)[16][4], uint32_t (&pa)[4][4]) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      uint32_t h[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) h[q] = E4m3x2(sc[4 * kk + q][2 * i], sc[4 * kk + q][2 * i + 1]);
-      const uint32_t x = h[0] | (h[2] << 16), y = h[1] | (h[3] << 16);
-      const uint32_t ra = __shfl_sync(0xffffffffu, odd ? y : x, at.src_a);
-      const uint32_t rb = __shfl_sync(0xffffffffu, odd ? x : y, at.src_b);
-      pa[kk][i] = __byte_perm(ra, rb, at.perm_lo);
-      pa[kk][2 + i] = __byte_perm(ra, rb, at.perm_hi);
+      for (int h = 0; h < 2; ++h) {
+        const float(&a)[4] = sc[4 * kk + 2 * h];
+        const float(&b)[4] = sc[4 * kk + 2 * h + 1];
+        pa[kk][2 * h + i] = E4m3x2(a[2 * i], a[2 * i + 1]) | (E4m3x2(b[2 * i], b[2 * i + 1]) << 16);
+      }
     }
   }
 }
@@ -402,14 +452,14 @@ __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const Wor
     if constexpr (!kPv) {
       if (st.release) BarArrive(sm.k_empty + 8 * st.k_stage);
       Fp8Probs(p, it, r, at, st.col0);
-    } else {
+    } else if (__any_sync(0xffffffffu, r.corr[0] != 1.f || r.corr[1] != 1.f)) {
 #pragma unroll
       for (int dt = 0; dt < 16; ++dt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) r.o[dt][e] *= r.corr[e >> 1];
       }
     }
-    PackP(r.sc, r.pa, at);
+    PackP(r.sc, r.pa);
   }
 }
 
@@ -453,11 +503,6 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
   at.other_turn = 2 - c;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2;
   at.t = lane & 3;
-  const int swap = ((at.t & 1) << 1) | (at.t >> 1);
-  at.src_a = (lane & ~3) | swap;
-  at.src_b = (lane & ~3) | (swap ^ 1);
-  at.perm_lo = at.t >> 1 ? 0x1054u : 0x5410u;
-  at.perm_hi = at.t >> 1 ? 0x3276u : 0x7632u;
   const int row_in_tile = c * 64 + warp * 16 + g;
   if (c == 1) TurnPass(p, 1);  // warpgroup 0 issues first
   Fp8Regs r;
@@ -575,10 +620,15 @@ int LaunchFp8Quantize(const void* q, const void* k, const void* v, int64_t q_row
   uint32_t* k_amax = ops.amax;
   uint32_t* v_amax = ops.amax + cols;
   if (kv_rows > 0) {
-    const dim3 grid((cols / 8 + 31) / 32,
-                    static_cast<unsigned>(std::min<int64_t>((kv_rows + 7) / 8, 512)));
-    ChannelAmaxKernel<<<grid, 256, 0, s>>>(static_cast<const bf16*>(k), kv_rows, cols, k_amax);
-    ChannelAmaxKernel<<<grid, 256, 0, s>>>(static_cast<const bf16*>(v), kv_rows, cols, v_amax);
+    // About eight blocks per SM over both tensors, each thread at least
+    // four rows.
+    const int col_blocks = (cols + 255) / 256;
+    const dim3 grid(col_blocks,
+                    static_cast<unsigned>(std::max<int64_t>(
+                        1, std::min<int64_t>((kv_rows + 31) / 32, 1024 / col_blocks))),
+                    2);
+    ChannelAmaxKernel<<<grid, 256, 0, s>>>(static_cast<const bf16*>(k),
+                                           static_cast<const bf16*>(v), kv_rows, cols, k_amax);
   }
   ScalesKernel<<<(cols + 255) / 256, 256, 0, s>>>(k_amax, ops.k_scale, cols);
   ScalesKernel<<<(cols + 255) / 256, 256, 0, s>>>(v_amax, ops.v_scale, cols);
@@ -595,7 +645,7 @@ int LaunchFp8Quantize(const void* q, const void* k, const void* v, int64_t q_row
                            static_cast<uint8_t*>(ops.q8), ops.q_scale);
   }
   if (ops.vt_cols > 0) {
-    const dim3 grid(static_cast<unsigned>((ops.vt_cols + 31) / 32), cols / 32);
+    const dim3 grid(static_cast<unsigned>((ops.vt_cols + 63) / 64), cols / 64);
     TransposeVKernel<<<grid, 256, 0, s>>>(static_cast<const bf16*>(v), kv_rows, cols, ops.v_scale,
                                           static_cast<uint8_t*>(ops.vt8), ops.vt_cols);
   }
