@@ -462,14 +462,22 @@ def fp8_forward(lib, dev, lens):
                 print(f"  kernel {label:<5} {ms:8.3f} ms {flops / (ms * 1e-3) / 1e12:7.1f} TF/s  "
                       f"{kname[:90]}", flush=True)
         ref = reference_fp32(q, k, v, lens, mask == "causal")
+        # Poisoned before each call, so that an element left unwritten shows.
+        ours.out.fill_(float("nan"))
         ours.fwd()
         bf16_out = ours.out.clone()
+        ours.out.fill_(float("nan"))
         ours.fwd_fp8()
-        for label, out in (("bf16", bf16_out), ("FP8", ours.out)):
-            err = rel_diff(out, ref)
-            print(f"  check {name} {label}: |out - fp32 ref| / |fp32 ref| = {err:.3e}", flush=True)
-            ROWS.append((name, f"check {label} vs fp32 reference", "fwd", None, None,
-                         f"rel err {err:.3e}"))
+        torch.cuda.synchronize()
+        for label, out, base in (("bf16", bf16_out, ref), ("FP8", ours.out, ref),
+                                 ("FP8 vs bf16", ours.out, bf16_out)):
+            err = rel_diff(out, base)
+            unwritten = int(out.isnan().sum().item())
+            print(f"  check {name} {label}: |out - base| / |base| = {err:.3e} "
+                  f"(base: {'bf16 output' if base is bf16_out else 'fp32 reference'}), "
+                  f"{unwritten} NaN", flush=True)
+            ROWS.append((name, f"check {label}" + ("" if base is bf16_out else " vs fp32 reference"),
+                         "fwd", None, None, f"rel err {err:.3e}, {unwritten} NaN"))
         del ref, bf16_out
 
 
