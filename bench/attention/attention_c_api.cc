@@ -110,6 +110,14 @@ int rf_attention_forward(const RfAttentionArgs* a, char* err, int err_len) {
   return Report(attn::AttentionForward(c.in, c.opts, c.out, c.lse), err, err_len);
 }
 
+// The same forward with FP8 (e4m3) operands (AttentionOptions::
+// forward_precision), quantize pre-pass included.
+int rf_attention_forward_fp8(const RfAttentionArgs* a, char* err, int err_len) {
+  Converted c = Convert(*a);
+  c.opts.forward_precision = attn::ForwardPrecision::kFp8E4M3;
+  return Report(attn::AttentionForward(c.in, c.opts, c.out, c.lse), err, err_len);
+}
+
 int rf_attention_backward(const RfAttentionArgs* a, char* err, int err_len) {
   Converted c = Convert(*a);
   return Report(attn::AttentionBackward(c.in, c.opts, c.out, c.lse, c.dout, c.grads), err,

@@ -75,6 +75,10 @@ class Ours:
         if self.lib.rf_attention_forward(ctypes.byref(self.args), self.err, 1024) != 0:
             raise RuntimeError(self.err.value.decode())
 
+    def fwd_fp8(self):
+        if self.lib.rf_attention_forward_fp8(ctypes.byref(self.args), self.err, 1024) != 0:
+            raise RuntimeError(self.err.value.decode())
+
     def fwd_bwd(self):
         self.fwd()
         if self.lib.rf_attention_backward(ctypes.byref(self.args), self.err, 1024) != 0:
@@ -183,6 +187,7 @@ def load_lib(path):
     """libattention_bench.so at `path` with its C ABI's signatures."""
     lib = ctypes.CDLL(path)
     lib.rf_attention_forward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
+    lib.rf_attention_forward_fp8.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
     lib.rf_attention_backward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
     lib.rf_attention_forward_flops.argtypes = [ctypes.POINTER(Args)]
     lib.rf_attention_forward_flops.restype = ctypes.c_double
@@ -402,6 +407,80 @@ def jagged_self(lib, d, dev, lens, with_flex):
     bwd_variants(f"{name} SiLU causal", "recfleet GDPA", 3.5 * silu.flops, silu.fwd_bwd)
 
 
+def reference_fp32(q, k, v, lens, causal):
+    """Softmax attention per sequence in fp32 (the bf16 inputs are exact in
+    fp32), [total, h, d]."""
+    out = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    start = 0
+    for n in lens:
+        if n > 0:
+            qs, ks, vs = (t[start:start + n].float().transpose(0, 1)[None] for t in (q, k, v))
+            with sdpa_kernel(SDPBackend.MATH):
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
+            out[start:start + n] = o[0].transpose(0, 1)
+        start += n
+    return out
+
+
+def kernel_times(fn, reps=10):
+    """Mean device milliseconds per call of each CUDA kernel fn launches
+    (torch.profiler), as {kernel name: ms}."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = getattr(e, "cuda_time_total", 0)
+        if us > 0:
+            times[e.key] = us / 1e3 / reps
+    return times
+
+
+def fp8_forward(lib, dev, lens):
+    """The FP8 (e4m3) forward against our bf16 forward on the same tensors:
+    whole calls (quantize pre-pass included), the kernels alone
+    (profiler), and both outputs against an fp32 reference."""
+    h, d = 8, 128
+    q, k, v = (packed(lens, h, d, dev) for _ in range(3))
+    for mask in ("none", "causal"):
+        name = f"jagged self d=128 {mask} FP8"
+        ours = Ours(lib, q, k, v, lens, lens, "softmax", mask)
+        flops = ours.flops
+        record(name, "recfleet JFA bf16", "fwd", flops, ours.fwd)
+        record(name, "recfleet JFA FP8 (+quantize)", "fwd", flops, ours.fwd_fp8)
+        if PASS[0] != 1:
+            continue
+        for label, fn in (("bf16", ours.fwd), ("FP8", ours.fwd_fp8)):
+            for kname, ms in sorted(kernel_times(fn).items(), key=lambda x: -x[1]):
+                print(f"  kernel {label:<5} {ms:8.3f} ms {flops / (ms * 1e-3) / 1e12:7.1f} TF/s  "
+                      f"{kname[:90]}", flush=True)
+        ref = reference_fp32(q, k, v, lens, mask == "causal")
+        # Poisoned before each call, so that an element left unwritten shows.
+        ours.out.fill_(float("nan"))
+        ours.fwd()
+        bf16_out = ours.out.clone()
+        ours.out.fill_(float("nan"))
+        ours.fwd_fp8()
+        torch.cuda.synchronize()
+        for label, out, base in (("bf16", bf16_out, ref), ("FP8", ours.out, ref),
+                                 ("FP8 vs bf16", ours.out, bf16_out)):
+            err = rel_diff(out, base)
+            unwritten = int(out.isnan().sum().item())
+            print(f"  check {name} {label}: |out - base| / |base| = {err:.3e} "
+                  f"(base: {'bf16 output' if base is bf16_out else 'fp32 reference'}), "
+                  f"{unwritten} NaN", flush=True)
+            ROWS.append((name, f"check {label}" + ("" if base is bf16_out else " vs fp32 reference"),
+                         "fwd", None, None, f"rel err {err:.3e}, {unwritten} NaN"))
+        del ref, bf16_out
+
+
 def sliding_window(lib, dev, lens, with_flex):
     h, d, w = 8, 128, 256
     name = "sliding window W=256 d=128"
@@ -562,7 +641,8 @@ def main():
     ap.add_argument("--no_flex", action="store_true")
     ap.add_argument("--no_compile", action="store_true")
     ap.add_argument("--sections", default="jagged128,gdpa,block,window,jagged64",
-                    help="comma-separated subset of the workloads to run, in this order")
+                    help="comma-separated subset of the workloads to run, in this order "
+                         "(also: fp8, the FP8 forward against the bf16 one)")
     ap.add_argument("--no_fwd_variants", action="store_true",
                     help="skip the rows of the Hopper forward's switched-off variants")
     ap.add_argument("--mma_bwd", action="store_true",
@@ -587,6 +667,7 @@ def main():
         "block": lambda: block_attention(lib, dev, not args.no_flex),
         "window": lambda: sliding_window(lib, dev, lens, not args.no_flex),
         "jagged64": lambda: jagged_self(lib, 64, dev, lens, False),
+        "fp8": lambda: fp8_forward(lib, dev, lens),
     }
     sections = [workloads[name] for name in args.sections.split(",")]
     for PASS[0] in (1,) if args.profile else (1, 2):

@@ -104,6 +104,17 @@ absl::Status ValidateAttention(const AttentionInputs& in, const AttentionOptions
     return absl::InvalidArgumentError(
         absl::StrCat("RoPE needs an even head_dim, got ", q.DebugString()));
   }
+  if (opts.forward_precision == ForwardPrecision::kFp8E4M3) {
+    if (q.device != Device::kCuda || q.dtype != DType::kBFloat16 || q.dim(2) != 128 ||
+        opts.activation != Activation::kSoftmax || in.bias.data != nullptr ||
+        opts.scale < 0.0 || opts.mask == Mask::kBlock) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options.forward_precision = kFp8E4M3 needs CUDA bf16 tensors with head_dim 128, the "
+          "softmax activation, no bias, a positive (or default) scale and a mask other than "
+          "kBlock; got q.values ",
+          q.DebugString()));
+    }
+  }
   if (in.bias.data != nullptr) {
     const int64_t n = BiasLength(in.q, in.k, q.dim(1));
     if (auto s = CheckShaped(in.bias, "bias", Shape{n}, {q.dtype}, q.device); !s.ok()) return s;

@@ -86,6 +86,16 @@ enum class Mask : uint8_t {
                    // floor(pq_i / 64) == floor(j / 64).
 };
 
+// The number format of the forward's matmul operands (AttentionOptions).
+enum class ForwardPrecision : uint8_t {
+  kBf16,     // q, k, v as given (bf16).
+  kFp8E4M3,  // block-scaled FP8: q, k, v quantized to e4m3 with power-of-two
+             // scales by a pre-pass (q per token and head over head_dim, k
+             // and v per head and channel, k's folded into q) and P after
+             // the exponent with a fixed scale; fp32 accumulation, bf16 out
+             // (cuda_kernels.h, Fp8Operands; cuda_wgmma_fp8.cu).
+};
+
 // The block size of Mask::kBlock.
 inline constexpr int64_t kAttentionBlockSize = 64;
 // epsilon of the QK-norm: x / sqrt(|x|^2 + kQkNormEpsilon).
@@ -106,6 +116,11 @@ struct AttentionOptions {
   // q and k after the QK-norm, at the positions pq_i and j defined above.
   bool rope = false;
   double rope_theta = 10000.0;
+  // Forward only, CUDA bf16 tensors: kFp8E4M3 runs the FP8 forward (softmax,
+  // head_dim 128, no bias, a positive scale, any mask but kBlock), whose
+  // output is within a few percent of the bf16 forward's (attention_fp8_
+  // cuda_test states the bound). The backward ignores it (bf16).
+  ForwardPrecision forward_precision = ForwardPrecision::kBf16;
   // CUDA only: the cudaStream_t to run on (nullptr: the default stream).
   void* cuda_stream = nullptr;
 };

@@ -637,6 +637,69 @@ absl::Status MmaBackward(const DevicePlan& plan, const AttentionGrads& grads, Wo
                    "dQ to bf16");
 }
 
+// The FP8 forward (AttentionOptions::forward_precision): the quantize
+// pre-pass into stream-ordered temporaries, then the Hopper FP8 kernel over
+// the grouped forward tiles (RECFLEET_ATTENTION_WGMMA_GROUP and _TURNS as for
+// the bf16 kernel).
+absl::Status Fp8Forward(const AttentionInputs& in, const DevicePlan& plan, Workspace& ws,
+                        KernelParams p, cudaStream_t stream) {
+  if (!cuda_impl::Fp8ForwardSupports(p)) {
+    return absl::InvalidArgumentError(
+        "the FP8 attention forward supports softmax at head_dim 128 without bias or fused RoPE");
+  }
+  auto sms = SmCount();
+  if (!sms.ok()) return sms.status();
+  const int64_t tq = in.q.values.dim(0);
+  // At least one key row, so that the tensor maps exist when no sequence
+  // has keys (no tile then reads them).
+  const int64_t tk = std::max<int64_t>(in.k.values.dim(0), 1);
+  const int64_t cols = static_cast<int64_t>(p.heads) * p.head_dim;
+  cuda_impl::Fp8Operands ops;
+  ops.vt_cols = cuda_impl::Fp8VtCols(tk);
+  struct Part {
+    void** dst;
+    int64_t bytes;
+  };
+  for (const Part& part : {Part{&ops.q8, tq * cols}, Part{&ops.k8, tk * cols},
+                           Part{&ops.vt8, cols * ops.vt_cols},
+                           Part{reinterpret_cast<void**>(&ops.q_scale), tq * p.heads * 4},
+                           Part{reinterpret_cast<void**>(&ops.k_scale), cols * 4},
+                           Part{reinterpret_cast<void**>(&ops.v_scale), cols * 4},
+                           Part{reinterpret_cast<void**>(&ops.amax), 2 * cols * 4}}) {
+    auto buf = ws.Alloc(static_cast<size_t>(part.bytes));
+    if (!buf.ok()) return buf.status();
+    *part.dst = *buf;
+  }
+  if (auto s = CudaCheck(cudaMemsetAsync(ops.amax, 0, 2 * cols * 4, stream),
+                         "cudaMemsetAsync(fp8 amax)");
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CudaCheck(cuda_impl::LaunchFp8Quantize(p.q, p.k, p.v, tq, in.k.values.dim(0),
+                                                      p.heads, p.head_dim, ops, stream),
+                         "FP8 attention quantize");
+      !s.ok()) {
+    return s;
+  }
+  p.q = ops.q8;
+  p.k = ops.k8;
+  p.v = ops.vt8;
+  p.q_scale = ops.q_scale;
+  p.v_scale = ops.v_scale;
+  p.vt_cols = ops.vt_cols;
+  p.q_rows = tq;
+  p.kv_rows = tk;
+  p.items = plan.forward_tiles;
+  p.num_items = plan.num_forward_tiles;
+  if (EnvFlag("RECFLEET_ATTENTION_WGMMA_GROUP")) {
+    p.items = plan.grouped_tiles;
+    p.num_items = plan.num_grouped_tiles;
+  }
+  p.wgmma_turns = EnvFlag("RECFLEET_ATTENTION_WGMMA_TURNS");
+  return CudaCheck(cuda_impl::LaunchJaggedForwardFp8(p, *sms, stream),
+                   "jagged attention forward (FP8)");
+}
+
 absl::Status CheckSizes(const AttentionInputs& in) {
   // Kernels index rows within a sequence with int32.
   for (int64_t b = 0; b < in.q.batch_size(); ++b) {
@@ -667,6 +730,9 @@ absl::Status ForwardCuda(const AttentionInputs& in, const AttentionOptions& o, T
     p.items = plan.blocks;
     p.num_items = plan.num_blocks;
     return CudaCheck(cuda_impl::LaunchBlockForward(p, stream), "block attention forward");
+  }
+  if (o.forward_precision == ForwardPrecision::kFp8E4M3) {
+    return Fp8Forward(in, plan, ws, p, stream);
   }
   p.items = plan.forward_tiles;
   p.num_items = plan.num_forward_tiles;

@@ -100,7 +100,45 @@ struct KernelParams {
   bool wgmma_stat_prefetch = true;
   int64_t q_rows = 0;   // rows of q and dout (the Hopper kernels' tensor maps)
   int64_t kv_rows = 0;  // rows of k and v
+  // FP8 forward (LaunchJaggedForwardFp8) only: q and k are then e4m3
+  // [rows, heads, d] and v is V^T, e4m3 [heads * d, vt_cols] (Fp8Operands).
+  const float* q_scale = nullptr;  // [q_rows, heads]
+  const float* v_scale = nullptr;  // [heads, d]
+  int64_t vt_cols = 0;
 };
+
+// The FP8 (e4m3) forward's operands, made from bf16 q, k, v by
+// LaunchFp8Quantize. Every scale is a power of two (dequantization exact):
+//   k8[r, h, c]  = k[r, h, c] / k_scale[h, c]   (per head and channel, over
+//                  all keys: K's outliers sit in channels)
+//   q8[r, h, c]  = q[r, h, c] * k_scale[h, c] / q_scale[r, h]   (K's channel
+//                  scales folded into Q, then one scale per token and head
+//                  over the whole reduction dimension of Q K^T), so that
+//                  <q, k> = q_scale[r, h] * <q8, k8> exactly up to rounding
+//   vt8[h d + c, 32 b + s] = v[32 b + KeyOfSlot(s), h, c] / v_scale[h, c]
+//                  (V^T, so that the P V GEMM reads V K-major, its keys
+//                  permuted inside each 32-key block to match the P
+//                  fragments (cuda_wgmma_fp8.cu); keys >= rows are zero)
+// vt_cols is rows rounded up to 16 (TMA row pitch).
+struct Fp8Operands {
+  void* q8 = nullptr;
+  void* k8 = nullptr;
+  void* vt8 = nullptr;
+  float* q_scale = nullptr;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
+  uint32_t* amax = nullptr;  // scratch [2, heads, d], zeroed by the caller
+  int64_t vt_cols = 0;
+};
+inline int64_t Fp8VtCols(int64_t kv_rows) { return (kv_rows + 15) / 16 * 16; }
+// Fills `ops` from bf16 q [q_rows, heads, d], k and v [kv_rows, heads, d].
+int LaunchFp8Quantize(const void* q, const void* k, const void* v, int64_t q_rows,
+                      int64_t kv_rows, int heads, int head_dim, const Fp8Operands& ops,
+                      void* stream);
+// The Hopper FP8 forward (softmax, head dim 128, no bias, no fused RoPE;
+// Fp8ForwardSupports) over the planner's grouped forward tiles.
+bool Fp8ForwardSupports(const KernelParams& p);
+int LaunchJaggedForwardFp8(const KernelParams& p, int sms, void* stream);
 
 // Each returns a cudaError_t as int (0 = success) of the launch.
 int LaunchJaggedForward(const KernelParams& p, void* stream);

@@ -51,10 +51,7 @@
 #include "kernels/attention/cuda_wgmma.cuh"
 
 namespace recfleet::attention::cuda_impl {
-namespace {
 
-// The driver's tensor-map encoder, looked up once through the runtime (no
-// link-time dependency on the driver library); null if unavailable.
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -68,8 +65,6 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   }();
   return encode;
 }
-
-}  // namespace
 
 bool MakeTileMap(CUtensorMap* map, const void* base, int64_t rows, int heads, int d,
                  int box_rows, bool f32) {
@@ -98,35 +93,6 @@ namespace {
 // Rows of a query tile and of a K/V tile (FwdConfig's; the GEMM issue and
 // the activation below are written for it).
 constexpr int kFwdTileRows = 128;
-
-// Named barriers 1 and 2 order the two consumer warpgroups' GEMM issue
-// (barrier 0 is __syncthreads): warpgroup c waits on 1 + c for its turn and
-// hands the turn over by arriving on 2 - c.
-// KernelParams::wgmma_turns = false turns both into no-ops.
-__device__ __forceinline__ void TurnWait(const KernelParams& p, int id) {
-  if (p.wgmma_turns) asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(2 * kWgThreads) : "memory");
-}
-__device__ __forceinline__ void TurnPass(const KernelParams& p, int id) {
-  if (p.wgmma_turns) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(2 * kWgThreads) : "memory");
-  }
-}
-
-// Hides the scores of a warpgroup's partially visible tile: `hidden` where
-// the key lies outside the row's range. lo_rel and hi_rel are the thread's
-// two rows' key ranges relative to its first column (col0 + 2 t), so each
-// score costs two compares against immediates and a select.
-__device__ __forceinline__ void HideScores(float (&sc)[16][4], const int (&lo_rel)[2],
-                                           const int (&hi_rel)[2], float hidden) {
-#pragma unroll
-  for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = e >> 1, cl = nt * 8 + (e & 1);
-      sc[nt][e] = cl >= lo_rel[r] && cl < hi_rel[r] ? sc[nt][e] : hidden;
-    }
-  }
-}
 
 // Turns a warpgroup's 64 x 128 score tile (its query rows from wg_row0,
 // keys col0..col0 + 127) into probabilities in place: the mask (and bias),
@@ -332,37 +298,13 @@ struct FwdConfig {
   static constexpr int kBars = kV + kStages * kTileBytes;
   static constexpr int kSmemBytes = kBars + 128 + 1024;
   static constexpr int kCtaThreads = 3 * kWgThreads;
+  // Arrivals that complete a full barrier: the producer's 128 threads
+  // (FillTile: one of them expects the TMA bytes, or all copy).
+  static constexpr int kFullArrivals = kWgThreads;
   static_assert(kRowsQ == kRowsKv, "the query and K/V tiles share the tile size");
   static_assert(6 * kStages * 8 <= 128, "the barriers fit their 128 bytes");
 };
 static_assert(kForwardTileRows == 128, "the planner's forward tiles must be 128 rows");
-
-// One CTA's shared memory: the rings' tiles (stage s at + s * kTileBytes)
-// and barriers (stage s at + 8 s): landed (full) and released (empty).
-template <class C>
-struct FwdSmem {
-  uint32_t q, k, v;
-  uint32_t k_full, v_full, q_full, k_empty, v_empty, q_empty;
-  __device__ explicit FwdSmem(uint32_t base)
-      : q(base + C::kQ),
-        k(base + C::kK),
-        v(base + C::kV),
-        k_full(base + C::kBars),
-        v_full(k_full + 8 * C::kStages),
-        q_full(k_full + 16 * C::kStages),
-        k_empty(k_full + 24 * C::kStages),
-        v_empty(k_full + 32 * C::kStages),
-        q_empty(k_full + 40 * C::kStages) {}
-  __device__ uint32_t Tile(uint32_t ring, int stage) const { return ring + stage * C::kTileBytes; }
-  // Full barriers: the producer's 128 threads; empty: both consumers'.
-  __device__ void Init() const {
-    for (int s = 0; s < C::kStages; ++s) {
-      for (uint32_t f : {k_full, v_full, q_full}) BarInit(f + 8 * s, kWgThreads);
-      for (uint32_t e : {k_empty, v_empty, q_empty}) BarInit(e + 8 * s, 2 * kWgThreads);
-    }
-    BarInitDone();
-  }
-};
 
 // ---- Producer (warpgroup 2). ----
 // Streams each work item's query tiles through the Q ring (the next item's

@@ -207,6 +207,23 @@ __device__ __forceinline__ void PackA(const float (&sc)[N / 8][4], uint32_t (&pa
   }
 }
 
+// Hides the scores of a warpgroup's partially visible 64 x 128 score tile (bf16 and
+// FP8 forwards): `hidden` where
+// the key lies outside the row's range. lo_rel and hi_rel are the thread's
+// two rows' key ranges relative to its first column (col0 + 2 t), so each
+// score costs two compares against immediates and a select.
+__device__ __forceinline__ void HideScores(float (&sc)[16][4], const int (&lo_rel)[2],
+                                           const int (&hi_rel)[2], float hidden) {
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1, cl = nt * 8 + (e & 1);
+      sc[nt][e] = cl >= lo_rel[r] && cl < hi_rel[r] ? sc[nt][e] : hidden;
+    }
+  }
+}
+
 // ---- Producer: tile loads. ----
 // Byte offset of element (row, col) in a swizzled [ROWS][D] tile.
 template <int ROWS>
@@ -307,6 +324,48 @@ __device__ __forceinline__ void FillTile(uint32_t s, const CUtensorMap* map, boo
   }
 }
 
+// ---- Forward consumers' turns and shared memory (bf16 and FP8). ----
+// Named barriers 1 and 2 order the two consumer warpgroups' GEMM issue
+// (barrier 0 is __syncthreads): warpgroup c waits on 1 + c for its turn and
+// hands the turn over by arriving on 2 - c.
+// KernelParams::wgmma_turns = false turns both into no-ops.
+__device__ __forceinline__ void TurnWait(const KernelParams& p, int id) {
+  if (p.wgmma_turns) asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(2 * kWgThreads) : "memory");
+}
+__device__ __forceinline__ void TurnPass(const KernelParams& p, int id) {
+  if (p.wgmma_turns) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(2 * kWgThreads) : "memory");
+  }
+}
+
+// One forward CTA's shared memory (C: FwdConfig of cuda_wgmma.cu, or the
+// FP8 forward's Fp8Config): the rings' tiles (stage s at + s * kTileBytes)
+// and barriers (stage s at + 8 s): landed (full) and released (empty).
+template <class C>
+struct FwdSmem {
+  uint32_t q, k, v;
+  uint32_t k_full, v_full, q_full, k_empty, v_empty, q_empty;
+  __device__ explicit FwdSmem(uint32_t base)
+      : q(base + C::kQ),
+        k(base + C::kK),
+        v(base + C::kV),
+        k_full(base + C::kBars),
+        v_full(k_full + 8 * C::kStages),
+        q_full(k_full + 16 * C::kStages),
+        k_empty(k_full + 24 * C::kStages),
+        v_empty(k_full + 32 * C::kStages),
+        q_empty(k_full + 40 * C::kStages) {}
+  __device__ uint32_t Tile(uint32_t ring, int stage) const { return ring + stage * C::kTileBytes; }
+  // Full barriers: C::kFullArrivals; empty: both consumers' threads.
+  __device__ void Init() const {
+    for (int s = 0; s < C::kStages; ++s) {
+      for (uint32_t f : {k_full, v_full, q_full}) BarInit(f + 8 * s, C::kFullArrivals);
+      for (uint32_t e : {k_empty, v_empty, q_empty}) BarInit(e + 8 * s, 2 * kWgThreads);
+    }
+    BarInitDone();
+  }
+};
+
 // ---- Tile scheduler and pipeline positions (forward and backward). ----
 // Persistent CTAs over the launcher's work items, each item once per head
 // (ItemAt): CTA c takes items c, c + grid, c + 2 grid, ..., so with the
@@ -340,6 +399,9 @@ struct RingPos {
 };
 
 // ---- Host. ----
+// The driver's tensor-map encoder, looked up once through the runtime (no
+// link-time dependency on the driver library); null if unavailable.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder();
 // A tensor map over a [rows, heads, d] tensor whose boxes are 128-byte
 // column blocks (64 bf16 columns, or 32 fp32 with f32) of box_rows-row tiles
 // of one head, 128-byte swizzled (the layout LoadTile writes). False if the
