@@ -325,10 +325,10 @@ TEST(GemLiteCudaTest, Bf16EvalNeWithinPointOnePercentOfFp32) {
 // bf16. Before 24a211e seed 1 diverged at step 24-25: a nearly unused
 // expert's gradient block (zeros and values near 1e-37) got a subnormal
 // scale whose reciprocal overflowed, and its zeros encoded NaN. The bar is
-// per seed, 1% relative, above the seed-to-seed spread of the difference
-// (8 seeds on 2026-12-03: -0.61% to +0.51%, mean -0.04% +- 0.15%); whether
-// FP8 is within 0.1% needs many more seeds than a test can run (see
-// bench/RESULTS.md).
+// per seed, 3% relative, above the spread of the difference seen on
+// 2026-12-03 (ne_probe, 20 seeds: -0.76% to +0.51%; this test: -1.04% and
+// +0.68%): it catches a diverged or collapsed run, not a 0.1% gap, which
+// takes the 20 seeds of bench/RESULTS.md (-0.10% +- 0.09%).
 TEST(GemLiteCudaTest, Fp8RecipeTrainsWithoutDivergenceNearBf16) {
   const EvalNeSetup setup;
   const MovieLensCtr data = EvalNeData(setup.users);
@@ -354,7 +354,7 @@ TEST(GemLiteCudaTest, Fp8RecipeTrainsWithoutDivergenceNearBf16) {
     }
     std::printf("seed %d: eval NE bf16 %.5f, fp8 %.5f (%+.3f%%)\n", static_cast<int>(seed), ne[0],
                 ne[1], 100 * (ne[1] - ne[0]) / ne[0]);
-    EXPECT_LE(std::abs(ne[1] - ne[0]) / ne[0], 0.01) << "seed " << seed;
+    EXPECT_LE(std::abs(ne[1] - ne[0]) / ne[0], 0.03) << "seed " << seed;
   }
 }
 
