@@ -56,6 +56,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/metrics.h"
+#include "engine/layers/ops.h"
 #include "engine/model.h"
 #include "engine/testing/compare.h"
 #include "engine/testing/movielens.h"
@@ -137,9 +138,8 @@ void CompareWithCpu(const Args& a, const MovieLensCtr& data, uint64_t seed) {
   std::fflush(stdout);
 }
 
-// Largest |value| and the count of non-finite values of a device view of
-// fp32 or bf16 (a module's parameters and gradients are fp32; the check
-// waits for the device).
+// Largest |value| and the count of non-finite values of a view (the
+// caller has waited for the device).
 struct Extent {
   double max_abs = 0;
   int64_t nonfinite = 0;
@@ -152,17 +152,16 @@ struct Extent {
 Extent ExtentOf(const TensorView& v) {
   Extent e;
   if (v.data == nullptr || v.numel() == 0) return e;
-  std::vector<float> host(v.numel());
-  if (v.dtype != DType::kFloat32 ||
-      cudaMemcpy(host.data(), v.data, v.nbytes(), cudaMemcpyDeviceToHost) != cudaSuccess) {
-    std::fprintf(stderr, "trace: cannot read a device view\n");
+  absl::StatusOr<std::vector<double>> host = ops::CopyToHost(v);
+  if (!host.ok()) {
+    std::fprintf(stderr, "trace: %s\n", host.status().ToString().c_str());
     std::exit(1);
   }
-  for (float x : host) {
+  for (double x : *host) {
     if (!std::isfinite(x)) {
       ++e.nonfinite;
     } else {
-      e.max_abs = std::max(e.max_abs, static_cast<double>(std::abs(x)));
+      e.max_abs = std::max(e.max_abs, std::abs(x));
     }
   }
   return e;
