@@ -25,32 +25,18 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/attention/attention.h"
+#include "kernels/base/formats.h"
 
 namespace recfleet::attention {
 namespace {
 
 constexpr double kE4m3Unit = 1.0 / 16;
-
-uint16_t ToBf16(double x) {
-  const float f = static_cast<float>(x);
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-double FromBf16(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 std::vector<int64_t> Offsets(const std::vector<int64_t>& lengths) {
   std::vector<int64_t> off{0};
@@ -83,8 +69,8 @@ struct Tensor {
       const double row_factor = std::ldexp(1.0, spread(rng));
       for (int64_t c = 0; c < 128; ++c) {
         const double x = dist(rng) * row_factor * (c % 41 == 7 ? channel_boost : 1.0);
-        host[r * 128 + c] = ToBf16(x);
-        exact[r * 128 + c] = FromBf16(host[r * 128 + c]);
+        host[r * 128 + c] = FloatToBFloat16(static_cast<float>(x));
+        exact[r * 128 + c] = BFloat16ToFloat(host[r * 128 + c]);
       }
     }
     const cudaError_t e = cudaMalloc(&dev, std::max<int64_t>(n, 1) * 2);
@@ -150,7 +136,7 @@ double SequenceErrors(const std::vector<uint16_t>& got, const std::vector<double
   for (size_t b = 0; b + 1 < off.size(); ++b) {
     double err = 0, ref = 0;
     for (int64_t i = off[b] * row_elems; i < off[b + 1] * row_elems; ++i) {
-      const double g = FromBf16(got[i]);
+      const double g = BFloat16ToFloat(got[i]);
       if (std::isnan(g)) {
         ADD_FAILURE() << what << ": element " << i << " not written (sequence " << b << ")";
         return NAN;
@@ -221,7 +207,7 @@ void RunCase(const Case& c, uint64_t seed) {
   const double bf16_lse = LseError(bf16.lse, ref_lse, 2e-2, "bf16");
   double diff = 0, norm = 0;
   for (size_t i = 0; i < fp8.out.size(); ++i) {
-    const double a = FromBf16(fp8.out[i]), b = FromBf16(bf16.out[i]);
+    const double a = BFloat16ToFloat(fp8.out[i]), b = BFloat16ToFloat(bf16.out[i]);
     diff += (a - b) * (a - b);
     norm += b * b;
   }
