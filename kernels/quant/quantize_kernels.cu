@@ -225,11 +225,10 @@ template <int XR, int XC>
 struct TileScales {
   static constexpr int kCount = XR == 1 ? 16 : (XC == 1 ? 4 : (XR == 32 ? 4 : 1));
   float s[XR == 1 ? 1 : kCount];
+  // Every inv is finite (minifloat::BlockScale never returns a scale below
+  // 2^-127): with finite elements, every y = x * inv is then finite too
+  // (|x| <= the block's amax, so |y| <= fmax).
   float inv[kCount];
-  // Every inv is finite (false only for scales below ~2^-128, from blocks
-  // of subnormal values): with finite elements, every y = x * inv is then
-  // finite too (|x| <= the block's amax, so |y| <= ~fmax).
-  bool finite_inv;
   __device__ __forceinline__ static int Index(int i, int rr, int j) {
     if constexpr (XR == 1) return i * 4 + rr;
     if constexpr (XC == 1) return j;
@@ -262,7 +261,6 @@ struct TileScales {
       const float own_inv = __frcp_rn(s[0]);
 #pragma unroll
       for (int k = 0; k < 16; ++k) inv[k] = __shfl_sync(0xffffffffu, own_inv, 2 * k);
-      finite_inv = __all_sync(0xffffffffu, own_inv < INFINITY);
       if (next != nullptr) {
         __syncthreads();
         next->Issue();
@@ -273,10 +271,6 @@ struct TileScales {
 #pragma unroll
         for (int k = 0; k < kCount; ++k) inv[k] = __frcp_rn(s[k]);
       }
-      float most = inv[0];  // positive
-#pragma unroll
-      for (int k = 1; k < kCount; ++k) most = fmaxf(most, inv[k]);
-      finite_inv = most < INFINITY;
     }
   }
 
@@ -517,8 +511,9 @@ __device__ __forceinline__ void Encode(const QuantizeArgs& a, const QuantizeTarg
                                        uint32_t key, const Tile& v, const TileScales<XR, XC>& sc,
                                        bool finite_x, int64_t r0, int64_t c, int warp,
                                        uint32_t (&word)[4][4]) {
-  // `finite_x`: the caller saw that all of v is finite.
-  if (finite_x && sc.finite_inv) {
+  // `finite_x`: the caller saw that all of v is finite (every scale's
+  // reciprocal is: TileScales).
+  if (finite_x) {
     if (a.format == 2) {
       EncodeAs<XR, XC, kT, kSR, true, true>(a, t, key, v, sc, r0, c, warp, word);
     } else {
@@ -985,7 +980,7 @@ __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a
         // snap alone (|y| <= ~fmax here) and need no NaN check afterwards;
         // the slot's four element pairs cost one hash each.
         // Finite y: finite raw elements (probed on the packed words, see
-        // ProbeFinite) and a finite multiplier.
+        // ProbeFinite); the multiplier always is (minifloat::BlockScale).
         uint32_t probe = 0u;
         const uint32_t* words = reinterpret_cast<const uint32_t*>(&raw[u]);
 #pragma unroll
@@ -996,8 +991,8 @@ __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a
         float amin[2] = {INFINITY, INFINITY};
 #pragma unroll
         for (int j = 0; j < 8; ++j) amin[j & 1] = fminf(amin[j & 1], fabsf(y[j]));
-        const bool normal = (probe & kMagnitude) == 0u && inv < INFINITY &&
-                            fminf(amin[0], amin[1]) >= min_normal;
+        const bool normal =
+            (probe & kMagnitude) == 0u && fminf(amin[0], amin[1]) >= min_normal;
         // Element k0 + j; k0 = slot * 8 is even, so pairs are (2p, 2p + 1).
         const uint64_t k0 = static_cast<uint64_t>(slot) * 8;
         if (normal) {
