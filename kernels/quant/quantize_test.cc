@@ -147,13 +147,12 @@ TEST(QuantizeTest, TinyBlocksWithZerosStayFinite) {
       const std::vector<double> back = Dequant(qd, rows, cols, cfg);
       for (int64_t i = 0; i < rows * cols; ++i) {
         ASSERT_TRUE(std::isfinite(back[i])) << "element " << i << " of " << x[i];
-        // The block of element i holds only x[i] and zeros in this data
-        // (one tiny value per row, 37 columns apart), except for the
-        // square blocks; bound by the row's largest value.
+        // Bounded by the largest value of the rows element i's block spans
+        // (all columns: an upper bound of the block's amax).
+        const int64_t block_rows = b == ScaleBlock::k1x128 ? 1 : (b == ScaleBlock::k32x32 ? 32 : 128);
+        const int64_t r0 = (i / cols) / block_rows * block_rows;
         double amax = 0;
-        for (int64_t j = 0; j < cols; ++j) amax = std::max(amax, std::fabs(x[(i / cols) * cols + j]));
-        const int64_t r0 = (i / cols) / 32 * 32;
-        for (int64_t r = r0; b != ScaleBlock::k1x128 && r < std::min(rows, r0 + 128); ++r) {
+        for (int64_t r = r0; r < std::min(rows, r0 + block_rows); ++r) {
           for (int64_t j = 0; j < cols; ++j) amax = std::max(amax, std::fabs(x[r * cols + j]));
         }
         // Plus half the format's smallest step at the smallest scale,
