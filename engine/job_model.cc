@@ -86,6 +86,40 @@ void CrossBranch(const v1::ModelSpec& m, GemLiteConfig& c, Problems& p) {
   if (a.bias()) p.Unsupported("model.cross.attention.bias", "GEM-lite has no learned attention bias");
 }
 
+// model.precision.fp8_attention -> c.fp8.attention, after the sequence and
+// cross branches are known: each named block must exist and take the FP8
+// attention kernel (head dim 128, softmax, no block mask).
+void Fp8Attention(const v1::ModelSpec& m, GemLiteConfig& c, Problems& p) {
+  const v1::PrecisionRecipe& r = m.precision();
+  const std::vector<std::string>& known = Fp8AttentionNames();
+  const int64_t head_dim = c.heads > 0 ? c.dim / c.heads : 0;
+  for (int i = 0; i < r.fp8_attention_size(); ++i) {
+    const std::string& name = r.fp8_attention(i);
+    const std::string field = absl::StrCat("model.precision.fp8_attention[", i, "]");
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      p.Bad(field, absl::StrCat("names no attention block: '", name, "'; one of ", absl::StrJoin(known, ", ")));
+    } else if (c.fp8.HoldsAttention(name)) {
+      p.Bad(field, absl::StrCat("'", name, "' is named twice"));
+    } else if (name == "sequence" && c.seq_layers == 0) {
+      p.Bad(field, "names 'sequence' but the model has no self-attention block (model.sequence.num_layers = 0)");
+    } else if (name == "cross" && !c.cross_attention) {
+      p.Bad(field, "names 'cross' but the model has no cross-attention (model.cross.num_cross_layers = 0)");
+    } else if (name == "pma" && c.pma_queries == 0) {
+      p.Bad(field, "names 'pma' but the model has no PMA (model.cross.pma_queries = 0)");
+    } else if (head_dim != 128) {
+      p.Unsupported(field, absl::StrCat("the FP8 attention kernel takes head dim 128 only; this model's is ",
+                                        head_dim, " (model.dim / num_heads)"));
+    } else if (name == "sequence" && c.seq_activation != attention::Activation::kSoftmax) {
+      p.Unsupported(field, "the FP8 attention kernel is softmax attention; model.sequence.attention.activation "
+                           "is not SOFTMAX");
+    } else if (name == "sequence" && c.seq_mask == attention::Mask::kBlock) {
+      p.Unsupported(field, "the FP8 attention kernel has no BLOCK mask (model.sequence.attention.kind)");
+    } else {
+      c.fp8.attention.push_back(name);
+    }
+  }
+}
+
 // model.precision -> c.fp8, after the dense modules and features are known
 // (a recipe naming a module the model lacks is an error, not a no-op).
 void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfig& c, JobModel& out, Problems& p) {
@@ -120,13 +154,16 @@ void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfi
   if (r.weight_gradient() == v1::PrecisionRecipe::FP8_HADAMARD_STOCHASTIC) {
     p.Unsupported(f + ".weight_gradient", "Hadamard + stochastic rounding in the engine; use BF16 or FP8");
   }
+  Fp8Attention(m, c, p);
   const bool tuned = r.scale_granularity() != v1::PrecisionRecipe::SCALE_GRANULARITY_UNSPECIFIED ||
                      r.weight_gradient() != v1::PrecisionRecipe::WEIGHT_GRADIENT_UNSPECIFIED ||
-                     r.all_gather() != v1::PrecisionRecipe::ALL_GATHER_UNSPECIFIED || r.has_quality_gate();
+                     r.all_gather() != v1::PrecisionRecipe::ALL_GATHER_UNSPECIFIED;
   if (tuned && r.fp8_modules_size() == 0) {
     p.Bad(f + ".fp8_modules",
-          "is empty, so scale_granularity, weight_gradient, all_gather and quality_gate apply to nothing; name "
-          "modules");
+          "is empty, so scale_granularity, weight_gradient and all_gather apply to nothing; name modules");
+  }
+  if (r.has_quality_gate() && r.fp8_modules_size() == 0 && r.fp8_attention_size() == 0) {
+    p.Bad(f + ".quality_gate", "has no low precision to check: fp8_modules and fp8_attention are both empty");
   }
   c.fp8.fp8_weight_gradients = r.weight_gradient() == v1::PrecisionRecipe::FP8;
   c.fp8.fp8_all_gather = r.all_gather() == v1::PrecisionRecipe::ALL_GATHER_FP8;
@@ -415,6 +452,7 @@ std::string JobModel::DebugString() const {
                                " fp8=", absl::StrJoin(config.fp8.modules, ","),
                                " fp8_wgrad=", config.fp8.fp8_weight_gradients,
                                " fp8_all_gather=", config.fp8.fp8_all_gather,
+                               " fp8_attention=", absl::StrJoin(config.fp8.attention, ","),
                                " ne_gate=", quality_gate.max_relative_ne_increase, "/", quality_gate.shadow_steps, "/",
                                quality_gate.eval_samples, " recompute_sequence=",
                                layers::BlockCheckpointName(activation_memory.level), " activation_budget_bytes=",
@@ -502,6 +540,11 @@ absl::Status CheckBuildable(const v1::JobSpec& spec) {
           "spec.model.precision.fp8_modules: FP8 GEMMs need a GPU job (resources.gpus_per_worker = 1); CPU workers "
           "compute in fp32, so leave fp8_modules empty, or set all_gather: ALL_GATHER_FP8 to carry those modules' "
           "weights as FP8 in the FSDP all-gather");
+    }
+    if (precision.fp8_attention_size() > 0) {
+      problems.push_back(
+          "spec.model.precision.fp8_attention: the FP8 attention kernel needs a GPU job (resources.gpus_per_worker "
+          "= 1); CPU workers compute attention in fp32, so leave fp8_attention empty");
     }
     if (precision.has_quality_gate()) {
       problems.push_back(

@@ -171,8 +171,10 @@ TEST(JobModelTest, PrecisionRecipeIsBuiltOrRefusedByField) {
        },
        "spec.model.precision.weight_gradient: not supported yet"},
       {[](v1::PrecisionRecipe& p) { p.set_weight_gradient(v1::PrecisionRecipe::FP8); },
-       "spec.model.precision.fp8_modules is empty, so scale_granularity, weight_gradient, all_gather and "
-       "quality_gate apply to nothing"},
+       "spec.model.precision.fp8_modules is empty, so scale_granularity, weight_gradient and all_gather apply "
+       "to nothing"},
+      {[](v1::PrecisionRecipe& p) { p.mutable_quality_gate()->set_max_relative_ne_increase(0.001); },
+       "spec.model.precision.quality_gate has no low precision to check"},
       {[](v1::PrecisionRecipe& p) {
          p.add_fp8_modules("towers");
          p.mutable_quality_gate()->set_shadow_steps(10);
@@ -204,6 +206,88 @@ TEST(JobModelTest, PrecisionRecipeIsBuiltOrRefusedByField) {
   // recipe's numerics for tests, far too slowly for a job).
   spec.mutable_resources()->set_gpus_per_worker(0);
   EXPECT_NE(CheckBuildable(spec).message().find("spec.model.precision.fp8_modules: FP8 GEMMs need a GPU job"),
+            std::string::npos)
+      << CheckBuildable(spec);
+}
+
+// model.precision.fp8_attention: the named attention blocks' forward runs
+// the FP8 kernel on a GPU job with head dim 128; anything the kernel cannot
+// take is refused by field.
+TEST(JobModelTest, Fp8AttentionIsBuiltOrRefusedByField) {
+  std::string text = kSynthSpec;
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"dim: 8 }", "dim: 128 }"}, {"model_dim: 8 num_heads: 2", "model_dim: 128 num_heads: 1"},
+           {"pma_queries: 2 num_heads: 2", "pma_queries: 2 num_heads: 1"}}) {
+    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+      text.replace(at, from.size(), to);
+    }
+  }
+  v1::JobSpec spec = Spec(text);
+  spec.mutable_resources()->set_gpus_per_worker(1);
+  v1::PrecisionRecipe* r = spec.mutable_model()->mutable_precision();
+  r->add_fp8_attention("sequence");
+  r->add_fp8_attention("pma");
+  r->mutable_quality_gate()->set_max_relative_ne_increase(0.01);  // Attention alone is enough to gate.
+  absl::StatusOr<JobModel> m = BuildJobModel(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config.fp8.attention, (std::vector<std::string>{"sequence", "pma"}));
+  EXPECT_TRUE(m->config.fp8.modules.empty());
+  EXPECT_FALSE(m->config.fp8.empty());
+  EXPECT_EQ(SequenceAttentionOptions(m->config).forward_precision, attention::ForwardPrecision::kFp8E4M3);
+  EXPECT_EQ(m->config.fp8.AttentionPrecision("pma"), attention::ForwardPrecision::kFp8E4M3);
+  EXPECT_EQ(m->config.fp8.AttentionPrecision("cross"), attention::ForwardPrecision::kBf16);
+  EXPECT_FALSE(m->config.fp8.Holds("seq0.q"));  // The projections keep their precision.
+  EXPECT_TRUE(CheckBuildable(spec).ok()) << CheckBuildable(spec);
+  EXPECT_NE(m->DebugString().find("fp8_attention=sequence,pma"), std::string::npos) << m->DebugString();
+
+  struct Case {
+    std::function<void(v1::ModelSpec&)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::ModelSpec& s) { s.mutable_precision()->add_fp8_attention("seq"); },
+       "spec.model.precision.fp8_attention[0] names no attention block: 'seq'; one of sequence, cross, pma"},
+      {[](v1::ModelSpec& s) {
+         s.mutable_precision()->add_fp8_attention("cross");
+         s.mutable_precision()->add_fp8_attention("cross");
+       },
+       "spec.model.precision.fp8_attention[1] 'cross' is named twice"},
+      {[](v1::ModelSpec& s) {
+         s.mutable_cross()->set_pma_queries(0);
+         s.mutable_precision()->add_fp8_attention("pma");
+       },
+       "spec.model.precision.fp8_attention[0] names 'pma' but the model has no PMA"},
+      {[](v1::ModelSpec& s) {
+         s.mutable_sequence()->set_num_heads(2);
+         s.mutable_cross()->set_num_heads(2);
+         s.mutable_precision()->add_fp8_attention("sequence");
+       },
+       "spec.model.precision.fp8_attention[0]: not supported yet (the FP8 attention kernel takes head dim 128 "
+       "only; this model's is 64"},
+      {[](v1::ModelSpec& s) {
+         s.mutable_sequence()->mutable_attention()->set_activation(v1::AttentionSpec::SILU);
+         s.mutable_precision()->add_fp8_attention("sequence");
+       },
+       "spec.model.precision.fp8_attention[0]: not supported yet (the FP8 attention kernel is softmax attention"},
+      {[](v1::ModelSpec& s) {
+         s.mutable_sequence()->mutable_attention()->set_kind(v1::AttentionSpec::BLOCK);
+         s.mutable_precision()->add_fp8_attention("sequence");
+       },
+       "spec.model.precision.fp8_attention[0]: not supported yet (the FP8 attention kernel has no BLOCK mask"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec bad = Spec(text);
+    bad.mutable_resources()->set_gpus_per_worker(1);
+    c.change(*bad.mutable_model());
+    const absl::Status st = BuildJobModel(bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_NE(st.message().find(c.message), std::string::npos) << st.message();
+  }
+  // A CPU job computes attention in fp32: refused at submit.
+  spec.mutable_resources()->set_gpus_per_worker(0);
+  spec.mutable_model()->mutable_precision()->clear_quality_gate();
+  EXPECT_NE(CheckBuildable(spec).message().find(
+                "spec.model.precision.fp8_attention: the FP8 attention kernel needs a GPU job"),
             std::string::npos)
       << CheckBuildable(spec);
 }

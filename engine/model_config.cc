@@ -24,6 +24,15 @@ const std::vector<std::string>& Fp8ModuleNames() {
   return *names;
 }
 
+const std::vector<std::string>& Fp8AttentionNames() {
+  static const std::vector<std::string>* names = new std::vector<std::string>{"sequence", "cross", "pma"};
+  return *names;
+}
+
+bool Fp8Recipe::HoldsAttention(const std::string& block) const {
+  return std::find(attention.begin(), attention.end(), block) != attention.end();
+}
+
 bool Fp8Recipe::Holds(const std::string& linear) const {
   // Linear names as engine/model.cc and engine/layers/ give them.
   const bool expert = absl::StartsWith(linear, "moe.expert");
@@ -75,6 +84,13 @@ absl::Status GemLiteConfig::Validate() const {
                                                      "'; one of ", absl::StrJoin(known, ", ")));
     }
   }
+  for (const std::string& b : fp8.attention) {
+    const std::vector<std::string>& known = Fp8AttentionNames();
+    if (std::find(known.begin(), known.end(), b) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.fp8.attention: unknown block '", b, "'; one of ",
+                                                     absl::StrJoin(known, ", ")));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -102,6 +118,7 @@ attention::AttentionOptions SequenceAttentionOptions(const GemLiteConfig& config
   o.window = config.seq_window;
   o.rope = config.rope;
   o.qk_norm = config.qk_norm;
+  o.forward_precision = config.fp8.AttentionPrecision("sequence");
   return o;
 }
 

@@ -36,8 +36,19 @@ struct Fp8Recipe {
   // The FSDP all-gather carries these modules' weights (".w") as FP8 with
   // their scales (worker/dist/fp8_all_gather.h); master weights stay fp32.
   bool fp8_all_gather = false;
+  // PrecisionRecipe.fp8_attention names: "sequence", "cross", "pma". Their
+  // attention forward runs the FP8 E4M3 kernel
+  // (attention::ForwardPrecision::kFp8E4M3); the backward stays bf16.
+  std::vector<std::string> attention;
 
-  bool empty() const { return modules.empty(); }
+  bool empty() const { return modules.empty() && attention.empty(); }
+  // Whether the attention block `block` ("sequence", "cross", "pma") runs
+  // its attention forward in FP8.
+  bool HoldsAttention(const std::string& block) const;
+  // The attention forward precision of `block`.
+  attention::ForwardPrecision AttentionPrecision(const std::string& block) const {
+    return HoldsAttention(block) ? attention::ForwardPrecision::kFp8E4M3 : attention::ForwardPrecision::kBf16;
+  }
   // Whether the linear layer named `linear` (its parameter name without
   // ".w": "dcn0", "moe.expert3.l1", "ctr.l1") belongs to a named module.
   bool Holds(const std::string& linear) const;
@@ -47,6 +58,8 @@ struct Fp8Recipe {
 
 // The module names Fp8Recipe::modules accepts, in the model's forward order.
 const std::vector<std::string>& Fp8ModuleNames();
+// The block names Fp8Recipe::attention accepts, in the model's forward order.
+const std::vector<std::string>& Fp8AttentionNames();
 
 struct GemLiteConfig {
   // Width of every embedding and token; a multiple of `heads`.

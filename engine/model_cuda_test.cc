@@ -84,6 +84,13 @@ Difference Compare(const TensorView& cpu, const TensorView& gpu) {
   return d;
 }
 
+// An fp32 CUDA tensor's values on the host.
+std::vector<float> HostCopy(const TensorView& t) {
+  std::vector<float> host(t.numel());
+  EXPECT_EQ(cudaMemcpy(host.data(), t.data, t.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
 void ExpectSameTraining(const GemLiteConfig& config, const MovieLensCtr& data,
                         bool graphs = false) {
   auto cpu = Make(config, data.schema(), Device::kCpu, false);
@@ -319,6 +326,29 @@ TEST(GemLiteCudaTest, Bf16EvalNeWithinPointOnePercentOfFp32) {
   EXPECT_LE(std::abs(rel), 1e-3);
 }
 
+// Trains `c` in bf16 on CUDA for the eval-NE setup's steps (batches in
+// `order`) and returns the CTR head's eval NE: NaN, with a failure naming
+// `what` and the step, when a loss is not finite or a call fails.
+double EvalNeAfterTraining(const GemLiteConfig& c, const MovieLensCtr& data, const EvalNeSetup& setup,
+                           absl::Span<const int64_t> order, const std::string& what) {
+  auto m = Make(c, data.schema(), Device::kCuda, /*bf16=*/true);
+  if (!m) return std::nan("");
+  absl::StatusOr<std::vector<double>> losses = TrainSteps(*m, data, setup.steps, setup.batch, true, order);
+  if (!losses.ok()) {
+    ADD_FAILURE() << what << ": " << losses.status();
+    return std::nan("");
+  }
+  for (size_t s = 0; s < losses->size(); ++s) {
+    if (!std::isfinite((*losses)[s])) {
+      ADD_FAILURE() << what << ": non-finite loss at step " << s;
+      return std::nan("");
+    }
+  }
+  const BinaryMetrics e = Evaluate(*m, data);
+  EXPECT_LT(e.normalized_entropy, setup.learned_ne) << what;
+  return e.normalized_entropy;
+}
+
 // Issue #20: the FP8 recipe (ne_probe's default modules: here dcn0/dcn1
 // [896, 896] and the experts' l1 [48, 896] run FP8, the rest bf16) trains
 // the eval-NE setup for 1,000 steps without a non-finite loss and ends near
@@ -339,21 +369,85 @@ TEST(GemLiteCudaTest, Fp8RecipeTrainsWithoutDivergenceNearBf16) {
     for (int fp8 = 0; fp8 < 2; ++fp8) {
       GemLiteConfig c = EvalNeConfig(seed, setup.learning_rate);
       if (fp8 == 1) c.fp8.modules = {"dense_proj", "dcn", "moe.experts", "towers"};
-      auto m = Make(c, data.schema(), Device::kCuda, /*bf16=*/true);
-      ASSERT_TRUE(m);
-      absl::StatusOr<std::vector<double>> losses =
-          TrainSteps(*m, data, setup.steps, setup.batch, true, order);
-      ASSERT_TRUE(losses.ok()) << losses.status();
-      for (size_t s = 0; s < losses->size(); ++s) {
-        ASSERT_TRUE(std::isfinite((*losses)[s])) << (fp8 ? "fp8" : "bf16") << " seed " << seed
-                                                 << " step " << s;
-      }
-      const BinaryMetrics e = Evaluate(*m, data);
-      ne[fp8] = e.normalized_entropy;
-      EXPECT_LT(e.normalized_entropy, setup.learned_ne) << (fp8 ? "fp8" : "bf16") << " seed " << seed;
+      ne[fp8] = EvalNeAfterTraining(c, data, setup, order,
+                                    absl::StrCat(fp8 ? "fp8" : "bf16", " seed ", seed));
     }
     std::printf("seed %d: eval NE bf16 %.5f, fp8 %.5f (%+.3f%%)\n", static_cast<int>(seed), ne[0],
                 ne[1], 100 * (ne[1] - ne[0]) / ne[0]);
+    EXPECT_LE(std::abs(ne[1] - ne[0]) / ne[0], 0.03) << "seed " << seed;
+  }
+}
+
+// Issue #20 item 5: the recipe's fp8_attention runs the attention forward of
+// the self-attention blocks, the cross-attention and PMA on the FP8 kernel
+// (head dim 128: one head of the eval-NE model's 128), the backward in bf16.
+// One step from the same parameters: the loss and every dense gradient stay
+// near bf16's (the forward's output is ~5% off the exact one relative to
+// its norm, bf16's ~0.2%), and the attention blocks' gradients differ from
+// bf16's (the FP8 kernel ran). Then 1,000 steps of the eval-NE setup per
+// seed without a non-finite loss, ending within 3% of bf16's eval NE: a
+// diverged or collapsed run, not a 0.1% gap (ne_probe --precision fp8a
+// measures that over many seeds).
+TEST(GemLiteCudaTest, Fp8AttentionForwardTrainsNearBf16) {
+  const EvalNeSetup setup;
+  const MovieLensCtr data = EvalNeData(setup.users);
+  auto config = [&](uint64_t seed, bool fp8) {
+    GemLiteConfig c = EvalNeConfig(seed, setup.learning_rate);
+    c.heads = 1;
+    c.cross_attention = true;
+    if (fp8) c.fp8.attention = {"sequence", "cross", "pma"};
+    return c;
+  };
+  {
+    auto bf16 = Make(config(1, false), data.schema(), Device::kCuda, /*bf16=*/true);
+    auto fp8 = Make(config(1, true), data.schema(), Device::kCuda, /*bf16=*/true);
+    ASSERT_TRUE(bf16 && fp8);
+    const Batch batch = CyclicTrainBatch(data, 0, setup.batch);
+    absl::StatusOr<StepResult> r16 = bf16->ForwardBackward(batch);
+    absl::StatusOr<StepResult> r8 = fp8->ForwardBackward(batch);
+    ASSERT_TRUE(r16.ok()) << r16.status();
+    ASSERT_TRUE(r8.ok()) << r8.status();
+    std::printf("one step: CTR loss bf16 %.6f, fp8 attention %.6f\n", r16->ctr_loss, r8->ctr_loss);
+    ASSERT_TRUE(std::isfinite(r8->ctr_loss));
+    EXPECT_LE(std::abs(r8->ctr_loss - r16->ctr_loss), 0.01 * r16->ctr_loss);
+    int attention_differs = 0;
+    double worst = 0;
+    std::string worst_name;
+    for (const std::string& name : bf16->DenseParameterNames()) {
+      const std::vector<float> g16 = HostCopy(bf16->DenseGradient(name)),
+                               g8 = HostCopy(fp8->DenseGradient(name));
+      ASSERT_EQ(g16.size(), g8.size()) << name;
+      double diff = 0, ref = 0;
+      for (size_t i = 0; i < g16.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(g8[i])) << name << "[" << i << "]";
+        diff += (double(g8[i]) - g16[i]) * (double(g8[i]) - g16[i]);
+        ref += double(g16[i]) * g16[i];
+      }
+      const double rel = std::sqrt(diff / std::max(ref, 1e-30));
+      if (ref > 0 && rel > worst) {
+        worst = rel;
+        worst_name = name;
+      }
+      const bool in_attention = name.rfind("seq0.", 0) == 0 || name.rfind("cross.", 0) == 0 ||
+                                name.rfind("pma.", 0) == 0;
+      if (in_attention && diff > 0) ++attention_differs;
+    }
+    std::printf("one step: largest relative gradient difference (L2) to bf16 %.4f (%s); %d attention "
+                "parameters differ\n",
+                worst, worst_name.c_str(), attention_differs);
+    EXPECT_LE(worst, 0.25) << worst_name;
+    EXPECT_GT(attention_differs, 0);
+  }
+  const std::vector<int64_t> order =
+      setup.shuffled ? ShuffledOrder(data, setup.order_seed) : std::vector<int64_t>();
+  for (uint64_t seed = 1; seed <= 2; ++seed) {
+    double ne[2];
+    for (int fp8 = 0; fp8 < 2; ++fp8) {
+      ne[fp8] = EvalNeAfterTraining(config(seed, fp8 == 1), data, setup, order,
+                                    absl::StrCat(fp8 ? "fp8 attention" : "bf16", " seed ", seed));
+    }
+    std::printf("seed %d: eval NE bf16 %.5f, fp8 attention %.5f (%+.3f%%)\n", static_cast<int>(seed),
+                ne[0], ne[1], 100 * (ne[1] - ne[0]) / ne[0]);
     EXPECT_LE(std::abs(ne[1] - ne[0]) / ne[0], 0.03) << "seed " << seed;
   }
 }

@@ -12,7 +12,11 @@ namespace recfleet::engine::layers {
 namespace {
 
 // Cross-attention and PMA: softmax over the whole history, no positions.
-attention::AttentionOptions PoolingOptions() { return attention::AttentionOptions(); }
+attention::AttentionOptions PoolingOptions(attention::ForwardPrecision forward_precision) {
+  attention::AttentionOptions o;
+  o.forward_precision = forward_precision;
+  return o;
+}
 
 }  // namespace
 
@@ -34,7 +38,17 @@ JaggedAttention::JaggedAttention(const LayerContext& ctx, int64_t heads,
     : ctx_(ctx), heads_(heads), options_(options) {}
 
 bool JaggedAttention::Bf16(int64_t head_dim) const {
-  return ctx_.bf16_attention && (head_dim == 64 || head_dim == 128);
+  return (ctx_.bf16_attention || Fp8()) && (head_dim == 64 || head_dim == 128);
+}
+
+bool JaggedAttention::Fp8() const {
+  return options_.forward_precision == attention::ForwardPrecision::kFp8E4M3;
+}
+
+attention::AttentionOptions JaggedAttention::BackwardOptions() const {
+  attention::AttentionOptions o = options_;
+  o.forward_precision = attention::ForwardPrecision::kBf16;
+  return o;
 }
 
 bool JaggedAttention::Bf16Flow(const TensorView& x, int64_t dim) const {
@@ -71,6 +85,11 @@ absl::Status JaggedAttention::Forward(const JaggedView& q, const JaggedView& k,
   const int64_t rows = q.values.dim(0), dim = q.values.dim(1), dh = dim / heads_;
   // bf16 q, k, v (from bf16-output projections) go to the bf16 kernels as
   // they are, and the output stays bf16.
+  if (Fp8() && (q.values.device != Device::kCuda || dh != 128)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JaggedAttention: the FP8 attention forward needs CUDA tensors with head dim 128; got q ",
+                     q.values.DebugString(), " with ", heads_, " heads"));
+  }
   const bool bf16_in = q.values.dtype == DType::kBFloat16;
   if (bf16_in && (!Bf16(dh) || k.values.dtype != DType::kBFloat16 || v.dtype != DType::kBFloat16)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -162,7 +181,7 @@ absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView
     // fp32 throughout, or bf16 throughout (d_out and the gradients in the
     // dtypes of out and q, k, v).
     in.qk_writable = qk_writable;
-    return attention::AttentionBackward(in, options_, Reshaped(out_, {rows, heads_, dh}), lse,
+    return attention::AttentionBackward(in, BackwardOptions(), Reshaped(out_, {rows, heads_, dh}), lse,
                                         Reshaped(d_out, {rows, heads_, dh}), g);
   }
   RECFLEET_RETURN_IF_ERROR(ToBf16(ctx_, Reshaped(d_out, {rows, heads_, dh}), &do16_));
@@ -178,7 +197,7 @@ absl::Status JaggedAttention::Backward(const TensorView& d_out, const TensorView
   g16.dk = dk16_.view();
   g16.dv = dv16_.view();
   RECFLEET_RETURN_IF_ERROR(
-      attention::AttentionBackward(in, options_, out16_.view(), lse, do16_.view(), g16));
+      attention::AttentionBackward(in, BackwardOptions(), out16_.view(), lse, do16_.view(), g16));
   RECFLEET_RETURN_IF_ERROR(ops::Convert(dq16_.view(), g.dq));
   RECFLEET_RETURN_IF_ERROR(ops::Convert(dk16_.view(), g.dk));
   RECFLEET_RETURN_IF_ERROR(ops::Convert(dv16_.view(), g.dv));
@@ -438,14 +457,14 @@ absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView
 // ---- CrossAttention ----------------------------------------------------------
 
 CrossAttention::CrossAttention(const LayerContext& ctx, const std::string& name, int64_t dim,
-                               int64_t heads)
+                               int64_t heads, attention::ForwardPrecision forward_precision)
     : ctx_(ctx),
       dim_(dim),
       q_(ctx, name + ".q", dim, dim, false),
       k_(ctx, name + ".k", dim, dim, false),
       v_(ctx, name + ".v", dim, dim, false),
       o_(ctx, name + ".o", dim, dim, true),
-      attention_(ctx, heads, PoolingOptions()) {}
+      attention_(ctx, heads, PoolingOptions(forward_precision)) {}
 
 absl::Status CrossAttention::Forward(const JaggedView& tokens, const JaggedView& history,
                                      Tensor* y) {
@@ -484,7 +503,7 @@ absl::Status CrossAttention::Backward(const TensorView& dy, const TensorView& dt
 // ---- Pma -------------------------------------------------------------------------
 
 Pma::Pma(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
-         int64_t queries)
+         int64_t queries, attention::ForwardPrecision forward_precision)
     : ctx_(ctx),
       dim_(dim),
       num_queries_(queries),
@@ -492,7 +511,7 @@ Pma::Pma(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t 
       k_(ctx, name + ".k", dim, dim, false),
       v_(ctx, name + ".v", dim, dim, false),
       o_(ctx, name + ".o", dim, dim, true),
-      attention_(ctx, heads, PoolingOptions()) {}
+      attention_(ctx, heads, PoolingOptions(forward_precision)) {}
 
 absl::Status Pma::Forward(const JaggedView& history, Tensor* y) {
   const int64_t batch = history.batch_size(), rows = batch * num_queries_;

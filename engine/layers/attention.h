@@ -64,9 +64,14 @@ class JaggedAttention {
   int64_t SavedBytes() const;
   int64_t StatisticsBytes() const;
 
-  // Whether calls run on the bf16 kernels: ctx.bf16_attention and a head
-  // dim they support (64 or 128); other head dims stay in fp32.
+  // Whether calls run on the bf16 kernels: ctx.bf16_attention (or an FP8
+  // forward, whose backward is bf16) and a head dim they support (64 or
+  // 128); other head dims stay in fp32.
   bool Bf16(int64_t head_dim) const;
+  // Whether the forward runs the FP8 kernel (options.forward_precision);
+  // the backward then runs the bf16 one on the bf16 q, k, v and the FP8
+  // forward's output and statistics.
+  bool Fp8() const;
   // Whether a layer built on this attention keeps its inner activations and
   // their gradients in bf16 (the "bf16 flow"): CUDA, the bf16 kernels for
   // this head dim, and an all-bf16 linear recipe, so that the projections
@@ -76,6 +81,8 @@ class JaggedAttention {
 
  private:
   attention::AttentionInputs Inputs() const;
+  // options_ with a bf16 forward precision (the backward has no FP8 kernel).
+  attention::AttentionOptions BackwardOptions() const;
 
   LayerContext ctx_;
   int64_t heads_;
@@ -203,7 +210,10 @@ class SelfAttentionBlock {
 
 class CrossAttention {
  public:
-  CrossAttention(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads);
+  // `forward_precision`: the attention forward's (kFp8E4M3: the FP8
+  // kernel, head dim 128; the backward stays bf16).
+  CrossAttention(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
+                 attention::ForwardPrecision forward_precision = attention::ForwardPrecision::kBf16);
 
   // tokens [T, dim] and history [L, dim] share the batch size; every token
   // of sample b sees all of b's history (softmax, no positions). With the
@@ -228,8 +238,10 @@ class CrossAttention {
 class Pma {
  public:
   // Registers `name`.queries [queries, dim] (N(0, 1)) and the projections.
+  // `forward_precision` as CrossAttention's.
   Pma(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
-      int64_t queries);
+      int64_t queries,
+      attention::ForwardPrecision forward_precision = attention::ForwardPrecision::kBf16);
 
   // With the bf16 flow as CrossAttention's; y is of the model's dtype.
   absl::Status Forward(const JaggedView& history, Tensor* y);

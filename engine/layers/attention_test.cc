@@ -102,6 +102,20 @@ TEST(CrossAttentionTest, BackwardMatchesFiniteDifferences) {
   for (size_t i = 0; i < once.size(); ++i) EXPECT_NEAR(dh.data<double>()[i], 2 * once[i], 1e-12);
 }
 
+// The FP8 attention forward runs on CUDA only: a CPU layer asked for it
+// fails its forward, saying why, instead of computing in fp64.
+TEST(CrossAttentionTest, Fp8ForwardOnTheCpuIsRefused) {
+  ParameterRegistry registry(DType::kFloat64, 1);
+  CrossAttention cross(Fp64Context(&registry), "cross", 128, 1, attention::ForwardPrecision::kFp8E4M3);
+  Randomize(registry, 20);
+  std::vector<int64_t> token_off = {0, 1}, hist_off = {0, 2};
+  Tensor t = RandomTensor({1, 128}, 1), h = RandomTensor({2, 128}, 2), y;
+  const absl::Status s = cross.Forward({t.view(), Offsets(token_off)}, {h.view(), Offsets(hist_off)}, &y);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("the FP8 attention forward needs CUDA tensors with head dim 128"));
+}
+
 TEST(PmaTest, OneEventPerSampleIgnoresTheQueries) {
   ParameterRegistry registry(DType::kFloat64, 1);
   Pma pma(Fp64Context(&registry), "pma", 4, 2, 3);

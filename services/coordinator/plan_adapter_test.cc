@@ -378,6 +378,31 @@ TEST(PlanAdapterTest, PrecisionRecipeIsPlannedAndShown) {
       << request->precision.recipe;
 }
 
+// FP8 attention is shown with the recipe (alone, or after the FP8 modules);
+// the planner keeps the attention at bf16's time (its FP8 forward with the
+// quantize pre-pass is not faster).
+TEST(PlanAdapterTest, Fp8AttentionIsShownWithTheRecipe) {
+  auto spec = ValidSpec(1);
+  spec.mutable_resources()->set_gpus_per_worker(1);
+  auto* recipe = spec.mutable_model()->mutable_precision();
+  recipe->add_fp8_attention("sequence");
+  recipe->add_fp8_attention("pma");
+  recipe->mutable_quality_gate()->set_max_relative_ne_increase(0.01);
+  auto request = PlanRequestFromSpec(spec);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_TRUE(request->precision.fp8_modules.empty());
+  EXPECT_EQ(request->precision.recipe,
+            "FP8 (E4M3) attention forward in sequence, pma, its backward bf16; quality gate: eval NE within +1% "
+            "of bf16 on a 200-step shadow run");
+  recipe->add_fp8_modules("towers");
+  request = PlanRequestFromSpec(spec);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_NE(
+      request->precision.recipe.find("every other linear layer bf16; FP8 (E4M3) attention forward in sequence, pma"),
+      std::string::npos)
+      << request->precision.recipe;
+}
+
 TEST(PlanAdapterTest, ParallelismHintsConstrainThePlan) {
   Placement p;
   p.ranks_per_worker = 8;

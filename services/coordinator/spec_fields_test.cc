@@ -106,6 +106,16 @@ void GpuJob(JobSpec& s) {
   s.mutable_resources()->set_gpus_per_worker(1);
 }
 
+// A GPU job whose attention blocks have one head of 128 (the FP8 attention
+// kernel's head dim).
+void HeadDim128(JobSpec& s) {
+  GpuJob(s);
+  for (auto& t : *M(s).mutable_tables()) t.set_dim(128);
+  M(s).mutable_sequence()->set_model_dim(128);
+  M(s).mutable_sequence()->set_num_heads(1);
+  M(s).mutable_cross()->set_num_heads(1);
+}
+
 const Decision H = Decision::kHonored;
 const Decision R = Decision::kRejected;
 
@@ -251,6 +261,11 @@ const std::map<std::string, Field>& Fields() {
           Fp8(s).mutable_quality_gate()->set_max_relative_ne_increase(0.001);
           Fp8(s).mutable_quality_gate()->set_eval_samples(4096);
         }}},
+      // The FP8 attention kernel takes head dim 128 only.
+      {"model.precision.fp8_attention", {H, [](JobSpec& s) {
+                                           HeadDim128(s);
+                                           Fp8(s).add_fp8_attention("sequence");
+                                         }}},
       {"model.precision.scale_granularity",
        {R,
         [](JobSpec& s) {
@@ -329,6 +344,18 @@ TEST(SpecFieldsTest, EveryFieldHasADecision) {
         << "spec." << path << " has no decision: honor it (and add a change it shows in) or reject it at CreateJob";
   }
   for (const auto& [path, field] : Fields()) EXPECT_TRUE(leaves.count(path) > 0) << path << " is not a JobSpec field";
+}
+
+// fp8_attention's honored change above also widens the model; here it is
+// the only change.
+TEST(SpecFieldsTest, Fp8AttentionAloneChangesWhatIsBuilt) {
+  JobSpec spec = Base();
+  HeadDim128(spec);
+  ASSERT_TRUE(Check(spec).ok()) << Check(spec);
+  const std::string without = Built(spec);
+  Fp8(spec).add_fp8_attention("pma");
+  ASSERT_TRUE(Check(spec).ok()) << Check(spec);
+  EXPECT_NE(Built(spec), without);
 }
 
 TEST(SpecFieldsTest, BaseSpecIsAccepted) { ASSERT_TRUE(Check(Base()).ok()) << Check(Base()); }
