@@ -15,8 +15,8 @@
 //
 //   ne_probe [--users N | --movielens DIR] [--seeds 1,2,3] [--steps N]
 //            [--batch B,...] [--lr LR,...] [--order cyclic,shuffled]
-//            [--precision fp32,bf16,fp8,fp8w] [--fp8-modules M,...]
-//            [--repeats R] [--no-prefetch] [--compare-cpu-steps N]
+//            [--precision fp32,bf16,fp8,fp8w,fp8a] [--fp8-modules M,...]
+//            [--fp8-attention B,...] [--heads H] [--repeats R] [--no-prefetch] [--compare-cpu-steps N]
 //            [--trace-nonfinite]
 // Defaults: EvalNeSetup's, fp32 only, one repeat.
 //
@@ -25,7 +25,12 @@
 // fp8w the same with FP8 weight gradients: the low-precision recipe's
 // quality against bf16, on the same batches and initial parameters. A layer
 // with a side that is not a multiple of 16 keeps bf16 (in this model only
-// dcn and the experts' l1 run FP8). --movielens reads a MovieLens-format
+// dcn and the experts' l1 run FP8). fp8a is bf16 with the attention
+// forward of the blocks of --fp8-attention (Fp8AttentionNames; default
+// sequence,pma) on the FP8 attention kernel, every linear layer bf16; that
+// kernel takes head dim 128, so give --heads 1 (this model's dim is 128;
+// --heads applies to every precision of the run, so bf16 is its baseline).
+// --movielens reads a MovieLens-format
 // dataset folder (ReadMovieLens: NAME.inter, optional NAME.user/NAME.item)
 // instead of the synthetic users, e.g. the public ml-100k.
 //
@@ -73,6 +78,8 @@ struct Args {
   std::vector<bool> shuffled;
   std::vector<std::string> precisions = {"fp32"};
   std::vector<std::string> fp8_modules = {"dense_proj", "dcn", "moe.experts", "towers"};
+  std::vector<std::string> fp8_attention = {"sequence", "pma"};
+  int64_t heads = 0;  // 0: EvalNeConfig's.
   std::string movielens;  // Empty: EvalNeData's synthetic users.
   int repeats = 1;
   bool prefetch = true;
@@ -82,7 +89,8 @@ struct Args {
 
 std::unique_ptr<GemLite<float>> Make(GemLiteConfig c, const FeatureSchema& schema,
                                      Device device, const std::string& precision,
-                                     const std::vector<std::string>& fp8_modules = {}) {
+                                     const std::vector<std::string>& fp8_modules = {},
+                                     const std::vector<std::string>& fp8_attention = {}) {
   ExecutionOptions e;
   e.device = device;
   e.bf16 = precision != "fp32";
@@ -90,6 +98,7 @@ std::unique_ptr<GemLite<float>> Make(GemLiteConfig c, const FeatureSchema& schem
     c.fp8.modules = fp8_modules;
     c.fp8.fp8_weight_gradients = precision == "fp8w";
   }
+  if (precision == "fp8a") c.fp8.attention = fp8_attention;
   absl::StatusOr<std::unique_ptr<GemLite<float>>> m =
       GemLite<float>::Create(c, schema, TableStorage::kInternal, e);
   if (!m.ok()) {
@@ -97,6 +106,13 @@ std::unique_ptr<GemLite<float>> Make(GemLiteConfig c, const FeatureSchema& schem
     std::exit(1);
   }
   return *std::move(m);
+}
+
+// EvalNeConfig with --heads.
+GemLiteConfig ProbeConfig(const Args& a, uint64_t seed, double learning_rate) {
+  GemLiteConfig c = EvalNeConfig(seed, learning_rate);
+  if (a.heads > 0) c.heads = a.heads;
+  return c;
 }
 
 std::vector<double> Train(GemLite<float>& m, const MovieLensCtr& data, int steps, int64_t batch,
@@ -116,7 +132,7 @@ double Mean(const std::vector<double>& v, size_t from, size_t to) {
 }
 
 void CompareWithCpu(const Args& a, const MovieLensCtr& data, uint64_t seed) {
-  GemLiteConfig c = EvalNeConfig(seed, a.setup.learning_rate);
+  GemLiteConfig c = ProbeConfig(a, seed, a.setup.learning_rate);
   const GemLiteConfig slow = StepComparisonConfig();
   c.learning_rate = slow.learning_rate;
   c.adagrad_learning_rate = slow.adagrad_learning_rate;
@@ -260,8 +276,8 @@ int Run(const Args& a) {
           for (const std::string& precision : a.precisions) {
             for (int rep = 0; rep < a.repeats; ++rep) {
               const absl::Time start = absl::Now();
-              auto m = Make(EvalNeConfig(seed, lr), data.schema(), Device::kCuda, precision,
-                            a.fp8_modules);
+              auto m = Make(ProbeConfig(a, seed, lr), data.schema(), Device::kCuda, precision,
+                            a.fp8_modules, a.fp8_attention);
               const std::vector<double> losses =
                   Train(*m, data, a.setup.steps, batch, a.prefetch,
                         shuffle ? absl::Span<const int64_t>(shuffled) : absl::Span<const int64_t>());
@@ -282,8 +298,8 @@ int Run(const Args& a) {
                     absl::ToDoubleSeconds(trained - start));
                 std::fflush(stdout);
                 if (a.trace_nonfinite) {
-                  auto again = Make(EvalNeConfig(seed, lr), data.schema(), Device::kCuda, precision,
-                                    a.fp8_modules);
+                  auto again = Make(ProbeConfig(a, seed, lr), data.schema(), Device::kCuda,
+                                    precision, a.fp8_modules, a.fp8_attention);
                   TraceNonfinite(*again, data, static_cast<int>(first_nonfinite), batch,
                                  shuffle ? absl::Span<const int64_t>(shuffled)
                                          : absl::Span<const int64_t>());
@@ -305,7 +321,7 @@ int Run(const Args& a) {
               }
               std::printf(
                   "{\"data\": \"%s\", \"users\": %d, \"batch\": %lld, \"lr\": %g, \"order\": \"%s\", \"steps\": %d, "
-                  "\"epochs\": %.3f, \"seed\": %d, \"precision\": \"%s\", \"repeat\": %d, "
+                  "\"epochs\": %.3f, \"seed\": %d, \"precision\": \"%s\", \"heads\": %lld, \"repeat\": %d, "
                   "\"ne\": %.6f, \"auc\": %.5f, \"loss_first100\": %.5f, \"loss_last100\": %.5f, "
                   "\"max_loss\": %.4f, \"max_loss_step\": %d, \"train_s\": %.2f, "
                   "\"eval_s\": %.2f}\n",
@@ -313,7 +329,8 @@ int Run(const Args& a) {
                   a.movielens.empty() ? a.setup.users : -1, static_cast<long long>(batch), lr,
                   shuffle ? "shuffled" : "cyclic", a.setup.steps,
                   static_cast<double>(a.setup.steps) * batch / data.num_train(),
-                  static_cast<int>(seed), precision.c_str(), rep, e->normalized_entropy,
+                  static_cast<int>(seed), precision.c_str(),
+                  static_cast<long long>(ProbeConfig(a, seed, lr).heads), rep, e->normalized_entropy,
                   e->auc, Mean(losses, 0, std::min<size_t>(100, n)),
                   Mean(losses, n >= 100 ? n - 100 : 0, n), worst, worst_step,
                   absl::ToDoubleSeconds(trained - start), absl::ToDoubleSeconds(absl::Now() - trained));
@@ -345,7 +362,7 @@ bool ParseList(const std::string& text, std::vector<T>& out, F parse) {
 int main(int argc, char** argv) {
   using recfleet::engine::ParseList;
   recfleet::engine::Args a;
-  bool users_given = false, fp8_modules_given = false;
+  bool users_given = false, fp8_modules_given = false, fp8_attention_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
@@ -381,8 +398,17 @@ int main(int argc, char** argv) {
     } else if (arg == "--precision") {
       ok = ParseList(value(), a.precisions, [](absl::string_view s, std::string& v) {
         v = std::string(s);
-        return s == "fp32" || s == "bf16" || s == "fp8" || s == "fp8w";
+        return s == "fp32" || s == "bf16" || s == "fp8" || s == "fp8w" || s == "fp8a";
       });
+    } else if (arg == "--fp8-attention") {
+      fp8_attention_given = true;
+      ok = ParseList(value(), a.fp8_attention, [](absl::string_view s, std::string& v) {
+        v = std::string(s);
+        const std::vector<std::string>& known = recfleet::engine::Fp8AttentionNames();
+        return std::find(known.begin(), known.end(), v) != known.end();
+      });
+    } else if (arg == "--heads") {
+      ok = absl::SimpleAtoi(value(), &a.heads) && a.heads > 0;
     } else if (arg == "--fp8-modules") {
       fp8_modules_given = true;
       ok = ParseList(value(), a.fp8_modules, [](absl::string_view s, std::string& v) {
@@ -406,8 +432,9 @@ int main(int argc, char** argv) {
     if (!ok) {
       std::fprintf(stderr,
                    "bad argument %s (expected --users N, --seeds S,..., --steps N, --batch B,..., "
-                   "--lr LR,..., --order cyclic|shuffled,..., --precision fp32|bf16|fp8|fp8w,..., "
-                   "--fp8-modules M,... (of %s), --movielens DIR, --repeats R, --no-prefetch, "
+                   "--lr LR,..., --order cyclic|shuffled,..., --precision fp32|bf16|fp8|fp8w|fp8a,..., "
+                   "--fp8-modules M,... (of %s), --fp8-attention B,... (of sequence, cross, pma), "
+                   "--heads H, --movielens DIR, --repeats R, --no-prefetch, "
                    "--compare-cpu-steps N, --trace-nonfinite)\n",
                    arg.c_str(), absl::StrJoin(recfleet::engine::Fp8ModuleNames(), ", ").c_str());
       return 2;
@@ -421,6 +448,11 @@ int main(int argc, char** argv) {
                                    [](const std::string& p) { return p == "fp8" || p == "fp8w"; });
   if (fp8_modules_given && !any_fp8) {
     std::fprintf(stderr, "--fp8-modules needs --precision fp8 or fp8w\n");
+    return 2;
+  }
+  if (fp8_attention_given &&
+      std::find(a.precisions.begin(), a.precisions.end(), "fp8a") == a.precisions.end()) {
+    std::fprintf(stderr, "--fp8-attention needs --precision fp8a\n");
     return 2;
   }
   const recfleet::engine::EvalNeSetup& s = a.setup;

@@ -22,11 +22,12 @@
 // the device is out of memory, then bisected (bounded by that many
 // seconds).
 // --fp8 MODULES (comma list, model.precision.fp8_modules of the spec, e.g.
-// "dcn,moe.experts") and --fp8-wgrad bf16|fp8 set the spec's per-layer
+// "dcn,moe.experts"), --fp8-attention BLOCKS (model.precision.fp8_attention,
+// e.g. "sequence,cross,pma") and --fp8-wgrad bf16|fp8 set the spec's per-layer
 // precision recipe before the model is built; --eval-batches N holds the
 // file's last N batches out of training and reports the CTR head's eval NE
 // and AUC on them right after the timed steps (the same steps for every
-// recipe). --ne-baseline (with --fp8 and --eval-batches) then trains the
+// recipe). --ne-baseline (with --fp8 or --fp8-attention, and --eval-batches) then trains the
 // same model without the recipe (bf16) on the same steps' batches from the
 // same initial parameters and reports both NEs side by side with the
 // relative increase and the quality gate's verdict at --ne-tolerance
@@ -53,7 +54,7 @@
 //   engine_bench --job config_a.yaml --batches batches.bin --json out.json
 //                [--steps 20] [--warmup 5] [--profile-steps 3]
 //                [--precision bf16|fp32] [--search-s 60]
-//                [--fp8 MODULES] [--fp8-wgrad bf16|fp8] [--eval-batches N]
+//                [--fp8 MODULES] [--fp8-attention BLOCKS] [--fp8-wgrad bf16|fp8] [--eval-batches N]
 //                [--ne-baseline 1] [--ne-tolerance 0.001]
 //                [--recompute-attention-blocks N] [--cuda-graphs 1]
 //                [--attention-checkpoint none|norm|projections|block[,...]]
@@ -214,7 +215,7 @@ uint64_t DeviceUsedBytes() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string job, batches_path, json, precision = "bf16", fp8, fp8_wgrad = "bf16";
+  std::string job, batches_path, json, precision = "bf16", fp8, fp8_attention, fp8_wgrad = "bf16";
   int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0, recompute_blocks = -1, probe = 0;
   int host_sample_steps = 0, host_sample_us = 50;
   std::string host_sample_out, start_after;
@@ -233,6 +234,8 @@ int main(int argc, char** argv) {
       precision = v;
     } else if (a == "--fp8") {
       fp8 = v;
+    } else if (a == "--fp8-attention") {
+      fp8_attention = v;
     } else if (a == "--fp8-wgrad") {
       fp8_wgrad = v;
     } else if (a == "--eval-batches") {
@@ -283,19 +286,24 @@ int main(int argc, char** argv) {
   }
   if (job.empty() || batches_path.empty()) {
     return Fail("usage: engine_bench --job SPEC.yaml --batches FILE [--json OUT] [--steps N] "
-                "[--warmup N] [--precision bf16|fp32] [--fp8 MODULES] [--fp8-wgrad bf16|fp8] "
+                "[--warmup N] [--precision bf16|fp32] [--fp8 MODULES] [--fp8-attention BLOCKS] [--fp8-wgrad bf16|fp8] "
                 "[--eval-batches N] [--ne-baseline 1] [--ne-tolerance F] [--recompute-attention-blocks N] "
                 "[--cuda-graphs 1] [--host-sample-steps N --host-sample-out FILE [--host-sample-us US]]");
   }
   if (precision != "bf16" && precision != "fp32") return Fail("--precision is bf16 or fp32");
   if (host_sample_steps > 0 && host_sample_out.empty()) return Fail("--host-sample-steps needs --host-sample-out");
   if (fp8_wgrad != "bf16" && fp8_wgrad != "fp8") return Fail("--fp8-wgrad is bf16 or fp8");
-  if (ne_baseline && (fp8.empty() || eval_batches == 0)) return Fail("--ne-baseline needs --fp8 and --eval-batches");
+  if (ne_baseline && ((fp8.empty() && fp8_attention.empty()) || eval_batches == 0)) {
+    return Fail("--ne-baseline needs --fp8 or --fp8-attention, and --eval-batches");
+  }
   absl::StatusOr<recfleet::v1::JobSpec> spec = recfleet::cli::LoadJobSpec(job);
   if (!spec.ok()) return Fail(std::string(spec.status().message()));
   recfleet::v1::PrecisionRecipe* recipe = spec->mutable_model()->mutable_precision();
   for (absl::string_view module : absl::StrSplit(fp8, ',', absl::SkipEmpty())) {
     recipe->add_fp8_modules(std::string(module));
+  }
+  for (absl::string_view block : absl::StrSplit(fp8_attention, ',', absl::SkipEmpty())) {
+    recipe->add_fp8_attention(std::string(block));
   }
   if (fp8_wgrad == "fp8") recipe->set_weight_gradient(recfleet::v1::PrecisionRecipe::FP8);
   absl::StatusOr<recfleet::engine::JobModel> model = recfleet::engine::BuildJobModel(*spec);
@@ -767,8 +775,8 @@ int main(int argc, char** argv) {
   if (ne_baseline) {
     // The recipe's numbers first: the baseline builds a second model
     // (tables included) and may outlast a caller's time limit.
-    std::fprintf(stderr, "recipe %s (wgrad %s): %.1f samples/s, eval %s; training the bf16 baseline\n", fp8.c_str(),
-                 fp8_wgrad.c_str(), total_samples / (total_ms / 1e3), eval.c_str());
+    std::fprintf(stderr, "recipe %s, attention %s (wgrad %s): %.1f samples/s, eval %s; training the bf16 baseline\n",
+                 fp8.c_str(), fp8_attention.c_str(), fp8_wgrad.c_str(), total_samples / (total_ms / 1e3), eval.c_str());
     std::fflush(stderr);
     recfleet::engine::ExecutionOptions plain = exec;
     plain.defer_loss_readback = false;
@@ -804,7 +812,8 @@ int main(int argc, char** argv) {
       "\"phases\": %s, \"gpu_idle\": %s, \"gpu_idle_cold\": %s, "
       "\"host_ms_per_step\": {\"forward_backward\": %.3f, \"prefetch\": %.3f, \"update\": %.3f, "
       "\"loss_wait\": %.3f}, "
-      "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_wgrad\": \"%s\", \"eval\": %s, "
+      "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_attention\": \"%s\", \"fp8_wgrad\": \"%s\", "
+      "\"eval\": %s, "
       "\"ne_gate\": %s, \"recompute_attention_blocks\": %d, \"recomputed_flops_per_step\": %.6g, "
       "\"attention_checkpoint\": \"%s\", \"fp8_saved\": %s, \"regions\": %s, \"memory\": %s, "
       "\"cuda_graphs\": %s, \"cuda_graph_replays\": %lld, \"host_sample\": %s}",
@@ -814,7 +823,7 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(mem->reserved), static_cast<unsigned long long>(device_used),
       last_loss, phases, gpu_idle, gpu_idle_cold,
       host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
-      static_cast<long long>(largest), fp8, fp8_wgrad, eval, ne_gate, recompute_blocks,
+      static_cast<long long>(largest), fp8, fp8_attention, fp8_wgrad, eval, ne_gate, recompute_blocks,
       recomputed_flops, attention_checkpoint, fp8_saved ? "true" : "false", regions, memory,
       cuda_graphs ? "true" : "false", static_cast<long long>(m.cuda_graph_replays()), host_sample);
   // GCC does not check absl::StrFormat's arguments at compile time: a
