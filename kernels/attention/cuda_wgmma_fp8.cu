@@ -47,6 +47,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "kernels/attention/cuda_wgmma.cuh"
@@ -222,6 +224,181 @@ __global__ void TransposeVKernel(const bf16* v, int64_t rows, int cols, const fl
       make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// ---- Quantize pre-pass, one launch after the amax (QuantizeAllKernel). ----
+// 1 / s for a power of two s in [2^-126, 2^126], exactly, by the exponent.
+__device__ __forceinline__ float InversePow2(float s) {
+  return __uint_as_float(0x7f000000u - __float_as_uint(s));
+}
+
+// k_scale[c] = Fp8Scale(k amax[c]) and v_scale[c] = Fp8Scale(v amax[c]).
+__global__ void ScalesBothKernel(const uint32_t* amax, int cols, float* k_scale, float* v_scale) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < cols) {
+    k_scale[i] = Fp8Scale(__uint_as_float(amax[i]));
+  } else if (i < 2 * cols) {
+    v_scale[i - cols] = Fp8Scale(__uint_as_float(amax[i]));
+  }
+}
+
+// The blocks of QuantizeAllKernel (256 threads each), in launch order: V^T
+// (128 keys x one head's 128 channels a block), then K (8192 elements), then
+// Q (64 (row, head) pairs).
+struct QuantizeBlocks {
+  int64_t vt, k, q;
+  int64_t vt_key_blocks;
+  static constexpr int kKElems = 8192;
+  static constexpr int kQRowHeads = 64;
+  QuantizeBlocks(int64_t q_rows, int64_t kv_rows, int heads, int64_t vt_cols)
+      : vt_key_blocks((vt_cols + 127) / 128) {
+    vt = vt_key_blocks * heads;
+    k = (kv_rows * heads * 128 + kKElems - 1) / kKElems;
+    q = (q_rows * heads + kQRowHeads - 1) / kQRowHeads;
+  }
+};
+
+// 4 x 4 byte transpose: out[c] holds byte c of in[0..3], in order.
+__device__ __forceinline__ void Transpose4x4(const uint32_t (&in)[4], uint32_t (&out)[4]) {
+  const uint32_t a = __byte_perm(in[0], in[1], 0x5140), b = __byte_perm(in[2], in[3], 0x5140);
+  const uint32_t c = __byte_perm(in[0], in[1], 0x7362), d = __byte_perm(in[2], in[3], 0x7362);
+  out[0] = __byte_perm(a, b, 0x5410);
+  out[1] = __byte_perm(a, b, 0x7632);
+  out[2] = __byte_perm(c, d, 0x5410);
+  out[3] = __byte_perm(c, d, 0x7632);
+}
+
+// Q, K and V^T in one launch (the scales from ScalesBothKernel), every
+// thread with several 16-byte loads in flight:
+//   V^T: warp w of a block takes channels 16 w .. 16 w + 15 of the block's
+//     head and its 128 keys; lane t + 4 h + 8 b loads the four keys that
+//     slots 4 t .. 4 t + 3 of half h of 32-key block b hold (KeyOfSlot:
+//     2 t, 2 t + 1, 8 + 2 t, 9 + 2 t), transposes the bytes in registers and
+//     stores one word per channel, a warp 128 contiguous bytes of a V^T row.
+//   K: four 8-element chunks a thread, 256 apart.
+//   Q: a half warp per (row, head), four of them 16 apart; the scale from
+//     the half warp's maximum.
+__global__ void __launch_bounds__(256) QuantizeAllKernel(
+    const bf16* q, const bf16* k, const bf16* v, int64_t q_rows, int64_t kv_rows, int heads,
+    QuantizeBlocks blocks, const float* k_scale, const float* v_scale, uint8_t* q8, uint8_t* k8,
+    uint8_t* vt8, float* q_scale, int64_t vt_cols) {
+  const int64_t cols = static_cast<int64_t>(heads) * 128;
+  int64_t b = blockIdx.x;
+  if (b < blocks.vt) {
+    const int head = static_cast<int>(b % heads);
+    const int64_t key0 = (b / heads) * 128;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int t = lane & 3, half = (lane >> 2) & 1, blk = lane >> 3;
+    const int64_t col = key0 + 32 * blk + 16 * half + 4 * t;  // the thread's first slot
+    const int c0 = head * 128 + 16 * warp;
+    uint4 raw[4][2];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t key = key0 + 32 * blk + 16 * half + 2 * t + (u & 1) + 8 * (u >> 1);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        raw[u][j] = key < kv_rows
+                        ? *reinterpret_cast<const uint4*>(v + key * cols + c0 + 8 * j)
+                        : make_uint4(0, 0, 0, 0);
+      }
+    }
+    float inv[16];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 s = reinterpret_cast<const float4*>(v_scale + c0)[j];
+      inv[4 * j] = InversePow2(s.x);
+      inv[4 * j + 1] = InversePow2(s.y);
+      inv[4 * j + 2] = InversePow2(s.z);
+      inv[4 * j + 3] = InversePow2(s.w);
+    }
+    uint32_t w[4][4];  // [channel group of 4][key u]
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float f[8];
+        Bf16x8(raw[u][j], f);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          const int c = 8 * j + 4 * g;
+          w[2 * j + g][u] = E4m3x2(f[4 * g] * inv[c], f[4 * g + 1] * inv[c + 1]) |
+                            (E4m3x2(f[4 * g + 2] * inv[c + 2], f[4 * g + 3] * inv[c + 3]) << 16);
+        }
+      }
+    }
+    if (col >= vt_cols) return;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      uint32_t o[4];
+      Transpose4x4(w[g], o);
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        *reinterpret_cast<uint32_t*>(vt8 + (c0 + 4 * g + cc) * vt_cols + col) = o[cc];
+      }
+    }
+    return;
+  }
+  b -= blocks.vt;
+  if (b < blocks.k) {
+    const int64_t n8 = kv_rows * cols / 8;
+    const int64_t i0 = b * (QuantizeBlocks::kKElems / 8) + threadIdx.x;
+    uint4 raw[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (i0 + 256 * u < n8) raw[u] = reinterpret_cast<const uint4*>(k)[i0 + 256 * u];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t i = i0 + 256 * u;
+      if (i >= n8) break;
+      float x[8];
+      Bf16x8(raw[u], x);
+      const int c0 = static_cast<int>((i * 8) % cols);
+      uint32_t wd[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float4 s = *reinterpret_cast<const float4*>(k_scale + c0 + 4 * j);
+        wd[j] = E4m3x2(x[4 * j] * InversePow2(s.x), x[4 * j + 1] * InversePow2(s.y)) |
+                (E4m3x2(x[4 * j + 2] * InversePow2(s.z), x[4 * j + 3] * InversePow2(s.w)) << 16);
+      }
+      reinterpret_cast<uint2*>(k8)[i] = make_uint2(wd[0], wd[1]);
+    }
+    return;
+  }
+  b -= blocks.k;
+  const int64_t rows_heads = q_rows * heads;
+  const int lane16 = threadIdx.x % 16;
+  const int64_t rh0 = b * QuantizeBlocks::kQRowHeads + threadIdx.x / 16;
+  uint4 raw[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int64_t rh = rh0 + 16 * u;
+    raw[u] = rh < rows_heads ? reinterpret_cast<const uint4*>(q + rh * 128)[lane16]
+                             : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int64_t rh = rh0 + 16 * u;
+    const int head = static_cast<int>(rh % heads);
+    float x[8];
+    Bf16x8(raw[u], x);
+    const float* ks = k_scale + head * 128 + 8 * lane16;
+    const float4 s0 = reinterpret_cast<const float4*>(ks)[0];
+    const float4 s1 = reinterpret_cast<const float4*>(ks)[1];
+    x[0] *= s0.x, x[1] *= s0.y, x[2] *= s0.z, x[3] *= s0.w;
+    x[4] *= s1.x, x[5] *= s1.y, x[6] *= s1.z, x[7] *= s1.w;
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(x[i]));
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (rh >= rows_heads) continue;
+    const float scale = Fp8Scale(m), inv = InversePow2(scale);
+    reinterpret_cast<uint2*>(q8 + rh * 128)[lane16] =
+        make_uint2(E4m3x2(x[0] * inv, x[1] * inv) | (E4m3x2(x[2] * inv, x[3] * inv) << 16),
+                   E4m3x2(x[4] * inv, x[5] * inv) | (E4m3x2(x[6] * inv, x[7] * inv) << 16));
+    if (lane16 == 0) q_scale[rh] = scale;
+  }
+}
+
 // ---- Forward configuration and shared memory. ----
 struct Fp8Config {
   static constexpr int D = 128;
@@ -351,12 +528,34 @@ __device__ __forceinline__ void GemmFp8RS(float (&acc)[16][4], const uint32_t (&
   }
 }
 
+// 2^x on the FMA pipe (FlashAttention-4's exp2 emulation), so that part of
+// the softmax's exp2 leaves the MUFU: x = j + f with j = round(x) and
+// |f| <= 1/2, 2^f by a degree-3 polynomial (relative error 7.5e-5, far below
+// e4m3's 2^-4), j added into the exponent bits. x is clamped at -125 so that
+// the result stays a normal float: a masked score (-inf) gives 2^-125, not
+// 0, which is 0 in P's e4m3 and nothing against the sum of a row with a
+// visible key (at least 256: its largest P); a row that sees no key keeps a
+// sum below 1, which Fp8Epilogue takes for none.
+__device__ __forceinline__ float Exp2Fma(float x) {
+  x = fmaxf(x, -125.f);
+  const float t = __fadd_rn(x, 12582912.f);  // 1.5 * 2^23: round(x) in the low bits
+  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
+  const float p =
+      fmaf(fmaf(fmaf(0.0551716685f, f, 0.2426111400f), f, 0.6932609677f), f, 0.9999280572f);
+  return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
+}
+
 // The online softmax step of one 64 x 128 score tile, raw scores in, P * 256
 // out (see the file comment): the mask where the tile is not fully
 // visible (always where it starts before the sequence's key 0), the row max
 // and sum, corr for the output so far.
+template <int kSoftmax>
 __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& it, Fp8Regs& r,
                                          const Fp8Rows& at, int col0) {
+  // kSoftmax: 0 as first written; 1 the row max as a tree and the row sum
+  // in two parts (shorter dependency chains); k >= 2 also k / 8 of the
+  // exp2 by Exp2Fma.
+  constexpr int kEmu = kSoftmax >= 2 ? kSoftmax : 0;
   const TileClass cls =
       col0 < 0 ? kTilePartial
                : ClassOf(p, it.q_len, it.k_len, at.wg_row0, 64, col0, Fp8Config::kRows);
@@ -373,8 +572,20 @@ __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& 
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float mx = -INFINITY;
+    if constexpr (kSoftmax == 0) {
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt) mx = fmaxf(mx, fmaxf(r.sc[nt][2 * i], r.sc[nt][2 * i + 1]));
+      for (int nt = 0; nt < 16; ++nt) mx = fmaxf(mx, fmaxf(r.sc[nt][2 * i], r.sc[nt][2 * i + 1]));
+    } else {
+      float a[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        a[j] = fmaxf(fmaxf(fmaxf(r.sc[j][2 * i], r.sc[j][2 * i + 1]),
+                           fmaxf(r.sc[j + 4][2 * i], r.sc[j + 4][2 * i + 1])),
+                     fmaxf(fmaxf(r.sc[j + 8][2 * i], r.sc[j + 8][2 * i + 1]),
+                           fmaxf(r.sc[j + 12][2 * i], r.sc[j + 12][2 * i + 1])));
+      }
+      mx = fmaxf(fmaxf(a[0], a[1]), fmaxf(a[2], a[3]));
+    }
     const float m_tile = QuadMax(mx) * r.k_exp[i];
     const float m_new = m_tile > r.m[i] + Fp8Config::kLazyMax ? m_tile : r.m[i];
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
@@ -382,11 +593,30 @@ __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& 
     r.m[i] = m_new;
     const float shift = 8.f - m_use;  // P * 256
     float sum = 0.f;
+    if constexpr (kSoftmax == 0) {
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-      r.sc[nt][2 * i] = Exp2(fmaf(r.sc[nt][2 * i], r.k_exp[i], shift));
-      r.sc[nt][2 * i + 1] = Exp2(fmaf(r.sc[nt][2 * i + 1], r.k_exp[i], shift));
-      sum += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
+      for (int nt = 0; nt < 16; ++nt) {
+        r.sc[nt][2 * i] = Exp2(fmaf(r.sc[nt][2 * i], r.k_exp[i], shift));
+        r.sc[nt][2 * i + 1] = Exp2(fmaf(r.sc[nt][2 * i + 1], r.k_exp[i], shift));
+        sum += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
+      }
+    } else {
+      float part0 = 0.f, part1 = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        const bool emu = kEmu > 0 && (nt * kEmu) % 8 < kEmu;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = fmaf(r.sc[nt][2 * i + e], r.k_exp[i], shift);
+          r.sc[nt][2 * i + e] = emu ? Exp2Fma(x) : Exp2(x);
+        }
+        if (nt & 1) {
+          part1 += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
+        } else {
+          part0 += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
+        }
+      }
+      sum = part0 + part1;
     }
     r.l[i] = fmaf(r.l[i], r.corr[i], sum);
   }
@@ -414,7 +644,7 @@ __device__ __forceinline__ void PackP(const float (&sc)[16][4], uint32_t (&pa)[4
 // One main-loop step: S_n (kS) and P_{n-1} V_{n-1} (kPv) issued in this
 // warpgroup's turn, then S_n into P_n (while the P V runs), the output
 // rescaled, P_n packed. As MainloopStep of cuda_wgmma.cu.
-template <bool kS, bool kPv>
+template <int kSoftmax, bool kS, bool kPv>
 __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const WorkItem& it,
                                         const FwdSmem<Fp8Config>& sm, Fp8Regs& r, const Fp8Rows& at,
                                         const Fp8Step& st) {
@@ -439,7 +669,7 @@ __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const Wor
     WgWait1();
     FenceRegs(r.sc);
     if (st.release) BarArrive(sm.k_empty + 8 * st.k_stage);
-    Fp8Probs(p, it, r, at, st.col0);
+    Fp8Probs<kSoftmax>(p, it, r, at, st.col0);
   }
   WgWait0();
   if constexpr (kPv) {
@@ -451,7 +681,7 @@ __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const Wor
     FenceRegs(r.sc);
     if constexpr (!kPv) {
       if (st.release) BarArrive(sm.k_empty + 8 * st.k_stage);
-      Fp8Probs(p, it, r, at, st.col0);
+      Fp8Probs<kSoftmax>(p, it, r, at, st.col0);
     } else if (__any_sync(0xffffffffu, r.corr[0] != 1.f || r.corr[1] != 1.f)) {
 #pragma unroll
       for (int dt = 0; dt < 16; ++dt) {
@@ -471,11 +701,14 @@ __device__ __forceinline__ void Fp8Epilogue(const KernelParams& p, const WorkIte
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float sum = QuadSum(r.l[i]);
-    mul[i] = sum > 0.f ? 1.f / sum : 0.f;
+    // A row with a visible key sums to at least 256 (its largest P); below
+    // 1 it saw none (Exp2Fma).
+    const bool seen = sum >= 1.f;
+    mul[i] = seen ? 1.f / sum : 0.f;
     const int row = at.row0 + 8 * i;
     if (at.t == 0 && row < it.q_len) {
       p.lse[(it.q_start + row) * p.heads + it.head] =
-          sum > 0.f ? (r.m[i] + log2f(sum) - 8.f) * kLn2 : -INFINITY;
+          seen ? (r.m[i] + log2f(sum) - 8.f) * kLn2 : -INFINITY;
     }
   }
   const float* vs = p.v_scale + it.head * Fp8Config::D + 2 * at.t;
@@ -494,6 +727,7 @@ __device__ __forceinline__ void Fp8Epilogue(const KernelParams& p, const WorkIte
   }
 }
 
+template <int kSoftmax>
 __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem<Fp8Config>& sm, int c,
                                             int tid, const TileScheduler& sched) {
   using C = Fp8Config;
@@ -540,7 +774,7 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
         st.k_stage = kp.stage;
         st.k_phase = kp.phase;
         st.col0 = kt.first;
-        Fp8MainloopStep<true, false>(p, it, sm, r, at, st);
+        Fp8MainloopStep<kSoftmax, true, false>(p, it, sm, r, at, st);
         for (int n = 1; n < kt.count; ++n) {
           st.v_stage = kp.stage;
           st.v_phase = kp.phase;
@@ -548,11 +782,11 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
           st.k_stage = kp.stage;
           st.k_phase = kp.phase;
           st.col0 = kt.first + n * C::kRows;
-          Fp8MainloopStep<true, true>(p, it, sm, r, at, st);
+          Fp8MainloopStep<kSoftmax, true, true>(p, it, sm, r, at, st);
         }
         st.v_stage = kp.stage;
         st.v_phase = kp.phase;
-        Fp8MainloopStep<false, true>(p, it, sm, r, at, st);
+        Fp8MainloopStep<kSoftmax, false, true>(p, it, sm, r, at, st);
         ++kv_iter;
       }
       BarArrive(sm.q_empty + 8 * qp.stage);
@@ -562,6 +796,7 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
   if (c == 0) TurnWait(p, at.my_turn);
 }
 
+template <int kSoftmax>
 __global__ void __launch_bounds__(Fp8Config::kCtaThreads, 1)
     Fp8ForwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap q_map,
                      const __grid_constant__ CUtensorMap k_map,
@@ -576,7 +811,7 @@ __global__ void __launch_bounds__(Fp8Config::kCtaThreads, 1)
   if (wg == 2) {
     Fp8Producer(p, sm, q_map, k_map, vt_map, tid, sched);
   } else {
-    Fp8Consumer(p, sm, wg, tid, sched);
+    Fp8Consumer<kSoftmax>(p, sm, wg, tid, sched);
   }
 }
 
@@ -630,6 +865,22 @@ int LaunchFp8Quantize(const void* q, const void* k, const void* v, int64_t q_row
     ChannelAmaxKernel<<<grid, 256, 0, s>>>(static_cast<const bf16*>(k),
                                            static_cast<const bf16*>(v), kv_rows, cols, k_amax);
   }
+  // RECFLEET_ATTENTION_FP8_QUANT=fused: one scales launch and
+  // QuantizeAllKernel instead of the five launches below (not timed yet).
+  const char* quant_env = getenv("RECFLEET_ATTENTION_FP8_QUANT");
+  if (quant_env != nullptr && std::string_view(quant_env) == "fused") {
+    ScalesBothKernel<<<(2 * cols + 255) / 256, 256, 0, s>>>(ops.amax, cols, ops.k_scale,
+                                                            ops.v_scale);
+    const QuantizeBlocks blocks(q_rows, kv_rows, heads, ops.vt_cols);
+    const int64_t grid = blocks.vt + blocks.k + blocks.q;
+    if (grid > 0) {
+      QuantizeAllKernel<<<static_cast<unsigned>(grid), 256, 0, s>>>(
+          static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+          q_rows, kv_rows, heads, blocks, ops.k_scale, ops.v_scale, static_cast<uint8_t*>(ops.q8),
+          static_cast<uint8_t*>(ops.k8), static_cast<uint8_t*>(ops.vt8), ops.q_scale, ops.vt_cols);
+    }
+    return cudaGetLastError();
+  }
   ScalesKernel<<<(cols + 255) / 256, 256, 0, s>>>(k_amax, ops.k_scale, cols);
   ScalesKernel<<<(cols + 255) / 256, 256, 0, s>>>(v_amax, ops.v_scale, cols);
   if (kv_rows > 0) {
@@ -665,7 +916,17 @@ int LaunchJaggedForwardFp8(const KernelParams& p, int sms, void* stream) {
       !MakeVtMap(&vt_map, p.v, p.vt_cols, p.heads)) {
     return cudaErrorNotSupported;
   }
-  auto kernel = Fp8ForwardKernel;
+  // RECFLEET_ATTENTION_FP8_SOFTMAX=1..6 picks Fp8Probs' variants (not
+  // timed yet); 0 or unset, the softmax as first written.
+  const char* softmax_env = getenv("RECFLEET_ATTENTION_FP8_SOFTMAX");
+  const int softmax = softmax_env == nullptr ? 0 : atoi(softmax_env);
+  auto kernel = softmax == 1   ? Fp8ForwardKernel<1>
+                : softmax == 2 ? Fp8ForwardKernel<2>
+                : softmax == 3 ? Fp8ForwardKernel<3>
+                : softmax == 4 ? Fp8ForwardKernel<4>
+                : softmax == 5 ? Fp8ForwardKernel<5>
+                : softmax == 6 ? Fp8ForwardKernel<6>
+                               : Fp8ForwardKernel<0>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Fp8Config::kSmemBytes);
   if (e != cudaSuccess) return e;
