@@ -443,18 +443,10 @@ def kernel_times(fn, reps=10):
     return times
 
 
-def fp8_switched(fn, softmax):
-    """fn with the FP8 forward's fused quantize pre-pass and, if softmax > 0,
-    that variant of its softmax (cuda_wgmma_fp8.cu)."""
-    fn = with_env(fn, "RECFLEET_ATTENTION_FP8_QUANT", "fused")
-    return with_env(fn, "RECFLEET_ATTENTION_FP8_SOFTMAX", str(softmax)) if softmax else fn
-
-
 def fp8_forward(lib, dev, lens):
     """The FP8 (e4m3) forward against our bf16 forward on the same tensors:
     whole calls (quantize pre-pass included), the kernels alone
-    (profiler), and the outputs against an fp32 reference; with
-    FWD_VARIANTS also the fused pre-pass and the softmax variants."""
+    (profiler), and both outputs against an fp32 reference."""
     h, d = 8, 128
     q, k, v = (packed(lens, h, d, dev) for _ in range(3))
     for mask in ("none", "causal"):
@@ -463,31 +455,22 @@ def fp8_forward(lib, dev, lens):
         flops = ours.flops
         record(name, "recfleet JFA bf16", "fwd", flops, ours.fwd)
         record(name, "recfleet JFA FP8 (+quantize)", "fwd", flops, ours.fwd_fp8)
-        runs = [("bf16", ours.fwd), ("FP8", ours.fwd_fp8)]
-        if FWD_VARIANTS[0]:
-            for softmax in range(7):
-                label = f"FP8 fq s{softmax}"
-                fn = fp8_switched(ours.fwd_fp8, softmax)
-                record(name, f"recfleet JFA {label}", "fwd", flops, fn)
-                runs.append((label, fn))
         if PASS[0] != 1:
             continue
-        for label, fn in runs:
+        for label, fn in (("bf16", ours.fwd), ("FP8", ours.fwd_fp8)):
             for kname, ms in sorted(kernel_times(fn).items(), key=lambda x: -x[1]):
                 print(f"  kernel {label:<5} {ms:8.3f} ms {flops / (ms * 1e-3) / 1e12:7.1f} TF/s  "
                       f"{kname[:90]}", flush=True)
         ref = reference_fp32(q, k, v, lens, mask == "causal")
-        outs = {}
-        for label, fn in runs:
-            # Poisoned before each call, so that an element left unwritten shows.
-            ours.out.fill_(float("nan"))
-            fn()
-            outs[label] = ours.out.clone()
+        # Poisoned before each call, so that an element left unwritten shows.
+        ours.out.fill_(float("nan"))
+        ours.fwd()
+        bf16_out = ours.out.clone()
+        ours.out.fill_(float("nan"))
+        ours.fwd_fp8()
         torch.cuda.synchronize()
-        bf16_out = outs["bf16"]
-        checks = [(label, out, ref) for label, out in outs.items()]
-        checks.append(("FP8 vs bf16", outs["FP8"], bf16_out))
-        for label, out, base in checks:
+        for label, out, base in (("bf16", bf16_out, ref), ("FP8", ours.out, ref),
+                                 ("FP8 vs bf16", ours.out, bf16_out)):
             err = rel_diff(out, base)
             unwritten = int(out.isnan().sum().item())
             print(f"  check {name} {label}: |out - base| / |base| = {err:.3e} "
@@ -495,7 +478,7 @@ def fp8_forward(lib, dev, lens):
                   f"{unwritten} NaN", flush=True)
             ROWS.append((name, f"check {label}" + ("" if base is bf16_out else " vs fp32 reference"),
                          "fwd", None, None, f"rel err {err:.3e}, {unwritten} NaN"))
-        del ref, bf16_out, outs
+        del ref, bf16_out
 
 
 def sliding_window(lib, dev, lens, with_flex):

@@ -47,8 +47,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <utility>
 
 #include "kernels/attention/cuda_wgmma.cuh"
@@ -136,95 +134,6 @@ __global__ void ChannelAmaxKernel(const bf16* k, const bf16* v, int64_t rows, in
   if (c < cols) atomicMax(amax + blockIdx.z * cols + c, __float_as_uint(mx));
 }
 
-// scale[c] = Fp8Scale(amax[c]).
-__global__ void ScalesKernel(const uint32_t* amax, float* scale, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) scale[i] = Fp8Scale(__uint_as_float(amax[i]));
-}
-
-// k8 = k / k_scale per channel, 8 elements a thread.
-__global__ void QuantizeKKernel(const bf16* k, int64_t n8, int cols, const float* k_scale,
-                                uint8_t* k8) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v[8];
-    Bf16x8(reinterpret_cast<const uint4*>(k)[i], v);
-    const int c0 = static_cast<int>((i * 8) % cols);
-    uint32_t w[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float4 s = *reinterpret_cast<const float4*>(k_scale + c0 + 4 * j);
-      w[j] = E4m3x2(v[4 * j] / s.x, v[4 * j + 1] / s.y) |
-             (E4m3x2(v[4 * j + 2] / s.z, v[4 * j + 3] / s.w) << 16);
-    }
-    reinterpret_cast<uint2*>(k8)[i] = make_uint2(w[0], w[1]);
-  }
-}
-
-// One warp per (row, head) of q at head dim 128: q' = q * k_scale (per
-// channel), q_scale = Fp8Scale(max |q'|), q8 = q' / q_scale.
-__global__ void QuantizeQKernel(const bf16* q, int64_t rows_heads, int heads, const float* k_scale,
-                                uint8_t* q8, float* q_scale) {
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t rh = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
-       rh < rows_heads; rh += warps) {
-    const int h = static_cast<int>(rh % heads);
-    const uint2 raw = reinterpret_cast<const uint2*>(q + rh * 128)[lane];
-    const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    const float4 s = reinterpret_cast<const float4*>(k_scale + h * 128)[lane];
-    const float2 lo = __bfloat1622float2(b[0]), hi = __bfloat1622float2(b[1]);
-    const float x[4] = {lo.x * s.x, lo.y * s.y, hi.x * s.z, hi.y * s.w};
-    float m = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float scale = Fp8Scale(m), inv = 1.f / scale;
-    reinterpret_cast<uint32_t*>(q8 + rh * 128)[lane] =
-        E4m3x2(x[0] * inv, x[1] * inv) | (E4m3x2(x[2] * inv, x[3] * inv) << 16);
-    if (lane == 0) q_scale[rh] = scale;
-  }
-}
-
-// vt8[c, 32 b + k] = v[32 b + KeyOfSlot(k), c] / v_scale[c] for v [rows,
-// cols] bf16 and vt8 [cols, vt_cols] (zero for keys >= rows): 64 keys x 64
-// channels a block of 256 threads, 16-byte loads and stores, through a
-// shared-memory tile of e4m3 bytes (scales are powers of two, so
-// multiplying by the reciprocal is exact).
-__global__ void TransposeVKernel(const bf16* v, int64_t rows, int cols, const float* v_scale,
-                                 uint8_t* vt8, int64_t vt_cols) {
-  __shared__ uint8_t tile[64][64 + 4];  // [channel][key]
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * 64;
-  const int c0 = blockIdx.y * 64;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int key = threadIdx.x / 8 + 32 * j, chunk = threadIdx.x % 8;
-    const int64_t t = t0 + key;
-    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (t < rows) Bf16x8(*reinterpret_cast<const uint4*>(v + t * cols + c0 + 8 * chunk), f);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int c = 8 * chunk + i;
-      tile[c][key] = static_cast<uint8_t>(E4m3x2(f[i] * (1.f / v_scale[c0 + c]), 0.f) & 0xffu);
-    }
-  }
-  __syncthreads();
-  const int c = threadIdx.x / 4, slot0 = 16 * (threadIdx.x % 4);
-  if (t0 + slot0 >= vt_cols) return;
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    w[i] = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const int slot = slot0 + 4 * i + b;
-      w[i] |= static_cast<uint32_t>(tile[c][(slot & ~31) | KeyOfSlot(slot & 31)]) << (8 * b);
-    }
-  }
-  *reinterpret_cast<uint4*>(vt8 + (c0 + c) * vt_cols + t0 + slot0) =
-      make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// ---- Quantize pre-pass, one launch after the amax (QuantizeAllKernel). ----
 // 1 / s for a power of two s in [2^-126, 2^126], exactly, by the exponent.
 __device__ __forceinline__ float InversePow2(float s) {
   return __uint_as_float(0x7f000000u - __float_as_uint(s));
@@ -292,7 +201,7 @@ __global__ void __launch_bounds__(256) QuantizeAllKernel(
     uint4 raw[4][2];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int64_t key = key0 + 32 * blk + 16 * half + 2 * t + (u & 1) + 8 * (u >> 1);
+      const int64_t key = key0 + 32 * blk + KeyOfSlot(16 * half + 4 * t + u);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         raw[u][j] = key < kv_rows
@@ -528,34 +437,12 @@ __device__ __forceinline__ void GemmFp8RS(float (&acc)[16][4], const uint32_t (&
   }
 }
 
-// 2^x on the FMA pipe (FlashAttention-4's exp2 emulation), so that part of
-// the softmax's exp2 leaves the MUFU: x = j + f with j = round(x) and
-// |f| <= 1/2, 2^f by a degree-3 polynomial (relative error 7.5e-5, far below
-// e4m3's 2^-4), j added into the exponent bits. x is clamped at -125 so that
-// the result stays a normal float: a masked score (-inf) gives 2^-125, not
-// 0, which is 0 in P's e4m3 and nothing against the sum of a row with a
-// visible key (at least 256: its largest P); a row that sees no key keeps a
-// sum below 1, which Fp8Epilogue takes for none.
-__device__ __forceinline__ float Exp2Fma(float x) {
-  x = fmaxf(x, -125.f);
-  const float t = __fadd_rn(x, 12582912.f);  // 1.5 * 2^23: round(x) in the low bits
-  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
-  const float p =
-      fmaf(fmaf(fmaf(0.0551716685f, f, 0.2426111400f), f, 0.6932609677f), f, 0.9999280572f);
-  return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
-}
-
 // The online softmax step of one 64 x 128 score tile, raw scores in, P * 256
 // out (see the file comment): the mask where the tile is not fully
 // visible (always where it starts before the sequence's key 0), the row max
 // and sum, corr for the output so far.
-template <int kSoftmax>
 __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& it, Fp8Regs& r,
                                          const Fp8Rows& at, int col0) {
-  // kSoftmax: 0 as first written; 1 the row max as a tree and the row sum
-  // in two parts (shorter dependency chains); k >= 2 also k / 8 of the
-  // exp2 by Exp2Fma.
-  constexpr int kEmu = kSoftmax >= 2 ? kSoftmax : 0;
   const TileClass cls =
       col0 < 0 ? kTilePartial
                : ClassOf(p, it.q_len, it.k_len, at.wg_row0, 64, col0, Fp8Config::kRows);
@@ -571,54 +458,32 @@ __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& 
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float mx = -INFINITY;
-    if constexpr (kSoftmax == 0) {
+    // The row maximum as a tree and the row sum in two parts: shorter
+    // dependency chains than one running max and sum (measured: the kernel
+    // 2.143 against 2.222 ms unmasked, bench/RESULTS.md).
+    float a[4];
 #pragma unroll
-      for (int nt = 0; nt < 16; ++nt) mx = fmaxf(mx, fmaxf(r.sc[nt][2 * i], r.sc[nt][2 * i + 1]));
-    } else {
-      float a[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        a[j] = fmaxf(fmaxf(fmaxf(r.sc[j][2 * i], r.sc[j][2 * i + 1]),
-                           fmaxf(r.sc[j + 4][2 * i], r.sc[j + 4][2 * i + 1])),
-                     fmaxf(fmaxf(r.sc[j + 8][2 * i], r.sc[j + 8][2 * i + 1]),
-                           fmaxf(r.sc[j + 12][2 * i], r.sc[j + 12][2 * i + 1])));
-      }
-      mx = fmaxf(fmaxf(a[0], a[1]), fmaxf(a[2], a[3]));
+    for (int j = 0; j < 4; ++j) {
+      a[j] = fmaxf(fmaxf(fmaxf(r.sc[j][2 * i], r.sc[j][2 * i + 1]),
+                         fmaxf(r.sc[j + 4][2 * i], r.sc[j + 4][2 * i + 1])),
+                   fmaxf(fmaxf(r.sc[j + 8][2 * i], r.sc[j + 8][2 * i + 1]),
+                         fmaxf(r.sc[j + 12][2 * i], r.sc[j + 12][2 * i + 1])));
     }
+    const float mx = fmaxf(fmaxf(a[0], a[1]), fmaxf(a[2], a[3]));
     const float m_tile = QuadMax(mx) * r.k_exp[i];
     const float m_new = m_tile > r.m[i] + Fp8Config::kLazyMax ? m_tile : r.m[i];
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     r.corr[i] = Exp2(r.m[i] - m_use);
     r.m[i] = m_new;
     const float shift = 8.f - m_use;  // P * 256
-    float sum = 0.f;
-    if constexpr (kSoftmax == 0) {
+    float part[2] = {0.f, 0.f};
 #pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        r.sc[nt][2 * i] = Exp2(fmaf(r.sc[nt][2 * i], r.k_exp[i], shift));
-        r.sc[nt][2 * i + 1] = Exp2(fmaf(r.sc[nt][2 * i + 1], r.k_exp[i], shift));
-        sum += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
-      }
-    } else {
-      float part0 = 0.f, part1 = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        const bool emu = kEmu > 0 && (nt * kEmu) % 8 < kEmu;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float x = fmaf(r.sc[nt][2 * i + e], r.k_exp[i], shift);
-          r.sc[nt][2 * i + e] = emu ? Exp2Fma(x) : Exp2(x);
-        }
-        if (nt & 1) {
-          part1 += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
-        } else {
-          part0 += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
-        }
-      }
-      sum = part0 + part1;
+    for (int nt = 0; nt < 16; ++nt) {
+      r.sc[nt][2 * i] = Exp2(fmaf(r.sc[nt][2 * i], r.k_exp[i], shift));
+      r.sc[nt][2 * i + 1] = Exp2(fmaf(r.sc[nt][2 * i + 1], r.k_exp[i], shift));
+      part[nt & 1] += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
     }
-    r.l[i] = fmaf(r.l[i], r.corr[i], sum);
+    r.l[i] = fmaf(r.l[i], r.corr[i], part[0] + part[1]);
   }
 }
 
@@ -644,7 +509,7 @@ __device__ __forceinline__ void PackP(const float (&sc)[16][4], uint32_t (&pa)[4
 // One main-loop step: S_n (kS) and P_{n-1} V_{n-1} (kPv) issued in this
 // warpgroup's turn, then S_n into P_n (while the P V runs), the output
 // rescaled, P_n packed. As MainloopStep of cuda_wgmma.cu.
-template <int kSoftmax, bool kS, bool kPv>
+template <bool kS, bool kPv>
 __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const WorkItem& it,
                                         const FwdSmem<Fp8Config>& sm, Fp8Regs& r, const Fp8Rows& at,
                                         const Fp8Step& st) {
@@ -669,7 +534,7 @@ __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const Wor
     WgWait1();
     FenceRegs(r.sc);
     if (st.release) BarArrive(sm.k_empty + 8 * st.k_stage);
-    Fp8Probs<kSoftmax>(p, it, r, at, st.col0);
+    Fp8Probs(p, it, r, at, st.col0);
   }
   WgWait0();
   if constexpr (kPv) {
@@ -681,7 +546,7 @@ __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const Wor
     FenceRegs(r.sc);
     if constexpr (!kPv) {
       if (st.release) BarArrive(sm.k_empty + 8 * st.k_stage);
-      Fp8Probs<kSoftmax>(p, it, r, at, st.col0);
+      Fp8Probs(p, it, r, at, st.col0);
     } else if (__any_sync(0xffffffffu, r.corr[0] != 1.f || r.corr[1] != 1.f)) {
 #pragma unroll
       for (int dt = 0; dt < 16; ++dt) {
@@ -701,9 +566,7 @@ __device__ __forceinline__ void Fp8Epilogue(const KernelParams& p, const WorkIte
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float sum = QuadSum(r.l[i]);
-    // A row with a visible key sums to at least 256 (its largest P); below
-    // 1 it saw none (Exp2Fma).
-    const bool seen = sum >= 1.f;
+    const bool seen = sum > 0.f;  // Else the row saw no key.
     mul[i] = seen ? 1.f / sum : 0.f;
     const int row = at.row0 + 8 * i;
     if (at.t == 0 && row < it.q_len) {
@@ -727,7 +590,6 @@ __device__ __forceinline__ void Fp8Epilogue(const KernelParams& p, const WorkIte
   }
 }
 
-template <int kSoftmax>
 __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem<Fp8Config>& sm, int c,
                                             int tid, const TileScheduler& sched) {
   using C = Fp8Config;
@@ -774,7 +636,7 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
         st.k_stage = kp.stage;
         st.k_phase = kp.phase;
         st.col0 = kt.first;
-        Fp8MainloopStep<kSoftmax, true, false>(p, it, sm, r, at, st);
+        Fp8MainloopStep<true, false>(p, it, sm, r, at, st);
         for (int n = 1; n < kt.count; ++n) {
           st.v_stage = kp.stage;
           st.v_phase = kp.phase;
@@ -782,11 +644,11 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
           st.k_stage = kp.stage;
           st.k_phase = kp.phase;
           st.col0 = kt.first + n * C::kRows;
-          Fp8MainloopStep<kSoftmax, true, true>(p, it, sm, r, at, st);
+          Fp8MainloopStep<true, true>(p, it, sm, r, at, st);
         }
         st.v_stage = kp.stage;
         st.v_phase = kp.phase;
-        Fp8MainloopStep<kSoftmax, false, true>(p, it, sm, r, at, st);
+        Fp8MainloopStep<false, true>(p, it, sm, r, at, st);
         ++kv_iter;
       }
       BarArrive(sm.q_empty + 8 * qp.stage);
@@ -796,7 +658,6 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
   if (c == 0) TurnWait(p, at.my_turn);
 }
 
-template <int kSoftmax>
 __global__ void __launch_bounds__(Fp8Config::kCtaThreads, 1)
     Fp8ForwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap q_map,
                      const __grid_constant__ CUtensorMap k_map,
@@ -811,7 +672,7 @@ __global__ void __launch_bounds__(Fp8Config::kCtaThreads, 1)
   if (wg == 2) {
     Fp8Producer(p, sm, q_map, k_map, vt_map, tid, sched);
   } else {
-    Fp8Consumer<kSoftmax>(p, sm, wg, tid, sched);
+    Fp8Consumer(p, sm, wg, tid, sched);
   }
 }
 
@@ -852,8 +713,7 @@ int LaunchFp8Quantize(const void* q, const void* k, const void* v, int64_t q_row
   if (head_dim != 128) return cudaErrorInvalidValue;
   auto s = static_cast<cudaStream_t>(stream);
   const int cols = heads * 128;
-  uint32_t* k_amax = ops.amax;
-  uint32_t* v_amax = ops.amax + cols;
+  uint32_t* k_amax = ops.amax;  // Then V's: amax[cols .. 2 cols).
   if (kv_rows > 0) {
     // About eight blocks per SM over both tensors, each thread at least
     // four rows.
@@ -865,40 +725,15 @@ int LaunchFp8Quantize(const void* q, const void* k, const void* v, int64_t q_row
     ChannelAmaxKernel<<<grid, 256, 0, s>>>(static_cast<const bf16*>(k),
                                            static_cast<const bf16*>(v), kv_rows, cols, k_amax);
   }
-  // RECFLEET_ATTENTION_FP8_QUANT=fused: one scales launch and
-  // QuantizeAllKernel instead of the five launches below (not timed yet).
-  const char* quant_env = getenv("RECFLEET_ATTENTION_FP8_QUANT");
-  if (quant_env != nullptr && std::string_view(quant_env) == "fused") {
-    ScalesBothKernel<<<(2 * cols + 255) / 256, 256, 0, s>>>(ops.amax, cols, ops.k_scale,
-                                                            ops.v_scale);
-    const QuantizeBlocks blocks(q_rows, kv_rows, heads, ops.vt_cols);
-    const int64_t grid = blocks.vt + blocks.k + blocks.q;
-    if (grid > 0) {
-      QuantizeAllKernel<<<static_cast<unsigned>(grid), 256, 0, s>>>(
-          static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
-          q_rows, kv_rows, heads, blocks, ops.k_scale, ops.v_scale, static_cast<uint8_t*>(ops.q8),
-          static_cast<uint8_t*>(ops.k8), static_cast<uint8_t*>(ops.vt8), ops.q_scale, ops.vt_cols);
-    }
-    return cudaGetLastError();
-  }
-  ScalesKernel<<<(cols + 255) / 256, 256, 0, s>>>(k_amax, ops.k_scale, cols);
-  ScalesKernel<<<(cols + 255) / 256, 256, 0, s>>>(v_amax, ops.v_scale, cols);
-  if (kv_rows > 0) {
-    const int64_t n8 = kv_rows * cols / 8;
-    QuantizeKKernel<<<static_cast<unsigned>(std::min<int64_t>((n8 + 255) / 256, 8192)), 256, 0,
-                      s>>>(static_cast<const bf16*>(k), n8, cols, ops.k_scale,
-                           static_cast<uint8_t*>(ops.k8));
-  }
-  if (q_rows > 0) {
-    const int64_t rh = q_rows * heads;
-    QuantizeQKernel<<<static_cast<unsigned>(std::min<int64_t>((rh + 7) / 8, 16384)), 256, 0,
-                      s>>>(static_cast<const bf16*>(q), rh, heads, ops.k_scale,
-                           static_cast<uint8_t*>(ops.q8), ops.q_scale);
-  }
-  if (ops.vt_cols > 0) {
-    const dim3 grid(static_cast<unsigned>((ops.vt_cols + 63) / 64), cols / 64);
-    TransposeVKernel<<<grid, 256, 0, s>>>(static_cast<const bf16*>(v), kv_rows, cols, ops.v_scale,
-                                          static_cast<uint8_t*>(ops.vt8), ops.vt_cols);
+  // The scales, then Q, K and V^T in one launch.
+  ScalesBothKernel<<<(2 * cols + 255) / 256, 256, 0, s>>>(ops.amax, cols, ops.k_scale, ops.v_scale);
+  const QuantizeBlocks blocks(q_rows, kv_rows, heads, ops.vt_cols);
+  const int64_t grid = blocks.vt + blocks.k + blocks.q;
+  if (grid > 0) {
+    QuantizeAllKernel<<<static_cast<unsigned>(grid), 256, 0, s>>>(
+        static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+        q_rows, kv_rows, heads, blocks, ops.k_scale, ops.v_scale, static_cast<uint8_t*>(ops.q8),
+        static_cast<uint8_t*>(ops.k8), static_cast<uint8_t*>(ops.vt8), ops.q_scale, ops.vt_cols);
   }
   return cudaGetLastError();
 }
@@ -916,17 +751,7 @@ int LaunchJaggedForwardFp8(const KernelParams& p, int sms, void* stream) {
       !MakeVtMap(&vt_map, p.v, p.vt_cols, p.heads)) {
     return cudaErrorNotSupported;
   }
-  // RECFLEET_ATTENTION_FP8_SOFTMAX=1..6 picks Fp8Probs' variants (not
-  // timed yet); 0 or unset, the softmax as first written.
-  const char* softmax_env = getenv("RECFLEET_ATTENTION_FP8_SOFTMAX");
-  const int softmax = softmax_env == nullptr ? 0 : atoi(softmax_env);
-  auto kernel = softmax == 1   ? Fp8ForwardKernel<1>
-                : softmax == 2 ? Fp8ForwardKernel<2>
-                : softmax == 3 ? Fp8ForwardKernel<3>
-                : softmax == 4 ? Fp8ForwardKernel<4>
-                : softmax == 5 ? Fp8ForwardKernel<5>
-                : softmax == 6 ? Fp8ForwardKernel<6>
-                               : Fp8ForwardKernel<0>;
+  auto kernel = Fp8ForwardKernel;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Fp8Config::kSmemBytes);
   if (e != cudaSuccess) return e;
