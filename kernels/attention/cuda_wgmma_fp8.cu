@@ -134,92 +134,178 @@ __global__ void ChannelAmaxKernel(const bf16* k, const bf16* v, int64_t rows, in
   if (c < cols) atomicMax(amax + blockIdx.z * cols + c, __float_as_uint(mx));
 }
 
-// scale[c] = Fp8Scale(amax[c]).
-__global__ void ScalesKernel(const uint32_t* amax, float* scale, int n) {
+// 1 / s for a power of two s in [2^-126, 2^126], exactly, by the exponent.
+__device__ __forceinline__ float InversePow2(float s) {
+  return __uint_as_float(0x7f000000u - __float_as_uint(s));
+}
+
+// k_scale[c] = Fp8Scale(k amax[c]) and v_scale[c] = Fp8Scale(v amax[c]).
+__global__ void ScalesBothKernel(const uint32_t* amax, int cols, float* k_scale, float* v_scale) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) scale[i] = Fp8Scale(__uint_as_float(amax[i]));
-}
-
-// k8 = k / k_scale per channel, 8 elements a thread.
-__global__ void QuantizeKKernel(const bf16* k, int64_t n8, int cols, const float* k_scale,
-                                uint8_t* k8) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v[8];
-    Bf16x8(reinterpret_cast<const uint4*>(k)[i], v);
-    const int c0 = static_cast<int>((i * 8) % cols);
-    uint32_t w[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float4 s = *reinterpret_cast<const float4*>(k_scale + c0 + 4 * j);
-      w[j] = E4m3x2(v[4 * j] / s.x, v[4 * j + 1] / s.y) |
-             (E4m3x2(v[4 * j + 2] / s.z, v[4 * j + 3] / s.w) << 16);
-    }
-    reinterpret_cast<uint2*>(k8)[i] = make_uint2(w[0], w[1]);
+  if (i < cols) {
+    k_scale[i] = Fp8Scale(__uint_as_float(amax[i]));
+  } else if (i < 2 * cols) {
+    v_scale[i - cols] = Fp8Scale(__uint_as_float(amax[i]));
   }
 }
 
-// One warp per (row, head) of q at head dim 128: q' = q * k_scale (per
-// channel), q_scale = Fp8Scale(max |q'|), q8 = q' / q_scale.
-__global__ void QuantizeQKernel(const bf16* q, int64_t rows_heads, int heads, const float* k_scale,
-                                uint8_t* q8, float* q_scale) {
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t rh = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
-       rh < rows_heads; rh += warps) {
-    const int h = static_cast<int>(rh % heads);
-    const uint2 raw = reinterpret_cast<const uint2*>(q + rh * 128)[lane];
-    const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    const float4 s = reinterpret_cast<const float4*>(k_scale + h * 128)[lane];
-    const float2 lo = __bfloat1622float2(b[0]), hi = __bfloat1622float2(b[1]);
-    const float x[4] = {lo.x * s.x, lo.y * s.y, hi.x * s.z, hi.y * s.w};
-    float m = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float scale = Fp8Scale(m), inv = 1.f / scale;
-    reinterpret_cast<uint32_t*>(q8 + rh * 128)[lane] =
-        E4m3x2(x[0] * inv, x[1] * inv) | (E4m3x2(x[2] * inv, x[3] * inv) << 16);
-    if (lane == 0) q_scale[rh] = scale;
+// The blocks of QuantizeAllKernel (256 threads each), in launch order: V^T
+// (128 keys x one head's 128 channels a block), then K (8192 elements), then
+// Q (64 (row, head) pairs).
+struct QuantizeBlocks {
+  int64_t vt, k, q;
+  int64_t vt_key_blocks;
+  static constexpr int kKElems = 8192;
+  static constexpr int kQRowHeads = 64;
+  QuantizeBlocks(int64_t q_rows, int64_t kv_rows, int heads, int64_t vt_cols)
+      : vt_key_blocks((vt_cols + 127) / 128) {
+    vt = vt_key_blocks * heads;
+    k = (kv_rows * heads * 128 + kKElems - 1) / kKElems;
+    q = (q_rows * heads + kQRowHeads - 1) / kQRowHeads;
   }
+};
+
+// 4 x 4 byte transpose: out[c] holds byte c of in[0..3], in order.
+__device__ __forceinline__ void Transpose4x4(const uint32_t (&in)[4], uint32_t (&out)[4]) {
+  const uint32_t a = __byte_perm(in[0], in[1], 0x5140), b = __byte_perm(in[2], in[3], 0x5140);
+  const uint32_t c = __byte_perm(in[0], in[1], 0x7362), d = __byte_perm(in[2], in[3], 0x7362);
+  out[0] = __byte_perm(a, b, 0x5410);
+  out[1] = __byte_perm(a, b, 0x7632);
+  out[2] = __byte_perm(c, d, 0x5410);
+  out[3] = __byte_perm(c, d, 0x7632);
 }
 
-// vt8[c, 32 b + k] = v[32 b + KeyOfSlot(k), c] / v_scale[c] for v [rows,
-// cols] bf16 and vt8 [cols, vt_cols] (zero for keys >= rows): 64 keys x 64
-// channels a block of 256 threads, 16-byte loads and stores, through a
-// shared-memory tile of e4m3 bytes (scales are powers of two, so
-// multiplying by the reciprocal is exact).
-__global__ void TransposeVKernel(const bf16* v, int64_t rows, int cols, const float* v_scale,
-                                 uint8_t* vt8, int64_t vt_cols) {
-  __shared__ uint8_t tile[64][64 + 4];  // [channel][key]
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * 64;
-  const int c0 = blockIdx.y * 64;
+// Q, K and V^T in one launch (the scales from ScalesBothKernel), every
+// thread with several 16-byte loads in flight:
+//   V^T: warp w of a block takes channels 16 w .. 16 w + 15 of the block's
+//     head and its 128 keys; lane t + 4 h + 8 b loads the four keys that
+//     slots 4 t .. 4 t + 3 of half h of 32-key block b hold (KeyOfSlot:
+//     2 t, 2 t + 1, 8 + 2 t, 9 + 2 t), transposes the bytes in registers and
+//     stores one word per channel, a warp 128 contiguous bytes of a V^T row.
+//   K: four 8-element chunks a thread, 256 apart.
+//   Q: a half warp per (row, head), four of them 16 apart; the scale from
+//     the half warp's maximum.
+__global__ void __launch_bounds__(256) QuantizeAllKernel(
+    const bf16* q, const bf16* k, const bf16* v, int64_t q_rows, int64_t kv_rows, int heads,
+    QuantizeBlocks blocks, const float* k_scale, const float* v_scale, uint8_t* q8, uint8_t* k8,
+    uint8_t* vt8, float* q_scale, int64_t vt_cols) {
+  const int64_t cols = static_cast<int64_t>(heads) * 128;
+  int64_t b = blockIdx.x;
+  if (b < blocks.vt) {
+    const int head = static_cast<int>(b % heads);
+    const int64_t key0 = (b / heads) * 128;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int t = lane & 3, half = (lane >> 2) & 1, blk = lane >> 3;
+    const int64_t col = key0 + 32 * blk + 16 * half + 4 * t;  // the thread's first slot
+    const int c0 = head * 128 + 16 * warp;
+    uint4 raw[4][2];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int key = threadIdx.x / 8 + 32 * j, chunk = threadIdx.x % 8;
-    const int64_t t = t0 + key;
-    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (t < rows) Bf16x8(*reinterpret_cast<const uint4*>(v + t * cols + c0 + 8 * chunk), f);
+    for (int u = 0; u < 4; ++u) {
+      const int64_t key = key0 + 32 * blk + KeyOfSlot(16 * half + 4 * t + u);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int c = 8 * chunk + i;
-      tile[c][key] = static_cast<uint8_t>(E4m3x2(f[i] * (1.f / v_scale[c0 + c]), 0.f) & 0xffu);
+      for (int j = 0; j < 2; ++j) {
+        raw[u][j] = key < kv_rows
+                        ? *reinterpret_cast<const uint4*>(v + key * cols + c0 + 8 * j)
+                        : make_uint4(0, 0, 0, 0);
+      }
     }
-  }
-  __syncthreads();
-  const int c = threadIdx.x / 4, slot0 = 16 * (threadIdx.x % 4);
-  if (t0 + slot0 >= vt_cols) return;
-  uint32_t w[4];
+    float inv[16];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    w[i] = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const int slot = slot0 + 4 * i + b;
-      w[i] |= static_cast<uint32_t>(tile[c][(slot & ~31) | KeyOfSlot(slot & 31)]) << (8 * b);
+    for (int j = 0; j < 4; ++j) {
+      const float4 s = reinterpret_cast<const float4*>(v_scale + c0)[j];
+      inv[4 * j] = InversePow2(s.x);
+      inv[4 * j + 1] = InversePow2(s.y);
+      inv[4 * j + 2] = InversePow2(s.z);
+      inv[4 * j + 3] = InversePow2(s.w);
     }
+    uint32_t w[4][4];  // [channel group of 4][key u]
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float f[8];
+        Bf16x8(raw[u][j], f);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          const int c = 8 * j + 4 * g;
+          w[2 * j + g][u] = E4m3x2(f[4 * g] * inv[c], f[4 * g + 1] * inv[c + 1]) |
+                            (E4m3x2(f[4 * g + 2] * inv[c + 2], f[4 * g + 3] * inv[c + 3]) << 16);
+        }
+      }
+    }
+    if (col >= vt_cols) return;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      uint32_t o[4];
+      Transpose4x4(w[g], o);
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        *reinterpret_cast<uint32_t*>(vt8 + (c0 + 4 * g + cc) * vt_cols + col) = o[cc];
+      }
+    }
+    return;
   }
-  *reinterpret_cast<uint4*>(vt8 + (c0 + c) * vt_cols + t0 + slot0) =
-      make_uint4(w[0], w[1], w[2], w[3]);
+  b -= blocks.vt;
+  if (b < blocks.k) {
+    const int64_t n8 = kv_rows * cols / 8;
+    const int64_t i0 = b * (QuantizeBlocks::kKElems / 8) + threadIdx.x;
+    uint4 raw[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (i0 + 256 * u < n8) raw[u] = reinterpret_cast<const uint4*>(k)[i0 + 256 * u];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t i = i0 + 256 * u;
+      if (i >= n8) break;
+      float x[8];
+      Bf16x8(raw[u], x);
+      const int c0 = static_cast<int>((i * 8) % cols);
+      uint32_t wd[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float4 s = *reinterpret_cast<const float4*>(k_scale + c0 + 4 * j);
+        wd[j] = E4m3x2(x[4 * j] * InversePow2(s.x), x[4 * j + 1] * InversePow2(s.y)) |
+                (E4m3x2(x[4 * j + 2] * InversePow2(s.z), x[4 * j + 3] * InversePow2(s.w)) << 16);
+      }
+      reinterpret_cast<uint2*>(k8)[i] = make_uint2(wd[0], wd[1]);
+    }
+    return;
+  }
+  b -= blocks.k;
+  const int64_t rows_heads = q_rows * heads;
+  const int lane16 = threadIdx.x % 16;
+  const int64_t rh0 = b * QuantizeBlocks::kQRowHeads + threadIdx.x / 16;
+  uint4 raw[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int64_t rh = rh0 + 16 * u;
+    raw[u] = rh < rows_heads ? reinterpret_cast<const uint4*>(q + rh * 128)[lane16]
+                             : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int64_t rh = rh0 + 16 * u;
+    const int head = static_cast<int>(rh % heads);
+    float x[8];
+    Bf16x8(raw[u], x);
+    const float* ks = k_scale + head * 128 + 8 * lane16;
+    const float4 s0 = reinterpret_cast<const float4*>(ks)[0];
+    const float4 s1 = reinterpret_cast<const float4*>(ks)[1];
+    x[0] *= s0.x, x[1] *= s0.y, x[2] *= s0.z, x[3] *= s0.w;
+    x[4] *= s1.x, x[5] *= s1.y, x[6] *= s1.z, x[7] *= s1.w;
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(x[i]));
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (rh >= rows_heads) continue;
+    const float scale = Fp8Scale(m), inv = InversePow2(scale);
+    reinterpret_cast<uint2*>(q8 + rh * 128)[lane16] =
+        make_uint2(E4m3x2(x[0] * inv, x[1] * inv) | (E4m3x2(x[2] * inv, x[3] * inv) << 16),
+                   E4m3x2(x[4] * inv, x[5] * inv) | (E4m3x2(x[6] * inv, x[7] * inv) << 16));
+    if (lane16 == 0) q_scale[rh] = scale;
+  }
 }
 
 // ---- Forward configuration and shared memory. ----
@@ -372,23 +458,32 @@ __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& 
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float mx = -INFINITY;
+    // The row maximum as a tree and the row sum in two parts: shorter
+    // dependency chains than one running max and sum (measured: the kernel
+    // 2.143 against 2.222 ms unmasked, bench/RESULTS.md).
+    float a[4];
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt) mx = fmaxf(mx, fmaxf(r.sc[nt][2 * i], r.sc[nt][2 * i + 1]));
+    for (int j = 0; j < 4; ++j) {
+      a[j] = fmaxf(fmaxf(fmaxf(r.sc[j][2 * i], r.sc[j][2 * i + 1]),
+                         fmaxf(r.sc[j + 4][2 * i], r.sc[j + 4][2 * i + 1])),
+                   fmaxf(fmaxf(r.sc[j + 8][2 * i], r.sc[j + 8][2 * i + 1]),
+                         fmaxf(r.sc[j + 12][2 * i], r.sc[j + 12][2 * i + 1])));
+    }
+    const float mx = fmaxf(fmaxf(a[0], a[1]), fmaxf(a[2], a[3]));
     const float m_tile = QuadMax(mx) * r.k_exp[i];
     const float m_new = m_tile > r.m[i] + Fp8Config::kLazyMax ? m_tile : r.m[i];
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     r.corr[i] = Exp2(r.m[i] - m_use);
     r.m[i] = m_new;
     const float shift = 8.f - m_use;  // P * 256
-    float sum = 0.f;
+    float part[2] = {0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
       r.sc[nt][2 * i] = Exp2(fmaf(r.sc[nt][2 * i], r.k_exp[i], shift));
       r.sc[nt][2 * i + 1] = Exp2(fmaf(r.sc[nt][2 * i + 1], r.k_exp[i], shift));
-      sum += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
+      part[nt & 1] += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
     }
-    r.l[i] = fmaf(r.l[i], r.corr[i], sum);
+    r.l[i] = fmaf(r.l[i], r.corr[i], part[0] + part[1]);
   }
 }
 
@@ -471,11 +566,12 @@ __device__ __forceinline__ void Fp8Epilogue(const KernelParams& p, const WorkIte
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float sum = QuadSum(r.l[i]);
-    mul[i] = sum > 0.f ? 1.f / sum : 0.f;
+    const bool seen = sum > 0.f;  // Else the row saw no key.
+    mul[i] = seen ? 1.f / sum : 0.f;
     const int row = at.row0 + 8 * i;
     if (at.t == 0 && row < it.q_len) {
       p.lse[(it.q_start + row) * p.heads + it.head] =
-          sum > 0.f ? (r.m[i] + log2f(sum) - 8.f) * kLn2 : -INFINITY;
+          seen ? (r.m[i] + log2f(sum) - 8.f) * kLn2 : -INFINITY;
     }
   }
   const float* vs = p.v_scale + it.head * Fp8Config::D + 2 * at.t;
@@ -617,8 +713,7 @@ int LaunchFp8Quantize(const void* q, const void* k, const void* v, int64_t q_row
   if (head_dim != 128) return cudaErrorInvalidValue;
   auto s = static_cast<cudaStream_t>(stream);
   const int cols = heads * 128;
-  uint32_t* k_amax = ops.amax;
-  uint32_t* v_amax = ops.amax + cols;
+  uint32_t* k_amax = ops.amax;  // Then V's: amax[cols .. 2 cols).
   if (kv_rows > 0) {
     // About eight blocks per SM over both tensors, each thread at least
     // four rows.
@@ -630,24 +725,15 @@ int LaunchFp8Quantize(const void* q, const void* k, const void* v, int64_t q_row
     ChannelAmaxKernel<<<grid, 256, 0, s>>>(static_cast<const bf16*>(k),
                                            static_cast<const bf16*>(v), kv_rows, cols, k_amax);
   }
-  ScalesKernel<<<(cols + 255) / 256, 256, 0, s>>>(k_amax, ops.k_scale, cols);
-  ScalesKernel<<<(cols + 255) / 256, 256, 0, s>>>(v_amax, ops.v_scale, cols);
-  if (kv_rows > 0) {
-    const int64_t n8 = kv_rows * cols / 8;
-    QuantizeKKernel<<<static_cast<unsigned>(std::min<int64_t>((n8 + 255) / 256, 8192)), 256, 0,
-                      s>>>(static_cast<const bf16*>(k), n8, cols, ops.k_scale,
-                           static_cast<uint8_t*>(ops.k8));
-  }
-  if (q_rows > 0) {
-    const int64_t rh = q_rows * heads;
-    QuantizeQKernel<<<static_cast<unsigned>(std::min<int64_t>((rh + 7) / 8, 16384)), 256, 0,
-                      s>>>(static_cast<const bf16*>(q), rh, heads, ops.k_scale,
-                           static_cast<uint8_t*>(ops.q8), ops.q_scale);
-  }
-  if (ops.vt_cols > 0) {
-    const dim3 grid(static_cast<unsigned>((ops.vt_cols + 63) / 64), cols / 64);
-    TransposeVKernel<<<grid, 256, 0, s>>>(static_cast<const bf16*>(v), kv_rows, cols, ops.v_scale,
-                                          static_cast<uint8_t*>(ops.vt8), ops.vt_cols);
+  // The scales, then Q, K and V^T in one launch.
+  ScalesBothKernel<<<(2 * cols + 255) / 256, 256, 0, s>>>(ops.amax, cols, ops.k_scale, ops.v_scale);
+  const QuantizeBlocks blocks(q_rows, kv_rows, heads, ops.vt_cols);
+  const int64_t grid = blocks.vt + blocks.k + blocks.q;
+  if (grid > 0) {
+    QuantizeAllKernel<<<static_cast<unsigned>(grid), 256, 0, s>>>(
+        static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+        q_rows, kv_rows, heads, blocks, ops.k_scale, ops.v_scale, static_cast<uint8_t*>(ops.q8),
+        static_cast<uint8_t*>(ops.k8), static_cast<uint8_t*>(ops.vt8), ops.q_scale, ops.vt_cols);
   }
   return cudaGetLastError();
 }
