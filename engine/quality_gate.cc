@@ -25,7 +25,7 @@ absl::Status CheckNeGate(const NeComparison& comparison, double max_relative_inc
   if (comparison.relative_increase() <= max_relative_increase) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrFormat(
       "model.precision.quality_gate: the low-precision recipe fails its gate: %s, above the tolerance of +%g%%; "
-      "name fewer fp8_modules (keep late layers bf16), keep weight_gradient BF16, or raise "
+      "name fewer fp8_modules (keep late layers bf16) or fp8_attention blocks, keep weight_gradient BF16, or raise "
       "max_relative_ne_increase",
       comparison.Describe(), 100 * max_relative_increase));
 }

@@ -35,8 +35,11 @@ TEST(QualityGateTest, BaselineDropsTheWholeRecipe) {
   c.fp8.modules = {"dcn", "towers"};
   c.fp8.fp8_weight_gradients = true;
   c.fp8.fp8_all_gather = true;
+  c.fp8.attention = {"sequence", "pma"};
   const GemLiteConfig b = WithoutLowPrecision(c);
   EXPECT_TRUE(b.fp8.empty());
+  EXPECT_TRUE(b.fp8.attention.empty());
+  EXPECT_EQ(SequenceAttentionOptions(b).forward_precision, attention::ForwardPrecision::kBf16);
   EXPECT_FALSE(b.fp8.fp8_weight_gradients);
   EXPECT_FALSE(b.fp8.fp8_all_gather);
   EXPECT_EQ(b.dim, c.dim);
