@@ -130,7 +130,7 @@ struct GemLite<T>::Impl {
       ctx.recipe = LinearRecipe{GemmPrecision::kBf16, GemmPrecision::kBf16, GemmPrecision::kBf16};
       ctx.bf16_attention = true;
     }
-    if (!c.fp8.empty()) {
+    if (!c.fp8.modules.empty()) {
       ctx.linear_recipe_of = [fp8 = c.fp8, base = ctx.recipe](const std::string& linear) {
         return fp8.Holds(linear) ? fp8.Recipe() : base;
       };

@@ -90,6 +90,14 @@ absl::Status GemLiteConfig::Validate() const {
       return absl::InvalidArgumentError(absl::StrCat("model.fp8.attention: unknown block '", b, "'; one of ",
                                                      absl::StrJoin(known, ", ")));
     }
+    const bool present = b == "sequence" ? seq_layers > 0 : b == "cross" ? cross_attention : pma_queries > 0;
+    if (!present) {
+      return absl::InvalidArgumentError(absl::StrCat("model.fp8.attention: names '", b, "', which the model lacks"));
+    }
+    if (dim / heads != 128) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.fp8.attention: the FP8 attention kernel takes head dim 128, the model's is ", dim / heads));
+    }
   }
   return absl::OkStatus();
 }

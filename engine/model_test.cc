@@ -826,5 +826,25 @@ TEST(GemLiteGradClipTest, RejectsNegativeAndNonFiniteClipNorms) {
   }
 }
 
+// The engine's own check of an FP8 attention recipe (ne_probe and tests
+// build configs without a job spec): a block the model lacks or a head dim
+// the kernel does not take is an error, not a no-op.
+TEST(GemLiteConfigTest, Fp8AttentionNamesBlocksTheModelHasAtHeadDim128) {
+  GemLiteConfig c;
+  c.dim = 128;
+  c.heads = 1;
+  c.seq_layers = 1;
+  c.cross_attention = false;
+  c.pma_queries = 2;
+  c.fp8.attention = {"sequence", "pma"};
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+  c.fp8.attention = {"cross"};
+  EXPECT_NE(c.Validate().message().find("names 'cross', which the model lacks"), std::string::npos) << c.Validate();
+  c.fp8.attention = {"sequence"};
+  c.heads = 2;
+  EXPECT_NE(c.Validate().message().find("takes head dim 128, the model's is 64"), std::string::npos)
+      << c.Validate();
+}
+
 }  // namespace
 }  // namespace recfleet::engine

@@ -276,8 +276,8 @@ int Run(const Args& a) {
           for (const std::string& precision : a.precisions) {
             for (int rep = 0; rep < a.repeats; ++rep) {
               const absl::Time start = absl::Now();
-              auto m = Make(ProbeConfig(a, seed, lr), data.schema(), Device::kCuda, precision,
-                            a.fp8_modules, a.fp8_attention);
+              const GemLiteConfig config = ProbeConfig(a, seed, lr);
+              auto m = Make(config, data.schema(), Device::kCuda, precision, a.fp8_modules, a.fp8_attention);
               const std::vector<double> losses =
                   Train(*m, data, a.setup.steps, batch, a.prefetch,
                         shuffle ? absl::Span<const int64_t>(shuffled) : absl::Span<const int64_t>());
@@ -298,8 +298,8 @@ int Run(const Args& a) {
                     absl::ToDoubleSeconds(trained - start));
                 std::fflush(stdout);
                 if (a.trace_nonfinite) {
-                  auto again = Make(ProbeConfig(a, seed, lr), data.schema(), Device::kCuda,
-                                    precision, a.fp8_modules, a.fp8_attention);
+                  auto again = Make(config, data.schema(), Device::kCuda, precision, a.fp8_modules,
+                                    a.fp8_attention);
                   TraceNonfinite(*again, data, static_cast<int>(first_nonfinite), batch,
                                  shuffle ? absl::Span<const int64_t>(shuffled)
                                          : absl::Span<const int64_t>());
@@ -330,7 +330,7 @@ int Run(const Args& a) {
                   shuffle ? "shuffled" : "cyclic", a.setup.steps,
                   static_cast<double>(a.setup.steps) * batch / data.num_train(),
                   static_cast<int>(seed), precision.c_str(),
-                  static_cast<long long>(ProbeConfig(a, seed, lr).heads), rep, e->normalized_entropy,
+                  static_cast<long long>(config.heads), rep, e->normalized_entropy,
                   e->auc, Mean(losses, 0, std::min<size_t>(100, n)),
                   Mean(losses, n >= 100 ? n - 100 : 0, n), worst, worst_step,
                   absl::ToDoubleSeconds(trained - start), absl::ToDoubleSeconds(absl::Now() - trained));
@@ -356,11 +356,20 @@ bool ParseList(const std::string& text, std::vector<T>& out, F parse) {
   return !out.empty();
 }
 
+// A comma list of names, each one of `known`.
+bool ParseNames(const std::string& text, const std::vector<std::string>& known, std::vector<std::string>& out) {
+  return ParseList(text, out, [&](absl::string_view s, std::string& v) {
+    v = std::string(s);
+    return std::find(known.begin(), known.end(), v) != known.end();
+  });
+}
+
 }  // namespace
 }  // namespace recfleet::engine
 
 int main(int argc, char** argv) {
   using recfleet::engine::ParseList;
+  using recfleet::engine::ParseNames;
   recfleet::engine::Args a;
   bool users_given = false, fp8_modules_given = false, fp8_attention_given = false;
   for (int i = 1; i < argc; ++i) {
@@ -402,20 +411,12 @@ int main(int argc, char** argv) {
       });
     } else if (arg == "--fp8-attention") {
       fp8_attention_given = true;
-      ok = ParseList(value(), a.fp8_attention, [](absl::string_view s, std::string& v) {
-        v = std::string(s);
-        const std::vector<std::string>& known = recfleet::engine::Fp8AttentionNames();
-        return std::find(known.begin(), known.end(), v) != known.end();
-      });
+      ok = ParseNames(value(), recfleet::engine::Fp8AttentionNames(), a.fp8_attention);
     } else if (arg == "--heads") {
       ok = absl::SimpleAtoi(value(), &a.heads) && a.heads > 0;
     } else if (arg == "--fp8-modules") {
       fp8_modules_given = true;
-      ok = ParseList(value(), a.fp8_modules, [](absl::string_view s, std::string& v) {
-        v = std::string(s);
-        const std::vector<std::string>& known = recfleet::engine::Fp8ModuleNames();
-        return std::find(known.begin(), known.end(), v) != known.end();
-      });
+      ok = ParseNames(value(), recfleet::engine::Fp8ModuleNames(), a.fp8_modules);
     } else if (arg == "--movielens") {
       a.movielens = value();
     } else if (arg == "--repeats") {

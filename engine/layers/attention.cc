@@ -83,13 +83,13 @@ absl::Status JaggedAttention::Forward(const JaggedView& q, const JaggedView& k,
   k_ = k;
   v_ = v;
   const int64_t rows = q.values.dim(0), dim = q.values.dim(1), dh = dim / heads_;
-  // bf16 q, k, v (from bf16-output projections) go to the bf16 kernels as
-  // they are, and the output stays bf16.
   if (Fp8() && (q.values.device != Device::kCuda || dh != 128)) {
     return absl::InvalidArgumentError(
         absl::StrCat("JaggedAttention: the FP8 attention forward needs CUDA tensors with head dim 128; got q ",
                      q.values.DebugString(), " with ", heads_, " heads"));
   }
+  // bf16 q, k, v (from bf16-output projections) go to the bf16 kernels as
+  // they are, and the output stays bf16.
   const bool bf16_in = q.values.dtype == DType::kBFloat16;
   if (bf16_in && (!Bf16(dh) || k.values.dtype != DType::kBFloat16 || v.dtype != DType::kBFloat16)) {
     return absl::InvalidArgumentError(absl::StrCat(
