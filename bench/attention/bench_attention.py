@@ -455,7 +455,7 @@ def fp8_forward(lib, dev, lens):
         flops = ours.flops
         record(name, "recfleet JFA bf16", "fwd", flops, ours.fwd)
         record(name, "recfleet JFA FP8 (+quantize)", "fwd", flops, ours.fwd_fp8)
-        if PASS[0] != 1:
+        if PASS[0] != 1 or PROFILE[0]:
             continue
         for label, fn in (("bf16", ours.fwd), ("FP8", ours.fwd_fp8)):
             for kname, ms in sorted(kernel_times(fn).items(), key=lambda x: -x[1]):

@@ -207,15 +207,16 @@ __device__ __forceinline__ void PackA(const float (&sc)[N / 8][4], uint32_t (&pa
   }
 }
 
-// Hides the scores of a warpgroup's partially visible 64 x 128 score tile (bf16 and
+// Hides the scores of a warpgroup's partially visible 64 x (8 NT) score tile (bf16 and
 // FP8 forwards): `hidden` where
 // the key lies outside the row's range. lo_rel and hi_rel are the thread's
 // two rows' key ranges relative to its first column (col0 + 2 t), so each
 // score costs two compares against immediates and a select.
-__device__ __forceinline__ void HideScores(float (&sc)[16][4], const int (&lo_rel)[2],
+template <int NT>
+__device__ __forceinline__ void HideScores(float (&sc)[NT][4], const int (&lo_rel)[2],
                                            const int (&hi_rel)[2], float hidden) {
 #pragma unroll
-  for (int nt = 0; nt < 16; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e >> 1, cl = nt * 8 + (e & 1);

@@ -47,6 +47,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "kernels/attention/cuda_wgmma.cuh"
@@ -309,15 +311,22 @@ __global__ void __launch_bounds__(256) QuantizeAllKernel(
 }
 
 // ---- Forward configuration and shared memory. ----
+// kKeyCols: keys per K/V tile (128, or 192: fewer per-tile steps for the
+// same work; V^T then loads as 64-key boxes, 64-byte swizzled).
+template <int kKeyCols>
 struct Fp8Config {
   static constexpr int D = 128;
-  static constexpr int kRows = 128;  // query rows (64 per consumer) and keys per tile
+  static constexpr int kRows = 128;  // query rows per tile (64 per consumer)
+  static constexpr int kKeys = kKeyCols;
+  static_assert(kKeys == 128 || kKeys == 192, "key tile");
+  static constexpr bool kVt64 = kKeys != 128;  // V^T as 64-key, 64-byte-swizzled boxes
   static constexpr int kStages = 3;  // of each ring: Q, K and V^T
-  static constexpr int kTileBytes = kRows * D;  // one byte an element
+  static constexpr int kTileBytes = kRows * D;  // a Q tile, one byte an element
+  static constexpr int kKvBytes = kKeys * D;    // a K or a V^T tile
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + kStages * kTileBytes;
-  static constexpr int kV = kK + kStages * kTileBytes;
-  static constexpr int kBars = kV + kStages * kTileBytes;
+  static constexpr int kV = kK + kStages * kKvBytes;
+  static constexpr int kBars = kV + kStages * kKvBytes;
   static constexpr int kSmemBytes = kBars + 256 + 1024;
   static constexpr int kCtaThreads = 3 * kWgThreads;
   static constexpr int kFullArrivals = 1;  // the TMA thread's expect_tx
@@ -327,7 +336,7 @@ struct Fp8Config {
   // below 256 * 2^kLazyMax = 362 < 448, e4m3's largest finite value.
   static constexpr float kLazyMax = 0.5f;
   static_assert(6 * kStages * 8 <= 256, "the barriers fit their 256 bytes");
-  static_assert(kStages * kRows >= kWgmmaResidentKeys + kKeyAlign - 1,
+  static_assert(kStages * kKeys >= kWgmmaResidentKeys + kKeyAlign - 1,
                 "a grouped item's aligned K/V tiles fit the rings");
 };
 
@@ -338,19 +347,25 @@ struct Fp8Config {
 struct KeyTiles {
   int first, count;
 };
+template <class C>
 __device__ __forceinline__ KeyTiles ItemKeyTiles(const WorkItem& it) {
-  using C = Fp8Config;
   if (it.inner_end <= it.inner_begin) return {it.inner_begin, 0};
   const int first = it.inner_begin - static_cast<int>((it.k_start + it.inner_begin) %
                                                       C::kKeyAlign);
-  return {first, (it.inner_end - first + C::kRows - 1) / C::kRows};
+  return {first, (it.inner_end - first + C::kKeys - 1) / C::kKeys};
 }
-static_assert(kForwardTileRows == Fp8Config::kRows, "the planner's forward tiles are 128 rows");
+static_assert(kForwardTileRows == Fp8Config<128>::kRows, "the planner's forward tiles are 128 rows");
 
+template <int kBytes>
 __device__ __forceinline__ void ExpectTile(uint32_t bar) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-               "n"(Fp8Config::kTileBytes)
+               "n"(kBytes)
                : "memory");
+}
+// The K and V^T tiles of a ring stage.
+template <class C>
+__device__ __forceinline__ uint32_t KvTile(uint32_t ring, int stage) {
+  return ring + stage * C::kKvBytes;
 }
 // A [128 columns x 128 rows] box of a 2D byte tensor (V^T): column, row.
 __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int col, int row,
@@ -363,45 +378,55 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
 }
 
 // ---- Producer (warpgroup 2; one thread issues every copy). ----
-__device__ __forceinline__ void Fp8Producer(const KernelParams& p, const FwdSmem<Fp8Config>& sm,
+template <class C>
+__device__ __forceinline__ void Fp8Producer(const KernelParams& p, const FwdSmem<C>& sm,
                                             const CUtensorMap& q_map, const CUtensorMap& k_map,
                                             const CUtensorMap& vt_map, int tid,
                                             const TileScheduler& sched) {
   ProducerRegs();
   if (tid != 0) return;
-  using C = Fp8Config;
   int kv_iter = 0, q_iter = 0;
   for (int w = sched.First(); sched.Valid(w); w = sched.Next(w)) {
     const WorkItem it = ItemAt(p, w);
-    const KeyTiles kt = ItemKeyTiles(it);
+    const KeyTiles kt = ItemKeyTiles<C>(it);
     for (int j = 0; j < it.q_tiles; ++j, ++q_iter) {
       const RingPos<C::kStages> qp(q_iter);
       BarWait(sm.q_empty + 8 * qp.stage, qp.phase ^ 1);
-      ExpectTile(sm.q_full + 8 * qp.stage);
+      ExpectTile<C::kTileBytes>(sm.q_full + 8 * qp.stage);
       TmaLoadBlock(sm.Tile(sm.q, qp.stage), &q_map, 0, it.head,
                    static_cast<int>(it.q_start + it.tile_row + j * C::kRows),
                    sm.q_full + 8 * qp.stage);
       if (j > 0) continue;
       for (int n = 0; n < kt.count; ++n, ++kv_iter) {
         const RingPos<C::kStages> kp(kv_iter);
-        const int key = static_cast<int>(it.k_start + kt.first + n * C::kRows);
+        const int key = static_cast<int>(it.k_start + kt.first + n * C::kKeys);
         BarWait(sm.k_empty + 8 * kp.stage, kp.phase ^ 1);
-        ExpectTile(sm.k_full + 8 * kp.stage);
-        TmaLoadBlock(sm.Tile(sm.k, kp.stage), &k_map, 0, it.head, key, sm.k_full + 8 * kp.stage);
+        ExpectTile<C::kKvBytes>(sm.k_full + 8 * kp.stage);
+        TmaLoadBlock(KvTile<C>(sm.k, kp.stage), &k_map, 0, it.head, key,
+                     sm.k_full + 8 * kp.stage);
         BarWait(sm.v_empty + 8 * kp.stage, kp.phase ^ 1);
-        ExpectTile(sm.v_full + 8 * kp.stage);
-        TmaLoad2d(sm.Tile(sm.v, kp.stage), &vt_map, key, it.head * C::D,
-                  sm.v_full + 8 * kp.stage);
+        ExpectTile<C::kKvBytes>(sm.v_full + 8 * kp.stage);
+        if constexpr (C::kVt64) {
+#pragma unroll
+          for (int b = 0; b < C::kKeys / 64; ++b) {
+            TmaLoad2d(KvTile<C>(sm.v, kp.stage) + b * 64 * C::D, &vt_map, key + 64 * b,
+                      it.head * C::D, sm.v_full + 8 * kp.stage);
+          }
+        } else {
+          TmaLoad2d(KvTile<C>(sm.v, kp.stage), &vt_map, key, it.head * C::D,
+                    sm.v_full + 8 * kp.stage);
+        }
       }
     }
   }
 }
 
 // ---- Consumers. ----
+template <int N>
 struct Fp8Regs {
-  float o[16][4];   // 64 rows x 128 output columns
-  float sc[16][4];  // 64 rows x 128 keys: S, then P
-  uint32_t pa[4][4];  // P as e4m3 A fragments, four k32 steps
+  float o[16][4];      // 64 rows x 128 output columns
+  float sc[N / 8][4];  // 64 rows x N keys: S, then P
+  uint32_t pa[N / 32][4];  // P as e4m3 A fragments, N / 32 k32 steps
   float m[2], l[2], corr[2];
   float k_exp[2];  // log2(e) * scale * q_scale of the thread's two rows
 };
@@ -417,23 +442,43 @@ struct Fp8Step {
   bool release;
 };
 
-// acc[64 x 128] = A[64 x 128] B[128 x 128]^T, both e4m3 K-major tiles of one
+// A descriptor of a K-major tile of 64-byte rows, 64-byte swizzled (V^T's
+// 64-key boxes): 8-row core-matrix groups 512 bytes apart.
+__device__ __forceinline__ uint64_t Desc64(uint32_t addr) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = static_cast<uint16_t>((addr & 0x3FFFF) >> 4);
+  d.bitfield.leading_byte_offset_ = 1;
+  d.bitfield.stride_byte_offset_ = static_cast<uint16_t>(512 >> 4);
+  d.bitfield.layout_type_ = static_cast<uint8_t>(GMMA::LayoutType::B64);
+  return d.desc_;
+}
+
+template <int N>
+using Fp8SsAtom = std::conditional_t<N == 128, GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>,
+                                     GMMA::MMA_64x192x32_F32E4M3E4M3_SS_TN<>>;
+
+// acc[64 x N] = A[64 x 128] B[N x 128]^T, both e4m3 K-major tiles of one
 // 128-byte column block: four k32 steps, 32 bytes apart.
-__device__ __forceinline__ void GemmFp8SS(float (&acc)[16][4], uint32_t a, uint32_t b) {
+template <int N>
+__device__ __forceinline__ void GemmFp8SS(float (&acc)[N / 8][4], uint32_t a, uint32_t b) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    detail::FmaSS<GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>, 128>(
+    detail::FmaSS<Fp8SsAtom<N>, N>(
         acc, Desc(a + kk * 32, 16, 1024), Desc(b + kk * 32, 16, 1024),
-        kk > 0 ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero, std::make_index_sequence<64>{});
+        kk > 0 ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero, std::make_index_sequence<N / 2>{});
   }
 }
-// acc[64 x 128] += P[64 x 128 keys] (registers) V^T[128 x 128 keys]^T.
-__device__ __forceinline__ void GemmFp8RS(float (&acc)[16][4], const uint32_t (&pa)[4][4],
-                                          uint32_t vt) {
+// acc[64 x 128] += P[64 x N keys] (registers) V^T[128 x N keys]^T: V^T one
+// 128-byte-swizzled block, or (kVt64) N / 64 blocks of 64-byte rows.
+template <class C>
+__device__ __forceinline__ void GemmFp8RS(float (&acc)[16][4],
+                                          const uint32_t (&pa)[C::kKeys / 32][4], uint32_t vt) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < C::kKeys / 32; ++kk) {
+    const uint64_t b = C::kVt64 ? Desc64(vt + (kk >> 1) * 64 * C::D + (kk & 1) * 32)
+                                : Desc(vt + kk * 32, 16, 1024);
     detail::FmaRS<GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>, 128>(
-        acc, pa[kk], Desc(vt + kk * 32, 16, 1024), std::make_index_sequence<64>{});
+        acc, pa[kk], b, std::make_index_sequence<64>{});
   }
 }
 
@@ -441,11 +486,13 @@ __device__ __forceinline__ void GemmFp8RS(float (&acc)[16][4], const uint32_t (&
 // out (see the file comment): the mask where the tile is not fully
 // visible (always where it starts before the sequence's key 0), the row max
 // and sum, corr for the output so far.
-__device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& it, Fp8Regs& r,
-                                         const Fp8Rows& at, int col0) {
+template <class C>
+__device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& it,
+                                         Fp8Regs<C::kKeys>& r, const Fp8Rows& at, int col0) {
+  constexpr int NT = C::kKeys / 8;
   const TileClass cls =
       col0 < 0 ? kTilePartial
-               : ClassOf(p, it.q_len, it.k_len, at.wg_row0, 64, col0, Fp8Config::kRows);
+               : ClassOf(p, it.q_len, it.k_len, at.wg_row0, 64, col0, C::kKeys);
   if (cls != kTileFull) {
     int lo[2], hi[2], lo_rel[2], hi_rel[2];
     RowKeyRanges(p, it.q_len, it.k_len, at.row0, lo, hi);
@@ -468,17 +515,21 @@ __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& 
                          fmaxf(r.sc[j + 4][2 * i], r.sc[j + 4][2 * i + 1])),
                    fmaxf(fmaxf(r.sc[j + 8][2 * i], r.sc[j + 8][2 * i + 1]),
                          fmaxf(r.sc[j + 12][2 * i], r.sc[j + 12][2 * i + 1])));
+      if constexpr (NT == 24) {
+        a[j] = fmaxf(a[j], fmaxf(fmaxf(r.sc[j + 16][2 * i], r.sc[j + 16][2 * i + 1]),
+                                 fmaxf(r.sc[j + 20][2 * i], r.sc[j + 20][2 * i + 1])));
+      }
     }
     const float mx = fmaxf(fmaxf(a[0], a[1]), fmaxf(a[2], a[3]));
     const float m_tile = QuadMax(mx) * r.k_exp[i];
-    const float m_new = m_tile > r.m[i] + Fp8Config::kLazyMax ? m_tile : r.m[i];
+    const float m_new = m_tile > r.m[i] + C::kLazyMax ? m_tile : r.m[i];
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     r.corr[i] = Exp2(r.m[i] - m_use);
     r.m[i] = m_new;
     const float shift = 8.f - m_use;  // P * 256
     float part[2] = {0.f, 0.f};
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
+    for (int nt = 0; nt < NT; ++nt) {
       r.sc[nt][2 * i] = Exp2(fmaf(r.sc[nt][2 * i], r.k_exp[i], shift));
       r.sc[nt][2 * i + 1] = Exp2(fmaf(r.sc[nt][2 * i + 1], r.k_exp[i], shift));
       part[nt & 1] += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
@@ -491,9 +542,10 @@ __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& 
 // permuted key blocks make the thread's accumulator columns 8 q + 2 t, + 1
 // of k step kk the fragment's k indices 4 t .. 4 t + 3 (q = 0, 1) and
 // 16 + 4 t .. 16 + 4 t + 3 (q = 2, 3) of rows g (i = 0) and g + 8 (i = 1).
-__device__ __forceinline__ void PackP(const float (&sc)[16][4], uint32_t (&pa)[4][4]) {
+template <int N>
+__device__ __forceinline__ void PackP(const float (&sc)[N / 8][4], uint32_t (&pa)[N / 32][4]) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < N / 32; ++kk) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -509,10 +561,10 @@ __device__ __forceinline__ void PackP(const float (&sc)[16][4], uint32_t (&pa)[4
 // One main-loop step: S_n (kS) and P_{n-1} V_{n-1} (kPv) issued in this
 // warpgroup's turn, then S_n into P_n (while the P V runs), the output
 // rescaled, P_n packed. As MainloopStep of cuda_wgmma.cu.
-template <bool kS, bool kPv>
+template <class C, bool kS, bool kPv>
 __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const WorkItem& it,
-                                        const FwdSmem<Fp8Config>& sm, Fp8Regs& r, const Fp8Rows& at,
-                                        const Fp8Step& st) {
+                                                const FwdSmem<C>& sm, Fp8Regs<C::kKeys>& r,
+                                                const Fp8Rows& at, const Fp8Step& st) {
   if (kS) BarWait(sm.k_full + 8 * st.k_stage, st.k_phase);
   if (kPv) BarWait(sm.v_full + 8 * st.v_stage, st.v_phase);
   TurnWait(p, at.my_turn);
@@ -522,11 +574,11 @@ __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const Wor
   }
   WgFence();
   if constexpr (kS) {
-    GemmFp8SS(r.sc, at.q_rows, sm.Tile(sm.k, st.k_stage));
+    GemmFp8SS<C::kKeys>(r.sc, at.q_rows, KvTile<C>(sm.k, st.k_stage));
     WgCommit();
   }
   if constexpr (kPv) {
-    GemmFp8RS(r.o, r.pa, sm.Tile(sm.v, st.v_stage));
+    GemmFp8RS<C>(r.o, r.pa, KvTile<C>(sm.v, st.v_stage));
     WgCommit();
   }
   TurnPass(p, at.other_turn);
@@ -534,7 +586,7 @@ __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const Wor
     WgWait1();
     FenceRegs(r.sc);
     if (st.release) BarArrive(sm.k_empty + 8 * st.k_stage);
-    Fp8Probs(p, it, r, at, st.col0);
+    Fp8Probs<C>(p, it, r, at, st.col0);
   }
   WgWait0();
   if constexpr (kPv) {
@@ -546,7 +598,7 @@ __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const Wor
     FenceRegs(r.sc);
     if constexpr (!kPv) {
       if (st.release) BarArrive(sm.k_empty + 8 * st.k_stage);
-      Fp8Probs(p, it, r, at, st.col0);
+      Fp8Probs<C>(p, it, r, at, st.col0);
     } else if (__any_sync(0xffffffffu, r.corr[0] != 1.f || r.corr[1] != 1.f)) {
 #pragma unroll
       for (int dt = 0; dt < 16; ++dt) {
@@ -554,14 +606,15 @@ __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const Wor
         for (int e = 0; e < 4; ++e) r.o[dt][e] *= r.corr[e >> 1];
       }
     }
-    PackP(r.sc, r.pa);
+    PackP<C::kKeys>(r.sc, r.pa);
   }
 }
 
 // The epilogue: 1 / sum per row, the log-sum-exp (the quad's first thread),
 // and the output rows scaled by V's channel scales, as bf16.
+template <class C>
 __device__ __forceinline__ void Fp8Epilogue(const KernelParams& p, const WorkItem& it,
-                                            const Fp8Regs& r, const Fp8Rows& at) {
+                                            const Fp8Regs<C::kKeys>& r, const Fp8Rows& at) {
   float mul[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -574,12 +627,12 @@ __device__ __forceinline__ void Fp8Epilogue(const KernelParams& p, const WorkIte
           seen ? (r.m[i] + log2f(sum) - 8.f) * kLn2 : -INFINITY;
     }
   }
-  const float* vs = p.v_scale + it.head * Fp8Config::D + 2 * at.t;
+  const float* vs = p.v_scale + it.head * C::D + 2 * at.t;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = at.row0 + 8 * i;
     if (row >= it.q_len) break;
-    bf16* out = static_cast<bf16*>(p.o) + ((it.q_start + row) * p.heads + it.head) * Fp8Config::D +
+    bf16* out = static_cast<bf16*>(p.o) + ((it.q_start + row) * p.heads + it.head) * C::D +
                 2 * at.t;
 #pragma unroll
     for (int dt = 0; dt < 16; ++dt) {
@@ -590,9 +643,9 @@ __device__ __forceinline__ void Fp8Epilogue(const KernelParams& p, const WorkIte
   }
 }
 
-__device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem<Fp8Config>& sm, int c,
+template <class C>
+__device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem<C>& sm, int c,
                                             int tid, const TileScheduler& sched) {
-  using C = Fp8Config;
   ConsumerRegs();
   Fp8Rows at{};
   at.my_turn = 1 + c;
@@ -601,12 +654,12 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
   at.t = lane & 3;
   const int row_in_tile = c * 64 + warp * 16 + g;
   if (c == 1) TurnPass(p, 1);  // warpgroup 0 issues first
-  Fp8Regs r;
+  Fp8Regs<C::kKeys> r;
   const float k_exp = p.scale * kLog2e;
   int kv_iter = 0, q_iter = 0;
   for (int w = sched.First(); sched.Valid(w); w = sched.Next(w)) {
     WorkItem it = ItemAt(p, w);
-    const KeyTiles kt = ItemKeyTiles(it);
+    const KeyTiles kt = ItemKeyTiles<C>(it);
     const int kv_first = kv_iter;
     for (int j = 0; j < it.q_tiles; ++j, ++q_iter, it.tile_row += C::kRows) {
       kv_iter = kv_first;
@@ -636,73 +689,93 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
         st.k_stage = kp.stage;
         st.k_phase = kp.phase;
         st.col0 = kt.first;
-        Fp8MainloopStep<true, false>(p, it, sm, r, at, st);
+        Fp8MainloopStep<C, true, false>(p, it, sm, r, at, st);
         for (int n = 1; n < kt.count; ++n) {
           st.v_stage = kp.stage;
           st.v_phase = kp.phase;
           kp = RingPos<C::kStages>(++kv_iter);
           st.k_stage = kp.stage;
           st.k_phase = kp.phase;
-          st.col0 = kt.first + n * C::kRows;
-          Fp8MainloopStep<true, true>(p, it, sm, r, at, st);
+          st.col0 = kt.first + n * C::kKeys;
+          Fp8MainloopStep<C, true, true>(p, it, sm, r, at, st);
         }
         st.v_stage = kp.stage;
         st.v_phase = kp.phase;
-        Fp8MainloopStep<false, true>(p, it, sm, r, at, st);
+        Fp8MainloopStep<C, false, true>(p, it, sm, r, at, st);
         ++kv_iter;
       }
       BarArrive(sm.q_empty + 8 * qp.stage);
-      Fp8Epilogue(p, it, r, at);
+      Fp8Epilogue<C>(p, it, r, at);
     }
   }
   if (c == 0) TurnWait(p, at.my_turn);
 }
 
-__global__ void __launch_bounds__(Fp8Config::kCtaThreads, 1)
+template <class C>
+__global__ void __launch_bounds__(C::kCtaThreads, 1)
     Fp8ForwardKernel(const KernelParams p, const __grid_constant__ CUtensorMap q_map,
                      const __grid_constant__ CUtensorMap k_map,
                      const __grid_constant__ CUtensorMap vt_map) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  const FwdSmem<Fp8Config> sm((raw + 1023) & ~1023u);
+  const FwdSmem<C> sm((raw + 1023) & ~1023u);
   const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
   const TileScheduler sched(p);
   if (threadIdx.x == 0) sm.Init();
   __syncthreads();
   if (wg == 2) {
-    Fp8Producer(p, sm, q_map, k_map, vt_map, tid, sched);
+    Fp8Producer<C>(p, sm, q_map, k_map, vt_map, tid, sched);
   } else {
-    Fp8Consumer(p, sm, wg, tid, sched);
+    Fp8Consumer<C>(p, sm, wg, tid, sched);
   }
 }
 
 // Tensor maps over the e4m3 operands, 128-byte swizzled 128 x 128-byte
 // boxes: q8/k8 [rows, heads, 128] (coordinates column, head, row) and V^T
 // [heads * 128, vt_cols] (column = key, row).
-bool MakeRowsMap(CUtensorMap* map, const void* base, int64_t rows, int heads) {
+bool MakeRowsMap(CUtensorMap* map, const void* base, int64_t rows, int heads, int box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr || rows <= 0 || rows > INT32_MAX) return false;
   const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(heads) * 128};
-  const cuuint32_t box[3] = {128, 1, 128};
+  const cuuint32_t box[3] = {128, 1, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box,
                 element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-bool MakeVtMap(CUtensorMap* map, const void* base, int64_t vt_cols, int heads) {
+// box_keys 128 (128-byte swizzle) or 64 (64-byte swizzle).
+bool MakeVtMap(CUtensorMap* map, const void* base, int64_t vt_cols, int heads, int box_keys) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr || vt_cols <= 0 || vt_cols > INT32_MAX || vt_cols % 16 != 0) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(vt_cols),
                               static_cast<cuuint64_t>(heads) * 128};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(vt_cols)};
-  const cuuint32_t box[2] = {128, 128};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_keys), 128};
   const cuuint32_t element_strides[2] = {1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                box_keys == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <class C>
+int LaunchFp8Kernel(const KernelParams& p, int sms, cudaStream_t stream) {
+  CUtensorMap q_map{}, k_map{}, vt_map{};
+  if (!MakeRowsMap(&q_map, p.q, p.q_rows, p.heads, C::kRows) ||
+      !MakeRowsMap(&k_map, p.k, p.kv_rows, p.heads, C::kKeys) ||
+      !MakeVtMap(&vt_map, p.v, p.vt_cols, p.heads, C::kVt64 ? 64 : 128)) {
+    return cudaErrorNotSupported;
+  }
+  auto kernel = Fp8ForwardKernel<C>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       C::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  kernel<<<TileScheduler::Grid(p, sms), C::kCtaThreads, C::kSmemBytes, stream>>>(p, q_map, k_map,
+                                                                                vt_map);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -745,19 +818,11 @@ bool Fp8ForwardSupports(const KernelParams& p) {
 
 int LaunchJaggedForwardFp8(const KernelParams& p, int sms, void* stream) {
   if (p.num_items * p.heads == 0) return 0;
-  CUtensorMap q_map{}, k_map{}, vt_map{};
-  if (!MakeRowsMap(&q_map, p.q, p.q_rows, p.heads) ||
-      !MakeRowsMap(&k_map, p.k, p.kv_rows, p.heads) ||
-      !MakeVtMap(&vt_map, p.v, p.vt_cols, p.heads)) {
-    return cudaErrorNotSupported;
+  const char* keys = std::getenv("RECFLEET_ATTENTION_FP8_KEYS");
+  if (keys != nullptr && std::string(keys) == "192") {
+    return LaunchFp8Kernel<Fp8Config<192>>(p, sms, static_cast<cudaStream_t>(stream));
   }
-  auto kernel = Fp8ForwardKernel;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       Fp8Config::kSmemBytes);
-  if (e != cudaSuccess) return e;
-  kernel<<<TileScheduler::Grid(p, sms), Fp8Config::kCtaThreads, Fp8Config::kSmemBytes,
-           static_cast<cudaStream_t>(stream)>>>(p, q_map, k_map, vt_map);
-  return cudaGetLastError();
+  return LaunchFp8Kernel<Fp8Config<128>>(p, sms, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace recfleet::attention::cuda_impl
