@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -253,6 +254,27 @@ TEST(AttentionFp8CudaTest, ScalesAcrossTokensAndChannels) {
   c.name = "scales causal";
   c.mask = Mask::kCausal;
   ASSERT_NO_FATAL_FAILURE(RunCase(c, 21));
+}
+
+// The launcher takes 192-key tiles unmasked and 128-key tiles under a mask;
+// both kernels are run here under every mask (RECFLEET_ATTENTION_FP8_KEYS).
+TEST(AttentionFp8CudaTest, BothKeyTilesUnderEveryMask) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<int64_t> lq = {600, 1, 0, 130, 64, 4, 300, 520};
+  const std::vector<int64_t> lk = {200, 65, 5, 0, 900, 300, 129, 256};
+  for (const char* keys : {"128", "192"}) {
+    SCOPED_TRACE(std::string("key tile ") + keys);
+    setenv("RECFLEET_ATTENTION_FP8_KEYS", keys, 1);
+    uint64_t seed = 30;
+    for (Mask mask : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
+      const int64_t window = mask == Mask::kSlidingWindow ? 200 : 0;
+      Case self{std::string("self, keys ") + keys, kRagged, kRagged, mask, window};
+      Case cross{std::string("cross, keys ") + keys, lq, lk, mask, window};
+      ASSERT_NO_FATAL_FAILURE(RunCase(self, seed++));
+      ASSERT_NO_FATAL_FAILURE(RunCase(cross, seed++));
+    }
+  }
+  unsetenv("RECFLEET_ATTENTION_FP8_KEYS");
 }
 
 TEST(AttentionFp8CudaTest, RefusesWhatItDoesNotSupport) {
