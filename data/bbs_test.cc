@@ -80,7 +80,9 @@ TEST(BbsTest, RecfleetBeatsSortInterleaveOnHeavyTails) {
     }
     EXPECT_LT(bbs, naive) << spec;
     EXPECT_LT(ours, bbs) << spec;
-    if (std::string(spec) == "linear") EXPECT_LT(ours, 0.001);
+    if (std::string(spec) == "linear") {
+      EXPECT_LT(ours, 0.001);
+    }
   }
 }
 

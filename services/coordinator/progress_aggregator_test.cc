@@ -26,7 +26,9 @@ TEST(ProgressAggregatorTest, JobMovesAtTheSlowestRanksPace) {
   EXPECT_EQ(agg.world_size(), 2);
   for (int step = 1; step <= 3; ++step) {
     EXPECT_EQ(agg.Record(0, OneStep(step, 100, 0.1, 0.6)), 1);
-    if (step < 3) EXPECT_EQ(agg.Record(1, OneStep(step, 100, 0.3, 0.4)), 1);
+    if (step < 3) {
+      EXPECT_EQ(agg.Record(1, OneStep(step, 100, 0.3, 0.4)), 1);
+    }
   }
   JobProgress p;
   agg.Compute(p);
