@@ -640,7 +640,10 @@ absl::Status MmaBackward(const DevicePlan& plan, const AttentionGrads& grads, Wo
 // The FP8 forward (AttentionOptions::forward_precision): the quantize
 // pre-pass into stream-ordered temporaries, then the Hopper FP8 kernel over
 // the grouped forward tiles (RECFLEET_ATTENTION_WGMMA_GROUP and _TURNS as for
-// the bf16 kernel).
+// the bf16 kernel). Unmasked it takes 192-key tiles, under a mask 128
+// (measured on H200, bench/RESULTS.md: the 192-key kernel 3-4% faster
+// unmasked, no gain causal, where a wider tile holds more masked keys);
+// RECFLEET_ATTENTION_FP8_KEYS=128 or 192 overrides, for re-measuring.
 absl::Status Fp8Forward(const AttentionInputs& in, const DevicePlan& plan, Workspace& ws,
                         KernelParams p, cudaStream_t stream) {
   if (!cuda_impl::Fp8ForwardSupports(p)) {
@@ -696,6 +699,10 @@ absl::Status Fp8Forward(const AttentionInputs& in, const DevicePlan& plan, Works
     p.num_items = plan.num_grouped_tiles;
   }
   p.wgmma_turns = EnvFlag("RECFLEET_ATTENTION_WGMMA_TURNS");
+  const char* keys = std::getenv("RECFLEET_ATTENTION_FP8_KEYS");
+  p.fp8_wide_keys = keys != nullptr && std::string(keys) == "128"   ? false
+                    : keys != nullptr && std::string(keys) == "192" ? true
+                                                                     : p.mask == cuda_impl::kMaskNone;
   return CudaCheck(cuda_impl::LaunchJaggedForwardFp8(p, *sms, stream),
                    "jagged attention forward (FP8)");
 }

@@ -49,8 +49,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <utility>
 
 #include "kernels/attention/cuda_wgmma.cuh"
@@ -818,19 +816,11 @@ bool Fp8ForwardSupports(const KernelParams& p) {
          p.scale > 0.f;
 }
 
-// The key tile: 192 keys for unmasked attention, 128 under a mask (measured
-// on H200, bench/RESULTS.md: the 192-key kernel 3-4% faster unmasked, no
-// gain causal, where a wider tile holds more masked keys);
-// RECFLEET_ATTENTION_FP8_KEYS=128 or 192 overrides, for re-measuring.
 int LaunchJaggedForwardFp8(const KernelParams& p, int sms, void* stream) {
   if (p.num_items * p.heads == 0) return 0;
-  const char* keys = std::getenv("RECFLEET_ATTENTION_FP8_KEYS");
-  const bool wide = keys != nullptr && (std::string(keys) == "128" || std::string(keys) == "192")
-                        ? std::string(keys) == "192"
-                        : p.mask == kMaskNone;
   auto s = static_cast<cudaStream_t>(stream);
-  return wide ? LaunchFp8Kernel<Fp8Config<192>>(p, sms, s)
-              : LaunchFp8Kernel<Fp8Config<128>>(p, sms, s);
+  return p.fp8_wide_keys ? LaunchFp8Kernel<Fp8Config<192>>(p, sms, s)
+                         : LaunchFp8Kernel<Fp8Config<128>>(p, sms, s);
 }
 
 }  // namespace recfleet::attention::cuda_impl

@@ -79,15 +79,17 @@ struct Problem {
   Mat q, k, v, dout;
 };
 
-// The exact forward's P and O (the backward reads O for D = rowsum(dO O)).
+// The exact forward's O (for D = rowsum(dO O)) and log-sum-exp (the one
+// the backward's P is formed with, so that P's error is the backward's own).
 struct Exact {
-  Mat p, o;
+  Mat o;
+  std::vector<double> lse;
 };
 
-Exact ExactBackward(const Problem& pr) {
+Exact ExactForward(const Problem& pr) {
   Exact e;
-  e.p.assign(pr.lq * pr.lk, 0.0);
   e.o.assign(pr.lq * kD, 0.0);
+  e.lse.assign(pr.lq, -INFINITY);
   for (int i = 0; i < pr.lq; ++i) {
     double mx = -INFINITY;
     std::vector<double> s(pr.lk, -INFINITY);
@@ -99,9 +101,10 @@ Exact ExactBackward(const Problem& pr) {
     }
     double sum = 0;
     for (int j = 0; j < pr.lk; ++j) sum += std::isinf(s[j]) ? 0 : std::exp(s[j] - mx);
+    e.lse[i] = mx + std::log(sum);
     for (int j = 0; j < pr.lk; ++j) {
-      e.p[i * pr.lk + j] = std::isinf(s[j]) ? 0 : std::exp(s[j] - mx) / sum;
-      for (int c = 0; c < kD; ++c) e.o[i * kD + c] += e.p[i * pr.lk + j] * pr.v[j * kD + c];
+      const double p = std::isinf(s[j]) ? 0 : std::exp(s[j] - mx) / sum;
+      for (int c = 0; c < kD; ++c) e.o[i * kD + c] += p * pr.v[j * kD + c];
     }
   }
   return e;
@@ -174,21 +177,7 @@ Grads Backward(const Problem& pr, const Exact& ex, Fmt f, DsScale ds_scale) {
   for (int i = 0; i < lq; ++i) {
     double d = 0;
     for (int c = 0; c < kD; ++c) d += pr.dout[i * kD + c] * ex.o[i * kD + c];
-    // The exact lse of the row (the forward's), so that P's error is the
-    // backward's own.
-    double mx = -INFINITY;
-    for (int j = 0; j < lk && (!pr.causal || j <= i); ++j) {
-      double dot = 0;
-      for (int c = 0; c < kD; ++c) dot += pr.q[i * kD + c] * pr.k[j * kD + c];
-      mx = std::max(mx, dot * pr.scale);
-    }
-    double sum = 0;
-    for (int j = 0; j < lk && (!pr.causal || j <= i); ++j) {
-      double dot = 0;
-      for (int c = 0; c < kD; ++c) dot += pr.q[i * kD + c] * pr.k[j * kD + c];
-      sum += std::exp(dot * pr.scale - mx);
-    }
-    const double lse = mx + std::log(sum);
+    const double lse = ex.lse[i];
     for (int j = 0; j < lk && (!pr.causal || j <= i); ++j) {
       double s = 0, dp = 0;
       for (int c = 0; c < kD; ++c) {
@@ -223,7 +212,7 @@ Grads Backward(const Problem& pr, const Exact& ex, Fmt f, DsScale ds_scale) {
       double m = 0;
       for (int i = t0; i < t1; ++i) m = std::max(m, std::fabs(ds[i * lk + j]));
       if (m == 0) continue;
-      if (ds_scale == DsScale::kLazy && m / (s > 0 ? s : 1) > 448.0 || s == 0) {
+      if (s == 0 || (ds_scale == DsScale::kLazy && m / s > 448.0)) {
         const double grown = Pow2Scale(m);
         if (s > 0) {
           for (double& a : acc) a *= s / grown;
@@ -303,7 +292,7 @@ TEST(Fp8BackwardEmulationTest, GradientErrorsAndOperandRanges) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const Problem pr = MakeProblem(c.lq, c.lk, c.causal, seed++, c.k_boost);
-    const Exact ex = ExactBackward(pr);
+    const Exact ex = ExactForward(pr);
     const Grads exact = Backward(pr, ex, Fmt::kExact, DsScale::kLazy);
     const Grads bf16 = Backward(pr, ex, Fmt::kBf16, DsScale::kLazy);
     const Grads lazy = Backward(pr, ex, Fmt::kE4m3, DsScale::kLazy);
@@ -338,10 +327,10 @@ TEST(Fp8BackwardEmulationTest, GradientErrorsAndOperandRanges) {
 // (dV = P^T dO, dK and dQ against finite differences of the loss sum(O dO)).
 TEST(Fp8BackwardEmulationTest, ExactPathIsTheSoftmaxGradient) {
   Problem pr = MakeProblem(5, 7, false, 99, 1);
-  const Exact ex = ExactBackward(pr);
+  const Exact ex = ExactForward(pr);
   const Grads g = Backward(pr, ex, Fmt::kExact, DsScale::kLazy);
   auto loss = [&](const Problem& x) {
-    const Exact e = ExactBackward(x);
+    const Exact e = ExactForward(x);
     double l = 0;
     for (int i = 0; i < x.lq * kD; ++i) l += e.o[i] * x.dout[i];
     return l;
