@@ -151,9 +151,6 @@ void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfi
     p.Unsupported(f + ".scale_granularity",
                   "32x32 E8M0 blocks in the linear layers; use BLOCK_1X128_128X128 (1x128 activations, 128x128 weights)");
   }
-  if (r.weight_gradient() == v1::PrecisionRecipe::FP8_HADAMARD_STOCHASTIC) {
-    p.Unsupported(f + ".weight_gradient", "Hadamard + stochastic rounding in the engine; use BF16 or FP8");
-  }
   Fp8Attention(m, c, p);
   const bool tuned = r.scale_granularity() != v1::PrecisionRecipe::SCALE_GRANULARITY_UNSPECIFIED ||
                      r.weight_gradient() != v1::PrecisionRecipe::WEIGHT_GRADIENT_UNSPECIFIED ||
@@ -165,7 +162,8 @@ void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfi
   if (r.has_quality_gate() && r.fp8_modules_size() == 0 && r.fp8_attention_size() == 0) {
     p.Bad(f + ".quality_gate", "has no low precision to check: fp8_modules and fp8_attention are both empty");
   }
-  c.fp8.fp8_weight_gradients = r.weight_gradient() == v1::PrecisionRecipe::FP8;
+  c.fp8.wgrad_hadamard_stochastic = r.weight_gradient() == v1::PrecisionRecipe::FP8_HADAMARD_STOCHASTIC;
+  c.fp8.fp8_weight_gradients = r.weight_gradient() == v1::PrecisionRecipe::FP8 || c.fp8.wgrad_hadamard_stochastic;
   c.fp8.fp8_all_gather = r.all_gather() == v1::PrecisionRecipe::ALL_GATHER_FP8;
   const v1::PrecisionQualityGate& gate = r.quality_gate();
   const std::string g = f + ".quality_gate";
@@ -451,6 +449,7 @@ std::string JobModel::DebugString() const {
                                " adagrad_lr=", config.adagrad_learning_rate, " seed=", config.seed,
                                " fp8=", absl::StrJoin(config.fp8.modules, ","),
                                " fp8_wgrad=", config.fp8.fp8_weight_gradients,
+                               " wgrad_hadamard_sr=", config.fp8.wgrad_hadamard_stochastic,
                                " fp8_all_gather=", config.fp8.fp8_all_gather,
                                " fp8_attention=", absl::StrJoin(config.fp8.attention, ","),
                                " ne_gate=", quality_gate.max_relative_ne_increase, "/", quality_gate.shadow_steps, "/",
@@ -556,11 +555,6 @@ absl::Status CheckBuildable(const v1::JobSpec& spec) {
     problems.push_back(
         "spec.model.precision.quality_gate: the shadow run trains on the job's one GPU rank; a job of several "
         "workers cannot run it yet: set resources.workers to 1 or drop the gate");
-  }
-  if (spec.resources().gpus_per_worker() > 0 && precision.all_gather() == v1::PrecisionRecipe::ALL_GATHER_FP8) {
-    problems.push_back(
-        "spec.model.precision.all_gather: ALL_GATHER_FP8 is built for CPU (Gloo) workers only; GPU workers "
-        "all-gather fp32 over NCCL: leave all_gather unset for a GPU job");
   }
   if (spec.parallelism().expert_parallel()) {
     problems.push_back(

@@ -145,6 +145,24 @@ TEST(JobModelTest, PrecisionRecipeIsBuiltOrRefusedByField) {
   EXPECT_FALSE(m->config.fp8.Holds("seq0.q"));
   EXPECT_TRUE(CheckBuildable(spec).ok()) << CheckBuildable(spec);
   EXPECT_NE(m->DebugString(), BuildJobModel(Spec())->DebugString());
+  EXPECT_FALSE(m->config.fp8.wgrad_hadamard_stochastic);
+  EXPECT_FALSE(m->config.fp8.Recipe().wgrad_hadamard);
+
+  // FP8 weight gradients after the random Hadamard transform, dy rounded
+  // stochastically: FP8 weight gradients with both options, and shown in
+  // the plan text.
+  r->set_weight_gradient(v1::PrecisionRecipe::FP8_HADAMARD_STOCHASTIC);
+  absl::StatusOr<JobModel> hadamard = BuildJobModel(spec);
+  ASSERT_TRUE(hadamard.ok()) << hadamard.status();
+  EXPECT_TRUE(hadamard->config.fp8.wgrad_hadamard_stochastic);
+  EXPECT_TRUE(hadamard->config.fp8.fp8_weight_gradients);
+  const LinearRecipe recipe = hadamard->config.fp8.Recipe();
+  EXPECT_EQ(recipe.wgrad, GemmPrecision::kFp8Block);
+  EXPECT_TRUE(recipe.wgrad_hadamard);
+  EXPECT_TRUE(recipe.wgrad_stochastic);
+  EXPECT_TRUE(CheckBuildable(spec).ok()) << CheckBuildable(spec);
+  EXPECT_NE(hadamard->DebugString().find("wgrad_hadamard_sr=1"), std::string::npos);
+  EXPECT_NE(hadamard->DebugString(), m->DebugString());
 
   struct Case {
     std::function<void(v1::PrecisionRecipe&)> change;
@@ -165,11 +183,6 @@ TEST(JobModelTest, PrecisionRecipeIsBuiltOrRefusedByField) {
          p.set_scale_granularity(v1::PrecisionRecipe::MX_32X32);
        },
        "spec.model.precision.scale_granularity: not supported yet"},
-      {[](v1::PrecisionRecipe& p) {
-         p.add_fp8_modules("towers");
-         p.set_weight_gradient(v1::PrecisionRecipe::FP8_HADAMARD_STOCHASTIC);
-       },
-       "spec.model.precision.weight_gradient: not supported yet"},
       {[](v1::PrecisionRecipe& p) { p.set_weight_gradient(v1::PrecisionRecipe::FP8); },
        "spec.model.precision.fp8_modules is empty, so scale_granularity, weight_gradient and all_gather apply "
        "to nothing"},
@@ -293,8 +306,9 @@ TEST(JobModelTest, Fp8AttentionIsBuiltOrRefusedByField) {
 }
 
 // model.precision.all_gather: FP8 is the one part of the recipe a CPU job
-// takes (its ranks gather those weights in FP8 and compute in fp32); the
-// quality gate needs a GPU job and is built with its defaults.
+// takes (its ranks gather those weights in FP8 and compute in fp32), and a
+// GPU job takes it too; the quality gate needs a GPU job and is built with
+// its defaults.
 TEST(JobModelTest, Fp8AllGatherOnCpuJobsAndTheQualityGate) {
   v1::JobSpec spec = Spec();
   v1::PrecisionRecipe* r = spec.mutable_model()->mutable_precision();
@@ -310,10 +324,8 @@ TEST(JobModelTest, Fp8AllGatherOnCpuJobsAndTheQualityGate) {
             std::string::npos)
       << CheckBuildable(spec);
   spec.mutable_resources()->set_gpus_per_worker(1);
-  // GPU ranks all-gather fp32 over NCCL: the FP8 all-gather is refused there.
-  EXPECT_NE(CheckBuildable(spec).message().find("spec.model.precision.all_gather: ALL_GATHER_FP8 is built for CPU"),
-            std::string::npos)
-      << CheckBuildable(spec);
+  // GPU ranks gather FP8 over NCCL as well (and run the FP8 GEMMs).
+  ASSERT_TRUE(CheckBuildable(spec).ok()) << CheckBuildable(spec);
   r->clear_all_gather();
   ASSERT_TRUE(CheckBuildable(spec).ok()) << CheckBuildable(spec);
   m = BuildJobModel(spec);

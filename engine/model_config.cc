@@ -50,8 +50,11 @@ bool Fp8Recipe::Holds(const std::string& linear) const {
 }
 
 LinearRecipe Fp8Recipe::Recipe() const {
-  return LinearRecipe{GemmPrecision::kFp8Block, GemmPrecision::kFp8Block,
-                      fp8_weight_gradients ? GemmPrecision::kFp8Block : GemmPrecision::kBf16};
+  const bool fp8_wgrad = fp8_weight_gradients || wgrad_hadamard_stochastic;
+  LinearRecipe r{GemmPrecision::kFp8Block, GemmPrecision::kFp8Block,
+                 fp8_wgrad ? GemmPrecision::kFp8Block : GemmPrecision::kBf16};
+  r.wgrad_hadamard = r.wgrad_stochastic = wgrad_hadamard_stochastic;
+  return r;
 }
 
 absl::Status GemLiteConfig::Validate() const {

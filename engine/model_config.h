@@ -33,6 +33,14 @@ struct Fp8Recipe {
   // "moe.experts", "moe.experts.l1", "moe.experts.l2", "towers".
   std::vector<std::string> modules;
   bool fp8_weight_gradients = false;  // Else the FP8 modules' dW GEMMs run bf16.
+  // FP8 weight gradients (implied, whatever fp8_weight_gradients says) after
+  // a 128-point random Hadamard transform of dy and x along the token
+  // dimension, dy rounded stochastically (LinearRecipe::wgrad_hadamard and
+  // wgrad_stochastic): outliers spread over each group of 128 tokens, and an
+  // unbiased dW. Each layer draws new signs and rounding for every forward
+  // (engine/layers/linear.h). Costs one more transform pass per wgrad
+  // operand.
+  bool wgrad_hadamard_stochastic = false;
   // The FSDP all-gather carries these modules' weights (".w") as FP8 with
   // their scales (worker/dist/fp8_all_gather.h); master weights stay fp32.
   bool fp8_all_gather = false;
@@ -52,7 +60,7 @@ struct Fp8Recipe {
   // Whether the linear layer named `linear` (its parameter name without
   // ".w": "dcn0", "moe.expert3.l1", "ctr.l1") belongs to a named module.
   bool Holds(const std::string& linear) const;
-  // The GEMM recipe of an FP8 layer.
+  // The GEMM recipe of an FP8 layer (its seed is the layer's to set).
   LinearRecipe Recipe() const;
 };
 

@@ -393,20 +393,22 @@ TEST(GemLiteTest, RejectsMismatchedBatchAndConfig) {
   EXPECT_FALSE((*model)->ForwardBackward(bad_id).ok());
 }
 
-// The CPU model emulates an FP8 recipe (the reference kernels quantize
-// exactly as the CUDA path does), so a recipe's weight gradients can be
-// checked in CI. From the same parameters and batch, FP8 weight gradients
-// must follow the recipe's bf16 weight gradients layer by layer (an FP8
-// GEMM with a transposed operand, a scale from the wrong block or a stale
-// cached operand gives cosines far below these), and every other gradient
-// must be unchanged: the weight gradient feeds nothing else.
-TEST(GemLiteTest, Fp8WeightGradientsFollowTheBasePrecisionLayerByLayer) {
+// The data and model of the FP8 weight-gradient tests: dcn, the experts and
+// the towers in FP8, and a batch of 32 rows (FP8 GEMMs take multiples of 16
+// rows).
+struct Fp8WgradSetup {
+  MovieLensCtr data;
+  GemLiteConfig config;
+  Batch batch;
+};
+
+Fp8WgradSetup MakeFp8WgradSetup() {
   SyntheticOptions s;
   s.num_users = 48;
   s.num_items = 60;
   CtrOptions o;
   o.max_history = 8;
-  const MovieLensCtr data = *MovieLensCtr::Create(SyntheticMovieLens(s), o);
+  MovieLensCtr data = *MovieLensCtr::Create(SyntheticMovieLens(s), o);
   GemLiteConfig c;
   c.dim = 16;
   c.heads = 2;
@@ -418,44 +420,120 @@ TEST(GemLiteTest, Fp8WeightGradientsFollowTheBasePrecisionLayerByLayer) {
   c.expert_out = 32;
   c.tower_hidden = 16;
   c.fp8.modules = {"dcn", "moe.experts", "towers"};
-  GemLiteConfig with_fp8_wgrad = c;
-  with_fp8_wgrad.fp8.fp8_weight_gradients = true;
-  auto base = GemLite<float>::Create(c, data.schema());
-  auto fp8 = GemLite<float>::Create(with_fp8_wgrad, data.schema());
-  ASSERT_TRUE(base.ok()) << base.status();
-  ASSERT_TRUE(fp8.ok()) << fp8.status();
-  std::vector<int64_t> rows(32);  // FP8 GEMMs take multiples of 16 rows.
+  std::vector<int64_t> rows(32);
   for (int64_t i = 0; i < 32; ++i) rows[i] = i % data.num_train();
-  const Batch batch = data.MakeBatch(false, rows);
-  // A step first, so the weights are no longer the initial ones.
-  ASSERT_TRUE((*fp8)->ForwardBackward(batch).ok());
-  ASSERT_TRUE((*fp8)->ApplyUpdates().ok());
-  ASSERT_TRUE((*base)->CopyParametersFrom(**fp8).ok());
-  ASSERT_TRUE((*fp8)->ForwardBackward(batch).ok());
-  ASSERT_TRUE((*base)->ForwardBackward(batch).ok());
+  Batch batch = data.MakeBatch(false, rows);
+  return {std::move(data), c, std::move(batch)};
+}
+
+// Whether the dense parameter `name` is an FP8 layer's weight under
+// `config` (a side not a multiple of 16 keeps the base precision).
+bool IsFp8Weight(const GemLiteConfig& config, const std::string& name, const TensorView& g) {
+  return name.size() > 2 && name.substr(name.size() - 2) == ".w" &&
+         config.fp8.Holds(name.substr(0, name.size() - 2)) && g.dim(0) % 16 == 0 && g.dim(1) % 16 == 0;
+}
+
+// Every dense gradient of `got` against `want` (models of `config`'s
+// layers): the FP8 layers' weight gradients must follow (cosine, relative
+// error) without being equal, every other gradient must be identical (the
+// weight gradient feeds nothing else). Returns the number of FP8 weights
+// compared (a head without labels has no gradient and is skipped).
+int CompareFp8WeightGradients(GemLite<float>& got, GemLite<float>& want, const GemLiteConfig& config,
+                              double min_cosine, double max_relative_error) {
   int fp8_weights = 0;
-  for (const std::string& name : (*fp8)->DenseParameterNames()) {
-    const TensorView g = (*fp8)->DenseGradient(name), want = (*base)->DenseGradient(name);
+  for (const std::string& name : got.DenseParameterNames()) {
+    const TensorView g = got.DenseGradient(name), w = want.DenseGradient(name);
     absl::StatusOr<VectorAgreement> a =
         CompareVectors(absl::MakeConstSpan(g.as<float>(), g.numel()),
-                       absl::MakeConstSpan(want.as<float>(), want.numel()));
-    ASSERT_TRUE(a.ok()) << a.status();
-    const bool is_fp8 = name.size() > 2 && name.substr(name.size() - 2) == ".w" &&
-                        c.fp8.Holds(name.substr(0, name.size() - 2)) && g.dim(0) % 16 == 0 &&
-                        g.dim(1) % 16 == 0;
-    // Not FP8, or a head without labels here (the CVR tower: no gradient).
-    if (!is_fp8 || a->ref_norm == 0) {
+                       absl::MakeConstSpan(w.as<float>(), w.numel()));
+    EXPECT_TRUE(a.ok()) << a.status();
+    if (!a.ok()) continue;
+    if (!IsFp8Weight(config, name, g) || a->ref_norm == 0) {
       EXPECT_EQ(a->relative_error, 0) << name;
       continue;
     }
     ++fp8_weights;
     std::printf("%-16s cosine %.5f relative error %.4f\n", name.c_str(), a->cosine, a->relative_error);
-    EXPECT_GT(a->cosine, 0.995) << name;
-    EXPECT_LT(a->relative_error, 0.1) << name;
-    EXPECT_GT(a->relative_error, 1e-4) << name << ": the weight gradient did not run FP8";
+    EXPECT_GT(a->cosine, min_cosine) << name;
+    EXPECT_LT(a->relative_error, max_relative_error) << name;
+    EXPECT_GT(a->relative_error, 1e-4) << name << ": the weight gradients are the same";
   }
+  return fp8_weights;
+}
+
+// The CPU model emulates an FP8 recipe (the reference kernels quantize
+// exactly as the CUDA path does), so a recipe's weight gradients can be
+// checked in CI. From the same parameters and batch, FP8 weight gradients
+// must follow the recipe's bf16 weight gradients layer by layer (an FP8
+// GEMM with a transposed operand, a scale from the wrong block or a stale
+// cached operand gives cosines far below these), and every other gradient
+// must be unchanged: the weight gradient feeds nothing else.
+TEST(GemLiteTest, Fp8WeightGradientsFollowTheBasePrecisionLayerByLayer) {
+  const Fp8WgradSetup t = MakeFp8WgradSetup();
+  GemLiteConfig with_fp8_wgrad = t.config;
+  with_fp8_wgrad.fp8.fp8_weight_gradients = true;
+  auto base = GemLite<float>::Create(t.config, t.data.schema());
+  auto fp8 = GemLite<float>::Create(with_fp8_wgrad, t.data.schema());
+  ASSERT_TRUE(base.ok()) << base.status();
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  // A step first, so the weights are no longer the initial ones.
+  ASSERT_TRUE((*fp8)->ForwardBackward(t.batch).ok());
+  ASSERT_TRUE((*fp8)->ApplyUpdates().ok());
+  ASSERT_TRUE((*base)->CopyParametersFrom(**fp8).ok());
+  ASSERT_TRUE((*fp8)->ForwardBackward(t.batch).ok());
+  ASSERT_TRUE((*base)->ForwardBackward(t.batch).ok());
   // dcn0, dcn1, two experts x (l1, l2), ctr.l1.
-  EXPECT_EQ(fp8_weights, 7);
+  EXPECT_EQ(CompareFp8WeightGradients(**fp8, **base, t.config, 0.995, 0.1), 7);
+}
+
+// weight_gradient: FP8_HADAMARD_STOCHASTIC on the CPU model. The FP8
+// layers' weight-gradient GEMMs reduce over the batch's 32 rows, so the
+// transform's one 128-row group is mostly zero padding. From the same
+// parameters and batch, their weight gradients follow both the plain FP8
+// and the bf16 ones without equalling either, and every other gradient is
+// unchanged. Each step draws new signs and rounding: a model one step
+// behind, on the same parameters, gets other FP8 weight gradients (the
+// rest identical), and at the same step exactly the same ones (the seeds
+// are replayable). And the model trains: its loss falls over 20 steps.
+TEST(GemLiteTest, HadamardStochasticWeightGradientsFollowTheOthersAndTrain) {
+  const Fp8WgradSetup t = MakeFp8WgradSetup();
+  GemLiteConfig fp8_config = t.config, hadamard_config = t.config;
+  fp8_config.fp8.fp8_weight_gradients = true;
+  hadamard_config.fp8.wgrad_hadamard_stochastic = true;
+  auto base = GemLite<float>::Create(t.config, t.data.schema());
+  auto fp8 = GemLite<float>::Create(fp8_config, t.data.schema());
+  auto hadamard = GemLite<float>::Create(hadamard_config, t.data.schema());
+  auto replay = GemLite<float>::Create(hadamard_config, t.data.schema());
+  ASSERT_TRUE(base.ok() && fp8.ok() && hadamard.ok() && replay.ok());
+  ASSERT_TRUE((*hadamard)->ForwardBackward(t.batch).ok());
+  ASSERT_TRUE((*hadamard)->ApplyUpdates().ok());
+  for (auto* m : {&base, &fp8, &replay}) ASSERT_TRUE((**m)->CopyParametersFrom(**hadamard).ok());
+  ASSERT_TRUE((*hadamard)->ForwardBackward(t.batch).ok());
+  ASSERT_TRUE((*fp8)->ForwardBackward(t.batch).ok());
+  ASSERT_TRUE((*base)->ForwardBackward(t.batch).ok());
+  // Relative errors ~1-2%, ~10% for expert0's layers (stochastic rounding
+  // is unbiased but noisier than rounding to nearest).
+  EXPECT_EQ(CompareFp8WeightGradients(**hadamard, **fp8, t.config, 0.99, 0.15), 7);
+  EXPECT_EQ(CompareFp8WeightGradients(**hadamard, **base, t.config, 0.99, 0.15), 7);
+  // `replay`'s first step draws the seeds of `hadamard`'s first, its second
+  // those of `hadamard`'s second. Two draws differ by about sqrt(2) times
+  // one draw's error.
+  ASSERT_TRUE((*replay)->ForwardBackward(t.batch).ok());
+  EXPECT_EQ(CompareFp8WeightGradients(**replay, **hadamard, t.config, 0.97, 0.25), 7);
+  ASSERT_TRUE((*replay)->ForwardBackward(t.batch).ok());
+  for (const std::string& name : (*hadamard)->DenseParameterNames()) {
+    const TensorView g = (*hadamard)->DenseGradient(name), r = (*replay)->DenseGradient(name);
+    for (int64_t i = 0; i < g.numel(); ++i) ASSERT_EQ(g.as<float>()[i], r.as<float>()[i]) << name << " " << i;
+  }
+  std::vector<double> losses;
+  for (int step = 0; step < 20; ++step) {
+    absl::StatusOr<StepResult> r = (*hadamard)->ForwardBackward(t.batch);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE((*hadamard)->ApplyUpdates().ok());
+    losses.push_back(r->ctr_loss);
+  }
+  std::printf("loss %.4f -> %.4f\n", losses.front(), losses.back());
+  EXPECT_LT(losses.back(), 0.9 * losses.front());
 }
 
 // Three steps of training with `checkpointed` against the stored path on

@@ -15,14 +15,16 @@
 //
 //   ne_probe [--users N | --movielens DIR] [--seeds 1,2,3] [--steps N]
 //            [--batch B,...] [--lr LR,...] [--order cyclic,shuffled]
-//            [--precision fp32,bf16,fp8,fp8w,fp8a] [--fp8-modules M,...]
+//            [--precision fp32,bf16,fp8,fp8w,fp8hs,fp8a] [--fp8-modules M,...]
 //            [--fp8-attention B,...] [--heads H] [--repeats R] [--no-prefetch] [--compare-cpu-steps N]
 //            [--trace-nonfinite]
 // Defaults: EvalNeSetup's, fp32 only, one repeat.
 //
 // fp8 is bf16 with the linear layers of --fp8-modules (Fp8ModuleNames;
 // default dense_proj,dcn,moe.experts,towers) on block-scaled FP8 GEMMs,
-// fp8w the same with FP8 weight gradients: the low-precision recipe's
+// fp8w the same with FP8 weight gradients, fp8hs with FP8 weight gradients
+// after the random Hadamard transform with dy rounded stochastically
+// (weight_gradient: FP8_HADAMARD_STOCHASTIC): the low-precision recipe's
 // quality against bf16, on the same batches and initial parameters. A layer
 // with a side that is not a multiple of 16 keeps bf16 (in this model only
 // dcn and the experts' l1 run FP8). fp8a is bf16 with the attention
@@ -87,6 +89,11 @@ struct Args {
   bool trace_nonfinite = false;
 };
 
+// Whether `precision` runs the linear layers of --fp8-modules in FP8.
+bool Fp8Linears(const std::string& precision) {
+  return precision == "fp8" || precision == "fp8w" || precision == "fp8hs";
+}
+
 std::unique_ptr<GemLite<float>> Make(GemLiteConfig c, const FeatureSchema& schema,
                                      Device device, const std::string& precision,
                                      const std::vector<std::string>& fp8_modules = {},
@@ -94,9 +101,10 @@ std::unique_ptr<GemLite<float>> Make(GemLiteConfig c, const FeatureSchema& schem
   ExecutionOptions e;
   e.device = device;
   e.bf16 = precision != "fp32";
-  if (precision == "fp8" || precision == "fp8w") {
+  if (Fp8Linears(precision)) {
     c.fp8.modules = fp8_modules;
-    c.fp8.fp8_weight_gradients = precision == "fp8w";
+    c.fp8.fp8_weight_gradients = precision != "fp8";
+    c.fp8.wgrad_hadamard_stochastic = precision == "fp8hs";
   }
   if (precision == "fp8a") c.fp8.attention = fp8_attention;
   absl::StatusOr<std::unique_ptr<GemLite<float>>> m =
@@ -407,7 +415,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--precision") {
       ok = ParseList(value(), a.precisions, [](absl::string_view s, std::string& v) {
         v = std::string(s);
-        return s == "fp32" || s == "bf16" || s == "fp8" || s == "fp8w" || s == "fp8a";
+        return s == "fp32" || s == "bf16" || recfleet::engine::Fp8Linears(v) || s == "fp8a";
       });
     } else if (arg == "--fp8-attention") {
       fp8_attention_given = true;
@@ -433,7 +441,7 @@ int main(int argc, char** argv) {
     if (!ok) {
       std::fprintf(stderr,
                    "bad argument %s (expected --users N, --seeds S,..., --steps N, --batch B,..., "
-                   "--lr LR,..., --order cyclic|shuffled,..., --precision fp32|bf16|fp8|fp8w|fp8a,..., "
+                   "--lr LR,..., --order cyclic|shuffled,..., --precision fp32|bf16|fp8|fp8w|fp8hs|fp8a,..., "
                    "--fp8-modules M,... (of %s), --fp8-attention B,... (of sequence, cross, pma), "
                    "--heads H, --movielens DIR, --repeats R, --no-prefetch, "
                    "--compare-cpu-steps N, --trace-nonfinite)\n",
@@ -445,10 +453,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--users sets the synthetic users; --movielens reads real ones: give one\n");
     return 2;
   }
-  const bool any_fp8 = std::any_of(a.precisions.begin(), a.precisions.end(),
-                                   [](const std::string& p) { return p == "fp8" || p == "fp8w"; });
+  const bool any_fp8 =
+      std::any_of(a.precisions.begin(), a.precisions.end(), recfleet::engine::Fp8Linears);
   if (fp8_modules_given && !any_fp8) {
-    std::fprintf(stderr, "--fp8-modules needs --precision fp8 or fp8w\n");
+    std::fprintf(stderr, "--fp8-modules needs --precision fp8, fp8w or fp8hs\n");
     return 2;
   }
   if (fp8_attention_given &&

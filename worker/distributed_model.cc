@@ -70,15 +70,11 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
         " but the rank's collectives (", groups->fsdp()->backend(), ") work on ",
         m->device_ == Device::kCuda ? "cuda" : "cpu", " buffers; use NCCL groups for a CUDA engine, Gloo for the CPU"));
   }
-  if (config.fp8.fp8_all_gather && m->device_ == Device::kCuda) {
-    return absl::UnimplementedError(
-        "distributed model: model.precision.all_gather ALL_GATHER_FP8 runs on CPU (Gloo) ranks only; GPU ranks "
-        "all-gather fp32 over NCCL: leave all_gather unset for a GPU job");
-  }
-  // The CPU engine computes in fp32: the recipe's FP8 modules only name the
-  // weights the all-gather carries as FP8.
+  // The CPU engine computes in fp32: there the recipe's FP8 modules only
+  // name the weights the all-gather carries as FP8. The CUDA engine runs
+  // their GEMMs in FP8 on the gathered copy.
   engine::GemLiteConfig compute = config;
-  if (config.fp8.fp8_all_gather) compute.fp8 = engine::Fp8Recipe();
+  if (config.fp8.fp8_all_gather && m->device_ == Device::kCpu) compute.fp8 = engine::Fp8Recipe();
   absl::StatusOr<std::unique_ptr<engine::GemLite<float>>> model =
       engine::GemLite<float>::Create(compute, schema, engine::TableStorage::kExternal, execution);
   if (!model.ok()) return model.status();

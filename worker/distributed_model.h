@@ -84,7 +84,8 @@
 // all-gather (worker/dist/fp8_all_gather.h): every rank, the shard's owner
 // included, trains on the same dequantized copy, while the shard and its
 // AdamW moments stay fp32. The CPU engine computes those layers in fp32 on
-// that copy. CPU (Gloo) ranks only: Create refuses it on NCCL ranks. The
+// that copy; the CUDA engine (NCCL ranks) runs their GEMMs in FP8 on it,
+// re-quantizing the copy in its 128x128 blocks. The
 // experts of an expert-parallel group are not in the FSDP buffer and are
 // not quantized. It gathers the FSDP buffer as one unit, blocking (no
 // prefetch).

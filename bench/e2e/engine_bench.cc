@@ -23,7 +23,7 @@
 // seconds).
 // --fp8 MODULES (comma list, model.precision.fp8_modules of the spec, e.g.
 // "dcn,moe.experts"), --fp8-attention BLOCKS (model.precision.fp8_attention,
-// e.g. "sequence,cross,pma") and --fp8-wgrad bf16|fp8 set the spec's per-layer
+// e.g. "sequence,cross,pma") and --fp8-wgrad bf16|fp8|hadamard set the spec's per-layer
 // precision recipe before the model is built; --eval-batches N holds the
 // file's last N batches out of training and reports the CTR head's eval NE
 // and AUC on them right after the timed steps (the same steps for every
@@ -54,7 +54,7 @@
 //   engine_bench --job config_a.yaml --batches batches.bin --json out.json
 //                [--steps 20] [--warmup 5] [--profile-steps 3]
 //                [--precision bf16|fp32] [--search-s 60]
-//                [--fp8 MODULES] [--fp8-attention BLOCKS] [--fp8-wgrad bf16|fp8] [--eval-batches N]
+//                [--fp8 MODULES] [--fp8-attention BLOCKS] [--fp8-wgrad bf16|fp8|hadamard] [--eval-batches N]
 //                [--ne-baseline 1] [--ne-tolerance 0.001]
 //                [--recompute-attention-blocks N] [--cuda-graphs 1]
 //                [--attention-checkpoint none|norm|projections|block[,...]]
@@ -286,13 +286,15 @@ int main(int argc, char** argv) {
   }
   if (job.empty() || batches_path.empty()) {
     return Fail("usage: engine_bench --job SPEC.yaml --batches FILE [--json OUT] [--steps N] "
-                "[--warmup N] [--precision bf16|fp32] [--fp8 MODULES] [--fp8-attention BLOCKS] [--fp8-wgrad bf16|fp8] "
+                "[--warmup N] [--precision bf16|fp32] [--fp8 MODULES] [--fp8-attention BLOCKS] [--fp8-wgrad bf16|fp8|hadamard] "
                 "[--eval-batches N] [--ne-baseline 1] [--ne-tolerance F] [--recompute-attention-blocks N] "
                 "[--cuda-graphs 1] [--host-sample-steps N --host-sample-out FILE [--host-sample-us US]]");
   }
   if (precision != "bf16" && precision != "fp32") return Fail("--precision is bf16 or fp32");
   if (host_sample_steps > 0 && host_sample_out.empty()) return Fail("--host-sample-steps needs --host-sample-out");
-  if (fp8_wgrad != "bf16" && fp8_wgrad != "fp8") return Fail("--fp8-wgrad is bf16 or fp8");
+  if (fp8_wgrad != "bf16" && fp8_wgrad != "fp8" && fp8_wgrad != "hadamard") {
+    return Fail("--fp8-wgrad is bf16, fp8 or hadamard (FP8 after a random Hadamard transform, dy rounded stochastically)");
+  }
   if (ne_baseline && ((fp8.empty() && fp8_attention.empty()) || eval_batches == 0)) {
     return Fail("--ne-baseline needs --fp8 or --fp8-attention, and --eval-batches");
   }
@@ -306,6 +308,7 @@ int main(int argc, char** argv) {
     recipe->add_fp8_attention(std::string(block));
   }
   if (fp8_wgrad == "fp8") recipe->set_weight_gradient(recfleet::v1::PrecisionRecipe::FP8);
+  if (fp8_wgrad == "hadamard") recipe->set_weight_gradient(recfleet::v1::PrecisionRecipe::FP8_HADAMARD_STOCHASTIC);
   absl::StatusOr<recfleet::engine::JobModel> model = recfleet::engine::BuildJobModel(*spec);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   // Without --recompute-attention-blocks or --attention-checkpoint: the

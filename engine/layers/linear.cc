@@ -16,12 +16,32 @@ bool HasFp8(const LinearRecipe& r) {
          r.wgrad == GemmPrecision::kFp8Block;
 }
 
+// FNV-1a of a layer's name: the same in every process (absl::Hash is seeded
+// per process), so a run's wgrad seeds can be replayed.
+uint64_t NameHash(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// The wgrad seed of a layer's `forward`-th Forward: a splitmix64 finalizer,
+// so that consecutive seeds share no structure (the Hadamard signs draw
+// from seed + index * golden ratio, which a seed that only counted up would
+// shift by one column per step).
+uint64_t WgradSeed(uint64_t name_hash, uint64_t forward) {
+  uint64_t z = name_hash ^ (forward * 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 }  // namespace
 
 Linear::Linear(const LayerContext& ctx, const std::string& name, int64_t in, int64_t out,
                bool bias)
     : ctx_(ctx),
       recipe_(ctx.linear_recipe_of ? ctx.linear_recipe_of(name) : ctx.recipe),
+      name_hash_(NameHash(name)),
       in_(in),
       out_(out),
       has_bias_(bias) {
@@ -57,6 +77,9 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
   const ScopedPhase phase(ctx_.phases, Phase::kGemm);
   const int64_t rows = x.dim(0);
   x_ = x;
+  if (recipe_.wgrad_hadamard || recipe_.wgrad_stochastic) {
+    recipe_.seed = WgradSeed(name_hash_, forwards_++);
+  }
   forward_shared_ = SharesBf16Operands(x);
   x_bf16_ = Tensor();
   if ((x.dtype != ctx_.dtype || y_dtype != ctx_.dtype) &&

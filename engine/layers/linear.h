@@ -22,7 +22,11 @@ class Linear {
  public:
   // Registers `name`.w [out, in] (N(0, 1/in)) and, with bias, `name`.b
   // [out] (zeros). Its GEMMs run ctx.linear_recipe_of(name) when set (the
-  // job's per-layer recipe), else ctx.recipe; see RecipeFor.
+  // job's per-layer recipe), else ctx.recipe; see RecipeFor. A recipe with
+  // the wgrad Hadamard transform or stochastic rounding gets a new seed at
+  // every Forward, from the name and the count of the layer's forwards (the
+  // same in every run); the next Backward's weight gradient uses it for
+  // both of its operands.
   Linear(const LayerContext& ctx, const std::string& name, int64_t in, int64_t out, bool bias);
   Linear(const Linear&) = delete;
   Linear& operator=(const Linear&) = delete;
@@ -43,6 +47,8 @@ class Linear {
   // copy of the last Forward's input (its shape and dtype), in place of that
   // input, which may then be gone. A bf16 copy the shared path made of an
   // fp32 input (and an FP8 layer's quantized X^T) is kept and still used.
+  // A recomputing Forward draws a new wgrad seed (see the constructor); the
+  // weight gradient then uses the new one throughout.
   void RebindInput(const TensorView& x) { x_ = x; }
 
   // CUDA with an all-bf16 recipe: every GEMM of the layer would round its
@@ -70,7 +76,9 @@ class Linear {
   LinearContext* Fp8ContextFor(int64_t rows) const;
 
   LayerContext ctx_;
-  LinearRecipe recipe_;
+  LinearRecipe recipe_;  // Its seed: the last Forward's (see the constructor).
+  uint64_t name_hash_;
+  uint64_t forwards_ = 0;
   std::unique_ptr<LinearContext> fp8_;  // CUDA, when recipe_ has an FP8 GEMM.
   int64_t in_, out_;
   bool has_bias_;

@@ -130,11 +130,6 @@ absl::Status LinearBackwardWeight(const TensorView& dy, const TensorView& x, con
   RECFLEET_RETURN_IF_ERROR(CheckMatrix(x, "x", dy, m, k));
   RECFLEET_RETURN_IF_ERROR(CheckMatrix(dw, "dw", dy, n, k));
   RECFLEET_RETURN_IF_ERROR(CheckOptionalVector(dbias, "dbias", dy, n));
-  if (recipe.wgrad == GemmPrecision::kFp8Block && recipe.wgrad_hadamard && m % 128 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the wgrad Hadamard transform runs over 128-row groups of dy and x; M = ", m,
-        " is not a multiple of 128"));
-  }
   RECFLEET_RETURN_IF_ERROR(Gemm(linear_internal::GemmRole::kWgrad,
                                 linear_internal::WgradOperand(dy, true, recipe),
                                 linear_internal::WgradOperand(x, false, recipe), recipe.wgrad,

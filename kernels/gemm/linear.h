@@ -25,6 +25,9 @@
 // spread outliers with a random Hadamard transform along M (the reduction
 // dimension of dw = dy^T x: both operands are transformed, which leaves the
 // product unchanged up to rounding) and round dy stochastically (unbiased).
+// The transform works on groups of 128 rows; any M is taken, a partial last
+// group being completed with zero rows of dy and x (the product is
+// unchanged: zero rows add nothing).
 //
 // Reuse of quantized operands (CUDA, optional): a LinearContext passed to the
 // three calls of one layer keeps
@@ -34,8 +37,10 @@
 //     any other write to w;
 //   - x^T (when wgrad is kFp8Block): LinearForward quantizes x and x^T in
 //     one pass, and the next LinearBackwardWeight whose x has the same data
-//     pointer and shape uses that x^T once;
+//     pointer and shape (and wgrad options and seed) uses that x^T once;
 //   - dy^T likewise, from LinearBackwardInput.
+// With the Hadamard transform and M not a multiple of 128, x^T and dy^T are
+// not kept: the wgrad quantizes zero-padded copies of x and dy itself.
 // x and dy must not change between those calls. Without a context every
 // FP8 GEMM quantizes its operands itself.
 //
@@ -49,13 +54,14 @@
 // times cuBLASLt's candidate algorithms (up to 8) on `stream` and keeps the
 // fastest: that call waits for the stream, and two processes may pick
 // different algorithms (results then differ in the last bits). Other shapes
-// (jagged token counts, new with every batch) and calls under stream
-// capture keep the heuristic's first choice, so a step never waits for a
-// search. The per-thread choice cache is cleared at 4,096 shapes.
-// CUDA limits: kFp8Block needs m, n and k divisible by 16 (and M by 128 for
-// the wgrad Hadamard transform); kNative needs both
-// operands of one dtype (and an fp32 output for fp32 operands); otherwise
-// InvalidArgument names the fix.
+// (jagged token counts, new with every batch, also where a Hadamard wgrad
+// pads them) and calls under stream capture keep the heuristic's first
+// choice, so a step never waits for a search. The per-thread choice cache
+// is cleared at 4,096 shapes.
+// CUDA limits: kFp8Block needs m, n and k divisible by 16 (a Hadamard wgrad
+// takes any M: its reduction dimension is padded to a multiple of 128, in
+// stream-ordered temporaries); kNative needs both operands of one dtype (and
+// an fp32 output for fp32 operands); otherwise InvalidArgument names the fix.
 
 #include <cstdint>
 
@@ -75,8 +81,9 @@ struct LinearRecipe {
   GemmPrecision dgrad = GemmPrecision::kBf16;    // dx = dy W
   GemmPrecision wgrad = GemmPrecision::kBf16;    // dw = dy^T x
   // kFp8Block wgrad only. Hadamard: 128-point random Hadamard transform of
-  // dy and x along M (needs M % 128 == 0), signs from `seed`. Stochastic:
-  // dy's FP8 rounded stochastically with `seed` (x keeps round-to-nearest).
+  // dy and x along M (any M: a partial last group is zero-padded), signs
+  // from `seed`. Stochastic: dy's FP8 rounded stochastically with `seed` (x
+  // keeps round-to-nearest).
   bool wgrad_hadamard = false;
   bool wgrad_stochastic = false;
   uint64_t seed = 0;  // use a new one per step

@@ -12,12 +12,15 @@ namespace recfleet::linear_internal {
 namespace {
 
 // The K-major matrix [rows, k] the product reads, as doubles, after the
-// precision conversion.
+// precision conversion; with the Hadamard transform k is padded to whole
+// groups (HadamardPaddedRows).
 absl::Status Materialize(const Operand& op, GemmPrecision precision, std::vector<double>* out,
                          int64_t* rows, int64_t* k) {
   const int64_t r0 = op.t.dim(0), c0 = op.t.dim(1);
   *rows = op.transpose ? c0 : r0;
   *k = op.transpose ? r0 : c0;
+  const int64_t stored_k = *k;
+  if (precision == GemmPrecision::kFp8Block && op.hadamard) *k = HadamardPaddedRows(*k);
   out->assign(*rows * *k, 0.0);
   if (precision == GemmPrecision::kFp8Block) {
     QuantizeConfig cfg;
@@ -28,15 +31,16 @@ absl::Status Materialize(const Operand& op, GemmPrecision precision, std::vector
     bool transpose = op.transpose;
     std::vector<double> transformed;
     if (op.hadamard) {
-      // The K-major matrix, transformed along k in 128-element groups.
-      transformed.resize(*rows * *k);
+      // The K-major matrix, zero-padded to whole groups along k (as the
+      // CUDA path pads), transformed along k group by group.
+      transformed.assign(*rows * *k, 0.0);
       for (int64_t i = 0; i < *rows; ++i) {
-        for (int64_t j = 0; j < *k; ++j) {
+        for (int64_t j = 0; j < stored_k; ++j) {
           transformed[i * *k + j] = LoadAsDouble(op.t, op.transpose ? j * c0 + i : i * c0 + j);
         }
       }
       src = MakeView(transformed.data(), DType::kFloat64, {*rows, *k});
-      RECFLEET_RETURN_IF_ERROR(RandomHadamard(src, 128, op.hadamard_seed, false, src));
+      RECFLEET_RETURN_IF_ERROR(RandomHadamard(src, kHadamardRows, op.hadamard_seed, false, src));
       transpose = false;
     }
     std::vector<uint8_t> q(*rows * *k);

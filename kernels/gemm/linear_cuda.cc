@@ -213,10 +213,12 @@ absl::Status Workspace(cudaStream_t stream, void** out) {
 // D (column-major [m, n], ld m) = op(A) op(B) (+ D when beta = 1).
 // With `bias` (of D's type, length m), the epilogue adds bias[row] to every
 // column of D in the same pass; NotFound when cuBLASLt has no such algorithm
-// for the shape (the caller then adds the bias itself).
+// for the shape (the caller then adds the bias itself). `jagged`: a shape
+// padded from a jagged one, which takes the heuristic's first choice like
+// the jagged shapes themselves (see time_candidates below).
 absl::Status LtMatmul(const LtOperand& a, const LtOperand& b, void* d, cudaDataType_t d_type,
                       int64_t m, int64_t n, int64_t k, float beta, cudaStream_t stream,
-                      const void* bias = nullptr) {
+                      const void* bias = nullptr, bool jagged = false) {
   cublasLtHandle_t handle;
   RECFLEET_RETURN_IF_ERROR(Handle(&handle));
   const std::string key = absl::StrCat(
@@ -273,7 +275,7 @@ absl::Status LtMatmul(const LtOperand& a, const LtOperand& b, void* d, cudaDataT
     // input gradient and as K of a weight gradient (x^T dy over the tokens),
     // and timing each new one would stall the stream (an event wait) once
     // per such GEMM per step; they take the heuristic's first choice.
-    const bool time_candidates = m % 128 == 0 && n % 128 == 0 && k % 128 == 0;
+    const bool time_candidates = !jagged && m % 128 == 0 && n % 128 == 0 && k % 128 == 0;
     const absl::Status chosen = ChooseAlgo(handle, plan->desc.d, plan->la.l, plan->lb.l,
                                            plan->ld.l, a.data, b.data, d_type, m, n, stream,
                                            time_candidates, &plan->algo);
@@ -462,6 +464,21 @@ struct TempFp8 {
   StreamBuffer q, scales;
 };
 
+// A stream-ordered copy of the row-major matrix t [rows, cols] with zero
+// rows appended up to `padded_rows`, in `tmp`; *out views it.
+absl::Status PadRows(const TensorView& t, int64_t padded_rows, StreamBuffer* tmp, TensorView* out,
+                     cudaStream_t s) {
+  const size_t row_bytes = t.dim(1) * DTypeSize(t.dtype);
+  const size_t stored = t.dim(0) * row_bytes, padded = padded_rows * row_bytes;
+  RECFLEET_RETURN_IF_ERROR(tmp->Allocate(padded));
+  RECFLEET_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(tmp->get(), t.data, stored, cudaMemcpyDeviceToDevice, s), "copy rows"));
+  RECFLEET_RETURN_IF_ERROR(CudaStatus(
+      cudaMemsetAsync(tmp->get<char>() + stored, 0, padded - stored, s), "clear padding rows"));
+  *out = MakeView(tmp->get(), t.dtype, {padded_rows, t.dim(1)}, Device::kCuda);
+  return absl::OkStatus();
+}
+
 LtOperand Fp8Lt(Fp8Dest d, ScaleBlock block, int64_t rows, int64_t k, bool as_b) {
   LtOperand o = Describe(d.q, DType::kFloat8E4M3, false, rows, k, as_b);
   o.scale = d.scales;
@@ -522,10 +539,15 @@ void LinearContext::InvalidateWeight() { state_->w.valid = false; }
 
 namespace recfleet::linear_internal {
 
-absl::Status GemmCuda(GemmRole role, const Operand& a, const Operand& b, GemmPrecision precision,
-                      const TensorView& bias, bool accumulate, const TensorView& c,
-                      const LinearRecipe& recipe, void* stream, LinearContext* context) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
+namespace {
+
+// GemmCuda once a Hadamard wgrad's operands are whole 128-row groups;
+// `padded`: they were padded from a jagged row count (so the GEMM keeps
+// cuBLASLt's first choice of algorithm, as jagged shapes do).
+absl::Status RunGemm(GemmRole role, const Operand& a, const Operand& b, GemmPrecision precision,
+                     const TensorView& bias, bool accumulate, const TensorView& c,
+                     const LinearRecipe& recipe, cudaStream_t s, LinearContext* context,
+                     bool padded) {
   const int64_t m = a.transpose ? a.t.dim(1) : a.t.dim(0);
   const int64_t k = a.transpose ? a.t.dim(0) : a.t.dim(1);
   const int64_t n = b.transpose ? b.t.dim(1) : b.t.dim(0);
@@ -567,8 +589,11 @@ absl::Status GemmCuda(GemmRole role, const Operand& a, const Operand& b, GemmPre
       st->dyt.valid = false;
     } else {
       RECFLEET_RETURN_IF_ERROR(fp8_a.Allocate(a.block, m, k));
+      // Not for a Hadamard wgrad over a partial 128-row group: that wgrad
+      // pads dy and x itself.
       const bool keep = st != nullptr && role != GemmRole::kWgrad &&
-                        recipe.wgrad == GemmPrecision::kFp8Block;
+                        recipe.wgrad == GemmPrecision::kFp8Block &&
+                        !(recipe.wgrad_hadamard && m % kHadamardRows != 0);
       if (keep) {
         // Also the transposed operand of the coming wgrad, in the same pass.
         Fp8Slot& slot = role == GemmRole::kForward ? st->xt : st->dyt;
@@ -603,15 +628,36 @@ absl::Status GemmCuda(GemmRole role, const Operand& a, const Operand& b, GemmPre
   if (bias.data != nullptr && !accumulate && bias.dtype == c.dtype &&
       precision != GemmPrecision::kFp8Block) {
     const absl::Status fused =
-        LtMatmul(lt_a, lt_b, c.data, CudaType(c.dtype), n, m, k, 0.0f, s, bias.data);
+        LtMatmul(lt_a, lt_b, c.data, CudaType(c.dtype), n, m, k, 0.0f, s, bias.data, padded);
     if (!absl::IsNotFound(fused)) return fused;
   }
-  RECFLEET_RETURN_IF_ERROR(
-      LtMatmul(lt_a, lt_b, c.data, CudaType(c.dtype), n, m, k, accumulate ? 1.0f : 0.0f, s));
+  RECFLEET_RETURN_IF_ERROR(LtMatmul(lt_a, lt_b, c.data, CudaType(c.dtype), n, m, k,
+                                    accumulate ? 1.0f : 0.0f, s, nullptr, padded));
   if (bias.data == nullptr) return absl::OkStatus();
   return CudaStatus(gemm_cuda::AddBias(c.data, ElemCode(c.dtype), bias.data, ElemCode(bias.dtype), m,
-                                       n, stream),
+                                       n, s),
                     "bias add");
+}
+
+}  // namespace
+
+absl::Status GemmCuda(GemmRole role, const Operand& a, const Operand& b, GemmPrecision precision,
+                      const TensorView& bias, bool accumulate, const TensorView& c,
+                      const LinearRecipe& recipe, void* stream, LinearContext* context) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t k = a.transpose ? a.t.dim(0) : a.t.dim(1);
+  if (precision != GemmPrecision::kFp8Block || role != GemmRole::kWgrad || !a.hadamard ||
+      k % kHadamardRows == 0) {
+    return RunGemm(role, a, b, precision, bias, accumulate, c, recipe, s, context, false);
+  }
+  // The quantize kernel transforms whole groups of rows only: the same GEMM
+  // on dy and x padded with zero rows (no context: nothing was kept for a
+  // partial group, see `keep` in RunGemm).
+  StreamBuffer pad_a(s), pad_b(s);
+  Operand padded_a = a, padded_b = b;
+  RECFLEET_RETURN_IF_ERROR(PadRows(a.t, HadamardPaddedRows(k), &pad_a, &padded_a.t, s));
+  RECFLEET_RETURN_IF_ERROR(PadRows(b.t, HadamardPaddedRows(k), &pad_b, &padded_b.t, s));
+  return RunGemm(role, padded_a, padded_b, precision, bias, accumulate, c, recipe, s, nullptr, true);
 }
 
 absl::Status BiasGradCuda(const TensorView& dy, bool accumulate, const TensorView& dbias,

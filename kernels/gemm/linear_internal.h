@@ -29,6 +29,16 @@ struct Operand {
   uint64_t hadamard_seed = 0;
 };
 
+// The wgrad's random Hadamard transform runs along M in aligned groups of
+// kHadamardRows. Both implementations complete a partial last group with
+// zero rows of dy and x: the product dy^T x is unchanged (H is orthonormal
+// on each group and zero rows add nothing), and no transformed value of the
+// group is lost.
+constexpr int64_t kHadamardRows = 128;
+inline int64_t HadamardPaddedRows(int64_t m) {
+  return (m + kHadamardRows - 1) / kHadamardRows * kHadamardRows;
+}
+
 // Which GEMM of the layer, so the CUDA side knows which cached operands of a
 // LinearContext apply.
 enum class GemmRole { kForward, kDgrad, kWgrad };

@@ -593,7 +593,10 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
     request.precision.recipe =
         fp8_gemms ? absl::StrCat("FP8 (E4M3, 1x128 activation / 128x128 weight scales) in ", modules,
                                  "; weight gradients ",
-                                 precision.weight_gradient() == v1::PrecisionRecipe::FP8 ? "FP8" : "bf16",
+                                 precision.weight_gradient() == v1::PrecisionRecipe::FP8 ? "FP8"
+                                 : precision.weight_gradient() == v1::PrecisionRecipe::FP8_HADAMARD_STOCHASTIC
+                                     ? "FP8 after a random Hadamard transform, dy rounded stochastically"
+                                     : "bf16",
                                  "; every other linear layer bf16")
                   : absl::StrCat("fp32 GEMMs on CPU workers; weights of ", modules, " rounded to FP8 by the all-gather");
     if (precision.all_gather() == v1::PrecisionRecipe::ALL_GATHER_FP8) {

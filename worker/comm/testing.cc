@@ -35,6 +35,14 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ConnectGlooGroup(KvSt
   return comms;
 }
 
+CommFactory LoopbackGloo(absl::Duration timeout) {
+  auto transport = GlooTransport::Create("127.0.0.1");
+  EXPECT_TRUE(transport.ok()) << transport.status();
+  CommOptions options;
+  options.timeout = timeout;
+  return [transport = *transport, options](KvStore& s, int r, int n) { return ConnectGloo(s, r, n, transport, options); };
+}
+
 void CheckKvStoreContract(KvStore& store) {
   EXPECT_EQ(store.Get("a/b").status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(store.Set("a/b", std::string("x\0y", 3)).ok());

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/kv_store.h"
+#include "worker/comm/process_groups.h"
 
 namespace recfleet {
 namespace comm {
@@ -23,6 +24,11 @@ void RunOnThreads(int size, const std::function<void(int rank)>& fn);
 // through `store` and returns their communicators, indexed by rank.
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ConnectGlooGroup(KvStore& store, int size,
                                                                             const CommOptions& options);
+
+// Rank r's factory of Gloo communicators over 127.0.0.1 (its own transport;
+// collectives time out after `timeout`), for ProcessGroups::Build and the
+// backend-independent checks that connect each rank themselves.
+CommFactory LoopbackGloo(absl::Duration timeout = absl::Seconds(30));
 
 // Checks, with gtest expectations, the contract every KvStore keeps: Get of
 // a missing key is NotFound, values are binary-safe and overwritable, Wait

@@ -3,22 +3,14 @@
 // global batches (relative error < 1e-5 in fp32). See equivalence_testing.h.
 
 #include "gtest/gtest.h"
-#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/testing.h"
 #include "worker/dist/equivalence_testing.h"
 
 namespace recfleet {
 namespace dist {
 namespace {
 
-comm::CommFactory Gloo(int) {
-  auto transport = comm::GlooTransport::Create("127.0.0.1");
-  EXPECT_TRUE(transport.ok()) << transport.status();
-  comm::CommOptions options;
-  options.timeout = absl::Seconds(30);
-  return [transport = *transport, options](comm::KvStore& s, int r, int n) {
-    return comm::ConnectGloo(s, r, n, transport, options);
-  };
-}
+comm::CommFactory Gloo(int) { return comm::LoopbackGloo(); }
 
 class EquivalenceTest : public ::testing::TestWithParam<DenseOptimizer> {};
 

@@ -42,9 +42,6 @@ Fp8AllGather::SlotLayout Fp8AllGather::LayoutOf(const FlatShardLayout& layout, i
 absl::StatusOr<Fp8AllGather> Fp8AllGather::Create(const FlatShardLayout& layout, comm::Communicator* group,
                                                   std::vector<std::pair<int64_t, int64_t>> fp8_ranges) {
   if (group == nullptr) return absl::InvalidArgumentError("fp8 all-gather: group is null");
-  if (group->device() != Device::kCpu) {
-    return absl::UnimplementedError("fp8 all-gather: host (Gloo) buffers only; a CUDA group gathers at full precision");
-  }
   if (layout.padded_numel != layout.shard_numel * group->size()) {
     return absl::InvalidArgumentError(absl::StrCat("fp8 all-gather: layout of ", layout.padded_numel,
                                                    " elements is not ", group->size(), " shards of ", layout.shard_numel));
@@ -59,23 +56,42 @@ absl::StatusOr<Fp8AllGather> Fp8AllGather::Create(const FlatShardLayout& layout,
     prev = e;
   }
   Fp8AllGather g(layout, group);
-  int64_t largest = 0;
+  int64_t largest = 0, largest_fp8 = 1, largest_rows = 0;
   for (int r = 0; r < group->size(); ++r) {
     g.slots_.push_back(LayoutOf(layout, r, fp8_ranges));
-    g.fp8_numel_ += g.slots_.back().fp8_numel;
-    largest = std::max(largest, g.slots_.back().bytes);
+    const SlotLayout& slot = g.slots_.back();
+    g.fp8_numel_ += slot.fp8_numel;
+    largest = std::max(largest, slot.bytes);
+    largest_fp8 = std::max(largest_fp8, slot.fp8_numel);
+    largest_rows = std::max(largest_rows, slot.quantized_rows);
   }
   g.slot_bytes_ = std::max<int64_t>(16, RoundUp(largest, 16));
-  g.send_.assign(g.slot_bytes_ / sizeof(int32_t), 0);
-  g.received_.assign(g.send_.size() * group->size(), 0);
+  const Device device = group->device();
+  const Shape scale_shape = QuantScaleShape(std::max<int64_t>(1, largest_rows), kCols, ScaleBlock::k32x32);
+  for (const auto& [buffer, bytes] : std::vector<std::pair<DeviceBuffer*, int64_t>>{
+           {&g.staging_, largest_fp8 * static_cast<int64_t>(sizeof(float))},
+           {&g.send_, g.slot_bytes_},
+           {&g.received_, g.slot_bytes_ * group->size()},
+           {&g.q_, std::max<int64_t>(1, largest_rows) * kCols},
+           {&g.scales_, scale_shape[0] * scale_shape[1] * static_cast<int64_t>(sizeof(float))}}) {
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Zeros(device, static_cast<size_t>(bytes));
+    if (!b.ok()) return b.status();
+    *buffer = *std::move(b);
+  }
   return g;
 }
 
+absl::Status Fp8AllGather::CopyFloats(float* dst, const float* src, int64_t n) const {
+  if (n == 0) return absl::OkStatus();
+  return CopyOnDevice(group_->device(), dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
 absl::Status Fp8AllGather::Pack(const SlotLayout& slot, const float* shard, char* out) {
-  staging_.resize(std::max<int64_t>(1, slot.fp8_numel));
+  const Device device = group_->device();
+  float* staging = static_cast<float*>(staging_.data());
   int64_t n = 0;
   for (const auto& [b, e] : slot.fp8) {
-    std::copy(shard + b, shard + e, staging_.begin() + n);
+    if (absl::Status s = CopyFloats(staging + n, shard + b, e - b); !s.ok()) return s;
     n += e - b;
   }
   const int64_t quantized = slot.quantized_rows * kCols;
@@ -83,43 +99,42 @@ absl::Status Fp8AllGather::Pack(const SlotLayout& slot, const float* shard, char
     QuantizeConfig config;
     config.block = ScaleBlock::k32x32;
     config.format = DType::kFloat8E4M3;
-    const TensorView x = MakeView(staging_.data(), DType::kFloat32, {slot.quantized_rows, kCols});
+    const TensorView x = MakeView(staging, DType::kFloat32, {slot.quantized_rows, kCols}, device);
     if (absl::Status s = QuantizeAndPack(x, config, out); !s.ok()) return s;
   }
-  char* tail = out + slot.packed_bytes;
-  std::memcpy(tail, staging_.data() + quantized, (slot.fp8_numel - quantized) * sizeof(float));
-  tail += (slot.fp8_numel - quantized) * sizeof(float);
+  float* tail = reinterpret_cast<float*>(out + slot.packed_bytes);
+  if (absl::Status s = CopyFloats(tail, staging + quantized, slot.fp8_numel - quantized); !s.ok()) return s;
+  tail += slot.fp8_numel - quantized;
   for (const auto& [b, e] : slot.rest) {
-    std::memcpy(tail, shard + b, (e - b) * sizeof(float));
-    tail += (e - b) * sizeof(float);
+    if (absl::Status s = CopyFloats(tail, shard + b, e - b); !s.ok()) return s;
+    tail += e - b;
   }
   return absl::OkStatus();
 }
 
 absl::Status Fp8AllGather::Unpack(const SlotLayout& slot, const char* in, float* shard_out) {
-  staging_.resize(std::max<int64_t>(1, slot.fp8_numel));
+  const Device device = group_->device();
+  float* staging = static_cast<float*>(staging_.data());
   const int64_t quantized = slot.quantized_rows * kCols;
   if (slot.quantized_rows > 0) {
-    const Shape scale_shape = QuantScaleShape(slot.quantized_rows, kCols, ScaleBlock::k32x32);
-    q_.resize(quantized);
-    scales_.resize(scale_shape[0] * scale_shape[1]);
-    const TensorView q = MakeView(q_.data(), DType::kFloat8E4M3, {slot.quantized_rows, kCols});
-    const TensorView scales = MakeView(scales_.data(), DType::kFloat32, scale_shape);
+    const TensorView q = q_.View(DType::kFloat8E4M3, {slot.quantized_rows, kCols});
+    const TensorView scales =
+        scales_.View(DType::kFloat32, QuantScaleShape(slot.quantized_rows, kCols, ScaleBlock::k32x32));
     if (absl::Status s = UnpackQuantized(in, ScaleBlock::k32x32, q, scales); !s.ok()) return s;
-    const TensorView x = MakeView(staging_.data(), DType::kFloat32, {slot.quantized_rows, kCols});
+    const TensorView x = MakeView(staging, DType::kFloat32, {slot.quantized_rows, kCols}, device);
     if (absl::Status s = Dequantize(q, scales, ScaleBlock::k32x32, x); !s.ok()) return s;
   }
-  const char* tail = in + slot.packed_bytes;
-  std::memcpy(staging_.data() + quantized, tail, (slot.fp8_numel - quantized) * sizeof(float));
-  tail += (slot.fp8_numel - quantized) * sizeof(float);
+  const float* tail = reinterpret_cast<const float*>(in + slot.packed_bytes);
+  if (absl::Status s = CopyFloats(staging + quantized, tail, slot.fp8_numel - quantized); !s.ok()) return s;
+  tail += slot.fp8_numel - quantized;
   int64_t n = 0;
   for (const auto& [b, e] : slot.fp8) {
-    std::copy(staging_.begin() + n, staging_.begin() + n + (e - b), shard_out + b);
+    if (absl::Status s = CopyFloats(shard_out + b, staging + n, e - b); !s.ok()) return s;
     n += e - b;
   }
   for (const auto& [b, e] : slot.rest) {
-    std::memcpy(shard_out + b, tail, (e - b) * sizeof(float));
-    tail += (e - b) * sizeof(float);
+    if (absl::Status s = CopyFloats(shard_out + b, tail, e - b); !s.ok()) return s;
+    tail += e - b;
   }
   return absl::OkStatus();
 }
@@ -127,25 +142,27 @@ absl::Status Fp8AllGather::Unpack(const SlotLayout& slot, const char* in, float*
 absl::Status Fp8AllGather::AllGather(const TensorView& shard, const TensorView& full) {
   if (absl::Status s = CheckDim(shard, "fsdp shard", 0, layout_.shard_numel); !s.ok()) return s;
   if (absl::Status s = CheckDim(full, "fsdp full parameter", 0, layout_.padded_numel); !s.ok()) return s;
-  if (shard.dtype != DType::kFloat32 || full.dtype != DType::kFloat32 || shard.device != Device::kCpu ||
-      full.device != Device::kCpu) {
-    return absl::InvalidArgumentError("fp8 all-gather: shard and full parameter must be fp32 host buffers");
+  const Device device = group_->device();
+  if (shard.dtype != DType::kFloat32 || full.dtype != DType::kFloat32 || shard.device != device ||
+      full.device != device) {
+    return absl::InvalidArgumentError(absl::StrCat("fp8 all-gather: shard and full parameter must be fp32 ",
+                                                   device == Device::kCuda ? "CUDA" : "host",
+                                                   " buffers, the group's device"));
   }
   const int rank = group_->rank();
-  if (absl::Status s = Pack(slots_[rank], shard.as<float>(), reinterpret_cast<char*>(send_.data())); !s.ok()) {
+  if (absl::Status s = Pack(slots_[rank], shard.as<float>(), static_cast<char*>(send_.data())); !s.ok()) {
     return s;
   }
-  const int64_t words = static_cast<int64_t>(send_.size());
-  if (absl::Status s = group_->AllGather(MakeView(send_.data(), DType::kInt32, {words}),
-                                         MakeView(received_.data(), DType::kInt32, {words * group_->size()}));
+  const int64_t words = slot_bytes_ / static_cast<int64_t>(sizeof(int32_t));
+  if (absl::Status s = group_->AllGather(send_.View(DType::kInt32, {words}),
+                                         received_.View(DType::kInt32, {words * group_->size()}));
       !s.ok()) {
     return s;
   }
   float* out = full.as<float>();
+  const char* received = static_cast<const char*>(received_.data());
   for (int r = 0; r < group_->size(); ++r) {
-    if (absl::Status s = Unpack(slots_[r], reinterpret_cast<const char*>(received_.data() + r * words),
-                                out + layout_.ShardOffset(r));
-        !s.ok()) {
+    if (absl::Status s = Unpack(slots_[r], received + r * slot_bytes_, out + layout_.ShardOffset(r)); !s.ok()) {
       return s;
     }
   }

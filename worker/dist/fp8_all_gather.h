@@ -22,8 +22,15 @@
 // the size of the largest rank's (every rank computes every rank's layout),
 // rounded up to 16 bytes; the collective carries them as int32.
 //
-// Host (CPU) buffers only: the Gloo backend's path. Not thread-safe (the
-// communicator is not).
+// Buffers live on the group's device: host memory for Gloo, the current
+// CUDA device for NCCL. On CUDA every step (gathering the FP8 elements,
+// quantizing, packing, unpacking, dequantizing, scattering them back) is
+// queued on the legacy default stream, which orders it after the engine's
+// work and before the collective (whose stream waits for that one); the
+// call returns once the last unpack is queued. Both devices give the same
+// bits (the quantization kernels are bit-identical). Blocking only (no
+// Start* form): FSDP prefetch is off with it.
+// Not thread-safe (the communicator is not).
 
 #include <cstdint>
 #include <utility>
@@ -32,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/tensor.h"
 #include "worker/comm/communicator.h"
+#include "worker/dist/device_buffer.h"
 #include "worker/dist/fsdp.h"
 
 namespace recfleet {
@@ -47,7 +55,8 @@ class Fp8AllGather {
 
   // full [padded_numel] fp32 = every group rank's `shard` [shard_numel]
   // fp32, in order, with the FP8 ranges rounded as described above (the
-  // rest exact). Same contract as FsdpFlatParameter::AllGather.
+  // rest exact). Same contract as FsdpFlatParameter::AllGather, both
+  // buffers on the group's device.
   absl::Status AllGather(const TensorView& shard, const TensorView& full);
 
   // Bytes every rank contributes to one AllGather (its slot); the group
@@ -71,15 +80,18 @@ class Fp8AllGather {
                              const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges);
   absl::Status Pack(const SlotLayout& slot, const float* shard, char* out);
   absl::Status Unpack(const SlotLayout& slot, const char* in, float* shard_out);
+  // `n` floats between two buffers on the group's device.
+  absl::Status CopyFloats(float* dst, const float* src, int64_t n) const;
 
   FlatShardLayout layout_;
   comm::Communicator* group_;
   std::vector<SlotLayout> slots_;  // Per group rank.
   int64_t slot_bytes_ = 0, fp8_numel_ = 0;
-  std::vector<float> staging_;            // One slot's FP8 elements, fp32.
-  std::vector<int32_t> send_, received_;  // Packed slots (int32 words).
-  std::vector<uint8_t> q_;                // One slot's unpacked FP8 payload.
-  std::vector<float> scales_;             // ... and its scales.
+  // On the group's device, sized for the largest slot.
+  DeviceBuffer staging_;          // One slot's FP8 elements, fp32.
+  DeviceBuffer send_, received_;  // Packed slots (int32 words).
+  DeviceBuffer q_;                // One slot's unpacked FP8 payload.
+  DeviceBuffer scales_;           // ... and its scales (fp32).
 };
 
 }  // namespace dist

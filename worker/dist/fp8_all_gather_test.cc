@@ -9,94 +9,18 @@
 #include "gtest/gtest.h"
 #include "worker/comm/kv_store.h"
 #include "worker/comm/testing.h"
+#include "worker/dist/fp8_all_gather_testing.h"
 #include "worker/dist/fsdp.h"
 
 namespace recfleet {
 namespace dist {
 namespace {
 
-// Forwards to a real communicator and counts the bytes each rank hands to
-// AllGather: what the rank puts on the wire.
-class CountingCommunicator : public comm::Communicator {
- public:
-  explicit CountingCommunicator(comm::Communicator* inner)
-      : Communicator(inner->rank(), inner->size(), inner->device(), inner->timeout()), inner_(inner) {}
-  absl::string_view backend() const override { return inner_->backend(); }
-  int64_t all_gather_bytes = 0;
-
- protected:
-  absl::Status DoAllGather(const TensorView& in, const TensorView& out) override {
-    all_gather_bytes += static_cast<int64_t>(in.nbytes());
-    return inner_->AllGather(in, out);
-  }
-  absl::Status DoReduceScatter(const TensorView& in, const TensorView& out, comm::ReduceOp op) override {
-    return inner_->ReduceScatter(in, out, op);
-  }
-  absl::Status DoAllReduce(const TensorView& inout, comm::ReduceOp op) override { return inner_->AllReduce(inout, op); }
-  absl::Status DoAllToAll(const TensorView& in, absl::Span<const int64_t> send_counts, const TensorView& out,
-                          absl::Span<const int64_t> recv_counts) override {
-    return inner_->AllToAll(in, send_counts, out, recv_counts);
-  }
-  absl::Status DoBroadcast(const TensorView& inout, int root) override { return inner_->Broadcast(inout, root); }
-  absl::Status DoBarrier() override { return inner_->Barrier(); }
-
- private:
-  comm::Communicator* inner_;
-};
-
-// A weight-like flat buffer: blocks of different magnitudes, some zeros.
-std::vector<float> Parameters(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = normal(rng) * std::ldexp(1.0f, -static_cast<int>((i / 700) % 6));
-  for (int64_t i = 0; i < n; i += 97) v[i] = 0.0f;
-  return v;
-}
-
-struct Gathered {
-  std::vector<std::vector<float>> full;  // Per rank.
-  std::vector<int64_t> bytes;            // Per rank: bytes handed to AllGather.
-  int64_t slot_bytes = 0, fp8_numel = 0;
-};
-
-// `group` Gloo ranks gather `params` (sharded FSDP-style) with `fp8_ranges`
-// in FP8, or at fp32 with FsdpFlatParameter when `fp8` is false.
-Gathered GatherOnRanks(int group, const std::vector<float>& params,
-                       const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges, bool fp8) {
-  comm::InProcessKvStore store;
-  comm::CommOptions options;
-  options.timeout = absl::Seconds(20);
-  auto comms = comm::ConnectGlooGroup(store, group, options);
-  EXPECT_TRUE(comms.ok()) << comms.status();
-  const FlatShardLayout layout = FlatShardLayout::Make(static_cast<int64_t>(params.size()), group);
-  std::vector<float> padded = params;
-  padded.resize(layout.padded_numel, 0.0f);
-  Gathered out;
-  out.full.assign(group, std::vector<float>(layout.padded_numel));
-  out.bytes.assign(group, 0);
-  comm::RunOnThreads(group, [&](int r) {
-    CountingCommunicator counting((*comms)[r].get());
-    std::vector<float> shard(padded.begin() + layout.ShardOffset(r),
-                             padded.begin() + layout.ShardOffset(r) + layout.shard_numel);
-    const TensorView shard_view = MakeView(shard.data(), DType::kFloat32, {layout.shard_numel});
-    const TensorView full_view = MakeView(out.full[r].data(), DType::kFloat32, {layout.padded_numel});
-    if (fp8) {
-      auto gather = Fp8AllGather::Create(layout, &counting, fp8_ranges);
-      ASSERT_TRUE(gather.ok()) << gather.status();
-      ASSERT_TRUE(gather->AllGather(shard_view, full_view).ok());
-      if (r == 0) {
-        out.slot_bytes = gather->slot_bytes();
-        out.fp8_numel = gather->fp8_numel();
-      }
-    } else {
-      auto fsdp = FsdpFlatParameter::Create(layout.numel, &counting, nullptr);
-      ASSERT_TRUE(fsdp.ok());
-      ASSERT_TRUE(fsdp->AllGather(shard_view, full_view).ok());
-    }
-    out.bytes[r] = counting.all_gather_bytes;
-  });
-  return out;
+// `group` Gloo ranks (threads) gather `params`; see GatherOnRanks.
+Gathered GatherOnGloo(int group, const std::vector<float>& params,
+                      const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges, bool fp8) {
+  comm::HostTestMemory memory;
+  return GatherOnRanks(group, params, fp8_ranges, fp8, memory, [](int) { return comm::LoopbackGloo(); });
 }
 
 bool InRanges(int64_t i, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
@@ -111,9 +35,9 @@ bool InRanges(int64_t i, const std::vector<std::pair<int64_t, int64_t>>& ranges)
 // inside them (relative 2^-4 for normal values; below the block's smallest
 // normal, an absolute step of scale x 2^-9 with scale <= 2 amax / 448).
 TEST(Fp8AllGatherTest, EveryRankGetsTheSameRoundedBufferExactOutsideTheRanges) {
-  const std::vector<float> params = Parameters(10'007, 1);
+  const std::vector<float> params = WeightLikeParameters(10'007, 1);
   const std::vector<std::pair<int64_t, int64_t>> ranges = {{5, 2'300}, {2'300, 2'333}, {4'000, 9'990}};
-  const Gathered g = GatherOnRanks(3, params, ranges, true);
+  const Gathered g = GatherOnGloo(3, params, ranges, true);
   float amax = 0;
   for (float v : params) amax = std::max(amax, std::fabs(v));
   int64_t rounded = 0;
@@ -141,9 +65,9 @@ TEST(Fp8AllGatherTest, EveryRankGetsTheSameRoundedBufferExactOutsideTheRanges) {
 TEST(Fp8AllGatherTest, HalvesTheBytesOfABf16Gather) {
   constexpr int kGroup = 4;
   const int64_t n = kGroup * 64 * 1024;
-  const std::vector<float> params = Parameters(n, 2);
-  const Gathered fp32 = GatherOnRanks(kGroup, params, {}, false);
-  const Gathered fp8 = GatherOnRanks(kGroup, params, {{0, n}}, true);
+  const std::vector<float> params = WeightLikeParameters(n, 2);
+  const Gathered fp32 = GatherOnGloo(kGroup, params, {}, false);
+  const Gathered fp8 = GatherOnGloo(kGroup, params, {{0, n}}, true);
   for (int r = 0; r < kGroup; ++r) {
     EXPECT_EQ(fp32.bytes[r], n / kGroup * 4);
     EXPECT_EQ(fp8.bytes[r], fp8.slot_bytes);
@@ -156,7 +80,7 @@ TEST(Fp8AllGatherTest, HalvesTheBytesOfABf16Gather) {
   EXPECT_LE(vs_bf16, 0.5 * (1 + 1.0 / 1024) + 1e-9);
   EXPECT_LE(vs_fp32, 0.25 * (1 + 1.0 / 1024) + 1e-9);
   // No FP8 range: the slot is the fp32 shard (rounded to 16 bytes).
-  const Gathered none = GatherOnRanks(kGroup, params, {}, true);
+  const Gathered none = GatherOnGloo(kGroup, params, {}, true);
   EXPECT_EQ(none.bytes[0], fp32.bytes[0]);
   EXPECT_EQ(none.full[0], fp32.full[0]);
 }

@@ -1,0 +1,67 @@
+#ifndef RECFLEET_WORKER_DIST_FP8_ALL_GATHER_TESTING_H_
+#define RECFLEET_WORKER_DIST_FP8_ALL_GATHER_TESTING_H_
+
+// The FP8 all-gather's checks, shared by the Gloo test (threads) and the
+// NCCL test (one rank per GPU): a group gathers a weight-like buffer,
+// sharded FSDP-style, with some ranges in FP8 (or all of it at fp32 through
+// FsdpFlatParameter); the bytes each rank hands to the collective are
+// counted at the communicator.
+
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "worker/comm/communicator.h"
+#include "worker/comm/conformance.h"
+#include "worker/comm/process_groups.h"
+
+namespace recfleet {
+namespace dist {
+
+// Forwards to a real communicator and counts the bytes each rank hands to
+// AllGather: what the rank puts on the wire.
+class CountingCommunicator : public comm::Communicator {
+ public:
+  explicit CountingCommunicator(comm::Communicator* inner)
+      : Communicator(inner->rank(), inner->size(), inner->device(), inner->timeout()), inner_(inner) {}
+  absl::string_view backend() const override { return inner_->backend(); }
+  int64_t all_gather_bytes = 0;
+
+ protected:
+  absl::Status DoAllGather(const TensorView& in, const TensorView& out) override;
+  absl::Status DoReduceScatter(const TensorView& in, const TensorView& out, comm::ReduceOp op) override;
+  absl::Status DoAllReduce(const TensorView& inout, comm::ReduceOp op) override;
+  absl::Status DoAllToAll(const TensorView& in, absl::Span<const int64_t> send_counts, const TensorView& out,
+                          absl::Span<const int64_t> recv_counts) override;
+  absl::Status DoBroadcast(const TensorView& inout, int root) override;
+  absl::Status DoBarrier() override;
+
+ private:
+  comm::Communicator* inner_;
+};
+
+// A weight-like flat buffer: blocks of different magnitudes, some zeros.
+std::vector<float> WeightLikeParameters(int64_t n, uint32_t seed);
+
+struct Gathered {
+  std::vector<std::vector<float>> full;  // Per rank, downloaded.
+  std::vector<int64_t> bytes;            // Per rank: bytes handed to AllGather.
+  int64_t slot_bytes = 0, fp8_numel = 0;
+  // Rank 0's median seconds per AllGather over `timed` calls after one
+  // warm-up (0 when timed is 0), the device synchronized around each.
+  double seconds = 0;
+};
+
+// `group` ranks (rank r connects through factory_for_rank(r); its buffers
+// come from `memory`) gather `params` with `fp8_ranges` in FP8, or at fp32
+// with FsdpFlatParameter when `fp8` is false.
+Gathered GatherOnRanks(int group, const std::vector<float>& params,
+                       const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges, bool fp8,
+                       comm::TestMemory& memory, const std::function<comm::CommFactory(int rank)>& factory_for_rank,
+                       int timed = 0);
+
+}  // namespace dist
+}  // namespace recfleet
+
+#endif  // RECFLEET_WORKER_DIST_FP8_ALL_GATHER_TESTING_H_
