@@ -149,7 +149,9 @@ void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfi
   }
   if (r.scale_granularity() == v1::PrecisionRecipe::MX_32X32) {
     p.Unsupported(f + ".scale_granularity",
-                  "32x32 E8M0 blocks in the linear layers; use BLOCK_1X128_128X128 (1x128 activations, 128x128 weights)");
+                  "32x32 E8M0 blocks in the linear layers (block-scaled GEMMs with 32-element power-of-two scales are a "
+                  "tensor-core feature of compute capability 10; on Hopper cuBLASLt scales FP8 per 1x128 and 128x128 "
+                  "fp32 blocks); use BLOCK_1X128_128X128 (1x128 activations, 128x128 weights)");
   }
   Fp8Attention(m, c, p);
   const bool tuned = r.scale_granularity() != v1::PrecisionRecipe::SCALE_GRANULARITY_UNSPECIFIED ||
