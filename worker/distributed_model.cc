@@ -119,7 +119,7 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
     const int64_t o = m->dense_offsets_[i];
     if (o >= m->expert_span_.first && o < m->expert_span_.second) continue;
     const int module = param_modules[i];
-    const std::string name = config.fp8.fp8_all_gather ? "dense" : UnitOf(m->module_names_[module]);
+    const std::string name = UnitOf(m->module_names_[module]);
     if (m->module_unit_[module] < 0) {
       if (m->units_.empty() || m->units_.back().name != name) {
         for (const Unit& u : m->units_) {
@@ -155,27 +155,27 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
     full_numel += unit.fsdp->layout().padded_numel;
   }
   if (config.fp8.fp8_all_gather) {
-    // The FP8 modules' weight matrices in the FSDP buffer (one unit), in
-    // buffer order (biases and every other parameter stay fp32).
-    std::vector<std::pair<int64_t, int64_t>> fp8_ranges;
+    // Per unit, the FP8 modules' weight matrices in it (unit-relative, in
+    // buffer order; biases and every other parameter stay fp32). A unit
+    // without one gathers at fp32.
     const std::vector<std::string> names = m->model_->DenseParameterNames();
-    for (size_t i = 0; i < names.size(); ++i) {
-      const int64_t o = m->dense_offsets_[i];
-      if (o >= m->expert_span_.first && o < m->expert_span_.second) continue;
-      if (!absl::EndsWith(names[i], ".w") || !config.fp8.Holds(names[i].substr(0, names[i].size() - 2))) continue;
-      const int64_t b = m->Compact(o), e = b + m->dense_params_[i].numel();
-      if (!fp8_ranges.empty() && fp8_ranges.back().second == b) {
-        fp8_ranges.back().second = e;
-      } else {
-        fp8_ranges.push_back({b, e});
+    for (Unit& unit : m->units_) {
+      std::vector<std::pair<int64_t, int64_t>> fp8_ranges;
+      for (const int i : unit.params) {
+        if (!absl::EndsWith(names[i], ".w") || !config.fp8.Holds(names[i].substr(0, names[i].size() - 2))) continue;
+        const int64_t b = m->Compact(m->dense_offsets_[i]) - unit.span.first, e = b + m->dense_params_[i].numel();
+        if (!fp8_ranges.empty() && fp8_ranges.back().second == b) {
+          fp8_ranges.back().second = e;
+        } else {
+          fp8_ranges.push_back({b, e});
+        }
       }
+      if (fp8_ranges.empty()) continue;
+      absl::StatusOr<dist::Fp8AllGather> gather =
+          dist::Fp8AllGather::Create(unit.fsdp->layout(), groups->fsdp(), fp8_ranges);
+      if (!gather.ok()) return gather.status();
+      unit.fp8.emplace(*std::move(gather));
     }
-    std::sort(fp8_ranges.begin(), fp8_ranges.end());
-    absl::StatusOr<dist::Fp8AllGather> gather =
-        dist::Fp8AllGather::Create(m->units_[0].fsdp->layout(), groups->fsdp(), fp8_ranges);
-    if (!gather.ok()) return gather.status();
-    m->fp8_gather_.emplace(*std::move(gather));
-    m->prefetch_ = false;
   }
   // Every rank built the same initial parameters (the engine seeds them
   // from the config); each keeps its shards and its experts.
@@ -333,10 +333,24 @@ absl::Status DistributedModel::CopyExperts(const std::vector<TensorView>& views,
   return absl::OkStatus();
 }
 
+int64_t DistributedModel::dense_gather_bytes() const {
+  int64_t bytes = 0;
+  for (const Unit& u : units_) {
+    bytes += u.fp8 ? u.fp8->slot_bytes() : u.fsdp->layout().shard_numel * static_cast<int64_t>(sizeof(float));
+  }
+  return bytes;
+}
+
+int64_t DistributedModel::fp8_gathered_numel() const {
+  int64_t n = 0;
+  for (const Unit& u : units_) n += u.fp8 ? u.fp8->fp8_numel() : 0;
+  return n;
+}
+
 absl::Status DistributedModel::GatherForStep() {
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
-    const absl::Status gathered = fp8_gather_ ? fp8_gather_->AllGather(UnitShard(shard_, u), UnitFull(full_, u))
-                                              : units_[u].fsdp->AllGather(UnitShard(shard_, u), UnitFull(full_, u));
+    const absl::Status gathered = units_[u].fp8 ? units_[u].fp8->AllGather(UnitShard(shard_, u), UnitFull(full_, u))
+                                                : units_[u].fsdp->AllGather(UnitShard(shard_, u), UnitFull(full_, u));
     if (!gathered.ok()) return gathered;
     if (absl::Status s = CopyUnit(u, dense_params_, full_, true); !s.ok()) return s;
   }
@@ -356,7 +370,8 @@ absl::Status DistributedModel::Waited(const std::function<absl::Status()>& fn) {
 
 absl::Status DistributedModel::StartGather(int u) {
   absl::StatusOr<std::unique_ptr<comm::PendingCollective>> started =
-      units_[u].fsdp->StartAllGather(UnitShard(shard_, u), UnitFull(full_, u));
+      units_[u].fp8 ? units_[u].fp8->StartAllGather(UnitShard(shard_, u), UnitFull(full_, u))
+                    : units_[u].fsdp->StartAllGather(UnitShard(shard_, u), UnitFull(full_, u));
   if (!started.ok()) return started.status();
   gathers_[u] = *std::move(started);
   Log("gather_start", units_[u].name);

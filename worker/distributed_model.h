@@ -87,8 +87,9 @@
 // that copy; the CUDA engine (NCCL ranks) runs their GEMMs in FP8 on it,
 // re-quantizing the copy in its 128x128 blocks. The
 // experts of an expert-parallel group are not in the FSDP buffer and are
-// not quantized. It gathers the FSDP buffer as one unit, blocking (no
-// prefetch).
+// not quantized. Each unit holding FP8 weights gathers FP8 on its own,
+// prefetched like the others (the unpack runs when the unit is made
+// ready); units without one gather fp32.
 //
 // Checkpoints are layout-independent: each shard's owner (replica 0 of it,
 // of an expert block expert replica 0) records its element or row ranges
@@ -152,8 +153,8 @@ class DistributedModel : public RankModel {
   absl::Status Prefetch(const engine::Batch&) override { return absl::OkStatus(); }
 
   // Whether the FSDP collectives overlap the compute (see the top; on by
-  // default, off with the FP8 all-gather). Every rank sets the same.
-  void set_prefetch(bool on) { prefetch_ = on && !fp8_gather_; }
+  // default). Every rank sets the same.
+  void set_prefetch(bool on) { prefetch_ = on; }
   bool prefetch() const { return prefetch_; }
   // The FSDP units, in forward order.
   std::vector<std::string> unit_names() const;
@@ -187,10 +188,8 @@ class DistributedModel : public RankModel {
   // Bytes this rank contributes to each dense all-gather (its FSDP shard in
   // fp32, or its packed slot with the FP8 all-gather), and the elements of
   // the FSDP buffer that travel as FP8 (0 without it).
-  int64_t dense_gather_bytes() const {
-    return fp8_gather_ ? fp8_gather_->slot_bytes() : dense_shard_bytes();
-  }
-  int64_t fp8_gathered_numel() const { return fp8_gather_ ? fp8_gather_->fp8_numel() : 0; }
+  int64_t dense_gather_bytes() const;
+  int64_t fp8_gathered_numel() const;
 
  private:
   DistributedModel() = default;
@@ -201,6 +200,9 @@ class DistributedModel : public RankModel {
     std::string name;
     std::pair<int64_t, int64_t> span{0, 0};
     std::optional<dist::FsdpFlatParameter> fsdp;
+    // With the recipe's FP8 all-gather, when the unit holds FP8 weights: its
+    // gathers (the reductions stay fsdp's).
+    std::optional<dist::Fp8AllGather> fp8;
     // Element offsets of its shard in shard_ (and the moments and shard_grad_),
     // of its padded buffer in full_ and full_grad_.
     int64_t shard_at = 0, full_at = 0;
@@ -269,7 +271,6 @@ class DistributedModel : public RankModel {
   comm::Communicator* world_ = nullptr;
   std::vector<Unit> units_;
   std::vector<int> module_unit_;  // Per engine module: the unit holding its parameters (-1: none).
-  std::optional<dist::Fp8AllGather> fp8_gather_;  // With the recipe's FP8 all-gather (one unit).
   bool prefetch_ = true;
   // Prefetch, during a step: the started collectives per unit, the units
   // ready in the engine [0, ready_units_), the modules per unit whose

@@ -178,7 +178,9 @@ TEST(DistributedModelNcclTest, OneGpuRankWithGradientClippingTrainsLikeTheCpuMod
 //    on an H200), each of the first 10 steps' within 4% (2.03%, 2.10%). The Gloo test
 //    bounds single steps at 2%, but there the gather's rounding is the only
 //    difference; here the FP8 GEMMs quantize the rounded copy once more.
-TEST(DistributedModelNcclTest, Fp8AllGatherOnAGpuRankTrainsLikeTheFp32Gather) {
+// Both with the FSDP units' gathers prefetched (the default; an FP8 unit
+// unpacks when made ready) and blocking.
+void ExpectFp8AllGatherTrainsLikeTheFp32Gather(bool prefetch) {
   ASSERT_GE(comm::CudaDeviceCount(), 1) << "this test needs a GPU";
   const engine::MovieLensCtr data = Data();
   engine::GemLiteConfig config = engine::StepComparisonConfig();
@@ -192,9 +194,14 @@ TEST(DistributedModelNcclTest, Fp8AllGatherOnAGpuRankTrainsLikeTheFp32Gather) {
   ASSERT_TRUE(fp32.ok()) << fp32.status();
   auto fp8 = rank.Model(gathered_fp8, data.schema());
   ASSERT_TRUE(fp8.ok()) << fp8.status();
+  ASSERT_TRUE((*fp8)->prefetch());
+  (*fp8)->set_prefetch(prefetch);
   const int64_t fp8_numel = (*fp8)->fp8_gathered_numel(), shard_bytes = (*fp8)->dense_shard_bytes();
   EXPECT_GT(fp8_numel, 0);
-  EXPECT_LT((*fp8)->dense_gather_bytes(), shard_bytes - 3 * fp8_numel + fp8_numel / 1024 + 32 * 4 + 16);
+  // Per FP8 unit: one scale byte per 1,024, a tail of < 32 fp32 elements
+  // and the slot's 16-byte rounding.
+  const int64_t units = static_cast<int64_t>((*fp8)->unit_names().size());
+  EXPECT_LT((*fp8)->dense_gather_bytes(), shard_bytes - 3 * fp8_numel + fp8_numel / 1024 + units * (32 * 4 + 16));
   EXPECT_EQ((*fp32)->dense_gather_bytes(), (*fp32)->dense_shard_bytes());
 
   // The same copy as a CPU rank's.
@@ -230,13 +237,22 @@ TEST(DistributedModelNcclTest, Fp8AllGatherOnAGpuRankTrainsLikeTheFp32Gather) {
     for (int i = 0; i < 2; ++i) sum[i] += losses[i][step];
   }
   const double mean_error = std::abs(sum[1] - sum[0]) / sum[0];
-  std::printf("gpu rank, FP8 recipe (dcn, experts, towers): dense all-gather %lld bytes with the FP8 gather against "
+  std::printf("gpu rank (prefetch %s), FP8 recipe (dcn, experts, towers): dense all-gather %lld bytes with the FP8 gather against "
               "%lld at fp32 (%lld FP8 elements, %lld rounded); loss vs the fp32 gather: first 10 steps within %.2e, "
               "mean of %d within %.2e\n",
-              static_cast<long long>((*fp8)->dense_gather_bytes()), static_cast<long long>(shard_bytes),
+              prefetch ? "on" : "off", static_cast<long long>((*fp8)->dense_gather_bytes()),
+              static_cast<long long>(shard_bytes),
               static_cast<long long>(fp8_numel), static_cast<long long>(rounded), worst_early, kSteps, mean_error);
   EXPECT_LT(worst_early, 0.04);
   EXPECT_LT(mean_error, 0.01);
+}
+
+TEST(DistributedModelNcclTest, Fp8AllGatherOnAGpuRankTrainsLikeTheFp32Gather) {
+  ExpectFp8AllGatherTrainsLikeTheFp32Gather(true);
+}
+
+TEST(DistributedModelNcclTest, BlockingFp8AllGatherOnAGpuRankTrainsLikeTheFp32Gather) {
+  ExpectFp8AllGatherTrainsLikeTheFp32Gather(false);
 }
 
 }  // namespace

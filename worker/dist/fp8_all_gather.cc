@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/quant/quantize.h"
@@ -88,9 +90,13 @@ absl::Status Fp8AllGather::CopyFloats(float* dst, const float* src, int64_t n) c
 
 absl::Status Fp8AllGather::Pack(const SlotLayout& slot, const float* shard, char* out) {
   const Device device = group_->device();
+  // The FP8 elements in one run: straight from the shard when they are one
+  // range, else gathered into staging_.
   float* staging = static_cast<float*>(staging_.data());
+  const float* fp8 = slot.fp8.size() == 1 ? shard + slot.fp8[0].first : staging;
   int64_t n = 0;
   for (const auto& [b, e] : slot.fp8) {
+    if (fp8 != staging) break;
     if (absl::Status s = CopyFloats(staging + n, shard + b, e - b); !s.ok()) return s;
     n += e - b;
   }
@@ -99,11 +105,11 @@ absl::Status Fp8AllGather::Pack(const SlotLayout& slot, const float* shard, char
     QuantizeConfig config;
     config.block = ScaleBlock::k32x32;
     config.format = DType::kFloat8E4M3;
-    const TensorView x = MakeView(staging, DType::kFloat32, {slot.quantized_rows, kCols}, device);
+    const TensorView x = MakeView(const_cast<float*>(fp8), DType::kFloat32, {slot.quantized_rows, kCols}, device);
     if (absl::Status s = QuantizeAndPack(x, config, out); !s.ok()) return s;
   }
   float* tail = reinterpret_cast<float*>(out + slot.packed_bytes);
-  if (absl::Status s = CopyFloats(tail, staging + quantized, slot.fp8_numel - quantized); !s.ok()) return s;
+  if (absl::Status s = CopyFloats(tail, fp8 + quantized, slot.fp8_numel - quantized); !s.ok()) return s;
   tail += slot.fp8_numel - quantized;
   for (const auto& [b, e] : slot.rest) {
     if (absl::Status s = CopyFloats(tail, shard + b, e - b); !s.ok()) return s;
@@ -114,21 +120,25 @@ absl::Status Fp8AllGather::Pack(const SlotLayout& slot, const float* shard, char
 
 absl::Status Fp8AllGather::Unpack(const SlotLayout& slot, const char* in, float* shard_out) {
   const Device device = group_->device();
+  // Straight into place when the FP8 elements are one range, else through
+  // staging_.
   float* staging = static_cast<float*>(staging_.data());
+  float* fp8 = slot.fp8.size() == 1 ? shard_out + slot.fp8[0].first : staging;
   const int64_t quantized = slot.quantized_rows * kCols;
   if (slot.quantized_rows > 0) {
     const TensorView q = q_.View(DType::kFloat8E4M3, {slot.quantized_rows, kCols});
     const TensorView scales =
         scales_.View(DType::kFloat32, QuantScaleShape(slot.quantized_rows, kCols, ScaleBlock::k32x32));
     if (absl::Status s = UnpackQuantized(in, ScaleBlock::k32x32, q, scales); !s.ok()) return s;
-    const TensorView x = MakeView(staging, DType::kFloat32, {slot.quantized_rows, kCols}, device);
+    const TensorView x = MakeView(fp8, DType::kFloat32, {slot.quantized_rows, kCols}, device);
     if (absl::Status s = Dequantize(q, scales, ScaleBlock::k32x32, x); !s.ok()) return s;
   }
   const float* tail = reinterpret_cast<const float*>(in + slot.packed_bytes);
-  if (absl::Status s = CopyFloats(staging + quantized, tail, slot.fp8_numel - quantized); !s.ok()) return s;
+  if (absl::Status s = CopyFloats(fp8 + quantized, tail, slot.fp8_numel - quantized); !s.ok()) return s;
   tail += slot.fp8_numel - quantized;
   int64_t n = 0;
   for (const auto& [b, e] : slot.fp8) {
+    if (fp8 != staging) break;
     if (absl::Status s = CopyFloats(shard_out + b, staging + n, e - b); !s.ok()) return s;
     n += e - b;
   }
@@ -139,7 +149,7 @@ absl::Status Fp8AllGather::Unpack(const SlotLayout& slot, const char* in, float*
   return absl::OkStatus();
 }
 
-absl::Status Fp8AllGather::AllGather(const TensorView& shard, const TensorView& full) {
+absl::Status Fp8AllGather::CheckAndPack(const TensorView& shard, const TensorView& full) {
   if (absl::Status s = CheckDim(shard, "fsdp shard", 0, layout_.shard_numel); !s.ok()) return s;
   if (absl::Status s = CheckDim(full, "fsdp full parameter", 0, layout_.padded_numel); !s.ok()) return s;
   const Device device = group_->device();
@@ -149,16 +159,10 @@ absl::Status Fp8AllGather::AllGather(const TensorView& shard, const TensorView& 
                                                    device == Device::kCuda ? "CUDA" : "host",
                                                    " buffers, the group's device"));
   }
-  const int rank = group_->rank();
-  if (absl::Status s = Pack(slots_[rank], shard.as<float>(), static_cast<char*>(send_.data())); !s.ok()) {
-    return s;
-  }
-  const int64_t words = slot_bytes_ / static_cast<int64_t>(sizeof(int32_t));
-  if (absl::Status s = group_->AllGather(send_.View(DType::kInt32, {words}),
-                                         received_.View(DType::kInt32, {words * group_->size()}));
-      !s.ok()) {
-    return s;
-  }
+  return Pack(slots_[group_->rank()], shard.as<float>(), static_cast<char*>(send_.data()));
+}
+
+absl::Status Fp8AllGather::UnpackAll(const TensorView& full) {
   float* out = full.as<float>();
   const char* received = static_cast<const char*>(received_.data());
   for (int r = 0; r < group_->size(); ++r) {
@@ -167,6 +171,59 @@ absl::Status Fp8AllGather::AllGather(const TensorView& shard, const TensorView& 
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Fp8AllGather::AllGather(const TensorView& shard, const TensorView& full) {
+  if (absl::Status s = CheckAndPack(shard, full); !s.ok()) return s;
+  const int64_t words = slot_bytes_ / static_cast<int64_t>(sizeof(int32_t));
+  if (absl::Status s = group_->AllGather(send_.View(DType::kInt32, {words}),
+                                         received_.View(DType::kInt32, {words * group_->size()}));
+      !s.ok()) {
+    return s;
+  }
+  return UnpackAll(full);
+}
+
+namespace {
+
+// A started FP8 gather: the collective's handle, and the unpack that
+// follows it once, when the caller makes it ready or waits for it.
+class StartedFp8Gather : public comm::PendingCollective {
+ public:
+  StartedFp8Gather(std::unique_ptr<comm::PendingCollective> gather, std::function<absl::Status()> unpack)
+      : gather_(std::move(gather)), unpack_(std::move(unpack)) {}
+  absl::Status Ready() override { return Then(gather_->Ready()); }
+  absl::Status Wait() override {
+    if (absl::Status s = Then(gather_->Wait()); !s.ok()) return s;
+    // On CUDA the unpack was only queued: wait for it as well.
+    return SynchronizeDevice(device_);
+  }
+  void set_device(Device device) { device_ = device; }
+
+ private:
+  absl::Status Then(absl::Status gathered) {
+    if (!gathered.ok() || unpacked_) return gathered;
+    unpacked_ = true;
+    return unpack_();
+  }
+  std::unique_ptr<comm::PendingCollective> gather_;
+  std::function<absl::Status()> unpack_;
+  bool unpacked_ = false;
+  Device device_ = Device::kCpu;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<comm::PendingCollective>> Fp8AllGather::StartAllGather(const TensorView& shard,
+                                                                                       const TensorView& full) {
+  if (absl::Status s = CheckAndPack(shard, full); !s.ok()) return s;
+  const int64_t words = slot_bytes_ / static_cast<int64_t>(sizeof(int32_t));
+  absl::StatusOr<std::unique_ptr<comm::PendingCollective>> started = group_->StartAllGather(
+      send_.View(DType::kInt32, {words}), received_.View(DType::kInt32, {words * group_->size()}));
+  if (!started.ok()) return started.status();
+  auto handle = std::make_unique<StartedFp8Gather>(*std::move(started), [this, full] { return UnpackAll(full); });
+  handle->set_device(group_->device());
+  return handle;
 }
 
 }  // namespace dist

@@ -28,8 +28,9 @@
 // queued on the legacy default stream, which orders it after the engine's
 // work and before the collective (whose stream waits for that one); the
 // call returns once the last unpack is queued. Both devices give the same
-// bits (the quantization kernels are bit-identical). Blocking only (no
-// Start* form): FSDP prefetch is off with it.
+// bits (the quantization kernels are bit-identical). StartAllGather is the
+// form FSDP prefetch uses: it packs, starts the collective and unpacks when
+// the handle is made ready or waited for.
 // Not thread-safe (the communicator is not).
 
 #include <cstdint>
@@ -58,6 +59,15 @@ class Fp8AllGather {
   // rest exact). Same contract as FsdpFlatParameter::AllGather, both
   // buffers on the group's device.
   absl::Status AllGather(const TensorView& shard, const TensorView& full);
+  // The same as a started collective (Communicator::StartAllGather): the
+  // shard is packed now (queued, on CUDA), the gather runs behind the
+  // communicator's earlier collectives, and the handle's Ready() or Wait()
+  // unpacks into `full` (Ready on CUDA queues the unpack on the legacy
+  // default stream behind the gather without a host wait; Gloo waits).
+  // `full` must not be read before then. One started gather per object at
+  // a time (its buffers hold it); this object must outlive the handle.
+  absl::StatusOr<std::unique_ptr<comm::PendingCollective>> StartAllGather(const TensorView& shard,
+                                                                          const TensorView& full);
 
   // Bytes every rank contributes to one AllGather (its slot); the group
   // moves size() times that. An fp32 gather contributes shard_numel x 4.
@@ -80,6 +90,10 @@ class Fp8AllGather {
                              const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges);
   absl::Status Pack(const SlotLayout& slot, const float* shard, char* out);
   absl::Status Unpack(const SlotLayout& slot, const char* in, float* shard_out);
+  // Checks both buffers and packs this rank's slot into send_.
+  absl::Status CheckAndPack(const TensorView& shard, const TensorView& full);
+  // Every rank's slot from received_ into `full`.
+  absl::Status UnpackAll(const TensorView& full);
   // `n` floats between two buffers on the group's device.
   absl::Status CopyFloats(float* dst, const float* src, int64_t n) const;
 

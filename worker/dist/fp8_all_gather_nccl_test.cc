@@ -32,9 +32,12 @@ void SameBitsAsGloo(int group) {
   comm::HostTestMemory host;
   const Gathered on_gpu = GatherOnRanks(group, params, kRanges, true, gpu, NcclOnDevice);
   const Gathered on_host = GatherOnRanks(group, params, kRanges, true, host, [](int) { return comm::LoopbackGloo(); });
+  // Started (FSDP prefetch's form): the unpack is queued behind the gather.
+  const Gathered started = GatherOnRanks(group, params, kRanges, true, gpu, NcclOnDevice, 0, /*started=*/true);
   int64_t rounded = 0;
   for (int r = 0; r < group; ++r) {
     ASSERT_EQ(on_gpu.full[r], on_host.full[0]) << "rank " << r;
+    ASSERT_EQ(started.full[r], on_host.full[0]) << "rank " << r << ", started";
     EXPECT_EQ(on_gpu.bytes[r], on_host.bytes[r]);
   }
   for (size_t i = 0; i < params.size(); ++i) rounded += on_gpu.full[0][i] != params[i];

@@ -18,9 +18,9 @@ namespace {
 
 // `group` Gloo ranks (threads) gather `params`; see GatherOnRanks.
 Gathered GatherOnGloo(int group, const std::vector<float>& params,
-                      const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges, bool fp8) {
+                      const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges, bool fp8, bool started = false) {
   comm::HostTestMemory memory;
-  return GatherOnRanks(group, params, fp8_ranges, fp8, memory, [](int) { return comm::LoopbackGloo(); });
+  return GatherOnRanks(group, params, fp8_ranges, fp8, memory, [](int) { return comm::LoopbackGloo(); }, 0, started);
 }
 
 bool InRanges(int64_t i, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
@@ -57,6 +57,10 @@ TEST(Fp8AllGatherTest, EveryRankGetsTheSameRoundedBufferExactOutsideTheRanges) {
   EXPECT_GT(rounded, 1000);  // The ranges did travel as FP8.
   EXPECT_EQ(g.fp8_numel, (2'333 - 5) + (9'990 - 4'000));
   for (size_t i = params.size(); i < g.full[0].size(); ++i) EXPECT_EQ(g.full[0][i], 0.0f) << "padding";
+  // Started (FSDP prefetch's form): the same buffer once the handle is ready.
+  const Gathered started = GatherOnGloo(3, params, ranges, true, /*started=*/true);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(started.full[r], g.full[0]) << "rank " << r;
+  EXPECT_EQ(started.bytes, g.bytes);
 }
 
 // The bytes each rank hands to the collective, counted at the communicator:

@@ -48,7 +48,7 @@ std::vector<float> WeightLikeParameters(int64_t n, uint32_t seed) {
 Gathered GatherOnRanks(int group, const std::vector<float>& params,
                        const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges, bool fp8,
                        comm::TestMemory& memory, const std::function<comm::CommFactory(int rank)>& factory_for_rank,
-                       int timed) {
+                       int timed, bool started) {
   comm::InProcessKvStore store;
   const FlatShardLayout layout = FlatShardLayout::Make(static_cast<int64_t>(params.size()), group);
   std::vector<float> padded = params;
@@ -77,8 +77,12 @@ Gathered GatherOnRanks(int group, const std::vector<float>& params,
       ASSERT_TRUE(f.ok()) << f.status();
       fsdp.emplace(*std::move(f));
     }
-    auto gather = [&] {
-      return fp8 ? fp8_gather->AllGather(shard_view, full_view) : fsdp->AllGather(shard_view, full_view);
+    auto gather = [&]() -> absl::Status {
+      if (!started) return fp8 ? fp8_gather->AllGather(shard_view, full_view) : fsdp->AllGather(shard_view, full_view);
+      absl::StatusOr<std::unique_ptr<comm::PendingCollective>> handle =
+          fp8 ? fp8_gather->StartAllGather(shard_view, full_view) : fsdp->StartAllGather(shard_view, full_view);
+      if (!handle.ok()) return handle.status();
+      return (*handle)->Ready();
     };
     absl::Status s = gather();
     ASSERT_TRUE(s.ok()) << s;

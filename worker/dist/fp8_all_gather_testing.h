@@ -55,11 +55,12 @@ struct Gathered {
 
 // `group` ranks (rank r connects through factory_for_rank(r); its buffers
 // come from `memory`) gather `params` with `fp8_ranges` in FP8, or at fp32
-// with FsdpFlatParameter when `fp8` is false.
+// with FsdpFlatParameter when `fp8` is false; with `started`, through
+// StartAllGather and the handle's Ready() (then the device synchronized).
 Gathered GatherOnRanks(int group, const std::vector<float>& params,
                        const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges, bool fp8,
                        comm::TestMemory& memory, const std::function<comm::CommFactory(int rank)>& factory_for_rank,
-                       int timed = 0);
+                       int timed = 0, bool started = false);
 
 }  // namespace dist
 }  // namespace recfleet
