@@ -11,10 +11,6 @@
 namespace recfleet::planner {
 namespace {
 
-double WeightGatherBytes(const PrecisionRecipe& p, const DenseModule& m) {
-  return p.fp8_modules.count(m.name) ? 1 : p.weight_gather_bytes;
-}
-
 // Everything but the activations: shards, optimizer state and buffers.
 void StaticMemory(const Context& c, const DenseOption& d, const SparseOption& s,
                   Evaluation* ev) {
@@ -33,7 +29,7 @@ void StaticMemory(const Context& c, const DenseOption& d, const SparseOption& s,
     mem.optimizer += shard * (p.optimizer_bytes_per_param + p.gradient_shard_bytes);
     // A group of one holds its whole module already: nothing is gathered
     // and the full gradient is the shard gradient counted above.
-    const double gathered = d.fsdp_group > 1 ? params / d.ep[i] * WeightGatherBytes(p, m) : 0;
+    const double gathered = d.fsdp_group > 1 ? params / d.ep[i] * p.GatherBytes(m.name) : 0;
     if (gathered > gathered1) {
       gathered2 = gathered1;
       gathered1 = gathered;
@@ -173,7 +169,7 @@ void ScheduleStep(const Context& c, const DenseOption& d, const SparseOption& s,
     // group that own the same experts: every e-th rank.
     const GroupShape grp = e > 1 ? MakeGroup(t, g / e, e) : fsdp;
     const double params = static_cast<double>(m.params) / e;
-    const double weights = params * WeightGatherBytes(p, m);
+    const double weights = params * p.GatherBytes(m.name);
     op("FSDP all-gather (forward)", i, Collective::kAllGather, false, grp, weights, fwd_win[i]);
     if (i + 1 < n) {
       op("FSDP all-gather (backward)", i, Collective::kAllGather, false, grp, weights,

@@ -98,6 +98,14 @@ struct Model {
 struct PrecisionRecipe {
   int weight_gather_bytes = 2;      // bf16 weights on the FSDP all-gather.
   std::set<std::string> fp8_modules;
+  // The fp8_modules' weights travel FP8 on the all-gather (1 byte each);
+  // false: at weight_gather_bytes like the rest (recfleet's workers gather
+  // fp32 unless the job's recipe says ALL_GATHER_FP8).
+  bool fp8_all_gather = true;
+  // Bytes per weight of `module` on the all-gather.
+  int GatherBytes(const std::string& module) const {
+    return fp8_all_gather && fp8_modules.count(module) ? 1 : weight_gather_bytes;
+  }
   int gradient_reduce_bytes = 2;    // Reduce-scatter / all-reduce dtype.
   int master_weight_bytes = 4;      // fp32 sharded master weights.
   int gradient_shard_bytes = 4;     // fp32 sharded gradient accumulator.

@@ -215,7 +215,7 @@ absl::Status NothingFits(const Context& c, const std::vector<SparseOption>& spar
   }
   for (size_t i = 0; i < model.modules.size(); ++i) {
     const double bytes = static_cast<double>(model.modules[i].params) *
-                         c.req.precision.weight_gather_bytes / closest->dense->ep[i];
+                         c.req.precision.GatherBytes(model.modules[i].name) / closest->dense->ep[i];
     if (bytes > module_b) {
       module_b = bytes;
       module = absl::StrCat("module '", model.modules[i].name, "' gathers ", GiBText(bytes));

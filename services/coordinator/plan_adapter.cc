@@ -576,6 +576,11 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
   const v1::PrecisionRecipe& precision = model.precision();
   // CPU workers compute in fp32 (their recipe is the FP8 all-gather only).
   const bool fp8_gemms = spec.resources().gpus_per_worker() > 0;
+  // The workers gather fp32 weights and reduce fp32 gradients; the FP8
+  // modules' weights travel FP8 under ALL_GATHER_FP8.
+  request.precision.weight_gather_bytes = 4;
+  request.precision.gradient_reduce_bytes = 4;
+  request.precision.fp8_all_gather = precision.all_gather() == v1::PrecisionRecipe::ALL_GATHER_FP8;
   for (const std::string& name : precision.fp8_modules()) {
     if (!fp8_gemms) break;
     if (name == "dcn" && !dcn_module.empty()) request.precision.fp8_modules.insert(dcn_module);

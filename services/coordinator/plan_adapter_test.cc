@@ -367,8 +367,32 @@ TEST(PlanAdapterTest, PrecisionRecipeIsPlannedAndShown) {
   EXPECT_NE(request->precision.recipe.find("; quality gate: eval NE within +0.1% of bf16 on a 200-step shadow run"),
             std::string::npos)
       << request->precision.recipe;
-  spec.mutable_resources()->set_gpus_per_worker(0);
+  // The all-gather's bytes follow the field: the workers gather fp32, the
+  // FP8 modules' weights FP8 under ALL_GATHER_FP8.
+  EXPECT_TRUE(request->precision.fp8_all_gather);
+  EXPECT_EQ(request->precision.weight_gather_bytes, 4);
+  Placement two = p;
+  two.workers.push_back(Worker("b", "n2", "n2", "z1"));
+  spec.mutable_resources()->set_workers(2);
   recipe->clear_quality_gate();
+  auto gather_bytes = [&](const planner::Plan& plan, const std::string& module) {
+    double bytes = 0;
+    for (const planner::CommOp& op : plan.comm) {
+      if (op.name == "FSDP all-gather (forward) " + module) bytes += op.bytes;
+    }
+    return bytes;
+  };
+  auto fp8_gather = PlanPlacement(spec, two, DefaultHardware());
+  ASSERT_TRUE(fp8_gather.ok()) << fp8_gather.status();
+  recipe->set_all_gather(v1::PrecisionRecipe::ALL_GATHER_FULL);
+  auto full_gather = PlanPlacement(spec, two, DefaultHardware());
+  ASSERT_TRUE(full_gather.ok()) << full_gather.status();
+  const double fp8_bytes = gather_bytes(*fp8_gather, "head.ctr"), full_bytes = gather_bytes(*full_gather, "head.ctr");
+  EXPECT_GT(full_bytes, 0);
+  EXPECT_DOUBLE_EQ(fp8_bytes * 4, full_bytes);
+  recipe->set_all_gather(v1::PrecisionRecipe::ALL_GATHER_FP8);
+  spec.mutable_resources()->set_workers(1);
+  spec.mutable_resources()->set_gpus_per_worker(0);
   request = PlanRequestFromSpec(spec);
   ASSERT_TRUE(request.ok()) << request.status();
   EXPECT_TRUE(request->precision.fp8_modules.empty());
