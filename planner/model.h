@@ -102,9 +102,13 @@ struct PrecisionRecipe {
   // false: at weight_gather_bytes like the rest (recfleet's workers gather
   // fp32 unless the job's recipe says ALL_GATHER_FP8).
   bool fp8_all_gather = true;
+  // Modules whose weights travel FP8 although their GEMMs do not run FP8
+  // (a CPU job's FP8 all-gather).
+  std::set<std::string> fp8_gather_modules;
   // Bytes per weight of `module` on the all-gather.
   int GatherBytes(const std::string& module) const {
-    return fp8_all_gather && fp8_modules.count(module) ? 1 : weight_gather_bytes;
+    const bool fp8 = (fp8_all_gather && fp8_modules.count(module)) || fp8_gather_modules.count(module);
+    return fp8 ? 1 : weight_gather_bytes;
   }
   int gradient_reduce_bytes = 2;    // Reduce-scatter / all-reduce dtype.
   int master_weight_bytes = 4;      // fp32 sharded master weights.

@@ -361,12 +361,18 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec,
   AddSequenceLevels("sequence", mean_length, d, spec.model().sequence().num_heads(),
                     spec.model().sequence().num_layers(),
                     spec.model().activation_memory().fp8_saved(), &request.model);
-  // The engine's FP8 modules under the part names above.
+  // The engine's FP8 modules under the part names above: their GEMMs on a
+  // GPU job, their all-gathered weights on a CPU job (which computes fp32).
   std::set<std::string> fp8;
   for (const std::string& name : spec.model().precision().fp8_modules()) {
     fp8.insert(absl::StartsWith(name, "moe.") ? "moe" : name);
   }
-  request.precision.fp8_modules = fp8;
+  if (spec.resources().gpus_per_worker() > 0) {
+    request.precision.fp8_modules = fp8;
+  } else {
+    request.precision.fp8_modules.clear();
+    request.precision.fp8_gather_modules = request.precision.fp8_all_gather ? fp8 : std::set<std::string>();
+  }
 
   // Measured rates in place of the typical efficiencies.
   const planner::Topology hw = WithMeasuredPeak(hardware, *rates);
@@ -581,15 +587,16 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
   request.precision.weight_gather_bytes = 4;
   request.precision.gradient_reduce_bytes = 4;
   request.precision.fp8_all_gather = precision.all_gather() == v1::PrecisionRecipe::ALL_GATHER_FP8;
+  // A CPU job's recipe names the modules its all-gather carries as FP8.
+  std::set<std::string>& named =
+      fp8_gemms ? request.precision.fp8_modules : request.precision.fp8_gather_modules;
   for (const std::string& name : precision.fp8_modules()) {
-    if (!fp8_gemms) break;
-    if (name == "dcn" && !dcn_module.empty()) request.precision.fp8_modules.insert(dcn_module);
-    if (absl::StartsWith(name, "moe.") && !expert_module.empty()) {
-      request.precision.fp8_modules.insert(expert_module);
-    }
+    if (!fp8_gemms && !request.precision.fp8_all_gather) break;
+    if (name == "dcn" && !dcn_module.empty()) named.insert(dcn_module);
+    if (absl::StartsWith(name, "moe.") && !expert_module.empty()) named.insert(expert_module);
     if (name == "towers") {
       for (const planner::DenseModule& m : request.model.modules) {
-        if (absl::StartsWith(m.name, "head.")) request.precision.fp8_modules.insert(m.name);
+        if (absl::StartsWith(m.name, "head.")) named.insert(m.name);
       }
     }
   }

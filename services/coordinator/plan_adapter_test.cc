@@ -395,7 +395,12 @@ TEST(PlanAdapterTest, PrecisionRecipeIsPlannedAndShown) {
   spec.mutable_resources()->set_gpus_per_worker(0);
   request = PlanRequestFromSpec(spec);
   ASSERT_TRUE(request.ok()) << request.status();
+  // A CPU job: no FP8 GEMM, but its all-gather still carries those weights
+  // as FP8.
   EXPECT_TRUE(request->precision.fp8_modules.empty());
+  EXPECT_EQ(request->precision.fp8_gather_modules, (std::set<std::string>{"moe1", "head.ctr", "head.cvr"}));
+  EXPECT_EQ(request->precision.GatherBytes("head.ctr"), 1);
+  EXPECT_EQ(request->precision.GatherBytes("moe0"), 4);
   EXPECT_NE(request->precision.recipe.find("fp32 GEMMs on CPU workers; weights of moe.experts.l1, towers rounded to "
                                            "FP8 by the all-gather"),
             std::string::npos)
