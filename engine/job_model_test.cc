@@ -386,7 +386,9 @@ TEST(JobModelTest, ConvertsSyntheticRowsIntoBatchesTheModelTrainsOn) {
     const int64_t n = static_cast<int64_t>(rows->RowLength(hist, pick[i]));
     const int64_t got = b.sequence[0].offsets[i + 1] - b.sequence[0].offsets[i];
     EXPECT_EQ(got, std::min<int64_t>(n, 6));  // max_length keeps the most recent events.
-    if (n > 0) EXPECT_EQ(b.sequence[0].ids[b.sequence[0].offsets[i + 1] - 1], rows->JaggedInt64(hist, pick[i])[n - 1] % 300);
+    if (n > 0) {
+      EXPECT_EQ(b.sequence[0].ids[b.sequence[0].offsets[i + 1] - 1], rows->JaggedInt64(hist, pick[i])[n - 1] % 300);
+    }
     EXPECT_EQ(b.id_lists[1].ids[i], rows->Int64(rows->schema().Find("item_id"), pick[i]) % 300);
   }
   EXPECT_EQ(conv->SampleId(*rows, 5), rows->Int64(rows->schema().Find("sample_id"), 5));
