@@ -113,7 +113,9 @@ void Check(bool layer_norm, DType dtype, int64_t rows, int64_t dim) {
   }
   // A second run gives the same bits (sums in a fixed order).
   ASSERT_TRUE(gpu_backward().ok());
-  if (layer_norm) EXPECT_EQ(ddb.ToHost<float>(), db_gpu);
+  if (layer_norm) {
+    EXPECT_EQ(ddb.ToHost<float>(), db_gpu);
+  }
   EXPECT_EQ(ddg.ToHost<float>(), dg_gpu);
   EXPECT_EQ(ddx.ToHost<uint8_t>(), dx_gpu);
 

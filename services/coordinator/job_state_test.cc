@@ -23,7 +23,9 @@ TEST(JobStateTest, LegalTransitionsAreExactlyTheDocumentedOnes) {
     for (JobState to : AllStates()) {
       absl::Status s = CheckTransition("jobs/x", from, to);
       EXPECT_EQ(s.ok(), legal.count({from, to}) > 0) << StateName(from) << " -> " << StateName(to);
-      if (!s.ok()) EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+      if (!s.ok()) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+      }
     }
   }
 }

@@ -173,7 +173,9 @@ TEST(JobStoreTest, ListPagesNewestFirstAndFiltersByState) {
   for (int i = 0; i < 7; ++i) {
     bool created;
     absl::StatusOr<Job> job = (*store)->Create(ValidSpec(), "", kT0, &created);
-    if (i % 2 == 0) ASSERT_TRUE(Move(**store, *job, JobStatus::CANCELLED, "Test").ok());
+    if (i % 2 == 0) {
+      ASSERT_TRUE(Move(**store, *job, JobStatus::CANCELLED, "Test").ok());
+    }
     names.push_back(job->name());
   }
   std::vector<std::string> seen;
@@ -196,8 +198,12 @@ TEST(JobStoreTest, ListPagesNewestFirstAndFiltersByState) {
   auto counts = (*store)->CountByState();
   ASSERT_TRUE(counts.ok());
   for (const auto& [state, n] : *counts) {
-    if (state == JobStatus::QUEUED) EXPECT_EQ(n, 3);
-    if (state == JobStatus::CANCELLED) EXPECT_EQ(n, 4);
+    if (state == JobStatus::QUEUED) {
+      EXPECT_EQ(n, 3);
+    }
+    if (state == JobStatus::CANCELLED) {
+      EXPECT_EQ(n, 4);
+    }
   }
 }
 
