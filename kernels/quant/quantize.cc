@@ -178,3 +178,95 @@ absl::Status UnpackQuantized(const void* buffer, ScaleBlock block, const TensorV
 }
 
 }  // namespace recfleet
+
+namespace recfleet {
+namespace {
+
+// A view of `numel` elements (any rank) on `device` of one of `dtypes`.
+absl::Status CheckFlat(const TensorView& t, absl::string_view what, Device device, int64_t numel,
+                       std::initializer_list<DType> dtypes) {
+  RECFLEET_RETURN_IF_ERROR(CheckDevice(t, what, device));
+  RECFLEET_RETURN_IF_ERROR(CheckDType(t, what, dtypes));
+  if (t.numel() != numel || (numel > 0 && t.data == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " must hold ", numel, " elements, got ", t.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+// The piece and a tile array (amax or scales) it indexes.
+absl::Status CheckPiece(const TiledPiece& p, const TensorView& tiles, absl::string_view what, Device device) {
+  if (p.numel < 0 || p.start < 0 || p.cols < 1 || p.first_tile < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tiled piece needs numel, start, first_tile >= 0 and cols >= 1, got ",
+                                                   p.numel, ", ", p.start, ", ", p.first_tile, ", ", p.cols));
+  }
+  RECFLEET_RETURN_IF_ERROR(CheckDevice(tiles, what, device));
+  RECFLEET_RETURN_IF_ERROR(CheckDType(tiles, what, {DType::kFloat32}));
+  if (p.numel == 0) return absl::OkStatus();
+  // The piece's last element lies in the last tile it touches at most.
+  const int64_t last = p.start + p.numel - 1, row = last / p.cols;
+  const int64_t tiles_needed = p.first_tile + (row / 128 + 1) * ((p.cols + 127) / 128);
+  if (tiles.numel() < tiles_needed) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " holds ", tiles.numel(), " tiles; the piece of ", p.numel,
+                                                   " elements from ", p.start, " of a matrix of ", p.cols,
+                                                   " columns reaches tile ", tiles_needed - 1));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t TileCount(int64_t rows, int64_t cols) {
+  const Shape s = QuantScaleShape(rows, cols, ScaleBlock::k128x128);
+  return s[0] * s[1];
+}
+
+absl::Status TiledPieceAmax(const TensorView& x, const TiledPiece& piece, const TensorView& amax, void* stream) {
+  RECFLEET_RETURN_IF_ERROR(CheckFlat(x, "x", x.device, piece.numel, {DType::kFloat32}));
+  RECFLEET_RETURN_IF_ERROR(CheckPiece(piece, amax, "amax", x.device));
+  if (piece.numel == 0) return absl::OkStatus();
+  if (x.device == Device::kCpu) return quant_internal::TiledPieceAmaxCpu(x.as<float>(), piece, amax.as<float>());
+  return quant_internal::TiledPieceAmaxCuda(x.as<float>(), piece, amax.as<float>(), stream);
+}
+
+absl::Status TileScalesFromAmax(const TensorView& amax, DType format, const TensorView& scales, void* stream) {
+  RECFLEET_RETURN_IF_ERROR(CheckDType(amax, "amax", {DType::kFloat32}));
+  RECFLEET_RETURN_IF_ERROR(CheckFlat(scales, "scales", amax.device, amax.numel(), {DType::kFloat32}));
+  if (format != DType::kFloat8E4M3 && format != DType::kFloat8E5M2) {
+    return absl::InvalidArgumentError(absl::StrCat("format must be an FP8 dtype, got ", DTypeName(format)));
+  }
+  if (amax.numel() == 0) return absl::OkStatus();
+  if (amax.device == Device::kCpu) {
+    return quant_internal::TileScalesCpu(amax.as<float>(), amax.numel(), format, scales.as<float>());
+  }
+  return quant_internal::TileScalesCuda(amax.as<float>(), amax.numel(), format, scales.as<float>(), stream);
+}
+
+absl::Status QuantizeTiledPiece(const TensorView& x, const TiledPiece& piece, const TensorView& scales,
+                                const TensorView& q, void* stream) {
+  RECFLEET_RETURN_IF_ERROR(CheckFlat(x, "x", x.device, piece.numel, {DType::kFloat32}));
+  RECFLEET_RETURN_IF_ERROR(CheckFlat(q, "q", x.device, piece.numel, {DType::kFloat8E4M3, DType::kFloat8E5M2}));
+  RECFLEET_RETURN_IF_ERROR(CheckPiece(piece, scales, "scales", x.device));
+  if (piece.numel == 0) return absl::OkStatus();
+  if (x.device == Device::kCpu) {
+    return quant_internal::QuantizeTiledPieceCpu(x.as<float>(), piece, scales.as<float>(), q.dtype, q.as<uint8_t>());
+  }
+  return quant_internal::QuantizeTiledPieceCuda(x.as<float>(), piece, scales.as<float>(), q.dtype, q.as<uint8_t>(),
+                                                stream);
+}
+
+absl::Status DequantizeTiledPiece(const TensorView& q, const TiledPiece& piece, const TensorView& scales,
+                                  const TensorView& x, void* stream) {
+  RECFLEET_RETURN_IF_ERROR(CheckFlat(q, "q", q.device, piece.numel, {DType::kFloat8E4M3, DType::kFloat8E5M2}));
+  RECFLEET_RETURN_IF_ERROR(CheckFlat(x, "x", q.device, piece.numel, {DType::kFloat32}));
+  RECFLEET_RETURN_IF_ERROR(CheckPiece(piece, scales, "scales", q.device));
+  if (piece.numel == 0) return absl::OkStatus();
+  if (q.device == Device::kCpu) {
+    return quant_internal::DequantizeTiledPieceCpu(q.as<uint8_t>(), piece, scales.as<float>(), q.dtype,
+                                                   x.as<float>());
+  }
+  return quant_internal::DequantizeTiledPieceCuda(q.as<uint8_t>(), piece, scales.as<float>(), q.dtype, x.as<float>(),
+                                                  stream);
+}
+
+}  // namespace recfleet

@@ -96,6 +96,46 @@ absl::Status QuantizeAndPack(const TensorView& x, const QuantizeConfig& config, 
 absl::Status UnpackQuantized(const void* buffer, ScaleBlock block, const TensorView& q,
                              const TensorView& scales, void* stream = nullptr);
 
+// Pieces of 128x128-tiled matrices. An FSDP shard cuts weight matrices
+// anywhere; these calls let each holder quantize its pieces with the tile
+// scales of the whole matrices, so the pieces together carry exactly
+// Quantize(w, {k128x128, format}) of each matrix (the FP8 GEMM's weight
+// operand, kernels/gemm/linear.h), wherever the cuts fall:
+//   1. every holder zeroes an amax array (fp32, one entry per tile of every
+//      matrix) and takes TiledPieceAmax of its pieces;
+//   2. the holders reduce the arrays (maximum) and TileScalesFromAmax turns
+//      the result into k128x128 scales;
+//   3. QuantizeTiledPiece / DequantizeTiledPiece then code each piece.
+// A piece is `numel` consecutive elements of a row-major matrix of `cols`
+// columns, the first at row-major index `start`; the matrix's tiles are
+// entries first_tile ... first_tile + TileCount - 1 of the arrays,
+// row-major over (tile row, tile column) as QuantScaleShape. The pieces'
+// elements are fp32 (x, amax, scales) and FP8 (q), all on one device.
+struct TiledPiece {
+  int64_t numel = 0;
+  int64_t start = 0;
+  int64_t cols = 1;
+  int64_t first_tile = 0;
+};
+// Tiles of a [rows, cols] matrix: QuantScaleShape(rows, cols, k128x128)'s
+// product.
+int64_t TileCount(int64_t rows, int64_t cols);
+// amax[tile] = max(amax[tile], |x|) for each element x [piece.numel] of the
+// piece (NaN elements are ignored, as Quantize's amax ignores them).
+absl::Status TiledPieceAmax(const TensorView& x, const TiledPiece& piece, const TensorView& amax,
+                            void* stream = nullptr);
+// scales[i] = the k128x128 scale Quantize gives a tile whose absolute
+// maximum is amax[i], for `format`; scales may alias amax.
+absl::Status TileScalesFromAmax(const TensorView& amax, DType format, const TensorView& scales,
+                                void* stream = nullptr);
+// q [piece.numel] (fp8, its dtype the format) = x coded with its tile's
+// scale, as Quantize codes it (round to nearest, saturating).
+absl::Status QuantizeTiledPiece(const TensorView& x, const TiledPiece& piece, const TensorView& scales,
+                                const TensorView& q, void* stream = nullptr);
+// x [piece.numel] fp32 = decode(q) * its tile's scale, as Dequantize.
+absl::Status DequantizeTiledPiece(const TensorView& q, const TiledPiece& piece, const TensorView& scales,
+                                  const TensorView& x, void* stream = nullptr);
+
 }  // namespace recfleet
 
 #endif  // RECFLEET_KERNELS_QUANT_QUANTIZE_H_

@@ -141,4 +141,50 @@ absl::Status UnpackCpu(const void* buffer, ScaleBlock block, const TensorView& q
   return absl::OkStatus();
 }
 
+namespace {
+
+// Calls f(i, tile) for each element i of the piece, with the index of its
+// 128x128 tile in the scale array.
+template <typename F>
+void ForEachTiled(const TiledPiece& p, F f) {
+  const int64_t tiles_per_row = (p.cols + 127) / 128;
+  int64_t row = p.start / p.cols, col = p.start % p.cols;
+  for (int64_t i = 0; i < p.numel; ++i) {
+    f(i, p.first_tile + (row / 128) * tiles_per_row + col / 128);
+    if (++col == p.cols) col = 0, ++row;
+  }
+}
+
+}  // namespace
+
+absl::Status TiledPieceAmaxCpu(const float* x, const TiledPiece& piece, float* amax) {
+  ForEachTiled(piece, [&](int64_t i, int64_t tile) {
+    const float a = std::fabs(x[i]);
+    if (a > amax[tile]) amax[tile] = a;  // NaN is never greater
+  });
+  return absl::OkStatus();
+}
+
+absl::Status TileScalesCpu(const float* amax, int64_t n, DType format, float* scales) {
+  const float fmax = Fp8Max(format);
+  for (int64_t i = 0; i < n; ++i) scales[i] = minifloat::BlockScale(amax[i], fmax, false);
+  return absl::OkStatus();
+}
+
+absl::Status QuantizeTiledPieceCpu(const float* x, const TiledPiece& piece, const float* scales,
+                                   DType format, uint8_t* q) {
+  const minifloat::Spec spec = SpecOf(format);
+  ForEachTiled(piece, [&](int64_t i, int64_t tile) {
+    q[i] = minifloat::Encode(spec, x[i] * minifloat::Reciprocal(scales[tile]));
+  });
+  return absl::OkStatus();
+}
+
+absl::Status DequantizeTiledPieceCpu(const uint8_t* q, const TiledPiece& piece, const float* scales,
+                                     DType format, float* x) {
+  const minifloat::Spec spec = SpecOf(format);
+  ForEachTiled(piece, [&](int64_t i, int64_t tile) { x[i] = minifloat::Decode(spec, q[i]) * scales[tile]; });
+  return absl::OkStatus();
+}
+
 }  // namespace recfleet::quant_internal

@@ -87,4 +87,34 @@ absl::Status UnpackCuda(const void* buffer, ScaleBlock block, const TensorView& 
                     "unpack E8M0 scales");
 }
 
+namespace {
+
+quant_cuda::TiledPieceArgs ArgsOf(const TiledPiece& p) {
+  quant_cuda::TiledPieceArgs a;
+  a.numel = p.numel, a.start = p.start, a.cols = p.cols, a.first_tile = p.first_tile;
+  return a;
+}
+
+}  // namespace
+
+absl::Status TiledPieceAmaxCuda(const float* x, const TiledPiece& piece, float* amax, void* stream) {
+  return CudaStatus(quant_cuda::TiledPieceAmax(x, ArgsOf(piece), amax, stream), "tiled piece amax");
+}
+
+absl::Status TileScalesCuda(const float* amax, int64_t n, DType format, float* scales, void* stream) {
+  return CudaStatus(quant_cuda::TileScales(amax, n, FormatCode(format), scales, stream), "tile scales");
+}
+
+absl::Status QuantizeTiledPieceCuda(const float* x, const TiledPiece& piece, const float* scales,
+                                    DType format, uint8_t* q, void* stream) {
+  return CudaStatus(quant_cuda::QuantizeTiledPiece(x, ArgsOf(piece), scales, FormatCode(format), q, stream),
+                    "tiled piece quantize");
+}
+
+absl::Status DequantizeTiledPieceCuda(const uint8_t* q, const TiledPiece& piece, const float* scales,
+                                      DType format, float* x, void* stream) {
+  return CudaStatus(quant_cuda::DequantizeTiledPiece(q, ArgsOf(piece), scales, FormatCode(format), x, stream),
+                    "tiled piece dequantize");
+}
+
 }  // namespace recfleet::quant_internal

@@ -17,6 +17,7 @@
 #include "kernels/base/test_random.h"
 #include "kernels/quant/quantize.h"
 #include "kernels/quant/quantize_kernels.h"
+#include "kernels/quant/tiled_testing.h"
 
 namespace recfleet {
 namespace {
@@ -389,6 +390,69 @@ TEST(QuantizeCudaTest, PackedBuffersMatchTheCpuBytes) {
     std::vector<uint8_t> again = packed2.ToHost<uint8_t>();
     EXPECT_EQ(got, again) << ScaleBlockName(block);
   }
+}
+
+// The tiled-piece calls (an FP8 all-gather's shards) on the device against
+// the CPU: a large matrix and a narrow one in one flat buffer, cut into
+// holders' ranges anywhere (mid-row, mid-tile, across the two matrices),
+// one NaN and a zero run; amax reduced over the holders on the host.
+TEST(QuantizeCudaTest, TiledPiecesMatchTheCpuBits) {
+  const TiledMatrices layout({{1000, 1100}, {300, 40}});
+  const int64_t numel = layout.numel, tiles = layout.tiles;
+  std::vector<uint8_t> bytes = RandomMatrix(DType::kFloat32, numel);
+  std::vector<float> w(numel);
+  std::memcpy(w.data(), bytes.data(), numel * sizeof(float));
+  w[12345] = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t i = 500'000; i < 520'000; ++i) w[i] = 0.0f;
+  const std::vector<int64_t> cuts = {0, 7, 140'801, 555'555, 1'099'999, 1'100'013, numel};
+  DeviceBuffer dw(w), d_amax(tiles * 4), d_scales(tiles * 4), dq(numel), dback(numel * 4);
+  CudaOrDie(cudaMemset(dq.get(), 0x7F, numel), "poison q");
+  CudaOrDie(cudaMemset(dback.get(), 0xFF, numel * 4), "poison output");
+  std::vector<float> amax(tiles, 0.0f);
+  for (size_t h = 0; h + 1 < cuts.size(); ++h) {
+    CudaOrDie(cudaMemset(d_amax.get(), 0, tiles * 4), "zero amax");
+    std::vector<float> own(tiles, 0.0f);
+    for (const auto& [at, p] : layout.PiecesOf(cuts[h], cuts[h + 1])) {
+      ASSERT_TRUE(TiledPieceAmax(MakeView(static_cast<float*>(dw.get()) + at, DType::kFloat32, {p.numel}, Device::kCuda), p,
+                                 d_amax.View(DType::kFloat32, {tiles}))
+                      .ok());
+      ASSERT_TRUE(TiledPieceAmax(MakeView(w.data() + at, DType::kFloat32, {p.numel}), p,
+                                 MakeView(own.data(), DType::kFloat32, {tiles}))
+                      .ok());
+    }
+    const std::vector<float> got = d_amax.ToHost<float>();
+    ASSERT_EQ(got, own) << "holder " << h;
+    for (int64_t i = 0; i < tiles; ++i) amax[i] = std::max(amax[i], got[i]);
+  }
+  CudaOrDie(cudaMemcpy(d_amax.get(), amax.data(), tiles * 4, cudaMemcpyHostToDevice), "amax up");
+  ASSERT_TRUE(TileScalesFromAmax(d_amax.View(DType::kFloat32, {tiles}), DType::kFloat8E4M3,
+                                 d_scales.View(DType::kFloat32, {tiles}))
+                  .ok());
+  std::vector<float> scales(tiles);
+  ASSERT_TRUE(TileScalesFromAmax(MakeView(amax.data(), DType::kFloat32, {tiles}), DType::kFloat8E4M3,
+                                 MakeView(scales.data(), DType::kFloat32, {tiles}))
+                  .ok());
+  ASSERT_EQ(d_scales.ToHost<float>(), scales);
+  std::vector<uint8_t> q(numel);
+  std::vector<float> back(numel);
+  for (size_t h = 0; h + 1 < cuts.size(); ++h) {
+    for (const auto& [at, p] : layout.PiecesOf(cuts[h], cuts[h + 1])) {
+      const TensorView dqv = MakeView(static_cast<uint8_t*>(dq.get()) + at, DType::kFloat8E4M3, {p.numel}, Device::kCuda);
+      ASSERT_TRUE(QuantizeTiledPiece(MakeView(static_cast<float*>(dw.get()) + at, DType::kFloat32, {p.numel}, Device::kCuda), p,
+                                     d_scales.View(DType::kFloat32, {tiles}), dqv)
+                      .ok());
+      ASSERT_TRUE(DequantizeTiledPiece(dqv, p, d_scales.View(DType::kFloat32, {tiles}),
+                                       MakeView(static_cast<float*>(dback.get()) + at, DType::kFloat32, {p.numel}, Device::kCuda))
+                      .ok());
+      const TensorView sv = MakeView(scales.data(), DType::kFloat32, {tiles});
+      const TensorView qv = MakeView(q.data() + at, DType::kFloat8E4M3, {p.numel});
+      ASSERT_TRUE(QuantizeTiledPiece(MakeView(w.data() + at, DType::kFloat32, {p.numel}), p, sv, qv).ok());
+      ASSERT_TRUE(DequantizeTiledPiece(qv, p, sv, MakeView(back.data() + at, DType::kFloat32, {p.numel})).ok());
+    }
+  }
+  CudaOrDie(cudaDeviceSynchronize(), "tiled pieces");
+  EXPECT_EQ(dq.ToHost<uint8_t>(), q);
+  ExpectSameValues(dback.ToHost<float>(), back);
 }
 
 }  // namespace

@@ -50,6 +50,20 @@ absl::Status PackCuda(const TensorView& q, const TensorView& scales, ScaleBlock 
 absl::Status UnpackCuda(const void* buffer, ScaleBlock block, const TensorView& q,
                         const TensorView& scales, void* stream);
 
+// The tiled-piece calls on validated arguments (quantize.h TiledPiece).
+absl::Status TiledPieceAmaxCpu(const float* x, const TiledPiece& piece, float* amax);
+absl::Status TileScalesCpu(const float* amax, int64_t n, DType format, float* scales);
+absl::Status QuantizeTiledPieceCpu(const float* x, const TiledPiece& piece, const float* scales,
+                                   DType format, uint8_t* q);
+absl::Status DequantizeTiledPieceCpu(const uint8_t* q, const TiledPiece& piece, const float* scales,
+                                     DType format, float* x);
+absl::Status TiledPieceAmaxCuda(const float* x, const TiledPiece& piece, float* amax, void* stream);
+absl::Status TileScalesCuda(const float* amax, int64_t n, DType format, float* scales, void* stream);
+absl::Status QuantizeTiledPieceCuda(const float* x, const TiledPiece& piece, const float* scales,
+                                    DType format, uint8_t* q, void* stream);
+absl::Status DequantizeTiledPieceCuda(const uint8_t* q, const TiledPiece& piece, const float* scales,
+                                      DType format, float* x, void* stream);
+
 }  // namespace recfleet::quant_internal
 
 #endif  // RECFLEET_KERNELS_QUANT_QUANTIZE_INTERNAL_H_

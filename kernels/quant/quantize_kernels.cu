@@ -1224,4 +1224,126 @@ cudaError_t E8M0ToScales(const uint8_t* in, float* scales, int64_t n, void* stre
   return cudaGetLastError();
 }
 
+namespace {
+
+// Tiled pieces: each thread codes kPieceRun consecutive elements, walking
+// their (row, column) from one division.
+constexpr int kPieceRun = 8;
+
+__device__ __forceinline__ void LocateInPiece(const TiledPieceArgs& p, int64_t i, int64_t& row, int64_t& col) {
+  const int64_t f = p.start + i;
+  row = f / p.cols;
+  col = f - row * p.cols;
+}
+
+__device__ __forceinline__ int64_t TileAt(const TiledPieceArgs& p, int64_t tiles_per_row, int64_t row, int64_t col) {
+  return p.first_tile + (row >> 7) * tiles_per_row + (col >> 7);
+}
+
+// The loop is warp-uniform (one run of 32 x kPieceRun elements per warp
+// and turn), so the lanes of a warp that end on the same tile merge their
+// maxima before one atomic; a run crossing a tile border flushes the part
+// before it on its own. Non-negative floats order like their bits.
+__global__ void TiledPieceAmaxKernel(const float* __restrict__ x, TiledPieceArgs p, float* amax) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  const int64_t tiles_per_row = (p.cols + 127) / 128;
+  for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w * 32 * kPieceRun < p.numel;
+       w += warps) {
+    const int64_t i0 = (w * 32 + lane) * kPieceRun;
+    long long tile = -1;
+    float m = 0.0f;
+    if (i0 < p.numel) {
+      int64_t row, col;
+      LocateInPiece(p, i0, row, col);
+      tile = TileAt(p, tiles_per_row, row, col);
+      const int64_t end = i0 + kPieceRun < p.numel ? i0 + kPieceRun : p.numel;
+      for (int64_t i = i0; i < end; ++i) {
+        const long long t = TileAt(p, tiles_per_row, row, col);
+        if (t != tile) {
+          if (m > 0.0f) atomicMax(reinterpret_cast<unsigned*>(amax + tile), __float_as_uint(m));
+          tile = t;
+          m = 0.0f;
+        }
+        const float a = fabsf(x[i]);
+        if (a > m) m = a;  // NaN is never greater
+        if (++col == p.cols) col = 0, ++row;
+      }
+    }
+    const unsigned group = __match_any_sync(0xffffffffu, tile);
+    const unsigned mx = __reduce_max_sync(group, __float_as_uint(m));
+    if (tile >= 0 && mx != 0 && lane == __ffs(group) - 1) atomicMax(reinterpret_cast<unsigned*>(amax + tile), mx);
+  }
+}
+
+__global__ void TileScalesKernel(const float* amax, int64_t n, float fmax, float* scales) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) scales[i] = minifloat::BlockScale(amax[i], fmax, false);
+}
+
+template <bool kQuantize>
+__global__ void TiledPieceCodeKernel(const float* __restrict__ x, const uint8_t* __restrict__ q_in, TiledPieceArgs p,
+                                     const float* __restrict__ scales, bool e5m2, float* x_out, uint8_t* q_out) {
+  const minifloat::Spec spec = e5m2 ? minifloat::E5M2() : minifloat::E4M3();
+  const int64_t tiles_per_row = (p.cols + 127) / 128;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c * kPieceRun < p.numel;
+       c += threads) {
+    const int64_t i0 = c * kPieceRun, end = i0 + kPieceRun < p.numel ? i0 + kPieceRun : p.numel;
+    int64_t row, col;
+    LocateInPiece(p, i0, row, col);
+    int64_t tile = -1;
+    float factor = 0.0f;  // 1 / scale (quantize) or scale (dequantize)
+    for (int64_t i = i0; i < end; ++i) {
+      const int64_t t = TileAt(p, tiles_per_row, row, col);
+      if (t != tile) {
+        tile = t;
+        factor = kQuantize ? __frcp_rn(scales[t]) : scales[t];  // __frcp_rn: as minifloat::Reciprocal
+      }
+      if (kQuantize) {
+        q_out[i] = minifloat::Encode(spec, x[i] * factor);
+      } else {
+        x_out[i] = minifloat::Decode(spec, q_in[i]) * factor;
+      }
+      if (++col == p.cols) col = 0, ++row;
+    }
+  }
+}
+
+unsigned PieceGrid(int64_t numel) {
+  const unsigned g = cuda_util::GridFor((numel + kPieceRun - 1) / kPieceRun, 256);
+  return g < 4096u ? (g > 0 ? g : 1u) : 4096u;
+}
+
+}  // namespace
+
+cudaError_t TiledPieceAmax(const float* x, const TiledPieceArgs& p, float* amax, void* stream) {
+  if (p.numel == 0) return cudaSuccess;
+  TiledPieceAmaxKernel<<<PieceGrid(p.numel), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, p, amax);
+  return cudaGetLastError();
+}
+
+cudaError_t TileScales(const float* amax, int64_t n, int format, float* scales, void* stream) {
+  if (n == 0) return cudaSuccess;
+  TileScalesKernel<<<cuda_util::GridFor(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      amax, n, format == 2 ? 57344.0f : 448.0f, scales);
+  return cudaGetLastError();
+}
+
+cudaError_t QuantizeTiledPiece(const float* x, const TiledPieceArgs& p, const float* scales, int format,
+                               uint8_t* q, void* stream) {
+  if (p.numel == 0) return cudaSuccess;
+  TiledPieceCodeKernel<true><<<PieceGrid(p.numel), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, nullptr, p, scales, format == 2, nullptr, q);
+  return cudaGetLastError();
+}
+
+cudaError_t DequantizeTiledPiece(const uint8_t* q, const TiledPieceArgs& p, const float* scales, int format,
+                                 float* x, void* stream) {
+  if (p.numel == 0) return cudaSuccess;
+  TiledPieceCodeKernel<false><<<PieceGrid(p.numel), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      nullptr, q, p, scales, format == 2, x, nullptr);
+  return cudaGetLastError();
+}
+
 }  // namespace recfleet::quant_cuda

@@ -55,6 +55,18 @@ cudaError_t Hadamard(const void* x, void* y, int type, int64_t numel, int64_t co
 cudaError_t ScalesToE8M0(const float* scales, uint8_t* out, int64_t n, void* stream);
 cudaError_t E8M0ToScales(const uint8_t* in, float* scales, int64_t n, void* stream);
 
+// Pieces of 128x128-tiled matrices (quantize.h TiledPiece); x, amax and
+// scales fp32, q FP8 of `format`.
+struct TiledPieceArgs {
+  int64_t numel = 0, start = 0, cols = 1, first_tile = 0;
+};
+cudaError_t TiledPieceAmax(const float* x, const TiledPieceArgs& p, float* amax, void* stream);
+cudaError_t TileScales(const float* amax, int64_t n, int format, float* scales, void* stream);
+cudaError_t QuantizeTiledPiece(const float* x, const TiledPieceArgs& p, const float* scales, int format,
+                               uint8_t* q, void* stream);
+cudaError_t DequantizeTiledPiece(const uint8_t* q, const TiledPieceArgs& p, const float* scales, int format,
+                                 float* x, void* stream);
+
 }  // namespace recfleet::quant_cuda
 
 #endif  // RECFLEET_KERNELS_QUANT_QUANTIZE_KERNELS_H_

@@ -11,6 +11,7 @@
 #include "kernels/base/formats.h"
 #include "kernels/base/minifloat.h"
 #include "kernels/base/test_random.h"
+#include "kernels/quant/tiled_testing.h"
 
 namespace recfleet {
 namespace {
@@ -403,6 +404,90 @@ TEST(PackTest, PackUnpackRoundTripAndQuantizeAndPackAgree) {
                     .ok());
     EXPECT_EQ(back.q, qd.q);
     EXPECT_EQ(back.scales, qd.scales);
+  }
+}
+
+// Matrices of odd shapes (partial edge tiles in both directions), one flat
+// buffer, cut into holders' ranges as an FSDP shard cuts them.
+struct TiledSetup : TiledMatrices {
+  std::vector<float> w;
+  TiledSetup() : TiledMatrices({{300, 250}, {129, 17}, {5, 1000}, {1, 1}}) {
+    const std::vector<double> x = WideRange(numel);
+    w.assign(x.begin(), x.end());
+    // Matrix 1's second tile (its last row) all zero.
+    for (int64_t i = 0; i < 17; ++i) w[offsets[1] + 128 * 17 + i] = 0.0f;
+  }
+};
+
+TEST(TiledPieceTest, PiecesCutAnywhereCarryTheWholeMatricesQuantization) {
+  const TiledSetup t;
+  const std::vector<int64_t> cuts = {0, 1, 127, 128 * 250 + 3, 40'500, 74'999, 75'001, 77'000, t.numel};
+  // Every holder takes the amax of its pieces; the holders reduce them.
+  std::vector<float> amax(t.tiles, 0.0f);
+  for (size_t h = 0; h + 1 < cuts.size(); ++h) {
+    std::vector<float> own(t.tiles, 0.0f);
+    for (const auto& [at, piece] : t.PiecesOf(cuts[h], cuts[h + 1])) {
+      ASSERT_TRUE(TiledPieceAmax(MakeView(const_cast<float*>(t.w.data()) + at, DType::kFloat32, {piece.numel}), piece,
+                                 MakeView(own.data(), DType::kFloat32, {t.tiles}))
+                      .ok());
+    }
+    for (int64_t i = 0; i < t.tiles; ++i) amax[i] = std::max(amax[i], own[i]);
+  }
+  std::vector<float> scales(t.tiles);
+  ASSERT_TRUE(TileScalesFromAmax(MakeView(amax.data(), DType::kFloat32, {t.tiles}), DType::kFloat8E4M3,
+                                 MakeView(scales.data(), DType::kFloat32, {t.tiles}))
+                  .ok());
+  std::vector<uint8_t> q(t.numel);
+  std::vector<float> back(t.numel);
+  for (size_t h = 0; h + 1 < cuts.size(); ++h) {
+    for (const auto& [at, piece] : t.PiecesOf(cuts[h], cuts[h + 1])) {
+      const TensorView sv = MakeView(scales.data(), DType::kFloat32, {t.tiles});
+      const TensorView qv = MakeView(q.data() + at, DType::kFloat8E4M3, {piece.numel});
+      ASSERT_TRUE(QuantizeTiledPiece(MakeView(const_cast<float*>(t.w.data()) + at, DType::kFloat32, {piece.numel}),
+                                     piece, sv, qv)
+                      .ok());
+      ASSERT_TRUE(DequantizeTiledPiece(qv, piece, sv, MakeView(back.data() + at, DType::kFloat32, {piece.numel})).ok());
+    }
+  }
+  const QuantizeConfig cfg{ScaleBlock::k128x128, DType::kFloat8E4M3, Rounding::kNearest, 0};
+  for (size_t m = 0; m < t.shapes.size(); ++m) {
+    const auto [rows, cols] = t.shapes[m];
+    std::vector<double> x(t.w.begin() + t.offsets[m], t.w.begin() + t.offsets[m] + rows * cols);
+    Quantized whole = QuantizeRef(x, rows, cols, cfg);
+    const std::vector<double> dq = Dequant(whole, rows, cols, cfg);
+    for (int64_t k = 0; k < TileCount(rows, cols); ++k) {
+      ASSERT_EQ(scales[t.first_tiles[m] + k], whole.scales[k]) << "matrix " << m << " tile " << k;
+    }
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      ASSERT_EQ(q[t.offsets[m] + i], whole.q[i]) << "matrix " << m << " element " << i;
+      ASSERT_EQ(back[t.offsets[m] + i], static_cast<float>(dq[i])) << "matrix " << m << " element " << i;
+    }
+  }
+  EXPECT_EQ(scales[t.first_tiles[1] + 1], 1.0f);  // The all-zero tile.
+  // A piece reaching past the tile array is refused.
+  std::vector<float> few(2);
+  EXPECT_EQ(TiledPieceAmax(MakeView(const_cast<float*>(t.w.data()), DType::kFloat32, {300 * 250}),
+                           TiledPiece{300 * 250, 0, 250, 0}, MakeView(few.data(), DType::kFloat32, {2}))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// What the FP8 GEMM does with a dequantized 128x128 copy (the FP8
+// all-gather's output): quantizing it again gives the same codes, and
+// scales equal to within the fp32 rounding of amax / 448.
+TEST(TiledPieceTest, RequantizingADequantizedWeightKeepsItsCodes) {
+  const int64_t rows = 300, cols = 250;
+  const QuantizeConfig cfg{ScaleBlock::k128x128, DType::kFloat8E4M3, Rounding::kNearest, 0};
+  for (int trial = 0; trial < 4; ++trial) {
+    std::vector<double> x = WideRange(rows * cols);
+    Quantized first = QuantizeRef(x, rows, cols, cfg);
+    std::vector<double> copy = Dequant(first, rows, cols, cfg);
+    for (double& v : copy) v = static_cast<float>(v);  // the fp32 copy
+    Quantized again = QuantizeRef(copy, rows, cols, cfg);
+    ASSERT_EQ(again.q, first.q) << "trial " << trial;
+    for (size_t k = 0; k < first.scales.size(); ++k) {
+      EXPECT_NEAR(again.scales[k], first.scales[k], std::ldexp(first.scales[k], -22)) << "tile " << k;
+    }
   }
 }
 
