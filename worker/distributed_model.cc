@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "kernels/gemm/linear.h"
 #include "kernels/ops/adam.h"
 #include "kernels/ops/grad_clip.h"
 #include "worker/dist/staged.h"
@@ -155,24 +156,28 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
     full_numel += unit.fsdp->layout().padded_numel;
   }
   if (config.fp8.fp8_all_gather) {
-    // Per unit, the FP8 modules' weight matrices in it (unit-relative, in
-    // buffer order; biases and every other parameter stay fp32). A unit
+    // Per unit, the FP8 modules' weight matrices in it that the FP8 GEMMs
+    // take (unit-relative, in buffer order, each [out, in] as the GEMMs
+    // quantize it; biases and every other parameter stay fp32). A unit
     // without one gathers at fp32.
     const std::vector<std::string> names = m->model_->DenseParameterNames();
     for (Unit& unit : m->units_) {
-      std::vector<std::pair<int64_t, int64_t>> fp8_ranges;
+      std::vector<dist::Fp8Matrix> fp8_matrices;
       for (const int i : unit.params) {
         if (!absl::EndsWith(names[i], ".w") || !config.fp8.Holds(names[i].substr(0, names[i].size() - 2))) continue;
-        const int64_t b = m->Compact(m->dense_offsets_[i]) - unit.span.first, e = b + m->dense_params_[i].numel();
-        if (!fp8_ranges.empty() && fp8_ranges.back().second == b) {
-          fp8_ranges.back().second = e;
-        } else {
-          fp8_ranges.push_back({b, e});
+        const TensorView& w = m->dense_params_[i];
+        if (w.rank() != 2) {
+          return absl::InternalError(absl::StrCat("fp8 all-gather: weight ", names[i], " is not a matrix: ",
+                                                  w.DebugString()));
         }
+        // A layer the FP8 GEMMs do not take computes at the model's
+        // precision: its weight travels fp32 too.
+        if (!Fp8GemmTakesWeight(w.dim(0), w.dim(1))) continue;
+        fp8_matrices.push_back({m->Compact(m->dense_offsets_[i]) - unit.span.first, w.dim(0), w.dim(1)});
       }
-      if (fp8_ranges.empty()) continue;
+      if (fp8_matrices.empty()) continue;
       absl::StatusOr<dist::Fp8AllGather> gather =
-          dist::Fp8AllGather::Create(unit.fsdp->layout(), groups->fsdp(), fp8_ranges);
+          dist::Fp8AllGather::Create(unit.fsdp->layout(), groups->fsdp(), std::move(fp8_matrices));
       if (!gather.ok()) return gather.status();
       unit.fp8.emplace(*std::move(gather));
     }
@@ -336,7 +341,8 @@ absl::Status DistributedModel::CopyExperts(const std::vector<TensorView>& views,
 int64_t DistributedModel::dense_gather_bytes() const {
   int64_t bytes = 0;
   for (const Unit& u : units_) {
-    bytes += u.fp8 ? u.fp8->slot_bytes() : u.fsdp->layout().shard_numel * static_cast<int64_t>(sizeof(float));
+    bytes += u.fp8 ? u.fp8->slot_bytes() + u.fp8->amax_bytes()
+                   : u.fsdp->layout().shard_numel * static_cast<int64_t>(sizeof(float));
   }
   return bytes;
 }

@@ -83,9 +83,13 @@
 // of the recipe's FP8 modules travel FP8 with their scales in the dense
 // all-gather (worker/dist/fp8_all_gather.h): every rank, the shard's owner
 // included, trains on the same dequantized copy, while the shard and its
-// AdamW moments stay fp32. The CPU engine computes those layers in fp32 on
-// that copy; the CUDA engine (NCCL ranks) runs their GEMMs in FP8 on it,
-// re-quantizing the copy in its 128x128 blocks. The
+// AdamW moments stay fp32. The copy is quantized in the FP8 GEMMs' own
+// 128x128 tiles with the whole tiles' scales, whichever rank holds which
+// part. The CPU engine computes those layers in fp32 on that copy; the
+// CUDA engine (NCCL ranks) runs their GEMMs in FP8 on it, and its
+// quantization of the copy gives the same codes (scales equal to within
+// fp32 rounding), so the weights are rounded once, as without the FP8
+// gather. The
 // experts of an expert-parallel group are not in the FSDP buffer and are
 // not quantized. Each unit holding FP8 weights gathers FP8 on its own,
 // prefetched like the others (the unpack runs when the unit is made
@@ -186,8 +190,9 @@ class DistributedModel : public RankModel {
   int64_t stored_expert_parameter_bytes() const { return static_cast<int64_t>(expert_value_.size()); }
   int64_t dense_shard_bytes() const { return static_cast<int64_t>(shard_.size()); }
   // Bytes this rank contributes to each dense all-gather (its FSDP shard in
-  // fp32, or its packed slot with the FP8 all-gather), and the elements of
-  // the FSDP buffer that travel as FP8 (0 without it).
+  // fp32, or with the FP8 all-gather its packed slot and the tile maxima
+  // all-reduced before it), and the elements of the FSDP buffer that travel
+  // as FP8 (0 without it).
   int64_t dense_gather_bytes() const;
   int64_t fp8_gathered_numel() const;
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "engine/model.h"
 #include "engine/testing/compare.h"
 #include "engine/testing/movielens.h"
@@ -173,18 +174,27 @@ TEST(DistributedModelNcclTest, OneGpuRankWithGradientClippingTrainsLikeTheCpuMod
 //  - The copy is bit for bit the one a CPU (Gloo) rank gathers from the same
 //    initial parameters (the quantization kernels are bit-identical).
 //  - The bytes handed to ncclAllGather drop by ~3 per FP8 element.
-//  - Training follows the same FP8 recipe with the fp32 gather: the mean
-//    loss of the 30 steps within 1% relative (9.6e-4 and 4.2e-3 in two runs
-//    on an H200), each of the first 10 steps' within 4% (2.03%, 2.10%). The Gloo test
-//    bounds single steps at 2%, but there the gather's rounding is the only
-//    difference; here the FP8 GEMMs quantize the rounded copy once more.
+//  - Training follows the same FP8 recipe with the fp32 gather: the copy is
+//    quantized in the GEMMs' 128x128 tiles with the whole tiles' scales, so
+//    the FP8 GEMMs' quantization of it gives the codes they give the fp32
+//    weights (scales equal to within fp32 rounding), and weights the FP8
+//    GEMMs do not take (a dimension not a multiple of 16) travel fp32.
+//    What is left: the scales' last bits, which FP8's rounding of the
+//    activations downstream turns into whole format steps, and a layer
+//    whose call falls back to bf16 because its token count is not a
+//    multiple of 16 (the experts' l1, whose tokens depend on the routing)
+//    computes on the rounded copy instead of the fp32 weight. A twin of
+//    the fp32-gather model shows how far two runs of the recipe itself
+//    drift on the GPU (printed). `early` bounds each of the first 10
+//    steps' loss, `mean` the mean of the 30, relative.
 // Both with the FSDP units' gathers prefetched (the default; an FP8 unit
 // unpacks when made ready) and blocking.
-void ExpectFp8AllGatherTrainsLikeTheFp32Gather(bool prefetch) {
+void ExpectFp8AllGatherTrainsLikeTheFp32Gather(bool prefetch, const std::vector<std::string>& modules, double early,
+                                               double mean) {
   ASSERT_GE(comm::CudaDeviceCount(), 1) << "this test needs a GPU";
   const engine::MovieLensCtr data = Data();
   engine::GemLiteConfig config = engine::StepComparisonConfig();
-  config.fp8.modules = {"dcn", "moe.experts", "towers"};
+  config.fp8.modules = modules;
   engine::GemLiteConfig gathered_fp8 = config;
   gathered_fp8.fp8.fp8_all_gather = true;
 
@@ -198,10 +208,10 @@ void ExpectFp8AllGatherTrainsLikeTheFp32Gather(bool prefetch) {
   (*fp8)->set_prefetch(prefetch);
   const int64_t fp8_numel = (*fp8)->fp8_gathered_numel(), shard_bytes = (*fp8)->dense_shard_bytes();
   EXPECT_GT(fp8_numel, 0);
-  // Per FP8 unit: one scale byte per 1,024, a tail of < 32 fp32 elements
-  // and the slot's 16-byte rounding.
+  // Per FP8 unit: two 16-byte roundings, and 4 bytes per 128x128 tile of
+  // the tile maxima (some 20 tiles for ~80,000 FP8 elements here).
   const int64_t units = static_cast<int64_t>((*fp8)->unit_names().size());
-  EXPECT_LT((*fp8)->dense_gather_bytes(), shard_bytes - 3 * fp8_numel + fp8_numel / 1024 + units * (32 * 4 + 16));
+  EXPECT_LT((*fp8)->dense_gather_bytes(), shard_bytes - 3 * fp8_numel + fp8_numel / 16 + units * 32);
   EXPECT_EQ((*fp32)->dense_gather_bytes(), (*fp32)->dense_shard_bytes());
 
   // The same copy as a CPU rank's.
@@ -221,38 +231,64 @@ void ExpectFp8AllGatherTrainsLikeTheFp32Gather(bool prefetch) {
   for (size_t i = 0; i < exact.size(); ++i) rounded += gpu_copy[i] != exact[i];
   EXPECT_GT(rounded, fp8_numel / 2) << "the FP8 modules' weights did not travel rounded";
 
-  std::vector<double> losses[2];
+  // A twin of the fp32-gather model: how far two runs of the same FP8
+  // recipe drift apart on the GPU (its reductions are not all in a fixed
+  // order, and FP8 rounding turns last-bit differences into whole steps of
+  // the format).
+  auto twin = rank.Model(config, data.schema());
+  ASSERT_TRUE(twin.ok()) << twin.status();
+  ASSERT_TRUE((*twin)->GatherDense().ok());
+  std::vector<double> losses[3];
   for (int step = 0; step < kSteps; ++step) {
     const engine::Batch batch = data.MakeBatch(false, Samples(data, step));
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 3; ++i) {
       RankModel::Times times;
-      auto r = (i == 0 ? *fp32 : *fp8)->TrainStep(batch, &times);
+      auto r = (i == 0 ? *fp32 : i == 1 ? *fp8 : *twin)->TrainStep(batch, &times);
       ASSERT_TRUE(r.ok()) << "step " << step << ": " << r.status();
       losses[i].push_back(r->ctr_loss);
     }
   }
-  double worst_early = 0, sum[2] = {0, 0};
-  for (int step = 0; step < kSteps; ++step) {
-    if (step < 10) worst_early = std::max(worst_early, std::abs(losses[1][step] - losses[0][step]) / losses[0][step]);
-    for (int i = 0; i < 2; ++i) sum[i] += losses[i][step];
-  }
-  const double mean_error = std::abs(sum[1] - sum[0]) / sum[0];
-  std::printf("gpu rank (prefetch %s), FP8 recipe (dcn, experts, towers): dense all-gather %lld bytes with the FP8 gather against "
+  // Against model 0: each of the first 10 steps' loss and the mean.
+  const auto compare = [&](int i) {
+    double worst_early = 0, sum = 0, sum0 = 0;
+    for (int step = 0; step < kSteps; ++step) {
+      if (step < 10) worst_early = std::max(worst_early, std::abs(losses[i][step] - losses[0][step]) / losses[0][step]);
+      sum += losses[i][step];
+      sum0 += losses[0][step];
+    }
+    return std::pair<double, double>{worst_early, std::abs(sum - sum0) / sum0};
+  };
+  const auto [worst_early, mean_error] = compare(1);
+  const auto [twin_early, twin_mean] = compare(2);
+  std::printf("gpu rank (prefetch %s), FP8 recipe (%s): dense all-gather %lld bytes with the FP8 gather against "
               "%lld at fp32 (%lld FP8 elements, %lld rounded); loss vs the fp32 gather: first 10 steps within %.2e, "
-              "mean of %d within %.2e\n",
-              prefetch ? "on" : "off", static_cast<long long>((*fp8)->dense_gather_bytes()),
-              static_cast<long long>(shard_bytes),
-              static_cast<long long>(fp8_numel), static_cast<long long>(rounded), worst_early, kSteps, mean_error);
-  EXPECT_LT(worst_early, 0.04);
-  EXPECT_LT(mean_error, 0.01);
+              "mean of %d within %.2e; the fp32 gather against its twin: %.2e, %.2e\n",
+              prefetch ? "on" : "off", absl::StrJoin(modules, ", ").c_str(),
+              static_cast<long long>((*fp8)->dense_gather_bytes()), static_cast<long long>(shard_bytes),
+              static_cast<long long>(fp8_numel), static_cast<long long>(rounded), worst_early, kSteps, mean_error,
+              twin_early, twin_mean);
+  EXPECT_LT(worst_early, early);
+  EXPECT_LT(mean_error, mean);
 }
 
+// Measured on an H200 (prefetch / blocking): first 10 steps within 0.45% /
+// 0.24%, mean 0.18% / 0.012%. With the earlier 32x32 power-of-two gather,
+// which rounded the weights twice and also those the FP8 GEMMs do not
+// take: 2.0-3.3% per early step, 0.4-0.7% mean.
 TEST(DistributedModelNcclTest, Fp8AllGatherOnAGpuRankTrainsLikeTheFp32Gather) {
-  ExpectFp8AllGatherTrainsLikeTheFp32Gather(true);
+  ExpectFp8AllGatherTrainsLikeTheFp32Gather(true, {"dcn", "moe.experts", "towers"}, 0.015, 0.005);
 }
 
 TEST(DistributedModelNcclTest, BlockingFp8AllGatherOnAGpuRankTrainsLikeTheFp32Gather) {
-  ExpectFp8AllGatherTrainsLikeTheFp32Gather(false);
+  ExpectFp8AllGatherTrainsLikeTheFp32Gather(false, {"dcn", "moe.experts", "towers"}, 0.015, 0.005);
+}
+
+// dcn alone, every one of whose GEMMs runs FP8 (48 samples a step): the
+// FP8 GEMMs see the same codes as with the fp32 gather, the scales equal to
+// within fp32 rounding; measured 0.35% per early step, 0.13% mean, so those
+// last bits, not a fallback, make up most of the difference.
+TEST(DistributedModelNcclTest, Fp8AllGatherOfLayersThatAlwaysRunFp8TrainsLikeTheFp32Gather) {
+  ExpectFp8AllGatherTrainsLikeTheFp32Gather(true, {"dcn"}, 0.015, 0.005);
 }
 
 }  // namespace

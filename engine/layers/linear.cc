@@ -52,7 +52,7 @@ Linear::Linear(const LayerContext& ctx, const std::string& name, int64_t in, int
   ctx.parameters->OverwriteGradientFirst(&w_);
   // The FP8 GEMMs need K and N divisible by 16 (a head's 1-wide logit is
   // not): such a layer keeps the model's recipe.
-  if (HasFp8(recipe_) && (in % 16 != 0 || out % 16 != 0)) recipe_ = ctx.recipe;
+  if (HasFp8(recipe_) && !Fp8GemmTakesWeight(out, in)) recipe_ = ctx.recipe;
   if (HasFp8(recipe_) && ctx.allocator->device() == Device::kCuda) {
     fp8_ = std::make_unique<LinearContext>();
   }

@@ -75,6 +75,12 @@ enum class GemmPrecision : uint8_t { kNative, kBf16, kFp8Block };
 
 absl::string_view GemmPrecisionName(GemmPrecision p);  // "native", "bf16", "fp8_block"
 
+// Whether the kFp8Block GEMMs take a weight of [n, k] (both multiples of
+// 16; see "CUDA limits" above). A layer whose weight they do not take keeps
+// its model's precision (engine/layers/linear.h), and so does the FSDP
+// all-gather of that weight (worker/distributed_model.h).
+inline bool Fp8GemmTakesWeight(int64_t n, int64_t k) { return n % 16 == 0 && k % 16 == 0; }
+
 // Per-GEMM precision of one linear layer.
 struct LinearRecipe {
   GemmPrecision forward = GemmPrecision::kBf16;  // y  = x W^T

@@ -612,8 +612,8 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
                                  "; every other linear layer bf16")
                   : absl::StrCat("fp32 GEMMs on CPU workers; weights of ", modules, " rounded to FP8 by the all-gather");
     if (precision.all_gather() == v1::PrecisionRecipe::ALL_GATHER_FP8) {
-      absl::StrAppend(&request.precision.recipe, "; FSDP all-gather of their weights in FP8 (E4M3, E8M0 scale per "
-                                                 "1,024 elements: ~0.5x bf16 bytes, ~0.25x fp32)");
+      absl::StrAppend(&request.precision.recipe, "; FSDP all-gather of their weights in FP8 (E4M3 in the GEMMs' "
+                                                 "128x128 tiles: ~0.5x bf16 bytes, ~0.25x fp32)");
     }
   }
   if (precision.fp8_attention_size() > 0) {

@@ -11,26 +11,33 @@
 // weights. The master weights in the shard stay fp32; only the gathered
 // copy is rounded.
 //
-// Wire format of one rank's slot (kernels/quant/quantize.h PackedBytes):
-// the shard's FP8 elements, concatenated in buffer order and viewed as a
-// [n / 32, 32] matrix, quantized to E4M3 in 32x32 blocks (1,024 consecutive
-// elements) with one power-of-two E8M0 scale byte each, so a block never
-// saturates; then fp32 for the last n % 32 FP8 elements and for every
-// other element of the shard (padding included). That is 1 + 1/1024 bytes
-// per FP8 element against 2 for bf16 and 4 for fp32. A block may span two
-// neighbouring weights and then shares one scale between them. Slots have
-// the size of the largest rank's (every rank computes every rank's layout),
-// rounded up to 16 bytes; the collective carries them as int32.
+// The FP8 elements are whole weight matrices (row-major [rows, cols]),
+// quantized exactly as the FP8 GEMMs quantize a weight: E4M3 in 128x128
+// tiles with the scale amax / 448 of the whole tile (kernels/quant/
+// quantize.h TiledPiece), wherever the shards cut the matrix. Each rank
+// takes the absolute maximum of every tile over its shard, the group
+// all-reduces those (one fp32 per tile, 1/16,384 of a tile's elements;
+// maximum), and every rank derives the same scales, so none travel with
+// the gather. A rank's slot: its FP8 elements, one byte each in buffer
+// order (16-byte aligned), then fp32 for every other element of its shard
+// (padding included): 1 byte per FP8 element against 2 for bf16 and 4 for
+// fp32. The dequantized copy is what the FP8 GEMMs quantize again: that
+// gives the same codes and the same scales to within fp32's rounding of
+// amax / 448, so training on it rounds the weights once, as the same
+// recipe does without the FP8 gather. Slots have the size of the largest
+// rank's (every rank computes every rank's layout), rounded up to 16
+// bytes; the collective carries them as int32.
 //
 // Buffers live on the group's device: host memory for Gloo, the current
-// CUDA device for NCCL. On CUDA every step (gathering the FP8 elements,
-// quantizing, packing, unpacking, dequantizing, scattering them back) is
-// queued on the legacy default stream, which orders it after the engine's
-// work and before the collective (whose stream waits for that one); the
-// call returns once the last unpack is queued. Both devices give the same
-// bits (the quantization kernels are bit-identical). StartAllGather is the
-// form FSDP prefetch uses: it packs, starts the collective and unpacks when
-// the handle is made ready or waited for.
+// CUDA device for NCCL. On CUDA every step (the tiles' maxima, quantizing,
+// packing, unpacking, dequantizing) is queued on the legacy default
+// stream, which orders it after the engine's work and before the
+// collectives (whose stream waits for that one); the call returns once the
+// last unpack is queued. Both devices give the same bits (the kernels are
+// bit-identical). StartAllGather is the form FSDP prefetch uses: it starts
+// the maxima's all-reduce, queues the packing behind it on the device (no
+// host wait on CUDA; Gloo waits for the small all-reduce), starts the
+// gather and unpacks when the handle is made ready or waited for.
 // Not thread-safe (the communicator is not).
 
 #include <cstdint>
@@ -38,6 +45,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/quant/quantize.h"
 #include "kernels/tensor.h"
 #include "worker/comm/communicator.h"
 #include "worker/dist/device_buffer.h"
@@ -46,16 +54,23 @@
 namespace recfleet {
 namespace dist {
 
+// A weight matrix inside the flat buffer: row-major [rows, cols] from
+// element `begin` of the unpadded buffer.
+struct Fp8Matrix {
+  int64_t begin = 0, rows = 0, cols = 0;
+  int64_t end() const { return begin + rows * cols; }
+};
+
 class Fp8AllGather {
  public:
-  // `fp8_ranges`: [begin, end) element ranges of the unpadded flat buffer
-  // to carry as FP8, sorted and disjoint. `group` is the FSDP group whose
+  // `matrices`: the weights to carry as FP8, sorted by `begin`, disjoint,
+  // inside the layout's parameters. `group` is the FSDP group whose
   // `layout` this is (not owned; must outlive this object).
   static absl::StatusOr<Fp8AllGather> Create(const FlatShardLayout& layout, comm::Communicator* group,
-                                             std::vector<std::pair<int64_t, int64_t>> fp8_ranges);
+                                             std::vector<Fp8Matrix> matrices);
 
   // full [padded_numel] fp32 = every group rank's `shard` [shard_numel]
-  // fp32, in order, with the FP8 ranges rounded as described above (the
+  // fp32, in order, with the FP8 matrices rounded as described above (the
   // rest exact). Same contract as FsdpFlatParameter::AllGather, both
   // buffers on the group's device.
   absl::Status AllGather(const TensorView& shard, const TensorView& full);
@@ -72,40 +87,43 @@ class Fp8AllGather {
   // Bytes every rank contributes to one AllGather (its slot); the group
   // moves size() times that. An fp32 gather contributes shard_numel x 4.
   int64_t slot_bytes() const { return slot_bytes_; }
+  // Bytes of the tiles' maxima every rank all-reduces first (fp32 each).
+  int64_t amax_bytes() const { return tiles_ * static_cast<int64_t>(sizeof(float)); }
   // Elements of the flat buffer that travel as FP8.
   int64_t fp8_numel() const { return fp8_numel_; }
 
  private:
   // Where one rank's shard elements go in its slot.
   struct SlotLayout {
-    std::vector<std::pair<int64_t, int64_t>> fp8;   // Shard-relative ranges, in order.
+    // Shard-relative offset of each piece of an FP8 matrix, in order.
+    std::vector<std::pair<int64_t, TiledPiece>> pieces;
     std::vector<std::pair<int64_t, int64_t>> rest;  // The other shard-relative ranges.
     int64_t fp8_numel = 0;
-    int64_t quantized_rows = 0;  // Of 32 FP8 elements; the rest of them go as fp32.
-    int64_t packed_bytes = 0;    // Of the quantized matrix, 16-byte aligned.
-    int64_t bytes = 0;           // Of the whole slot before rounding to the largest.
+    int64_t fp8_bytes = 0;  // Of the FP8 part, 16-byte aligned.
+    int64_t bytes = 0;      // Of the whole slot before rounding to the largest.
   };
   Fp8AllGather(const FlatShardLayout& layout, comm::Communicator* group) : layout_(layout), group_(group) {}
-  static SlotLayout LayoutOf(const FlatShardLayout& layout, int rank,
-                             const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges);
-  absl::Status Pack(const SlotLayout& slot, const float* shard, char* out);
-  absl::Status Unpack(const SlotLayout& slot, const char* in, float* shard_out);
-  // Checks both buffers and packs this rank's slot into send_.
-  absl::Status CheckAndPack(const TensorView& shard, const TensorView& full);
+  static SlotLayout LayoutOf(const FlatShardLayout& layout, int rank, const std::vector<Fp8Matrix>& matrices,
+                             const std::vector<int64_t>& first_tiles);
+  // Checks both buffers, takes the tiles' maxima over this rank's shard,
+  // all-reduces them (started when `started`; its handle is returned, to
+  // be kept until the gather is done) and packs this rank's slot into
+  // send_.
+  absl::StatusOr<std::unique_ptr<comm::PendingCollective>> CheckAndPack(const TensorView& shard,
+                                                                        const TensorView& full, bool started);
   // Every rank's slot from received_ into `full`.
   absl::Status UnpackAll(const TensorView& full);
   // `n` floats between two buffers on the group's device.
   absl::Status CopyFloats(float* dst, const float* src, int64_t n) const;
+  TensorView Tiles(const DeviceBuffer& b) const { return b.View(DType::kFloat32, {tiles_}); }
 
   FlatShardLayout layout_;
   comm::Communicator* group_;
   std::vector<SlotLayout> slots_;  // Per group rank.
-  int64_t slot_bytes_ = 0, fp8_numel_ = 0;
-  // On the group's device, sized for the largest slot.
-  DeviceBuffer staging_;          // One slot's FP8 elements, fp32.
+  int64_t slot_bytes_ = 0, fp8_numel_ = 0, tiles_ = 0;
+  // On the group's device.
   DeviceBuffer send_, received_;  // Packed slots (int32 words).
-  DeviceBuffer q_;                // One slot's unpacked FP8 payload.
-  DeviceBuffer scales_;           // ... and its scales (fp32).
+  DeviceBuffer amax_, scales_;    // Per tile of every matrix, fp32.
 };
 
 }  // namespace dist

@@ -17,88 +17,86 @@ namespace dist {
 namespace {
 
 // `group` Gloo ranks (threads) gather `params`; see GatherOnRanks.
-Gathered GatherOnGloo(int group, const std::vector<float>& params,
-                      const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges, bool fp8, bool started = false) {
+Gathered GatherOnGloo(int group, const std::vector<float>& params, const std::vector<Fp8Matrix>& matrices, bool fp8,
+                      bool started = false) {
   comm::HostTestMemory memory;
-  return GatherOnRanks(group, params, fp8_ranges, fp8, memory, [](int) { return comm::LoopbackGloo(); }, 0, started);
+  return GatherOnRanks(group, params, matrices, fp8, memory, [](int) { return comm::LoopbackGloo(); }, 0, started);
 }
 
-bool InRanges(int64_t i, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
-  for (const auto& [b, e] : ranges) {
-    if (i >= b && i < e) return true;
-  }
-  return false;
-}
-
-// Ranges that cut shards and 32-element rows anywhere: every rank ends with
-// the same buffer, exact outside the ranges and within E4M3's rounding
-// inside them (relative 2^-4 for normal values; below the block's smallest
-// normal, an absolute step of scale x 2^-9 with scale <= 2 amax / 448).
-TEST(Fp8AllGatherTest, EveryRankGetsTheSameRoundedBufferExactOutsideTheRanges) {
+// Matrices with partial edge tiles, which the 3 shards cut mid-row and
+// mid-tile: every rank ends with the same buffer, exact outside the
+// matrices and, inside them, exactly what the FP8 GEMMs make of the whole
+// fp32 matrix (128x128 tiles, scale amax / 448), although no rank holds a
+// whole tile.
+TEST(Fp8AllGatherTest, EveryRankGetsTheGemmsQuantizationOfTheWholeMatrices) {
   const std::vector<float> params = WeightLikeParameters(10'007, 1);
-  const std::vector<std::pair<int64_t, int64_t>> ranges = {{5, 2'300}, {2'300, 2'333}, {4'000, 9'990}};
-  const Gathered g = GatherOnGloo(3, params, ranges, true);
-  float amax = 0;
-  for (float v : params) amax = std::max(amax, std::fabs(v));
+  const std::vector<Fp8Matrix> matrices = {{5, 45, 51}, {2'300, 1, 33}, {4'000, 30, 199}};
+  const Gathered g = GatherOnGloo(3, params, matrices, true);
+  const std::vector<float> want = QuantizedLikeTheGemms(params, matrices);
   int64_t rounded = 0;
-  for (int r = 0; r < 3; ++r) {
-    ASSERT_EQ(g.full[r], g.full[0]) << "rank " << r;
+  for (int r = 0; r < 3; ++r) ASSERT_EQ(g.full[r], g.full[0]) << "rank " << r;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_EQ(g.full[0][i], want[i]) << "element " << i;
+    rounded += want[i] != params[i];
   }
-  for (int64_t i = 0; i < static_cast<int64_t>(params.size()); ++i) {
-    const float x = params[i], y = g.full[0][i];
-    if (!InRanges(i, ranges)) {
-      ASSERT_EQ(y, x) << "element " << i << " lies outside the FP8 ranges";
-      continue;
-    }
-    rounded += y != x;
-    ASSERT_LE(std::fabs(y - x), std::ldexp(std::fabs(x), -4) + 2 * amax / 448 * std::ldexp(1.0f, -9))
-        << "element " << i;
-  }
-  EXPECT_GT(rounded, 1000);  // The ranges did travel as FP8.
-  EXPECT_EQ(g.fp8_numel, (2'333 - 5) + (9'990 - 4'000));
+  EXPECT_GT(rounded, 1000);  // The matrices did travel as FP8.
+  EXPECT_EQ(g.fp8_numel, 45 * 51 + 33 + 30 * 199);
   for (size_t i = params.size(); i < g.full[0].size(); ++i) EXPECT_EQ(g.full[0][i], 0.0f) << "padding";
+  // One fp32 maximum per tile all-reduced: 1 + 1 + 2 tiles.
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(g.reduce_bytes[r], 4 * 4) << "rank " << r;
   // Started (FSDP prefetch's form): the same buffer once the handle is ready.
-  const Gathered started = GatherOnGloo(3, params, ranges, true, /*started=*/true);
+  const Gathered started = GatherOnGloo(3, params, matrices, true, /*started=*/true);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(started.full[r], g.full[0]) << "rank " << r;
   EXPECT_EQ(started.bytes, g.bytes);
+  EXPECT_EQ(started.reduce_bytes, g.reduce_bytes);
 }
 
-// The bytes each rank hands to the collective, counted at the communicator:
-// a buffer all of whose elements travel FP8 costs 1 + 1/1024 bytes per
-// element plus the slot's 16-byte rounding, against 2 (bf16) and 4 (fp32).
+// The bytes each rank hands to the collectives, counted at the
+// communicator: a buffer all of whose elements are one FP8 matrix costs 1
+// byte per element (plus the slot's 16-byte rounding) on the all-gather and
+// 4 bytes per 128x128 tile on the all-reduce before it, against 2 (bf16)
+// and 4 (fp32) bytes per element.
 TEST(Fp8AllGatherTest, HalvesTheBytesOfABf16Gather) {
   constexpr int kGroup = 4;
   const int64_t n = kGroup * 64 * 1024;
   const std::vector<float> params = WeightLikeParameters(n, 2);
   const Gathered fp32 = GatherOnGloo(kGroup, params, {}, false);
-  const Gathered fp8 = GatherOnGloo(kGroup, params, {{0, n}}, true);
+  const Gathered fp8 = GatherOnGloo(kGroup, params, {{0, 512, 512}}, true);
   for (int r = 0; r < kGroup; ++r) {
     EXPECT_EQ(fp32.bytes[r], n / kGroup * 4);
     EXPECT_EQ(fp8.bytes[r], fp8.slot_bytes);
+    EXPECT_EQ(fp8.bytes[r], n / kGroup);
+    EXPECT_EQ(fp8.reduce_bytes[r], 16 * 4);
   }
   const double bf16_bytes = n / kGroup * 2.0;
-  const double vs_bf16 = fp8.bytes[0] / bf16_bytes, vs_fp32 = fp8.bytes[0] / static_cast<double>(fp32.bytes[0]);
-  std::printf("all-gather bytes per rank: fp32 %lld, bf16 %.0f, fp8 %lld (%.4fx bf16, %.4fx fp32)\n",
-              static_cast<long long>(fp32.bytes[0]), bf16_bytes, static_cast<long long>(fp8.bytes[0]), vs_bf16,
-              vs_fp32);
-  EXPECT_LE(vs_bf16, 0.5 * (1 + 1.0 / 1024) + 1e-9);
-  EXPECT_LE(vs_fp32, 0.25 * (1 + 1.0 / 1024) + 1e-9);
-  // No FP8 range: the slot is the fp32 shard (rounded to 16 bytes).
+  const double fp8_bytes = static_cast<double>(fp8.bytes[0] + fp8.reduce_bytes[0]);
+  const double vs_bf16 = fp8_bytes / bf16_bytes, vs_fp32 = fp8_bytes / static_cast<double>(fp32.bytes[0]);
+  std::printf("bytes per rank: fp32 gather %lld, bf16 %.0f, fp8 gather %lld + tile maxima %lld (%.4fx bf16, %.4fx fp32)\n",
+              static_cast<long long>(fp32.bytes[0]), bf16_bytes, static_cast<long long>(fp8.bytes[0]),
+              static_cast<long long>(fp8.reduce_bytes[0]), vs_bf16, vs_fp32);
+  EXPECT_LE(vs_bf16, 0.5 * (1 + 1.0 / 1024));
+  EXPECT_LE(vs_fp32, 0.25 * (1 + 1.0 / 1024));
+  // No FP8 matrix: the slot is the fp32 shard, nothing is all-reduced.
   const Gathered none = GatherOnGloo(kGroup, params, {}, true);
   EXPECT_EQ(none.bytes[0], fp32.bytes[0]);
+  EXPECT_EQ(none.reduce_bytes[0], 0);
   EXPECT_EQ(none.full[0], fp32.full[0]);
 }
 
-TEST(Fp8AllGatherTest, RejectsBadRanges) {
+TEST(Fp8AllGatherTest, RejectsBadMatrices) {
   comm::InProcessKvStore store;
   auto comms = comm::ConnectGlooGroup(store, 1, comm::CommOptions());
   ASSERT_TRUE(comms.ok());
   const FlatShardLayout layout = FlatShardLayout::Make(100, 1);
-  EXPECT_EQ(Fp8AllGather::Create(layout, (*comms)[0].get(), {{10, 20}, {15, 30}}).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Fp8AllGather::Create(layout, (*comms)[0].get(), {{90, 101}}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  comm::Communicator* c = (*comms)[0].get();
+  EXPECT_EQ(Fp8AllGather::Create(layout, c, {{10, 2, 5}, {15, 3, 5}}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // overlap
+  EXPECT_EQ(Fp8AllGather::Create(layout, c, {{50, 2, 5}, {10, 2, 5}}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // unsorted
+  EXPECT_EQ(Fp8AllGather::Create(layout, c, {{90, 1, 11}}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Fp8AllGather::Create(layout, c, {{0, 0, 5}}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Fp8AllGather::Create(layout, nullptr, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Fp8AllGather::Create(layout, c, {{0, 10, 10}}).ok());
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kernels/quant/quantize.h"
 #include "worker/comm/kv_store.h"
 #include "worker/comm/testing.h"
 #include "worker/dist/device_buffer.h"
@@ -25,6 +26,7 @@ absl::Status CountingCommunicator::DoReduceScatter(const TensorView& in, const T
   return inner_->ReduceScatter(in, out, op);
 }
 absl::Status CountingCommunicator::DoAllReduce(const TensorView& inout, comm::ReduceOp op) {
+  all_reduce_bytes += static_cast<int64_t>(inout.nbytes());
   return inner_->AllReduce(inout, op);
 }
 absl::Status CountingCommunicator::DoAllToAll(const TensorView& in, absl::Span<const int64_t> send_counts,
@@ -45,8 +47,23 @@ std::vector<float> WeightLikeParameters(int64_t n, uint32_t seed) {
   return v;
 }
 
+std::vector<float> QuantizedLikeTheGemms(std::vector<float> params, const std::vector<Fp8Matrix>& matrices) {
+  const QuantizeConfig config{ScaleBlock::k128x128, DType::kFloat8E4M3, Rounding::kNearest, 0};
+  for (const Fp8Matrix& m : matrices) {
+    const Shape shape = {m.rows, m.cols}, scale_shape = QuantScaleShape(m.rows, m.cols, ScaleBlock::k128x128);
+    std::vector<uint8_t> q(m.rows * m.cols);
+    std::vector<float> scales(scale_shape[0] * scale_shape[1]);
+    const TensorView w = MakeView(params.data() + m.begin, DType::kFloat32, shape);
+    const TensorView qv = MakeView(q.data(), DType::kFloat8E4M3, shape);
+    const TensorView sv = MakeView(scales.data(), DType::kFloat32, scale_shape);
+    EXPECT_TRUE(Quantize(w, config, false, qv, sv).ok());
+    EXPECT_TRUE(Dequantize(qv, sv, ScaleBlock::k128x128, w).ok());
+  }
+  return params;
+}
+
 Gathered GatherOnRanks(int group, const std::vector<float>& params,
-                       const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges, bool fp8,
+                       const std::vector<Fp8Matrix>& fp8_matrices, bool fp8,
                        comm::TestMemory& memory, const std::function<comm::CommFactory(int rank)>& factory_for_rank,
                        int timed, bool started) {
   comm::InProcessKvStore store;
@@ -56,6 +73,7 @@ Gathered GatherOnRanks(int group, const std::vector<float>& params,
   Gathered out;
   out.full.assign(group, std::vector<float>(layout.padded_numel));
   out.bytes.assign(group, 0);
+  out.reduce_bytes.assign(group, 0);
   comm::RunOnThreads(group, [&](int r) {
     const size_t shard_bytes = layout.shard_numel * sizeof(float), full_bytes = layout.padded_numel * sizeof(float);
     void* shard = memory.Alloc(r, shard_bytes);
@@ -69,7 +87,7 @@ Gathered GatherOnRanks(int group, const std::vector<float>& params,
     std::optional<Fp8AllGather> fp8_gather;
     std::optional<FsdpFlatParameter> fsdp;
     if (fp8) {
-      auto g = Fp8AllGather::Create(layout, &counting, fp8_ranges);
+      auto g = Fp8AllGather::Create(layout, &counting, fp8_matrices);
       ASSERT_TRUE(g.ok()) << g.status();
       fp8_gather.emplace(*std::move(g));
     } else {
@@ -87,6 +105,7 @@ Gathered GatherOnRanks(int group, const std::vector<float>& params,
     absl::Status s = gather();
     ASSERT_TRUE(s.ok()) << s;
     out.bytes[r] = counting.all_gather_bytes;
+    out.reduce_bytes[r] = counting.all_reduce_bytes;
     ASSERT_TRUE(SynchronizeDevice(memory.device()).ok());
     memory.Download(r, out.full[r].data(), full, full_bytes);
     if (r == 0 && fp8) {

@@ -15,18 +15,20 @@
 #include "worker/comm/communicator.h"
 #include "worker/comm/conformance.h"
 #include "worker/comm/process_groups.h"
+#include "worker/dist/fp8_all_gather.h"
 
 namespace recfleet {
 namespace dist {
 
 // Forwards to a real communicator and counts the bytes each rank hands to
-// AllGather: what the rank puts on the wire.
+// AllGather and AllReduce: what the rank puts on the wire (an all-reduce
+// moves up to twice its buffer; counted once).
 class CountingCommunicator : public comm::Communicator {
  public:
   explicit CountingCommunicator(comm::Communicator* inner)
       : Communicator(inner->rank(), inner->size(), inner->device(), inner->timeout()), inner_(inner) {}
   absl::string_view backend() const override { return inner_->backend(); }
-  int64_t all_gather_bytes = 0;
+  int64_t all_gather_bytes = 0, all_reduce_bytes = 0;
 
  protected:
   absl::Status DoAllGather(const TensorView& in, const TensorView& out) override;
@@ -44,9 +46,14 @@ class CountingCommunicator : public comm::Communicator {
 // A weight-like flat buffer: blocks of different magnitudes, some zeros.
 std::vector<float> WeightLikeParameters(int64_t n, uint32_t seed);
 
+// `params` with each matrix replaced by Dequantize(Quantize(w, 128x128
+// E4M3)), as the FP8 GEMMs see it (the CPU reference kernels).
+std::vector<float> QuantizedLikeTheGemms(std::vector<float> params, const std::vector<Fp8Matrix>& matrices);
+
 struct Gathered {
   std::vector<std::vector<float>> full;  // Per rank, downloaded.
   std::vector<int64_t> bytes;            // Per rank: bytes handed to AllGather.
+  std::vector<int64_t> reduce_bytes;     // Per rank: bytes handed to AllReduce.
   int64_t slot_bytes = 0, fp8_numel = 0;
   // Rank 0's median seconds per AllGather over `timed` calls after one
   // warm-up (0 when timed is 0), the device synchronized around each.
@@ -54,11 +61,11 @@ struct Gathered {
 };
 
 // `group` ranks (rank r connects through factory_for_rank(r); its buffers
-// come from `memory`) gather `params` with `fp8_ranges` in FP8, or at fp32
+// come from `memory`) gather `params` with `fp8_matrices` in FP8, or at fp32
 // with FsdpFlatParameter when `fp8` is false; with `started`, through
 // StartAllGather and the handle's Ready() (then the device synchronized).
 Gathered GatherOnRanks(int group, const std::vector<float>& params,
-                       const std::vector<std::pair<int64_t, int64_t>>& fp8_ranges, bool fp8,
+                       const std::vector<Fp8Matrix>& fp8_matrices, bool fp8,
                        comm::TestMemory& memory, const std::function<comm::CommFactory(int rank)>& factory_for_rank,
                        int timed = 0, bool started = false);
 
