@@ -98,7 +98,9 @@ struct Model {
 struct PrecisionRecipe {
   int weight_gather_bytes = 2;      // bf16 weights on the FSDP all-gather.
   std::set<std::string> fp8_modules;
-  // The fp8_modules' weights travel FP8 on the all-gather (1 byte each);
+  // The fp8_modules' weights travel FP8 on the all-gather (1 byte each;
+  // the workers send a layer the FP8 GEMMs do not take, a dimension not a
+  // multiple of 16, at fp32, which this does not count: a few small layers);
   // false: at weight_gather_bytes like the rest (recfleet's workers gather
   // fp32 unless the job's recipe says ALL_GATHER_FP8).
   bool fp8_all_gather = true;

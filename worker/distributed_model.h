@@ -80,10 +80,11 @@
 // compute there.
 //
 // With the recipe's FP8 all-gather (config.fp8.fp8_all_gather) the weights
-// of the recipe's FP8 modules travel FP8 with their scales in the dense
-// all-gather (worker/dist/fp8_all_gather.h): every rank, the shard's owner
-// included, trains on the same dequantized copy, while the shard and its
-// AdamW moments stay fp32. The copy is quantized in the FP8 GEMMs' own
+// of the recipe's FP8 modules that the FP8 GEMMs take travel FP8 in the
+// dense all-gather, their scales from the tiles' all-reduced maxima
+// (worker/dist/fp8_all_gather.h): every rank, the shard's owner included,
+// trains on the same dequantized copy, while the shard and its AdamW
+// moments stay fp32. The copy is quantized in the FP8 GEMMs' own
 // 128x128 tiles with the whole tiles' scales, whichever rank holds which
 // part. The CPU engine computes those layers in fp32 on that copy; the
 // CUDA engine (NCCL ranks) runs their GEMMs in FP8 on it, and its

@@ -1,7 +1,6 @@
 #include "worker/dist/fp8_all_gather.h"
 
 #include <algorithm>
-#include <cstring>
 #include <functional>
 #include <memory>
 
