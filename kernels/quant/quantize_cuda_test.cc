@@ -395,16 +395,19 @@ TEST(QuantizeCudaTest, PackedBuffersMatchTheCpuBytes) {
 // The tiled-piece calls (an FP8 all-gather's shards) on the device against
 // the CPU: a large matrix and a narrow one in one flat buffer, cut into
 // holders' ranges anywhere (mid-row, mid-tile, across the two matrices),
-// one NaN and a zero run; amax reduced over the holders on the host.
+// two NaNs and a zero run; amax reduced over the holders on the host.
 TEST(QuantizeCudaTest, TiledPiecesMatchTheCpuBits) {
   const TiledMatrices layout({{1000, 1100}, {300, 40}});
   const int64_t numel = layout.numel, tiles = layout.tiles;
   std::vector<uint8_t> bytes = RandomMatrix(DType::kFloat32, numel);
   std::vector<float> w(numel);
   std::memcpy(w.data(), bytes.data(), numel * sizeof(float));
-  w[12345] = std::numeric_limits<float>::quiet_NaN();
+  w[12345] = w[200'003] = std::numeric_limits<float>::quiet_NaN();
   for (int64_t i = 500'000; i < 520'000; ++i) w[i] = 0.0f;
-  const std::vector<int64_t> cuts = {0, 7, 140'801, 555'555, 1'099'999, 1'100'013, numel};
+  // Holders' ranges starting at odd elements (the element-wise path) and at
+  // multiples of 8 (aligned: the vector path, with runs that cross tile
+  // borders and rows of 1,100 columns in between).
+  const std::vector<int64_t> cuts = {0, 7, 140'800, 555'552, 1'099'999, 1'100'013, numel};
   DeviceBuffer dw(w), d_amax(tiles * 4), d_scales(tiles * 4), dq(numel), dback(numel * 4);
   CudaOrDie(cudaMemset(dq.get(), 0x7F, numel), "poison q");
   CudaOrDie(cudaMemset(dback.get(), 0xFF, numel * 4), "poison output");

@@ -1,6 +1,7 @@
 #include "kernels/quant/quantize_kernels.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels/base/cuda_util.h"
@@ -1227,24 +1228,49 @@ cudaError_t E8M0ToScales(const uint8_t* in, float* scales, int64_t n, void* stre
 namespace {
 
 // Tiled pieces: each thread codes kPieceRun consecutive elements, walking
-// their (row, column) from one division.
+// their (row, column) from one division (32-bit where the piece's row-major
+// indices fit, `narrow`). A run that lies inside one row of one tile, whose
+// operands are 16-byte (fp32) and 8-byte (codes) aligned (`vec`: the
+// piece's base pointers are; runs start at multiples of kPieceRun), moves
+// as two float4 and one uint2; the rest (tile borders, a piece's tail,
+// unaligned pieces) element by element. Both give the same bits.
 constexpr int kPieceRun = 8;
 
-__device__ __forceinline__ void LocateInPiece(const TiledPieceArgs& p, int64_t i, int64_t& row, int64_t& col) {
+__device__ __forceinline__ void LocateInPiece(const TiledPieceArgs& p, bool narrow, int64_t i, int64_t& row,
+                                              int64_t& col) {
   const int64_t f = p.start + i;
-  row = f / p.cols;
-  col = f - row * p.cols;
+  if (narrow) {
+    const uint32_t f32 = static_cast<uint32_t>(f), c32 = static_cast<uint32_t>(p.cols);
+    const uint32_t r = f32 / c32;
+    row = r;
+    col = f32 - r * c32;
+  } else {
+    row = f / p.cols;
+    col = f - row * p.cols;
+  }
 }
 
 __device__ __forceinline__ int64_t TileAt(const TiledPieceArgs& p, int64_t tiles_per_row, int64_t row, int64_t col) {
   return p.first_tile + (row >> 7) * tiles_per_row + (col >> 7);
 }
 
+// Whether the run of kPieceRun elements from (row, col) lies in one tile
+// row segment: the vector path may take it.
+__device__ __forceinline__ bool RunInOneTile(const TiledPieceArgs& p, int64_t i0, int64_t col) {
+  return i0 + kPieceRun <= p.numel && col + kPieceRun <= p.cols && (col >> 7) == ((col + kPieceRun - 1) >> 7);
+}
+
+__device__ __forceinline__ void Load8(const float* x, float* v) {
+  const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 // The loop is warp-uniform (one run of 32 x kPieceRun elements per warp
 // and turn), so the lanes of a warp that end on the same tile merge their
 // maxima before one atomic; a run crossing a tile border flushes the part
 // before it on its own. Non-negative floats order like their bits.
-__global__ void TiledPieceAmaxKernel(const float* __restrict__ x, TiledPieceArgs p, float* amax) {
+__global__ void TiledPieceAmaxKernel(const float* __restrict__ x, TiledPieceArgs p, bool narrow, bool vec,
+                                     float* amax) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
   const int64_t tiles_per_row = (p.cols + 127) / 128;
@@ -1255,19 +1281,29 @@ __global__ void TiledPieceAmaxKernel(const float* __restrict__ x, TiledPieceArgs
     float m = 0.0f;
     if (i0 < p.numel) {
       int64_t row, col;
-      LocateInPiece(p, i0, row, col);
+      LocateInPiece(p, narrow, i0, row, col);
       tile = TileAt(p, tiles_per_row, row, col);
-      const int64_t end = i0 + kPieceRun < p.numel ? i0 + kPieceRun : p.numel;
-      for (int64_t i = i0; i < end; ++i) {
-        const long long t = TileAt(p, tiles_per_row, row, col);
-        if (t != tile) {
-          if (m > 0.0f) atomicMax(reinterpret_cast<unsigned*>(amax + tile), __float_as_uint(m));
-          tile = t;
-          m = 0.0f;
+      if (vec && RunInOneTile(p, i0, col)) {
+        float v[kPieceRun];
+        Load8(x + i0, v);
+#pragma unroll
+        for (int j = 0; j < kPieceRun; ++j) {
+          const float a = fabsf(v[j]);
+          if (a > m) m = a;  // NaN is never greater
         }
-        const float a = fabsf(x[i]);
-        if (a > m) m = a;  // NaN is never greater
-        if (++col == p.cols) col = 0, ++row;
+      } else {
+        const int64_t end = i0 + kPieceRun < p.numel ? i0 + kPieceRun : p.numel;
+        for (int64_t i = i0; i < end; ++i) {
+          const long long t = TileAt(p, tiles_per_row, row, col);
+          if (t != tile) {
+            if (m > 0.0f) atomicMax(reinterpret_cast<unsigned*>(amax + tile), __float_as_uint(m));
+            tile = t;
+            m = 0.0f;
+          }
+          const float a = fabsf(x[i]);
+          if (a > m) m = a;
+          if (++col == p.cols) col = 0, ++row;
+        }
       }
     }
     const unsigned group = __match_any_sync(0xffffffffu, tile);
@@ -1283,7 +1319,8 @@ __global__ void TileScalesKernel(const float* amax, int64_t n, float fmax, float
 
 template <bool kQuantize>
 __global__ void TiledPieceCodeKernel(const float* __restrict__ x, const uint8_t* __restrict__ q_in, TiledPieceArgs p,
-                                     const float* __restrict__ scales, bool e5m2, float* x_out, uint8_t* q_out) {
+                                     bool narrow, bool vec, const float* __restrict__ scales, bool e5m2,
+                                     float* x_out, uint8_t* q_out) {
   const minifloat::Spec spec = e5m2 ? minifloat::E5M2() : minifloat::E4M3();
   const int64_t tiles_per_row = (p.cols + 127) / 128;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -1291,7 +1328,33 @@ __global__ void TiledPieceCodeKernel(const float* __restrict__ x, const uint8_t*
        c += threads) {
     const int64_t i0 = c * kPieceRun, end = i0 + kPieceRun < p.numel ? i0 + kPieceRun : p.numel;
     int64_t row, col;
-    LocateInPiece(p, i0, row, col);
+    LocateInPiece(p, narrow, i0, row, col);
+    if (vec && RunInOneTile(p, i0, col)) {
+      const float s = scales[TileAt(p, tiles_per_row, row, col)];
+      if (kQuantize) {
+        const float factor = __frcp_rn(s);  // as minifloat::Reciprocal
+        float v[kPieceRun];
+        Load8(x + i0, v);
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          lo |= static_cast<uint32_t>(minifloat::Encode(spec, v[j] * factor)) << (8 * j);
+          hi |= static_cast<uint32_t>(minifloat::Encode(spec, v[j + 4] * factor)) << (8 * j);
+        }
+        *reinterpret_cast<uint2*>(q_out + i0) = make_uint2(lo, hi);
+      } else {
+        const uint2 q = *reinterpret_cast<const uint2*>(q_in + i0);
+        float v[kPieceRun];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          v[j] = minifloat::Decode(spec, static_cast<uint8_t>(q.x >> (8 * j))) * s;
+          v[j + 4] = minifloat::Decode(spec, static_cast<uint8_t>(q.y >> (8 * j))) * s;
+        }
+        *reinterpret_cast<float4*>(x_out + i0) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4*>(x_out + i0 + 4) = make_float4(v[4], v[5], v[6], v[7]);
+      }
+      continue;
+    }
     int64_t tile = -1;
     float factor = 0.0f;  // 1 / scale (quantize) or scale (dequantize)
     for (int64_t i = i0; i < end; ++i) {
@@ -1310,6 +1373,12 @@ __global__ void TiledPieceCodeKernel(const float* __restrict__ x, const uint8_t*
   }
 }
 
+// Launch switches of a piece: 32-bit indices, vector path.
+bool Narrow(const TiledPieceArgs& p) { return p.start + p.numel <= 0xffffffffll && p.cols <= 0xffffffffll; }
+bool Aligned(const void* fp32, const void* codes) {
+  return reinterpret_cast<uintptr_t>(fp32) % 16 == 0 && reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+}
+
 unsigned PieceGrid(int64_t numel) {
   const unsigned g = cuda_util::GridFor((numel + kPieceRun - 1) / kPieceRun, 256);
   return g < 4096u ? (g > 0 ? g : 1u) : 4096u;
@@ -1319,7 +1388,8 @@ unsigned PieceGrid(int64_t numel) {
 
 cudaError_t TiledPieceAmax(const float* x, const TiledPieceArgs& p, float* amax, void* stream) {
   if (p.numel == 0) return cudaSuccess;
-  TiledPieceAmaxKernel<<<PieceGrid(p.numel), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, p, amax);
+  TiledPieceAmaxKernel<<<PieceGrid(p.numel), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, p, Narrow(p), Aligned(x, nullptr), amax);
   return cudaGetLastError();
 }
 
@@ -1334,7 +1404,7 @@ cudaError_t QuantizeTiledPiece(const float* x, const TiledPieceArgs& p, const fl
                                uint8_t* q, void* stream) {
   if (p.numel == 0) return cudaSuccess;
   TiledPieceCodeKernel<true><<<PieceGrid(p.numel), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      x, nullptr, p, scales, format == 2, nullptr, q);
+      x, nullptr, p, Narrow(p), Aligned(x, q), scales, format == 2, nullptr, q);
   return cudaGetLastError();
 }
 
@@ -1342,7 +1412,7 @@ cudaError_t DequantizeTiledPiece(const uint8_t* q, const TiledPieceArgs& p, cons
                                  float* x, void* stream) {
   if (p.numel == 0) return cudaSuccess;
   TiledPieceCodeKernel<false><<<PieceGrid(p.numel), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      nullptr, q, p, scales, format == 2, x, nullptr);
+      nullptr, q, p, Narrow(p), Aligned(x, q), scales, format == 2, x, nullptr);
   return cudaGetLastError();
 }
 
