@@ -126,7 +126,99 @@ __global__ void FinishColumnSums(const float* __restrict__ part, int64_t chunks,
   }
 }
 
+// One 128 x 128 tile (one scale) per block of 256 threads, through shared
+// memory rows of 132 bytes (33 words: the column reads below hit 32
+// different banks). kVec (every pointer 16-byte aligned, rows and cols
+// multiples of 16): rows are read and copied as 16-byte words, 8 threads
+// per row; the transpose is written as 16-byte words, 8 threads per output
+// row of 128 bytes, each gathering its 16 bytes from 16 tile rows (in an
+// order rotated by its position, so the warp's reads spread over the
+// banks). Otherwise byte by byte. The thread that starts a tile places its
+// scale in both layouts.
+constexpr int kCodeTile = 128;
+constexpr int kCodeStride = kCodeTile + 4;
+
+template <bool kVec>
+__global__ void Fp8WeightFromCodesKernel(const uint8_t* __restrict__ q,
+                                         const float* __restrict__ tile_scales, int64_t rows,
+                                         int64_t cols, uint8_t* __restrict__ w_q,
+                                         float* __restrict__ w_scales, int64_t w_stride,
+                                         uint8_t* __restrict__ wt_q, float* __restrict__ wt_scales,
+                                         int64_t wt_stride) {
+  __shared__ uint32_t tile[kCodeTile * kCodeStride / 4];
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(tile);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kCodeTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kCodeTile;
+  const int t = threadIdx.x;
+  if (kVec) {
+    for (int i = t; i < kCodeTile * kCodeTile / 16; i += blockDim.x) {
+      const int r = i / 8, c = (i % 8) * 16;
+      const int64_t gr = r0 + r, gc = c0 + c;
+      if (gr >= rows || gc >= cols) continue;
+      const uint4 v = *reinterpret_cast<const uint4*>(q + gr * cols + gc);
+      *reinterpret_cast<uint4*>(w_q + gr * cols + gc) = v;
+      uint32_t* row = tile + r * (kCodeStride / 4) + c / 4;
+      row[0] = v.x, row[1] = v.y, row[2] = v.z, row[3] = v.w;
+    }
+    __syncthreads();
+    for (int i = t; i < kCodeTile * kCodeTile / 16; i += blockDim.x) {
+      const int c = i / 8, part = i % 8, rb = part * 16;
+      const int64_t gc = c0 + c, gr = r0 + rb;
+      if (gc >= cols || gr >= rows) continue;
+      uint32_t word[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int k = (j + 2 * part) % 16;
+        word[k / 4] |= static_cast<uint32_t>(bytes[(rb + k) * kCodeStride + c]) << (8 * (k % 4));
+      }
+      *reinterpret_cast<uint4*>(wt_q + gc * rows + gr) = make_uint4(word[0], word[1], word[2], word[3]);
+    }
+  } else {
+    for (int i = t; i < kCodeTile * kCodeTile; i += blockDim.x) {
+      const int r = i / kCodeTile, c = i % kCodeTile;
+      const int64_t gr = r0 + r, gc = c0 + c;
+      if (gr >= rows || gc >= cols) continue;
+      const uint8_t v = q[gr * cols + gc];
+      w_q[gr * cols + gc] = v;
+      bytes[r * kCodeStride + c] = v;
+    }
+    __syncthreads();
+    for (int i = t; i < kCodeTile * kCodeTile; i += blockDim.x) {
+      const int c = i / kCodeTile, r = i % kCodeTile;
+      const int64_t gc = c0 + c, gr = r0 + r;
+      if (gc >= cols || gr >= rows) continue;
+      wt_q[gc * rows + gr] = bytes[r * kCodeStride + c];
+    }
+  }
+  if (t == 0) {
+    const int64_t ti = blockIdx.y, tj = blockIdx.x, tile_cols = (cols + kCodeTile - 1) / kCodeTile;
+    const float scale = tile_scales[ti * tile_cols + tj];
+    w_scales[ti * w_stride + tj] = scale;
+    wt_scales[tj * wt_stride + ti] = scale;
+  }
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 }  // namespace
+
+cudaError_t Fp8WeightFromCodes(const uint8_t* q, const float* tile_scales, int64_t rows,
+                               int64_t cols, uint8_t* w_q, float* w_scales, int64_t w_stride,
+                               uint8_t* wt_q, float* wt_scales, int64_t wt_stride, void* stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const int64_t gx = (cols + kCodeTile - 1) / kCodeTile, gy = (rows + kCodeTile - 1) / kCodeTile;
+  if (gy > 65535 || gx > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (rows % 16 == 0 && cols % 16 == 0 && Aligned16(q) && Aligned16(w_q) && Aligned16(wt_q)) {
+    Fp8WeightFromCodesKernel<true><<<grid, 256, 0, s>>>(q, tile_scales, rows, cols, w_q, w_scales,
+                                                        w_stride, wt_q, wt_scales, wt_stride);
+  } else {
+    Fp8WeightFromCodesKernel<false><<<grid, 256, 0, s>>>(q, tile_scales, rows, cols, w_q, w_scales,
+                                                         w_stride, wt_q, wt_scales, wt_stride);
+  }
+  return cudaGetLastError();
+}
 
 cudaError_t CastToBf16(const float* in, void* out, int64_t n, void* stream) {
   if (n == 0) return cudaSuccess;

@@ -109,6 +109,21 @@ class LinearContext {
   // The weight changed: the next FP8 GEMM re-quantizes it.
   void InvalidateWeight();
 
+  // Hands the context the FP8 form of the weight w [N, K] made elsewhere
+  // (FSDP's FP8 all-gather, worker/dist/fp8_all_gather.h): `codes` [N, K]
+  // E4M3 (uint8 or e4m3 dtype) and `tile_scales` [ceil(N/128) *
+  // ceil(K/128)] fp32, row-major over the 128x128 tiles, as kernels/quant/
+  // quantize.h's k128x128 Quantize (and its tiled pieces) code and scale a
+  // weight. The FP8 GEMMs of the next calls on w (same data pointer and
+  // shape) use them and their transpose instead of quantizing w, until
+  // InvalidateWeight. When the codes are Quantize(w)'s, the GEMMs compute
+  // exactly what they would have; when w is only their dequantized copy,
+  // this skips a second rounding (re-quantizing the copy may move a tile's
+  // scale in its last bits). Codes and scales are copied (stream-ordered on
+  // `stream`, a cudaStream_t); CUDA only.
+  absl::Status SetWeight(const TensorView& w, const TensorView& codes,
+                         const TensorView& tile_scales, void* stream = nullptr);
+
   // The cached operands; only the implementation (linear_cuda.cc) sees
   // inside.
   struct State;

@@ -535,6 +535,50 @@ LinearContext::LinearContext() : state_(new State) {}
 LinearContext::~LinearContext() { delete state_; }
 void LinearContext::InvalidateWeight() { state_->w.valid = false; }
 
+absl::Status LinearContext::SetWeight(const TensorView& w, const TensorView& codes,
+                                      const TensorView& tile_scales, void* stream) {
+  using linear_internal::LayoutFor;
+  const auto fail = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("LinearContext::SetWeight: ", why, " (w ",
+                                                   w.DebugString(), ", codes ",
+                                                   codes.DebugString(), ", scales ",
+                                                   tile_scales.DebugString(), ")"));
+  };
+  if (w.rank() != 2 || w.device != Device::kCuda) return fail("w must be a CUDA matrix");
+  const int64_t n = w.dim(0), k = w.dim(1);
+  if (codes.device != Device::kCuda || codes.numel() != n * k || DTypeSize(codes.dtype) != 1) {
+    return fail("codes must be w's shape in one-byte elements on CUDA");
+  }
+  const int64_t tiles = ((n + 127) / 128) * ((k + 127) / 128);
+  if (tile_scales.device != Device::kCuda || tile_scales.dtype != DType::kFloat32 ||
+      tile_scales.numel() != tiles) {
+    return fail(absl::StrCat("tile_scales must be ", tiles, " fp32 on CUDA"));
+  }
+  State& st = *state_;
+  st.w.valid = false;
+  RECFLEET_RETURN_IF_ERROR(st.w.Reserve(ScaleBlock::k128x128, n, k));
+  RECFLEET_RETURN_IF_ERROR(st.wt.Reserve(ScaleBlock::k128x128, k, n));
+  const auto s = static_cast<cudaStream_t>(stream);
+  const linear_internal::ScaleLayout lw = LayoutFor(ScaleBlock::k128x128, n, k);
+  const linear_internal::ScaleLayout lt = LayoutFor(ScaleBlock::k128x128, k, n);
+  // Padding scales are never read for real blocks; keep them finite, as
+  // the quantize pass does.
+  for (const auto& [slot, l] : {std::pair{&st.w, lw}, {&st.wt, lt}}) {
+    if (l.count == l.used) continue;
+    RECFLEET_RETURN_IF_ERROR(CudaStatus(
+        cudaMemsetAsync(slot->scales.get<float>(), 0, l.count * sizeof(float), s), "clear scales"));
+  }
+  RECFLEET_RETURN_IF_ERROR(CudaStatus(
+      gemm_cuda::Fp8WeightFromCodes(static_cast<const uint8_t*>(codes.data),
+                                    static_cast<const float*>(tile_scales.data), n, k,
+                                    st.w.q.get<uint8_t>(), st.w.scales.get<float>(), lw.stride_row,
+                                    st.wt.q.get<uint8_t>(), st.wt.scales.get<float>(),
+                                    lt.stride_row, stream),
+      "FP8 weight from codes"));
+  st.w.Record(linear_internal::Operand{w, false, ScaleBlock::k128x128});
+  return absl::OkStatus();
+}
+
 }  // namespace recfleet
 
 namespace recfleet::linear_internal {

@@ -4,8 +4,12 @@
 // accumulation order and the tensor cores' accumulator: a wrong scale
 // layout or transpose shows up as O(1) errors.
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <functional>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -13,6 +17,7 @@
 #include "kernels/base/formats.h"
 #include "kernels/base/test_random.h"
 #include "kernels/gemm/linear.h"
+#include "kernels/quant/quantize.h"
 
 namespace recfleet {
 namespace {
@@ -155,6 +160,162 @@ TEST(LinearCudaTest, ContextReusesQuantizedOperandsExactly) {
                     .ok());
     EXPECT_LT(RelativeL2(dw.ToHost<float>(), want), options ? 2e-2 : 1e-3);
   }
+}
+
+// Codes handed in (LinearContext::SetWeight, as FSDP's FP8 all-gather does)
+// are what the FP8 GEMMs then use: given Quantize(w)'s own codes and tile
+// scales, forward, dgrad and wgrad equal the context that quantizes w itself,
+// bit for bit; given another weight's codes they compute with that weight
+// (so nothing re-quantizes w); InvalidateWeight returns to quantizing w.
+// Partial tiles (208 x 272) and tile scales spread over 2^12, so a scale in
+// the wrong tile or a wrong transpose shows.
+TEST(LinearCudaTest, SetWeightUsesTheCodesItIsGiven) {
+  const int64_t m = 256, n = 208, k = 272;
+  const DType f32 = DType::kFloat32;
+  const LinearRecipe r{GemmPrecision::kFp8Block, GemmPrecision::kFp8Block,
+                       GemmPrecision::kFp8Block};
+  auto spread_weight = [&] {
+    std::vector<float> w(n * k);
+    std::vector<double> v = RandomDoubles(n * k, -1, 1);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < k; ++j) {
+        w[i * k + j] = static_cast<float>(v[i * k + j] * std::ldexp(1.0, -int((i / 128 * 5 + j / 128 * 3) % 13)));
+      }
+    }
+    return w;
+  };
+  const std::vector<float> hw = spread_weight(), hw2 = spread_weight();
+  DeviceBuffer x(RandomTensor(f32, m * k)), dy(RandomTensor(f32, m * n)), w(hw), w2(hw2);
+  const Shape tiles = QuantScaleShape(n, k, ScaleBlock::k128x128);
+  const int64_t num_tiles = tiles[0] * tiles[1];
+  const DType e4m3 = DType::kFloat8E4M3;
+  DeviceBuffer q(n * k), scales(num_tiles * 4), q2(n * k), scales2(num_tiles * 4);
+  for (auto [weight, codes, sc] : {std::tuple{&w, &q, &scales}, {&w2, &q2, &scales2}}) {
+    const absl::Status s = Quantize(weight->View(f32, {n, k}), QuantizeConfig{ScaleBlock::k128x128},
+                                    false, codes->View(e4m3, {n, k}), sc->View(f32, tiles));
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  auto step = [&](DeviceBuffer& weight, LinearContext* ctx) {
+    DeviceBuffer y(m * n * 4), dx(m * k * 4), dw(n * k * 4);
+    EXPECT_TRUE(LinearForward(x.View(f32, {m, k}), weight.View(f32, {n, k}), TensorView(),
+                              y.View(f32, {m, n}), r, nullptr, ctx)
+                    .ok());
+    EXPECT_TRUE(LinearBackwardInput(dy.View(f32, {m, n}), weight.View(f32, {n, k}),
+                                    dx.View(f32, {m, k}), r, nullptr, ctx)
+                    .ok());
+    EXPECT_TRUE(LinearBackwardWeight(dy.View(f32, {m, n}), x.View(f32, {m, k}),
+                                     dw.View(f32, {n, k}), TensorView(), false, r, nullptr, ctx)
+                    .ok());
+    return std::vector<std::vector<float>>{y.ToHost<float>(), dx.ToHost<float>(),
+                                           dw.ToHost<float>()};
+  };
+  LinearContext own, given;
+  const auto want = step(w, &own), want2 = step(w2, nullptr);
+  ASSERT_TRUE(given.SetWeight(w.View(f32, {n, k}), q.View(e4m3, {n, k}),
+                              scales.View(f32, {num_tiles}))
+                  .ok());
+  EXPECT_EQ(step(w, &given), want) << "w's own codes";
+  EXPECT_EQ(step(w, &given), want) << "again, still cached";
+  // Codes not 16-byte aligned take the kernel's byte-wise path.
+  DeviceBuffer shifted(n * k + 8);
+  CudaOrDie(cudaMemcpy(static_cast<char*>(shifted.get()) + 8, q.get(), n * k, cudaMemcpyDeviceToDevice),
+            "shift codes");
+  LinearContext unaligned;
+  ASSERT_TRUE(unaligned
+                  .SetWeight(w.View(f32, {n, k}),
+                             MakeView(static_cast<char*>(shifted.get()) + 8, e4m3, {n, k}, Device::kCuda),
+                             scales.View(f32, {num_tiles}))
+                  .ok());
+  EXPECT_EQ(step(w, &unaligned), want) << "unaligned codes";
+  ASSERT_TRUE(given.SetWeight(w.View(f32, {n, k}), q2.View(e4m3, {n, k}),
+                              scales2.View(f32, {num_tiles}))
+                  .ok());
+  const auto got2 = step(w, &given);
+  EXPECT_EQ(got2[0], want2[0]) << "forward with w2's codes";
+  EXPECT_EQ(got2[1], want2[1]) << "dgrad with w2's codes";
+  given.InvalidateWeight();
+  EXPECT_EQ(step(w, &given), want) << "after InvalidateWeight";
+  // Shapes are checked.
+  EXPECT_FALSE(given.SetWeight(w.View(f32, {n, k}), q.View(e4m3, {k, n - 16}),
+                               scales.View(f32, {num_tiles}))
+                   .ok());
+  EXPECT_FALSE(given.SetWeight(w.View(f32, {n, k}), q.View(e4m3, {n, k}),
+                               scales.View(f32, {tiles[0]}))
+                   .ok());
+}
+
+// The same at the size of a large layer, 8,192 x 8,192 (4,096 tiles): the
+// forward from handed-in codes equals the self-quantizing one bit for bit,
+// and the time to take the codes (copy + transpose, 1 byte in and 2 out per
+// element) is printed beside the time the context takes to quantize the
+// fp32 weight into W and W^T (4 bytes in, 2 out), medians of 20
+// CUDA-event-timed calls.
+TEST(LinearCudaTest, SetWeightAtScale) {
+  const int64_t m = 128, n = 8192, k = 8192;
+  const DType f32 = DType::kFloat32, e4m3 = DType::kFloat8E4M3;
+  const LinearRecipe r{GemmPrecision::kFp8Block, GemmPrecision::kFp8Block,
+                       GemmPrecision::kFp8Block};
+  const Shape tiles = QuantScaleShape(n, k, ScaleBlock::k128x128);
+  const int64_t num_tiles = tiles[0] * tiles[1];
+  DeviceBuffer x(RandomTensor(f32, m * k)), w(RandomTensor(f32, n * k)), q(n * k),
+      scales(num_tiles * 4), y(m * n * 4);
+  ASSERT_TRUE(Quantize(w.View(f32, {n, k}), QuantizeConfig{ScaleBlock::k128x128}, false,
+                       q.View(e4m3, {n, k}), scales.View(f32, tiles))
+                  .ok());
+  LinearContext own, given;
+  auto forward = [&](LinearContext* ctx) {
+    EXPECT_TRUE(LinearForward(x.View(f32, {m, k}), w.View(f32, {n, k}), TensorView(),
+                              y.View(f32, {m, n}), r, nullptr, ctx)
+                    .ok());
+    return y.ToHost<float>();
+  };
+  const std::vector<float> want = forward(&own);
+  ASSERT_TRUE(given.SetWeight(w.View(f32, {n, k}), q.View(e4m3, {n, k}),
+                              scales.View(f32, {num_tiles}))
+                  .ok());
+  EXPECT_EQ(forward(&given), want);
+  cudaEvent_t start, stop;
+  CudaOrDie(cudaEventCreate(&start), "event");
+  CudaOrDie(cudaEventCreate(&stop), "event");
+  auto median_ms = [&](const std::function<void()>& fn) {
+    std::vector<float> ms;
+    for (int i = 0; i < 23; ++i) {
+      CudaOrDie(cudaEventRecord(start), "record");
+      fn();
+      CudaOrDie(cudaEventRecord(stop), "record");
+      CudaOrDie(cudaEventSynchronize(stop), "sync");
+      float t = 0;
+      CudaOrDie(cudaEventElapsedTime(&t, start, stop), "elapsed");
+      if (i >= 3) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  // The context's own weight quantization (W and W^T from one read of the
+  // fp32 weight): a forward after InvalidateWeight less a forward on the
+  // cached weight.
+  auto forward_only = [&](LinearContext* ctx) {
+    EXPECT_TRUE(LinearForward(x.View(f32, {m, k}), w.View(f32, {n, k}), TensorView(),
+                              y.View(f32, {m, n}), r, nullptr, ctx)
+                    .ok());
+  };
+  const float cached_ms = median_ms([&] { forward_only(&own); });
+  const float requantized_ms = median_ms([&] {
+    own.InvalidateWeight();
+    forward_only(&own);
+  });
+  const float quantize_ms = requantized_ms - cached_ms;
+  const float set_ms = median_ms([&] {
+    EXPECT_TRUE(given.SetWeight(w.View(f32, {n, k}), q.View(e4m3, {n, k}),
+                                scales.View(f32, {num_tiles}))
+                    .ok());
+  });
+  std::printf("8192 x 8192 weight: SetWeight (codes -> W, W^T) %.3f ms; the context quantizing "
+              "the fp32 weight into W and W^T %.3f ms (forward %.3f ms after InvalidateWeight, "
+              "%.3f ms cached)\n",
+              set_ms, quantize_ms, requantized_ms, cached_ms);
+  CudaOrDie(cudaEventDestroy(start), "event");
+  CudaOrDie(cudaEventDestroy(stop), "event");
 }
 
 // The Hadamard + stochastic wgrad alone at M = 200 (not even a multiple of
