@@ -923,6 +923,17 @@ TensorView GemLite<T>::DenseParameterView(const std::string& name) const {
 }
 
 template <typename T>
+absl::Status GemLite<T>::UseFp8Weight(const std::string& name, const TensorView& codes,
+                                      const TensorView& tile_scales) {
+  layers::Parameter* p = impl_->params.Find(name);
+  if (p == nullptr) return absl::NotFoundError(absl::StrCat("no dense parameter ", name));
+  if (!p->use_fp8_form) {
+    return absl::FailedPreconditionError(absl::StrCat("no FP8 GEMM reads dense parameter ", name));
+  }
+  return p->use_fp8_form(codes, tile_scales);
+}
+
+template <typename T>
 void GemLite<T>::DenseParametersWritten() {
   impl_->params.ValuesWritten();
 }

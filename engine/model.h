@@ -278,6 +278,14 @@ class GemLite {
   // bf16 copies once.
   TensorView DenseParameterView(const std::string& name) const;
   void DenseParametersWritten();
+  // CUDA: hands dense weight `name`'s FP8 form (codes [out, in] E4M3 and
+  // its 128x128 tiles' scales) to the layer whose FP8 GEMMs read it; they
+  // use it from then on instead of quantizing the value, until the next
+  // call (layers::Linear::UseGivenFp8Weight). For a caller that writes the
+  // value as those codes' dequantized values (FSDP's FP8 all-gather).
+  // NotFound for an unknown name, FailedPrecondition where no FP8 GEMM
+  // reads it.
+  absl::Status UseFp8Weight(const std::string& name, const TensorView& codes, const TensorView& tile_scales);
   // Whether the next forward reads the bf16 weight copies as they are
   // (written by the last AdamW pass or refresh) instead of re-rounding them:
   // false on the CPU, with no copies, or with a mutable view out.

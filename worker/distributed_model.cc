@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
   }
   // The CPU engine computes in fp32: there the recipe's FP8 modules only
   // name the weights the all-gather carries as FP8. The CUDA engine runs
-  // their GEMMs in FP8 on the gathered copy.
+  // their GEMMs in FP8 on the gathered codes (UnitToEngine).
   engine::GemLiteConfig compute = config;
   if (config.fp8.fp8_all_gather && m->device_ == Device::kCpu) compute.fp8 = engine::Fp8Recipe();
   absl::StatusOr<std::unique_ptr<engine::GemLite<float>>> model =
@@ -163,6 +163,7 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
     const std::vector<std::string> names = m->model_->DenseParameterNames();
     for (Unit& unit : m->units_) {
       std::vector<dist::Fp8Matrix> fp8_matrices;
+      std::vector<std::string> fp8_names;
       for (const int i : unit.params) {
         if (!absl::EndsWith(names[i], ".w") || !config.fp8.Holds(names[i].substr(0, names[i].size() - 2))) continue;
         const TensorView& w = m->dense_params_[i];
@@ -174,12 +175,15 @@ absl::StatusOr<std::unique_ptr<DistributedModel>> DistributedModel::Create(const
         // precision: its weight travels fp32 too.
         if (!Fp8GemmTakesWeight(w.dim(0), w.dim(1))) continue;
         fp8_matrices.push_back({m->Compact(m->dense_offsets_[i]) - unit.span.first, w.dim(0), w.dim(1)});
+        fp8_names.push_back(names[i]);
       }
       if (fp8_matrices.empty()) continue;
-      absl::StatusOr<dist::Fp8AllGather> gather =
-          dist::Fp8AllGather::Create(unit.fsdp->layout(), groups->fsdp(), std::move(fp8_matrices));
+      // A CUDA engine's FP8 GEMMs take the gathered codes themselves.
+      absl::StatusOr<dist::Fp8AllGather> gather = dist::Fp8AllGather::Create(
+          unit.fsdp->layout(), groups->fsdp(), std::move(fp8_matrices), /*keep_codes=*/m->device_ == Device::kCuda);
       if (!gather.ok()) return gather.status();
       unit.fp8.emplace(*std::move(gather));
+      unit.fp8_names = std::move(fp8_names);
     }
   }
   // Every rank built the same initial parameters (the engine seeds them
@@ -338,6 +342,20 @@ absl::Status DistributedModel::CopyExperts(const std::vector<TensorView>& views,
   return absl::OkStatus();
 }
 
+absl::Status DistributedModel::UnitToEngine(int u) {
+  if (absl::Status s = CopyUnit(u, dense_params_, full_, true); !s.ok()) return s;
+  const Unit& unit = units_[u];
+  if (!unit.fp8 || device_ != Device::kCuda) return absl::OkStatus();
+  for (size_t i = 0; i < unit.fp8_names.size(); ++i) {
+    const int m = static_cast<int>(i);
+    if (absl::Status s = model_->UseFp8Weight(unit.fp8_names[i], unit.fp8->codes(m), unit.fp8->tile_scales(m));
+        !s.ok()) {
+      return absl::InternalError(absl::StrCat("fp8 all-gather: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int64_t DistributedModel::dense_gather_bytes() const {
   int64_t bytes = 0;
   for (const Unit& u : units_) {
@@ -358,7 +376,7 @@ absl::Status DistributedModel::GatherForStep() {
     const absl::Status gathered = units_[u].fp8 ? units_[u].fp8->AllGather(UnitShard(shard_, u), UnitFull(full_, u))
                                                 : units_[u].fsdp->AllGather(UnitShard(shard_, u), UnitFull(full_, u));
     if (!gathered.ok()) return gathered;
-    if (absl::Status s = CopyUnit(u, dense_params_, full_, true); !s.ok()) return s;
+    if (absl::Status s = UnitToEngine(u); !s.ok()) return s;
   }
   return CopyExperts(dense_params_, expert_value_, true);
 }
@@ -393,7 +411,7 @@ absl::Status DistributedModel::MakeReady(int u) {
     if (v + 1 < static_cast<int>(units_.size())) {
       if (absl::Status s = Waited([&] { return StartGather(v + 1); }); !s.ok()) return s;
     }
-    if (absl::Status s = CopyUnit(v, dense_params_, full_, true); !s.ok()) return s;
+    if (absl::Status s = UnitToEngine(v); !s.ok()) return s;
     ++ready_units_;
   }
   return absl::OkStatus();

@@ -86,11 +86,13 @@
 // trains on the same dequantized copy, while the shard and its AdamW
 // moments stay fp32. The copy is quantized in the FP8 GEMMs' own
 // 128x128 tiles with the whole tiles' scales, whichever rank holds which
-// part. The CPU engine computes those layers in fp32 on that copy; the
-// CUDA engine (NCCL ranks) runs their GEMMs in FP8 on it, and its
-// quantization of the copy gives the same codes (scales equal to within
-// fp32 rounding), so the weights are rounded once, as without the FP8
-// gather. The
+// part. The CPU engine computes those layers in fp32 on that copy. The
+// CUDA engine (NCCL ranks) runs their GEMMs in FP8 on the gathered codes
+// and tile scales themselves (GemLite::UseFp8Weight): exactly the operands
+// those GEMMs make of the fp32 weights without the FP8 gather, and no
+// weight quantization left in the step; the dequantized copy serves the
+// layers' other GEMMs (bf16 ones, eval batches the FP8 GEMMs cannot take).
+// The
 // experts of an expert-parallel group are not in the FSDP buffer and are
 // not quantized. Each unit holding FP8 weights gathers FP8 on its own,
 // prefetched like the others (the unpack runs when the unit is made
@@ -209,6 +211,8 @@ class DistributedModel : public RankModel {
     // With the recipe's FP8 all-gather, when the unit holds FP8 weights: its
     // gathers (the reductions stay fsdp's).
     std::optional<dist::Fp8AllGather> fp8;
+    // The engine's names of fp8's matrices, in its order.
+    std::vector<std::string> fp8_names;
     // Element offsets of its shard in shard_ (and the moments and shard_grad_),
     // of its padded buffer in full_ and full_grad_.
     int64_t shard_at = 0, full_at = 0;
@@ -260,6 +264,9 @@ class DistributedModel : public RankModel {
   // unit u's in its padded buffer of `full` (full_ or full_grad_), this
   // rank's experts in `experts`; into the engine when `to_engine`.
   absl::Status CopyUnit(int u, const std::vector<TensorView>& views, const dist::DeviceBuffer& full, bool to_engine);
+  // Unit u's gathered values into the engine (CopyUnit) and, when they came
+  // FP8 to a CUDA engine, the gathered codes to its FP8 GEMMs.
+  absl::Status UnitToEngine(int u);
   absl::Status CopyExperts(const std::vector<TensorView>& views, const dist::DeviceBuffer& experts, bool to_engine);
   // Host copies of the optimizer state this rank stores, for checkpoints.
   struct HostState {

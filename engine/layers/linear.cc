@@ -55,6 +55,9 @@ Linear::Linear(const LayerContext& ctx, const std::string& name, int64_t in, int
   if (HasFp8(recipe_) && !Fp8GemmTakesWeight(out, in)) recipe_ = ctx.recipe;
   if (HasFp8(recipe_) && ctx.allocator->device() == Device::kCuda) {
     fp8_ = std::make_unique<LinearContext>();
+    w_.use_fp8_form = [this](const TensorView& codes, const TensorView& tile_scales) {
+      return UseGivenFp8Weight(codes, tile_scales);
+    };
   }
   // The shared bf16 path rounds W once per forward: the registry does it for
   // every such layer in one launch instead.
@@ -94,8 +97,9 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
   if (ctx_.flops != nullptr) ctx_.flops->linear += 2.0 * rows * in_ * out_;
   const TensorView bias = has_bias_ ? b_.value.view() : TensorView();
   if (!forward_shared_) {
-    // The weight may have changed since the last step: quantize it anew.
-    if (fp8_ != nullptr) fp8_->InvalidateWeight();
+    // The weight may have changed since the last step: quantize it anew
+    // (unless its writer gave its FP8 form).
+    if (fp8_ != nullptr && !fp8_weight_given_) fp8_->InvalidateWeight();
     return LinearForward(Reshaped(x, {rows, in_}), w_.value.view(), bias, y->view(),
                          RecipeFor(rows), ComputeStream(), Fp8ContextFor(rows));
   }
@@ -114,6 +118,15 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
     w_shared_ = w_bf16_.view();
   }
   return LinearForward(x_op, w_shared_, bias, y->view(), RecipeFor(rows), ComputeStream());
+}
+
+absl::Status Linear::UseGivenFp8Weight(const TensorView& codes, const TensorView& tile_scales) {
+  if (fp8_ == nullptr) {
+    return absl::FailedPreconditionError("Linear: no FP8 GEMM of this layer reads its weight");
+  }
+  RECFLEET_RETURN_IF_ERROR(fp8_->SetWeight(w_.value.view(), codes, tile_scales, ComputeStream()));
+  fp8_weight_given_ = true;
+  return absl::OkStatus();
 }
 
 bool Linear::SharesBf16Operands(const TensorView& x) const {

@@ -51,6 +51,17 @@ class Linear {
   // weight gradient then uses the new one throughout.
   void RebindInput(const TensorView& x) { x_ = x; }
 
+  // CUDA, a layer with an FP8 GEMM: from now on its FP8 GEMMs use `codes`
+  // [out, in] (E4M3) and `tile_scales` (128x128 tiles; kernels/gemm/
+  // linear.h LinearContext::SetWeight) as W's FP8 form instead of
+  // quantizing W at every Forward. For a W written together with its FP8
+  // form: FSDP's FP8 all-gather writes W as the codes' dequantized values
+  // and hands the codes over with each gather (worker/distributed_model.h),
+  // so the GEMMs take the gathered codes as they are. Whoever writes W
+  // afterwards gives its codes again (the layer keeps the last ones). The
+  // weight's Parameter::use_fp8_form calls this.
+  absl::Status UseGivenFp8Weight(const TensorView& codes, const TensorView& tile_scales);
+
   // CUDA with an all-bf16 recipe: every GEMM of the layer would round its
   // operands to bf16 itself, x and W twice each, dy twice. The layer rounds
   // each once instead: W and an fp32 x in Forward (x's copy kept for the
@@ -80,6 +91,7 @@ class Linear {
   uint64_t name_hash_;
   uint64_t forwards_ = 0;
   std::unique_ptr<LinearContext> fp8_;  // CUDA, when recipe_ has an FP8 GEMM.
+  bool fp8_weight_given_ = false;       // UseGivenFp8Weight was called.
   int64_t in_, out_;
   bool has_bias_;
   Parameter w_, b_;

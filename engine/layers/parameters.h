@@ -12,6 +12,7 @@
 // way every time. Not thread-safe.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -39,6 +40,9 @@ struct Parameter {
   // overwrites it (and clears the flag) instead of adding to it.
   bool overwrite_first = false;
   bool grad_pending = false;
+  // Set by a CUDA layer whose FP8 GEMMs read this weight
+  // (Linear::UseGivenFp8Weight): hands them the weight's FP8 form.
+  std::function<absl::Status(const TensorView& codes, const TensorView& tile_scales)> use_fp8_form;
 };
 
 // How a parameter starts: N(0, stddev^2) draws when stddev > 0, else every

@@ -26,6 +26,7 @@ Fp8AllGather::SlotLayout Fp8AllGather::LayoutOf(const FlatShardLayout& layout, i
     if (lo >= hi) continue;
     if (at < lo) s.rest.push_back({at - first, lo - first});
     s.pieces.push_back({lo - first, TiledPiece{hi - lo, lo - w.begin, w.cols, first_tiles[m]}});
+    s.piece_matrix.push_back(static_cast<int>(m));
     s.fp8_numel += hi - lo;
     at = hi;
   }
@@ -36,7 +37,7 @@ Fp8AllGather::SlotLayout Fp8AllGather::LayoutOf(const FlatShardLayout& layout, i
 }
 
 absl::StatusOr<Fp8AllGather> Fp8AllGather::Create(const FlatShardLayout& layout, comm::Communicator* group,
-                                                  std::vector<Fp8Matrix> matrices) {
+                                                  std::vector<Fp8Matrix> matrices, bool keep_codes) {
   if (group == nullptr) return absl::InvalidArgumentError("fp8 all-gather: group is null");
   if (layout.padded_numel != layout.shard_numel * group->size()) {
     return absl::InvalidArgumentError(absl::StrCat("fp8 all-gather: layout of ", layout.padded_numel,
@@ -52,14 +53,16 @@ absl::StatusOr<Fp8AllGather> Fp8AllGather::Create(const FlatShardLayout& layout,
     prev = w.end();
   }
   Fp8AllGather g(layout, group);
-  std::vector<int64_t> first_tiles;
+  int64_t code_bytes = 0;
   for (const Fp8Matrix& w : matrices) {
-    first_tiles.push_back(g.tiles_);
+    g.first_tiles_.push_back(g.tiles_);
     g.tiles_ += TileCount(w.rows, w.cols);
+    g.code_offsets_.push_back(code_bytes);
+    code_bytes += RoundUp(w.rows * w.cols, 16);
   }
   int64_t largest = 0;
   for (int r = 0; r < group->size(); ++r) {
-    g.slots_.push_back(LayoutOf(layout, r, matrices, first_tiles));
+    g.slots_.push_back(LayoutOf(layout, r, matrices, g.first_tiles_));
     g.fp8_numel_ += g.slots_.back().fp8_numel;
     largest = std::max(largest, g.slots_.back().bytes);
   }
@@ -75,7 +78,27 @@ absl::StatusOr<Fp8AllGather> Fp8AllGather::Create(const FlatShardLayout& layout,
     if (!b.ok()) return b.status();
     *buffer = *std::move(b);
   }
+  if (keep_codes && code_bytes > 0) {
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Zeros(device, static_cast<size_t>(code_bytes));
+    if (!b.ok()) return b.status();
+    g.codes_ = *std::move(b);
+  }
+  g.matrices_ = std::move(matrices);
   return g;
+}
+
+TensorView Fp8AllGather::codes(int i) const {
+  if (codes_.data() == nullptr) return TensorView();
+  const Fp8Matrix& w = matrices_[i];
+  return MakeView(static_cast<char*>(const_cast<void*>(codes_.data())) + code_offsets_[i], DType::kFloat8E4M3,
+                  {w.rows, w.cols}, group_->device());
+}
+
+TensorView Fp8AllGather::tile_scales(int i) const {
+  if (codes_.data() == nullptr) return TensorView();
+  const Fp8Matrix& w = matrices_[i];
+  return MakeView(static_cast<float*>(const_cast<void*>(scales_.data())) + first_tiles_[i], DType::kFloat32,
+                  {TileCount(w.rows, w.cols)}, group_->device());
 }
 
 absl::Status Fp8AllGather::CopyFloats(float* dst, const float* src, int64_t n) const {
@@ -140,10 +163,15 @@ absl::Status Fp8AllGather::UnpackAll(const TensorView& full) {
     const char* in = received + r * slot_bytes_;
     float* out = full.as<float>() + layout_.ShardOffset(r);
     int64_t at = 0;
-    for (const auto& [b, piece] : slot.pieces) {
+    for (size_t p = 0; p < slot.pieces.size(); ++p) {
+      const auto& [b, piece] = slot.pieces[p];
       const TensorView qv = MakeView(const_cast<char*>(in) + at, DType::kFloat8E4M3, {piece.numel}, device);
       const TensorView xv = MakeView(out + b, DType::kFloat32, {piece.numel}, device);
       if (absl::Status s = DequantizeTiledPiece(qv, piece, Tiles(scales_), xv); !s.ok()) return s;
+      if (codes_.data() != nullptr) {
+        char* to = static_cast<char*>(codes_.data()) + code_offsets_[slot.piece_matrix[p]] + piece.start;
+        if (absl::Status s = CopyOnDevice(device, to, in + at, static_cast<size_t>(piece.numel)); !s.ok()) return s;
+      }
       at += piece.numel;
     }
     const float* tail = reinterpret_cast<const float*>(in + slot.fp8_bytes);

@@ -21,10 +21,11 @@
 // the gather. A rank's slot: its FP8 elements, one byte each in buffer
 // order (16-byte aligned), then fp32 for every other element of its shard
 // (padding included): 1 byte per FP8 element against 2 for bf16 and 4 for
-// fp32. The dequantized copy is what the FP8 GEMMs quantize again: that
-// gives the same codes and the same scales to within fp32's rounding of
-// amax / 448, so training on it rounds the weights once, as the same
-// recipe does without the FP8 gather. Slots have the size of the largest
+// fp32. With keep_codes the whole matrices' codes and scales stay too, for
+// FP8 GEMMs to take as their weight operands (kernels/gemm/linear.h
+// LinearContext::SetWeight): exactly what they make of the fp32 weights.
+// (Quantizing the dequantized copy again gives the same codes, but scales
+// equal only to within fp32's rounding of amax / 448.) Slots have the size of the largest
 // rank's (every rank computes every rank's layout), rounded up to 16
 // bytes; the collective carries them as int32.
 //
@@ -66,8 +67,11 @@ class Fp8AllGather {
   // `matrices`: the weights to carry as FP8, sorted by `begin`, disjoint,
   // inside the layout's parameters. `group` is the FSDP group whose
   // `layout` this is (not owned; must outlive this object).
+  // With `keep_codes`, every gather also keeps each matrix's whole FP8 form
+  // (codes(), tile_scales()): 1 byte per FP8 element more, on the group's
+  // device.
   static absl::StatusOr<Fp8AllGather> Create(const FlatShardLayout& layout, comm::Communicator* group,
-                                             std::vector<Fp8Matrix> matrices);
+                                             std::vector<Fp8Matrix> matrices, bool keep_codes = false);
 
   // full [padded_numel] fp32 = every group rank's `shard` [shard_numel]
   // fp32, in order, with the FP8 matrices rounded as described above (the
@@ -92,11 +96,23 @@ class Fp8AllGather {
   // Elements of the flat buffer that travel as FP8.
   int64_t fp8_numel() const { return fp8_numel_; }
 
+  const std::vector<Fp8Matrix>& matrices() const { return matrices_; }
+  // With keep_codes, after a gather is unpacked (AllGather returned, or its
+  // started handle was made ready or waited for) and until the next one
+  // starts: matrix i's codes [rows, cols] (E4M3, row-major) and its tiles'
+  // scales [TileCount(rows, cols)] (row-major over the 128x128 tiles), what
+  // Quantize(w, {k128x128, E4M3}) gives for the whole matrix w; `full`
+  // holds their dequantized values. On CUDA they are written on the legacy
+  // default stream. Empty views without keep_codes.
+  TensorView codes(int i) const;
+  TensorView tile_scales(int i) const;
+
  private:
   // Where one rank's shard elements go in its slot.
   struct SlotLayout {
     // Shard-relative offset of each piece of an FP8 matrix, in order.
     std::vector<std::pair<int64_t, TiledPiece>> pieces;
+    std::vector<int> piece_matrix;  // Index into matrices_ of each piece.
     std::vector<std::pair<int64_t, int64_t>> rest;  // The other shard-relative ranges.
     int64_t fp8_numel = 0;
     int64_t fp8_bytes = 0;  // Of the FP8 part, 16-byte aligned.
@@ -120,10 +136,13 @@ class Fp8AllGather {
   FlatShardLayout layout_;
   comm::Communicator* group_;
   std::vector<SlotLayout> slots_;  // Per group rank.
+  std::vector<Fp8Matrix> matrices_;
+  std::vector<int64_t> first_tiles_, code_offsets_;  // Per matrix; offsets into codes_.
   int64_t slot_bytes_ = 0, fp8_numel_ = 0, tiles_ = 0;
   // On the group's device.
   DeviceBuffer send_, received_;  // Packed slots (int32 words).
   DeviceBuffer amax_, scales_;    // Per tile of every matrix, fp32.
+  DeviceBuffer codes_;            // keep_codes: every matrix's codes.
 };
 
 }  // namespace dist

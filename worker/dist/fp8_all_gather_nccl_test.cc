@@ -38,6 +38,9 @@ void SameBitsAsGloo(int group) {
   for (int r = 0; r < group; ++r) {
     ASSERT_EQ(on_gpu.full[r], on_host.full[0]) << "rank " << r;
     ASSERT_EQ(started.full[r], on_host.full[0]) << "rank " << r << ", started";
+    EXPECT_EQ(on_gpu.codes[r], on_host.codes[0]) << "rank " << r << ", kept codes";
+    EXPECT_EQ(on_gpu.tile_scales[r], on_host.tile_scales[0]) << "rank " << r << ", kept tile scales";
+    EXPECT_EQ(started.codes[r], on_host.codes[0]) << "rank " << r << ", started, kept codes";
     EXPECT_EQ(on_gpu.bytes[r], on_host.bytes[r]);
     EXPECT_EQ(on_gpu.reduce_bytes[r], on_host.reduce_bytes[r]);
   }
@@ -76,7 +79,7 @@ TEST(Fp8AllGatherNcclTest, BytesAndTimeAgainstFp32) {
   const double shard = static_cast<double>(n) / gpus;
   std::printf("ranks %d, %lld parameters: bytes per rank fp32 %lld, fp8 %lld (%.4fx fp32, %.4fx bf16); "
               "tile maxima %lld; median call fp32 %.3f ms, fp8 %.3f ms (maxima + all-reduce + quantize + gather + "
-              "dequantize)\n",
+              "dequantize + keeping the codes)\n",
               gpus, static_cast<long long>(n), static_cast<long long>(fp32.bytes[0]),
               static_cast<long long>(fp8.bytes[0]), fp8.bytes[0] / (4 * shard), fp8.bytes[0] / (2 * shard),
               static_cast<long long>(fp8.reduce_bytes[0]), fp32.seconds * 1e3, fp8.seconds * 1e3);

@@ -32,9 +32,17 @@ TEST(Fp8AllGatherTest, EveryRankGetsTheGemmsQuantizationOfTheWholeMatrices) {
   const std::vector<float> params = WeightLikeParameters(10'007, 1);
   const std::vector<Fp8Matrix> matrices = {{5, 45, 51}, {2'300, 1, 33}, {4'000, 30, 199}};
   const Gathered g = GatherOnGloo(3, params, matrices, true);
-  const std::vector<float> want = QuantizedLikeTheGemms(params, matrices);
+  std::vector<std::vector<uint8_t>> codes;
+  std::vector<std::vector<float>> scales;
+  const std::vector<float> want = QuantizedLikeTheGemms(params, matrices, &codes, &scales);
   int64_t rounded = 0;
   for (int r = 0; r < 3; ++r) ASSERT_EQ(g.full[r], g.full[0]) << "rank " << r;
+  // Each whole matrix's codes and tile scales, kept for the FP8 GEMMs
+  // (keep_codes), are Quantize's for the whole matrix on every rank.
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(g.codes[r], codes) << "rank " << r;
+    EXPECT_EQ(g.tile_scales[r], scales) << "rank " << r;
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     ASSERT_EQ(g.full[0][i], want[i]) << "element " << i;
     rounded += want[i] != params[i];
@@ -47,6 +55,8 @@ TEST(Fp8AllGatherTest, EveryRankGetsTheGemmsQuantizationOfTheWholeMatrices) {
   // Started (FSDP prefetch's form): the same buffer once the handle is ready.
   const Gathered started = GatherOnGloo(3, params, matrices, true, /*started=*/true);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(started.full[r], g.full[0]) << "rank " << r;
+  EXPECT_EQ(started.codes, g.codes);
+  EXPECT_EQ(started.tile_scales, g.tile_scales);
   EXPECT_EQ(started.bytes, g.bytes);
   EXPECT_EQ(started.reduce_bytes, g.reduce_bytes);
 }

@@ -47,7 +47,9 @@ std::vector<float> WeightLikeParameters(int64_t n, uint32_t seed) {
   return v;
 }
 
-std::vector<float> QuantizedLikeTheGemms(std::vector<float> params, const std::vector<Fp8Matrix>& matrices) {
+std::vector<float> QuantizedLikeTheGemms(std::vector<float> params, const std::vector<Fp8Matrix>& matrices,
+                                         std::vector<std::vector<uint8_t>>* codes,
+                                         std::vector<std::vector<float>>* scales_out) {
   const QuantizeConfig config{ScaleBlock::k128x128, DType::kFloat8E4M3, Rounding::kNearest, 0};
   for (const Fp8Matrix& m : matrices) {
     const Shape shape = {m.rows, m.cols}, scale_shape = QuantScaleShape(m.rows, m.cols, ScaleBlock::k128x128);
@@ -58,6 +60,8 @@ std::vector<float> QuantizedLikeTheGemms(std::vector<float> params, const std::v
     const TensorView sv = MakeView(scales.data(), DType::kFloat32, scale_shape);
     EXPECT_TRUE(Quantize(w, config, false, qv, sv).ok());
     EXPECT_TRUE(Dequantize(qv, sv, ScaleBlock::k128x128, w).ok());
+    if (codes != nullptr) codes->push_back(q);
+    if (scales_out != nullptr) scales_out->push_back(scales);
   }
   return params;
 }
@@ -74,6 +78,10 @@ Gathered GatherOnRanks(int group, const std::vector<float>& params,
   out.full.assign(group, std::vector<float>(layout.padded_numel));
   out.bytes.assign(group, 0);
   out.reduce_bytes.assign(group, 0);
+  if (fp8) {
+    out.codes.resize(group);
+    out.tile_scales.resize(group);
+  }
   comm::RunOnThreads(group, [&](int r) {
     const size_t shard_bytes = layout.shard_numel * sizeof(float), full_bytes = layout.padded_numel * sizeof(float);
     void* shard = memory.Alloc(r, shard_bytes);
@@ -87,7 +95,7 @@ Gathered GatherOnRanks(int group, const std::vector<float>& params,
     std::optional<Fp8AllGather> fp8_gather;
     std::optional<FsdpFlatParameter> fsdp;
     if (fp8) {
-      auto g = Fp8AllGather::Create(layout, &counting, fp8_matrices);
+      auto g = Fp8AllGather::Create(layout, &counting, fp8_matrices, /*keep_codes=*/true);
       ASSERT_TRUE(g.ok()) << g.status();
       fp8_gather.emplace(*std::move(g));
     } else {
@@ -108,6 +116,15 @@ Gathered GatherOnRanks(int group, const std::vector<float>& params,
     out.reduce_bytes[r] = counting.all_reduce_bytes;
     ASSERT_TRUE(SynchronizeDevice(memory.device()).ok());
     memory.Download(r, out.full[r].data(), full, full_bytes);
+    if (fp8) {
+      for (size_t i = 0; i < fp8_matrices.size(); ++i) {
+        const TensorView c = fp8_gather->codes(static_cast<int>(i)), t = fp8_gather->tile_scales(static_cast<int>(i));
+        out.codes[r].emplace_back(c.numel());
+        out.tile_scales[r].emplace_back(t.numel());
+        memory.Download(r, out.codes[r].back().data(), c.data, c.nbytes());
+        memory.Download(r, out.tile_scales[r].back().data(), t.data, t.nbytes());
+      }
+    }
     if (r == 0 && fp8) {
       out.slot_bytes = fp8_gather->slot_bytes();
       out.fp8_numel = fp8_gather->fp8_numel();

@@ -48,13 +48,20 @@ std::vector<float> WeightLikeParameters(int64_t n, uint32_t seed);
 
 // `params` with each matrix replaced by Dequantize(Quantize(w, 128x128
 // E4M3)), as the FP8 GEMMs see it (the CPU reference kernels).
-std::vector<float> QuantizedLikeTheGemms(std::vector<float> params, const std::vector<Fp8Matrix>& matrices);
+// With `codes` / `scales`, also each matrix's codes and tile scales.
+std::vector<float> QuantizedLikeTheGemms(std::vector<float> params, const std::vector<Fp8Matrix>& matrices,
+                                         std::vector<std::vector<uint8_t>>* codes = nullptr,
+                                         std::vector<std::vector<float>>* scales = nullptr);
 
 struct Gathered {
   std::vector<std::vector<float>> full;  // Per rank, downloaded.
   std::vector<int64_t> bytes;            // Per rank: bytes handed to AllGather.
   std::vector<int64_t> reduce_bytes;     // Per rank: bytes handed to AllReduce.
   int64_t slot_bytes = 0, fp8_numel = 0;
+  // FP8 gathers (made with keep_codes), per rank and matrix: codes() and
+  // tile_scales() after the first gather.
+  std::vector<std::vector<std::vector<uint8_t>>> codes;
+  std::vector<std::vector<std::vector<float>>> tile_scales;
   // Rank 0's median seconds per AllGather over `timed` calls after one
   // warm-up (0 when timed is 0), the device synchronized around each.
   double seconds = 0;
