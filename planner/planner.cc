@@ -640,7 +640,7 @@ absl::StatusOr<Plan> MakePlan(const Topology& topology, const PlanRequest& reque
   if (!request.precision.recipe.empty()) {
     plan.decisions.push_back(
         {"precision", request.precision.recipe,
-         absl::StrFormat("the job's recipe (model.precision); GEMMs of %s estimated at %.1fx the bf16 rate",
+         absl::StrFormat("the job's recipe (model.precision); GEMMs of %s estimated at %.2fx the bf16 rate",
                          request.precision.fp8_modules.empty()
                              ? std::string("no planned module")
                              : absl::StrJoin(request.precision.fp8_modules, ", "),
