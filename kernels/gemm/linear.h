@@ -111,8 +111,8 @@ class LinearContext {
 
   // Hands the context the FP8 form of the weight w [N, K] made elsewhere
   // (FSDP's FP8 all-gather, worker/dist/fp8_all_gather.h): `codes` [N, K]
-  // E4M3 (uint8 or e4m3 dtype) and `tile_scales` [ceil(N/128) *
-  // ceil(K/128)] fp32, row-major over the 128x128 tiles, as kernels/quant/
+  // E4M3 and `tile_scales` [TileCount(N, K)] fp32, row-major over the
+  // 128x128 tiles, as kernels/quant/
   // quantize.h's k128x128 Quantize (and its tiled pieces) code and scale a
   // weight. The FP8 GEMMs of the next calls on w (same data pointer and
   // shape) use them and their transpose instead of quantizing w, until

@@ -17,6 +17,7 @@
 #include "kernels/base/cuda_status.h"
 #include "kernels/gemm/gemm_kernels.h"
 #include "kernels/gemm/linear_internal.h"
+#include "kernels/quant/quantize.h"
 #include "kernels/quant/quantize_kernels.h"
 
 namespace recfleet::linear_internal {
@@ -546,10 +547,10 @@ absl::Status LinearContext::SetWeight(const TensorView& w, const TensorView& cod
   };
   if (w.rank() != 2 || w.device != Device::kCuda) return fail("w must be a CUDA matrix");
   const int64_t n = w.dim(0), k = w.dim(1);
-  if (codes.device != Device::kCuda || codes.numel() != n * k || DTypeSize(codes.dtype) != 1) {
-    return fail("codes must be w's shape in one-byte elements on CUDA");
+  if (codes.device != Device::kCuda || codes.numel() != n * k || codes.dtype != DType::kFloat8E4M3) {
+    return fail("codes must be w's shape in E4M3 on CUDA");
   }
-  const int64_t tiles = ((n + 127) / 128) * ((k + 127) / 128);
+  const int64_t tiles = TileCount(n, k);
   if (tile_scales.device != Device::kCuda || tile_scales.dtype != DType::kFloat32 ||
       tile_scales.numel() != tiles) {
     return fail(absl::StrCat("tile_scales must be ", tiles, " fp32 on CUDA"));

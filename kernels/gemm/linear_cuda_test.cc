@@ -235,13 +235,17 @@ TEST(LinearCudaTest, SetWeightUsesTheCodesItIsGiven) {
   EXPECT_EQ(got2[1], want2[1]) << "dgrad with w2's codes";
   given.InvalidateWeight();
   EXPECT_EQ(step(w, &given), want) << "after InvalidateWeight";
-  // Shapes are checked.
+  // Shapes and the format are checked.
   EXPECT_FALSE(given.SetWeight(w.View(f32, {n, k}), q.View(e4m3, {k, n - 16}),
                                scales.View(f32, {num_tiles}))
                    .ok());
   EXPECT_FALSE(given.SetWeight(w.View(f32, {n, k}), q.View(e4m3, {n, k}),
                                scales.View(f32, {tiles[0]}))
                    .ok());
+  EXPECT_FALSE(given.SetWeight(w.View(f32, {n, k}), q.View(DType::kFloat8E5M2, {n, k}),
+                               scales.View(f32, {num_tiles}))
+                   .ok())
+      << "E5M2 codes are not the GEMMs' weight format";
 }
 
 // The same at the size of a large layer, 8,192 x 8,192 (4,096 tiles): the
@@ -263,10 +267,13 @@ TEST(LinearCudaTest, SetWeightAtScale) {
                        q.View(e4m3, {n, k}), scales.View(f32, tiles))
                   .ok());
   LinearContext own, given;
-  auto forward = [&](LinearContext* ctx) {
+  auto forward_only = [&](LinearContext* ctx) {
     EXPECT_TRUE(LinearForward(x.View(f32, {m, k}), w.View(f32, {n, k}), TensorView(),
                               y.View(f32, {m, n}), r, nullptr, ctx)
                     .ok());
+  };
+  auto forward = [&](LinearContext* ctx) {
+    forward_only(ctx);
     return y.ToHost<float>();
   };
   const std::vector<float> want = forward(&own);
@@ -294,11 +301,6 @@ TEST(LinearCudaTest, SetWeightAtScale) {
   // The context's own weight quantization (W and W^T from one read of the
   // fp32 weight): a forward after InvalidateWeight less a forward on the
   // cached weight.
-  auto forward_only = [&](LinearContext* ctx) {
-    EXPECT_TRUE(LinearForward(x.View(f32, {m, k}), w.View(f32, {n, k}), TensorView(),
-                              y.View(f32, {m, n}), r, nullptr, ctx)
-                    .ok());
-  };
   const float cached_ms = median_ms([&] { forward_only(&own); });
   const float requantized_ms = median_ms([&] {
     own.InvalidateWeight();

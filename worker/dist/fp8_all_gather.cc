@@ -90,14 +90,14 @@ absl::StatusOr<Fp8AllGather> Fp8AllGather::Create(const FlatShardLayout& layout,
 TensorView Fp8AllGather::codes(int i) const {
   if (codes_.data() == nullptr) return TensorView();
   const Fp8Matrix& w = matrices_[i];
-  return MakeView(static_cast<char*>(const_cast<void*>(codes_.data())) + code_offsets_[i], DType::kFloat8E4M3,
+  return MakeView(static_cast<char*>(codes_.data()) + code_offsets_[i], DType::kFloat8E4M3,
                   {w.rows, w.cols}, group_->device());
 }
 
 TensorView Fp8AllGather::tile_scales(int i) const {
   if (codes_.data() == nullptr) return TensorView();
   const Fp8Matrix& w = matrices_[i];
-  return MakeView(static_cast<float*>(const_cast<void*>(scales_.data())) + first_tiles_[i], DType::kFloat32,
+  return MakeView(static_cast<float*>(scales_.data()) + first_tiles_[i], DType::kFloat32,
                   {TileCount(w.rows, w.cols)}, group_->device());
 }
 

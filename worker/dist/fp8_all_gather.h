@@ -96,7 +96,6 @@ class Fp8AllGather {
   // Elements of the flat buffer that travel as FP8.
   int64_t fp8_numel() const { return fp8_numel_; }
 
-  const std::vector<Fp8Matrix>& matrices() const { return matrices_; }
   // With keep_codes, after a gather is unpacked (AllGather returned, or its
   // started handle was made ready or waited for) and until the next one
   // starts: matrix i's codes [rows, cols] (E4M3, row-major) and its tiles'
