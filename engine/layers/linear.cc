@@ -86,10 +86,10 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
   forward_shared_ = SharesBf16Operands(x);
   x_bf16_ = Tensor();
   if ((x.dtype != ctx_.dtype || y_dtype != ctx_.dtype) &&
-      !(forward_shared_ && (y_dtype == ctx_.dtype || y_dtype == DType::kBFloat16))) {
+      !(TakesBf16Activations(x) && (y_dtype == ctx_.dtype || y_dtype == DType::kBFloat16))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Linear: a ", DTypeName(x.dtype), " input or ", DTypeName(y_dtype),
-        " output needs CUDA and an all-bf16 recipe"));
+        " output needs CUDA and an all-bf16 recipe or FP8 GEMMs with a bf16 weight gradient"));
   }
   RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, y_dtype, {rows, out_}, y));
   // The kernels reject empty matrices, and there is nothing to compute.
@@ -133,6 +133,15 @@ bool Linear::SharesBf16Operands(const TensorView& x) const {
   return x.device == Device::kCuda &&
          (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16) &&
          LayerContext::AllBf16(RecipeFor(x.dim(0)));
+}
+
+bool Linear::TakesBf16Activations(const TensorView& x) const {
+  if (SharesBf16Operands(x)) return true;
+  const LinearRecipe& r = RecipeFor(x.dim(0));
+  return x.device == Device::kCuda && ctx_.dtype == DType::kFloat32 &&
+         (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16) && fp8_ != nullptr &&
+         r.forward == GemmPrecision::kFp8Block && r.dgrad == GemmPrecision::kFp8Block &&
+         r.wgrad == GemmPrecision::kBf16;
 }
 
 absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool accumulate) {

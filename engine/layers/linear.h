@@ -33,9 +33,9 @@ class Linear {
 
   // y [rows, out] = x [rows, in] W^T + b; counts 2 * rows * in * out FLOPs.
   absl::Status Forward(const TensorView& x, Tensor* y);
-  // The same with y allocated in `y_dtype`. A bf16 x or y is for CUDA with
-  // an all-bf16 recipe only (SharesBf16Operands), where the GEMMs round to
-  // bf16 anyway: chains of such layers then pass bf16 activations.
+  // The same with y allocated in `y_dtype`. A bf16 x or y is for the layers
+  // whose GEMMs round their activations anyway (TakesBf16Activations):
+  // chains of such layers then pass bf16 activations.
   absl::Status Forward(const TensorView& x, Tensor* y, DType y_dtype);
   // Adds dW = dy^T x and db to the gradients. dx [rows, in] (= dy W) is
   // overwritten, or with `accumulate` added to (in the GEMM's epilogue, no
@@ -70,6 +70,14 @@ class Linear {
   // numerics equal the unshared path's. True: x (of its row count) may be
   // bf16 and Forward may write a bf16 y.
   bool SharesBf16Operands(const TensorView& x) const;
+
+  // True: x (of its row count) may be bf16 and Forward may write a bf16 y.
+  // The shared path above, or a CUDA layer of an fp32 model whose GEMMs at
+  // that row count are FP8 with a bf16 weight gradient: the FP8 GEMMs
+  // quantize a bf16 x or dy as they do fp32 ones and write either output,
+  // and the weight gradient reads bf16 x and dy as they are (from fp32 ones
+  // the FP8 quantize passes write the bf16 copies; linear.h LinearContext).
+  bool TakesBf16Activations(const TensorView& x) const;
 
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }

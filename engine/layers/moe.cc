@@ -23,7 +23,7 @@ MixtureOfExperts::MixtureOfExperts(const LayerContext& ctx, const std::string& n
 bool MixtureOfExperts::Bf16Hidden(const TensorView& x) const {
   if (x.device != Device::kCuda || ctx_.dtype != DType::kFloat32) return false;
   for (const auto& ex : experts_) {
-    if (!ex->l1.SharesBf16Operands(x) || !ex->l2.SharesBf16Operands(x)) return false;
+    if (!ex->l1.TakesBf16Activations(x) || !ex->l2.TakesBf16Activations(x)) return false;
   }
   return !experts_.empty();
 }
@@ -36,10 +36,11 @@ absl::Status MixtureOfExperts::Forward(const TensorView& x, Tensor* y) {
   RECFLEET_RETURN_IF_ERROR(AllocateTensor(ctx_, gate_logits_.shape(), &gate_prob_));
   RECFLEET_RETURN_IF_ERROR(ops::SoftmaxRows(gate_logits_.view(), gate_prob_.view()));
   RECFLEET_RETURN_IF_ERROR(AllocateZeros(ctx_, {batch, out_}, y));
-  // The experts' GEMMs round their operands to bf16 anyway: round x once
-  // for all of them (each would copy it), and keep each hidden layer in
-  // bf16 (the GEMM writes h1 rounded, the activation runs on it, and the
-  // second GEMM reads a1 as it is) instead of fp32 copies rounded later.
+  // The experts' GEMMs round their operands to bf16 (or quantize them to
+  // FP8, with bf16 weight gradients) anyway: round x once for all of them
+  // (each would copy it), and keep each hidden layer in bf16 (the GEMM
+  // writes h1 rounded, the activation runs on it, and the second GEMM reads
+  // a1 as it is) instead of fp32 copies rounded later.
   const bool bf16_hidden = Bf16Hidden(x);
   TensorView expert_in = x;
   x_bf16_ = Tensor();

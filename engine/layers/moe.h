@@ -84,7 +84,8 @@ class MixtureOfExperts {
   Activation activation_;
   Linear gate_;
   std::vector<std::unique_ptr<Expert>> experts_;
-  // The bf16 path (Bf16Hidden): x rounded once for every expert's first
+  // The bf16 path (Bf16Hidden: every expert layer takes bf16 activations,
+  // Linear::TakesBf16Activations): x rounded once for every expert's first
   // layer; each expert's hidden layer (h1, a1 and its gradient) in bf16.
   bool Bf16Hidden(const TensorView& x) const;
   Tensor x_bf16_;

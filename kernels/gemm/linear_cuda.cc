@@ -424,7 +424,8 @@ quant_cuda::QuantizeTarget TargetFor(const Operand& op, int64_t rows, int64_t k,
 // One pass over the stored matrix t [R, C]: the FP8 form of t (as `direct`
 // quantizes it) into `d`, and/or of t^T (as `transposed` does) into `dt`.
 absl::Status QuantizePass(const TensorView& t, const Operand* direct, Fp8Dest d,
-                          const Operand* transposed, Fp8Dest dt, cudaStream_t s) {
+                          const Operand* transposed, Fp8Dest dt, cudaStream_t s,
+                          void* bf16_copy = nullptr) {
   const Operand& any = direct != nullptr ? *direct : *transposed;
   const int64_t r = t.dim(0), c = t.dim(1);
   quant_cuda::QuantizeArgs a;
@@ -435,6 +436,7 @@ absl::Status QuantizePass(const TensorView& t, const Operand* direct, Fp8Dest d,
   a.block_rows = any.block == ScaleBlock::k128x128 ? 128 : 1;
   a.block_cols = 128;
   a.format = 1;
+  a.bf16_copy = bf16_copy;
   if (direct != nullptr) a.direct = TargetFor(*direct, r, c, d);
   if (transposed != nullptr) {
     a.transposed = TargetFor(*transposed, c, r, dt);
@@ -523,6 +525,30 @@ struct Fp8Slot {
   }
 };
 
+// A bf16 copy of an fp32 activation, written by the FP8 GEMM's quantize
+// pass that reads it anyway, for a bf16 wgrad of the same layer; used once.
+struct Bf16Slot {
+  GrowBuffer data;
+  bool valid = false;
+  const void* src = nullptr;
+  int64_t rows = 0, cols = 0;
+
+  // Reserves room for t's copy and records t as its source.
+  absl::Status Take(const TensorView& t) {
+    valid = false;
+    RECFLEET_RETURN_IF_ERROR(data.Reserve(t.numel() * 2));
+    valid = true;
+    src = t.data;
+    rows = t.dim(0);
+    cols = t.dim(1);
+    return absl::OkStatus();
+  }
+  bool Holds(const TensorView& t) const {
+    return valid && t.dtype == DType::kFloat32 && src == t.data && rows == t.dim(0) &&
+           cols == t.dim(1);
+  }
+};
+
 }  // namespace recfleet::linear_internal
 
 namespace recfleet {
@@ -530,6 +556,7 @@ namespace recfleet {
 struct LinearContext::State {
   linear_internal::Fp8Slot w, wt;  // FP8 w [N, K] and w^T [K, N]
   linear_internal::Fp8Slot xt, dyt;  // kept for the next wgrad
+  linear_internal::Bf16Slot xb, dyb;  // kept for the next bf16 wgrad
 };
 
 LinearContext::LinearContext() : state_(new State) {}
@@ -601,6 +628,12 @@ absl::Status RunGemm(GemmRole role, const Operand& a, const Operand& b, GemmPrec
   StreamBuffer tmp_a(s), tmp_b(s);
   TempFp8 fp8_a(s), fp8_b(s);
   LtOperand lt_a, lt_b;
+  if (context != nullptr && role == GemmRole::kForward) {
+    // A new step (or an eval forward): no bf16 copy of an earlier x or dy
+    // may pass for this step's (the pool reuses addresses).
+    context->state()->xb.valid = false;
+    context->state()->dyb.valid = false;
+  }
   if (precision == GemmPrecision::kFp8Block) {
     if (k % 16 != 0 || n % 16 != 0 || m % 16 != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -639,7 +672,18 @@ absl::Status RunGemm(GemmRole role, const Operand& a, const Operand& b, GemmPrec
       const bool keep = st != nullptr && role != GemmRole::kWgrad &&
                         recipe.wgrad == GemmPrecision::kFp8Block &&
                         !(recipe.wgrad_hadamard && m % kHadamardRows != 0);
-      if (keep) {
+      // A bf16 wgrad reads x and dy in bf16: the pass that quantizes them
+      // writes that copy too (one read of the fp32 activation instead of
+      // two, and no cast launches).
+      const bool keep_bf16 = st != nullptr && role != GemmRole::kWgrad &&
+                             recipe.wgrad == GemmPrecision::kBf16 && !a.transpose &&
+                             a.t.dtype == DType::kFloat32;
+      if (keep_bf16) {
+        Bf16Slot& slot = role == GemmRole::kForward ? st->xb : st->dyb;
+        RECFLEET_RETURN_IF_ERROR(slot.Take(a.t));
+        RECFLEET_RETURN_IF_ERROR(QuantizePass(a.t, &a, fp8_a.dest(), nullptr, fp8_a.dest(), s,
+                                              slot.data.get<void>()));
+      } else if (keep) {
         // Also the transposed operand of the coming wgrad, in the same pass.
         Fp8Slot& slot = role == GemmRole::kForward ? st->xt : st->dyt;
         const Operand kept = WgradOperand(a.t, role == GemmRole::kDgrad, recipe);
@@ -657,8 +701,23 @@ absl::Status RunGemm(GemmRole role, const Operand& a, const Operand& b, GemmPrec
     const void* pb = b.t.data;
     DType ta = a.t.dtype, tb = b.t.dtype;
     if (precision == GemmPrecision::kBf16) {
-      RECFLEET_RETURN_IF_ERROR(ToBf16(a.t, &tmp_a, &pa, &ta, s));
-      RECFLEET_RETURN_IF_ERROR(ToBf16(b.t, &tmp_b, &pb, &tb, s));
+      LinearContext::State* st = context != nullptr ? context->state() : nullptr;
+      // A wgrad of an FP8 layer: dy (A) and x (B) as its forward and dgrad
+      // left them in bf16, else cast here.
+      auto kept = [&](Bf16Slot LinearContext::State::*slot, const TensorView& t,
+                      const void** p, DType* type) {
+        if (st == nullptr || role != GemmRole::kWgrad || !(st->*slot).Holds(t)) return false;
+        *p = (st->*slot).data.get<void>();
+        *type = DType::kBFloat16;
+        (st->*slot).valid = false;
+        return true;
+      };
+      if (!kept(&LinearContext::State::dyb, a.t, &pa, &ta)) {
+        RECFLEET_RETURN_IF_ERROR(ToBf16(a.t, &tmp_a, &pa, &ta, s));
+      }
+      if (!kept(&LinearContext::State::xb, b.t, &pb, &tb)) {
+        RECFLEET_RETURN_IF_ERROR(ToBf16(b.t, &tmp_b, &pb, &tb, s));
+      }
     } else if (ta != tb || (ta == DType::kFloat32 && c.dtype != DType::kFloat32)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "native-precision CUDA GEMMs need operands of one dtype (and an fp32 output for fp32 "

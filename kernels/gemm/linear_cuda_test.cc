@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <tuple>
@@ -159,6 +160,73 @@ TEST(LinearCudaTest, ContextReusesQuantizedOperandsExactly) {
                                      dw.View(DType::kFloat32, {n, k}), TensorView(), false, r)
                     .ok());
     EXPECT_LT(RelativeL2(dw.ToHost<float>(), want), options ? 2e-2 : 1e-3);
+  }
+}
+
+// FP8 forward and dgrad with a bf16 weight gradient on fp32 activations:
+// the context's quantize passes also write the bf16 x and dy that wgrad
+// reads, in place of the casts the context-free wgrad makes. The results are
+// the same bits, where the row kernel writes the copy (k and n multiples of
+// 128) and where a cast after the tile kernel does (272 x 144). New values
+// at the same addresses are seen (each forward drops the copies), and a wgrad
+// with no dgrad before it casts dy itself rather than reading a copy of an
+// earlier dy.
+TEST(LinearCudaTest, Bf16WgradReadsTheCopiesOfTheQuantizePasses) {
+  const DType f32 = DType::kFloat32;
+  const LinearRecipe r{GemmPrecision::kFp8Block, GemmPrecision::kFp8Block, GemmPrecision::kBf16};
+  for (const auto& [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{256, 384, 512},
+                                {208, 272, 144}}) {
+    SCOPED_TRACE(::testing::Message() << "m=" << m << " k=" << k << " n=" << n);
+    DeviceBuffer x(RandomTensor(f32, m * k)), w(RandomTensor(f32, n * k)),
+        dy(RandomTensor(f32, m * n));
+    auto step = [&](LinearContext* ctx, bool dgrad) {
+      DeviceBuffer y(m * n * 4), dx(m * k * 4), dw(n * k * 4);
+      EXPECT_TRUE(LinearForward(x.View(f32, {m, k}), w.View(f32, {n, k}), TensorView(),
+                                y.View(f32, {m, n}), r, nullptr, ctx)
+                      .ok());
+      if (dgrad) {
+        EXPECT_TRUE(LinearBackwardInput(dy.View(f32, {m, n}), w.View(f32, {n, k}),
+                                        dx.View(f32, {m, k}), r, nullptr, ctx)
+                        .ok());
+      }
+      EXPECT_TRUE(LinearBackwardWeight(dy.View(f32, {m, n}), x.View(f32, {m, k}),
+                                       dw.View(f32, {n, k}), TensorView(), false, r, nullptr, ctx)
+                      .ok());
+      return std::vector<std::vector<uint8_t>>{y.ToHost<uint8_t>(),
+                                               dgrad ? dx.ToHost<uint8_t>() : std::vector<uint8_t>{},
+                                               dw.ToHost<uint8_t>()};
+    };
+    auto refill = [&](DeviceBuffer& b, int64_t count) {
+      const std::vector<uint8_t> v = RandomTensor(f32, count);
+      CudaOrDie(cudaMemcpy(b.get(), v.data(), v.size(), cudaMemcpyHostToDevice), "refill");
+    };
+    LinearContext ctx;
+    EXPECT_EQ(step(&ctx, true), step(nullptr, true));
+    refill(x, m * k);
+    refill(dy, m * n);
+    EXPECT_EQ(step(&ctx, true), step(nullptr, true)) << "new x and dy at the same addresses";
+    // A forward and dgrad whose wgrad never came, then a step without dgrad
+    // on new dy values at the same address.
+    DeviceBuffer y(m * n * 4), dx(m * k * 4);
+    ASSERT_TRUE(LinearForward(x.View(f32, {m, k}), w.View(f32, {n, k}), TensorView(),
+                              y.View(f32, {m, n}), r, nullptr, &ctx)
+                    .ok());
+    ASSERT_TRUE(LinearBackwardInput(dy.View(f32, {m, n}), w.View(f32, {n, k}),
+                                    dx.View(f32, {m, k}), r, nullptr, &ctx)
+                    .ok());
+    refill(dy, m * n);
+    EXPECT_EQ(step(&ctx, false), step(nullptr, false)) << "wgrad without dgrad";
+    // The bf16 recipe's product, to within bf16 rounding of the operands:
+    // the copies are x and dy in bf16.
+    DeviceBuffer dw_bf16(n * k * 4);
+    const LinearRecipe all_bf16{GemmPrecision::kBf16, GemmPrecision::kBf16, GemmPrecision::kBf16};
+    ASSERT_TRUE(LinearBackwardWeight(dy.View(f32, {m, n}), x.View(f32, {m, k}),
+                                     dw_bf16.View(f32, {n, k}), TensorView(), false, all_bf16)
+                    .ok());
+    std::vector<float> got(n * k);
+    const std::vector<uint8_t> raw = step(&ctx, true)[2];
+    std::memcpy(got.data(), raw.data(), raw.size());
+    EXPECT_EQ(got, dw_bf16.ToHost<float>());
   }
 }
 

@@ -961,6 +961,19 @@ __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a
 #pragma unroll
       for (int o = 1; o < 16; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
       if (slot >= slots) continue;
+      if constexpr (sizeof(T) == 4) {
+        if (a.bf16_copy != nullptr) {
+          // One 16-byte store of the slot's 8 elements, rounded as a cast.
+          uint4 h;
+          uint32_t* hw = reinterpret_cast<uint32_t*>(&h);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+            hw[j] = *reinterpret_cast<const uint32_t*>(&pair);
+          }
+          reinterpret_cast<uint4*>(a.bf16_copy)[slot] = h;
+        }
+      }
       const float s = minifloat::BlockScale(m, fmax, a.pow2);
       if ((threadIdx.x & 15) == 0) {
         const uint32_t block = static_cast<uint32_t>(slot / 16);
@@ -1027,6 +1040,7 @@ __global__ void __launch_bounds__(kRowThreads) QuantizeRowsKernel(QuantizeArgs a
 bool RowKernelFits(const QuantizeArgs& a) {
   return a.cols % 128 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(a.direct.q) % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(a.bf16_copy) % 16 == 0 &&
          a.rows * (a.cols / 128) <= static_cast<int64_t>(UINT32_MAX);
 }
 
@@ -1148,11 +1162,17 @@ __global__ void FromE8M0Kernel(const uint8_t* __restrict__ in, float* __restrict
   if (i < n) out[i] = ldexpf(1.0f, static_cast<int>(in[i]) - 127);
 }
 
-}  // namespace
+// QuantizeArgs::bf16_copy where the pass itself does not write it.
+__global__ void Bf16CopyKernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ y,
+                               int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = __float2bfloat16_rn(x[i]);
+  }
+}
 
-cudaError_t Quantize(const QuantizeArgs& a, void* stream) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (a.rows == 0 || a.cols == 0) return cudaSuccess;
+// The pass alone (Quantize adds the bf16 copy).
+cudaError_t QuantizePass(const QuantizeArgs& a, cudaStream_t s) {
   const bool d = a.direct.q != nullptr, t = a.transposed.q != nullptr;
   if (!d && !t) return cudaErrorInvalidValue;
   const int br = a.block_rows, bc = a.block_cols;
@@ -1175,6 +1195,27 @@ cudaError_t Quantize(const QuantizeArgs& a, void* stream) {
     return d ? Launch<32, 32, true, false, false>(a, s) : Launch<32, 32, false, true, false>(a, s);
   }
   return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t Quantize(const QuantizeArgs& a, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (a.rows == 0 || a.cols == 0) return cudaSuccess;
+  if (a.bf16_copy == nullptr) return QuantizePass(a, s);
+  if (a.x_type != static_cast<int>(ElemType::kFloat32)) return cudaErrorInvalidValue;
+  const bool in_rows = a.direct.q != nullptr && a.transposed.q == nullptr &&
+                       a.block_rows == 1 && a.block_cols == 128 && RowKernelFits(a);
+  if (in_rows) return LaunchRows(a, s);
+  QuantizeArgs without = a;
+  without.bf16_copy = nullptr;
+  const cudaError_t e = QuantizePass(without, s);
+  if (e != cudaSuccess) return e;
+  const int64_t n = a.rows * a.cols;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
+  Bf16CopyKernel<<<grid, 256, 0, s>>>(static_cast<const float*>(a.x),
+                                       static_cast<__nv_bfloat16*>(a.bf16_copy), n);
+  return cudaGetLastError();
 }
 
 cudaError_t Dequantize(const uint8_t* q, int format, const float* scales, int64_t rows,

@@ -40,6 +40,12 @@ struct QuantizeArgs {
   // 128 rows; D = random signs per row index, RandomSign(hadamard_seed, row)).
   bool hadamard_transposed = false;
   uint64_t hadamard_seed = 0;
+  // fp32 x only: also x rounded to bf16 (round-to-nearest-even, x's shape,
+  // row-major) into bf16_copy. Written by the same pass where a direct-only
+  // 1x128 pass runs as the row kernel (one read of x for both: an FP8 layer
+  // whose weight gradient is bf16 keeps it for that GEMM), else by a cast
+  // after the pass.
+  void* bf16_copy = nullptr;
 };
 
 cudaError_t Quantize(const QuantizeArgs& a, void* stream);
