@@ -326,7 +326,7 @@ TEST(PlanAdapterTest, SmallCpuGangsOfAnySizePlan) {
 }
 
 // The job's precision recipe reaches the planner: its FP8 modules are
-// estimated at the rate measured for them, quantization included (0.85x
+// estimated at the rate measured for them, quantization included (0.92x
 // bf16's at the engine's batch sizes: a longer step), and the plan states
 // the recipe and that rate.
 TEST(PlanAdapterTest, PrecisionRecipeIsPlannedAndShown) {
@@ -346,14 +346,14 @@ TEST(PlanAdapterTest, PrecisionRecipeIsPlannedAndShown) {
             (std::set<std::string>{"moe1", "head.ctr", "head.cvr"}));
   auto fp8 = PlanPlacement(spec, p, DefaultHardware());
   ASSERT_TRUE(fp8.ok()) << fp8.status();
-  EXPECT_EQ(request->precision.fp8_speedup, 0.85);
+  EXPECT_EQ(request->precision.fp8_speedup, 0.92);
   EXPECT_GT(fp8->step.dense_compute_s, bf16->step.dense_compute_s);
   std::string shown, why;
   const ::recfleet::v1::Plan fp8_proto = PlanToProto(*fp8), bf16_proto = PlanToProto(*bf16);
   for (const auto& d : fp8_proto.decisions()) {
     if (d.dimension() == "precision") shown = d.chosen(), why = d.reason();
   }
-  EXPECT_NE(why.find("estimated at 0.85x the bf16 rate"), std::string::npos) << why;
+  EXPECT_NE(why.find("estimated at 0.92x the bf16 rate"), std::string::npos) << why;
   EXPECT_NE(shown.find("FP8 (E4M3, 1x128 activation / 128x128 weight scales) in moe.experts.l1, towers; "
                        "weight gradients bf16"),
             std::string::npos)
