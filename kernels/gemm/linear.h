@@ -38,7 +38,11 @@
 //   - x^T (when wgrad is kFp8Block): LinearForward quantizes x and x^T in
 //     one pass, and the next LinearBackwardWeight whose x has the same data
 //     pointer and shape (and wgrad options and seed) uses that x^T once;
-//   - dy^T likewise, from LinearBackwardInput.
+//   - dy^T likewise, from LinearBackwardInput;
+//   - with a kBf16 wgrad after FP8 forward and dgrad, bf16 copies of an fp32
+//     x and dy, written by the passes that quantize them (one read of each
+//     instead of two); the wgrad uses them once, and every LinearForward
+//     drops both (device memory: 2 bytes per element of x and of dy, kept).
 // With the Hadamard transform and M not a multiple of 128, x^T and dy^T are
 // not kept: the wgrad quantizes zero-padded copies of x and dy itself.
 // x and dy must not change between those calls. Without a context every
