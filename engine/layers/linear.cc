@@ -138,10 +138,13 @@ bool Linear::SharesBf16Operands(const TensorView& x) const {
 bool Linear::TakesBf16Activations(const TensorView& x) const {
   if (SharesBf16Operands(x)) return true;
   const LinearRecipe& r = RecipeFor(x.dim(0));
+  // Every GEMM rounds its activations to bf16 or quantizes them to FP8.
+  const auto coarse = [](GemmPrecision p) {
+    return p == GemmPrecision::kFp8Block || p == GemmPrecision::kBf16;
+  };
   return x.device == Device::kCuda && ctx_.dtype == DType::kFloat32 &&
          (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16) && fp8_ != nullptr &&
-         r.forward == GemmPrecision::kFp8Block && r.dgrad == GemmPrecision::kFp8Block &&
-         r.wgrad == GemmPrecision::kBf16;
+         coarse(r.forward) && coarse(r.dgrad) && coarse(r.wgrad);
 }
 
 absl::Status Linear::Backward(const TensorView& dy, const TensorView& dx, bool accumulate) {

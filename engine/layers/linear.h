@@ -73,10 +73,10 @@ class Linear {
 
   // True: x (of its row count) may be bf16 and Forward may write a bf16 y.
   // The shared path above, or a CUDA layer of an fp32 model whose GEMMs at
-  // that row count are FP8 with a bf16 weight gradient: the FP8 GEMMs
-  // quantize a bf16 x or dy as they do fp32 ones and write either output,
-  // and the weight gradient reads bf16 x and dy as they are (from fp32 ones
-  // the FP8 quantize passes write the bf16 copies; linear.h LinearContext).
+  // that row count are FP8, with the rest bf16: the FP8 GEMMs quantize a
+  // bf16 x or dy as they do fp32 ones and write either output, and a bf16
+  // weight gradient reads bf16 x and dy as they are (from fp32 ones the FP8
+  // quantize passes write the bf16 copies; linear.h LinearContext).
   bool TakesBf16Activations(const TensorView& x) const;
 
   int64_t in() const { return in_; }
