@@ -89,7 +89,7 @@ absl::Status Linear::Forward(const TensorView& x, Tensor* y, DType y_dtype) {
       !(TakesBf16Activations(x) && (y_dtype == ctx_.dtype || y_dtype == DType::kBFloat16))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Linear: a ", DTypeName(x.dtype), " input or ", DTypeName(y_dtype),
-        " output needs CUDA and an all-bf16 recipe or FP8 GEMMs with a bf16 weight gradient"));
+        " output needs CUDA and GEMMs that round it: an all-bf16 recipe, or FP8 with the rest bf16"));
   }
   RECFLEET_RETURN_IF_ERROR(AllocateTyped(ctx_, y_dtype, {rows, out_}, y));
   // The kernels reject empty matrices, and there is nothing to compute.

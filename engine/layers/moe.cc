@@ -37,7 +37,7 @@ absl::Status MixtureOfExperts::Forward(const TensorView& x, Tensor* y) {
   RECFLEET_RETURN_IF_ERROR(ops::SoftmaxRows(gate_logits_.view(), gate_prob_.view()));
   RECFLEET_RETURN_IF_ERROR(AllocateZeros(ctx_, {batch, out_}, y));
   // The experts' GEMMs round their operands to bf16 (or quantize them to
-  // FP8, with bf16 weight gradients) anyway: round x once for all of them
+  // FP8) anyway: round x once for all of them
   // (each would copy it), and keep each hidden layer in bf16 (the GEMM
   // writes h1 rounded, the activation runs on it, and the second GEMM reads
   // a1 as it is) instead of fp32 copies rounded later.

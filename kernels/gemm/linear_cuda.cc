@@ -453,7 +453,12 @@ absl::Status QuantizePass(const TensorView& t, const Operand* direct, Fp8Dest d,
   };
   RECFLEET_RETURN_IF_ERROR(clear_padding(direct, d, r, c));
   RECFLEET_RETURN_IF_ERROR(clear_padding(transposed, dt, c, r));
-  return CudaStatus(quant_cuda::Quantize(a, s), "FP8 operand quantize");
+  // Where the pass cannot write the bf16 copy, a cast after it does.
+  const bool cast_after = bf16_copy != nullptr && !quant_cuda::WritesBf16Copy(a);
+  if (cast_after) a.bf16_copy = nullptr;
+  RECFLEET_RETURN_IF_ERROR(CudaStatus(quant_cuda::Quantize(a, s), "FP8 operand quantize"));
+  if (!cast_after) return absl::OkStatus();
+  return CudaStatus(gemm_cuda::CastToBf16(t.as<float>(), bf16_copy, t.numel(), s), "cast to bf16");
 }
 
 // Temporary FP8 storage of a K-major operand [rows, k].
@@ -543,9 +548,16 @@ struct Bf16Slot {
     cols = t.dim(1);
     return absl::OkStatus();
   }
-  bool Holds(const TensorView& t) const {
-    return valid && t.dtype == DType::kFloat32 && src == t.data && rows == t.dim(0) &&
-           cols == t.dim(1);
+  // If it holds t's copy: points *p at it, uses it up and returns true.
+  bool Use(const TensorView& t, const void** p, DType* type) {
+    if (!valid || t.dtype != DType::kFloat32 || src != t.data || rows != t.dim(0) ||
+        cols != t.dim(1)) {
+      return false;
+    }
+    valid = false;
+    *p = data.get<void>();
+    *type = DType::kBFloat16;
+    return true;
   }
 };
 
@@ -701,21 +713,13 @@ absl::Status RunGemm(GemmRole role, const Operand& a, const Operand& b, GemmPrec
     const void* pb = b.t.data;
     DType ta = a.t.dtype, tb = b.t.dtype;
     if (precision == GemmPrecision::kBf16) {
-      LinearContext::State* st = context != nullptr ? context->state() : nullptr;
       // A wgrad of an FP8 layer: dy (A) and x (B) as its forward and dgrad
       // left them in bf16, else cast here.
-      auto kept = [&](Bf16Slot LinearContext::State::*slot, const TensorView& t,
-                      const void** p, DType* type) {
-        if (st == nullptr || role != GemmRole::kWgrad || !(st->*slot).Holds(t)) return false;
-        *p = (st->*slot).data.get<void>();
-        *type = DType::kBFloat16;
-        (st->*slot).valid = false;
-        return true;
-      };
-      if (!kept(&LinearContext::State::dyb, a.t, &pa, &ta)) {
+      const bool wgrad = context != nullptr && role == GemmRole::kWgrad;
+      if (!(wgrad && context->state()->dyb.Use(a.t, &pa, &ta))) {
         RECFLEET_RETURN_IF_ERROR(ToBf16(a.t, &tmp_a, &pa, &ta, s));
       }
-      if (!kept(&LinearContext::State::xb, b.t, &pb, &tb)) {
+      if (!(wgrad && context->state()->xb.Use(b.t, &pb, &tb))) {
         RECFLEET_RETURN_IF_ERROR(ToBf16(b.t, &tmp_b, &pb, &tb, s));
       }
     } else if (ta != tb || (ta == DType::kFloat32 && c.dtype != DType::kFloat32)) {

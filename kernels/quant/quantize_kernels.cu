@@ -1162,17 +1162,13 @@ __global__ void FromE8M0Kernel(const uint8_t* __restrict__ in, float* __restrict
   if (i < n) out[i] = ldexpf(1.0f, static_cast<int>(in[i]) - 127);
 }
 
-// QuantizeArgs::bf16_copy where the pass itself does not write it.
-__global__ void Bf16CopyKernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ y,
-                               int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    y[i] = __float2bfloat16_rn(x[i]);
-  }
-}
+}  // namespace
 
-// The pass alone (Quantize adds the bf16 copy).
-cudaError_t QuantizePass(const QuantizeArgs& a, cudaStream_t s) {
+cudaError_t Quantize(const QuantizeArgs& a, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (a.rows == 0 || a.cols == 0) return cudaSuccess;
+  // The row kernel writes the copy (it runs wherever WritesBf16Copy holds).
+  if (a.bf16_copy != nullptr && !WritesBf16Copy(a)) return cudaErrorInvalidValue;
   const bool d = a.direct.q != nullptr, t = a.transposed.q != nullptr;
   if (!d && !t) return cudaErrorInvalidValue;
   const int br = a.block_rows, bc = a.block_cols;
@@ -1197,25 +1193,10 @@ cudaError_t QuantizePass(const QuantizeArgs& a, cudaStream_t s) {
   return cudaErrorInvalidValue;
 }
 
-}  // namespace
-
-cudaError_t Quantize(const QuantizeArgs& a, void* stream) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (a.rows == 0 || a.cols == 0) return cudaSuccess;
-  if (a.bf16_copy == nullptr) return QuantizePass(a, s);
-  if (a.x_type != static_cast<int>(ElemType::kFloat32)) return cudaErrorInvalidValue;
-  const bool in_rows = a.direct.q != nullptr && a.transposed.q == nullptr &&
-                       a.block_rows == 1 && a.block_cols == 128 && RowKernelFits(a);
-  if (in_rows) return LaunchRows(a, s);
-  QuantizeArgs without = a;
-  without.bf16_copy = nullptr;
-  const cudaError_t e = QuantizePass(without, s);
-  if (e != cudaSuccess) return e;
-  const int64_t n = a.rows * a.cols;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
-  Bf16CopyKernel<<<grid, 256, 0, s>>>(static_cast<const float*>(a.x),
-                                       static_cast<__nv_bfloat16*>(a.bf16_copy), n);
-  return cudaGetLastError();
+bool WritesBf16Copy(const QuantizeArgs& a) {
+  return a.x_type == static_cast<int>(ElemType::kFloat32) && a.direct.q != nullptr &&
+         a.transposed.q == nullptr && a.block_rows == 1 && a.block_cols == 128 &&
+         RowKernelFits(a);
 }
 
 cudaError_t Dequantize(const uint8_t* q, int format, const float* scales, int64_t rows,

@@ -40,13 +40,16 @@ struct QuantizeArgs {
   // 128 rows; D = random signs per row index, RandomSign(hadamard_seed, row)).
   bool hadamard_transposed = false;
   uint64_t hadamard_seed = 0;
-  // fp32 x only: also x rounded to bf16 (round-to-nearest-even, x's shape,
-  // row-major) into bf16_copy. Written by the same pass where a direct-only
-  // 1x128 pass runs as the row kernel (one read of x for both: an FP8 layer
-  // whose weight gradient is bf16 keeps it for that GEMM), else by a cast
-  // after the pass.
+  // Also x rounded to bf16 (round-to-nearest-even, x's shape, row-major)
+  // into bf16_copy, by the same read of x (an FP8 layer whose weight
+  // gradient is bf16 keeps it for that GEMM). Only where WritesBf16Copy.
   void* bf16_copy = nullptr;
 };
+
+// Quantize rejects a bf16_copy (cudaErrorInvalidValue) unless this holds:
+// fp32 x, a direct-only 1x128 pass run by the row kernel (cols % 128 == 0,
+// 16-byte aligned x and bf16_copy, 8-byte aligned q).
+bool WritesBf16Copy(const QuantizeArgs& a);
 
 cudaError_t Quantize(const QuantizeArgs& a, void* stream);
 
