@@ -124,6 +124,16 @@ int rf_attention_backward(const RfAttentionArgs* a, char* err, int err_len) {
                 err_len);
 }
 
+// The backward with FP8 (e4m3) operands (AttentionOptions::
+// backward_precision), quantize pre-pass included. The
+// backward reads the forward's out and lse, whichever forward made them.
+int rf_attention_backward_fp8(const RfAttentionArgs* a, char* err, int err_len) {
+  Converted c = Convert(*a);
+  c.opts.backward_precision = attn::BackwardPrecision::kFp8E4M3;
+  return Report(attn::AttentionBackward(c.in, c.opts, c.out, c.lse, c.dout, c.grads), err,
+                err_len);
+}
+
 // Useful forward FLOPs of the call (from the real lengths and the mask).
 double rf_attention_forward_flops(const RfAttentionArgs* a) {
   Converted c = Convert(*a);

@@ -79,10 +79,21 @@ class Ours:
         if self.lib.rf_attention_forward_fp8(ctypes.byref(self.args), self.err, 1024) != 0:
             raise RuntimeError(self.err.value.decode())
 
-    def fwd_bwd(self):
-        self.fwd()
+    def bwd(self):
         if self.lib.rf_attention_backward(ctypes.byref(self.args), self.err, 1024) != 0:
             raise RuntimeError(self.err.value.decode())
+
+    def bwd_fp8(self):
+        if self.lib.rf_attention_backward_fp8(ctypes.byref(self.args), self.err, 1024) != 0:
+            raise RuntimeError(self.err.value.decode())
+
+    def fwd_bwd(self):
+        self.fwd()
+        self.bwd()
+
+    def fwd_bwd_fp8(self):
+        self.fwd_fp8()
+        self.bwd_fp8()
 
 
 def with_env(fn, name, value):
@@ -189,6 +200,8 @@ def load_lib(path):
     lib.rf_attention_forward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
     lib.rf_attention_forward_fp8.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
     lib.rf_attention_backward.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p, ctypes.c_int]
+    lib.rf_attention_backward_fp8.argtypes = [ctypes.POINTER(Args), ctypes.c_char_p,
+                                              ctypes.c_int]
     lib.rf_attention_forward_flops.argtypes = [ctypes.POINTER(Args)]
     lib.rf_attention_forward_flops.restype = ctypes.c_double
     return lib
@@ -443,10 +456,29 @@ def kernel_times(fn, reps=10):
     return times
 
 
+def reference_grads_fp32(q, k, v, dout, lens, causal):
+    """dq, dk, dv of softmax attention per sequence in fp32 (autograd through
+    the math SDPA), each [total, h, d]."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    grads = [torch.zeros(t.shape, device=t.device, dtype=torch.float32) for t in (q, k, v)]
+    start = 0
+    for n in lens:
+        if n > 0:
+            xs = [t[start:start + n].float().transpose(0, 1)[None].requires_grad_()
+                  for t in (q, k, v)]
+            with sdpa_kernel(SDPBackend.MATH):
+                o = F.scaled_dot_product_attention(*xs, is_causal=causal)
+            o.backward(dout[start:start + n].float().transpose(0, 1)[None])
+            for g, x in zip(grads, xs):
+                g[start:start + n] = x.grad[0].transpose(0, 1)
+        start += n
+    return grads
+
+
 def fp8_forward(lib, dev, lens):
-    """The FP8 (e4m3) forward against our bf16 forward on the same tensors:
-    whole calls (quantize pre-pass included), the kernels alone
-    (profiler), and both outputs against an fp32 reference."""
+    """The FP8 (e4m3) forward and backward against our bf16 ones on the same
+    tensors: whole calls (quantize pre-passes included), the kernels alone
+    (profiler), and outputs and gradients against an fp32 reference."""
     h, d = 8, 128
     q, k, v = (packed(lens, h, d, dev) for _ in range(3))
     for mask in ("none", "causal"):
@@ -455,8 +487,34 @@ def fp8_forward(lib, dev, lens):
         flops = ours.flops
         record(name, "recfleet JFA bf16", "fwd", flops, ours.fwd)
         record(name, "recfleet JFA FP8 (+quantize)", "fwd", flops, ours.fwd_fp8)
+        # The backward alone reads the last forward's out and lse (bf16's).
+        ours.fwd()
+        record(name, "recfleet JFA bf16", "bwd", 2.5 * flops, ours.bwd)
+        record(name, "recfleet JFA FP8 (+quantize)", "bwd", 2.5 * flops, ours.bwd_fp8)
+        record(name, "recfleet JFA bf16", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
+        record(name, "recfleet JFA FP8 (+quantize)", "fwd+bwd", 3.5 * flops, ours.fwd_bwd_fp8)
         if PASS[0] != 1 or PROFILE[0]:
             continue
+        ours.fwd()
+        for label, fn in (("bf16 bwd", ours.bwd), ("FP8 bwd", ours.bwd_fp8)):
+            for kname, ms in sorted(kernel_times(fn).items(), key=lambda x: -x[1]):
+                print(f"  kernel {label:<8} {ms:8.3f} ms {2.5 * flops / (ms * 1e-3) / 1e12:7.1f} "
+                      f"TF/s  {kname[:90]}", flush=True)
+        refs = reference_grads_fp32(q, k, v, ours.dout, lens, mask == "causal")
+        results = {}
+        for label, fn in (("bf16", ours.bwd), ("FP8", ours.bwd_fp8)):
+            for g in (ours.dq, ours.dk, ours.dv):
+                g.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            results[label] = [g.clone() for g in (ours.dq, ours.dk, ours.dv)]
+        for label in ("bf16", "FP8"):
+            errs = [rel_diff(g, r) for g, r in zip(results[label], refs)]
+            unwritten = sum(int(g.isnan().sum().item()) for g in results[label])
+            text = (f"dq {errs[0]:.3e} dk {errs[1]:.3e} dv {errs[2]:.3e}, {unwritten} NaN")
+            print(f"  check {name} bwd {label} vs fp32 reference: {text}", flush=True)
+            ROWS.append((name, f"check bwd {label} vs fp32 reference", "bwd", None, None, text))
+        del refs, results
         for label, fn in (("bf16", ours.fwd), ("FP8", ours.fwd_fp8)):
             for kname, ms in sorted(kernel_times(fn).items(), key=lambda x: -x[1]):
                 print(f"  kernel {label:<5} {ms:8.3f} ms {flops / (ms * 1e-3) / 1e12:7.1f} TF/s  "
@@ -642,7 +700,7 @@ def main():
     ap.add_argument("--no_compile", action="store_true")
     ap.add_argument("--sections", default="jagged128,gdpa,block,window,jagged64",
                     help="comma-separated subset of the workloads to run, in this order "
-                         "(also: fp8, the FP8 forward against the bf16 one)")
+                         "(also: fp8, the FP8 forward and backward against the bf16 ones)")
     ap.add_argument("--no_fwd_variants", action="store_true",
                     help="skip the rows of the Hopper forward's switched-off variants")
     ap.add_argument("--mma_bwd", action="store_true",

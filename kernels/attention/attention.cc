@@ -104,14 +104,17 @@ absl::Status ValidateAttention(const AttentionInputs& in, const AttentionOptions
     return absl::InvalidArgumentError(
         absl::StrCat("RoPE needs an even head_dim, got ", q.DebugString()));
   }
-  if (opts.forward_precision == ForwardPrecision::kFp8E4M3) {
+  const bool fp8_fwd = opts.forward_precision == ForwardPrecision::kFp8E4M3;
+  const bool fp8_bwd = opts.backward_precision == BackwardPrecision::kFp8E4M3;
+  if (fp8_fwd || fp8_bwd) {
     if (q.device != Device::kCuda || q.dtype != DType::kBFloat16 || q.dim(2) != 128 ||
         opts.activation != Activation::kSoftmax || in.bias.data != nullptr ||
         opts.scale < 0.0 || opts.mask == Mask::kBlock) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "options.forward_precision = kFp8E4M3 needs CUDA bf16 tensors with head_dim 128, the "
-          "softmax activation, no bias, a positive (or default) scale and a mask other than "
-          "kBlock; got q.values ",
+          "options.", fp8_fwd ? "forward" : "backward",
+          "_precision = kFp8E4M3 needs CUDA bf16 tensors with head_dim 128, the softmax "
+          "activation, no bias, a positive (or default) scale and a mask "
+          "other than kBlock; got q.values ",
           q.DebugString()));
     }
   }

@@ -96,6 +96,16 @@ enum class ForwardPrecision : uint8_t {
              // (cuda_kernels.h, Fp8Operands; cuda_wgmma_fp8.cu).
 };
 
+// The number format of the backward's matmul operands (AttentionOptions).
+enum class BackwardPrecision : uint8_t {
+  kBf16,     // q, k, v, dout as given (bf16).
+  kFp8E4M3,  // block-scaled FP8: every GEMM of the backward on e4m3 operands
+             // with power-of-two scales (q, dout per token and head, k, v
+             // and the transposed copies per head and channel, P with a fixed
+             // scale, dS per row with a scale that grows lazily); fp32
+             // accumulation, bf16 gradients (cuda_wgmma_fp8_bwd.cu).
+};
+
 // The block size of Mask::kBlock.
 inline constexpr int64_t kAttentionBlockSize = 64;
 // epsilon of the QK-norm: x / sqrt(|x|^2 + kQkNormEpsilon).
@@ -119,8 +129,14 @@ struct AttentionOptions {
   // Forward only, CUDA bf16 tensors: kFp8E4M3 runs the FP8 forward (softmax,
   // head_dim 128, no bias, a positive scale, any mask but kBlock), whose
   // output is within a few percent of the bf16 forward's (attention_fp8_
-  // cuda_test states the bound). The backward ignores it (bf16).
+  // cuda_test states the bound). The backward ignores it (backward_precision).
   ForwardPrecision forward_precision = ForwardPrecision::kBf16;
+  // Backward only, with the same conditions as forward_precision:
+  // kFp8E4M3 runs the FP8 backward, whose gradients are within ~10% (of
+  // their norm) of the bf16 backward's (attention_fp8_cuda_test states the
+  // bound). Independent of forward_precision: the backward reads the
+  // forward's bf16 output and lse either way.
+  BackwardPrecision backward_precision = BackwardPrecision::kBf16;
   // CUDA only: the cudaStream_t to run on (nullptr: the default stream).
   void* cuda_stream = nullptr;
 };

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -637,6 +638,22 @@ absl::Status MmaBackward(const DevicePlan& plan, const AttentionGrads& grads, Wo
                    "dQ to bf16");
 }
 
+// A stream-ordered temporary of `bytes` for each pointer.
+struct Part {
+  void** dst;
+  int64_t bytes;
+};
+absl::Status AllocParts(Workspace& ws, std::initializer_list<Part> parts) {
+  for (const Part& part : parts) {
+    auto buf = ws.Alloc(static_cast<size_t>(part.bytes));
+    if (!buf.ok()) return buf.status();
+    *part.dst = *buf;
+  }
+  return absl::OkStatus();
+}
+void** Ptr(float** x) { return reinterpret_cast<void**>(x); }
+void** Ptr(uint32_t** x) { return reinterpret_cast<void**>(x); }
+
 // The FP8 forward (AttentionOptions::forward_precision): the quantize
 // pre-pass into stream-ordered temporaries, then the Hopper FP8 kernel over
 // the grouped forward tiles (RECFLEET_ATTENTION_WGMMA_GROUP and _TURNS as for
@@ -659,19 +676,15 @@ absl::Status Fp8Forward(const AttentionInputs& in, const DevicePlan& plan, Works
   const int64_t cols = static_cast<int64_t>(p.heads) * p.head_dim;
   cuda_impl::Fp8Operands ops;
   ops.vt_cols = cuda_impl::Fp8VtCols(tk);
-  struct Part {
-    void** dst;
-    int64_t bytes;
-  };
-  for (const Part& part : {Part{&ops.q8, tq * cols}, Part{&ops.k8, tk * cols},
-                           Part{&ops.vt8, cols * ops.vt_cols},
-                           Part{reinterpret_cast<void**>(&ops.q_scale), tq * p.heads * 4},
-                           Part{reinterpret_cast<void**>(&ops.k_scale), cols * 4},
-                           Part{reinterpret_cast<void**>(&ops.v_scale), cols * 4},
-                           Part{reinterpret_cast<void**>(&ops.amax), 2 * cols * 4}}) {
-    auto buf = ws.Alloc(static_cast<size_t>(part.bytes));
-    if (!buf.ok()) return buf.status();
-    *part.dst = *buf;
+  if (auto s = AllocParts(ws, {{&ops.q8, tq * cols},
+                               {&ops.k8, tk * cols},
+                               {&ops.vt8, cols * ops.vt_cols},
+                               {Ptr(&ops.q_scale), tq * p.heads * 4},
+                               {Ptr(&ops.k_scale), cols * 4},
+                               {Ptr(&ops.v_scale), cols * 4},
+                               {Ptr(&ops.amax), 2 * cols * 4}});
+      !s.ok()) {
+    return s;
   }
   if (auto s = CudaCheck(cudaMemsetAsync(ops.amax, 0, 2 * cols * 4, stream),
                          "cudaMemsetAsync(fp8 amax)");
@@ -705,6 +718,74 @@ absl::Status Fp8Forward(const AttentionInputs& in, const DevicePlan& plan, Works
                                                                      : p.mask == cuda_impl::kMaskNone;
   return CudaCheck(cuda_impl::LaunchJaggedForwardFp8(p, *sms, stream),
                    "jagged attention forward (FP8)");
+}
+
+// The FP8 backward (AttentionOptions::backward_precision): the quantize
+// pre-pass into stream-ordered temporaries (q, k, v, dout and the
+// transposed copies of q, dout and k: ~7 bytes per element of q, k and v
+// together, freed when the call returns; rowsum(dO * O) comes from it too),
+// then the dQ pass over the
+// forward's query tiles and the dK/dV pass over the 128-key tiles.
+absl::Status Fp8Backward(const AttentionInputs& in, const DevicePlan& plan, Workspace& ws,
+                         KernelParams p, cudaStream_t stream) {
+  if (!cuda_impl::Fp8ForwardSupports(p)) {
+    return absl::InvalidArgumentError(
+        "the FP8 attention backward supports softmax at head_dim 128 without bias or fused RoPE");
+  }
+  auto sms = SmCount();
+  if (!sms.ok()) return sms.status();
+  // At least one row each, so that the tensor maps exist for empty sides
+  // (no tile then reads them).
+  const int64_t tq_real = in.q.values.dim(0), tk_real = in.k.values.dim(0);
+  const int64_t tq = std::max<int64_t>(tq_real, 1), tk = std::max<int64_t>(tk_real, 1);
+  const int64_t cols = static_cast<int64_t>(p.heads) * p.head_dim;
+  cuda_impl::Fp8BackwardOperands ops;
+  ops.q_cols = cuda_impl::Fp8VtCols(tq);
+  ops.kv_cols = cuda_impl::Fp8VtCols(tk);
+  const int64_t row_floats = tq * p.heads * 4, col_floats = cols * 4;
+  if (auto s = AllocParts(ws, {{&ops.q8, tq * cols},
+                               {&ops.do8, tq * cols},
+                               {&ops.k8, tk * cols},
+                               {&ops.v8, tk * cols},
+                               {&ops.qt8, cols * ops.q_cols},
+                               {&ops.dot8, cols * ops.q_cols},
+                               {&ops.kt8, cols * ops.kv_cols},
+                               {Ptr(&ops.q_scale), row_floats},
+                               {Ptr(&ops.do_scale), row_floats},
+                               {Ptr(&ops.dsum), row_floats},
+                               {Ptr(&ops.k_scale), col_floats},
+                               {Ptr(&ops.v_scale), col_floats},
+                               {Ptr(&ops.qt_scale), col_floats},
+                               {Ptr(&ops.dot_scale), col_floats},
+                               {Ptr(&ops.amax), 4 * col_floats}});
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CudaCheck(cudaMemsetAsync(ops.amax, 0, 4 * cols * 4, stream),
+                         "cudaMemsetAsync(fp8 amax)");
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CudaCheck(cuda_impl::LaunchFp8BackwardQuantize(p.q, p.k, p.v, p.dout, p.out, tq_real,
+                                                              tk_real, p.heads, p.head_dim, ops,
+                                                              stream),
+                         "FP8 attention backward quantize");
+      !s.ok()) {
+    return s;
+  }
+  p.q_rows = tq;
+  p.kv_rows = tk;
+  p.items = plan.forward_tiles;
+  p.num_items = plan.num_forward_tiles;
+  if (auto s = CudaCheck(cuda_impl::LaunchJaggedBackwardFp8(p, ops, /*dkdv=*/false, *sms, stream),
+                         "attention dQ (FP8)");
+      !s.ok()) {
+    return s;
+  }
+  p.items = plan.wide_key_tiles;
+  p.num_items = plan.num_wide_key_tiles;
+  return CudaCheck(cuda_impl::LaunchJaggedBackwardFp8(p, ops, /*dkdv=*/true, *sms, stream),
+                   "attention dK/dV (FP8)");
 }
 
 absl::Status CheckSizes(const AttentionInputs& in) {
@@ -800,7 +881,8 @@ absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& o,
       return s;
     }
   } else {
-    if (o.activation == Activation::kSoftmax) {
+    const bool fp8 = o.backward_precision == BackwardPrecision::kFp8E4M3;
+    if (o.activation == Activation::kSoftmax && !fp8) {  // FP8: its own (Fp8Backward)
       auto dsum = ws.Alloc(lse.nbytes());
       if (!dsum.ok()) return dsum.status();
       p.dsum = static_cast<const float*>(*dsum);
@@ -812,8 +894,10 @@ absl::Status BackwardCuda(const AttentionInputs& in, const AttentionOptions& o,
         return s;
       }
     }
-    const absl::Status s = UseWgmmaBackward(p) ? WgmmaBackward(in, plan, grads, ws, p, stream)
-                                               : MmaBackward(plan, grads, ws, p, stream);
+    const absl::Status s =
+        fp8 ? Fp8Backward(in, plan, ws, p, stream)
+        : UseWgmmaBackward(p) ? WgmmaBackward(in, plan, grads, ws, p, stream)
+                              : MmaBackward(plan, grads, ws, p, stream);
     if (!s.ok()) return s;
   }
   if (prep->transformed) {

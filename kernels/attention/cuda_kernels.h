@@ -142,6 +142,50 @@ int LaunchFp8Quantize(const void* q, const void* k, const void* v, int64_t q_row
 bool Fp8ForwardSupports(const KernelParams& p);
 int LaunchJaggedForwardFp8(const KernelParams& p, int sms, void* stream);
 
+// The FP8 (e4m3) backward's operands, made from bf16 q, k, v and dout by
+// LaunchFp8BackwardQuantize (cuda_wgmma_fp8_bwd.cu has the derivation).
+// Every scale is a power of two:
+//   k8 = k / k_scale[h, c], v8 = v / v_scale[h, c]      (per channel)
+//   q8[r, h, :] = q * k_scale[h, :] / q_scale[r, h]      (as the forward's)
+//   do8[r, h, :] = dout * v_scale[h, :] / do_scale[r, h]  (V's channel scales
+//                  folded into dO, one scale per token over dO V^T's reduction)
+//   qt8, dot8, kt8: q^T / qt_scale[h, c], dout^T / dot_scale[h, c], k^T /
+//                  k_scale[h, c], [heads * d, cols] with tokens permuted in
+//                  32-token blocks as Fp8Operands::vt8 (cols: rows rounded up
+//                  to 16, Fp8VtCols)
+struct Fp8BackwardOperands {
+  void* q8 = nullptr;
+  void* k8 = nullptr;
+  void* v8 = nullptr;
+  void* do8 = nullptr;
+  void* qt8 = nullptr;
+  void* dot8 = nullptr;
+  void* kt8 = nullptr;
+  float* q_scale = nullptr;   // [q_rows, heads]
+  float* do_scale = nullptr;  // [q_rows, heads]
+  float* k_scale = nullptr;   // [heads, d] each
+  float* v_scale = nullptr;
+  float* qt_scale = nullptr;
+  float* dot_scale = nullptr;
+  // rowsum(dO * O) [q_rows, heads] of the e4m3 dO and O quantized with
+  // v_scale: do_scale[r, h] * <do8[r, h, :], e4m3(out[r, h, :] / v_scale[h, :])>.
+  float* dsum = nullptr;
+  uint32_t* amax = nullptr;  // scratch [4, heads, d], zeroed by the caller
+  int64_t q_cols = 0;        // Fp8VtCols(q_rows)
+  int64_t kv_cols = 0;       // Fp8VtCols(kv_rows)
+};
+// Fills `ops` from bf16 q, dout, out (the forward's output) [q_rows, heads,
+// d] and k, v [kv_rows, heads, d].
+int LaunchFp8BackwardQuantize(const void* q, const void* k, const void* v, const void* dout,
+                              const void* out, int64_t q_rows, int64_t kv_rows, int heads, int head_dim,
+                              const Fp8BackwardOperands& ops, void* stream);
+// The Hopper FP8 backward (the shapes of Fp8ForwardSupports): the dQ pass
+// over the forward's query tiles (dkdv false) or the dK/dV pass over key
+// tiles of kWideKeyTileRows (true); p carries the items, the mask, the
+// scale, lse, q_rows, kv_rows and the bf16 outputs dq or dk and dv.
+int LaunchJaggedBackwardFp8(const KernelParams& p, const Fp8BackwardOperands& ops, bool dkdv,
+                            int sms, void* stream);
+
 // Each returns a cudaError_t as int (0 = success) of the launch.
 int LaunchJaggedForward(const KernelParams& p, void* stream);
 int LaunchJaggedBackwardDq(const KernelParams& p, void* stream);

@@ -51,263 +51,32 @@
 #include <cstdint>
 #include <utility>
 
-#include "kernels/attention/cuda_wgmma.cuh"
+#include "kernels/attention/cuda_fp8.cuh"
 
 namespace recfleet::attention::cuda_impl {
 namespace {
 
-// The smallest power of two s with amax / s <= 448 (e4m3's largest finite
-// value), from the exponent and mantissa bits: amax = 1.m * 2^e and
-// 448 = 1.75 * 2^8. 1 for amax = 0.
-__device__ __forceinline__ float Fp8Scale(float amax) {
-  if (!(amax > 0.f)) return 1.f;
-  const uint32_t bits = __float_as_uint(amax);
-  const int e = static_cast<int>(bits >> 23) - 127;
-  int s = e - 8 + ((bits & 0x7fffffu) > 0x600000u ? 1 : 0);
-  s = s < -126 ? -126 : (s > 127 ? 127 : s);
-  return __uint_as_float(static_cast<uint32_t>(s + 127) << 23);
-}
-
-__device__ __forceinline__ uint32_t E4m3x2(float lo, float hi) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
-}
-
-__device__ __forceinline__ void Bf16x8(const uint4& raw, float (&x)[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    x[2 * i] = f.x;
-    x[2 * i + 1] = f.y;
-  }
-}
-
-// ---- Quantize pre-pass. ----
-// The key held by slot k of a 32-key block of V^T (file comment): slots
-// 4 t + j (j = 0..3) of each half hold keys 2 t, 2 t + 1, 8 + 2 t, 9 + 2 t of
-// that half, the accumulator columns of thread t.
-__host__ __device__ constexpr int KeyOfSlot(int k) {
-  return (k & 16) | (((k & 15) >> 2) << 1) | (k & 1) | ((k & 2) << 2);
-}
-
-// amax[z][c] = max over rows of |x_z[r, c]| for x_0 = k and x_1 = v
-// ([rows, cols] bf16, cols a multiple of 8), as float bits (non-negative
-// floats order as integers). Block: 8 row lanes x 32 lanes of 8-column
-// chunks (256 columns), four rows in flight per thread, then one atomic per
-// column and block.
-__global__ void ChannelAmaxKernel(const bf16* k, const bf16* v, int64_t rows, int cols,
-                                  uint32_t* amax) {
-  __shared__ float part[8][256 + 8];
-  const bf16* x = blockIdx.z == 0 ? k : v;
-  const int lane = threadIdx.x % 32, row_lane = threadIdx.x / 32;
-  const int chunk = blockIdx.x * 32 + lane;
-  float m[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (chunk * 8 < cols) {
-    const int64_t step = static_cast<int64_t>(gridDim.y) * 8;
-    int64_t r = blockIdx.y * 8 + row_lane;
-    for (; r + 3 * step < rows; r += 4 * step) {
-      uint4 raw[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        raw[u] = *reinterpret_cast<const uint4*>(x + (r + u * step) * cols + chunk * 8);
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        float f[8];
-        Bf16x8(raw[u], f);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) m[i] = fmaxf(m[i], fabsf(f[i]));
-      }
-    }
-    for (; r < rows; r += step) {
-      float f[8];
-      Bf16x8(*reinterpret_cast<const uint4*>(x + r * cols + chunk * 8), f);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) m[i] = fmaxf(m[i], fabsf(f[i]));
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) part[row_lane][lane * 8 + i] = m[i];
-  __syncthreads();
-  float mx = part[0][threadIdx.x];
-#pragma unroll
-  for (int j = 1; j < 8; ++j) mx = fmaxf(mx, part[j][threadIdx.x]);
-  const int c = blockIdx.x * 256 + threadIdx.x;
-  if (c < cols) atomicMax(amax + blockIdx.z * cols + c, __float_as_uint(mx));
-}
-
-// 1 / s for a power of two s in [2^-126, 2^126], exactly, by the exponent.
-__device__ __forceinline__ float InversePow2(float s) {
-  return __uint_as_float(0x7f000000u - __float_as_uint(s));
-}
-
-// k_scale[c] = Fp8Scale(k amax[c]) and v_scale[c] = Fp8Scale(v amax[c]).
-__global__ void ScalesBothKernel(const uint32_t* amax, int cols, float* k_scale, float* v_scale) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < cols) {
-    k_scale[i] = Fp8Scale(__uint_as_float(amax[i]));
-  } else if (i < 2 * cols) {
-    v_scale[i - cols] = Fp8Scale(__uint_as_float(amax[i]));
-  }
-}
-
-// The blocks of QuantizeAllKernel (256 threads each), in launch order: V^T
-// (128 keys x one head's 128 channels a block), then K (8192 elements), then
-// Q (64 (row, head) pairs).
+// Q, K and V^T in one launch (the scales from ScalesBothKernel): V^T
+// (transposed, V's channel scales), then K (K's channel scales), then Q (K's
+// channel scales folded in, one scale per token).
 struct QuantizeBlocks {
   int64_t vt, k, q;
-  int64_t vt_key_blocks;
-  static constexpr int kKElems = 8192;
-  static constexpr int kQRowHeads = 64;
   QuantizeBlocks(int64_t q_rows, int64_t kv_rows, int heads, int64_t vt_cols)
-      : vt_key_blocks((vt_cols + 127) / 128) {
-    vt = vt_key_blocks * heads;
-    k = (kv_rows * heads * 128 + kKElems - 1) / kKElems;
-    q = (q_rows * heads + kQRowHeads - 1) / kQRowHeads;
-  }
+      : vt(TransposedBlocks(vt_cols, heads)),
+        k(ChannelBlocks(kv_rows, heads)),
+        q(TokenBlocks(q_rows, heads)) {}
 };
 
-// 4 x 4 byte transpose: out[c] holds byte c of in[0..3], in order.
-__device__ __forceinline__ void Transpose4x4(const uint32_t (&in)[4], uint32_t (&out)[4]) {
-  const uint32_t a = __byte_perm(in[0], in[1], 0x5140), b = __byte_perm(in[2], in[3], 0x5140);
-  const uint32_t c = __byte_perm(in[0], in[1], 0x7362), d = __byte_perm(in[2], in[3], 0x7362);
-  out[0] = __byte_perm(a, b, 0x5410);
-  out[1] = __byte_perm(a, b, 0x7632);
-  out[2] = __byte_perm(c, d, 0x5410);
-  out[3] = __byte_perm(c, d, 0x7632);
-}
-
-// Q, K and V^T in one launch (the scales from ScalesBothKernel), every
-// thread with several 16-byte loads in flight:
-//   V^T: warp w of a block takes channels 16 w .. 16 w + 15 of the block's
-//     head and its 128 keys; lane t + 4 h + 8 b loads the four keys that
-//     slots 4 t .. 4 t + 3 of half h of 32-key block b hold (KeyOfSlot:
-//     2 t, 2 t + 1, 8 + 2 t, 9 + 2 t), transposes the bytes in registers and
-//     stores one word per channel, a warp 128 contiguous bytes of a V^T row.
-//   K: four 8-element chunks a thread, 256 apart.
-//   Q: a half warp per (row, head), four of them 16 apart; the scale from
-//     the half warp's maximum.
 __global__ void __launch_bounds__(256) QuantizeAllKernel(
     const bf16* q, const bf16* k, const bf16* v, int64_t q_rows, int64_t kv_rows, int heads,
     QuantizeBlocks blocks, const float* k_scale, const float* v_scale, uint8_t* q8, uint8_t* k8,
     uint8_t* vt8, float* q_scale, int64_t vt_cols) {
-  const int64_t cols = static_cast<int64_t>(heads) * 128;
   int64_t b = blockIdx.x;
-  if (b < blocks.vt) {
-    const int head = static_cast<int>(b % heads);
-    const int64_t key0 = (b / heads) * 128;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int t = lane & 3, half = (lane >> 2) & 1, blk = lane >> 3;
-    const int64_t col = key0 + 32 * blk + 16 * half + 4 * t;  // the thread's first slot
-    const int c0 = head * 128 + 16 * warp;
-    uint4 raw[4][2];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int64_t key = key0 + 32 * blk + KeyOfSlot(16 * half + 4 * t + u);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        raw[u][j] = key < kv_rows
-                        ? *reinterpret_cast<const uint4*>(v + key * cols + c0 + 8 * j)
-                        : make_uint4(0, 0, 0, 0);
-      }
-    }
-    float inv[16];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float4 s = reinterpret_cast<const float4*>(v_scale + c0)[j];
-      inv[4 * j] = InversePow2(s.x);
-      inv[4 * j + 1] = InversePow2(s.y);
-      inv[4 * j + 2] = InversePow2(s.z);
-      inv[4 * j + 3] = InversePow2(s.w);
-    }
-    uint32_t w[4][4];  // [channel group of 4][key u]
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float f[8];
-        Bf16x8(raw[u][j], f);
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          const int c = 8 * j + 4 * g;
-          w[2 * j + g][u] = E4m3x2(f[4 * g] * inv[c], f[4 * g + 1] * inv[c + 1]) |
-                            (E4m3x2(f[4 * g + 2] * inv[c + 2], f[4 * g + 3] * inv[c + 3]) << 16);
-        }
-      }
-    }
-    if (col >= vt_cols) return;
-#pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      uint32_t o[4];
-      Transpose4x4(w[g], o);
-#pragma unroll
-      for (int cc = 0; cc < 4; ++cc) {
-        *reinterpret_cast<uint32_t*>(vt8 + (c0 + 4 * g + cc) * vt_cols + col) = o[cc];
-      }
-    }
-    return;
-  }
+  if (b < blocks.vt) return QuantizeTransposedBlock(v, kv_rows, heads, v_scale, vt8, vt_cols, b);
   b -= blocks.vt;
-  if (b < blocks.k) {
-    const int64_t n8 = kv_rows * cols / 8;
-    const int64_t i0 = b * (QuantizeBlocks::kKElems / 8) + threadIdx.x;
-    uint4 raw[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      if (i0 + 256 * u < n8) raw[u] = reinterpret_cast<const uint4*>(k)[i0 + 256 * u];
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int64_t i = i0 + 256 * u;
-      if (i >= n8) break;
-      float x[8];
-      Bf16x8(raw[u], x);
-      const int c0 = static_cast<int>((i * 8) % cols);
-      uint32_t wd[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const float4 s = *reinterpret_cast<const float4*>(k_scale + c0 + 4 * j);
-        wd[j] = E4m3x2(x[4 * j] * InversePow2(s.x), x[4 * j + 1] * InversePow2(s.y)) |
-                (E4m3x2(x[4 * j + 2] * InversePow2(s.z), x[4 * j + 3] * InversePow2(s.w)) << 16);
-      }
-      reinterpret_cast<uint2*>(k8)[i] = make_uint2(wd[0], wd[1]);
-    }
-    return;
-  }
+  if (b < blocks.k) return QuantizeChannelsBlock(k, kv_rows, heads, k_scale, k8, b);
   b -= blocks.k;
-  const int64_t rows_heads = q_rows * heads;
-  const int lane16 = threadIdx.x % 16;
-  const int64_t rh0 = b * QuantizeBlocks::kQRowHeads + threadIdx.x / 16;
-  uint4 raw[4];
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int64_t rh = rh0 + 16 * u;
-    raw[u] = rh < rows_heads ? reinterpret_cast<const uint4*>(q + rh * 128)[lane16]
-                             : make_uint4(0, 0, 0, 0);
-  }
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int64_t rh = rh0 + 16 * u;
-    const int head = static_cast<int>(rh % heads);
-    float x[8];
-    Bf16x8(raw[u], x);
-    const float* ks = k_scale + head * 128 + 8 * lane16;
-    const float4 s0 = reinterpret_cast<const float4*>(ks)[0];
-    const float4 s1 = reinterpret_cast<const float4*>(ks)[1];
-    x[0] *= s0.x, x[1] *= s0.y, x[2] *= s0.z, x[3] *= s0.w;
-    x[4] *= s1.x, x[5] *= s1.y, x[6] *= s1.z, x[7] *= s1.w;
-    float m = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(x[i]));
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (rh >= rows_heads) continue;
-    const float scale = Fp8Scale(m), inv = InversePow2(scale);
-    reinterpret_cast<uint2*>(q8 + rh * 128)[lane16] =
-        make_uint2(E4m3x2(x[0] * inv, x[1] * inv) | (E4m3x2(x[2] * inv, x[3] * inv) << 16),
-                   E4m3x2(x[4] * inv, x[5] * inv) | (E4m3x2(x[6] * inv, x[7] * inv) << 16));
-    if (lane16 == 0) q_scale[rh] = scale;
-  }
+  QuantizeTokensBlock(q, q_rows, heads, k_scale, q8, q_scale, b);
 }
 
 // ---- Forward configuration and shared memory. ----
@@ -356,25 +125,10 @@ __device__ __forceinline__ KeyTiles ItemKeyTiles(const WorkItem& it) {
 }
 static_assert(kForwardTileRows == Fp8Config<128>::kRows, "the planner's forward tiles are 128 rows");
 
-template <int kBytes>
-__device__ __forceinline__ void ExpectTile(uint32_t bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-               "n"(kBytes)
-               : "memory");
-}
 // The K and V^T tiles of a ring stage.
 template <class C>
 __device__ __forceinline__ uint32_t KvTile(uint32_t ring, int stage) {
   return ring + stage * C::kKvBytes;
-}
-// A [128 columns x 128 rows] box of a 2D byte tensor (V^T): column, row.
-__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int col, int row,
-                                          uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-      "{%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar)
-      : "memory");
 }
 
 // ---- Producer (warpgroup 2; one thread issues every copy). ----
@@ -442,32 +196,6 @@ struct Fp8Step {
   bool release;
 };
 
-// A descriptor of a K-major tile of 64-byte rows, 64-byte swizzled (V^T's
-// 64-key boxes): 8-row core-matrix groups 512 bytes apart.
-__device__ __forceinline__ uint64_t Desc64(uint32_t addr) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = static_cast<uint16_t>((addr & 0x3FFFF) >> 4);
-  d.bitfield.leading_byte_offset_ = 1;
-  d.bitfield.stride_byte_offset_ = static_cast<uint16_t>(512 >> 4);
-  d.bitfield.layout_type_ = static_cast<uint8_t>(GMMA::LayoutType::B64);
-  return d.desc_;
-}
-
-template <int N>
-using Fp8SsAtom = std::conditional_t<N == 128, GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>,
-                                     GMMA::MMA_64x192x32_F32E4M3E4M3_SS_TN<>>;
-
-// acc[64 x N] = A[64 x 128] B[N x 128]^T, both e4m3 K-major tiles of one
-// 128-byte column block: four k32 steps, 32 bytes apart.
-template <int N>
-__device__ __forceinline__ void GemmFp8SS(float (&acc)[N / 8][4], uint32_t a, uint32_t b) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    detail::FmaSS<Fp8SsAtom<N>, N>(
-        acc, Desc(a + kk * 32, 16, 1024), Desc(b + kk * 32, 16, 1024),
-        kk > 0 ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero, std::make_index_sequence<N / 2>{});
-  }
-}
 // acc[64 x 128] += P[64 x N keys] (registers) V^T[128 x N keys]^T: V^T one
 // 128-byte-swizzled block, or (kVt64) N / 64 blocks of 64-byte rows.
 template <class C>
@@ -535,26 +263,6 @@ __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& 
       part[nt & 1] += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
     }
     r.l[i] = fmaf(r.l[i], r.corr[i], part[0] + part[1]);
-  }
-}
-
-// P (fp32 accumulator layout) into e4m3 A fragments, in place: V^T's
-// permuted key blocks make the thread's accumulator columns 8 q + 2 t, + 1
-// of k step kk the fragment's k indices 4 t .. 4 t + 3 (q = 0, 1) and
-// 16 + 4 t .. 16 + 4 t + 3 (q = 2, 3) of rows g (i = 0) and g + 8 (i = 1).
-template <int N>
-__device__ __forceinline__ void PackP(const float (&sc)[N / 8][4], uint32_t (&pa)[N / 32][4]) {
-#pragma unroll
-  for (int kk = 0; kk < N / 32; ++kk) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float(&a)[4] = sc[4 * kk + 2 * h];
-        const float(&b)[4] = sc[4 * kk + 2 * h + 1];
-        pa[kk][2 * h + i] = E4m3x2(a[2 * i], a[2 * i + 1]) | (E4m3x2(b[2 * i], b[2 * i + 1]) << 16);
-      }
-    }
   }
 }
 
@@ -730,9 +438,8 @@ __global__ void __launch_bounds__(C::kCtaThreads, 1)
   }
 }
 
-// Tensor maps over the e4m3 operands, 128-byte swizzled 128 x 128-byte
-// boxes: q8/k8 [rows, heads, 128] (coordinates column, head, row) and V^T
-// [heads * 128, vt_cols] (column = key, row).
+}  // namespace
+
 bool MakeRowsMap(CUtensorMap* map, const void* base, int64_t rows, int heads, int box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr || rows <= 0 || rows > INT32_MAX) return false;
@@ -761,6 +468,8 @@ bool MakeVtMap(CUtensorMap* map, const void* base, int64_t vt_cols, int heads, i
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+namespace {
+
 template <class C>
 int LaunchFp8Kernel(const KernelParams& p, int sms, cudaStream_t stream) {
   CUtensorMap q_map{}, k_map{}, vt_map{};
@@ -788,15 +497,8 @@ int LaunchFp8Quantize(const void* q, const void* k, const void* v, int64_t q_row
   const int cols = heads * 128;
   uint32_t* k_amax = ops.amax;  // Then V's: amax[cols .. 2 cols).
   if (kv_rows > 0) {
-    // About eight blocks per SM over both tensors, each thread at least
-    // four rows.
-    const int col_blocks = (cols + 255) / 256;
-    const dim3 grid(col_blocks,
-                    static_cast<unsigned>(std::max<int64_t>(
-                        1, std::min<int64_t>((kv_rows + 31) / 32, 1024 / col_blocks))),
-                    2);
-    ChannelAmaxKernel<<<grid, 256, 0, s>>>(static_cast<const bf16*>(k),
-                                           static_cast<const bf16*>(v), kv_rows, cols, k_amax);
+    ChannelAmaxKernel<<<ChannelAmaxGrid(kv_rows, cols), 256, 0, s>>>(
+        static_cast<const bf16*>(k), static_cast<const bf16*>(v), kv_rows, cols, k_amax);
   }
   // The scales, then Q, K and V^T in one launch.
   ScalesBothKernel<<<(2 * cols + 255) / 256, 256, 0, s>>>(ops.amax, cols, ops.k_scale, ops.v_scale);
