@@ -154,6 +154,13 @@ void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfi
                   "fp32 blocks); use BLOCK_1X128_128X128 (1x128 activations, 128x128 weights)");
   }
   Fp8Attention(m, c, p);
+  if (r.attention_backward() == v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8) {
+    if (r.fp8_attention_size() == 0) {
+      p.Bad(f + ".attention_backward", "is FP8 but fp8_attention names no block; name the blocks whose attention "
+                                       "runs FP8 (forward and backward)");
+    }
+    c.fp8.attention_backward = true;
+  }
   const bool tuned = r.scale_granularity() != v1::PrecisionRecipe::SCALE_GRANULARITY_UNSPECIFIED ||
                      r.weight_gradient() != v1::PrecisionRecipe::WEIGHT_GRADIENT_UNSPECIFIED ||
                      r.all_gather() != v1::PrecisionRecipe::ALL_GATHER_UNSPECIFIED;
@@ -454,6 +461,7 @@ std::string JobModel::DebugString() const {
                                " wgrad_hadamard_sr=", config.fp8.wgrad_hadamard_stochastic,
                                " fp8_all_gather=", config.fp8.fp8_all_gather,
                                " fp8_attention=", absl::StrJoin(config.fp8.attention, ","),
+                               " fp8_attention_bwd=", config.fp8.attention_backward,
                                " ne_gate=", quality_gate.max_relative_ne_increase, "/", quality_gate.shadow_steps, "/",
                                quality_gate.eval_samples, " recompute_sequence=",
                                layers::BlockCheckpointName(activation_memory.level), " activation_budget_bytes=",

@@ -251,7 +251,18 @@ TEST(JobModelTest, Fp8AttentionIsBuiltOrRefusedByField) {
   EXPECT_EQ(m->config.fp8.AttentionPrecision("cross"), attention::ForwardPrecision::kBf16);
   EXPECT_FALSE(m->config.fp8.Holds("seq0.q"));  // The projections keep their precision.
   EXPECT_TRUE(CheckBuildable(spec).ok()) << CheckBuildable(spec);
-  EXPECT_NE(m->DebugString().find("fp8_attention=sequence,pma"), std::string::npos) << m->DebugString();
+  EXPECT_NE(m->DebugString().find("fp8_attention=sequence,pma fp8_attention_bwd=0"), std::string::npos)
+      << m->DebugString();
+  EXPECT_EQ(SequenceAttentionOptions(m->config).backward_precision, attention::BackwardPrecision::kBf16);
+  // attention_backward FP8: the same blocks' backward too.
+  r->set_attention_backward(v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8);
+  m = BuildJobModel(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(SequenceAttentionOptions(m->config).backward_precision, attention::BackwardPrecision::kFp8E4M3);
+  EXPECT_EQ(m->config.fp8.AttentionBackwardPrecision("pma"), attention::BackwardPrecision::kFp8E4M3);
+  EXPECT_EQ(m->config.fp8.AttentionBackwardPrecision("cross"), attention::BackwardPrecision::kBf16);
+  EXPECT_NE(m->DebugString().find("fp8_attention_bwd=1"), std::string::npos) << m->DebugString();
+  r->clear_attention_backward();
 
   struct Case {
     std::function<void(v1::ModelSpec&)> change;
@@ -287,6 +298,10 @@ TEST(JobModelTest, Fp8AttentionIsBuiltOrRefusedByField) {
          s.mutable_precision()->add_fp8_attention("sequence");
        },
        "spec.model.precision.fp8_attention[0]: not supported yet (the FP8 attention kernel has no BLOCK mask"},
+      {[](v1::ModelSpec& s) {
+         s.mutable_precision()->set_attention_backward(v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8);
+       },
+       "spec.model.precision.attention_backward is FP8 but fp8_attention names no block"},
   };
   for (const Case& c : cases) {
     v1::JobSpec bad = Spec(text);

@@ -85,12 +85,14 @@ struct GemLite<T>::Impl {
     final_norm_module = module("seq.final_norm");
     if (c.cross_attention) {
       cross = std::make_unique<layers::CrossAttention>(ctx, "cross", d, c.heads,
-                                                       c.fp8.AttentionPrecision("cross"));
+                                                       c.fp8.AttentionPrecision("cross"),
+                                                       c.fp8.AttentionBackwardPrecision("cross"));
       cross_module = module("cross");
     }
     if (c.pma_queries > 0) {
       pma = std::make_unique<layers::Pma>(ctx, "pma", d, c.heads, c.pma_queries,
-                                          c.fp8.AttentionPrecision("pma"));
+                                          c.fp8.AttentionPrecision("pma"),
+                                          c.fp8.AttentionBackwardPrecision("pma"));
       pma_module = module("pma");
     }
     dcn = std::make_unique<layers::Dcn>(ctx, "dcn", c.dcn_layers, interaction_dim);

@@ -130,6 +130,7 @@ attention::AttentionOptions SequenceAttentionOptions(const GemLiteConfig& config
   o.rope = config.rope;
   o.qk_norm = config.qk_norm;
   o.forward_precision = config.fp8.AttentionPrecision("sequence");
+  o.backward_precision = config.fp8.AttentionBackwardPrecision("sequence");
   return o;
 }
 

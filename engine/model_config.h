@@ -46,8 +46,13 @@ struct Fp8Recipe {
   bool fp8_all_gather = false;
   // PrecisionRecipe.fp8_attention names: "sequence", "cross", "pma". Their
   // attention forward runs the FP8 E4M3 kernel
-  // (attention::ForwardPrecision::kFp8E4M3); the backward stays bf16.
+  // (attention::ForwardPrecision::kFp8E4M3); the backward stays bf16 unless
+  // attention_backward.
   std::vector<std::string> attention;
+  // PrecisionRecipe.attention_backward = ATTENTION_BACKWARD_FP8: those
+  // blocks' attention backward runs FP8 E4M3 as well
+  // (attention::BackwardPrecision::kFp8E4M3).
+  bool attention_backward = false;
 
   bool empty() const { return modules.empty() && attention.empty(); }
   // Whether the attention block `block` ("sequence", "cross", "pma") runs
@@ -56,6 +61,11 @@ struct Fp8Recipe {
   // The attention forward precision of `block`.
   attention::ForwardPrecision AttentionPrecision(const std::string& block) const {
     return HoldsAttention(block) ? attention::ForwardPrecision::kFp8E4M3 : attention::ForwardPrecision::kBf16;
+  }
+  // The attention backward precision of `block`.
+  attention::BackwardPrecision AttentionBackwardPrecision(const std::string& block) const {
+    return HoldsAttention(block) && attention_backward ? attention::BackwardPrecision::kFp8E4M3
+                                                       : attention::BackwardPrecision::kBf16;
   }
   // Whether the linear layer named `linear` (its parameter name without
   // ".w": "dcn0", "moe.expert3.l1", "ctr.l1") belongs to a named module.

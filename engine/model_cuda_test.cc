@@ -388,7 +388,10 @@ TEST(GemLiteCudaTest, Fp8RecipeTrainsWithoutDivergenceNearBf16) {
 // seed without a non-finite loss, ending within 3% of bf16's eval NE: a
 // diverged or collapsed run, not a 0.1% gap (ne_probe --precision fp8a
 // measures that over many seeds).
-TEST(GemLiteCudaTest, Fp8AttentionForwardTrainsNearBf16) {
+// With fp8_backward (attention_backward FP8) the attention backward runs the
+// FP8 kernels too; its gradients carry ~6-8% error of their own (the
+// kernel's test), so the one-step gradient bound is looser.
+void Fp8AttentionTrainsNearBf16(bool fp8_backward) {
   const EvalNeSetup setup;
   const MovieLensCtr data = EvalNeData(setup.users);
   auto config = [&](uint64_t seed, bool fp8) {
@@ -396,6 +399,7 @@ TEST(GemLiteCudaTest, Fp8AttentionForwardTrainsNearBf16) {
     c.heads = 1;
     c.cross_attention = true;
     if (fp8) c.fp8.attention = {"sequence", "cross", "pma"};
+    c.fp8.attention_backward = fp8 && fp8_backward;
     return c;
   };
   {
@@ -435,7 +439,7 @@ TEST(GemLiteCudaTest, Fp8AttentionForwardTrainsNearBf16) {
     std::printf("one step: largest relative gradient difference (L2) to bf16 %.4f (%s); %d attention "
                 "parameters differ\n",
                 worst, worst_name.c_str(), attention_differs);
-    EXPECT_LE(worst, 0.25) << worst_name;
+    EXPECT_LE(worst, fp8_backward ? 0.4 : 0.25) << worst_name;
     EXPECT_GT(attention_differs, 0);
   }
   const std::vector<int64_t> order =
@@ -446,10 +450,18 @@ TEST(GemLiteCudaTest, Fp8AttentionForwardTrainsNearBf16) {
       ne[fp8] = EvalNeAfterTraining(config(seed, fp8 == 1), data, setup, order,
                                     absl::StrCat(fp8 ? "fp8 attention" : "bf16", " seed ", seed));
     }
-    std::printf("seed %d: eval NE bf16 %.5f, fp8 attention %.5f (%+.3f%%)\n", static_cast<int>(seed),
-                ne[0], ne[1], 100 * (ne[1] - ne[0]) / ne[0]);
+    std::printf("seed %d: eval NE bf16 %.5f, fp8 attention%s %.5f (%+.3f%%)\n",
+                static_cast<int>(seed), ne[0], fp8_backward ? " fwd+bwd" : "", ne[1],
+                100 * (ne[1] - ne[0]) / ne[0]);
     EXPECT_LE(std::abs(ne[1] - ne[0]) / ne[0], 0.03) << "seed " << seed;
   }
+}
+
+TEST(GemLiteCudaTest, Fp8AttentionForwardTrainsNearBf16) { Fp8AttentionTrainsNearBf16(false); }
+
+// Issue #20 item 5, backward: attention_backward FP8 as well.
+TEST(GemLiteCudaTest, Fp8AttentionForwardAndBackwardTrainNearBf16) {
+  Fp8AttentionTrainsNearBf16(true);
 }
 
 // The linears' weight gradients are overwritten by their step's first

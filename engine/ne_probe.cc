@@ -15,7 +15,7 @@
 //
 //   ne_probe [--users N | --movielens DIR] [--seeds 1,2,3] [--steps N]
 //            [--batch B,...] [--lr LR,...] [--order cyclic,shuffled]
-//            [--precision fp32,bf16,fp8,fp8w,fp8hs,fp8a] [--fp8-modules M,...]
+//            [--precision fp32,bf16,fp8,fp8w,fp8hs,fp8a,fp8ab] [--fp8-modules M,...]
 //            [--fp8-attention B,...] [--heads H] [--repeats R] [--no-prefetch] [--compare-cpu-steps N]
 //            [--trace-nonfinite]
 // Defaults: EvalNeSetup's, fp32 only, one repeat.
@@ -32,6 +32,8 @@
 // sequence,pma) on the FP8 attention kernel, every linear layer bf16; that
 // kernel takes head dim 128, so give --heads 1 (this model's dim is 128;
 // --heads applies to every precision of the run, so bf16 is its baseline).
+// fp8ab is fp8a with those blocks' attention backward FP8 as well
+// (attention_backward: ATTENTION_BACKWARD_FP8).
 // --movielens reads a MovieLens-format
 // dataset folder (ReadMovieLens: NAME.inter, optional NAME.user/NAME.item)
 // instead of the synthetic users, e.g. the public ml-100k.
@@ -89,6 +91,11 @@ struct Args {
   bool trace_nonfinite = false;
 };
 
+// Whether `precision` runs the attention of --fp8-attention in FP8.
+bool Fp8Attention(const std::string& precision) {
+  return precision == "fp8a" || precision == "fp8ab";
+}
+
 // Whether `precision` runs the linear layers of --fp8-modules in FP8.
 bool Fp8Linears(const std::string& precision) {
   return precision == "fp8" || precision == "fp8w" || precision == "fp8hs";
@@ -106,7 +113,10 @@ std::unique_ptr<GemLite<float>> Make(GemLiteConfig c, const FeatureSchema& schem
     c.fp8.fp8_weight_gradients = precision != "fp8";
     c.fp8.wgrad_hadamard_stochastic = precision == "fp8hs";
   }
-  if (precision == "fp8a") c.fp8.attention = fp8_attention;
+  if (Fp8Attention(precision)) {
+    c.fp8.attention = fp8_attention;
+    c.fp8.attention_backward = precision == "fp8ab";
+  }
   absl::StatusOr<std::unique_ptr<GemLite<float>>> m =
       GemLite<float>::Create(c, schema, TableStorage::kInternal, e);
   if (!m.ok()) {
@@ -415,7 +425,8 @@ int main(int argc, char** argv) {
     } else if (arg == "--precision") {
       ok = ParseList(value(), a.precisions, [](absl::string_view s, std::string& v) {
         v = std::string(s);
-        return s == "fp32" || s == "bf16" || recfleet::engine::Fp8Linears(v) || s == "fp8a";
+        return s == "fp32" || s == "bf16" || recfleet::engine::Fp8Linears(v) ||
+               recfleet::engine::Fp8Attention(v);
       });
     } else if (arg == "--fp8-attention") {
       fp8_attention_given = true;
@@ -441,7 +452,7 @@ int main(int argc, char** argv) {
     if (!ok) {
       std::fprintf(stderr,
                    "bad argument %s (expected --users N, --seeds S,..., --steps N, --batch B,..., "
-                   "--lr LR,..., --order cyclic|shuffled,..., --precision fp32|bf16|fp8|fp8w|fp8hs|fp8a,..., "
+                   "--lr LR,..., --order cyclic|shuffled,..., --precision fp32|bf16|fp8|fp8w|fp8hs|fp8a|fp8ab,..., "
                    "--fp8-modules M,... (of %s), --fp8-attention B,... (of sequence, cross, pma), "
                    "--heads H, --movielens DIR, --repeats R, --no-prefetch, "
                    "--compare-cpu-steps N, --trace-nonfinite)\n",
@@ -460,8 +471,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (fp8_attention_given &&
-      std::find(a.precisions.begin(), a.precisions.end(), "fp8a") == a.precisions.end()) {
-    std::fprintf(stderr, "--fp8-attention needs --precision fp8a\n");
+      std::none_of(a.precisions.begin(), a.precisions.end(), recfleet::engine::Fp8Attention)) {
+    std::fprintf(stderr, "--fp8-attention needs --precision fp8a or fp8ab\n");
     return 2;
   }
   const recfleet::engine::EvalNeSetup& s = a.setup;

@@ -12,9 +12,11 @@ namespace recfleet::engine::layers {
 namespace {
 
 // Cross-attention and PMA: softmax over the whole history, no positions.
-attention::AttentionOptions PoolingOptions(attention::ForwardPrecision forward_precision) {
+attention::AttentionOptions PoolingOptions(attention::ForwardPrecision forward_precision,
+                                           attention::BackwardPrecision backward_precision) {
   attention::AttentionOptions o;
   o.forward_precision = forward_precision;
+  o.backward_precision = backward_precision;
   return o;
 }
 
@@ -457,14 +459,15 @@ absl::Status SelfAttentionBlock::Backward(const TensorView& dy, const TensorView
 // ---- CrossAttention ----------------------------------------------------------
 
 CrossAttention::CrossAttention(const LayerContext& ctx, const std::string& name, int64_t dim,
-                               int64_t heads, attention::ForwardPrecision forward_precision)
+                               int64_t heads, attention::ForwardPrecision forward_precision,
+                               attention::BackwardPrecision backward_precision)
     : ctx_(ctx),
       dim_(dim),
       q_(ctx, name + ".q", dim, dim, false),
       k_(ctx, name + ".k", dim, dim, false),
       v_(ctx, name + ".v", dim, dim, false),
       o_(ctx, name + ".o", dim, dim, true),
-      attention_(ctx, heads, PoolingOptions(forward_precision)) {}
+      attention_(ctx, heads, PoolingOptions(forward_precision, backward_precision)) {}
 
 absl::Status CrossAttention::Forward(const JaggedView& tokens, const JaggedView& history,
                                      Tensor* y) {
@@ -503,7 +506,8 @@ absl::Status CrossAttention::Backward(const TensorView& dy, const TensorView& dt
 // ---- Pma -------------------------------------------------------------------------
 
 Pma::Pma(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
-         int64_t queries, attention::ForwardPrecision forward_precision)
+         int64_t queries, attention::ForwardPrecision forward_precision,
+         attention::BackwardPrecision backward_precision)
     : ctx_(ctx),
       dim_(dim),
       num_queries_(queries),
@@ -511,7 +515,7 @@ Pma::Pma(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t 
       k_(ctx, name + ".k", dim, dim, false),
       v_(ctx, name + ".v", dim, dim, false),
       o_(ctx, name + ".o", dim, dim, true),
-      attention_(ctx, heads, PoolingOptions(forward_precision)) {}
+      attention_(ctx, heads, PoolingOptions(forward_precision, backward_precision)) {}
 
 absl::Status Pma::Forward(const JaggedView& history, Tensor* y) {
   const int64_t batch = history.batch_size(), rows = batch * num_queries_;

@@ -210,10 +210,11 @@ class SelfAttentionBlock {
 
 class CrossAttention {
  public:
-  // `forward_precision`: the attention forward's (kFp8E4M3: the FP8
-  // kernel, head dim 128; the backward stays bf16).
+  // `forward_precision`, `backward_precision`: the attention forward's and
+  // backward's (kFp8E4M3: the FP8 kernels, head dim 128).
   CrossAttention(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
-                 attention::ForwardPrecision forward_precision = attention::ForwardPrecision::kBf16);
+                 attention::ForwardPrecision forward_precision = attention::ForwardPrecision::kBf16,
+                 attention::BackwardPrecision backward_precision = attention::BackwardPrecision::kBf16);
 
   // tokens [T, dim] and history [L, dim] share the batch size; every token
   // of sample b sees all of b's history (softmax, no positions). With the
@@ -238,10 +239,11 @@ class CrossAttention {
 class Pma {
  public:
   // Registers `name`.queries [queries, dim] (N(0, 1)) and the projections.
-  // `forward_precision` as CrossAttention's.
+  // `forward_precision` and `backward_precision` as CrossAttention's.
   Pma(const LayerContext& ctx, const std::string& name, int64_t dim, int64_t heads,
       int64_t queries,
-      attention::ForwardPrecision forward_precision = attention::ForwardPrecision::kBf16);
+      attention::ForwardPrecision forward_precision = attention::ForwardPrecision::kBf16,
+      attention::BackwardPrecision backward_precision = attention::BackwardPrecision::kBf16);
 
   // With the bf16 flow as CrossAttention's; y is of the model's dtype.
   absl::Status Forward(const JaggedView& history, Tensor* y);

@@ -628,11 +628,12 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
   }
   if (precision.fp8_attention_size() > 0) {
     // The planner's attention time stays bf16's: the FP8 forward's kernel is
-    // ~1.1x bf16's but its quantize pre-pass makes the call ~0.8x
-    // (bench/RESULTS.md), and the backward is bf16.
+    // ~1.1x bf16's but its quantize pre-pass makes the call ~0.9x, and the
+    // FP8 backward call is ~0.9x bf16's (bench/RESULTS.md).
+    const bool fp8_bwd = precision.attention_backward() == v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8;
     if (!request.precision.recipe.empty()) absl::StrAppend(&request.precision.recipe, "; ");
-    absl::StrAppend(&request.precision.recipe, "FP8 (E4M3) attention forward in ",
-                    absl::StrJoin(precision.fp8_attention(), ", "), ", its backward bf16");
+    absl::StrAppend(&request.precision.recipe, "FP8 (E4M3) attention ", fp8_bwd ? "forward and backward" : "forward",
+                    " in ", absl::StrJoin(precision.fp8_attention(), ", "), fp8_bwd ? "" : ", its backward bf16");
   }
   if (precision.fp8_modules_size() > 0 || precision.fp8_attention_size() > 0) {
     if (precision.quality_gate().max_relative_ne_increase() > 0) {

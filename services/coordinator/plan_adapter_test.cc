@@ -434,6 +434,12 @@ TEST(PlanAdapterTest, Fp8AttentionIsShownWithTheRecipe) {
       request->precision.recipe.find("every other linear layer bf16; FP8 (E4M3) attention forward in sequence, pma"),
       std::string::npos)
       << request->precision.recipe;
+  recipe->set_attention_backward(v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8);
+  request = PlanRequestFromSpec(spec);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_NE(request->precision.recipe.find("FP8 (E4M3) attention forward and backward in sequence, pma; quality gate"),
+            std::string::npos)
+      << request->precision.recipe;
 }
 
 TEST(PlanAdapterTest, ParallelismHintsConstrainThePlan) {

@@ -266,6 +266,13 @@ const std::map<std::string, Field>& Fields() {
                                            HeadDim128(s);
                                            Fp8(s).add_fp8_attention("sequence");
                                          }}},
+      {"model.precision.attention_backward",
+       {H,
+        [](JobSpec& s) {
+          HeadDim128(s);
+          Fp8(s).add_fp8_attention("sequence");
+          Fp8(s).set_attention_backward(v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8);
+        }}},
       {"model.precision.scale_granularity",
        {R,
         [](JobSpec& s) {
