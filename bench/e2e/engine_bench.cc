@@ -23,7 +23,8 @@
 // seconds).
 // --fp8 MODULES (comma list, model.precision.fp8_modules of the spec, e.g.
 // "dcn,moe.experts"), --fp8-attention BLOCKS (model.precision.fp8_attention,
-// e.g. "sequence,cross,pma") and --fp8-wgrad bf16|fp8|hadamard set the spec's per-layer
+// e.g. "sequence,cross,pma"), --fp8-attention-bwd bf16|fp8 (model.precision.
+// attention_backward) and --fp8-wgrad bf16|fp8|hadamard set the spec's per-layer
 // precision recipe before the model is built; --eval-batches N holds the
 // file's last N batches out of training and reports the CTR head's eval NE
 // and AUC on them right after the timed steps (the same steps for every
@@ -54,7 +55,8 @@
 //   engine_bench --job config_a.yaml --batches batches.bin --json out.json
 //                [--steps 20] [--warmup 5] [--profile-steps 3]
 //                [--precision bf16|fp32] [--search-s 60]
-//                [--fp8 MODULES] [--fp8-attention BLOCKS] [--fp8-wgrad bf16|fp8|hadamard] [--eval-batches N]
+//                [--fp8 MODULES] [--fp8-attention BLOCKS] [--fp8-attention-bwd bf16|fp8]
+//                [--fp8-wgrad bf16|fp8|hadamard] [--eval-batches N]
 //                [--ne-baseline 1] [--ne-tolerance 0.001]
 //                [--recompute-attention-blocks N] [--cuda-graphs 1]
 //                [--attention-checkpoint none|norm|projections|block[,...]]
@@ -215,7 +217,8 @@ uint64_t DeviceUsedBytes() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string job, batches_path, json, precision = "bf16", fp8, fp8_attention, fp8_wgrad = "bf16";
+  std::string job, batches_path, json, precision = "bf16", fp8, fp8_attention, fp8_wgrad = "bf16",
+                                                   fp8_attention_bwd = "bf16";
   int steps = 20, warmup = 5, profile_steps = 3, eval_batches = 0, recompute_blocks = -1, probe = 0;
   int host_sample_steps = 0, host_sample_us = 50;
   std::string host_sample_out, start_after;
@@ -238,6 +241,8 @@ int main(int argc, char** argv) {
       fp8_attention = v;
     } else if (a == "--fp8-wgrad") {
       fp8_wgrad = v;
+    } else if (a == "--fp8-attention-bwd") {
+      fp8_attention_bwd = v;
     } else if (a == "--eval-batches") {
       if (!absl::SimpleAtoi(v, &eval_batches) || eval_batches < 0) {
         return Fail("--eval-batches needs an integer >= 0");
@@ -295,6 +300,9 @@ int main(int argc, char** argv) {
   if (fp8_wgrad != "bf16" && fp8_wgrad != "fp8" && fp8_wgrad != "hadamard") {
     return Fail("--fp8-wgrad is bf16, fp8 or hadamard (FP8 after a random Hadamard transform, dy rounded stochastically)");
   }
+  if (fp8_attention_bwd != "bf16" && fp8_attention_bwd != "fp8") {
+    return Fail("--fp8-attention-bwd is bf16 or fp8");
+  }
   if (ne_baseline && ((fp8.empty() && fp8_attention.empty()) || eval_batches == 0)) {
     return Fail("--ne-baseline needs --fp8 or --fp8-attention, and --eval-batches");
   }
@@ -306,6 +314,9 @@ int main(int argc, char** argv) {
   }
   for (absl::string_view block : absl::StrSplit(fp8_attention, ',', absl::SkipEmpty())) {
     recipe->add_fp8_attention(std::string(block));
+  }
+  if (fp8_attention_bwd == "fp8") {
+    recipe->set_attention_backward(recfleet::v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8);
   }
   if (fp8_wgrad == "fp8") recipe->set_weight_gradient(recfleet::v1::PrecisionRecipe::FP8);
   if (fp8_wgrad == "hadamard") recipe->set_weight_gradient(recfleet::v1::PrecisionRecipe::FP8_HADAMARD_STOCHASTIC);
@@ -815,7 +826,8 @@ int main(int argc, char** argv) {
       "\"phases\": %s, \"gpu_idle\": %s, \"gpu_idle_cold\": %s, "
       "\"host_ms_per_step\": {\"forward_backward\": %.3f, \"prefetch\": %.3f, \"update\": %.3f, "
       "\"loss_wait\": %.3f}, "
-      "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_attention\": \"%s\", \"fp8_wgrad\": \"%s\", "
+      "\"largest_batch_fitting\": %lld, \"fp8\": \"%s\", \"fp8_attention\": \"%s\", "
+      "\"fp8_attention_bwd\": \"%s\", \"fp8_wgrad\": \"%s\", "
       "\"eval\": %s, "
       "\"ne_gate\": %s, \"recompute_attention_blocks\": %d, \"recomputed_flops_per_step\": %.6g, "
       "\"attention_checkpoint\": \"%s\", \"fp8_saved\": %s, \"regions\": %s, \"memory\": %s, "
@@ -826,7 +838,8 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(mem->reserved), static_cast<unsigned long long>(device_used),
       last_loss, phases, gpu_idle, gpu_idle_cold,
       host_ms[0] / steps, host_ms[1] / steps, host_ms[2] / steps, host_ms[3] / steps,
-      static_cast<long long>(largest), fp8, fp8_attention, fp8_wgrad, eval, ne_gate, recompute_blocks,
+      static_cast<long long>(largest), fp8, fp8_attention, fp8_attention_bwd, fp8_wgrad, eval, ne_gate,
+      recompute_blocks,
       recomputed_flops, attention_checkpoint, fp8_saved ? "true" : "false", regions, memory,
       cuda_graphs ? "true" : "false", static_cast<long long>(m.cuda_graph_replays()), host_sample);
   // GCC does not check absl::StrFormat's arguments at compile time: a

@@ -340,6 +340,38 @@ TEST(AttentionValidationTest, RejectsBadShapesWithClearMessages) {
   EXPECT_NE(s.message().find("bias must be fp64[24]"), std::string::npos) << s;
 }
 
+// The FP8 forward and backward are CUDA bf16 kernels at head dim 128 for
+// softmax: anything else is refused by the option's name, the backward's
+// before any gradient is written.
+TEST(AttentionValidationTest, RejectsFp8WhereItCannotRun) {
+  std::mt19937_64 rng(11);
+  Problem p = MakeProblem({3}, {4}, 1, 128, rng);
+  AttentionInputs in = p.Inputs(false);
+  std::vector<double> out(p.q.size()), lse(3), dq(p.q.size(), 7.0), dk(p.k.size(), 7.0),
+      dv(p.v.size(), 7.0);
+  const TensorView out_view = MakeView(out.data(), DType::kFloat64, in.q.values.shape);
+  const TensorView lse_view = MakeView(lse.data(), DType::kFloat64, {3, 1});
+  AttentionOptions o;
+  o.forward_precision = ForwardPrecision::kFp8E4M3;
+  absl::Status s = AttentionForward(in, o, out_view, lse_view);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("forward_precision = kFp8E4M3 needs CUDA bf16"), std::string::npos) << s;
+
+  o = AttentionOptions();
+  ASSERT_TRUE(AttentionForward(in, o, out_view, lse_view).ok());
+  o.backward_precision = BackwardPrecision::kFp8E4M3;
+  AttentionGrads g;
+  g.dq = MakeView(dq.data(), DType::kFloat64, in.q.values.shape);
+  g.dk = MakeView(dk.data(), DType::kFloat64, in.k.values.shape);
+  g.dv = MakeView(dv.data(), DType::kFloat64, in.v.shape);
+  s = AttentionBackward(in, o, out_view, lse_view, out_view, g);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("backward_precision = kFp8E4M3 needs CUDA bf16"), std::string::npos)
+      << s;
+  for (double x : dq) ASSERT_EQ(x, 7.0);
+  for (double x : dv) ASSERT_EQ(x, 7.0);
+}
+
 TEST(AttentionFlopsTest, CountsVisiblePairs) {
   std::vector<int64_t> qo{0, 3, 3}, ko{0, 3, 5};
   JaggedView q, k;
