@@ -491,6 +491,8 @@ def fp8_forward(lib, dev, lens):
         ours.fwd()
         record(name, "recfleet JFA bf16", "bwd", 2.5 * flops, ours.bwd)
         record(name, "recfleet JFA FP8 (+quantize)", "bwd", 2.5 * flops, ours.bwd_fp8)
+        record(name, "recfleet JFA FP8 (+quantize), dQ pass 64-key tiles", "bwd", 2.5 * flops,
+               with_env(ours.bwd_fp8, "RECFLEET_ATTENTION_FP8_DQ_KEYS", "64"))
         record(name, "recfleet JFA bf16", "fwd+bwd", 3.5 * flops, ours.fwd_bwd)
         record(name, "recfleet JFA FP8 (+quantize)", "fwd+bwd", 3.5 * flops, ours.fwd_bwd_fp8)
         if PASS[0] != 1 or PROFILE[0]:

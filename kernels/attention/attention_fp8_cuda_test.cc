@@ -446,6 +446,22 @@ TEST(AttentionFp8CudaTest, BackwardCrossAndScales) {
   ASSERT_NO_FATAL_FAILURE(RunBackwardCase(ScalesCase("bwd scales causal", Mask::kCausal), 53));
 }
 
+// The launcher's dQ pass streams 128-key tiles; the 64-key one
+// (RECFLEET_ATTENTION_FP8_DQ_KEYS=64) runs here under every mask.
+TEST(AttentionFp8CudaTest, BackwardDqPassWith64KeyTiles) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  setenv("RECFLEET_ATTENTION_FP8_DQ_KEYS", "64", 1);
+  uint64_t seed = 70;
+  for (Mask mask : {Mask::kNone, Mask::kCausal, Mask::kSlidingWindow}) {
+    const int64_t window = mask == Mask::kSlidingWindow ? 200 : 0;
+    ASSERT_NO_FATAL_FAILURE(
+        RunBackwardCase({"bwd 64-key dQ, self", kRagged, kRagged, mask, window}, seed++));
+    ASSERT_NO_FATAL_FAILURE(
+        RunBackwardCase({"bwd 64-key dQ, cross", kCrossQ, kCrossK, mask, window}, seed++));
+  }
+  unsetenv("RECFLEET_ATTENTION_FP8_DQ_KEYS");
+}
+
 TEST(AttentionFp8CudaTest, BackwardAfterTheFp8Forward) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   ASSERT_NO_FATAL_FAILURE(

@@ -98,7 +98,8 @@ struct KernelParams {
   // buffer while this item is computed (where shared memory allows); off,
   // one buffer, reloaded once both consumers finished the item.
   bool wgmma_stat_prefetch = true;
-  // FP8 forward: 192-key K/V tiles instead of 128 (Fp8Config).
+  // FP8 forward: 192-key K/V tiles instead of 128 (Fp8Config); FP8
+  // backward's dQ pass: 128-row streamed K/V tiles instead of 64.
   bool fp8_wide_keys = false;
   int64_t q_rows = 0;   // rows of q and dout (the Hopper kernels' tensor maps)
   int64_t kv_rows = 0;  // rows of k and v

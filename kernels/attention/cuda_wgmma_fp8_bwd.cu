@@ -4,7 +4,8 @@
 // (cuda_wgmma_bwd.cu), every GEMM on e4m3 operands with fp32 accumulation.
 //
 // A CTA owns a 128-row stationary tile pair (X, Y) of one (sequence, head)
-// and streams the 64-row tiles of the other side that see it:
+// and streams the 64-row (dK/dV pass) or 128-row (dQ pass; 64 with
+// RECFLEET_ATTENTION_FP8_DQ_KEYS=64) tiles of the other side that see it:
 //   dK/dV pass: X = K, Y = V, A = Q, B = dO (items: 128-key tiles);
 //   dQ pass:    X = Q, Y = dO, A = K (items: the forward's query tiles).
 // Per streamed tile a consumer warpgroup (64 stationary rows) computes
@@ -90,12 +91,15 @@ __global__ void __launch_bounds__(256)
 }
 
 // ---- Configuration and shared memory. ----
-template <bool kKeysStationary>
+// kStreamRows: rows of a streamed tile, 64, or 128 for the dQ pass (whose
+// consumers hold one accumulator fewer than the dK/dV pass's).
+template <bool kKeysStationary, int kStreamRows = 64>
 struct Fp8BwdConfig {
   static constexpr int D = 128;
   static constexpr bool kDkDv = kKeysStationary;
   static constexpr int kStatRows = 128;  // 64 per consumer warpgroup
-  static constexpr int R = 64;           // rows of a streamed tile
+  static constexpr int R = kStreamRows;
+  static_assert(R == 64 || (R == 128 && !kDkDv), "streamed tile rows");
   static constexpr int kStages = 3;
   static constexpr int kStatBufs = 2;  // the next item's pair loads during this one
   static constexpr int kStatBytes = kStatRows * D;  // one byte an element
@@ -252,14 +256,17 @@ __device__ __forceinline__ void Fp8BwdProducer(const KernelParams& p,
 }
 
 // ---- Consumers. ----
-// acc[64 x 128] += F[64 x 64 streamed] (e4m3 A fragments) T[128 x 64]^T,
-// T a 64-byte-swizzled X^T tile: two k32 steps.
-__device__ __forceinline__ void GemmFp8Rs64(float (&acc)[16][4], const uint32_t (&f)[2][4],
-                                            uint32_t t) {
+// acc[64 x 128] += F[64 x R streamed] (e4m3 A fragments) T[128 x R]^T, T an
+// X^T tile: 64-byte swizzled (R = 64) or 128-byte swizzled (R = 128); R / 32
+// k32 steps.
+template <int R>
+__device__ __forceinline__ void GemmFp8RsT(float (&acc)[16][4], const uint32_t (&f)[R / 32][4],
+                                           uint32_t t) {
 #pragma unroll
-  for (int kk = 0; kk < 2; ++kk) {
-    detail::FmaRS<GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>, 128>(
-        acc, f[kk], Desc64(t + kk * 32), std::make_index_sequence<64>{});
+  for (int kk = 0; kk < R / 32; ++kk) {
+    const uint64_t b = R == 64 ? Desc64(t + kk * 32) : Desc(t + kk * 32, 16, 1024);
+    detail::FmaRS<GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>, 128>(acc, f[kk], b,
+                                                                 std::make_index_sequence<64>{});
   }
 }
 
@@ -271,16 +278,17 @@ struct Fp8RowStats {
 };
 
 // P * 256 = exp2(T1 c1 - l2) into t1 (zero where invisible).
-template <bool kDkDv, bool kFull>
-__device__ __forceinline__ void Fp8BwdP(float (&t1)[8][4], int col0, int t, const int (&lo)[2],
+template <bool kDkDv, bool kFull, int NT>
+__device__ __forceinline__ void Fp8BwdP(float (&t1)[NT][4], int col0, int t, const int (&lo)[2],
                                         const int (&hi)[2], const Fp8RowStats& rs,
                                         const float* stats) {
+  constexpr int R = 8 * NT;
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
     float2 c1c = {0.f, 0.f}, l2c = {0.f, 0.f};
     if constexpr (kDkDv) {
       c1c = *reinterpret_cast<const float2*>(stats + nt * 8 + 2 * t);
-      l2c = *reinterpret_cast<const float2*>(stats + 64 + nt * 8 + 2 * t);
+      l2c = *reinterpret_cast<const float2*>(stats + R + nt * 8 + 2 * t);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -294,16 +302,17 @@ __device__ __forceinline__ void Fp8BwdP(float (&t1)[8][4], int col0, int t, cons
 }
 
 // dS = P (dP - rowsum(dO * O)) * scale into t2, from P * 256 in t1.
-template <bool kDkDv, bool kFull>
-__device__ __forceinline__ void Fp8BwdDs(const float (&t1)[8][4], float (&t2)[8][4], int col0,
+template <bool kDkDv, bool kFull, int NT>
+__device__ __forceinline__ void Fp8BwdDs(const float (&t1)[NT][4], float (&t2)[NT][4], int col0,
                                          int t, const int (&lo)[2], const int (&hi)[2],
                                          const Fp8RowStats& rs, const float* stats, float k) {
+  constexpr int R = 8 * NT;
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
     float2 c2c = {0.f, 0.f}, dsc = {0.f, 0.f};
     if constexpr (kDkDv) {
-      c2c = *reinterpret_cast<const float2*>(stats + 128 + nt * 8 + 2 * t);
-      dsc = *reinterpret_cast<const float2*>(stats + 192 + nt * 8 + 2 * t);
+      c2c = *reinterpret_cast<const float2*>(stats + 2 * R + nt * 8 + 2 * t);
+      dsc = *reinterpret_cast<const float2*>(stats + 3 * R + nt * 8 + 2 * t);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -319,14 +328,15 @@ __device__ __forceinline__ void Fp8BwdDs(const float (&t1)[8][4], float (&t2)[8]
 // The lazy per-row dS scales u (file comment): grows u where a row's
 // largest |dS| needs it, rescales o1's rows by the exact ratio, and divides
 // the tile by u.
-__device__ __forceinline__ void Fp8BwdScaleDs(float (&t2)[8][4], float (&u)[2],
+template <int NT>
+__device__ __forceinline__ void Fp8BwdScaleDs(float (&t2)[NT][4], float (&u)[2],
                                               float (&o1)[16][4]) {
   float ratio[2] = {1.f, 1.f}, inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float m = 0.f;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < NT; ++nt) {
       m = fmaxf(m, fmaxf(fabsf(t2[nt][2 * r]), fabsf(t2[nt][2 * r + 1])));
     }
     m = QuadMax(m);
@@ -347,7 +357,7 @@ __device__ __forceinline__ void Fp8BwdScaleDs(float (&t2)[8][4], float (&u)[2],
     }
   }
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) t2[nt][e] *= inv[e >> 1];
   }
@@ -437,33 +447,33 @@ __device__ __forceinline__ void Fp8BwdConsumer(const KernelParams& p,
       const RingPos<C::kStages> rp(iter);
       const int s = rp.stage;
       const int col0 = st.first + n * R;
-      float t1[8][4], t2[8][4];
+      float t1[R / 8][4], t2[R / 8][4];
       BarWait(sm.full + 8 * s, rp.phase);
       WgFence();
-      GemmFp8SS<64>(t1, x_rows, sm.Tile(s, 0));
+      GemmFp8SS<R>(t1, x_rows, sm.Tile(s, 0));
       WgCommit();
-      GemmFp8SS<64>(t2, y_rows, sm.Tile(s, 1));
+      GemmFp8SS<R>(t2, y_rows, sm.Tile(s, 1));
       WgCommit();
       const bool full = StreamClass<C>(p, it, wg_row0, col0) == kTileFull;
       const float* stats = sm.Stats(s);
       WgWait1();
       FenceRegs(t1);
       if (full) {
-        Fp8BwdP<kDkDv, true>(t1, col0, t, lo, hi, rs, stats);
+        Fp8BwdP<kDkDv, true, R / 8>(t1, col0, t, lo, hi, rs, stats);
       } else {
-        Fp8BwdP<kDkDv, false>(t1, col0, t, lo, hi, rs, stats);
+        Fp8BwdP<kDkDv, false, R / 8>(t1, col0, t, lo, hi, rs, stats);
       }
       WgWait0();
       FenceRegs(t2);
       if (full) {
-        Fp8BwdDs<kDkDv, true>(t1, t2, col0, t, lo, hi, rs, stats, ds_scale);
+        Fp8BwdDs<kDkDv, true, R / 8>(t1, t2, col0, t, lo, hi, rs, stats, ds_scale);
       } else {
-        Fp8BwdDs<kDkDv, false>(t1, t2, col0, t, lo, hi, rs, stats, ds_scale);
+        Fp8BwdDs<kDkDv, false, R / 8>(t1, t2, col0, t, lo, hi, rs, stats, ds_scale);
       }
       Fp8BwdScaleDs(t2, u, o1);
-      uint32_t fds[2][4], fp[kDkDv ? 2 : 1][4];
-      PackP<64>(t2, fds);
-      if constexpr (kDkDv) PackP<64>(t1, fp);
+      uint32_t fds[R / 32][4], fp[kDkDv ? R / 32 : 1][4];
+      PackP<R>(t2, fds);
+      if constexpr (kDkDv) PackP<R>(t1, fp);
       FenceRegs(fds);
       FenceRegs(o1);
       if constexpr (kDkDv) {
@@ -471,8 +481,8 @@ __device__ __forceinline__ void Fp8BwdConsumer(const KernelParams& p,
         FenceRegs(o2);
       }
       WgFence();
-      GemmFp8Rs64(o1, fds, sm.Tile(s, 2));  // dK += dS^T Q, or dQ += dS K
-      if constexpr (kDkDv) GemmFp8Rs64(o2, fp, sm.Tile(s, 3));  // dV += P^T dO
+      GemmFp8RsT<R>(o1, fds, sm.Tile(s, 2));  // dK += dS^T Q, or dQ += dS K
+      if constexpr (kDkDv) GemmFp8RsT<R>(o2, fp, sm.Tile(s, 3));  // dV += P^T dO
       WgCommit();
       WgWait0();
       FenceRegs(o1);
@@ -581,8 +591,9 @@ int LaunchJaggedBackwardFp8(const KernelParams& p, const Fp8BackwardOperands& op
                             int sms, void* stream) {
   if (p.num_items * p.heads == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  return dkdv ? LaunchFp8Backward<Fp8BwdConfig<true>>(p, ops, sms, s)
-              : LaunchFp8Backward<Fp8BwdConfig<false>>(p, ops, sms, s);
+  if (dkdv) return LaunchFp8Backward<Fp8BwdConfig<true>>(p, ops, sms, s);
+  return p.fp8_wide_keys ? LaunchFp8Backward<Fp8BwdConfig<false, 128>>(p, ops, sms, s)
+                         : LaunchFp8Backward<Fp8BwdConfig<false>>(p, ops, sms, s);
 }
 
 }  // namespace recfleet::attention::cuda_impl
