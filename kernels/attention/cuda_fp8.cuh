@@ -314,6 +314,28 @@ __device__ __forceinline__ void QuantizeTokensBlock(const bf16* x, int64_t rows,
   }
 }
 
+// ---- Epilogues. ----
+// A thread's rows row0 and row0 + 8 of a 64 x 128 accumulator, times mul[r]
+// and the head's column scales col[0..127], as bf16 rows of dst [rows,
+// heads, 128] from `start`; rows at or past len skipped (t = lane % 4).
+__device__ __forceinline__ void StoreScaledRows(void* dst, const float (&acc)[16][4],
+                                                int64_t start, int row0, int len, int head,
+                                                int heads, const float (&mul)[2],
+                                                const float* col, int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    if (row >= len) continue;
+    bf16* out = static_cast<bf16*>(dst) + ((start + row) * heads + head) * 128 + 2 * t;
+#pragma unroll
+    for (int dt = 0; dt < 16; ++dt) {
+      const float2 s = *reinterpret_cast<const float2*>(col + 8 * dt + 2 * t);
+      *reinterpret_cast<__nv_bfloat162*>(out + 8 * dt) = __floats2bfloat162_rn(
+          acc[dt][2 * r] * mul[r] * s.x, acc[dt][2 * r + 1] * mul[r] * s.y);
+    }
+  }
+}
+
 // ---- TMA and wgmma on e4m3 tiles. ----
 template <int kBytes>
 __device__ __forceinline__ void ExpectTile(uint32_t bar) {

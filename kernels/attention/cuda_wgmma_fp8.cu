@@ -335,20 +335,8 @@ __device__ __forceinline__ void Fp8Epilogue(const KernelParams& p, const WorkIte
           seen ? (r.m[i] + log2f(sum) - 8.f) * kLn2 : -INFINITY;
     }
   }
-  const float* vs = p.v_scale + it.head * C::D + 2 * at.t;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = at.row0 + 8 * i;
-    if (row >= it.q_len) break;
-    bf16* out = static_cast<bf16*>(p.o) + ((it.q_start + row) * p.heads + it.head) * C::D +
-                2 * at.t;
-#pragma unroll
-    for (int dt = 0; dt < 16; ++dt) {
-      const float2 s = *reinterpret_cast<const float2*>(vs + 8 * dt);
-      *reinterpret_cast<__nv_bfloat162*>(out + 8 * dt) = __floats2bfloat162_rn(
-          r.o[dt][2 * i] * mul[i] * s.x, r.o[dt][2 * i + 1] * mul[i] * s.y);
-    }
-  }
+  StoreScaledRows(p.o, r.o, it.q_start, at.row0, it.q_len, it.head, p.heads, mul,
+                  p.v_scale + it.head * C::D, at.t);
 }
 
 template <class C>

@@ -53,13 +53,16 @@ namespace recfleet::attention::cuda_impl {
 namespace {
 
 // ---- Pre-pass. ----
+// Blocks per section: Q^T and dO^T take qt each, K^T kt, K and V k each, Q
+// and dO q each.
 struct BwdQuantBlocks {
-  int64_t qt, dot, kt, k, v, q;
+  int64_t qt, kt, k, q;
 };
 
 __global__ void __launch_bounds__(256)
     Fp8BackwardQuantizeKernel(const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                              const void* out, int64_t q_rows, int64_t kv_rows, int heads, BwdQuantBlocks n,
+                              const void* out, int64_t q_rows, int64_t kv_rows, int heads,
+                              BwdQuantBlocks n,
                               Fp8BackwardOperands ops) {
   auto* qt8 = static_cast<uint8_t*>(ops.qt8);
   auto* dot8 = static_cast<uint8_t*>(ops.dot8);
@@ -67,20 +70,20 @@ __global__ void __launch_bounds__(256)
   int64_t b = blockIdx.x;
   if (b < n.qt) return QuantizeTransposedBlock(q, q_rows, heads, ops.qt_scale, qt8, ops.q_cols, b);
   b -= n.qt;
-  if (b < n.dot) {
+  if (b < n.qt) {
     return QuantizeTransposedBlock(dout, q_rows, heads, ops.dot_scale, dot8, ops.q_cols, b);
   }
-  b -= n.dot;
+  b -= n.qt;
   if (b < n.kt) return QuantizeTransposedBlock(k, kv_rows, heads, ops.k_scale, kt8, ops.kv_cols, b);
   b -= n.kt;
   if (b < n.k) {
     return QuantizeChannelsBlock(k, kv_rows, heads, ops.k_scale, static_cast<uint8_t*>(ops.k8), b);
   }
   b -= n.k;
-  if (b < n.v) {
+  if (b < n.k) {
     return QuantizeChannelsBlock(v, kv_rows, heads, ops.v_scale, static_cast<uint8_t*>(ops.v8), b);
   }
-  b -= n.v;
+  b -= n.k;
   if (b < n.q) {
     return QuantizeTokensBlock(q, q_rows, heads, ops.k_scale, static_cast<uint8_t*>(ops.q8),
                                ops.q_scale, b);
@@ -363,25 +366,6 @@ __device__ __forceinline__ void Fp8BwdScaleDs(float (&t2)[NT][4], float (&u)[2],
   }
 }
 
-// Rows row0 and row0 + 8 of acc, times mul[r] and the column scales col[c]
-// (head's 128), as bf16; rows at or past len skipped.
-__device__ __forceinline__ void Fp8BwdStore(void* dst, const float (&acc)[16][4], int64_t start,
-                                            int row0, int len, int head, int heads,
-                                            const float (&mul)[2], const float* col, int t) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + 8 * r;
-    if (row >= len) continue;
-    bf16* out = static_cast<bf16*>(dst) + ((start + row) * heads + head) * 128 + 2 * t;
-#pragma unroll
-    for (int dt = 0; dt < 16; ++dt) {
-      const float2 s = *reinterpret_cast<const float2*>(col + 8 * dt + 2 * t);
-      *reinterpret_cast<__nv_bfloat162*>(out + 8 * dt) = __floats2bfloat162_rn(
-          acc[dt][2 * r] * mul[r] * s.x, acc[dt][2 * r + 1] * mul[r] * s.y);
-    }
-  }
-}
-
 template <class C>
 __device__ __forceinline__ void Fp8BwdConsumer(const KernelParams& p,
                                                const Fp8BackwardOperands& ops,
@@ -408,7 +392,6 @@ __device__ __forceinline__ void Fp8BwdConsumer(const KernelParams& p,
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = row0 + 8 * r;
-        rs.c1[r] = rs.l2[r] = rs.c2[r] = rs.ds[r] = 0.f;
         if (i < it.q_len) {
           const int64_t rh = (it.q_start + i) * p.heads + it.head;
           rs.c1[r] = c1_scale * ops.q_scale[rh];
@@ -493,12 +476,12 @@ __device__ __forceinline__ void Fp8BwdConsumer(const KernelParams& p,
     BarArrive(sm.stat_empty + 8 * sb);
     if constexpr (kDkDv) {
       const float v_mul[2] = {1.f / 256.f, 1.f / 256.f};
-      Fp8BwdStore(p.dk, o1, it.k_start, row0, it.k_len, it.head, p.heads, u,
+      StoreScaledRows(p.dk, o1, it.k_start, row0, it.k_len, it.head, p.heads, u,
                   ops.qt_scale + it.head * 128, t);
-      Fp8BwdStore(p.dv, o2, it.k_start, row0, it.k_len, it.head, p.heads, v_mul,
+      StoreScaledRows(p.dv, o2, it.k_start, row0, it.k_len, it.head, p.heads, v_mul,
                   ops.dot_scale + it.head * 128, t);
     } else {
-      Fp8BwdStore(p.dq, o1, it.q_start, row0, it.q_len, it.head, p.heads, u,
+      StoreScaledRows(p.dq, o1, it.q_start, row0, it.q_len, it.head, p.heads, u,
                   ops.k_scale + it.head * 128, t);
     }
   }
@@ -576,9 +559,7 @@ int LaunchFp8BackwardQuantize(const void* q, const void* k, const void* v, const
   n.kt = TransposedBlocks(ops.kv_cols, heads);
   n.k = ChannelBlocks(kv_rows, heads);
   n.q = TokenBlocks(q_rows, heads);
-  n.dot = n.qt;
-  n.v = n.k;
-  const int64_t grid = n.qt + n.dot + n.kt + n.k + n.v + 2 * n.q;
+  const int64_t grid = 2 * n.qt + n.kt + 2 * n.k + 2 * n.q;
   if (grid > 0) {
     Fp8BackwardQuantizeKernel<<<static_cast<unsigned>(grid), 256, 0, s>>>(
         static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
