@@ -101,6 +101,18 @@ TEST(PlanRatesTest, CommittedH200TablePredictsEachRecipesPeakWithinTenPercent) {
       {"A, whole blocks", "bench/e2e/config_a.yaml", 64,
        [](v1::JobSpec* s) { s->mutable_model()->mutable_activation_memory()->add_recompute("sequence"); },
        {{"sequence.norm", 4}, {"sequence.projections", 4}, {"sequence.attention", 4}}, 13025549596.0},
+      // engine_bench --fp8-attention sequence,cross,pma --fp8-attention-bwd fp8, measured in another
+      // call (bench/RESULTS.md, "FP8 (e4m3) attention backward, first kernel", config A in the engine:
+      // 14.801 GiB, bf16 14.585 there). The plan counts the FP8 backward's temporaries whole
+      // (plan_adapter.cc, ApplyFp8AttentionBackward).
+      {"A, FP8 attention forward + backward", "bench/e2e/config_a.yaml", 64,
+       [](v1::JobSpec* s) {
+         s->mutable_resources()->set_gpus_per_worker(1);
+         v1::PrecisionRecipe* recipe = s->mutable_model()->mutable_precision();
+         for (const char* block : {"sequence", "cross", "pma"}) recipe->add_fp8_attention(block);
+         recipe->set_attention_backward(v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8);
+       },
+       {}, 14.801 * (1 << 30)},
       {"B, bf16", "bench/e2e/config_b.yaml", 1024, none, {}, 8818463851.0},
       // engine_bench --fp8 dense_proj,dcn,moe.gate,moe.experts,towers
       {"B, FP8 dense", "bench/e2e/config_b.yaml", 1024,

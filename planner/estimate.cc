@@ -19,8 +19,9 @@ void StaticMemory(const Context& c, const DenseOption& d, const SparseOption& s,
   MemoryBreakdown& mem = ev->peak;
   mem.embedding = s.emb_max;
   // FSDP keeps the current module's gathered weights and the prefetched
-  // next one, plus one module's unsharded gradients.
-  double gathered1 = 0, gathered2 = 0, grad_full = 0, ep_act = 0;
+  // next one, plus one module's unsharded gradients; the backward, one
+  // module's scratch (DenseModule::backward_scratch_bytes_per_sample).
+  double gathered1 = 0, gathered2 = 0, grad_full = 0, ep_act = 0, scratch = 0;
   for (size_t i = 0; i < c.req.model.modules.size(); ++i) {
     const DenseModule& m = c.req.model.modules[i];
     const double params = static_cast<double>(m.params);
@@ -38,6 +39,7 @@ void StaticMemory(const Context& c, const DenseOption& d, const SparseOption& s,
     }
     if (d.fsdp_group > 1) grad_full = std::max(grad_full, params / d.ep[i] * p.gradient_reduce_bytes);
     if (d.ep[i] > 1) ep_act = std::max(ep_act, 2.0 * d.ep[i] * b * m.io_bytes_per_sample);
+    scratch = std::max(scratch, b * m.backward_scratch_bytes_per_sample);
   }
   // The sent outputs, the received ones and the sent ids; see
   // PlanRequest::activations_hold_lookups. The activations hold one copy of
@@ -52,7 +54,7 @@ void StaticMemory(const Context& c, const DenseOption& d, const SparseOption& s,
       : s.m > 1 ? s.out_max + std::max(0.0, s.out_mean - own_lookups) + s.ids_max
                 : 0;
   ev->sparse_buffers = lookups + (s.scheme == SparseScheme::kV3 ? s.largest_touched_table : 0);
-  mem.buffers = gathered1 + gathered2 + grad_full + ep_act + ev->sparse_buffers +
+  mem.buffers = gathered1 + gathered2 + grad_full + ep_act + scratch + ev->sparse_buffers +
                 c.req.other_memory_bytes;
 }
 

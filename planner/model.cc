@@ -73,7 +73,9 @@ absl::Status ValidateRequest(const PlanRequest& r) {
                    NonNegative(where, "activation_bytes_per_sample", m.activation_bytes_per_sample),
                    NonNegative(where, "activation_bytes_per_token", m.activation_bytes_per_token),
                    NonNegative(where, "io_bytes_per_sample", m.io_bytes_per_sample),
-                   NonNegative(where, "recompute_units", m.recompute_units)}) {
+                   NonNegative(where, "recompute_units", m.recompute_units),
+                   NonNegative(where, "backward_scratch_bytes_per_sample",
+                               m.backward_scratch_bytes_per_sample)}) {
       if (!s.ok()) return s;
     }
   }

@@ -58,6 +58,11 @@ struct DenseModule {
   // read only after the attention's backward), so recomputing that unit
   // lowers the peak too.
   bool recompute_after_peak = false;
+  // Temporaries one call of the module's backward allocates and frees
+  // before it returns (the FP8 attention backward's operand copies), per
+  // sample: not kept activations, so checkpointing does not remove them;
+  // the peak holds the largest module's beside the kept activations.
+  double backward_scratch_bytes_per_sample = 0;
 
   bool is_expert() const { return num_experts > 0; }
   const std::string& RegionName() const { return region.empty() ? name : region; }

@@ -465,6 +465,32 @@ TEST(PlannerTest, LookupsHeldByTheActivationsAreNotBuffersToo) {
   EXPECT_DOUBLE_EQ(two_held->peak.buffers, two_counted->peak.buffers - 100 * 64 * 2);
 }
 
+// A backward's scratch (DenseModule::backward_scratch_bytes_per_sample) is
+// one call's, freed before the next module's backward: the largest module's
+// is a buffer (100 samples x 3e4 B, not both modules' sum), which
+// checkpointing cannot cut, so it takes its room from the activations. Two
+// modules of 1e6 parameters keep 2 x 16e6 B of shards and 2 x 1e7 B of
+// activations; 0.05 GiB (53.7e6 B) holds them without the scratch, and
+// with it 1.3e6 B of activations are recomputed.
+TEST(PlannerTest, LargestBackwardScratchIsABufferBesideTheActivations) {
+  PlanRequest r = Request(100);
+  r.model.modules.push_back(Mlp("a", 1e6, 2e6, /*act=*/1e5));
+  r.model.modules.push_back(Mlp("b", 1e6, 2e6, /*act=*/1e5));
+  const Topology t = MakeTopology(1, 1, 1, 0.05);
+  absl::StatusOr<Plan> plain = MakePlan(t, r);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_DOUBLE_EQ(plain->peak.buffers, 0);
+  EXPECT_DOUBLE_EQ(plain->peak.activations, 2 * 1e5 * 100);
+  r.model.modules[0].backward_scratch_bytes_per_sample = 1e4;
+  r.model.modules[1].backward_scratch_bytes_per_sample = 3e4;
+  absl::StatusOr<Plan> scratch = MakePlan(t, r);
+  ASSERT_TRUE(scratch.ok()) << scratch.status();
+  EXPECT_DOUBLE_EQ(scratch->peak.buffers, 100 * 3e4);
+  const double usable = 0.05 * kGiB;
+  EXPECT_NEAR(scratch->peak.activations, usable - 2 * 16e6 - 100 * 3e4, 1);
+  EXPECT_NEAR(scratch->peak.Total(), usable, 1);
+}
+
 }  // namespace
 }  // namespace recfleet::planner
 

@@ -1,6 +1,7 @@
 #include "services/coordinator/plan_adapter.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <random>
@@ -205,6 +206,53 @@ void ApplyActivationMemory(const JobSpec& spec, planner::PlanRequest* request) {
   }
 }
 
+// The temporaries of one FP8 (e4m3) attention backward call over `q_rows`
+// queries and `kv_rows` keys of width `dim`, as Fp8Backward
+// (kernels/attention/attention_cuda.cc) allocates them and frees them when
+// the call returns: one byte per element of q8 and do8 [q_rows, dim], k8 and
+// v8 [kv_rows, dim], and the transposed qt8, dot8 [dim, Fp8VtCols(q_rows)]
+// and kt8 [dim, Fp8VtCols(kv_rows)] (rows rounded up to 16); fp32 q_scale,
+// do_scale and dsum [q_rows, heads], the k, v, qt and dot scales [dim] each
+// and the amax scratch [4, dim]; heads of 128, the FP8 kernels' only head
+// dim. Its outputs dq, dk, dv are the engine's bf16 tensors, as for bf16.
+double Fp8AttentionBackwardBytes(double q_rows, double kv_rows, double dim) {
+  auto padded = [](double rows) { return std::ceil(rows / 16) * 16; };
+  const double e4m3 = dim * (2 * q_rows + 2 * kv_rows + 2 * padded(q_rows) + padded(kv_rows));
+  return e4m3 + 4 * (3 * q_rows * dim / 128 + 8 * dim);
+}
+
+// One attention call of a block the recipe may run FP8, under the planner
+// module that holds it.
+struct AttentionCall {
+  std::string block;   // PrecisionRecipe.fp8_attention name.
+  std::string module;  // Planner module.
+  double queries = 0;  // Query rows per sample; the keys are the history's.
+};
+
+// With attention_backward FP8, each FP8 call's temporaries
+// (Fp8AttentionBackwardBytes at the request's batch, per sample) as its
+// module's backward scratch: one call's, the largest, as the calls run one
+// after another. Counted whole: the bf16 backward's own temporaries, which
+// a rate table's fitted terms hold and the FP8 call does not allocate (its
+// rowsum; the fp32 dQ accumulator, 4 bytes per q element, where the Hopper
+// kernel fuses dQ, its choice per batch), are not subtracted, so what the
+// recipe adds to the peak is an upper bound.
+void ApplyFp8AttentionBackward(const v1::PrecisionRecipe& recipe, const std::vector<AttentionCall>& calls,
+                               double history, double dim, planner::PlanRequest* request) {
+  const double b = request->local_batch;
+  if (recipe.attention_backward() != v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8 || b <= 0) return;
+  const auto& fp8 = recipe.fp8_attention();
+  for (const AttentionCall& call : calls) {
+    if (std::find(fp8.begin(), fp8.end(), call.block) == fp8.end()) continue;
+    const double bytes = Fp8AttentionBackwardBytes(b * call.queries, b * history, dim) / b;
+    for (planner::DenseModule& m : request->model.modules) {
+      if (m.name == call.module) {
+        m.backward_scratch_bytes_per_sample = std::max(m.backward_scratch_bytes_per_sample, bytes);
+      }
+    }
+  }
+}
+
 v1::MemoryPlan MemoryToProto(const planner::MemoryBreakdown& m) {
   v1::MemoryPlan p;
   p.set_embedding_bytes(m.embedding);
@@ -370,6 +418,13 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec,
   AddSequenceLevels("sequence", mean_length, d, spec.model().sequence().num_heads(),
                     spec.model().sequence().num_layers(),
                     spec.model().activation_memory().fp8_saved(), &request.model);
+  // Cross-attention's queries: the interaction's tokens but PMA's (StepCounts::interaction_dim).
+  const double pma_queries = spec.model().cross().pma_queries();
+  ApplyFp8AttentionBackward(spec.model().precision(),
+                            {{"sequence", "sequence.attention", mean_length},
+                             {"cross", "cross.attention", D / d - pma_queries},
+                             {"pma", "pma.attention", pma_queries}},
+                            mean_length, d, &request);
   // The engine's FP8 modules under the part names above: their GEMMs on a
   // GPU job, their all-gathered weights on a CPU job (which computes fp32).
   std::set<std::string> fp8;
@@ -533,6 +588,11 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
       request.model.modules.push_back(c);
       if (cross.num_cross_layers() > 0) input_width += static_cast<int64_t>(d) * candidates;
     }
+    ApplyFp8AttentionBackward(model.precision(),
+                              {{"sequence", attn.name, length},
+                               {"cross", "cross", static_cast<double>(candidates)},
+                               {"pma", "cross", static_cast<double>(cross.pma_queries())}},
+                              length, d, &request);
   }
 
   int64_t width = input_width;
@@ -633,7 +693,8 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
     const bool fp8_bwd = precision.attention_backward() == v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8;
     if (!request.precision.recipe.empty()) absl::StrAppend(&request.precision.recipe, "; ");
     absl::StrAppend(&request.precision.recipe, "FP8 (E4M3) attention ", fp8_bwd ? "forward and backward" : "forward",
-                    " in ", absl::StrJoin(precision.fp8_attention(), ", "), fp8_bwd ? "" : ", its backward bf16");
+                    " in ", absl::StrJoin(precision.fp8_attention(), ", "),
+                    fp8_bwd ? ", the backward's e4m3 copies in the peak's buffers" : ", its backward bf16");
   }
   if (precision.fp8_modules_size() > 0 || precision.fp8_attention_size() > 0) {
     if (precision.quality_gate().max_relative_ne_increase() > 0) {

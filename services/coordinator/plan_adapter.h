@@ -48,9 +48,15 @@
 //    max_length per SEQUENCE feature); a table any SEQUENCE feature uses is
 //    unpooled (one vector per id). Access frequency 1.
 //  * Batch: data.local_batch_size samples per GPU (per CPU rank).
+//  * FP8 attention backward (precision.attention_backward FP8): one call's
+//    temporaries of each fp8_attention block (e4m3 copies of q, dO, k, v and
+//    of q, dO, k transposed, and their scales: ~4 bytes per query and 3 per
+//    key per model-dim element) as its module's backward scratch (with a
+//    rate table too), which the planner adds to the peak for the largest.
 //  * Precision: the planner's default recipe (bf16 compute and gathers,
-//    fp32 master weights, Adam, fp32 tables); the spec has no precision
-//    field yet.
+//    fp32 master weights, Adam, fp32 tables), with model.precision's FP8
+//    modules at their measured rate (kFp8ModuleRate) and FP8 all-gathers, and its FP8
+//    attention named in the plan's recipe (its time is bf16's).
 //  * Parallelism hints (spec.parallelism: fsdp_group_size, replicas,
 //    table_sharding_group_size) are passed on as constraints; the plan
 //    explains what they cost against the planner's own choice.

@@ -437,9 +437,62 @@ TEST(PlanAdapterTest, Fp8AttentionIsShownWithTheRecipe) {
   recipe->set_attention_backward(v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8);
   request = PlanRequestFromSpec(spec);
   ASSERT_TRUE(request.ok()) << request.status();
-  EXPECT_NE(request->precision.recipe.find("FP8 (E4M3) attention forward and backward in sequence, pma; quality gate"),
+  EXPECT_NE(request->precision.recipe.find("FP8 (E4M3) attention forward and backward in sequence, pma, the "
+                                           "backward's e4m3 copies in the peak's buffers; quality gate"),
             std::string::npos)
       << request->precision.recipe;
+}
+
+// With attention_backward FP8, each FP8 block's module carries one call's
+// temporaries as Fp8Backward (kernels/attention/attention_cuda.cc)
+// allocates them, and the peak exceeds the bf16 backward's by the largest.
+// D = 256 (2 heads of 128), 256 samples of 512 history tokens: the
+// self-attention call over T = 131,072 rows holds 7 T D bytes of e4m3 (q,
+// dO, k, v and q, dO, k transposed), 3 T x 2 heads fp32 (q and dO scales,
+// rowsums) and 8 D fp32 (channel scales, amax); PMA's, over 1,024 queries
+// (4 per sample) and the T keys, is the larger of the "cross" module's two.
+// The FP8 forward alone plans as bf16.
+TEST(PlanAdapterTest, Fp8AttentionBackwardTemporariesRaiseThePeak) {
+  auto spec = ValidSpec(1);
+  spec.mutable_resources()->set_gpus_per_worker(1);
+  v1::SequenceBranch* seq = spec.mutable_model()->mutable_sequence();
+  seq->set_model_dim(256);
+  seq->set_num_heads(2);
+  seq->mutable_attention()->set_kind(v1::AttentionSpec::FULL);
+  seq->mutable_attention()->set_activation(v1::AttentionSpec::SOFTMAX);
+  spec.mutable_model()->mutable_cross()->set_num_heads(2);
+  Placement one;
+  one.ranks_per_worker = 1;
+  one.workers = {Worker("a", "n1", "n1", "z1")};
+  one.workers[0].gpus = 1;
+  auto bf16 = PlanPlacement(spec, one, DefaultHardware());
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+
+  auto* recipe = spec.mutable_model()->mutable_precision();
+  for (const char* block : {"sequence", "cross", "pma"}) recipe->add_fp8_attention(block);
+  auto request = PlanRequestFromSpec(spec);
+  ASSERT_TRUE(request.ok()) << request.status();
+  for (const planner::DenseModule& m : request->model.modules) EXPECT_EQ(m.backward_scratch_bytes_per_sample, 0);
+  auto forward = PlanPlacement(spec, one, DefaultHardware());
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  EXPECT_EQ(forward->peak.Total(), bf16->peak.Total());
+
+  recipe->set_attention_backward(v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8);
+  request = PlanRequestFromSpec(spec);
+  ASSERT_TRUE(request.ok()) << request.status();
+  const double t = 256 * 512, d = 256, self_call = 7 * t * d + 4 * (3 * t * 2 + 8 * d);
+  const double pma_call = d * (2 * 1024 + 2 * t + 2 * 1024 + t) + 4 * (3 * 1024 * 2 + 8 * d);
+  EXPECT_DOUBLE_EQ(self_call, 238034944);
+  const planner::DenseModule* attention = FindModule(*request, "sequence.attention");
+  const planner::DenseModule* cross = FindModule(*request, "cross");
+  ASSERT_NE(attention, nullptr);
+  ASSERT_NE(cross, nullptr);
+  EXPECT_DOUBLE_EQ(attention->backward_scratch_bytes_per_sample * 256, self_call);
+  EXPECT_DOUBLE_EQ(cross->backward_scratch_bytes_per_sample * 256, pma_call);
+  auto backward = PlanPlacement(spec, one, DefaultHardware());
+  ASSERT_TRUE(backward.ok()) << backward.status();
+  EXPECT_DOUBLE_EQ(backward->peak.activations, bf16->peak.activations);
+  EXPECT_NEAR(backward->peak.Total() - bf16->peak.Total(), self_call, 1e-3);
 }
 
 TEST(PlanAdapterTest, ParallelismHintsConstrainThePlan) {
