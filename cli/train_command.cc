@@ -171,12 +171,25 @@ int Run(const std::vector<std::string>& args) {
   if (!spec.ok()) return Fail(std::string(spec.status().message()), ExitCodeOf(spec.status()));
   if (!dataset.empty()) spec->mutable_data()->set_dataset(dataset);
   if (steps > 0) spec->mutable_training()->set_steps(steps);
-  // A world of one: the cluster sections do not apply to this run.
+  // A world of one: the cluster sections do not apply to this run, and
+  // --device decides whether it is a GPU job (what the GPU-only fields of
+  // model.precision need: FP8 modules, FP8 attention, the quality gate).
   spec->mutable_resources()->set_workers(1);
-  spec->mutable_resources()->set_gpus_per_worker(0);
+  spec->mutable_resources()->set_gpus_per_worker(device == "cuda" ? 1 : 0);
   spec->clear_parallelism();
-  if (absl::Status s = coordinator::ValidateJobSpec(*spec); !s.ok()) return Fail(std::string(s.message()), kExitUsage);
-  if (absl::Status s = engine::CheckBuildable(*spec); !s.ok()) return Fail(std::string(s.message()), kExitUsage);
+  auto check = [](const v1::JobSpec& job) {
+    absl::Status s = coordinator::ValidateJobSpec(job);
+    return s.ok() ? engine::CheckBuildable(job) : s;
+  };
+  if (absl::Status s = check(*spec); !s.ok()) {
+    std::string message(s.message());
+    v1::JobSpec on_gpu = *spec;
+    on_gpu.mutable_resources()->set_gpus_per_worker(1);
+    if (device == "cpu" && check(on_gpu).ok()) {
+      absl::StrAppend(&message, " (recfleet train --local runs it as a GPU job with --device cuda)");
+    }
+    return Fail(message, kExitUsage);
+  }
 
   const std::string name = absl::StrCat("local/", spec->display_name().empty() ? "job" : spec->display_name());
   v1::Assignment a;

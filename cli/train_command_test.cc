@@ -169,6 +169,39 @@ TEST(TrainCommandTest, RejectsWhatTheJobCannotBuildAndBadFlags) {
   EXPECT_NE(testing::internal::GetCapturedStdout().find("usage: recfleet train --local"), std::string::npos);
 }
 
+// --device decides whether the local run is a GPU job: the GPU-only fields
+// of model.precision (here FP8 GEMMs) are refused on the CPU, with the flag
+// that runs them named, and pass validation with --device cuda (which then
+// stops at the missing dataset or device, not at the spec).
+TEST(TrainCommandTest, GpuOnlyPrecisionNeedsDeviceCuda) {
+  const Command* train = FindCommand("train");
+  ASSERT_NE(train, nullptr);
+  std::string job = kJob;
+  job.replace(job.find("DATASET"), 7, Tmp("nowhere"));
+  job.replace(job.find("  heads:"), 8, "  precision: {fp8_modules: [dcn]}\n  heads:");
+  const std::string job_path = Tmp("fp8.yaml");
+  std::ofstream(job_path) << job;
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(train->run({"--local", job_path}), kExitUsage);
+  const std::string cpu_err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(cpu_err.find("spec.model.precision.fp8_modules: FP8 GEMMs need a GPU job"), std::string::npos) << cpu_err;
+  EXPECT_NE(cpu_err.find("with --device cuda"), std::string::npos) << cpu_err;
+  testing::internal::CaptureStderr();
+  testing::internal::CaptureStdout();
+  EXPECT_NE(train->run({"--local", job_path, "--device", "cuda"}), kExitUsage);
+  testing::internal::GetCapturedStdout();
+  const std::string cuda_err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(cuda_err.find("spec."), std::string::npos) << cuda_err;
+  // A spec error that no device fixes names no device.
+  job.replace(job.find("top_k: 2"), 8, "top_k: 1");
+  std::ofstream(job_path) << job;
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(train->run({"--local", job_path}), kExitUsage);
+  const std::string topk_err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(topk_err.find("moe.top_k: not supported yet"), std::string::npos) << topk_err;
+  EXPECT_EQ(topk_err.find("--device cuda"), std::string::npos) << topk_err;
+}
+
 // A gradient clip that is negative or not a finite number is refused
 // before anything trains, naming the field.
 TEST(TrainCommandTest, RejectsABadGradientClipNamingTheField) {
