@@ -8,6 +8,8 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -59,6 +61,17 @@ data: {dataset: DATASET, local_batch_size: 64}
 resources: {workers: 4}
 training: {steps: 600, dense_learning_rate: 0.003, sparse_learning_rate: 0.5, seed: 2}
 )";
+
+// kJob on a dataset that does not exist, with each `edits` pair's first
+// text replaced by its second, written to Tmp(name); its path.
+std::string NowhereJob(const std::string& name, const std::vector<std::pair<std::string, std::string>>& edits = {}) {
+  std::string job = kJob;
+  job.replace(job.find("DATASET"), 7, Tmp("nowhere"));
+  for (const auto& [from, to] : edits) job.replace(job.find(from), from.size(), to);
+  const std::string path = Tmp(name);
+  std::ofstream(path) << job;
+  return path;
+}
 
 // The number after `label` on the line that holds it, or -1.
 double Number(const std::string& text, const std::string& label) {
@@ -143,11 +156,7 @@ TEST(TrainCommandTest, ADivergingRunStopsAtTheFirstNonFiniteLoss) {
 TEST(TrainCommandTest, RejectsWhatTheJobCannotBuildAndBadFlags) {
   const Command* train = FindCommand("train");
   ASSERT_NE(train, nullptr);
-  std::string job = kJob;
-  job.replace(job.find("DATASET"), 7, Tmp("nowhere"));
-  job.replace(job.find("top_k: 2"), 8, "top_k: 1");
-  const std::string job_path = Tmp("topk.yaml");
-  std::ofstream(job_path) << job;
+  const std::string job_path = NowhereJob("topk.yaml", {{"top_k: 2", "top_k: 1"}});
   testing::internal::CaptureStderr();
   EXPECT_EQ(train->run({"--local", job_path}), kExitUsage);
   const std::string err = testing::internal::GetCapturedStderr();
@@ -176,11 +185,8 @@ TEST(TrainCommandTest, RejectsWhatTheJobCannotBuildAndBadFlags) {
 TEST(TrainCommandTest, GpuOnlyPrecisionNeedsDeviceCuda) {
   const Command* train = FindCommand("train");
   ASSERT_NE(train, nullptr);
-  std::string job = kJob;
-  job.replace(job.find("DATASET"), 7, Tmp("nowhere"));
-  job.replace(job.find("  heads:"), 8, "  precision: {fp8_modules: [dcn]}\n  heads:");
-  const std::string job_path = Tmp("fp8.yaml");
-  std::ofstream(job_path) << job;
+  const std::pair<std::string, std::string> fp8 = {"  heads:", "  precision: {fp8_modules: [dcn]}\n  heads:"};
+  const std::string job_path = NowhereJob("fp8.yaml", {fp8});
   testing::internal::CaptureStderr();
   EXPECT_EQ(train->run({"--local", job_path}), kExitUsage);
   const std::string cpu_err = testing::internal::GetCapturedStderr();
@@ -193,8 +199,7 @@ TEST(TrainCommandTest, GpuOnlyPrecisionNeedsDeviceCuda) {
   const std::string cuda_err = testing::internal::GetCapturedStderr();
   EXPECT_EQ(cuda_err.find("spec."), std::string::npos) << cuda_err;
   // A spec error that no device fixes names no device.
-  job.replace(job.find("top_k: 2"), 8, "top_k: 1");
-  std::ofstream(job_path) << job;
+  NowhereJob("fp8.yaml", {fp8, {"top_k: 2", "top_k: 1"}});
   testing::internal::CaptureStderr();
   EXPECT_EQ(train->run({"--local", job_path}), kExitUsage);
   const std::string topk_err = testing::internal::GetCapturedStderr();
@@ -208,11 +213,8 @@ TEST(TrainCommandTest, RejectsABadGradientClipNamingTheField) {
   const Command* train = FindCommand("train");
   ASSERT_NE(train, nullptr);
   for (const char* bad : {"-1", "nan", "inf"}) {
-    std::string job = kJob;
-    job.replace(job.find("DATASET"), 7, Tmp("nowhere"));
-    job.replace(job.find("seed: 2}"), 8, absl::StrCat("seed: 2, dense_grad_clip_norm: ", bad, "}"));
-    const std::string job_path = Tmp("clip.yaml");
-    std::ofstream(job_path) << job;
+    const std::string job_path =
+        NowhereJob("clip.yaml", {{"seed: 2}", absl::StrCat("seed: 2, dense_grad_clip_norm: ", bad, "}")}});
     testing::internal::CaptureStderr();
     EXPECT_EQ(train->run({"--local", job_path}), kExitUsage) << bad;
     const std::string err = testing::internal::GetCapturedStderr();
