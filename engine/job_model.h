@@ -44,8 +44,12 @@
 
 namespace recfleet::engine {
 
-// A job's eval batch when spec.data.eval_batch_size is unset.
-inline constexpr int kDefaultEvalBatchSize = 1024;
+// A job's eval batch: spec.data.eval_batch_size, or when unset (0) its
+// local_batch_size, as job.proto documents; so an eval forward holds no more
+// activations than a training step's, which the plan's peak covers.
+inline int64_t EvalBatchSize(const v1::JobSpec& spec) {
+  return spec.data().eval_batch_size() > 0 ? spec.data().eval_batch_size() : spec.data().local_batch_size();
+}
 
 struct JobModel {
   FeatureSchema schema;

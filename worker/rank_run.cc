@@ -468,8 +468,7 @@ absl::Status RankRun::EvaluateAndReport(int64_t step) {
   // every rank serves lookups in every round); rank 0 gathers the logits.
   if (!has_eval_) return absl::OkStatus();
   if (absl::Status s = model_->GatherDense(); !s.ok()) return s;
-  const int64_t bs =
-      spec_.data().eval_batch_size() > 0 ? spec_.data().eval_batch_size() : engine::kDefaultEvalBatchSize;
+  const int64_t bs = engine::EvalBatchSize(spec_);
   const int64_t total = static_cast<int64_t>(eval_rows_->num_rows());
   const int64_t per_rank = (total + a_.world_size() - 1) / a_.world_size();  // >= every rank's slice.
   const bool ctr = !job_model_.ctr_label.empty();
@@ -541,8 +540,7 @@ absl::Status RankRun::RunQualityGate() {
     if (absl::Status st = Load(s + 1, &loaded); !st.ok()) return st;
     return &loaded.batch;
   };
-  const int64_t bs =
-      spec_.data().eval_batch_size() > 0 ? spec_.data().eval_batch_size() : engine::kDefaultEvalBatchSize;
+  const int64_t bs = engine::EvalBatchSize(spec_);
   const int64_t n = std::min<int64_t>(gate.eval_samples, eval_end_ - eval_first_);
   std::vector<engine::Batch> eval;
   std::vector<int64_t> idx;

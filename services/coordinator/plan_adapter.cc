@@ -336,7 +336,7 @@ absl::StatusOr<double> CpuPeak(const JobSpec& spec, const engine::StepRates& rat
   // the activations of an eval batch.
   double eval_batch = 0;
   if (eval_set_bytes.has_value() && spec.training().eval_every() > 0) {
-    eval_batch = spec.data().eval_batch_size() > 0 ? spec.data().eval_batch_size() : engine::kDefaultEvalBatchSize;
+    eval_batch = static_cast<double>(engine::EvalBatchSize(spec));
   }
   // The counts are of kLengthSamples samples; activations scale with the batch.
   const double batch = std::max<double>(spec.data().local_batch_size(), eval_batch);
