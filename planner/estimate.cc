@@ -56,6 +56,7 @@ void StaticMemory(const Context& c, const DenseOption& d, const SparseOption& s,
   ev->sparse_buffers = lookups + (s.scheme == SparseScheme::kV3 ? s.largest_touched_table : 0);
   mem.buffers = gathered1 + gathered2 + grad_full + ep_act + scratch + ev->sparse_buffers +
                 c.req.other_memory_bytes;
+  if (c.req.shadow_model) mem.buffers += mem.embedding + mem.dense + mem.optimizer;
 }
 
 // Fits the activations into what is left (and into the job's activation

@@ -193,6 +193,11 @@ struct PlanRequest {
   // allocator's rounding; bytes). 0 without a measured rate table.
   double other_compute_s = 0;
   double other_memory_bytes = 0;
+  // The job's quality gate (JobSpec model.precision.quality_gate) trains a
+  // shadow copy of the model before the first step while the job's own
+  // parameters, optimizer state and tables stay resident: the peak holds
+  // those once more (a buffer; the gate runs on jobs of one rank only).
+  bool shadow_model = false;
   // The activations already hold each rank's own lookups (the embedding
   // outputs of its batch) and its batch's ids: a rate table's fitted
   // activation terms, measured on one rank whose peak includes them. Then

@@ -698,6 +698,7 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
   }
   if (precision.fp8_modules_size() > 0 || precision.fp8_attention_size() > 0) {
     if (precision.quality_gate().max_relative_ne_increase() > 0) {
+      request.shadow_model = true;
       const v1::PrecisionQualityGate& gate = precision.quality_gate();
       absl::StrAppend(&request.precision.recipe,
                       absl::StrFormat("; quality gate: eval NE within +%g%% of bf16 on a %d-step shadow run",

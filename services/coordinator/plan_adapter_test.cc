@@ -495,6 +495,32 @@ TEST(PlanAdapterTest, Fp8AttentionBackwardTemporariesRaiseThePeak) {
   EXPECT_NEAR(backward->peak.Total() - bf16->peak.Total(), self_call, 1e-3);
 }
 
+// A quality gate trains a shadow model beside the job's resident one
+// before the first step: the plan's peak holds the job's tables, weights
+// and optimizer state once more (as buffers), and nothing else changes.
+TEST(PlanAdapterTest, QualityGateShadowModelRaisesThePeak) {
+  auto spec = ValidSpec(1);
+  spec.mutable_resources()->set_gpus_per_worker(1);
+  spec.mutable_model()->mutable_precision()->add_fp8_modules("dcn");
+  Placement one;
+  one.ranks_per_worker = 1;
+  one.workers = {Worker("a", "n1", "n1", "z1")};
+  one.workers[0].gpus = 1;
+  auto plain = PlanPlacement(spec, one, DefaultHardware());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  spec.mutable_model()->mutable_precision()->mutable_quality_gate()->set_max_relative_ne_increase(0.01);
+  auto request = PlanRequestFromSpec(spec);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_TRUE(request->shadow_model);
+  auto gated = PlanPlacement(spec, one, DefaultHardware());
+  ASSERT_TRUE(gated.ok()) << gated.status();
+  const planner::MemoryBreakdown& m = plain->peak;
+  EXPECT_GT(m.embedding + m.dense + m.optimizer, 0);
+  EXPECT_DOUBLE_EQ(gated->peak.embedding, m.embedding);
+  EXPECT_DOUBLE_EQ(gated->peak.activations, m.activations);
+  EXPECT_NEAR(gated->peak.buffers - m.buffers, m.embedding + m.dense + m.optimizer, 1e-3);
+}
+
 TEST(PlanAdapterTest, ParallelismHintsConstrainThePlan) {
   Placement p;
   p.ranks_per_worker = 8;
