@@ -124,6 +124,15 @@ WorkerView Worker(const std::string& id, const std::string& node, const std::str
   return w;
 }
 
+// One worker of one GPU.
+Placement OneGpu() {
+  Placement one;
+  one.ranks_per_worker = 1;
+  one.workers = {Worker("a", "n1", "n1", "z1")};
+  one.workers[0].gpus = 1;
+  return one;
+}
+
 TEST(PlanAdapterTest, TopologyFromLabels) {
   Placement p;
   p.ranks_per_worker = 8;
@@ -207,10 +216,7 @@ TEST(PlanAdapterTest, PeakMemoryPredictedForGpuJobsAndMeasuredMemoryTables) {
   EXPECT_EQ(unreported->predicted_peak_bytes, 0);
 
   spec.mutable_resources()->set_gpus_per_worker(1);
-  Placement one;
-  one.ranks_per_worker = 1;
-  one.workers = {Worker("a", "n1", "n1", "z1")};
-  one.workers[0].gpus = 1;
+  const Placement one = OneGpu();
   spec.mutable_resources()->set_workers(1);
   absl::StatusOr<GroupPlan> gpu = PlanningGroupPlanner(DefaultHardware(), {})(spec, one);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
@@ -461,10 +467,7 @@ TEST(PlanAdapterTest, Fp8AttentionBackwardTemporariesRaiseThePeak) {
   seq->mutable_attention()->set_kind(v1::AttentionSpec::FULL);
   seq->mutable_attention()->set_activation(v1::AttentionSpec::SOFTMAX);
   spec.mutable_model()->mutable_cross()->set_num_heads(2);
-  Placement one;
-  one.ranks_per_worker = 1;
-  one.workers = {Worker("a", "n1", "n1", "z1")};
-  one.workers[0].gpus = 1;
+  const Placement one = OneGpu();
   auto bf16 = PlanPlacement(spec, one, DefaultHardware());
   ASSERT_TRUE(bf16.ok()) << bf16.status();
 
@@ -502,10 +505,7 @@ TEST(PlanAdapterTest, QualityGateShadowModelRaisesThePeak) {
   auto spec = ValidSpec(1);
   spec.mutable_resources()->set_gpus_per_worker(1);
   spec.mutable_model()->mutable_precision()->add_fp8_modules("dcn");
-  Placement one;
-  one.ranks_per_worker = 1;
-  one.workers = {Worker("a", "n1", "n1", "z1")};
-  one.workers[0].gpus = 1;
+  const Placement one = OneGpu();
   auto plain = PlanPlacement(spec, one, DefaultHardware());
   ASSERT_TRUE(plain.ok()) << plain.status();
   spec.mutable_model()->mutable_precision()->mutable_quality_gate()->set_max_relative_ne_increase(0.01);
