@@ -102,9 +102,11 @@ std::string Quote(const std::string& s) {
   return out + "\"";
 }
 
+// 15 significant digits: byte counts below 1e15 exactly (to the byte),
+// times and ratios without float noise.
 std::string Num(double v) {
   if (!std::isfinite(v)) return "null";
-  return absl::StrFormat("%.6g", v);
+  return absl::StrFormat("%.15g", v);
 }
 
 // Builds one JSON object as "key": value pairs.
