@@ -62,8 +62,7 @@ struct BwdQuantBlocks {
 __global__ void __launch_bounds__(256)
     Fp8BackwardQuantizeKernel(const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                               const void* out, int64_t q_rows, int64_t kv_rows, int heads,
-                              BwdQuantBlocks n,
-                              Fp8BackwardOperands ops) {
+                              BwdQuantBlocks n, Fp8BackwardOperands ops) {
   auto* qt8 = static_cast<uint8_t*>(ops.qt8);
   auto* dot8 = static_cast<uint8_t*>(ops.dot8);
   auto* kt8 = static_cast<uint8_t*>(ops.kt8);
@@ -477,12 +476,12 @@ __device__ __forceinline__ void Fp8BwdConsumer(const KernelParams& p,
     if constexpr (kDkDv) {
       const float v_mul[2] = {1.f / 256.f, 1.f / 256.f};
       StoreScaledRows(p.dk, o1, it.k_start, row0, it.k_len, it.head, p.heads, u,
-                  ops.qt_scale + it.head * 128, t);
+                      ops.qt_scale + it.head * 128, t);
       StoreScaledRows(p.dv, o2, it.k_start, row0, it.k_len, it.head, p.heads, v_mul,
-                  ops.dot_scale + it.head * 128, t);
+                      ops.dot_scale + it.head * 128, t);
     } else {
       StoreScaledRows(p.dq, o1, it.q_start, row0, it.q_len, it.head, p.heads, u,
-                  ops.k_scale + it.head * 128, t);
+                      ops.k_scale + it.head * 128, t);
     }
   }
 }
