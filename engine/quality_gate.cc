@@ -1,5 +1,8 @@
 #include "engine/quality_gate.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/metrics.h"
@@ -7,30 +10,24 @@
 namespace recfleet::engine {
 
 std::string NeComparison::Describe() const {
-  return absl::StrFormat("eval NE %.5f (recipe) vs %.5f (bf16): %+.3f%% after %d steps, %lld samples", recipe_ne,
-                         baseline_ne, 100 * relative_increase(), steps, static_cast<long long>(eval_samples));
+  const std::string se =
+      relative_se < 0 ? "" : absl::StrFormat(" +- %.3f%% (s.e. over the eval samples)", 100 * relative_se);
+  return absl::StrFormat("eval NE %.5f (recipe) vs %.5f (bf16): %+.3f%%%s after %d steps, %lld samples", recipe_ne,
+                         baseline_ne, 100 * relative_increase(), se, steps, static_cast<long long>(eval_samples));
 }
 
-GemLiteConfig WithoutLowPrecision(GemLiteConfig config) {
-  config.fp8 = Fp8Recipe();
-  return config;
-}
+namespace {
 
-absl::Status CheckNeGate(const NeComparison& comparison, double max_relative_increase) {
-  if (!(comparison.baseline_ne > 0)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model.precision.quality_gate: the bf16 shadow model's eval NE is ", comparison.baseline_ne,
-        ", so no relative tolerance applies (an eval set of one label?)"));
-  }
-  if (comparison.relative_increase() <= max_relative_increase) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "model.precision.quality_gate: the low-precision recipe fails its gate: %s, above the tolerance of +%g%%; "
-      "name fewer fp8_modules (keep late layers bf16) or fp8_attention blocks, keep weight_gradient BF16, or raise "
-      "max_relative_ne_increase",
-      comparison.Describe(), 100 * max_relative_increase));
-}
+// Binary cross-entropy of sigmoid(z) against y, as ComputeBinaryMetrics.
+double LogLoss(double z, double y) { return std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::abs(z))); }
 
-absl::StatusOr<double> TrainedEvalNe(const GemLiteConfig& config, const FeatureSchema& schema,
+struct Scores {
+  std::vector<double> logits, labels;
+};
+
+// A fresh model of `config` trained `steps` steps, then its CTR logits on
+// `eval`.
+absl::StatusOr<Scores> TrainAndScore(const GemLiteConfig& config, const FeatureSchema& schema,
                                      const ExecutionOptions& exec, int steps,
                                      const std::function<absl::StatusOr<const Batch*>(int step)>& batch,
                                      const std::vector<Batch>& eval) {
@@ -47,16 +44,88 @@ absl::StatusOr<double> TrainedEvalNe(const GemLiteConfig& config, const FeatureS
       if (absl::Status l = (*model)->ReadLosses(&*r); !l.ok()) return l;
     }
   }
-  std::vector<double> logits, labels;
+  Scores out;
   for (const Batch& b : eval) {
     absl::StatusOr<std::vector<double>> z = (*model)->Predict(b, Head::kCtr);
     if (!z.ok()) return z.status();
-    logits.insert(logits.end(), z->begin(), z->end());
-    labels.insert(labels.end(), b.ctr_labels.begin(), b.ctr_labels.end());
+    out.logits.insert(out.logits.end(), z->begin(), z->end());
+    out.labels.insert(out.labels.end(), b.ctr_labels.begin(), b.ctr_labels.end());
   }
-  absl::StatusOr<BinaryMetrics> metrics = ComputeBinaryMetrics(logits, labels);
+  return out;
+}
+
+absl::StatusOr<double> Ne(const Scores& s) {
+  absl::StatusOr<BinaryMetrics> metrics = ComputeBinaryMetrics(s.logits, s.labels);
   if (!metrics.ok()) return metrics.status();
   return metrics->normalized_entropy;
+}
+
+}  // namespace
+
+absl::StatusOr<double> PairedRelativeSe(const std::vector<double>& recipe, const std::vector<double>& baseline,
+                                        const std::vector<double>& labels) {
+  const size_t n = labels.size();
+  if (recipe.size() != n || baseline.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("PairedRelativeSe: ", recipe.size(), " recipe and ",
+                                                   baseline.size(), " baseline logits for ", n, " labels"));
+  }
+  if (n < 2) return absl::InvalidArgumentError("PairedRelativeSe: needs two samples or more");
+  std::vector<double> lb(n), d(n);
+  double sum_b = 0, sum_d = 0;
+  for (size_t i = 0; i < n; ++i) {
+    lb[i] = LogLoss(baseline[i], labels[i]);
+    d[i] = LogLoss(recipe[i], labels[i]) - lb[i];
+    sum_b += lb[i];
+    sum_d += d[i];
+  }
+  if (!(sum_b > 0)) return absl::InvalidArgumentError("PairedRelativeSe: the baseline's log loss is 0");
+  const double ratio = sum_d / sum_b;
+  double sum_e2 = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double e = d[i] - ratio * lb[i];
+    sum_e2 += e * e;
+  }
+  return std::sqrt(sum_e2 / (static_cast<double>(n) * (n - 1))) / (sum_b / n);
+}
+
+GemLiteConfig WithoutLowPrecision(GemLiteConfig config) {
+  config.fp8 = Fp8Recipe();
+  return config;
+}
+
+absl::Status CheckNeGate(const NeComparison& comparison, double max_relative_increase) {
+  if (!(comparison.baseline_ne > 0)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model.precision.quality_gate: the bf16 shadow model's eval NE is ", comparison.baseline_ne,
+        ", so no relative tolerance applies (an eval set of one label?)"));
+  }
+  if (comparison.relative_increase() > max_relative_increase) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+      "model.precision.quality_gate: the low-precision recipe fails its gate: %s, above the tolerance of +%g%%; "
+      "name fewer fp8_modules (keep late layers bf16) or fp8_attention blocks, keep weight_gradient BF16, or raise "
+      "max_relative_ne_increase",
+      comparison.Describe(), 100 * max_relative_increase));
+  }
+  if (comparison.relative_se > max_relative_increase) {
+    // Samples for an s.e. of half the tolerance: the s.e. falls as 1 / sqrt(n).
+    const double ratio = comparison.relative_se / (0.5 * max_relative_increase);
+    const double needed = std::ceil(static_cast<double>(comparison.eval_samples) * ratio * ratio);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "model.precision.quality_gate: cannot resolve a tolerance of +%g%%: %s; the standard error over the eval "
+        "samples alone exceeds the tolerance, so the gate would pass or fail by chance. Raise eval_samples (about "
+        "%.0f would bring it to half the tolerance; the eval set must hold that many) or max_relative_ne_increase",
+        100 * max_relative_increase, comparison.Describe(), needed));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> TrainedEvalNe(const GemLiteConfig& config, const FeatureSchema& schema,
+                                     const ExecutionOptions& exec, int steps,
+                                     const std::function<absl::StatusOr<const Batch*>(int step)>& batch,
+                                     const std::vector<Batch>& eval) {
+  absl::StatusOr<Scores> scores = TrainAndScore(config, schema, exec, steps, batch, eval);
+  if (!scores.ok()) return scores.status();
+  return Ne(*scores);
 }
 
 absl::StatusOr<NeComparison> RunShadowComparison(const GemLiteConfig& config, const FeatureSchema& schema,
@@ -66,12 +135,18 @@ absl::StatusOr<NeComparison> RunShadowComparison(const GemLiteConfig& config, co
   NeComparison c;
   c.steps = steps;
   for (const Batch& b : eval) c.eval_samples += b.size;
-  absl::StatusOr<double> recipe = TrainedEvalNe(config, schema, exec, steps, batch, eval);
+  absl::StatusOr<Scores> recipe = TrainAndScore(config, schema, exec, steps, batch, eval);
   if (!recipe.ok()) return recipe.status();
-  absl::StatusOr<double> baseline = TrainedEvalNe(WithoutLowPrecision(config), schema, exec, steps, batch, eval);
+  absl::StatusOr<double> recipe_ne = Ne(*recipe);
+  if (!recipe_ne.ok()) return recipe_ne.status();
+  absl::StatusOr<Scores> baseline = TrainAndScore(WithoutLowPrecision(config), schema, exec, steps, batch, eval);
   if (!baseline.ok()) return baseline.status();
-  c.recipe_ne = *recipe;
-  c.baseline_ne = *baseline;
+  absl::StatusOr<double> baseline_ne = Ne(*baseline);
+  if (!baseline_ne.ok()) return baseline_ne.status();
+  c.recipe_ne = *recipe_ne;
+  c.baseline_ne = *baseline_ne;
+  absl::StatusOr<double> se = PairedRelativeSe(recipe->logits, baseline->logits, baseline->labels);
+  if (se.ok()) c.relative_se = *se;  // Else (one eval sample) not measured.
   return c;
 }
 

@@ -26,11 +26,28 @@ struct NeComparison {
   double baseline_ne = 0;
   int steps = 0;              // Training steps of each model.
   int64_t eval_samples = 0;   // Samples the NEs are over.
+  // The standard error of relative_increase() over the eval samples
+  // (PairedRelativeSe); < 0 when not measured. It says how far another
+  // draw of as many eval samples would move the comparison of these two
+  // trained models, not how far another training run would.
+  double relative_se = -1;
   // (recipe - baseline) / baseline: > 0 when the recipe is worse.
   double relative_increase() const { return (recipe_ne - baseline_ne) / baseline_ne; }
-  // "eval NE 0.81234 (recipe) vs 0.81200 (bf16): +0.04% after 200 steps, 65536 samples".
+  // "eval NE 0.81234 (recipe) vs 0.81200 (bf16): +0.042% +- 0.011% (s.e. over
+  // the eval samples) after 200 steps, 65536 samples".
   std::string Describe() const;
 };
+
+// The standard error of the relative NE increase of the model with logits
+// `recipe` over the model with logits `baseline`, both scored on the same
+// samples with 0/1 `labels`: the ratio sum(l_r - l_b) / sum(l_b) of the
+// per-sample log losses (the NEs' common normalizer cancels), linearized,
+// s.e. = sqrt(sum(e_i^2) / (n (n - 1))) / mean(l_b) with e_i = l_r,i - l_b,i
+// - R l_b,i. Paired: what the two models share per sample cancels, so
+// it is far smaller than either NE's own standard error. InvalidArgument
+// for sizes that differ or fewer than two samples.
+absl::StatusOr<double> PairedRelativeSe(const std::vector<double>& recipe, const std::vector<double>& baseline,
+                                        const std::vector<double>& labels);
 
 // `config` without its low-precision recipe (no FP8 modules, no FP8
 // all-gather): the gate's baseline.
@@ -38,6 +55,11 @@ GemLiteConfig WithoutLowPrecision(GemLiteConfig config);
 
 // OK when comparison.relative_increase() <= max_relative_increase, else
 // FailedPrecondition naming both NEs, the tolerance and what to change.
+// Also FailedPrecondition ("cannot resolve") when the comparison's
+// relative_se, where measured, exceeds max_relative_increase: a gate whose
+// eval-sample noise alone is larger than its tolerance would pass or fail by
+// chance; the message says how many eval samples would bring the standard
+// error to half the tolerance.
 absl::Status CheckNeGate(const NeComparison& comparison, double max_relative_increase);
 
 // Trains a fresh model of `config` (tables internal) under `exec` for
@@ -50,7 +72,8 @@ absl::StatusOr<double> TrainedEvalNe(const GemLiteConfig& config, const FeatureS
                                      const std::vector<Batch>& eval);
 
 // TrainedEvalNe of `config` and of WithoutLowPrecision(config) on the same
-// batches, one model on the device at a time.
+// batches, one model on the device at a time, with the paired standard
+// error of the comparison over the eval samples.
 absl::StatusOr<NeComparison> RunShadowComparison(const GemLiteConfig& config, const FeatureSchema& schema,
                                                  const ExecutionOptions& exec, int steps,
                                                  const std::function<absl::StatusOr<const Batch*>(int step)>& batch,

@@ -1,6 +1,9 @@
 #include "engine/quality_gate.h"
 
+#include <cmath>
+#include <cstdio>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "engine/testing/movielens.h"
@@ -10,12 +13,17 @@
 namespace recfleet::engine {
 namespace {
 
-TEST(QualityGateTest, PassesWithinTheToleranceAndRefusesNamingBothNes) {
+NeComparison Comparison(double recipe_ne, double baseline_ne, int steps, int64_t eval_samples) {
   NeComparison c;
-  c.recipe_ne = 0.8008;
-  c.baseline_ne = 0.8;
-  c.steps = 200;
-  c.eval_samples = 4096;
+  c.recipe_ne = recipe_ne;
+  c.baseline_ne = baseline_ne;
+  c.steps = steps;
+  c.eval_samples = eval_samples;
+  return c;
+}
+
+TEST(QualityGateTest, PassesWithinTheToleranceAndRefusesNamingBothNes) {
+  NeComparison c = Comparison(0.8008, 0.8, 200, 4096);
   EXPECT_NEAR(c.relative_increase(), 0.001, 1e-12);
   EXPECT_TRUE(CheckNeGate(c, 0.0011).ok());
   const absl::Status refused = CheckNeGate(c, 0.0005);
@@ -28,6 +36,84 @@ TEST(QualityGateTest, PassesWithinTheToleranceAndRefusesNamingBothNes) {
   EXPECT_TRUE(CheckNeGate(c, 1e-9).ok());
   c.baseline_ne = 0;
   EXPECT_EQ(CheckNeGate(c, 0.1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(QualityGateTest, RefusesAToleranceItsEvalNoiseCannotResolve) {
+  NeComparison c = Comparison(0.8, 0.8, 50, 400);
+  c.relative_se = 0.004;  // 0.4%, against a tolerance of 0.1%.
+  const absl::Status refused = CheckNeGate(c, 0.001);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("cannot resolve a tolerance of +0.1%"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("+- 0.400% (s.e. over the eval samples)"), std::string::npos) << refused.message();
+  // (0.4% / 0.05%)^2 = 64 times the samples.
+  EXPECT_NE(refused.message().find("about 25600"), std::string::npos) << refused.message();
+  c.relative_se = 0.0009;
+  EXPECT_TRUE(CheckNeGate(c, 0.001).ok());
+  c.relative_se = -1;  // Not measured: the point estimate alone decides.
+  EXPECT_TRUE(CheckNeGate(c, 0.001).ok());
+  EXPECT_EQ(c.Describe().find("s.e."), std::string::npos);
+  // Above the tolerance it fails as before, whatever the noise.
+  c.recipe_ne = 0.81;
+  c.relative_se = 0.004;
+  EXPECT_NE(CheckNeGate(c, 0.001).message().find("fails its gate"), std::string::npos);
+}
+
+// Logits of a model whose per-sample log loss (label 1) is `loss`.
+double LogitForLoss(double loss) { return -std::log(std::expm1(loss)); }
+
+TEST(QualityGateTest, PairedStandardErrorIsZeroWhereTheLossesAreProportional) {
+  std::vector<double> base = {0.3, -1.2, 2.0, 0.7, -0.1}, labels(base.size(), 1.0), recipe;
+  for (double z : base) recipe.push_back(LogitForLoss(1.02 * std::log1p(std::exp(-z))));
+  absl::StatusOr<double> se = PairedRelativeSe(recipe, base, labels);
+  ASSERT_TRUE(se.ok()) << se.status();
+  EXPECT_NEAR(*se, 0.0, 1e-12);  // Every sample says +2%: nothing to vary.
+  EXPECT_NEAR(*PairedRelativeSe(base, base, labels), 0.0, 0.0);
+  EXPECT_FALSE(PairedRelativeSe(recipe, base, {1.0}).ok());
+  EXPECT_FALSE(PairedRelativeSe({0.0}, {0.0}, {1.0}).ok());
+}
+
+// The standard error predicts the spread of the relative increase over
+// independent eval sets drawn from one population of (baseline, recipe,
+// label) triples: two correlated models, the recipe slightly worse.
+TEST(QualityGateTest, PairedStandardErrorMatchesTheSpreadOverEvalDraws) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> uniform;
+  auto draw = [&](int n, std::vector<double>* base, std::vector<double>* recipe, std::vector<double>* labels) {
+    base->clear();
+    recipe->clear();
+    labels->clear();
+    for (int i = 0; i < n; ++i) {
+      const double truth = 1.5 * normal(rng) - 1.0;
+      labels->push_back(uniform(rng) < 1 / (1 + std::exp(-truth)) ? 1.0 : 0.0);
+      const double zb = truth + 0.5 * normal(rng);
+      base->push_back(zb);
+      recipe->push_back(zb + 0.1 * normal(rng) + 0.01);
+    }
+  };
+  constexpr int kDraws = 400, kSamples = 2000;
+  std::vector<double> base, recipe, labels, increases;
+  double mean_se = 0;
+  for (int d = 0; d < kDraws; ++d) {
+    draw(kSamples, &base, &recipe, &labels);
+    double lr = 0, lb = 0;
+    for (int i = 0; i < kSamples; ++i) {
+      const double zr = recipe[i], zb = base[i], y = labels[i];
+      lr += std::max(zr, 0.0) - zr * y + std::log1p(std::exp(-std::abs(zr)));
+      lb += std::max(zb, 0.0) - zb * y + std::log1p(std::exp(-std::abs(zb)));
+    }
+    increases.push_back(lr / lb - 1);
+    absl::StatusOr<double> se = PairedRelativeSe(recipe, base, labels);
+    ASSERT_TRUE(se.ok()) << se.status();
+    mean_se += *se / kDraws;
+  }
+  const double mean = std::accumulate(increases.begin(), increases.end(), 0.0) / kDraws;
+  double var = 0;
+  for (double x : increases) var += (x - mean) * (x - mean) / (kDraws - 1);
+  // The spread of a standard deviation over 400 draws is ~3.5%.
+  std::printf("mean s.e. %.3e, spread over draws %.3e\n", mean_se, std::sqrt(var));
+  EXPECT_NEAR(mean_se / std::sqrt(var), 1.0, 0.12) << "mean s.e. " << mean_se << ", spread " << std::sqrt(var);
+  EXPECT_GT(mean_se, 0.0);
 }
 
 TEST(QualityGateTest, BaselineDropsTheWholeRecipe) {
@@ -80,6 +166,7 @@ TEST(QualityGateTest, ShadowRunTrainsBothModelsOnTheSameBatches) {
   EXPECT_EQ(c->steps, steps);
   EXPECT_EQ(c->eval_samples, data.num_eval());
   EXPECT_EQ(c->recipe_ne, c->baseline_ne);
+  EXPECT_EQ(c->relative_se, 0.0);
   EXPECT_LT(c->baseline_ne, 1.0);
   EXPECT_TRUE(CheckNeGate(*c, 1e-9).ok());
   // The CPU engine emulates an FP8 recipe (the reference kernels), so the
@@ -95,6 +182,7 @@ TEST(QualityGateTest, ShadowRunTrainsBothModelsOnTheSameBatches) {
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->steps, 1);
   EXPECT_NE(f->recipe_ne, f->baseline_ne);
+  EXPECT_GT(f->relative_se, 0.0);
 }
 
 }  // namespace
