@@ -188,6 +188,7 @@ void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfi
   out.quality_gate.max_relative_ne_increase = std::max(0.0, gate.max_relative_ne_increase());
   if (gate.shadow_steps() > 0) out.quality_gate.shadow_steps = gate.shadow_steps();
   if (gate.eval_samples() > 0) out.quality_gate.eval_samples = gate.eval_samples();
+  out.quality_gate.repeat_baseline = gate.repeat_baseline();
 }
 
 // model.activation_memory -> out.activation_memory, after the sequence
@@ -463,7 +464,8 @@ std::string JobModel::DebugString() const {
                                " fp8_attention=", absl::StrJoin(config.fp8.attention, ","),
                                " fp8_attention_bwd=", config.fp8.attention_backward,
                                " ne_gate=", quality_gate.max_relative_ne_increase, "/", quality_gate.shadow_steps, "/",
-                               quality_gate.eval_samples, " recompute_sequence=",
+                               quality_gate.eval_samples, quality_gate.repeat_baseline ? "/repeat" : "",
+                               " recompute_sequence=",
                                layers::BlockCheckpointName(activation_memory.level), " activation_budget_bytes=",
                                activation_memory.budget_bytes, " fp8_saved=", activation_memory.fp8_saved, "\n");
   for (const auto& t : schema.tables) absl::StrAppend(&s, "table ", t.name, " rows=", t.rows, "\n");

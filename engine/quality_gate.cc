@@ -12,8 +12,11 @@ namespace recfleet::engine {
 std::string NeComparison::Describe() const {
   const std::string se =
       relative_se < 0 ? "" : absl::StrFormat(" +- %.3f%% (s.e. over the eval samples)", 100 * relative_se);
-  return absl::StrFormat("eval NE %.5f (recipe) vs %.5f (bf16): %+.3f%%%s after %d steps, %lld samples", recipe_ne,
-                         baseline_ne, 100 * relative_increase(), se, steps, static_cast<long long>(eval_samples));
+  const std::string repeat =
+      repeat_ne < 0 ? "" : absl::StrFormat("; bf16 again %.5f (moved %.3f%%)", repeat_ne, 100 * baseline_shift());
+  return absl::StrFormat("eval NE %.5f (recipe) vs %.5f (bf16): %+.3f%%%s after %d steps, %lld samples%s", recipe_ne,
+                         baseline_ne, 100 * relative_increase(), se, steps, static_cast<long long>(eval_samples),
+                         repeat);
 }
 
 namespace {
@@ -106,6 +109,13 @@ absl::Status CheckNeGate(const NeComparison& comparison, double max_relative_inc
       "max_relative_ne_increase",
       comparison.Describe(), 100 * max_relative_increase));
   }
+  if (comparison.baseline_shift() > max_relative_increase) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "model.precision.quality_gate: cannot resolve a tolerance of +%g%%: %s; bf16 moved from itself by more than "
+        "the tolerance between two runs of the same steps, so the gate would pass or fail by chance. Raise "
+        "shadow_steps (short runs diverge most) or max_relative_ne_increase",
+        100 * max_relative_increase, comparison.Describe()));
+  }
   if (comparison.relative_se > max_relative_increase) {
     // Samples for an s.e. of half the tolerance: the s.e. falls as 1 / sqrt(n).
     const double ratio = comparison.relative_se / (0.5 * max_relative_increase);
@@ -131,7 +141,7 @@ absl::StatusOr<double> TrainedEvalNe(const GemLiteConfig& config, const FeatureS
 absl::StatusOr<NeComparison> RunShadowComparison(const GemLiteConfig& config, const FeatureSchema& schema,
                                                  const ExecutionOptions& exec, int steps,
                                                  const std::function<absl::StatusOr<const Batch*>(int step)>& batch,
-                                                 const std::vector<Batch>& eval) {
+                                                 const std::vector<Batch>& eval, bool repeat_baseline) {
   NeComparison c;
   c.steps = steps;
   for (const Batch& b : eval) c.eval_samples += b.size;
@@ -147,6 +157,11 @@ absl::StatusOr<NeComparison> RunShadowComparison(const GemLiteConfig& config, co
   c.baseline_ne = *baseline_ne;
   absl::StatusOr<double> se = PairedRelativeSe(recipe->logits, baseline->logits, baseline->labels);
   if (se.ok()) c.relative_se = *se;  // Else (one eval sample) not measured.
+  if (repeat_baseline) {
+    absl::StatusOr<double> repeat = TrainedEvalNe(WithoutLowPrecision(config), schema, exec, steps, batch, eval);
+    if (!repeat.ok()) return repeat.status();
+    c.repeat_ne = *repeat;
+  }
   return c;
 }
 

@@ -9,6 +9,7 @@
 // first step (worker/rank_run.h); engine_bench --ne-baseline reports the
 // same comparison next to its speed.
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -31,10 +32,19 @@ struct NeComparison {
   // draw of as many eval samples would move the comparison of these two
   // trained models, not how far another training run would.
   double relative_se = -1;
+  // A second bf16 model's NE, trained as the first (repeat_baseline); < 0
+  // when not run.
+  double repeat_ne = -1;
+  // |repeat - baseline| / baseline: how far bf16 moved from itself; < 0
+  // when not run.
+  double baseline_shift() const {
+    return repeat_ne < 0 ? -1 : std::abs(repeat_ne - baseline_ne) / baseline_ne;
+  }
   // (recipe - baseline) / baseline: > 0 when the recipe is worse.
   double relative_increase() const { return (recipe_ne - baseline_ne) / baseline_ne; }
   // "eval NE 0.81234 (recipe) vs 0.81200 (bf16): +0.042% +- 0.011% (s.e. over
-  // the eval samples) after 200 steps, 65536 samples".
+  // the eval samples) after 200 steps, 65536 samples", and with a repeat
+  // "; bf16 again 0.81190 (moved 0.012%)".
   std::string Describe() const;
 };
 
@@ -59,7 +69,8 @@ GemLiteConfig WithoutLowPrecision(GemLiteConfig config);
 // relative_se, where measured, exceeds max_relative_increase: a gate whose
 // eval-sample noise alone is larger than its tolerance would pass or fail by
 // chance; the message says how many eval samples would bring the standard
-// error to half the tolerance.
+// error to half the tolerance. Likewise when baseline_shift(), where run,
+// exceeds it: bf16 moved from itself by more than the gate tolerates.
 absl::Status CheckNeGate(const NeComparison& comparison, double max_relative_increase);
 
 // Trains a fresh model of `config` (tables internal) under `exec` for
@@ -73,11 +84,12 @@ absl::StatusOr<double> TrainedEvalNe(const GemLiteConfig& config, const FeatureS
 
 // TrainedEvalNe of `config` and of WithoutLowPrecision(config) on the same
 // batches, one model on the device at a time, with the paired standard
-// error of the comparison over the eval samples.
+// error of the comparison over the eval samples; with `repeat_baseline`
+// the bf16 model trains a second time (repeat_ne).
 absl::StatusOr<NeComparison> RunShadowComparison(const GemLiteConfig& config, const FeatureSchema& schema,
                                                  const ExecutionOptions& exec, int steps,
                                                  const std::function<absl::StatusOr<const Batch*>(int step)>& batch,
-                                                 const std::vector<Batch>& eval);
+                                                 const std::vector<Batch>& eval, bool repeat_baseline = false);
 
 }  // namespace recfleet::engine
 

@@ -52,6 +52,20 @@ TEST(QualityGateTest, RefusesAToleranceItsEvalNoiseCannotResolve) {
   c.relative_se = -1;  // Not measured: the point estimate alone decides.
   EXPECT_TRUE(CheckNeGate(c, 0.001).ok());
   EXPECT_EQ(c.Describe().find("s.e."), std::string::npos);
+  // bf16 against itself: a shift within the tolerance passes, a larger one
+  // cannot resolve it.
+  c.relative_se = 0.0002;
+  c.repeat_ne = 0.8004;
+  EXPECT_NEAR(c.baseline_shift(), 0.0005, 1e-12);
+  EXPECT_TRUE(CheckNeGate(c, 0.001).ok());
+  EXPECT_NE(c.Describe().find("; bf16 again 0.80040 (moved 0.050%)"), std::string::npos) << c.Describe();
+  c.repeat_ne = 0.79;
+  const absl::Status shifted = CheckNeGate(c, 0.001);
+  EXPECT_EQ(shifted.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(shifted.message().find("bf16 moved from itself by more than the tolerance"), std::string::npos)
+      << shifted.message();
+  c.repeat_ne = -1;
+  EXPECT_EQ(c.baseline_shift(), -1);
   // Above the tolerance it fails as before, whatever the noise.
   c.recipe_ne = 0.81;
   c.relative_se = 0.004;
@@ -167,6 +181,7 @@ TEST(QualityGateTest, ShadowRunTrainsBothModelsOnTheSameBatches) {
   EXPECT_EQ(c->eval_samples, data.num_eval());
   EXPECT_EQ(c->recipe_ne, c->baseline_ne);
   EXPECT_EQ(c->relative_se, 0.0);
+  EXPECT_LT(c->repeat_ne, 0);
   EXPECT_LT(c->baseline_ne, 1.0);
   EXPECT_TRUE(CheckNeGate(*c, 1e-9).ok());
   // The CPU engine emulates an FP8 recipe (the reference kernels), so the
@@ -183,6 +198,14 @@ TEST(QualityGateTest, ShadowRunTrainsBothModelsOnTheSameBatches) {
   EXPECT_EQ(f->steps, 1);
   EXPECT_NE(f->recipe_ne, f->baseline_ne);
   EXPECT_GT(f->relative_se, 0.0);
+  // Trained twice, the CPU engine's bf16 model lands on the same NE.
+  auto r = RunShadowComparison(fp8, data.schema(), ExecutionOptions(), 1,
+                               [&](int) -> absl::StatusOr<const Batch*> { return &train[0]; }, eval,
+                               /*repeat_baseline=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->repeat_ne, r->baseline_ne);
+  EXPECT_EQ(r->baseline_shift(), 0.0);
+  EXPECT_EQ(r->recipe_ne, f->recipe_ne);
 }
 
 }  // namespace

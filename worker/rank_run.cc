@@ -552,10 +552,12 @@ absl::Status RankRun::RunQualityGate() {
   engine::ExecutionOptions exec;
   exec.device = Device::kCuda;
   exec.bf16 = options_.bf16;
-  spdlog::info("{}", absl::StrFormat("%s quality gate: shadow run of %d steps, the recipe and without it",
-                                     Describe().c_str(), gate.shadow_steps));
+  spdlog::info("{}", absl::StrFormat("%s quality gate: shadow run of %d steps, the recipe and without it%s",
+                                     Describe().c_str(), gate.shadow_steps,
+                                     gate.repeat_baseline ? " (twice)" : ""));
   absl::StatusOr<engine::NeComparison> c = engine::RunShadowComparison(job_model_.config, job_model_.schema, exec,
-                                                                      gate.shadow_steps, batch, eval);
+                                                                      gate.shadow_steps, batch, eval,
+                                                                      gate.repeat_baseline);
   if (!c.ok()) {
     return absl::Status(c.status().code(),
                         absl::StrCat("spec.model.precision.quality_gate: shadow run: ", c.status().message()));

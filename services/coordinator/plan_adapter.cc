@@ -701,9 +701,10 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
       request.shadow_model = true;
       const v1::PrecisionQualityGate& gate = precision.quality_gate();
       absl::StrAppend(&request.precision.recipe,
-                      absl::StrFormat("; quality gate: eval NE within +%g%% of bf16 on a %d-step shadow run",
+                      absl::StrFormat("; quality gate: eval NE within +%g%% of bf16 on a %d-step shadow run%s",
                                       100 * gate.max_relative_ne_increase(),
-                                      gate.shadow_steps() > 0 ? gate.shadow_steps() : 200));
+                                      gate.shadow_steps() > 0 ? gate.shadow_steps() : 200,
+                                      gate.repeat_baseline() ? ", bf16 trained twice" : ""));
     }
   }
 
