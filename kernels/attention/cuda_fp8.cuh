@@ -141,8 +141,8 @@ __device__ __forceinline__ void Transpose4x4(const uint32_t (&in)[4], uint32_t (
   out[3] = __byte_perm(c, d, 0x7632);
 }
 
-// The three quantize blocks of 256 threads (QuantizeAllKernel and the
-// backward's pre-pass run them, block b of its section each):
+// The quantize blocks of 256 threads (QuantizeAllKernel and the backward's
+// pre-pass run them, block b of its section each):
 //   Transposed: x^T[h d + c, 32 b + s] = x[32 b + KeyOfSlot(s), h, c] /
 //     scale[h, c] for 128 tokens x one head's 128 channels (tokens >= rows
 //     zero, columns >= xt_cols not written). Warp w takes channels
@@ -155,8 +155,7 @@ __device__ __forceinline__ void Transpose4x4(const uint32_t (&in)[4], uint32_t (
 //     thread, 256 apart.
 //   Tokens: x8[r, h, :] = x[r, h, :] * fold[h, :] / token_scale[r, h] for 64
 //     (row, head) pairs, a half warp each, four of them 16 apart; the scale
-//     from the half warp's maximum (and for the backward's dO a row dot,
-//     below).
+//     from the half warp's maximum.
 constexpr int kQuantChannelElems = 8192;
 constexpr int kQuantTokenRowHeads = 64;
 inline int64_t TransposedBlocks(int64_t xt_cols, int heads) { return (xt_cols + 127) / 128 * heads; }
@@ -167,26 +166,46 @@ inline int64_t TokenBlocks(int64_t rows, int heads) {
   return (rows * heads + kQuantTokenRowHeads - 1) / kQuantTokenRowHeads;
 }
 
-__device__ __forceinline__ void QuantizeTransposedBlock(const bf16* x, int64_t rows, int heads,
-                                                        const float* scale, uint8_t* xt8,
-                                                        int64_t xt_cols, int64_t b) {
+// QuantizeTransposedBlock's thread layout for block b: the head, the first
+// token, the thread's channels c0 .. c0 + 15, its first x^T column and the
+// block-relative tokens of its four loads (slots 4 t .. 4 t + 3 of half h
+// of 32-token block blk).
+struct TransposedLayout {
+  int head, c0;
+  int64_t key0, col;
+  int token[4];
+  __device__ __forceinline__ TransposedLayout(int heads, int64_t b) {
+    head = static_cast<int>(b % heads);
+    key0 = (b / heads) * 128;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int t = lane & 3, half = (lane >> 2) & 1, blk = lane >> 3;
+    col = key0 + 32 * blk + 16 * half + 4 * t;
+    c0 = head * 128 + 16 * warp;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) token[u] = 32 * blk + KeyOfSlot(16 * half + 4 * t + u);
+  }
+};
+
+// raw[u][j] = channels c0 + 8 j .. c0 + 8 j + 7 of token key0 + token[u]
+// (zero at or past rows).
+__device__ __forceinline__ void LoadTransposedTile(const bf16* x, int64_t rows, int heads,
+                                                   const TransposedLayout& l, uint4 (&raw)[4][2]) {
   const int64_t cols = static_cast<int64_t>(heads) * 128;
-  const int head = static_cast<int>(b % heads);
-  const int64_t key0 = (b / heads) * 128;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int t = lane & 3, half = (lane >> 2) & 1, blk = lane >> 3;
-  const int64_t col = key0 + 32 * blk + 16 * half + 4 * t;  // the thread's first slot
-  const int c0 = head * 128 + 16 * warp;
-  uint4 raw[4][2];
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    const int64_t key = key0 + 32 * blk + KeyOfSlot(16 * half + 4 * t + u);
+    const int64_t key = l.key0 + l.token[u];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      raw[u][j] = key < rows ? *reinterpret_cast<const uint4*>(x + key * cols + c0 + 8 * j)
+      raw[u][j] = key < rows ? *reinterpret_cast<const uint4*>(x + key * cols + l.c0 + 8 * j)
                              : make_uint4(0, 0, 0, 0);
     }
   }
+}
+
+// w[g][u] = e4m3 codes of channels c0 + 4 g .. c0 + 4 g + 3 of token u
+// divided by scale[c] (one byte each, channel order).
+__device__ __forceinline__ void ChannelCodes(const uint4 (&raw)[4][2], const float* scale,
+                                             int c0, uint32_t (&w)[4][4]) {
   float inv[16];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -196,7 +215,6 @@ __device__ __forceinline__ void QuantizeTransposedBlock(const bf16* x, int64_t r
     inv[4 * j + 2] = InversePow2(s.z);
     inv[4 * j + 3] = InversePow2(s.w);
   }
-  uint32_t w[4][4];  // [channel group of 4][key u]
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
 #pragma unroll
@@ -211,16 +229,33 @@ __device__ __forceinline__ void QuantizeTransposedBlock(const bf16* x, int64_t r
       }
     }
   }
-  if (col >= xt_cols) return;
+}
+
+// ChannelCodes' words as x^T: one word per channel, a warp 128 contiguous
+// bytes of an x^T row (columns >= xt_cols not written).
+__device__ __forceinline__ void StoreTransposedCodes(const uint32_t (&w)[4][4], uint8_t* xt8,
+                                                     int64_t xt_cols, const TransposedLayout& l) {
+  if (l.col >= xt_cols) return;
 #pragma unroll
   for (int g = 0; g < 4; ++g) {
     uint32_t o[4];
     Transpose4x4(w[g], o);
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc) {
-      *reinterpret_cast<uint32_t*>(xt8 + (c0 + 4 * g + cc) * xt_cols + col) = o[cc];
+      *reinterpret_cast<uint32_t*>(xt8 + (l.c0 + 4 * g + cc) * xt_cols + l.col) = o[cc];
     }
   }
+}
+
+__device__ __forceinline__ void QuantizeTransposedBlock(const bf16* x, int64_t rows, int heads,
+                                                        const float* scale, uint8_t* xt8,
+                                                        int64_t xt_cols, int64_t b) {
+  const TransposedLayout l(heads, b);
+  uint4 raw[4][2];
+  LoadTransposedTile(x, rows, heads, l, raw);
+  uint32_t w[4][4];  // [channel group of 4][key u]
+  ChannelCodes(raw, scale, l.c0, w);
+  StoreTransposedCodes(w, xt8, xt_cols, l);
 }
 
 __device__ __forceinline__ void QuantizeChannelsBlock(const bf16* x, int64_t rows, int heads,
@@ -252,31 +287,23 @@ __device__ __forceinline__ void QuantizeChannelsBlock(const bf16* x, int64_t row
   }
 }
 
-// With kDot (the backward's dO): also dot[r, h] = token_scale[r, h] *
-// <x8[r, h, :], e4m3(y[r, h, :] / fold[h, :])>, the rowsum(dO * O) of the
-// same e4m3 operands as the GEMM dO V^T (y = O, fold = V's channel scales).
+// e4m3 rounding of x, as a float (the backward's rowsum(dO * O) operands).
 __device__ __forceinline__ float E4m3Round(float x) {
   return static_cast<float>(__nv_fp8_e4m3(x));
 }
-template <bool kDot = false>
+
 __device__ __forceinline__ void QuantizeTokensBlock(const bf16* x, int64_t rows, int heads,
                                                     const float* fold, uint8_t* x8,
-                                                    float* token_scale, int64_t b,
-                                                    const bf16* y = nullptr,
-                                                    float* dot = nullptr) {
+                                                    float* token_scale, int64_t b) {
   const int64_t rows_heads = rows * heads;
   const int lane16 = threadIdx.x % 16;
   const int64_t rh0 = b * kQuantTokenRowHeads + threadIdx.x / 16;
-  uint4 raw[4], raw_y[4];
+  uint4 raw[4];
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
     const int64_t rh = rh0 + 16 * u;
     raw[u] = rh < rows_heads ? reinterpret_cast<const uint4*>(x + rh * 128)[lane16]
                              : make_uint4(0, 0, 0, 0);
-    if constexpr (kDot) {
-      raw_y[u] = rh < rows_heads ? reinterpret_cast<const uint4*>(y + rh * 128)[lane16]
-                                 : make_uint4(0, 0, 0, 0);
-    }
   }
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
@@ -295,17 +322,6 @@ __device__ __forceinline__ void QuantizeTokensBlock(const bf16* x, int64_t rows,
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     const float s = Fp8Scale(m), inv = InversePow2(s);
-    if constexpr (kDot) {
-      float yf[8];
-      Bf16x8(raw_y[u], yf);
-      const float sc[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-      float d = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) d += E4m3Round(f[i] * inv) * E4m3Round(yf[i] * InversePow2(sc[i]));
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-      if (rh < rows_heads && lane16 == 0) dot[rh] = d * s;
-    }
     if (rh >= rows_heads) continue;
     reinterpret_cast<uint2*>(x8 + rh * 128)[lane16] =
         make_uint2(E4m3x2(f[0] * inv, f[1] * inv) | (E4m3x2(f[2] * inv, f[3] * inv) << 16),

@@ -53,43 +53,185 @@ namespace recfleet::attention::cuda_impl {
 namespace {
 
 // ---- Pre-pass. ----
-// Blocks per section: Q^T and dO^T take qt each, K^T kt, K and V k each, Q
-// and dO q each.
-struct BwdQuantBlocks {
-  int64_t qt, kt, k, q;
+// Each of Q, dO and K is read once: a block loads 128 tokens x one head's
+// 128 channels in QuantizeTransposedBlock's layout (cuda_fp8.cuh), stores
+// the transposed codes (Q^T, dO^T, K^T) and, from the same registers, the
+// row-major codes through shared memory as whole 128-byte rows. K's
+// row-major codes are its transposed ones (the same channel scales); Q's
+// and dO's take QuantizeTokensBlock's per-token scale, from the maximum over
+// the head's 128 channels gathered across the eight warps. dO's row dot
+// sums each 8-channel chunk in order, then the 16 chunks pairwise 8 apart,
+// 4, 2 and 1 (the order of the half-warp shuffles it replaced). V (no
+// transposed copy) takes QuantizeChannelsBlock.
+
+// Eight e4m3 codes (two words, channel order) as floats, exactly.
+__device__ __forceinline__ void E4m3x8(uint32_t lo, uint32_t hi, float (&f)[8]) {
+  const uint32_t wd[2] = {lo, hi};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(wd[i] >> (16 * h)), __NV_E4M3);
+      const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&r));
+      f[4 * i + 2 * h] = x.x;
+      f[4 * i + 2 * h + 1] = x.y;
+    }
+  }
+}
+
+enum class RowCodes { kChannels, kTokens, kTokensDot };
+
+struct PrepassShared {
+  float part[8][128];     // [warp][token]: the warp's 16 channels' maximum
+  float dot[16][128];     // [8-channel chunk][token]: the chunk's row dot
+  float token_scale[128];
+  uint4 codes[128][8];    // row-major codes, 16-byte chunks swizzled (CodeChunk)
 };
 
-__global__ void __launch_bounds__(256)
+// The shared-memory chunk of row-major chunk c (a warp's 16 channels) of
+// block token r: the eight lanes of one store phase hold tokens
+// 16 h + 2 t (+ 1, + 8, + 9), which this spreads over the eight chunks.
+__device__ __forceinline__ int CodeChunk(int r, int c) {
+  return c ^ (((r >> 1) & 3) | ((r >> 2) & 4));
+}
+
+template <RowCodes kRowCodes>
+__device__ __forceinline__ void QuantizeBothWaysBlock(
+    const bf16* x, int64_t rows, int heads, const float* xt_scale, uint8_t* xt8, int64_t xt_cols,
+    const float* row_scale, uint8_t* x8, int64_t b, PrepassShared& sh,
+    float* token_scale = nullptr, const bf16* y = nullptr, float* dot = nullptr) {
+  const TransposedLayout l(heads, b);
+  const int warp = threadIdx.x / 32;
+  uint4 raw[4][2], raw_y[4][2];
+  LoadTransposedTile(x, rows, heads, l, raw);
+  if constexpr (kRowCodes == RowCodes::kTokensDot) LoadTransposedTile(y, rows, heads, l, raw_y);
+  uint32_t w[4][4];
+  ChannelCodes(raw, xt_scale, l.c0, w);
+  StoreTransposedCodes(w, xt8, xt_cols, l);
+  if constexpr (kRowCodes == RowCodes::kChannels) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      sh.codes[l.token[u]][CodeChunk(l.token[u], warp)] =
+          make_uint4(w[0][u], w[1][u], w[2][u], w[3][u]);
+    }
+  } else {
+    // O's codes under V's channel scales (the row dot's second operand),
+    // one byte each, so that O's registers free early.
+    uint32_t y8[4][4];
+    if constexpr (kRowCodes == RowCodes::kTokensDot) ChannelCodes(raw_y, row_scale, l.c0, y8);
+    float fold[16];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 s = reinterpret_cast<const float4*>(row_scale + l.c0)[j];
+      fold[4 * j] = s.x, fold[4 * j + 1] = s.y, fold[4 * j + 2] = s.z, fold[4 * j + 3] = s.w;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      float m = 0.f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float f[8];
+        Bf16x8(raw[u][j], f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(f[i] * fold[8 * j + i]));
+      }
+      sh.part[warp][l.token[u]] = m;
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+      float m = sh.part[0][threadIdx.x];
+#pragma unroll
+      for (int i = 1; i < 8; ++i) m = fmaxf(m, sh.part[i][threadIdx.x]);
+      const float s = Fp8Scale(m);
+      sh.token_scale[threadIdx.x] = s;
+      const int64_t r = l.key0 + threadIdx.x;
+      if (r < rows) token_scale[r * heads + l.head] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float inv = InversePow2(sh.token_scale[l.token[u]]);
+      uint32_t code[4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float f[8];
+        Bf16x8(raw[u][j], f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] *= fold[8 * j + i];
+        code[2 * j] = E4m3x2(f[0] * inv, f[1] * inv) | (E4m3x2(f[2] * inv, f[3] * inv) << 16);
+        code[2 * j + 1] = E4m3x2(f[4] * inv, f[5] * inv) | (E4m3x2(f[6] * inv, f[7] * inv) << 16);
+        if constexpr (kRowCodes == RowCodes::kTokensDot) {
+          float yf[8];
+          E4m3x8(y8[2 * j][u], y8[2 * j + 1][u], yf);
+          float d = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) d += E4m3Round(f[i] * inv) * yf[i];
+          sh.dot[2 * warp + j][l.token[u]] = d;
+        }
+      }
+      sh.codes[l.token[u]][CodeChunk(l.token[u], warp)] =
+          make_uint4(code[0], code[1], code[2], code[3]);
+    }
+    if constexpr (kRowCodes == RowCodes::kTokensDot) {
+      __syncthreads();
+      const int64_t r = l.key0 + threadIdx.x;
+      if (threadIdx.x < 128 && r < rows) {
+        // The chunks pairwise 8 apart, then 4, 2, 1 (see the section
+        // comment).
+        float d[16];
+#pragma unroll
+        for (int c = 0; c < 16; ++c) d[c] = sh.dot[c][threadIdx.x];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) d[c] += d[c + 8];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) d[c] += d[c + 4];
+        d[0] += d[2], d[1] += d[3];
+        dot[r * heads + l.head] = (d[0] + d[1]) * sh.token_scale[threadIdx.x];
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int idx = threadIdx.x + 256 * i, r = idx / 8, c = idx % 8;
+    if (l.key0 + r < rows) {
+      reinterpret_cast<uint4*>(x8 + ((l.key0 + r) * heads + l.head) * 128)[c] =
+          sh.codes[r][CodeChunk(r, c)];
+    }
+  }
+}
+
+// The pre-pass's launches, one per section, so that each takes its own
+// registers: Q and dO blocks hold their tile across the barriers (128
+// registers, two blocks per SM; capped for three they spill, and dO's ran
+// slower), K and V blocks do not (64, four). kKv: blocks [0, k_blocks) K's,
+// then V's.
+enum class PrepassSection { kQ, kDout, kKv };
+
+template <PrepassSection kSection, int kMinBlocks>
+__global__ void __launch_bounds__(256, kMinBlocks)
     Fp8BackwardQuantizeKernel(const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                              const void* out, int64_t q_rows, int64_t kv_rows, int heads,
-                              BwdQuantBlocks n, Fp8BackwardOperands ops) {
-  auto* qt8 = static_cast<uint8_t*>(ops.qt8);
-  auto* dot8 = static_cast<uint8_t*>(ops.dot8);
-  auto* kt8 = static_cast<uint8_t*>(ops.kt8);
-  int64_t b = blockIdx.x;
-  if (b < n.qt) return QuantizeTransposedBlock(q, q_rows, heads, ops.qt_scale, qt8, ops.q_cols, b);
-  b -= n.qt;
-  if (b < n.qt) {
-    return QuantizeTransposedBlock(dout, q_rows, heads, ops.dot_scale, dot8, ops.q_cols, b);
+                              const bf16* out, int64_t q_rows, int64_t kv_rows, int heads,
+                              int64_t k_blocks, Fp8BackwardOperands ops) {
+  __shared__ PrepassShared sh;
+  const int64_t b = blockIdx.x;
+  if constexpr (kSection == PrepassSection::kQ) {
+    QuantizeBothWaysBlock<RowCodes::kTokens>(
+        q, q_rows, heads, ops.qt_scale, static_cast<uint8_t*>(ops.qt8), ops.q_cols, ops.k_scale,
+        static_cast<uint8_t*>(ops.q8), b, sh, ops.q_scale);
+  } else if constexpr (kSection == PrepassSection::kDout) {
+    QuantizeBothWaysBlock<RowCodes::kTokensDot>(
+        dout, q_rows, heads, ops.dot_scale, static_cast<uint8_t*>(ops.dot8), ops.q_cols,
+        ops.v_scale, static_cast<uint8_t*>(ops.do8), b, sh, ops.do_scale, out, ops.dsum);
+  } else if (b < k_blocks) {
+    QuantizeBothWaysBlock<RowCodes::kChannels>(
+        k, kv_rows, heads, ops.k_scale, static_cast<uint8_t*>(ops.kt8), ops.kv_cols, ops.k_scale,
+        static_cast<uint8_t*>(ops.k8), b, sh);
+  } else {
+    QuantizeChannelsBlock(v, kv_rows, heads, ops.v_scale, static_cast<uint8_t*>(ops.v8),
+                          b - k_blocks);
   }
-  b -= n.qt;
-  if (b < n.kt) return QuantizeTransposedBlock(k, kv_rows, heads, ops.k_scale, kt8, ops.kv_cols, b);
-  b -= n.kt;
-  if (b < n.k) {
-    return QuantizeChannelsBlock(k, kv_rows, heads, ops.k_scale, static_cast<uint8_t*>(ops.k8), b);
-  }
-  b -= n.k;
-  if (b < n.k) {
-    return QuantizeChannelsBlock(v, kv_rows, heads, ops.v_scale, static_cast<uint8_t*>(ops.v8), b);
-  }
-  b -= n.k;
-  if (b < n.q) {
-    return QuantizeTokensBlock(q, q_rows, heads, ops.k_scale, static_cast<uint8_t*>(ops.q8),
-                               ops.q_scale, b);
-  }
-  b -= n.q;
-  QuantizeTokensBlock<true>(dout, q_rows, heads, ops.v_scale, static_cast<uint8_t*>(ops.do8),
-                            ops.do_scale, b, static_cast<const bf16*>(out), ops.dsum);
 }
 
 // ---- Configuration and shared memory. ----
@@ -553,16 +695,26 @@ int LaunchFp8BackwardQuantize(const void* q, const void* k, const void* v, const
   ScalesBothKernel<<<scale_blocks, 256, 0, s>>>(ops.amax, cols, ops.k_scale, ops.v_scale);
   ScalesBothKernel<<<scale_blocks, 256, 0, s>>>(ops.amax + 2 * cols, cols, ops.qt_scale,
                                                 ops.dot_scale);
-  BwdQuantBlocks n;
-  n.qt = TransposedBlocks(ops.q_cols, heads);
-  n.kt = TransposedBlocks(ops.kv_cols, heads);
-  n.k = ChannelBlocks(kv_rows, heads);
-  n.q = TokenBlocks(q_rows, heads);
-  const int64_t grid = 2 * n.qt + n.kt + 2 * n.k + 2 * n.q;
-  if (grid > 0) {
-    Fp8BackwardQuantizeKernel<<<static_cast<unsigned>(grid), 256, 0, s>>>(
-        static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
-        static_cast<const bf16*>(dout), out, q_rows, kv_rows, heads, n, ops);
+  const int64_t q_blocks = TransposedBlocks(ops.q_cols, heads);
+  const int64_t k_blocks = TransposedBlocks(ops.kv_cols, heads);
+  const int64_t kv_blocks = k_blocks + ChannelBlocks(kv_rows, heads);
+  const auto* qb = static_cast<const bf16*>(q);
+  const auto* kb = static_cast<const bf16*>(k);
+  const auto* vb = static_cast<const bf16*>(v);
+  const auto* db = static_cast<const bf16*>(dout);
+  const auto* ob = static_cast<const bf16*>(out);
+  if (q_blocks > 0) {
+    Fp8BackwardQuantizeKernel<PrepassSection::kQ, 2>
+        <<<static_cast<unsigned>(q_blocks), 256, 0, s>>>(qb, kb, vb, db, ob, q_rows, kv_rows,
+                                                          heads, k_blocks, ops);
+    Fp8BackwardQuantizeKernel<PrepassSection::kDout, 2>
+        <<<static_cast<unsigned>(q_blocks), 256, 0, s>>>(qb, kb, vb, db, ob, q_rows, kv_rows,
+                                                          heads, k_blocks, ops);
+  }
+  if (kv_blocks > 0) {
+    Fp8BackwardQuantizeKernel<PrepassSection::kKv, 4>
+        <<<static_cast<unsigned>(kv_blocks), 256, 0, s>>>(qb, kb, vb, db, ob, q_rows, kv_rows,
+                                                           heads, k_blocks, ops);
   }
   return cudaGetLastError();
 }
