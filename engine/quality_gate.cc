@@ -96,6 +96,11 @@ GemLiteConfig WithoutLowPrecision(GemLiteConfig config) {
   return config;
 }
 
+ExecutionOptions WithoutLowPrecision(ExecutionOptions exec) {
+  exec.fp8_saved_activations = false;
+  return exec;
+}
+
 absl::Status CheckNeGate(const NeComparison& comparison, double max_relative_increase) {
   if (!(comparison.baseline_ne > 0)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -149,7 +154,8 @@ absl::StatusOr<NeComparison> RunShadowComparison(const GemLiteConfig& config, co
   if (!recipe.ok()) return recipe.status();
   absl::StatusOr<double> recipe_ne = Ne(*recipe);
   if (!recipe_ne.ok()) return recipe_ne.status();
-  absl::StatusOr<Scores> baseline = TrainAndScore(WithoutLowPrecision(config), schema, exec, steps, batch, eval);
+  absl::StatusOr<Scores> baseline =
+      TrainAndScore(WithoutLowPrecision(config), schema, WithoutLowPrecision(exec), steps, batch, eval);
   if (!baseline.ok()) return baseline.status();
   absl::StatusOr<double> baseline_ne = Ne(*baseline);
   if (!baseline_ne.ok()) return baseline_ne.status();
@@ -158,7 +164,8 @@ absl::StatusOr<NeComparison> RunShadowComparison(const GemLiteConfig& config, co
   absl::StatusOr<double> se = PairedRelativeSe(recipe->logits, baseline->logits, baseline->labels);
   if (se.ok()) c.relative_se = *se;  // Else (one eval sample) not measured.
   if (repeat_baseline) {
-    absl::StatusOr<double> repeat = TrainedEvalNe(WithoutLowPrecision(config), schema, exec, steps, batch, eval);
+    absl::StatusOr<double> repeat =
+        TrainedEvalNe(WithoutLowPrecision(config), schema, WithoutLowPrecision(exec), steps, batch, eval);
     if (!repeat.ok()) return repeat.status();
     c.repeat_ne = *repeat;
   }

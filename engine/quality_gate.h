@@ -62,6 +62,9 @@ absl::StatusOr<double> PairedRelativeSe(const std::vector<double>& recipe, const
 // `config` without its low-precision recipe (no FP8 modules, no FP8
 // all-gather): the gate's baseline.
 GemLiteConfig WithoutLowPrecision(GemLiteConfig config);
+// `exec` without FP8-saved activations: the baseline's execution (the
+// activation checkpointing stays).
+ExecutionOptions WithoutLowPrecision(ExecutionOptions exec);
 
 // OK when comparison.relative_increase() <= max_relative_increase, else
 // FailedPrecondition naming both NEs, the tolerance and what to change.
@@ -82,8 +85,8 @@ absl::StatusOr<double> TrainedEvalNe(const GemLiteConfig& config, const FeatureS
                                      const std::function<absl::StatusOr<const Batch*>(int step)>& batch,
                                      const std::vector<Batch>& eval);
 
-// TrainedEvalNe of `config` and of WithoutLowPrecision(config) on the same
-// batches, one model on the device at a time, with the paired standard
+// TrainedEvalNe of `config` under `exec` and of WithoutLowPrecision(config)
+// under WithoutLowPrecision(exec) on the same batches, one model on the device at a time, with the paired standard
 // error of the comparison over the eval samples; with `repeat_baseline`
 // the bf16 model trains a second time (repeat_ne).
 absl::StatusOr<NeComparison> RunShadowComparison(const GemLiteConfig& config, const FeatureSchema& schema,

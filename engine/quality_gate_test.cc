@@ -184,6 +184,20 @@ TEST(QualityGateTest, ShadowRunTrainsBothModelsOnTheSameBatches) {
   EXPECT_LT(c->repeat_ne, 0);
   EXPECT_LT(c->baseline_ne, 1.0);
   EXPECT_TRUE(CheckNeGate(*c, 1e-9).ok());
+  // Under the job's checkpointing with FP8-saved activations, the recipe
+  // model keeps its recomputing blocks' inputs in FP8 and the baseline does
+  // not: the baseline recomputes exactly (the same NE as stored), the
+  // recipe's backward reads rounded inputs.
+  ExecutionOptions checkpointed;
+  checkpointed.attention_checkpoint.assign(config.seq_layers, layers::BlockCheckpoint::kBlock);
+  checkpointed.fp8_saved_activations = true;
+  EXPECT_FALSE(WithoutLowPrecision(checkpointed).fp8_saved_activations);
+  EXPECT_EQ(WithoutLowPrecision(checkpointed).attention_checkpoint, checkpointed.attention_checkpoint);
+  auto k = RunShadowComparison(config, data.schema(), checkpointed, steps,
+                               [&](int step) -> absl::StatusOr<const Batch*> { return &train[step % train.size()]; }, eval);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->baseline_ne, c->baseline_ne);
+  EXPECT_NE(k->recipe_ne, k->baseline_ne);
   // The CPU engine emulates an FP8 recipe (the reference kernels), so the
   // comparison runs in CI too: the towers' first layer (16 -> 16) trains in
   // FP8, the baseline's does not, and one step apart shows in the NE.

@@ -196,7 +196,9 @@ struct PlanRequest {
   // The job's quality gate (JobSpec model.precision.quality_gate) trains a
   // shadow copy of the model before the first step while the job's own
   // parameters, optimizer state and tables stay resident: the peak holds
-  // those once more (a buffer; the gate runs on jobs of one rank only).
+  // those once more (a buffer; the gate runs on jobs of one rank only). The
+  // shadow models train under the job's activation checkpointing, so their
+  // activations are the job's step's, which are not live during the gate.
   bool shadow_model = false;
   // The activations already hold each rank's own lookups (the embedding
   // outputs of its batch) and its batch's ids: a rate table's fitted

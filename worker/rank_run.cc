@@ -549,9 +549,10 @@ absl::Status RankRun::RunQualityGate() {
     std::iota(idx.begin(), idx.end(), first);
     eval.push_back(converter_->Convert(*eval_rows_, idx));
   }
-  engine::ExecutionOptions exec;
-  exec.device = Device::kCuda;
-  exec.bf16 = options_.bf16;
+  // The job's own execution: its activation checkpointing (so the shadow
+  // models' activations are those the plan counted for the job's step) and
+  // FP8-saved activations (the recipe's; the bf16 models drop them).
+  const engine::ExecutionOptions exec = Execution();
   spdlog::info("{}", absl::StrFormat("%s quality gate: shadow run of %d steps, the recipe and without it%s",
                                      Describe().c_str(), gate.shadow_steps,
                                      gate.repeat_baseline ? " (twice)" : ""));
