@@ -168,8 +168,11 @@ void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfi
     p.Bad(f + ".fp8_modules",
           "is empty, so scale_granularity, weight_gradient and all_gather apply to nothing; name modules");
   }
-  if (r.has_quality_gate() && r.fp8_modules_size() == 0 && r.fp8_attention_size() == 0) {
-    p.Bad(f + ".quality_gate", "has no low precision to check: fp8_modules and fp8_attention are both empty");
+  if (r.has_quality_gate() && r.fp8_modules_size() == 0 && r.fp8_attention_size() == 0 &&
+      !m.activation_memory().fp8_saved()) {
+    p.Bad(f + ".quality_gate",
+          "has no low precision to check: fp8_modules and fp8_attention are both empty and "
+          "model.activation_memory.fp8_saved is off");
   }
   c.fp8.wgrad_hadamard_stochastic = r.weight_gradient() == v1::PrecisionRecipe::FP8_HADAMARD_STOCHASTIC;
   c.fp8.fp8_weight_gradients = r.weight_gradient() == v1::PrecisionRecipe::FP8 || c.fp8.wgrad_hadamard_stochastic;

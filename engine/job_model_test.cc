@@ -456,6 +456,16 @@ TEST(JobModelTest, ActivationMemoryIsBuiltOrRefusedByField) {
   EXPECT_EQ(*AttentionCheckpointModes(*projections, nullptr), Modes(3, kProj));
   EXPECT_TRUE(projections->activation_memory.fp8_saved);
   EXPECT_NE(projections->DebugString(), all->DebugString());
+  // FP8-saved activations are low precision the quality gate can check on
+  // their own; without them (or FP8 modules or attention) it has nothing.
+  v1::JobSpec gated = level;
+  gated.mutable_model()->mutable_precision()->mutable_quality_gate()->set_max_relative_ne_increase(0.01);
+  absl::StatusOr<JobModel> gated_model = BuildJobModel(gated);
+  ASSERT_TRUE(gated_model.ok()) << gated_model.status();
+  EXPECT_TRUE(gated_model->quality_gate.enabled());
+  gated.mutable_model()->mutable_activation_memory()->set_fp8_saved(false);
+  EXPECT_NE(BuildJobModel(gated).status().message().find("quality_gate has no low precision to check"),
+            std::string::npos);
 
   // The plan's levels: block l takes the deepest level recomputing it.
   v1::Plan plan;

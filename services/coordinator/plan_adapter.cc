@@ -696,7 +696,8 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
                     " in ", absl::StrJoin(precision.fp8_attention(), ", "),
                     fp8_bwd ? ", the backward's e4m3 copies in the peak's buffers" : ", its backward bf16");
   }
-  if (precision.fp8_modules_size() > 0 || precision.fp8_attention_size() > 0) {
+  if (precision.fp8_modules_size() > 0 || precision.fp8_attention_size() > 0 ||
+      spec.model().activation_memory().fp8_saved()) {
     if (precision.quality_gate().max_relative_ne_increase() > 0) {
       request.shadow_model = true;
       const v1::PrecisionQualityGate& gate = precision.quality_gate();
