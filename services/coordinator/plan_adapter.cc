@@ -689,7 +689,7 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
   if (precision.fp8_attention_size() > 0) {
     // The planner's attention time stays bf16's: the FP8 forward's kernel is
     // ~1.1x bf16's but its quantize pre-pass makes the call ~0.9x, and the
-    // FP8 backward call is ~0.9x bf16's (bench/RESULTS.md).
+    // FP8 backward call is ~0.95-0.98x bf16's (bench/RESULTS.md).
     const bool fp8_bwd = precision.attention_backward() == v1::PrecisionRecipe::ATTENTION_BACKWARD_FP8;
     if (!request.precision.recipe.empty()) absl::StrAppend(&request.precision.recipe, "; ");
     absl::StrAppend(&request.precision.recipe, "FP8 (E4M3) attention ", fp8_bwd ? "forward and backward" : "forward",
