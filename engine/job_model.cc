@@ -191,7 +191,10 @@ void Precision(const v1::ModelSpec& m, const FeatureSchema& schema, GemLiteConfi
   out.quality_gate.max_relative_ne_increase = std::max(0.0, gate.max_relative_ne_increase());
   if (gate.shadow_steps() > 0) out.quality_gate.shadow_steps = gate.shadow_steps();
   if (gate.eval_samples() > 0) out.quality_gate.eval_samples = gate.eval_samples();
-  out.quality_gate.repeat_baseline = gate.repeat_baseline();
+  if (gate.runs() < 0 || gate.runs() > 16) {
+    p.Bad(g + ".runs", absl::StrCat("must be in 0..16 (0 = 1), got ", gate.runs()));
+  }
+  out.quality_gate.runs = std::clamp(gate.runs(), 1, 16);
 }
 
 // model.activation_memory -> out.activation_memory, after the sequence
@@ -467,7 +470,7 @@ std::string JobModel::DebugString() const {
                                " fp8_attention=", absl::StrJoin(config.fp8.attention, ","),
                                " fp8_attention_bwd=", config.fp8.attention_backward,
                                " ne_gate=", quality_gate.max_relative_ne_increase, "/", quality_gate.shadow_steps, "/",
-                               quality_gate.eval_samples, quality_gate.repeat_baseline ? "/repeat" : "",
+                               quality_gate.eval_samples, "/x", quality_gate.runs,
                                " recompute_sequence=",
                                layers::BlockCheckpointName(activation_memory.level), " activation_budget_bytes=",
                                activation_memory.budget_bytes, " fp8_saved=", activation_memory.fp8_saved, "\n");

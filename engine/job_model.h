@@ -70,7 +70,7 @@ struct JobModel {
     double max_relative_ne_increase = 0;
     int shadow_steps = 200;
     int64_t eval_samples = 65'536;
-    bool repeat_baseline = false;
+    int runs = 1;
     bool enabled() const { return max_relative_ne_increase > 0; }
   } quality_gate;
   // model.activation_memory: the level every self-attention block

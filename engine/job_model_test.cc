@@ -199,6 +199,12 @@ TEST(JobModelTest, PrecisionRecipeIsBuiltOrRefusedByField) {
          p.mutable_quality_gate()->set_eval_samples(-1);
        },
        "spec.model.precision.quality_gate.eval_samples must be >= 0"},
+      {[](v1::PrecisionRecipe& p) {
+         p.add_fp8_modules("towers");
+         p.mutable_quality_gate()->set_max_relative_ne_increase(0.001);
+         p.mutable_quality_gate()->set_runs(17);
+       },
+       "spec.model.precision.quality_gate.runs must be in 0..16 (0 = 1), got 17"},
   };
   for (const Case& c : cases) {
     v1::JobSpec bad = Spec();

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "engine/metrics.h"
 
 namespace recfleet::engine {
@@ -12,11 +13,39 @@ namespace recfleet::engine {
 std::string NeComparison::Describe() const {
   const std::string se =
       relative_se < 0 ? "" : absl::StrFormat(" +- %.3f%% (s.e. over the eval samples)", 100 * relative_se);
-  const std::string repeat =
-      repeat_ne < 0 ? "" : absl::StrFormat("; bf16 again %.5f (moved %.3f%%)", repeat_ne, 100 * baseline_shift());
+  std::string runs;
+  if (run_increases.size() >= 2) {
+    std::vector<std::string> each;
+    for (double x : run_increases) each.push_back(absl::StrFormat("%+.3f%%", 100 * x));
+    runs = absl::StrFormat("; over %d runs %+.3f%% +- %.3f%% (s.e. over the runs: %s)",
+                           static_cast<int>(run_increases.size()), 100 * relative_increase(), 100 * run_se(),
+                           absl::StrJoin(each, ", "));
+  }
   return absl::StrFormat("eval NE %.5f (recipe) vs %.5f (bf16): %+.3f%%%s after %d steps, %lld samples%s", recipe_ne,
-                         baseline_ne, 100 * relative_increase(), se, steps, static_cast<long long>(eval_samples),
-                         repeat);
+                         baseline_ne, 100 * (recipe_ne - baseline_ne) / baseline_ne, se, steps,
+                         static_cast<long long>(eval_samples), runs);
+}
+
+double NeComparison::relative_increase() const {
+  if (run_increases.size() < 2) return (recipe_ne - baseline_ne) / baseline_ne;
+  double sum = 0;
+  for (double x : run_increases) sum += x;
+  return sum / static_cast<double>(run_increases.size());
+}
+
+double NeComparison::run_se() const {
+  const size_t n = run_increases.size();
+  if (n < 2) return -1;
+  const double mean = relative_increase();
+  double ss = 0;
+  for (double x : run_increases) ss += (x - mean) * (x - mean);
+  return std::sqrt(ss / static_cast<double>(n - 1) / static_cast<double>(n));
+}
+
+double NeComparison::noise_se() const {
+  if (relative_se < 0 && run_se() < 0) return -1;
+  const double eval = std::max(relative_se, 0.0), run = std::max(run_se(), 0.0);
+  return std::sqrt(eval * eval + run * run);
 }
 
 namespace {
@@ -114,11 +143,11 @@ absl::Status CheckNeGate(const NeComparison& comparison, double max_relative_inc
       "max_relative_ne_increase",
       comparison.Describe(), 100 * max_relative_increase));
   }
-  if (comparison.baseline_shift() > max_relative_increase) {
+  if (comparison.run_se() > max_relative_increase) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "model.precision.quality_gate: cannot resolve a tolerance of +%g%%: %s; bf16 moved from itself by more than "
-        "the tolerance between two runs of the same steps, so the gate would pass or fail by chance. Raise "
-        "shadow_steps (short runs diverge most) or max_relative_ne_increase",
+        "model.precision.quality_gate: cannot resolve a tolerance of +%g%%: %s; the runs differ by more than the "
+        "tolerance (the training's own noise), so the gate would pass or fail by chance. Raise shadow_steps (short "
+        "runs diverge most), runs, or max_relative_ne_increase",
         100 * max_relative_increase, comparison.Describe()));
   }
   if (comparison.relative_se > max_relative_increase) {
@@ -130,6 +159,13 @@ absl::Status CheckNeGate(const NeComparison& comparison, double max_relative_inc
         "samples alone exceeds the tolerance, so the gate would pass or fail by chance. Raise eval_samples (about "
         "%.0f would bring it to half the tolerance; the eval set must hold that many) or max_relative_ne_increase",
         100 * max_relative_increase, comparison.Describe(), needed));
+  }
+  if (comparison.noise_se() > max_relative_increase) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "model.precision.quality_gate: cannot resolve a tolerance of +%g%%: %s; the standard errors over the eval "
+        "samples and over the runs together exceed the tolerance, so the gate would pass or fail by chance. Raise "
+        "eval_samples, shadow_steps or runs, or max_relative_ne_increase",
+        100 * max_relative_increase, comparison.Describe()));
   }
   return absl::OkStatus();
 }
@@ -146,28 +182,27 @@ absl::StatusOr<double> TrainedEvalNe(const GemLiteConfig& config, const FeatureS
 absl::StatusOr<NeComparison> RunShadowComparison(const GemLiteConfig& config, const FeatureSchema& schema,
                                                  const ExecutionOptions& exec, int steps,
                                                  const std::function<absl::StatusOr<const Batch*>(int step)>& batch,
-                                                 const std::vector<Batch>& eval, bool repeat_baseline) {
+                                                 const std::vector<Batch>& eval, int runs) {
   NeComparison c;
   c.steps = steps;
   for (const Batch& b : eval) c.eval_samples += b.size;
-  absl::StatusOr<Scores> recipe = TrainAndScore(config, schema, exec, steps, batch, eval);
-  if (!recipe.ok()) return recipe.status();
-  absl::StatusOr<double> recipe_ne = Ne(*recipe);
-  if (!recipe_ne.ok()) return recipe_ne.status();
-  absl::StatusOr<Scores> baseline =
-      TrainAndScore(WithoutLowPrecision(config), schema, WithoutLowPrecision(exec), steps, batch, eval);
-  if (!baseline.ok()) return baseline.status();
-  absl::StatusOr<double> baseline_ne = Ne(*baseline);
-  if (!baseline_ne.ok()) return baseline_ne.status();
-  c.recipe_ne = *recipe_ne;
-  c.baseline_ne = *baseline_ne;
-  absl::StatusOr<double> se = PairedRelativeSe(recipe->logits, baseline->logits, baseline->labels);
-  if (se.ok()) c.relative_se = *se;  // Else (one eval sample) not measured.
-  if (repeat_baseline) {
-    absl::StatusOr<double> repeat =
-        TrainedEvalNe(WithoutLowPrecision(config), schema, WithoutLowPrecision(exec), steps, batch, eval);
-    if (!repeat.ok()) return repeat.status();
-    c.repeat_ne = *repeat;
+  for (int run = 0; run < std::max(runs, 1); ++run) {
+    absl::StatusOr<Scores> recipe = TrainAndScore(config, schema, exec, steps, batch, eval);
+    if (!recipe.ok()) return recipe.status();
+    absl::StatusOr<double> recipe_ne = Ne(*recipe);
+    if (!recipe_ne.ok()) return recipe_ne.status();
+    absl::StatusOr<Scores> baseline =
+        TrainAndScore(WithoutLowPrecision(config), schema, WithoutLowPrecision(exec), steps, batch, eval);
+    if (!baseline.ok()) return baseline.status();
+    absl::StatusOr<double> baseline_ne = Ne(*baseline);
+    if (!baseline_ne.ok()) return baseline_ne.status();
+    if (run == 0) {
+      c.recipe_ne = *recipe_ne;
+      c.baseline_ne = *baseline_ne;
+      absl::StatusOr<double> se = PairedRelativeSe(recipe->logits, baseline->logits, baseline->labels);
+      if (se.ok()) c.relative_se = *se;  // Else (one eval sample) not measured.
+    }
+    if (runs >= 2) c.run_increases.push_back((*recipe_ne - *baseline_ne) / *baseline_ne);
   }
   return c;
 }

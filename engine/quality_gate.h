@@ -32,19 +32,25 @@ struct NeComparison {
   // draw of as many eval samples would move the comparison of these two
   // trained models, not how far another training run would.
   double relative_se = -1;
-  // A second bf16 model's NE, trained as the first (repeat_baseline); < 0
-  // when not run.
-  double repeat_ne = -1;
-  // |repeat - baseline| / baseline: how far bf16 moved from itself; < 0
-  // when not run.
-  double baseline_shift() const {
-    return repeat_ne < 0 ? -1 : std::abs(repeat_ne - baseline_ne) / baseline_ne;
-  }
-  // (recipe - baseline) / baseline: > 0 when the recipe is worse.
-  double relative_increase() const { return (recipe_ne - baseline_ne) / baseline_ne; }
+  // With the gate's `runs` >= 2: each run's relative increase (the first is
+  // recipe_ne against baseline_ne), every run training both models afresh
+  // on the same batches from the same parameters.
+  std::vector<double> run_increases;
+  // (recipe - baseline) / baseline, > 0 when the recipe is worse; the mean
+  // of run_increases where there are two or more.
+  double relative_increase() const;
+  // The standard error of the mean of run_increases (their s.d. / sqrt(n)):
+  // how far the training's own noise moves the comparison (GPU kernels that
+  // accumulate with atomics are not bitwise reproducible, and short runs
+  // amplify that); < 0 with fewer than two runs.
+  double run_se() const;
+  // What the gate holds against its tolerance: the eval and the run
+  // standard errors combined (sqrt of the sum of squares of those measured),
+  // < 0 when neither is.
+  double noise_se() const;
   // "eval NE 0.81234 (recipe) vs 0.81200 (bf16): +0.042% +- 0.011% (s.e. over
-  // the eval samples) after 200 steps, 65536 samples", and with a repeat
-  // "; bf16 again 0.81190 (moved 0.012%)".
+  // the eval samples) after 200 steps, 65536 samples", and over runs
+  // "; over 2 runs +0.030% +- 0.012% (s.e. over the runs: +0.042%, +0.018%)".
   std::string Describe() const;
 };
 
@@ -72,8 +78,8 @@ ExecutionOptions WithoutLowPrecision(ExecutionOptions exec);
 // relative_se, where measured, exceeds max_relative_increase: a gate whose
 // eval-sample noise alone is larger than its tolerance would pass or fail by
 // chance; the message says how many eval samples would bring the standard
-// error to half the tolerance. Likewise when baseline_shift(), where run,
-// exceeds it: bf16 moved from itself by more than the gate tolerates.
+// error to half the tolerance. Likewise when noise_se(), which adds the
+// spread over the gate's runs where it had two or more, exceeds it.
 absl::Status CheckNeGate(const NeComparison& comparison, double max_relative_increase);
 
 // Trains a fresh model of `config` (tables internal) under `exec` for
@@ -87,12 +93,12 @@ absl::StatusOr<double> TrainedEvalNe(const GemLiteConfig& config, const FeatureS
 
 // TrainedEvalNe of `config` under `exec` and of WithoutLowPrecision(config)
 // under WithoutLowPrecision(exec) on the same batches, one model on the device at a time, with the paired standard
-// error of the comparison over the eval samples; with `repeat_baseline`
-// the bf16 model trains a second time (repeat_ne).
+// error of the comparison over the eval samples; `runs` >= 2 trains both
+// models that many times (run_increases).
 absl::StatusOr<NeComparison> RunShadowComparison(const GemLiteConfig& config, const FeatureSchema& schema,
                                                  const ExecutionOptions& exec, int steps,
                                                  const std::function<absl::StatusOr<const Batch*>(int step)>& batch,
-                                                 const std::vector<Batch>& eval, bool repeat_baseline = false);
+                                                 const std::vector<Batch>& eval, int runs = 1);
 
 }  // namespace recfleet::engine
 

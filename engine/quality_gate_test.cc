@@ -52,20 +52,30 @@ TEST(QualityGateTest, RefusesAToleranceItsEvalNoiseCannotResolve) {
   c.relative_se = -1;  // Not measured: the point estimate alone decides.
   EXPECT_TRUE(CheckNeGate(c, 0.001).ok());
   EXPECT_EQ(c.Describe().find("s.e."), std::string::npos);
-  // bf16 against itself: a shift within the tolerance passes, a larger one
-  // cannot resolve it.
+  // Over runs: the mean decides, and the runs' spread is noise the gate
+  // holds against its tolerance.
   c.relative_se = 0.0002;
-  c.repeat_ne = 0.8004;
-  EXPECT_NEAR(c.baseline_shift(), 0.0005, 1e-12);
+  c.run_increases = {0.0004, 0.0002, 0.0006};
+  EXPECT_NEAR(c.relative_increase(), 0.0004, 1e-12);
+  EXPECT_NEAR(c.run_se(), 0.0002 / std::sqrt(3.0), 1e-12);  // s.d. 0.0002 over 3 runs.
+  EXPECT_NEAR(c.noise_se(), std::sqrt(0.0002 * 0.0002 + 0.0002 * 0.0002 / 3), 1e-12);
   EXPECT_TRUE(CheckNeGate(c, 0.001).ok());
-  EXPECT_NE(c.Describe().find("; bf16 again 0.80040 (moved 0.050%)"), std::string::npos) << c.Describe();
-  c.repeat_ne = 0.79;
-  const absl::Status shifted = CheckNeGate(c, 0.001);
-  EXPECT_EQ(shifted.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(shifted.message().find("bf16 moved from itself by more than the tolerance"), std::string::npos)
-      << shifted.message();
-  c.repeat_ne = -1;
-  EXPECT_EQ(c.baseline_shift(), -1);
+  EXPECT_NE(c.Describe().find("; over 3 runs +0.040% +- 0.012% (s.e. over the runs: +0.040%, +0.020%, +0.060%)"),
+            std::string::npos)
+      << c.Describe();
+  c.run_increases = {0.004, -0.004};  // Mean 0, but the runs disagree by 0.8%.
+  const absl::Status spread = CheckNeGate(c, 0.001);
+  EXPECT_EQ(spread.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(spread.message().find("the runs differ by more than the tolerance"), std::string::npos)
+      << spread.message();
+  // Each standard error within the tolerance, together above it.
+  c.relative_se = 0.0008;
+  c.run_increases = {0.0008, -0.0008};  // run s.e. 0.08%.
+  EXPECT_NE(CheckNeGate(c, 0.001).message().find("together exceed the tolerance"), std::string::npos);
+  c.run_increases = {0.0003};  // One run: no run s.e.
+  EXPECT_EQ(c.run_se(), -1);
+  EXPECT_DOUBLE_EQ(c.relative_increase(), 0.0);
+  c.run_increases.clear();
   // Above the tolerance it fails as before, whatever the noise.
   c.recipe_ne = 0.81;
   c.relative_se = 0.004;
@@ -181,7 +191,7 @@ TEST(QualityGateTest, ShadowRunTrainsBothModelsOnTheSameBatches) {
   EXPECT_EQ(c->eval_samples, data.num_eval());
   EXPECT_EQ(c->recipe_ne, c->baseline_ne);
   EXPECT_EQ(c->relative_se, 0.0);
-  EXPECT_LT(c->repeat_ne, 0);
+  EXPECT_TRUE(c->run_increases.empty());
   EXPECT_LT(c->baseline_ne, 1.0);
   EXPECT_TRUE(CheckNeGate(*c, 1e-9).ok());
   // Under the job's checkpointing with FP8-saved activations, the recipe
@@ -212,14 +222,17 @@ TEST(QualityGateTest, ShadowRunTrainsBothModelsOnTheSameBatches) {
   EXPECT_EQ(f->steps, 1);
   EXPECT_NE(f->recipe_ne, f->baseline_ne);
   EXPECT_GT(f->relative_se, 0.0);
-  // Trained twice, the CPU engine's bf16 model lands on the same NE.
+  // Three runs: the CPU engine is deterministic, so every run repeats the
+  // first exactly and the runs' standard error is 0.
   auto r = RunShadowComparison(fp8, data.schema(), ExecutionOptions(), 1,
-                               [&](int) -> absl::StatusOr<const Batch*> { return &train[0]; }, eval,
-                               /*repeat_baseline=*/true);
+                               [&](int) -> absl::StatusOr<const Batch*> { return &train[0]; }, eval, /*runs=*/3);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->repeat_ne, r->baseline_ne);
-  EXPECT_EQ(r->baseline_shift(), 0.0);
+  ASSERT_EQ(r->run_increases.size(), 3u);
   EXPECT_EQ(r->recipe_ne, f->recipe_ne);
+  EXPECT_EQ(r->baseline_ne, f->baseline_ne);
+  for (double x : r->run_increases) EXPECT_EQ(x, r->run_increases[0]);
+  EXPECT_NEAR(r->run_se(), 0.0, 1e-15);  // The mean rounds.
+  EXPECT_DOUBLE_EQ(r->relative_increase(), f->relative_increase());
 }
 
 }  // namespace

@@ -555,10 +555,10 @@ absl::Status RankRun::RunQualityGate() {
   const engine::ExecutionOptions exec = Execution();
   spdlog::info("{}", absl::StrFormat("%s quality gate: shadow run of %d steps, the recipe and without it%s",
                                      Describe().c_str(), gate.shadow_steps,
-                                     gate.repeat_baseline ? " (twice)" : ""));
+                                     gate.runs > 1 ? absl::StrCat(" (", gate.runs, " runs each)").c_str() : ""));
   absl::StatusOr<engine::NeComparison> c = engine::RunShadowComparison(job_model_.config, job_model_.schema, exec,
                                                                       gate.shadow_steps, batch, eval,
-                                                                      gate.repeat_baseline);
+                                                                      gate.runs);
   if (!c.ok()) {
     return absl::Status(c.status().code(),
                         absl::StrCat("spec.model.precision.quality_gate: shadow run: ", c.status().message()));

@@ -261,12 +261,12 @@ const std::map<std::string, Field>& Fields() {
           Fp8(s).mutable_quality_gate()->set_max_relative_ne_increase(0.001);
           Fp8(s).mutable_quality_gate()->set_eval_samples(4096);
         }}},
-      {"model.precision.quality_gate.repeat_baseline",
+      {"model.precision.quality_gate.runs",
        {H, [](JobSpec& s) {
           GpuJob(s);
           Fp8(s).add_fp8_modules("dcn");
           Fp8(s).mutable_quality_gate()->set_max_relative_ne_increase(0.001);
-          Fp8(s).mutable_quality_gate()->set_repeat_baseline(true);
+          Fp8(s).mutable_quality_gate()->set_runs(3);
         }}},
       // The FP8 attention kernel takes head dim 128 only.
       {"model.precision.fp8_attention", {H, [](JobSpec& s) {
