@@ -67,6 +67,10 @@ absl::StatusOr<double> Auc(absl::Span<const double> scores, absl::Span<const dou
   return (positive_rank_sum - p * (p + 1) / 2) / (p * q);
 }
 
+double LogLoss(double logit, double label) {
+  return std::max(logit, 0.0) - logit * label + std::log1p(std::exp(-std::abs(logit)));
+}
+
 absl::StatusOr<BinaryMetrics> ComputeBinaryMetrics(absl::Span<const double> logits,
                                                    absl::Span<const double> labels) {
   BinaryMetrics m;
@@ -83,7 +87,7 @@ absl::StatusOr<BinaryMetrics> ComputeBinaryMetrics(absl::Span<const double> logi
   double loss = 0, positives = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
     const double z = logits[i], y = labels[i];
-    loss += std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::abs(z)));
+    loss += LogLoss(z, y);
     positives += y;
   }
   m.positive_rate = positives / m.count;

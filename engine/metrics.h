@@ -29,6 +29,10 @@ struct BinaryMetrics {
 // one class is absent, or a score is NaN (it has no rank).
 absl::StatusOr<double> Auc(absl::Span<const double> scores, absl::Span<const double> labels);
 
+// Binary cross-entropy of sigmoid(logit) against a 0/1 label, computed
+// without overflow for large |logit|: the per-sample log loss.
+double LogLoss(double logit, double label);
+
 // All of the above from logits and 0/1 labels. Same errors as Auc, and
 // InvalidArgument for an infinite logit (no finite log loss).
 absl::StatusOr<BinaryMetrics> ComputeBinaryMetrics(absl::Span<const double> logits,

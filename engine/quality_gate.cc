@@ -50,9 +50,6 @@ double NeComparison::noise_se() const {
 
 namespace {
 
-// Binary cross-entropy of sigmoid(z) against y, as ComputeBinaryMetrics.
-double LogLoss(double z, double y) { return std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::abs(z))); }
-
 struct Scores {
   std::vector<double> logits, labels;
 };
@@ -143,31 +140,28 @@ absl::Status CheckNeGate(const NeComparison& comparison, double max_relative_inc
       "max_relative_ne_increase",
       comparison.Describe(), 100 * max_relative_increase));
   }
+  if (!(comparison.noise_se() > max_relative_increase)) return absl::OkStatus();
+  // Which noise to shrink: the runs' spread, the eval samples' (with the
+  // samples for an s.e. of half the tolerance: it falls as 1 / sqrt(n)), or
+  // both together.
+  std::string why;
   if (comparison.run_se() > max_relative_increase) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "model.precision.quality_gate: cannot resolve a tolerance of +%g%%: %s; the runs differ by more than the "
-        "tolerance (the training's own noise), so the gate would pass or fail by chance. Raise shadow_steps (short "
-        "runs diverge most), runs, or max_relative_ne_increase",
-        100 * max_relative_increase, comparison.Describe()));
-  }
-  if (comparison.relative_se > max_relative_increase) {
-    // Samples for an s.e. of half the tolerance: the s.e. falls as 1 / sqrt(n).
+    why = "the runs differ by more than the tolerance (the training's own noise), so the gate would pass or fail by "
+          "chance. Raise shadow_steps (short runs diverge most), runs, or max_relative_ne_increase";
+  } else if (comparison.relative_se > max_relative_increase) {
     const double ratio = comparison.relative_se / (0.5 * max_relative_increase);
-    const double needed = std::ceil(static_cast<double>(comparison.eval_samples) * ratio * ratio);
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "model.precision.quality_gate: cannot resolve a tolerance of +%g%%: %s; the standard error over the eval "
-        "samples alone exceeds the tolerance, so the gate would pass or fail by chance. Raise eval_samples (about "
-        "%.0f would bring it to half the tolerance; the eval set must hold that many) or max_relative_ne_increase",
-        100 * max_relative_increase, comparison.Describe(), needed));
+    why = absl::StrFormat(
+        "the standard error over the eval samples alone exceeds the tolerance, so the gate would pass or fail by "
+        "chance. Raise eval_samples (about %.0f would bring it to half the tolerance; the eval set must hold that "
+        "many) or max_relative_ne_increase",
+        std::ceil(static_cast<double>(comparison.eval_samples) * ratio * ratio));
+  } else {
+    why = "the standard errors over the eval samples and over the runs together exceed the tolerance, so the gate "
+          "would pass or fail by chance. Raise eval_samples, shadow_steps or runs, or max_relative_ne_increase";
   }
-  if (comparison.noise_se() > max_relative_increase) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "model.precision.quality_gate: cannot resolve a tolerance of +%g%%: %s; the standard errors over the eval "
-        "samples and over the runs together exceed the tolerance, so the gate would pass or fail by chance. Raise "
-        "eval_samples, shadow_steps or runs, or max_relative_ne_increase",
-        100 * max_relative_increase, comparison.Describe()));
-  }
-  return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat("model.precision.quality_gate: cannot resolve a tolerance of "
+                                                       "+%g%%: %s; %s",
+                                                       100 * max_relative_increase, comparison.Describe(), why));
 }
 
 absl::StatusOr<double> TrainedEvalNe(const GemLiteConfig& config, const FeatureSchema& schema,

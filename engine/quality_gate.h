@@ -9,7 +9,6 @@
 // first step (worker/rank_run.h); engine_bench --ne-baseline reports the
 // same comparison next to its speed.
 
-#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/metrics.h"
 #include "engine/testing/movielens.h"
 #include "engine/testing/synthetic.h"
 #include "gtest/gtest.h"
@@ -123,8 +124,8 @@ TEST(QualityGateTest, PairedStandardErrorMatchesTheSpreadOverEvalDraws) {
     double lr = 0, lb = 0;
     for (int i = 0; i < kSamples; ++i) {
       const double zr = recipe[i], zb = base[i], y = labels[i];
-      lr += std::max(zr, 0.0) - zr * y + std::log1p(std::exp(-std::abs(zr)));
-      lb += std::max(zb, 0.0) - zb * y + std::log1p(std::exp(-std::abs(zb)));
+      lr += LogLoss(zr, y);
+      lb += LogLoss(zb, y);
     }
     increases.push_back(lr / lb - 1);
     absl::StatusOr<double> se = PairedRelativeSe(recipe, base, labels);

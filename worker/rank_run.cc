@@ -555,7 +555,7 @@ absl::Status RankRun::RunQualityGate() {
   const engine::ExecutionOptions exec = Execution();
   spdlog::info("{}", absl::StrFormat("%s quality gate: shadow run of %d steps, the recipe and without it%s",
                                      Describe().c_str(), gate.shadow_steps,
-                                     gate.runs > 1 ? absl::StrCat(" (", gate.runs, " runs each)").c_str() : ""));
+                                     gate.runs > 1 ? absl::StrCat(" (", gate.runs, " runs each)") : std::string()));
   absl::StatusOr<engine::NeComparison> c = engine::RunShadowComparison(job_model_.config, job_model_.schema, exec,
                                                                       gate.shadow_steps, batch, eval,
                                                                       gate.runs);

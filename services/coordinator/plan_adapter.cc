@@ -705,7 +705,7 @@ absl::StatusOr<planner::PlanRequest> PlanRequestFromSpec(const JobSpec& spec) {
                       absl::StrFormat("; quality gate: eval NE within +%g%% of bf16 on a %d-step shadow run%s",
                                       100 * gate.max_relative_ne_increase(),
                                       gate.shadow_steps() > 0 ? gate.shadow_steps() : 200,
-                                      gate.runs() > 1 ? absl::StrCat(", ", gate.runs(), " runs").c_str() : ""));
+                                      gate.runs() > 1 ? absl::StrCat(", ", gate.runs(), " runs") : std::string()));
     }
   }
 
