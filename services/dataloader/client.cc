@@ -38,6 +38,9 @@ absl::StatusOr<std::unique_ptr<DataLoaderClient>> DataLoaderClient::Connect(
   grpc::ChannelArguments args;
   // A rank batch of long histories is tens of MB.
   args.SetMaxReceiveMessageSize(-1);
+  // Read-ahead bounded by kStreamLookaheadBytes, not by probing.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamLookaheadBytes);
   std::unique_ptr<DataLoaderClient> c(new DataLoaderClient());
   c->auth_token_ = std::move(options.auth_token);
   c->data_grant_ = std::move(options.data_grant);

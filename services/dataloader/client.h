@@ -45,6 +45,16 @@ class BatchStream {
   bool done_ = false;
 };
 
+// The most bytes of a stream's batches that the transport takes in beyond
+// the batch being read (HTTP/2 stream window, BDP probing off), so that a
+// worker holds about that plus the loader's prefetched batches ahead of its
+// step rather than whatever the loader can send: with gRPC's default
+// bandwidth-delay probing the window grew on loopback until a CPU rank held
+// ~20 MiB of its epoch's batches (bench/RESULTS.md, "Data plane"). A batch
+// larger than this still arrives whole (the window covers the message being
+// read).
+inline constexpr int kStreamLookaheadBytes = 1 << 20;
+
 // How a client reaches a loader.
 struct ConnectOptions {
   absl::Duration timeout = absl::Seconds(10);

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -99,6 +100,11 @@ class ServiceTest : public testing::Test {
 };
 
 std::string* ServiceTest::dir_ = nullptr;
+
+int64_t TrainRowsOf(const std::string& dir) {
+  auto f = data::DatasetFile::Open(dir + "/train.rfd");
+  return f.ok() ? static_cast<int64_t>((*f)->num_rows()) : -1;
+}
 
 TEST_F(ServiceTest, TwoRanksStreamAnEpochExactlyOnceAndMatchTheLoader) {
   auto server = Start();
@@ -266,6 +272,112 @@ TEST_F(ServiceTest, MetricsEndpointReportsTrafficGapsAndQueues) {
   EXPECT_NE(text.find("recfleet_dataloader_straggler_gap{dealing=\"policy\",recfleet_job=\"jobs/a\"}"), std::string::npos);
   EXPECT_NE(text.find("recfleet_dataloader_bytes_per_second"), std::string::npos);
   EXPECT_NE(HttpGet(server->metrics_port(), "/other").find("404"), std::string::npos);
+}
+
+// The value of `series` (a whole metric name with labels) in a /metrics
+// text, or -1.
+double MetricValue(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+// One rank's stream of a one-rank job over its own synthetic dataset, and
+// the loader's sent counters for it.
+struct OneStream {
+  std::string dir;
+  std::unique_ptr<LoaderServer> server;
+  std::unique_ptr<DataLoaderClient> client;
+  std::unique_ptr<BatchStream> stream;
+
+  static OneStream Open(const std::string& name, int64_t samples, const std::string& lengths, int batch, int base,
+                        int prefetch) {
+    OneStream out;
+    out.dir = std::string(testing::TempDir()) + "/" + name;
+    data::SynthOptions o;
+    o.samples = samples;
+    o.lengths = *data::LengthDistribution::Parse(lengths);
+    o.num_items = 3000;
+    o.eval_fraction = 0.0;
+    EXPECT_TRUE(data::GenerateSynthetic(o, out.dir).ok());
+    ServerOptions so;
+    so.service.prefetch = prefetch;
+    auto server = LoaderServer::Start(so);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return out;
+    out.server = *std::move(server);
+    v1::DataConfig c;
+    c.set_job("jobs/" + name);
+    c.set_dataset(out.dir);
+    c.set_num_ranks(1);
+    c.set_local_batch_size(batch);
+    c.set_base_batch_size(base);
+    c.set_micro_batches(1);
+    c.set_policy("recfleet");
+    c.set_cost_model("linear=1");
+    c.set_seed(5);
+    auto client = DataLoaderClient::Connect(out.server->address(), c);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return out;
+    out.client = *std::move(client);
+    auto stream = out.client->StreamBatches(0, 0, 0);
+    EXPECT_TRUE(stream.ok()) << stream.status();
+    if (stream.ok()) out.stream = *std::move(stream);
+    return out;
+  }
+
+  // The loader's samples_total and bytes_total for the stream.
+  std::pair<double, double> Sent(const std::string& name) const {
+    const std::string text = HttpGet(server->metrics_port(), "/metrics");
+    const std::string labels = "{rank=\"0\",recfleet_job=\"jobs/" + name + "\"}";
+    return {MetricValue(text, "recfleet_dataloader_samples_total" + labels),
+            MetricValue(text, "recfleet_dataloader_bytes_total" + labels)};
+  }
+};
+
+// A reader that stops reading keeps at most the transport's bounded
+// read-ahead (kStreamLookaheadBytes) plus the loader's prefetched batches
+// ahead of it: measured from the loader's sent counters while the client
+// sits on an open stream, after reading fast enough for bandwidth probing
+// (off in the client) to have grown an unbounded window (with it on, this
+// measured 6.2 MB ahead).
+TEST(StreamReadAhead, StalledReaderHoldsTheBoundedWindowOnly) {
+  constexpr int kPrefetch = 2, kBatch = 32;
+  OneStream s = OneStream::Open("readahead", 40000, "lognormal:mean=40,sigma=0.8,min=1,max=400", kBatch, 16,
+                                kPrefetch);
+  ASSERT_NE(s.stream, nullptr);
+  data::RankBatch b;
+  int64_t read = 0;
+  for (int i = 0; i < 400; ++i) {
+    ASSERT_TRUE(s.stream->Next(&b).value());
+    read += static_cast<int64_t>(b.samples.num_rows());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto [sent, bytes] = s.Sent("readahead");
+  ASSERT_GT(sent, 0);
+  ASSERT_GT(bytes, 0);
+  const double bytes_per_sample = bytes / sent;
+  const double ahead = (sent - static_cast<double>(read)) * bytes_per_sample;
+  // The window, the prefetched batches and the one in Write (measured: 1.08
+  // MB ahead, of which the window 1.05), with the window again as a margin
+  // for what the transport buffers besides.
+  const double bound = 2.0 * kStreamLookaheadBytes + (kPrefetch + 1) * kBatch * bytes_per_sample;
+  EXPECT_LE(ahead, bound) << "the loader sent " << sent << " samples, the client read " << read << " ("
+                          << bytes_per_sample << " bytes a sample)";
+  // The whole epoch is far more than the bound, so the bound is what held.
+  EXPECT_GT(static_cast<double>(TrainRowsOf(s.dir)) * bytes_per_sample, 4 * bound);
+}
+
+// A rank batch larger than the transport's read-ahead still arrives, whole.
+TEST(StreamReadAhead, BatchLargerThanTheWindowArrives) {
+  OneStream s = OneStream::Open("large", 6000, "lognormal:mean=200,sigma=0.3,min=100,max=400", 2048, 256, 4);
+  ASSERT_NE(s.stream, nullptr);
+  data::RankBatch b;
+  ASSERT_TRUE(s.stream->Next(&b).value());
+  EXPECT_EQ(b.samples.num_rows(), 2048u);
+  const auto [sent, bytes] = s.Sent("large");
+  ASSERT_GT(sent, 0);
+  EXPECT_GT(bytes / sent * 2048, 2.0 * kStreamLookaheadBytes) << "the batch is not larger than the window";
 }
 
 }  // namespace
