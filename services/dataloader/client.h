@@ -51,8 +51,8 @@ class BatchStream {
 // step rather than whatever the loader can send: with gRPC's default
 // bandwidth-delay probing the window grew on loopback until a CPU rank held
 // ~20 MiB of its epoch's batches (bench/RESULTS.md, "Data plane"). A batch
-// larger than this still arrives whole (service_test: StreamReadAhead); the
-// worker reads the next batch on its own thread during the step.
+// larger than this still arrives whole (service_test: StreamReadAhead); a
+// GPU worker reads the next batch while the device runs the step.
 inline constexpr int kStreamLookaheadBytes = 1 << 20;
 
 // How a client reaches a loader.
