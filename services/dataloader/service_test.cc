@@ -18,6 +18,27 @@
 namespace recfleet::dataloader {
 namespace {
 
+// A job's data configuration, as the coordinator derives it.
+v1::DataConfig DataConfigFor(const std::string& job, const std::string& dataset, int ranks, int batch, int base,
+                             int seed) {
+  v1::DataConfig c;
+  c.set_job(job);
+  c.set_dataset(dataset);
+  c.set_num_ranks(ranks);
+  c.set_local_batch_size(batch);
+  c.set_base_batch_size(base);
+  c.set_micro_batches(1);
+  c.set_policy("recfleet");
+  c.set_cost_model("linear=1");
+  c.set_seed(seed);
+  return c;
+}
+
+int64_t TrainRowsOf(const std::string& dir) {
+  auto f = data::DatasetFile::Open(dir + "/train.rfd");
+  return f.ok() ? static_cast<int64_t>((*f)->num_rows()) : -1;
+}
+
 class ServiceTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -31,19 +52,8 @@ class ServiceTest : public testing::Test {
     ASSERT_TRUE(data::GenerateSynthetic(o, *dir_).ok());
   }
 
-  // A job's data configuration, as the coordinator derives it.
   static v1::DataConfig Config(const std::string& job = "jobs/a", int ranks = 2, int batch = 32, int base = 16) {
-    v1::DataConfig c;
-    c.set_job(job);
-    c.set_dataset(*dir_);
-    c.set_num_ranks(ranks);
-    c.set_local_batch_size(batch);
-    c.set_base_batch_size(base);
-    c.set_micro_batches(1);
-    c.set_policy("recfleet");
-    c.set_cost_model("linear=1");
-    c.set_seed(3);
-    return c;
+    return DataConfigFor(job, *dir_, ranks, batch, base, 3);
   }
 
   // The library loader the service must match for `c`.
@@ -86,10 +96,7 @@ class ServiceTest : public testing::Test {
     return absl::OkStatus();
   }
 
-  static int64_t TrainRows() {
-    auto f = data::DatasetFile::Open(*dir_ + "/train.rfd");
-    return f.ok() ? static_cast<int64_t>((*f)->num_rows()) : -1;
-  }
+  static int64_t TrainRows() { return TrainRowsOf(*dir_); }
 
   static void ExpectExactlyOnce(const std::map<int64_t, int>& seen) {
     EXPECT_EQ(static_cast<int64_t>(seen.size()), TrainRows());
@@ -100,11 +107,6 @@ class ServiceTest : public testing::Test {
 };
 
 std::string* ServiceTest::dir_ = nullptr;
-
-int64_t TrainRowsOf(const std::string& dir) {
-  auto f = data::DatasetFile::Open(dir + "/train.rfd");
-  return f.ok() ? static_cast<int64_t>((*f)->num_rows()) : -1;
-}
 
 TEST_F(ServiceTest, TwoRanksStreamAnEpochExactlyOnceAndMatchTheLoader) {
   auto server = Start();
@@ -285,7 +287,7 @@ double MetricValue(const std::string& text, const std::string& series) {
 // One rank's stream of a one-rank job over its own synthetic dataset, and
 // the loader's sent counters for it.
 struct OneStream {
-  std::string dir;
+  std::string dir, job;
   std::unique_ptr<LoaderServer> server;
   std::unique_ptr<DataLoaderClient> client;
   std::unique_ptr<BatchStream> stream;
@@ -306,17 +308,9 @@ struct OneStream {
     EXPECT_TRUE(server.ok()) << server.status();
     if (!server.ok()) return out;
     out.server = *std::move(server);
-    v1::DataConfig c;
-    c.set_job("jobs/" + name);
-    c.set_dataset(out.dir);
-    c.set_num_ranks(1);
-    c.set_local_batch_size(batch);
-    c.set_base_batch_size(base);
-    c.set_micro_batches(1);
-    c.set_policy("recfleet");
-    c.set_cost_model("linear=1");
-    c.set_seed(5);
-    auto client = DataLoaderClient::Connect(out.server->address(), c);
+    out.job = "jobs/" + name;
+    auto client =
+        DataLoaderClient::Connect(out.server->address(), DataConfigFor(out.job, out.dir, 1, batch, base, 5));
     EXPECT_TRUE(client.ok()) << client.status();
     if (!client.ok()) return out;
     out.client = *std::move(client);
@@ -327,9 +321,9 @@ struct OneStream {
   }
 
   // The loader's samples_total and bytes_total for the stream.
-  std::pair<double, double> Sent(const std::string& name) const {
+  std::pair<double, double> Sent() const {
     const std::string text = HttpGet(server->metrics_port(), "/metrics");
-    const std::string labels = "{rank=\"0\",recfleet_job=\"jobs/" + name + "\"}";
+    const std::string labels = "{rank=\"0\",recfleet_job=\"" + job + "\"}";
     return {MetricValue(text, "recfleet_dataloader_samples_total" + labels),
             MetricValue(text, "recfleet_dataloader_bytes_total" + labels)};
   }
@@ -353,7 +347,7 @@ TEST(StreamReadAhead, StalledReaderHoldsTheBoundedWindowOnly) {
     read += static_cast<int64_t>(b.samples.num_rows());
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  const auto [sent, bytes] = s.Sent("readahead");
+  const auto [sent, bytes] = s.Sent();
   ASSERT_GT(sent, 0);
   ASSERT_GT(bytes, 0);
   const double bytes_per_sample = bytes / sent;
@@ -375,7 +369,7 @@ TEST(StreamReadAhead, BatchLargerThanTheWindowArrives) {
   data::RankBatch b;
   ASSERT_TRUE(s.stream->Next(&b).value());
   EXPECT_EQ(b.samples.num_rows(), 2048u);
-  const auto [sent, bytes] = s.Sent("large");
+  const auto [sent, bytes] = s.Sent();
   ASSERT_GT(sent, 0);
   EXPECT_GT(bytes / sent * 2048, 2.0 * kStreamLookaheadBytes) << "the batch is not larger than the window";
 }
