@@ -338,6 +338,13 @@ __device__ __forceinline__ void StoreScaledRows(void* dst, const float (&acc)[16
                                                 int64_t start, int row0, int len, int head,
                                                 int heads, const float (&mul)[2],
                                                 const float* col, int t) {
+  // Every column scale is loaded before the first store. The compiler cannot
+  // tell `col` from `dst`, so a load placed after a store was issued after
+  // it, and the 16 loads ran one after another: ~8,000 cycles of the
+  // forward's epilogue (H200), which now takes ~3,500 (bench/RESULTS.md).
+  float2 s[16];
+#pragma unroll
+  for (int dt = 0; dt < 16; ++dt) s[dt] = *reinterpret_cast<const float2*>(col + 8 * dt + 2 * t);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;
@@ -345,9 +352,8 @@ __device__ __forceinline__ void StoreScaledRows(void* dst, const float (&acc)[16
     bf16* out = static_cast<bf16*>(dst) + ((start + row) * heads + head) * 128 + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < 16; ++dt) {
-      const float2 s = *reinterpret_cast<const float2*>(col + 8 * dt + 2 * t);
       *reinterpret_cast<__nv_bfloat162*>(out + 8 * dt) = __floats2bfloat162_rn(
-          acc[dt][2 * r] * mul[r] * s.x, acc[dt][2 * r + 1] * mul[r] * s.y);
+          acc[dt][2 * r] * mul[r] * s[dt].x, acc[dt][2 * r + 1] * mul[r] * s[dt].y);
     }
   }
 }
