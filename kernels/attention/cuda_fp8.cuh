@@ -331,20 +331,23 @@ __device__ __forceinline__ void QuantizeTokensBlock(const bf16* x, int64_t rows,
 }
 
 // ---- Epilogues. ----
+// The thread's 32 of a head's column scales col[0..127] (columns 8 dt + 2 t,
+// + 1; t = lane % 4), for StoreScaledRows.
+__device__ __forceinline__ void LoadColumnScales(const float* col, int t, float2 (&s)[16]) {
+#pragma unroll
+  for (int dt = 0; dt < 16; ++dt) s[dt] = *reinterpret_cast<const float2*>(col + 8 * dt + 2 * t);
+}
 // A thread's rows row0 and row0 + 8 of a 64 x 128 accumulator, times mul[r]
-// and the head's column scales col[0..127], as bf16 rows of dst [rows,
+// and the column scales s (LoadColumnScales), as bf16 rows of dst [rows,
 // heads, 128] from `start`; rows at or past len skipped (t = lane % 4).
+// The scales are loaded before the first store: the compiler cannot tell
+// them from `dst`, so loads placed after a store were issued after it and
+// ran one after another (~8,000 cycles of the forward's epilogue on H200;
+// bench/RESULTS.md).
 __device__ __forceinline__ void StoreScaledRows(void* dst, const float (&acc)[16][4],
                                                 int64_t start, int row0, int len, int head,
                                                 int heads, const float (&mul)[2],
-                                                const float* col, int t) {
-  // Every column scale is loaded before the first store. The compiler cannot
-  // tell `col` from `dst`, so a load placed after a store was issued after
-  // it, and the 16 loads ran one after another: ~8,000 cycles of the
-  // forward's epilogue (H200), which now takes ~3,500 (bench/RESULTS.md).
-  float2 s[16];
-#pragma unroll
-  for (int dt = 0; dt < 16; ++dt) s[dt] = *reinterpret_cast<const float2*>(col + 8 * dt + 2 * t);
+                                                const float2 (&s)[16], int t) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;
@@ -356,6 +359,15 @@ __device__ __forceinline__ void StoreScaledRows(void* dst, const float (&acc)[16
           acc[dt][2 * r] * mul[r] * s[dt].x, acc[dt][2 * r + 1] * mul[r] * s[dt].y);
     }
   }
+}
+// The same with the scales loaded here.
+__device__ __forceinline__ void StoreScaledRows(void* dst, const float (&acc)[16][4],
+                                                int64_t start, int row0, int len, int head,
+                                                int heads, const float (&mul)[2],
+                                                const float* col, int t) {
+  float2 s[16];
+  LoadColumnScales(col, t, s);
+  StoreScaledRows(dst, acc, start, row0, len, head, heads, mul, s, t);
 }
 
 // ---- TMA and wgmma on e4m3 tiles. ----

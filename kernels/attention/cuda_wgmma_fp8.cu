@@ -182,7 +182,10 @@ struct Fp8Regs {
   float sc[N / 8][4];  // 64 rows x N keys: S, then P
   uint32_t pa[N / 32][4];  // P as e4m3 A fragments, N / 32 k32 steps
   float m[2], l[2], corr[2];
-  float k_exp[2];  // log2(e) * scale * q_scale of the thread's two rows
+  // The q_scale of the thread's two rows (times log2(e) * scale where used):
+  // loaded when a tile starts and first read after its first S GEMM, so
+  // that the load's latency is not waited for before that GEMM.
+  float q_scale[2];
 };
 
 struct Fp8Rows {
@@ -249,7 +252,8 @@ __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& 
       }
     }
     const float mx = fmaxf(fmaxf(a[0], a[1]), fmaxf(a[2], a[3]));
-    const float m_tile = QuadMax(mx) * r.k_exp[i];
+    const float k_exp = r.q_scale[i] * (p.scale * kLog2e);
+    const float m_tile = QuadMax(mx) * k_exp;
     const float m_new = m_tile > r.m[i] + C::kLazyMax ? m_tile : r.m[i];
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     r.corr[i] = Exp2(r.m[i] - m_use);
@@ -258,8 +262,8 @@ __device__ __forceinline__ void Fp8Probs(const KernelParams& p, const WorkItem& 
     float part[2] = {0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      r.sc[nt][2 * i] = Exp2(fmaf(r.sc[nt][2 * i], r.k_exp[i], shift));
-      r.sc[nt][2 * i + 1] = Exp2(fmaf(r.sc[nt][2 * i + 1], r.k_exp[i], shift));
+      r.sc[nt][2 * i] = Exp2(fmaf(r.sc[nt][2 * i], k_exp, shift));
+      r.sc[nt][2 * i + 1] = Exp2(fmaf(r.sc[nt][2 * i + 1], k_exp, shift));
       part[nt & 1] += r.sc[nt][2 * i] + r.sc[nt][2 * i + 1];
     }
     r.l[i] = fmaf(r.l[i], r.corr[i], part[0] + part[1]);
@@ -322,7 +326,8 @@ __device__ __forceinline__ void Fp8MainloopStep(const KernelParams& p, const Wor
 // and the output rows scaled by V's channel scales, as bf16.
 template <class C>
 __device__ __forceinline__ void Fp8Epilogue(const KernelParams& p, const WorkItem& it,
-                                            const Fp8Regs<C::kKeys>& r, const Fp8Rows& at) {
+                                            const Fp8Regs<C::kKeys>& r, const Fp8Rows& at,
+                                            const float2 (&v_scale)[16]) {
   float mul[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -335,8 +340,7 @@ __device__ __forceinline__ void Fp8Epilogue(const KernelParams& p, const WorkIte
           seen ? (r.m[i] + log2f(sum) - 8.f) * kLn2 : -INFINITY;
     }
   }
-  StoreScaledRows(p.o, r.o, it.q_start, at.row0, it.q_len, it.head, p.heads, mul,
-                  p.v_scale + it.head * C::D, at.t);
+  StoreScaledRows(p.o, r.o, it.q_start, at.row0, it.q_len, it.head, p.heads, mul, v_scale, at.t);
 }
 
 template <class C>
@@ -351,10 +355,13 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
   const int row_in_tile = c * 64 + warp * 16 + g;
   if (c == 1) TurnPass(p, 1);  // warpgroup 0 issues first
   Fp8Regs<C::kKeys> r;
-  const float k_exp = p.scale * kLog2e;
   int kv_iter = 0, q_iter = 0;
+  // The next item is read before this one's last epilogue, whose stores hide
+  // the load's latency.
+  WorkItem next{};
+  if (sched.Valid(sched.First())) next = ItemAt(p, sched.First());
   for (int w = sched.First(); sched.Valid(w); w = sched.Next(w)) {
-    WorkItem it = ItemAt(p, w);
+    WorkItem it = next;
     const KeyTiles kt = ItemKeyTiles<C>(it);
     const int kv_first = kv_iter;
     for (int j = 0; j < it.q_tiles; ++j, ++q_iter, it.tile_row += C::kRows) {
@@ -366,8 +373,8 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
         const int row = at.row0 + 8 * i;
         r.m[i] = -INFINITY;
         r.l[i] = 0.f;
-        r.k_exp[i] =
-            k_exp * (row < it.q_len ? p.q_scale[(it.q_start + row) * p.heads + it.head] : 1.f);
+        r.q_scale[i] = 1.f;
+        if (row < it.q_len) r.q_scale[i] = p.q_scale[(it.q_start + row) * p.heads + it.head];
       }
 #pragma unroll
       for (int dt = 0; dt < 16; ++dt) {
@@ -378,6 +385,9 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
       BarWait(sm.q_full + 8 * qp.stage, qp.phase);
       at.q_tile = sm.Tile(sm.q, qp.stage);
       at.q_rows = at.q_tile + c * 64 * 128;
+      // V's column scales for the epilogue, loaded before the last step (whose
+      // S registers are free) so that their latency hides behind its P V.
+      float2 v_scale[16];
       if (kt.count > 0) {
         Fp8Step st{};
         st.release = j + 1 == it.q_tiles;
@@ -397,11 +407,15 @@ __device__ __forceinline__ void Fp8Consumer(const KernelParams& p, const FwdSmem
         }
         st.v_stage = kp.stage;
         st.v_phase = kp.phase;
+        LoadColumnScales(p.v_scale + it.head * C::D, at.t, v_scale);
         Fp8MainloopStep<C, false, true>(p, it, sm, r, at, st);
         ++kv_iter;
+      } else {
+        LoadColumnScales(p.v_scale + it.head * C::D, at.t, v_scale);
       }
       BarArrive(sm.q_empty + 8 * qp.stage);
-      Fp8Epilogue<C>(p, it, r, at);
+      if (j + 1 == it.q_tiles && sched.Valid(sched.Next(w))) next = ItemAt(p, sched.Next(w));
+      Fp8Epilogue<C>(p, it, r, at, v_scale);
     }
   }
   if (c == 0) TurnWait(p, at.my_turn);
