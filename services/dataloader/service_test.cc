@@ -11,6 +11,8 @@
 #include "data/loader.h"
 #include "data/synth.h"
 #include "gtest/gtest.h"
+#include "services/common/exposition.h"
+#include "services/common/http_get.h"
 #include "services/dataloader/client.h"
 #include "services/dataloader/job_loader.h"
 #include "services/dataloader/server.h"
@@ -276,14 +278,6 @@ TEST_F(ServiceTest, MetricsEndpointReportsTrafficGapsAndQueues) {
   EXPECT_NE(HttpGet(server->metrics_port(), "/other").find("404"), std::string::npos);
 }
 
-// The value of `series` (a whole metric name with labels) in a /metrics
-// text, or -1.
-double MetricValue(const std::string& text, const std::string& series) {
-  const size_t at = text.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 2));
-}
-
 // One rank's stream of a one-rank job over its own synthetic dataset, and
 // the loader's sent counters for it.
 struct OneStream {
@@ -320,12 +314,21 @@ struct OneStream {
     return out;
   }
 
-  // The loader's samples_total and bytes_total for the stream.
+  // The loader's samples_total and bytes_total for the stream (-1 where a
+  // series is absent).
   std::pair<double, double> Sent() const {
-    const std::string text = HttpGet(server->metrics_port(), "/metrics");
+    auto got = recfleet::HttpGet("127.0.0.1:" + std::to_string(server->metrics_port()), "/metrics");
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (!got.ok()) return {-1, -1};
+    auto e = metrics::ParseExposition(got->body);
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return {-1, -1};
     const std::string labels = "{rank=\"0\",recfleet_job=\"" + job + "\"}";
-    return {MetricValue(text, "recfleet_dataloader_samples_total" + labels),
-            MetricValue(text, "recfleet_dataloader_bytes_total" + labels)};
+    auto value = [&](const std::string& name) {
+      auto it = e->samples.find(name + labels);
+      return it == e->samples.end() ? -1.0 : it->second;
+    };
+    return {value("recfleet_dataloader_samples_total"), value("recfleet_dataloader_bytes_total")};
   }
 };
 
